@@ -1,0 +1,275 @@
+/* ir.h - smelt's intermediate representation (DESIGN.md §3).
+ *
+ * A module is a straight-line list of ops; every tensor is the result of an
+ * op (inputs, weights and constants are ops too), so a pass that inserts or
+ * removes work edits one list. Values are index handles (ir_value_id) into
+ * the module's value table: they print as %N and survive table growth.
+ * All memory of a module lives in its arena and is freed by ir_module_free.
+ *
+ *   ir_module_init(&m, "llama");
+ *   uint32_t ids = ir_append_op(&m, IR_OP_INPUT, NULL, 0, loc);
+ *   ir_op_set_string(&m, ids, "name", "ids");
+ *   ...
+ *   pass_infer_shapes(&m, &diag);  // fills every result type
+ *
+ * Op facts (names, arity, attribute schema, flags) come from ops.def only.
+ */
+#ifndef SMELT_IR_H
+#define SMELT_IR_H
+
+#include "arena.h"
+#include "diag.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* ---- dtypes ------------------------------------------------------------ */
+
+/* X(ENUM, name, bits) */
+#define IR_DTYPES(X)         \
+    X(F32, "f32", 32)        \
+    X(F16, "f16", 16)        \
+    X(BF16, "bf16", 16)      \
+    X(F8E4M3, "f8e4m3", 8)   \
+    X(F8E5M2, "f8e5m2", 8)   \
+    X(I8, "i8", 8)           \
+    X(I4, "i4", 4)           \
+    X(I32, "i32", 32)        \
+    X(I64, "i64", 64)
+
+typedef enum ir_dtype {
+    IR_DTYPE_UNKNOWN = 0, /* result type not inferred yet; prints as `?` */
+#define X(e, name, bits) IR_DTYPE_##e,
+    IR_DTYPES(X)
+#undef X
+    IR_DTYPE_COUNT
+} ir_dtype;
+
+const char *ir_dtype_name(ir_dtype t);
+/* IR_DTYPE_UNKNOWN when `name` (of `length` bytes) is no dtype. */
+ir_dtype ir_dtype_from_name(const char *name, size_t length);
+unsigned ir_dtype_bits(ir_dtype t);
+bool ir_dtype_is_float(ir_dtype t);
+
+/* ---- shapes ------------------------------------------------------------ */
+
+enum { IR_MAX_DIMS = 6, IR_MAX_OPERANDS = 256, IR_MAX_RESULTS = 256 };
+
+/* A dim is a constant (symbol < 0, size >= 0) or a module symbol such as
+ * `tokens` (symbol = index into ir_module.symbols; size unused). */
+typedef struct ir_dim {
+    int64_t size;
+    int32_t symbol;
+} ir_dim;
+
+static inline ir_dim ir_dim_const(int64_t size) { return (ir_dim){size, -1}; }
+static inline ir_dim ir_dim_symbol(int32_t symbol) { return (ir_dim){0, symbol}; }
+static inline bool ir_dim_is_symbol(ir_dim d) { return d.symbol >= 0; }
+static inline bool ir_dim_equal(ir_dim a, ir_dim b) {
+    return a.symbol == b.symbol && (a.symbol >= 0 || a.size == b.size);
+}
+
+typedef struct ir_type {
+    ir_dtype dtype; /* IR_DTYPE_UNKNOWN: not inferred yet */
+    uint8_t rank;
+    ir_dim dims[IR_MAX_DIMS];
+} ir_type;
+
+bool ir_type_equal(const ir_type *a, const ir_type *b);
+
+/* A symbolic dim: `dim tokens <= 8192`. */
+typedef struct ir_symbol {
+    const char *name;
+    int64_t bound; /* inclusive upper bound, >= 1 */
+    smelt_loc loc;
+} ir_symbol;
+
+/* ---- params (the bound model parameters, kept for readers of the IR) --- */
+
+typedef enum ir_param_type { IR_PARAM_INT, IR_PARAM_FLOAT, IR_PARAM_BOOL, IR_PARAM_STRING } ir_param_type;
+
+typedef struct ir_param {
+    const char *name;
+    ir_param_type type;
+    union {
+        int64_t i;
+        double f;
+        bool b;
+        const char *s;
+    } value;
+} ir_param;
+
+const char *ir_param_type_name(ir_param_type t);
+
+/* ---- attributes -------------------------------------------------------- */
+
+typedef enum ir_attr_kind {
+    IR_ATTR_NONE = 0, /* absent */
+    IR_ATTR_INT,
+    IR_ATTR_FLOAT,
+    IR_ATTR_BOOL,
+    IR_ATTR_STRING,
+    IR_ATTR_INTS,
+    IR_ATTR_SHAPE,
+} ir_attr_kind;
+
+const char *ir_attr_kind_name(ir_attr_kind k);
+
+typedef struct ir_attr {
+    ir_attr_kind kind;
+    union {
+        int64_t i;
+        double f;
+        bool b;
+        const char *s;
+        struct {
+            uint32_t count;
+            int64_t *items;
+        } ints;
+        struct {
+            uint32_t count;
+            ir_dim *items;
+        } shape;
+    } as;
+} ir_attr;
+
+typedef struct ir_attr_schema {
+    const char *name;
+    ir_attr_kind kind;
+    const char *default_text; /* NULL: required */
+    const char *choices;      /* "a|b" for closed STRING sets, else NULL */
+} ir_attr_schema;
+
+/* ---- ops ----------------------------------------------------------------- */
+
+typedef enum ir_op_flags {
+    IR_OPF_PURE = 1u << 0,          /* no state: CSE may merge equal ops */
+    IR_OPF_ELEMENTWISE = 1u << 1,   /* result[i] depends on operand[i] only */
+    IR_OPF_DECLARES_TYPE = 1u << 2, /* result type is written, not inferred */
+    IR_OPF_SIDE_EFFECT = 1u << 3,   /* never removed by DCE */
+    IR_OPF_STATEFUL = 1u << 4,      /* reads/writes state (KV cache): no CSE */
+} ir_op_flags;
+
+typedef enum ir_op_kind {
+#define OP(e, name, mn, mx, nres, flags, family, attrs) IR_OP_##e,
+#include "ops.def"
+#undef OP
+    IR_OP_COUNT
+} ir_op_kind;
+
+typedef struct ir_op_info {
+    ir_op_kind kind;
+    const char *name;
+    int min_operands, max_operands; /* max -1: variadic */
+    int results;                    /* -1: from the `sizes` attribute */
+    unsigned flags;
+    const char *family;
+    const ir_attr_schema *attrs;
+    uint32_t attr_count;
+} ir_op_info;
+
+const ir_op_info *ir_op_info_of(ir_op_kind kind);
+/* NULL when `name` names no op. */
+const ir_op_info *ir_op_info_by_name(const char *name);
+/* Index of attribute `name` in the schema of `kind`, or -1. */
+int ir_attr_slot(ir_op_kind kind, const char *name);
+
+typedef uint32_t ir_value_id;
+#define IR_NO_VALUE UINT32_MAX
+
+typedef struct ir_op {
+    ir_op_kind kind;
+    uint32_t operand_count;
+    ir_value_id *operands;
+    uint32_t result_count;
+    ir_value_id *results;
+    ir_attr *attrs; /* one per schema slot, ir_op_info.attr_count entries */
+    smelt_loc loc;
+    bool dead;      /* removed; dropped by ir_module_compact */
+} ir_op;
+
+typedef struct ir_value {
+    ir_type type;
+    uint32_t def_op;       /* index of the defining op in ir_module.ops */
+    uint32_t result_index; /* which result of that op */
+} ir_value;
+
+/* ---- module -------------------------------------------------------------- */
+
+typedef struct ir_module {
+    arena arena;
+    const char *name;
+    const char *source_path; /* the DSL/JSON file ops' locations refer to, or NULL */
+    int32_t source_file;     /* diag file id of source_path, or -1; only op locations
+                                in this file are printed (as loc(line:col)) */
+    ir_param *params;
+    uint32_t param_count, param_capacity;
+    ir_symbol *symbols;
+    uint32_t symbol_count, symbol_capacity;
+    ir_op *ops; /* program order */
+    uint32_t op_count, op_capacity;
+    ir_value *values;
+    uint32_t value_count, value_capacity;
+} ir_module;
+
+void ir_module_init(ir_module *m, const char *name);
+void ir_module_free(ir_module *m);
+
+ir_param *ir_add_param(ir_module *m, const char *name, ir_param_type type);
+/* Returns the new symbol's index. */
+int32_t ir_add_symbol(ir_module *m, const char *name, int64_t bound, smelt_loc loc);
+int32_t ir_find_symbol(const ir_module *m, const char *name); /* -1: none */
+
+/* Appends an op with `result_count` fresh results of unknown type (pass
+ * UINT32_MAX to take the count from the op table); returns its index.
+ * Attributes start absent; see ir_op_fill_defaults. */
+uint32_t ir_append_op(ir_module *m, ir_op_kind kind, const ir_value_id *operands,
+                      uint32_t operand_count, uint32_t result_count, smelt_loc loc);
+/* Inserts before op index `before` (shifting later ops); returns its index. */
+uint32_t ir_insert_op(ir_module *m, uint32_t before, ir_op_kind kind, const ir_value_id *operands,
+                      uint32_t operand_count, uint32_t result_count, smelt_loc loc);
+
+static inline ir_op *ir_op_at(const ir_module *m, uint32_t index) { return &m->ops[index]; }
+static inline ir_value *ir_value_at(const ir_module *m, ir_value_id id) { return &m->values[id]; }
+static inline ir_value_id ir_op_result(const ir_module *m, uint32_t op, uint32_t i) {
+    return m->ops[op].results[i];
+}
+const ir_op_info *ir_op_info_at(const ir_module *m, uint32_t op);
+
+/* Attribute access by name. Setters return false if `name` is not in the
+ * op's schema or has another kind (the caller reports the error). */
+const ir_attr *ir_op_attr(const ir_module *m, uint32_t op, const char *name);
+bool ir_op_set_attr(ir_module *m, uint32_t op, const char *name, const ir_attr *value);
+bool ir_op_set_int(ir_module *m, uint32_t op, const char *name, int64_t v);
+bool ir_op_set_float(ir_module *m, uint32_t op, const char *name, double v);
+bool ir_op_set_bool(ir_module *m, uint32_t op, const char *name, bool v);
+bool ir_op_set_string(ir_module *m, uint32_t op, const char *name, const char *v);
+/* Convenience getters for attributes that are present (die otherwise). */
+int64_t ir_op_int(const ir_module *m, uint32_t op, const char *name);
+double ir_op_float(const ir_module *m, uint32_t op, const char *name);
+bool ir_op_bool(const ir_module *m, uint32_t op, const char *name);
+const char *ir_op_string(const ir_module *m, uint32_t op, const char *name);
+
+/* Sets every absent attribute that has a default in the schema. */
+void ir_op_fill_defaults(ir_module *m, uint32_t op);
+
+/* Replaces every use of `from` by `to` in every op. */
+void ir_replace_uses(ir_module *m, ir_value_id from, ir_value_id to);
+/* Removes dead ops and renumbers def_op; value ids are kept. */
+void ir_module_compact(ir_module *m);
+/* Number of ops (not dead) using each value; caller frees. */
+uint32_t *ir_use_counts(const ir_module *m);
+
+/* ---- checks and dumps (verify.c, shape_rules.c, print_*.c, parse_text.c) */
+
+/* Infers the result types of op `op` into `out` (op.result_count entries)
+ * from its operands' types and attributes; on bad input reports at the op's
+ * location and returns false. Operand types must be known. */
+bool ir_infer_op_types(const ir_module *m, uint32_t op, ir_type *out, diag_engine *d);
+/* Element count of `t` with symbols at their bounds; false on overflow. */
+bool ir_type_max_elements(const ir_module *m, const ir_type *t, uint64_t *out);
+
+/* Checks the invariants of the module; reports every violation. */
+bool ir_verify(const ir_module *m, diag_engine *d);
+
+#endif

@@ -1,0 +1,240 @@
+/* module.c - building and editing an IR module (see ir.h). */
+#include "ir.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void ir_module_init(ir_module *m, const char *name) {
+    memset(m, 0, sizeof *m);
+    arena_init(&m->arena);
+    m->name = arena_strdup(&m->arena, name ? name : "model");
+    m->source_file = -1;
+}
+
+void ir_module_free(ir_module *m) {
+    arena_free(&m->arena);
+    memset(m, 0, sizeof *m);
+}
+
+/* Grows an arena-held array to hold one more element. */
+#define GROW(m, array, count, capacity)                                                            \
+    do {                                                                                           \
+        if ((count) == (capacity)) {                                                               \
+            uint32_t grown = (capacity) ? (capacity) * 2 : 16;                                     \
+            (array) = arena_grow(&(m)->arena, (array), (count), grown, sizeof *(array));           \
+            (capacity) = grown;                                                                    \
+        }                                                                                          \
+    } while (0)
+
+ir_param *ir_add_param(ir_module *m, const char *name, ir_param_type type) {
+    GROW(m, m->params, m->param_count, m->param_capacity);
+    ir_param *p = &m->params[m->param_count++];
+    p->name = arena_strdup(&m->arena, name);
+    p->type = type;
+    return p;
+}
+
+int32_t ir_add_symbol(ir_module *m, const char *name, int64_t bound, smelt_loc loc) {
+    GROW(m, m->symbols, m->symbol_count, m->symbol_capacity);
+    ir_symbol *s = &m->symbols[m->symbol_count];
+    s->name = arena_strdup(&m->arena, name);
+    s->bound = bound;
+    s->loc = loc;
+    return (int32_t)m->symbol_count++;
+}
+
+int32_t ir_find_symbol(const ir_module *m, const char *name) {
+    for (uint32_t i = 0; i < m->symbol_count; i++)
+        if (strcmp(m->symbols[i].name, name) == 0) return (int32_t)i;
+    return -1;
+}
+
+const ir_op_info *ir_op_info_at(const ir_module *m, uint32_t op) {
+    return ir_op_info_of(m->ops[op].kind);
+}
+
+static ir_value_id new_value(ir_module *m, uint32_t def_op, uint32_t result_index) {
+    GROW(m, m->values, m->value_count, m->value_capacity);
+    ir_value *v = &m->values[m->value_count];
+    memset(v, 0, sizeof *v);
+    v->def_op = def_op;
+    v->result_index = result_index;
+    return m->value_count++;
+}
+
+uint32_t ir_insert_op(ir_module *m, uint32_t before, ir_op_kind kind, const ir_value_id *operands,
+                      uint32_t operand_count, uint32_t result_count, smelt_loc loc) {
+    const ir_op_info *info = ir_op_info_of(kind);
+    if (before > m->op_count) SMELT_DIE("insert position %u past %u ops", before, m->op_count);
+    if (result_count == UINT32_MAX) result_count = info->results < 0 ? 0 : (uint32_t)info->results;
+    if (operand_count > IR_MAX_OPERANDS || result_count > IR_MAX_RESULTS)
+        SMELT_DIE("op with %u operands and %u results", operand_count, result_count);
+    GROW(m, m->ops, m->op_count, m->op_capacity);
+    if (before < m->op_count) {
+        memmove(&m->ops[before + 1], &m->ops[before], (m->op_count - before) * sizeof *m->ops);
+        for (uint32_t i = 0; i < m->value_count; i++)
+            if (m->values[i].def_op >= before) m->values[i].def_op++;
+    }
+    m->op_count++;
+    ir_op *op = &m->ops[before];
+    memset(op, 0, sizeof *op);
+    op->kind = kind;
+    op->loc = loc;
+    op->operand_count = operand_count;
+    op->operands = arena_array(&m->arena, operand_count ? operand_count : 1, sizeof(ir_value_id));
+    if (operand_count) memcpy(op->operands, operands, operand_count * sizeof(ir_value_id));
+    op->attrs = arena_array(&m->arena, info->attr_count ? info->attr_count : 1, sizeof(ir_attr));
+    op->result_count = result_count;
+    op->results = arena_array(&m->arena, result_count ? result_count : 1, sizeof(ir_value_id));
+    for (uint32_t i = 0; i < result_count; i++) op->results[i] = new_value(m, before, i);
+    return before;
+}
+
+uint32_t ir_append_op(ir_module *m, ir_op_kind kind, const ir_value_id *operands,
+                      uint32_t operand_count, uint32_t result_count, smelt_loc loc) {
+    return ir_insert_op(m, m->op_count, kind, operands, operand_count, result_count, loc);
+}
+
+const ir_attr *ir_op_attr(const ir_module *m, uint32_t op, const char *name) {
+    int slot = ir_attr_slot(m->ops[op].kind, name);
+    if (slot < 0 || m->ops[op].attrs[slot].kind == IR_ATTR_NONE) return NULL;
+    return &m->ops[op].attrs[slot];
+}
+
+/* Copies the variable parts of an attribute into the module's arena. */
+static ir_attr copy_attr(ir_module *m, const ir_attr *a) {
+    ir_attr c = *a;
+    switch (a->kind) {
+    case IR_ATTR_STRING: c.as.s = arena_strdup(&m->arena, a->as.s); break;
+    case IR_ATTR_INTS:
+        c.as.ints.items = arena_grow(&m->arena, a->as.ints.items, a->as.ints.count,
+                                     a->as.ints.count ? a->as.ints.count : 1, sizeof(int64_t));
+        break;
+    case IR_ATTR_SHAPE:
+        c.as.shape.items = arena_grow(&m->arena, a->as.shape.items, a->as.shape.count,
+                                      a->as.shape.count ? a->as.shape.count : 1, sizeof(ir_dim));
+        break;
+    default: break;
+    }
+    return c;
+}
+
+bool ir_op_set_attr(ir_module *m, uint32_t op, const char *name, const ir_attr *value) {
+    int slot = ir_attr_slot(m->ops[op].kind, name);
+    if (slot < 0) return false;
+    if (ir_op_info_at(m, op)->attrs[slot].kind != value->kind) return false;
+    m->ops[op].attrs[slot] = copy_attr(m, value);
+    return true;
+}
+
+bool ir_op_set_int(ir_module *m, uint32_t op, const char *name, int64_t v) {
+    return ir_op_set_attr(m, op, name, &(ir_attr){.kind = IR_ATTR_INT, .as.i = v});
+}
+bool ir_op_set_float(ir_module *m, uint32_t op, const char *name, double v) {
+    return ir_op_set_attr(m, op, name, &(ir_attr){.kind = IR_ATTR_FLOAT, .as.f = v});
+}
+bool ir_op_set_bool(ir_module *m, uint32_t op, const char *name, bool v) {
+    return ir_op_set_attr(m, op, name, &(ir_attr){.kind = IR_ATTR_BOOL, .as.b = v});
+}
+bool ir_op_set_string(ir_module *m, uint32_t op, const char *name, const char *v) {
+    return ir_op_set_attr(m, op, name, &(ir_attr){.kind = IR_ATTR_STRING, .as.s = v});
+}
+
+static const ir_attr *required_attr(const ir_module *m, uint32_t op, const char *name,
+                                    ir_attr_kind kind) {
+    const ir_attr *a = ir_op_attr(m, op, name);
+    if (!a || a->kind != kind)
+        SMELT_DIE("op %u (%s) has no %s attribute '%s'", op, ir_op_info_at(m, op)->name,
+                  ir_attr_kind_name(kind), name);
+    return a;
+}
+int64_t ir_op_int(const ir_module *m, uint32_t op, const char *name) {
+    return required_attr(m, op, name, IR_ATTR_INT)->as.i;
+}
+double ir_op_float(const ir_module *m, uint32_t op, const char *name) {
+    return required_attr(m, op, name, IR_ATTR_FLOAT)->as.f;
+}
+bool ir_op_bool(const ir_module *m, uint32_t op, const char *name) {
+    return required_attr(m, op, name, IR_ATTR_BOOL)->as.b;
+}
+const char *ir_op_string(const ir_module *m, uint32_t op, const char *name) {
+    return required_attr(m, op, name, IR_ATTR_STRING)->as.s;
+}
+
+/* Defaults in ops.def are C-literal text: 0, -1, true, "neox". */
+static ir_attr parse_default(const ir_attr_schema *s) {
+    ir_attr a = {.kind = s->kind};
+    const char *t = s->default_text;
+    switch (s->kind) {
+    case IR_ATTR_INT: a.as.i = strtoll(t, NULL, 10); break;
+    case IR_ATTR_FLOAT: a.as.f = strtod(t, NULL); break;
+    case IR_ATTR_BOOL: a.as.b = strcmp(t, "true") == 0; break;
+    case IR_ATTR_STRING: a.as.s = t; break; /* quotes stripped by the caller */
+    default: SMELT_DIE("attribute '%s' of kind %s cannot have a default", s->name, ir_attr_kind_name(s->kind));
+    }
+    return a;
+}
+
+void ir_op_fill_defaults(ir_module *m, uint32_t op) {
+    const ir_op_info *info = ir_op_info_at(m, op);
+    for (uint32_t i = 0; i < info->attr_count; i++) {
+        const ir_attr_schema *s = &info->attrs[i];
+        if (m->ops[op].attrs[i].kind != IR_ATTR_NONE || !s->default_text) continue;
+        ir_attr a = parse_default(s);
+        if (s->kind == IR_ATTR_STRING) { /* strip the quotes of "neox" */
+            size_t n = strlen(s->default_text);
+            a.as.s = arena_strndup(&m->arena, s->default_text + 1, n >= 2 ? n - 2 : 0);
+        }
+        m->ops[op].attrs[i] = a;
+    }
+}
+
+void ir_replace_uses(ir_module *m, ir_value_id from, ir_value_id to) {
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        ir_op *op = &m->ops[i];
+        for (uint32_t j = 0; j < op->operand_count; j++)
+            if (op->operands[j] == from) op->operands[j] = to;
+    }
+}
+
+void ir_module_compact(ir_module *m) {
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        if (m->ops[i].dead) continue;
+        if (kept != i) m->ops[kept] = m->ops[i];
+        for (uint32_t r = 0; r < m->ops[kept].result_count; r++)
+            m->values[m->ops[kept].results[r]].def_op = kept;
+        kept++;
+    }
+    m->op_count = kept;
+}
+
+uint32_t *ir_use_counts(const ir_module *m) {
+    uint32_t *counts = calloc(m->value_count ? m->value_count : 1, sizeof *counts);
+    if (!counts) SMELT_DIE("out of memory");
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *op = &m->ops[i];
+        if (op->dead) continue;
+        for (uint32_t j = 0; j < op->operand_count; j++)
+            if (op->operands[j] < m->value_count) counts[op->operands[j]]++;
+    }
+    return counts;
+}
+
+bool ir_type_equal(const ir_type *a, const ir_type *b) {
+    if (a->dtype != b->dtype || a->rank != b->rank) return false;
+    for (unsigned i = 0; i < a->rank; i++)
+        if (!ir_dim_equal(a->dims[i], b->dims[i])) return false;
+    return true;
+}
+
+bool ir_type_max_elements(const ir_module *m, const ir_type *t, uint64_t *out) {
+    uint64_t n = 1;
+    for (unsigned i = 0; i < t->rank; i++) {
+        ir_dim d = t->dims[i];
+        int64_t size = d.symbol >= 0 && (uint32_t)d.symbol < m->symbol_count ? m->symbols[d.symbol].bound : d.size;
+        if (size < 0 || size_mul_overflow(n, (uint64_t)size, &n)) return false;
+    }
+    *out = n;
+    return true;
+}
