@@ -35,10 +35,12 @@ typedef struct fe_options {
 bool fe_options_set(fe_options *o, const char *name, const char *value);
 
 /* Builds the IR of a parsed model (result types left unknown: run the
- * infer-shapes pass next). Reports every error found; false on any. */
+ * infer-shapes pass next). Reports every error found; false on any.
+ * `out` is initialised whatever the result: free it with ir_module_free. */
 bool fe_elaborate(const ast_model *model, const fe_options *o, diag_engine *d, ir_module *out);
 
-/* Parses `path` (".json" -> JSON, anything else -> DSL) and elaborates it. */
+/* Parses `path` (".json" -> JSON, anything else -> DSL) and elaborates it.
+ * `out` is initialised whatever the result: free it with ir_module_free. */
 bool fe_load_model(const char *path, const fe_options *o, diag_engine *d, ir_module *out);
 
 #endif

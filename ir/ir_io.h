@@ -40,4 +40,8 @@ void ir_print_dot(const ir_module *m, FILE *out);
  * when it would otherwise look like an integer. buffer >= 32 bytes. */
 const char *ir_format_float(double v, char *buffer, size_t size);
 
+/* The %N each value prints as: numbers[id] counts results of live ops in
+ * program order; UINT32_MAX for a value no live op defines. Caller frees. */
+uint32_t *ir_value_numbers(const ir_module *m);
+
 #endif

@@ -1,0 +1,104 @@
+/* cmd_ir.c - `smelt ir`: a model file through the frontend and the passes
+ * up to --after, printed as text IR, JSON or Graphviz. */
+#include "cli.h"
+
+#include "frontend.h"
+#include "pass.h"
+
+
+static const char usage[] =
+    "usage: smelt ir MODEL [options]\n"
+    "\n"
+    "Prints the IR of MODEL (a .smelt DSL file or a .json model description).\n"
+    "\n"
+    "options:\n"
+    "  --config FILE          bind params from a Hugging Face config.json\n"
+    "  --set NAME=VALUE       set a param (wins over --config); may repeat\n"
+    "  --after PASS|all       run the pipeline up to and including PASS\n"
+    "                         (default: infer-shapes; `all`: every pass)\n"
+    "  --print-ir-after PASS|all\n"
+    "                         also print the IR after each named pass (to stderr)\n"
+    "  --format text|json|dot output format (default text)\n"
+    "  -o FILE                write to FILE instead of standard output\n"
+    "  --max-errors N         stop after N errors (default 20, 0: no limit)\n"
+    "  -h, --help             show this help\n";
+
+typedef struct ir_command {
+    const char *model_path;
+    const char *after;
+    const char *print_after;
+    const char *output_path;
+    cli_format format;
+    unsigned max_errors;
+    fe_options frontend;
+} ir_command;
+
+/* Returns CLI_OK, or CLI_USAGE_ERROR after printing the problem. */
+static int parse_arguments(int argc, char **argv, ir_command *c) {
+    cli_args a = {argc, argv, 1, "smelt ir"};
+    const char *value;
+    c->after = "infer-shapes";
+    c->max_errors = 20;
+    while (a.index < a.argc) {
+        const char *arg = a.argv[a.index];
+        if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
+            fputs(usage, stdout);
+            return CLI_HELP_SHOWN;
+        } else if (cli_flag_value(&a, "--config", &value)) {
+            if (!value) return CLI_USAGE_ERROR;
+            c->frontend.config_path = value;
+        } else if (cli_flag_value(&a, "--set", &value)) {
+            if (!value) return CLI_USAGE_ERROR;
+            if (!cli_add_setting(&a, &c->frontend, value)) return CLI_USAGE_ERROR;
+        } else if (cli_flag_value(&a, "--after", &value)) {
+            if (!value) return CLI_USAGE_ERROR;
+            c->after = value;
+        } else if (cli_flag_value(&a, "--print-ir-after", &value)) {
+            if (!value) return CLI_USAGE_ERROR;
+            c->print_after = value;
+        } else if (cli_flag_value(&a, "--format", &value)) {
+            if (!value) return CLI_USAGE_ERROR;
+            if (!cli_parse_format(value, &c->format)) {
+                cli_usage_error(&a, "unknown format '%s' (text, json or dot)", value);
+                return CLI_USAGE_ERROR;
+            }
+        } else if (cli_flag_value(&a, "-o", &value)) {
+            if (!value) return CLI_USAGE_ERROR;
+            c->output_path = value;
+        } else if (cli_flag_value(&a, "--max-errors", &value)) {
+            if (!value || !cli_parse_count(&a, value, &c->max_errors)) return CLI_USAGE_ERROR;
+        } else if (arg[0] == '-' && arg[1] != '\0') {
+            cli_usage_error(&a, "unknown option '%s'", arg);
+            return CLI_USAGE_ERROR;
+        } else if (c->model_path) {
+            cli_usage_error(&a, "more than one model file ('%s' and '%s')", c->model_path, arg);
+            return CLI_USAGE_ERROR;
+        } else {
+            c->model_path = arg;
+            a.index++;
+        }
+    }
+    if (!c->model_path) {
+        cli_usage_error(&a, "no model file given");
+        return CLI_USAGE_ERROR;
+    }
+    return CLI_OK;
+}
+
+int cmd_ir(int argc, char **argv) {
+    ir_command c = {0};
+    int status = parse_arguments(argc, argv, &c);
+    if (status != CLI_OK) return status == CLI_HELP_SHOWN ? CLI_OK : status;
+
+    diag_engine d;
+    diag_init(&d, stderr);
+    d.max_errors = c.max_errors;
+    ir_module m = {0};
+    bool ok = fe_load_model(c.model_path, &c.frontend, &d, &m);
+    if (ok) ok = cli_run_passes(&m, c.after, c.print_after, &d);
+    if (ok) ok = cli_write_module(&m, c.format, c.output_path, &d);
+    ir_module_free(&m);
+    status = ok && !diag_has_errors(&d) ? CLI_OK : CLI_INPUT_ERROR;
+    diag_free(&d);
+    return status;
+}

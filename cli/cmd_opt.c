@@ -1,0 +1,165 @@
+/* cmd_opt.c - `smelt opt`: text IR in, passes run, text IR out. This is what
+ * every pass test drives: `smelt opt --pass NAME in.ir | FileCheck in.ir`. */
+#include "cli.h"
+
+#include "ir_io.h"
+#include "pass.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char usage[] =
+    "usage: smelt opt --pass NAME[,NAME...] [options] IN.ir\n"
+    "\n"
+    "Parses text IR (IN.ir, or - for standard input), runs the named passes in\n"
+    "order, verifying the IR after each, and prints the result.\n"
+    "\n"
+    "options:\n"
+    "  --pass NAME[,NAME...]   passes to run (none: parse, verify and print)\n"
+    "  --print-ir-after PASS|all\n"
+    "                          also print the IR after each named pass (to stderr)\n"
+    "  --split-input-file      treat each `# -----` separated chunk as its own\n"
+    "                          module; outputs are separated the same way\n"
+    "  --format text|json|dot  output format (default text)\n"
+    "  -o FILE                 write to FILE instead of standard output\n"
+    "  --max-errors N          stop after N errors (default 20, 0: no limit)\n"
+    "  --list-passes           print the known passes and exit\n"
+    "  -h, --help              show this help\n";
+
+typedef struct opt_command {
+    const char *input_path;
+    const char *pass_list;
+    const char *print_after;
+    const char *output_path;
+    cli_format format;
+    bool split_input;
+    unsigned max_errors;
+} opt_command;
+
+static void list_passes(void) {
+    size_t count;
+    const pass_info *passes = pass_table(&count);
+    for (size_t i = 0; i < count; i++) printf("  %-14s %s\n", passes[i].name, passes[i].summary);
+}
+
+static int parse_arguments(int argc, char **argv, opt_command *c) {
+    cli_args a = {argc, argv, 1, "smelt opt"};
+    const char *value;
+    c->max_errors = 20;
+    while (a.index < a.argc) {
+        const char *arg = a.argv[a.index];
+        if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
+            fputs(usage, stdout);
+            return CLI_HELP_SHOWN;
+        } else if (cli_flag(&a, "--list-passes")) {
+            list_passes();
+            return CLI_HELP_SHOWN;
+        } else if (cli_flag_value(&a, "--pass", &value)) {
+            if (!value) return CLI_USAGE_ERROR;
+            c->pass_list = value;
+        } else if (cli_flag_value(&a, "--print-ir-after", &value)) {
+            if (!value) return CLI_USAGE_ERROR;
+            c->print_after = value;
+        } else if (cli_flag(&a, "--split-input-file")) {
+            c->split_input = true;
+        } else if (cli_flag_value(&a, "--format", &value)) {
+            if (!value) return CLI_USAGE_ERROR;
+            if (!cli_parse_format(value, &c->format)) {
+                cli_usage_error(&a, "unknown format '%s' (text, json or dot)", value);
+                return CLI_USAGE_ERROR;
+            }
+        } else if (cli_flag_value(&a, "-o", &value)) {
+            if (!value) return CLI_USAGE_ERROR;
+            c->output_path = value;
+        } else if (cli_flag_value(&a, "--max-errors", &value)) {
+            if (!value || !cli_parse_count(&a, value, &c->max_errors)) return CLI_USAGE_ERROR;
+        } else if (arg[0] == '-' && arg[1] != '\0') {
+            cli_usage_error(&a, "unknown option '%s'", arg);
+            return CLI_USAGE_ERROR;
+        } else if (c->input_path) {
+            cli_usage_error(&a, "more than one input file ('%s' and '%s')", c->input_path, arg);
+            return CLI_USAGE_ERROR;
+        } else {
+            c->input_path = arg;
+            a.index++;
+        }
+    }
+    if (!c->input_path) {
+        cli_usage_error(&a, "no input file given (use - for standard input)");
+        return CLI_USAGE_ERROR;
+    }
+    return CLI_OK;
+}
+
+/* One module: parse, run passes, print. The chunk text starts with as many
+ * newlines as lines precede it in the file, so diagnostics keep their lines. */
+static bool run_one(const opt_command *c, const char *text, size_t length, FILE *out, diag_engine *d) {
+    ir_module m = {0};
+    bool ok = ir_parse_text(c->input_path, text, length, d, &m);
+    if (ok) ok = cli_run_pass_list(&m, c->pass_list, c->print_after, d);
+    if (ok) cli_print_module(&m, c->format, out);
+    ir_module_free(&m);
+    return ok;
+}
+
+/* True when the line at `p` is a chunk separator: `# -----` (and more dashes). */
+static bool is_separator(const char *p, const char *end) {
+    static const char mark[] = "# -----";
+    size_t n = sizeof mark - 1;
+    return (size_t)(end - p) >= n && memcmp(p, mark, n) == 0;
+}
+
+static bool run_split(const opt_command *c, const char *text, size_t length, FILE *out, diag_engine *d) {
+    const char *end = text + length, *chunk = text;
+    unsigned chunk_first_line = 1, line = 1;
+    bool ok = true, first = true;
+    for (const char *p = text;; line++) {
+        const char *eol = memchr(p, '\n', (size_t)(end - p));
+        const char *next = eol ? eol + 1 : end;
+        bool last = next >= end;
+        if (is_separator(p, end) || last) {
+            const char *chunk_end = is_separator(p, end) ? p : end;
+            size_t padding = chunk_first_line - 1, n = (size_t)(chunk_end - chunk);
+            char *padded = malloc(padding + n + 1);
+            if (!padded) SMELT_DIE("out of memory");
+            memset(padded, '\n', padding);
+            memcpy(padded + padding, chunk, n);
+            if (!first) fputs("# -----\n", out);
+            first = false;
+            ok &= run_one(c, padded, padding + n, out, d);
+            free(padded);
+            chunk = next;
+            chunk_first_line = line + 1;
+        }
+        if (last || diag_should_stop(d)) break;
+        p = next;
+    }
+    return ok;
+}
+
+int cmd_opt(int argc, char **argv) {
+    opt_command c = {0};
+    int status = parse_arguments(argc, argv, &c);
+    if (status != CLI_OK) return status == CLI_HELP_SHOWN ? CLI_OK : status;
+
+    diag_engine d;
+    diag_init(&d, stderr);
+    d.max_errors = c.max_errors;
+    size_t length = 0;
+    char *text = cli_read_file(c.input_path, &length, &d);
+    bool ok = text != NULL;
+    FILE *out = stdout;
+    if (ok && c.output_path && strcmp(c.output_path, "-") != 0) {
+        out = fopen(c.output_path, "w");
+        if (!out) {
+            diag_error(&d, ((smelt_loc){diag_file_id(&d, c.output_path), 0, 0}), "cannot write");
+            ok = false;
+        }
+    }
+    if (ok) ok = c.split_input ? run_split(&c, text, length, out, &d) : run_one(&c, text, length, out, &d);
+    if (out && out != stdout && fclose(out) != 0) ok = false;
+    free(text);
+    status = ok && !diag_has_errors(&d) ? CLI_OK : CLI_INPUT_ERROR;
+    diag_free(&d);
+    return status;
+}
