@@ -67,7 +67,7 @@ enum { CLI_MAX_INPUT_BYTES = 256 * 1024 * 1024 };
 char *cli_read_file(const char *path, size_t *length, diag_engine *d) {
     FILE *fp = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
     if (!fp) {
-        diag_error(d, ((smelt_loc){diag_file_id(d, path), 0, 0}), "cannot read: %s", strerror(errno));
+        diag_error(d, SMELT_NO_LOC, "cannot read '%s': %s", path, strerror(errno));
         return NULL;
     }
     size_t capacity = 1 << 16, n = 0;

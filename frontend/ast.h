@@ -186,6 +186,12 @@ bool fe_parse_dsl(const char *path, diag_engine *d, ast_model *out);
 /* The same from text in memory; `path` is used for diagnostics. */
 bool fe_parse_dsl_text(const char *path, const char *text, size_t length, diag_engine *d,
                        ast_model *out);
+/* Debugging aid (and the lexer's tests): writes the DSL token stream of
+ * `text` to `out`, one token a line as the parser sees it ("2:3 name x",
+ * "2:5 '='", "2:7 integer 42", "2:9 end of line"), up to "end of file".
+ * Reports lexical errors to `d`; false on any. */
+bool fe_dump_dsl_tokens(const char *path, const char *text, size_t length, diag_engine *d,
+                        FILE *out);
 bool fe_parse_json(const char *path, diag_engine *d, ast_model *out);
 bool fe_parse_json_text(const char *path, const char *text, size_t length, diag_engine *d,
                         ast_model *out);

@@ -272,4 +272,17 @@ bool ir_type_max_elements(const ir_module *m, const ir_type *t, uint64_t *out);
 /* Checks the invariants of the module; reports every violation. */
 bool ir_verify(const ir_module *m, diag_engine *d);
 
+/* ---- type text and attribute comparison (types.c) ------------------------ */
+
+/* Buffer size that holds any type written by ir_format_type. */
+enum { IR_TYPE_TEXT_MAX = 640 };
+/* Writes `t` as the text IR spells it (f32[tokens, 64], f32[] for a scalar,
+ * `?` when unknown) for diagnostics: symbol names are cut like DIAG_NAME.
+ * Returns buffer. */
+const char *ir_format_type(const ir_module *m, const ir_type *t, char *buffer, size_t size);
+/* One dim: its constant or its symbol's (cut) name. Returns buffer. */
+const char *ir_format_dim(const ir_module *m, ir_dim d, char *buffer, size_t size);
+/* Same kind and same value; floats compare by bit pattern (0.0 != -0.0). */
+bool ir_attr_equal(const ir_attr *a, const ir_attr *b);
+
 #endif

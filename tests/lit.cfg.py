@@ -7,7 +7,7 @@ import lit.formats
 config.name = "smelt"
 config.test_format = lit.formats.ShTest(execute_external=False)
 config.suffixes = [".ir", ".smelt", ".json", ".test"]
-config.excludes = ["Inputs", "unit", "corpus", "CMakeLists.txt", "README.md"]
+config.excludes = ["Inputs", "unit", "corpus", "fixtures", "reference", "CMakeLists.txt", "README.md"]
 config.test_source_root = config.smelt_test_source_dir
 config.test_exec_root = os.path.dirname(os.path.abspath(config.site_config_path)) \
     if hasattr(config, "site_config_path") else config.smelt_test_source_dir

@@ -7,9 +7,9 @@ set -u
 smelt=$1 corpus=$2 generated=$3
 mkdir -p "$generated"
 
-python_free_generate() {
-    # 1 MB identifier
-    { printf 'model m {\n  param '; head -c 1048576 /dev/zero | tr '\0' 'a'; printf ': int = 1\n}\n'; } >"$generated/long_identifier.smelt"
+generate_large_inputs() {
+    # 1 MB identifier, used before it is defined
+    { printf 'model m {\n  output o = '; head -c 1048576 /dev/zero | tr '\0' 'a'; printf '\n}\n'; } >"$generated/long_identifier.smelt"
     # 1 MB string
     { printf 'model m {\n  weight w: [2] = "'; head -c 1048576 /dev/zero | tr '\0' 'x'; printf '\n}\n'; } >"$generated/long_string.smelt"
     # 10,000-deep parentheses and blocks
@@ -22,7 +22,7 @@ python_free_generate() {
     : >"$generated/empty.smelt"
     : >"$generated/empty.json"
 }
-python_free_generate
+generate_large_inputs
 
 failures=0 count=0
 for input in "$corpus"/*.smelt "$corpus"/*.json "$corpus"/*.ir "$generated"/*; do

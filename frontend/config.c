@@ -1,0 +1,207 @@
+/* config.c - params bound from a Hugging Face config.json and from --set.
+ *
+ * The config is read once with jansson (duplicate keys rejected); a lookup
+ * then finds a param's key and converts the JSON value to the param's type.
+ * Keys that name no param are ignored: a config.json holds many fields a
+ * model description never asks for. --set values are text and convert by
+ * the param's type. See config.h for the conversion table.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+bool fe_options_set(fe_options *o, const char *name, const char *value) {
+    if (!o || !name || !value || o->setting_count >= FE_MAX_SETTINGS) return false;
+    o->settings[o->setting_count++] = (fe_setting){name, value};
+    return true;
+}
+
+int fe_options_find(const fe_options *o, const char *name) {
+    if (!o) return -1;
+    for (uint32_t i = o->setting_count; i-- > 0;)
+        if (strcmp(o->settings[i].name, name) == 0) return (int)i;
+    return -1;
+}
+
+/* ---- config.json ------------------------------------------------------- */
+
+bool fe_config_open(fe_config *c, const char *path, diag_engine *d) {
+    memset(c, 0, sizeof *c);
+    c->file = -1;
+    if (!path) return true;
+    c->path = path;
+    c->file = diag_file_id(d, path);
+    smelt_loc whole_file = {c->file, 0, 0};
+
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        diag_error(d, whole_file, "cannot read the config: %s", strerror(errno));
+        c->broken = true;
+        return false;
+    }
+    json_error_t error;
+    json_t *root = json_loadf(fp, JSON_REJECT_DUPLICATES, &error);
+    bool read_failed = ferror(fp) != 0;
+    int read_errno = errno;
+    fclose(fp);
+    if (!root) {
+        if (read_failed)
+            diag_error(d, whole_file, "cannot read the config: %s", strerror(read_errno));
+        else {
+            smelt_loc at = {c->file, error.line > 0 ? (uint32_t)error.line : 0,
+                            error.column > 0 ? (uint32_t)error.column : 0};
+            diag_error(d, at, "config is not valid JSON: %s", error.text);
+        }
+        c->broken = true;
+        return false;
+    }
+    if (!json_is_object(root)) {
+        diag_error(d, whole_file, "the config must be a JSON object of settings, found %s",
+                   json_is_array(root) ? "a list" : "a single value");
+        json_decref(root);
+        c->broken = true;
+        return false;
+    }
+    c->root = root;
+    return true;
+}
+
+void fe_config_close(fe_config *c) {
+    if (c->root) json_decref(c->root);
+    memset(c, 0, sizeof *c);
+    c->file = -1;
+}
+
+static const char *json_kind_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "a list";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an int";
+    case JSON_REAL: return "a float";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a bool";
+    case JSON_NULL: return "null";
+    }
+    return "a value";
+}
+
+/* An integral real in int64 range converts to int: configs written by
+ * Python sometimes hold 4096.0 where an int is meant. */
+static bool real_to_int(double r, int64_t *out) {
+    if (!isfinite(r) || r != floor(r)) return false;
+    /* -2^63 is exact in a double; 2^63 is the first value past the range. */
+    if (r < -9223372036854775808.0 || r >= 9223372036854775808.0) return false;
+    *out = (int64_t)r;
+    return true;
+}
+
+/* The value of `name` in the config: a top-level key, or else a key of the
+ * "rope_parameters" object, where transformers 5 keeps rope_theta. */
+static json_t *config_value(const fe_config *c, const char *name) {
+    json_t *v = json_object_get(c->root, name);
+    if (v && !json_is_null(v)) return v;
+    json_t *rope = json_object_get(c->root, "rope_parameters");
+    v = json_is_object(rope) ? json_object_get(rope, name) : NULL;
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+fe_binding fe_config_lookup(const fe_config *c, ir_param *param, arena *a, diag_engine *d) {
+    if (!c->root) return FE_BINDING_ABSENT;
+    json_t *v = config_value(c, param->name);
+    if (!v) return FE_BINDING_ABSENT;
+    smelt_loc whole_file = {c->file, 0, 0};
+    switch (param->type) {
+    case IR_PARAM_INT:
+        if (json_is_integer(v)) {
+            param->value.i = (int64_t)json_integer_value(v);
+            return FE_BINDING_FOUND;
+        }
+        if (json_is_real(v)) {
+            if (real_to_int(json_real_value(v), &param->value.i)) return FE_BINDING_FOUND;
+            diag_error(d, whole_file, "param '%.*s%s' is int but the config gives the float %g",
+                       DIAG_NAME(param->name), json_real_value(v));
+            return FE_BINDING_INVALID;
+        }
+        break;
+    case IR_PARAM_FLOAT:
+        if (json_is_number(v)) {
+            param->value.f = json_number_value(v);
+            return FE_BINDING_FOUND;
+        }
+        break;
+    case IR_PARAM_BOOL:
+        if (json_is_boolean(v)) {
+            param->value.b = json_is_true(v);
+            return FE_BINDING_FOUND;
+        }
+        break;
+    case IR_PARAM_STRING:
+        if (json_is_string(v)) {
+            param->value.s = arena_strndup(a, json_string_value(v), json_string_length(v));
+            return FE_BINDING_FOUND;
+        }
+        break;
+    }
+    diag_error(d, whole_file, "param '%.*s%s' is %s but the config gives %s", DIAG_NAME(param->name),
+               ir_param_type_name(param->type), json_kind_name(v));
+    return FE_BINDING_INVALID;
+}
+
+/* ---- --set ------------------------------------------------------------- */
+
+static bool text_to_int(const char *text, int64_t *out) {
+    if (!(text[0] >= '0' && text[0] <= '9') && !(text[0] == '-' || text[0] == '+')) return false;
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (end == text || *end != '\0' || errno == ERANGE) return false;
+    *out = v;
+    return true;
+}
+
+static bool text_to_float(const char *text, double *out) {
+    /* strtod skips leading blanks and reads "nan"/"inf"; neither is a value. */
+    if (text[0] == '\0' || text[0] == ' ' || text[0] == '\t') return false;
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (end == text || *end != '\0' || !isfinite(v)) return false;
+    *out = v;
+    return true;
+}
+
+fe_binding fe_setting_lookup(const fe_options *o, ir_param *param, arena *a, diag_engine *d) {
+    int index = fe_options_find(o, param->name);
+    if (index < 0) return FE_BINDING_ABSENT;
+    const char *text = o->settings[index].value;
+    bool ok = false;
+    switch (param->type) {
+    case IR_PARAM_INT: ok = text_to_int(text, &param->value.i); break;
+    case IR_PARAM_FLOAT: ok = text_to_float(text, &param->value.f); break;
+    case IR_PARAM_BOOL:
+        ok = strcmp(text, "true") == 0 || strcmp(text, "false") == 0;
+        param->value.b = strcmp(text, "true") == 0;
+        break;
+    case IR_PARAM_STRING:
+        param->value.s = arena_strdup(a, text);
+        ok = true;
+        break;
+    }
+    if (ok) return FE_BINDING_FOUND;
+    static const char *const expected[] = {
+        [IR_PARAM_INT] = "a decimal integer that fits in 64 bits",
+        [IR_PARAM_FLOAT] = "a finite number",
+        [IR_PARAM_BOOL] = "true or false",
+        [IR_PARAM_STRING] = "text",
+    };
+    const char *article = param->type == IR_PARAM_INT ? "an" : "a";
+    diag_error(d, SMELT_NO_LOC, "--set %.*s%s=%.*s%s: '%.*s%s' is %s %s param; expected %s",
+               DIAG_NAME(param->name), DIAG_NAME(text), DIAG_NAME(param->name), article,
+               ir_param_type_name(param->type), expected[param->type]);
+    return FE_BINDING_INVALID;
+}

@@ -1,0 +1,485 @@
+/* elaborate.c - from a model's syntax tree to its IR module (fe_elaborate).
+ *
+ * One walk over the statements, in order: params are bound (--set, then
+ * config.json, then the default expression), dims become module symbols,
+ * inputs, weights and outputs become their ops, `for` loops are unrolled and
+ * only the chosen branch of an `if` is elaborated. Expressions and op calls
+ * are in elaborate_expr.c and elaborate_call.c; the environment and error
+ * reporting in elaborate_env.c.
+ *
+ * Contract: the module gets every op with its operands, attributes (defaults
+ * filled in) and location; result types are set only where a statement
+ * declares them (input, weight, const) and are otherwise left unknown for the
+ * infer-shapes pass. Every error is reported; elaboration goes on past an
+ * error with poison values so that later, independent errors are found too.
+ */
+#include "elaborate.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void elaborate_block(fe_elaborator *el, const ast_block *block, bool top_level);
+
+static const char *origin_text(fe_binding_origin origin) {
+    switch (origin) {
+    case FE_ORIGIN_PARAM: return "a param";
+    case FE_ORIGIN_DIM: return "a dim";
+    case FE_ORIGIN_INPUT: return "an input";
+    case FE_ORIGIN_WEIGHT: return "a weight";
+    case FE_ORIGIN_LET: return "a let";
+    case FE_ORIGIN_LOOP: return "a loop variable";
+    case FE_ORIGIN_OUTPUT: return "an output";
+    }
+    return "a name";
+}
+
+/* A declaration (param, dim, input, output) needs a name not bound yet in `map`. */
+static bool check_fresh_name(fe_elaborator *el, const fe_name_map *map, const char *what, const char *name,
+                             smelt_loc loc) {
+    const fe_binding_entry *b = fe_name_map_get(map, name);
+    if (!b) return true;
+    fe_error(el, loc, "%s '%.*s%s' is already defined", what, DIAG_NAME(name));
+    fe_note(el, b->loc, "'%.*s%s' was defined here, as %s", DIAG_NAME(name), origin_text(b->origin));
+    return false;
+}
+
+static void bind(fe_elaborator *el, const char *name, fe_value value, fe_binding_origin origin,
+                 smelt_loc loc) {
+    fe_name_map_bind(&el->names, name, value, origin, loc);
+}
+
+/* ---- param ------------------------------------------------------------- */
+
+/* Evaluates a param's default expression and converts it to the param's type. */
+static fe_binding eval_param_default(fe_elaborator *el, const ast_stmt *s, ir_param *p) {
+    const ast_expr *e = s->as.param.default_value;
+    fe_value v = fe_eval_expr(el, e);
+    if (v.kind == FE_VALUE_ERROR) return FE_BINDING_INVALID;
+    switch (p->type) {
+    case IR_PARAM_INT:
+        if (v.kind != FE_VALUE_INT) break;
+        p->value.i = v.as.i;
+        return FE_BINDING_FOUND;
+    case IR_PARAM_FLOAT:
+        if (v.kind != FE_VALUE_INT && v.kind != FE_VALUE_FLOAT) break;
+        p->value.f = v.kind == FE_VALUE_INT ? (double)v.as.i : v.as.f;
+        return FE_BINDING_FOUND;
+    case IR_PARAM_BOOL:
+        if (v.kind != FE_VALUE_BOOL) break;
+        p->value.b = v.as.b;
+        return FE_BINDING_FOUND;
+    case IR_PARAM_STRING:
+        if (v.kind != FE_VALUE_STRING) break;
+        p->value.s = v.as.s;
+        return FE_BINDING_FOUND;
+    }
+    fe_error(el, e->loc, "param '%.*s%s' is %s but its default is %s", DIAG_NAME(p->name),
+             ir_param_type_name(p->type), fe_value_kind_text(v.kind));
+    return FE_BINDING_INVALID;
+}
+
+static fe_value param_value(const ir_param *p) {
+    switch (p->type) {
+    case IR_PARAM_INT: return fe_int_value(p->value.i);
+    case IR_PARAM_FLOAT: return fe_float_value(p->value.f);
+    case IR_PARAM_BOOL: return fe_bool_value(p->value.b);
+    case IR_PARAM_STRING: return (fe_value){.kind = FE_VALUE_STRING, .as.s = p->value.s};
+    }
+    SMELT_DIE("param type %d", (int)p->type);
+}
+
+static void elaborate_param(fe_elaborator *el, const ast_stmt *s, bool top_level) {
+    const char *name = s->as.param.name;
+    if (!top_level) {
+        fe_error(el, s->loc,
+                 "param '%.*s%s' must be declared at the top level of the model, not inside for or if",
+                 DIAG_NAME(name));
+        if (!fe_name_map_get(&el->names, name)) bind(el, name, fe_error_value(), FE_ORIGIN_PARAM, s->loc);
+        return;
+    }
+    if (!check_fresh_name(el, &el->names, "param", name, s->loc)) return;
+
+    ir_param p = {.name = name, .type = s->as.param.type};
+    fe_binding found = fe_setting_lookup(el->options, &p, &el->scratch, el->diag);
+    if (found == FE_BINDING_ABSENT && el->config.broken)
+        found = FE_BINDING_INVALID; /* the config might have bound it: stay silent */
+    if (found == FE_BINDING_ABSENT) found = fe_config_lookup(&el->config, &p, &el->scratch, el->diag);
+    if (found == FE_BINDING_ABSENT && s->as.param.default_value) found = eval_param_default(el, s, &p);
+    if (found == FE_BINDING_ABSENT) {
+        fe_error(el, s->loc, "param '%.*s%s' has no value; give it in config.json or with --set %.*s%s=...",
+                 DIAG_NAME(name), DIAG_NAME(name));
+        found = FE_BINDING_INVALID;
+    }
+    if (found != FE_BINDING_FOUND) {
+        el->failed = true;
+        bind(el, name, fe_error_value(), FE_ORIGIN_PARAM, s->loc);
+        return;
+    }
+    ir_param *recorded = ir_add_param(el->module, name, p.type);
+    recorded->value = p.value;
+    if (p.type == IR_PARAM_STRING) recorded->value.s = arena_strdup(&el->module->arena, p.value.s);
+    bind(el, name, param_value(&p), FE_ORIGIN_PARAM, s->loc);
+}
+
+/* ---- dim, input, weight ---------------------------------------------------- */
+
+static void elaborate_dim(fe_elaborator *el, const ast_stmt *s) {
+    const char *name = s->as.dim.name;
+    if (!check_fresh_name(el, &el->names, "dim", name, s->loc)) return;
+    fe_value bound = fe_eval_expr(el, s->as.dim.bound);
+    fe_value value = fe_error_value();
+    if (bound.kind == FE_VALUE_INT && bound.as.i >= 1) {
+        value =
+            (fe_value){.kind = FE_VALUE_DIM, .as.dim = ir_add_symbol(el->module, name, bound.as.i, s->loc)};
+    } else if (bound.kind == FE_VALUE_INT) {
+        fe_error(el, s->as.dim.bound->loc, "the bound of dim '%.*s%s' is %lld; it must be >= 1",
+                 DIAG_NAME(name), (long long)bound.as.i);
+    } else if (bound.kind != FE_VALUE_ERROR) {
+        fe_error(el, s->as.dim.bound->loc, "the bound of dim '%.*s%s' must be an int, found %s",
+                 DIAG_NAME(name), fe_value_kind_text(bound.kind));
+    }
+    bind(el, name, value, FE_ORIGIN_DIM, s->loc);
+}
+
+/* "f32, f16, ..., i64" for messages. */
+#define X(e, name, bits) name ", "
+static const char dtype_list[] = IR_DTYPES(X);
+#undef X
+
+/* The dims of a declared type (ints >= 0 or symbolic dims) into out->dims.
+ * false on an error, reported unless it is poison from earlier. */
+static bool eval_dims(fe_elaborator *el, const ast_stmt *s, const char *what, const char *name,
+                      const ast_type *type, ir_type *out) {
+    if (type->rank > IR_MAX_DIMS) {
+        fe_error(el, s->loc, "%s '%.*s%s' has %u dims; at most %d are allowed", what, DIAG_NAME(name),
+                 type->rank, IR_MAX_DIMS);
+        return false;
+    }
+    bool ok = true;
+    out->rank = (uint8_t)type->rank;
+    for (uint32_t i = 0; i < type->rank; i++) {
+        const ast_expr *e = type->dims[i];
+        fe_value v = fe_eval_expr(el, e);
+        if (v.kind == FE_VALUE_INT && v.as.i >= 0) {
+            out->dims[i] = ir_dim_const(v.as.i);
+        } else if (v.kind == FE_VALUE_DIM) {
+            out->dims[i] = ir_dim_symbol(v.as.dim);
+        } else if (v.kind == FE_VALUE_INT) {
+            fe_error(el, e->loc, "dim %u of %s '%.*s%s' is %lld; dims must be >= 0", i + 1, what,
+                     DIAG_NAME(name), (long long)v.as.i);
+            ok = false;
+        } else {
+            if (v.kind != FE_VALUE_ERROR)
+                fe_error(el, e->loc, "dim %u of %s '%.*s%s' must be an int or a symbolic dim, found %s",
+                         i + 1, what, DIAG_NAME(name), fe_value_kind_text(v.kind));
+            ok = false;
+        }
+    }
+    return ok;
+}
+
+/* The dtype named in a declared type; IR_DTYPE_UNKNOWN after an error. */
+static ir_dtype eval_dtype(fe_elaborator *el, const ast_type *type) {
+    ir_dtype dtype = ir_dtype_from_name(type->dtype, strlen(type->dtype));
+    if (dtype == IR_DTYPE_UNKNOWN)
+        fe_error(el, type->dtype_loc, "unknown dtype '%.*s%s'; the dtypes are %.*s", DIAG_NAME(type->dtype),
+                 (int)sizeof dtype_list - 3, dtype_list);
+    return dtype;
+}
+
+static void elaborate_input(fe_elaborator *el, const ast_stmt *s) {
+    const char *name = s->as.input.name;
+    if (!check_fresh_name(el, &el->names, "input", name, s->loc)) return;
+    const ast_type *type = &s->as.input.type;
+    ir_type t = {0};
+    bool ok = true;
+    if (!type->dtype) {
+        fe_error(el, s->loc, "input '%.*s%s' needs a dtype, as in 'input ids: i32[tokens]'", DIAG_NAME(name));
+        ok = false;
+    } else if ((t.dtype = eval_dtype(el, type)) == IR_DTYPE_UNKNOWN) {
+        ok = false;
+    }
+    ok &= eval_dims(el, s, "input", name, type, &t);
+    fe_value value = fe_error_value();
+    if (ok && fe_room_for_op(el, s->loc)) {
+        ir_module *m = el->module;
+        uint32_t op = ir_append_op(m, IR_OP_INPUT, NULL, 0, UINT32_MAX, s->loc);
+        ir_op_set_string(m, op, "name", name);
+        ir_value_id id = ir_op_result(m, op, 0);
+        m->values[id].type = t;
+        value = (fe_value){.kind = FE_VALUE_TENSOR, .as.tensor = id};
+    }
+    bind(el, name, value, FE_ORIGIN_INPUT, s->loc);
+}
+
+/* The Hugging Face name of a weight: each {x} of the template replaced by the
+ * decimal value of int x, except {e} of `stacked e`, which stays. NULL after
+ * an error (reported unless poison). Free the result. */
+static char *expand_weight_name(fe_elaborator *el, const ast_stmt *s, bool *has_stack_var) {
+    const char *template = s->as.weight.hf_name, *stack_var = s->as.weight.stack_var;
+    smelt_loc loc = s->as.weight.hf_name_loc;
+    size_t length = strlen(template);
+    if (!fe_spend_work(el, loc, fe_text_work(length))) return NULL;
+    /* Each {x} of >= 3 bytes becomes at most 20 digits and a sign. */
+    uint64_t capacity;
+    if (size_mul_overflow(length, 8, &capacity) || size_add_overflow(capacity, 32, &capacity))
+        SMELT_DIE("weight name of %zu bytes", length);
+    char *out = malloc((size_t)capacity);
+    if (!out) SMELT_DIE("out of memory for a weight name of %zu bytes", length);
+    size_t used = 0;
+    *has_stack_var = false;
+    for (const char *p = template; *p;) {
+        if (*p != '{') {
+            out[used++] = *p++;
+            continue;
+        }
+        const char *close = strchr(p + 1, '}');
+        if (!close) {
+            fe_error(el, loc,
+                     "unterminated '{' in the weight name; write {name} with a loop variable or int param");
+            free(out);
+            return NULL;
+        }
+        const char *var = p + 1;
+        size_t var_length = (size_t)(close - var);
+        int shown = var_length > DIAG_NAME_MAX ? DIAG_NAME_MAX : (int)var_length;
+        const char *cut = var_length > DIAG_NAME_MAX ? "..." : "";
+        const fe_binding_entry *b = fe_name_map_get_bytes(&el->names, var, var_length);
+        if (var_length == 0) {
+            fe_error(el, loc,
+                     "empty '{}' in the weight name; write {name} with a loop variable or int param");
+        } else if (stack_var && strlen(stack_var) == var_length && memcmp(stack_var, var, var_length) == 0) {
+            memcpy(out + used, p, var_length + 2); /* {e} stays for the stacked dim */
+            used += var_length + 2;
+            *has_stack_var = true;
+            p = close + 1;
+            continue;
+        } else if (b && b->value.kind == FE_VALUE_INT) {
+            used += (size_t)snprintf(out + used, 24, "%lld", (long long)b->value.as.i);
+            p = close + 1;
+            continue;
+        } else if (!b) {
+            if (!el->skipped_code)
+                fe_error(
+                    el, loc,
+                    "unknown name '{%.*s%s}' in the weight name; expected a loop variable or an int param",
+                    shown, var, cut);
+        } else if (b->value.kind != FE_VALUE_ERROR) {
+            fe_error(el, loc, "'{%.*s%s}' in the weight name needs an int, but '%.*s%s' is %s", shown, var,
+                     cut, shown, var, cut, fe_value_kind_text(b->value.kind));
+        }
+        free(out);
+        return NULL;
+    }
+    out[used] = '\0';
+    return out;
+}
+
+static void elaborate_weight(fe_elaborator *el, const ast_stmt *s) {
+    const char *name = s->as.weight.name;
+    const ast_type *type = &s->as.weight.type;
+    ir_type t = {.dtype = IR_DTYPE_F32};
+    bool ok = true;
+    if (type->dtype) {
+        t.dtype = eval_dtype(el, type);
+        if (t.dtype != IR_DTYPE_UNKNOWN && !ir_dtype_is_float(t.dtype)) {
+            fe_error(el, type->dtype_loc,
+                     "weight '%.*s%s' has dtype %s; weights must have a float dtype "
+                     "(f32, f16, bf16, f8e4m3 or f8e5m2)",
+                     DIAG_NAME(name), ir_dtype_name(t.dtype));
+            t.dtype = IR_DTYPE_UNKNOWN;
+        }
+        ok = t.dtype != IR_DTYPE_UNKNOWN;
+    }
+    ok &= eval_dims(el, s, "weight", name, type, &t);
+    bool has_stack_var = false;
+    char *hf_name = expand_weight_name(el, s, &has_stack_var);
+    ok &= hf_name != NULL;
+    const char *stack_var = s->as.weight.stack_var;
+    if (stack_var && type->rank < 2) {
+        fe_error(el, s->loc,
+                 "stacked weight '%.*s%s' needs at least 2 dims (dim 0 counts the stacked tensors), "
+                 "found %u",
+                 DIAG_NAME(name), type->rank);
+        ok = false;
+    }
+    if (stack_var && hf_name && !has_stack_var) {
+        fe_error(el, s->as.weight.hf_name_loc, "the name of stacked weight '%.*s%s' must contain '{%.*s%s}'",
+                 DIAG_NAME(name), DIAG_NAME(stack_var));
+        ok = false;
+    }
+    fe_value value = fe_error_value();
+    if (ok && fe_room_for_op(el, s->loc)) {
+        ir_module *m = el->module;
+        uint32_t op = ir_append_op(m, IR_OP_WEIGHT, NULL, 0, UINT32_MAX, s->loc);
+        ir_op_set_string(m, op, "name", hf_name);
+        if (stack_var) ir_op_set_string(m, op, "stack", stack_var);
+        ir_op_fill_defaults(m, op);
+        ir_value_id id = ir_op_result(m, op, 0);
+        m->values[id].type = t;
+        value = (fe_value){.kind = FE_VALUE_TENSOR, .as.tensor = id};
+    }
+    free(hf_name);
+    bind(el, name, value, FE_ORIGIN_WEIGHT, s->loc);
+}
+
+/* ---- let, assignment, output ------------------------------------------------ */
+
+static void elaborate_let(fe_elaborator *el, const ast_stmt *s) {
+    uint32_t count = s->as.let.name_count;
+    const char *const *names = s->as.let.names;
+    bool assign = s->kind == AST_STMT_ASSIGN;
+    for (uint32_t i = 0; i < count; i++) {
+        if (!fe_spend_work(el, s->as.let.name_locs[i], fe_text_work(strlen(names[i])))) return;
+        if (assign && !fe_name_map_get(&el->names, names[i]) && !el->skipped_code)
+            fe_error(el, s->as.let.name_locs[i], "'%.*s%s' is not defined; use let", DIAG_NAME(names[i]));
+    }
+    fe_value v = fe_eval_expr(el, s->as.let.value);
+    smelt_loc value_loc = s->as.let.value->loc;
+    bool several = v.kind == FE_VALUE_RESULTS;
+    uint32_t given = several ? v.as.results.count : 1;
+    if (v.kind != FE_VALUE_ERROR && given != count) {
+        if (several && count == 1)
+            fe_error(el, value_loc,
+                     "the value has %u results; bind each to a name, as in 'let a, b = split(...)'", given);
+        else if (several)
+            fe_error(el, value_loc, "%u names are bound but the value has %u results", count, given);
+        else
+            fe_error(el, value_loc, "%u names are bound but the value is a single value (%s)", count,
+                     fe_value_kind_text(v.kind));
+        v = fe_error_value();
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        fe_value item = v;
+        if (several && v.kind == FE_VALUE_RESULTS)
+            item = (fe_value){.kind = FE_VALUE_TENSOR,
+                              .as.tensor = ir_op_result(el->module, v.as.results.op, i)};
+        bind(el, names[i], item, FE_ORIGIN_LET, s->as.let.name_locs[i]);
+    }
+}
+
+static void elaborate_output(fe_elaborator *el, const ast_stmt *s) {
+    const char *name = s->as.output.name;
+    bool fresh = check_fresh_name(el, &el->outputs, "output", name, s->loc);
+    if (fresh) fe_name_map_bind(&el->outputs, name, fe_error_value(), FE_ORIGIN_OUTPUT, s->loc);
+    fe_value v = fe_eval_expr(el, s->as.output.value);
+    if (!fresh || v.kind == FE_VALUE_ERROR) return;
+    if (v.kind != FE_VALUE_TENSOR) {
+        fe_error(el, s->as.output.value->loc, "output '%.*s%s' must be a tensor, found %s", DIAG_NAME(name),
+                 fe_value_kind_text(v.kind));
+        return;
+    }
+    if (!fe_room_for_op(el, s->loc)) return;
+    uint32_t op = ir_append_op(el->module, IR_OP_OUTPUT, &v.as.tensor, 1, UINT32_MAX, s->loc);
+    ir_op_set_string(el->module, op, "name", name);
+}
+
+/* ---- for, if ------------------------------------------------------------ */
+
+static void elaborate_for(fe_elaborator *el, const ast_stmt *s) {
+    const char *var = s->as.loop.var;
+    fe_value from = fe_eval_expr(el, s->as.loop.from);
+    fe_value to = fe_eval_expr(el, s->as.loop.to);
+    if (from.kind == FE_VALUE_ERROR || to.kind == FE_VALUE_ERROR) {
+        el->skipped_code = true;
+        return;
+    }
+    if (from.kind != FE_VALUE_INT || to.kind != FE_VALUE_INT) {
+        fe_error(el, s->loc, "the range of a for loop must be two ints, found %s and %s",
+                 fe_value_kind_text(from.kind), fe_value_kind_text(to.kind));
+        el->skipped_code = true;
+        return;
+    }
+    /* to > from: the difference fits in uint64 even when int64 would overflow. */
+    uint64_t iterations = to.as.i > from.as.i ? (uint64_t)to.as.i - (uint64_t)from.as.i : 0;
+    if (iterations > FE_MAX_LOOP_ITERATIONS) {
+        fe_error(el, s->loc, "the loop runs %llu times; at most %d iterations are allowed",
+                 (unsigned long long)iterations, FE_MAX_LOOP_ITERATIONS);
+        el->skipped_code = true;
+        return;
+    }
+    const fe_binding_entry *shadowed = fe_name_map_get(&el->names, var);
+    fe_binding_entry saved = shadowed ? *shadowed : (fe_binding_entry){0};
+    for (int64_t i = from.as.i; i < to.as.i && !el->stopped; i++) {
+        if (!fe_spend_work(el, s->loc, fe_text_work(strlen(var)))) break;
+        bind(el, var, fe_int_value(i), FE_ORIGIN_LOOP, s->loc);
+        elaborate_block(el, &s->as.loop.body, false);
+    }
+    if (saved.name)
+        bind(el, var, saved.value, saved.origin, saved.loc);
+    else
+        fe_name_map_unbind(&el->names, var);
+}
+
+static void elaborate_if(fe_elaborator *el, const ast_stmt *s) {
+    fe_value cond = fe_eval_expr(el, s->as.branch.cond);
+    if (cond.kind != FE_VALUE_BOOL) {
+        if (cond.kind != FE_VALUE_ERROR)
+            fe_error(el, s->as.branch.cond->loc, "the condition of 'if' must be a bool, found %s",
+                     fe_value_kind_text(cond.kind));
+        el->skipped_code = true;
+        return;
+    }
+    elaborate_block(el, cond.as.b ? &s->as.branch.then_body : &s->as.branch.else_body, false);
+}
+
+/* ---- statements ---------------------------------------------------------- */
+
+static void elaborate_stmt(fe_elaborator *el, const ast_stmt *s, bool top_level) {
+    switch (s->kind) {
+    case AST_STMT_PARAM: elaborate_param(el, s, top_level); break;
+    case AST_STMT_DIM: elaborate_dim(el, s); break;
+    case AST_STMT_INPUT: elaborate_input(el, s); break;
+    case AST_STMT_WEIGHT: elaborate_weight(el, s); break;
+    case AST_STMT_LET:
+    case AST_STMT_ASSIGN: elaborate_let(el, s); break;
+    case AST_STMT_FOR: elaborate_for(el, s); break;
+    case AST_STMT_IF: elaborate_if(el, s); break;
+    case AST_STMT_OUTPUT: elaborate_output(el, s); break;
+    default: SMELT_DIE("statement kind %d", (int)s->kind);
+    }
+}
+
+static void elaborate_block(fe_elaborator *el, const ast_block *block, bool top_level) {
+    if (!fe_enter(el, block->count ? block->items[0]->loc : el->model->loc)) return;
+    for (uint32_t i = 0; i < block->count && !el->stopped; i++) {
+        const ast_stmt *s = block->items[i];
+        if (!fe_spend_work(el, s->loc, 1)) break;
+        elaborate_stmt(el, s, top_level);
+    }
+    el->depth--;
+}
+
+/* Every --set must name a param declared at the top level of the model. */
+static void check_settings(fe_elaborator *el) {
+    const fe_options *o = el->options;
+    if (!o) return;
+    for (uint32_t i = 0; i < o->setting_count; i++) {
+        const char *name = o->settings[i].name;
+        bool found = false;
+        for (uint32_t j = 0; j < el->model->body.count && !found; j++) {
+            const ast_stmt *s = el->model->body.items[j];
+            found = s->kind == AST_STMT_PARAM && strcmp(s->as.param.name, name) == 0;
+        }
+        if (!found) fe_error(el, SMELT_NO_LOC, "--set: the model has no param '%.*s%s'", DIAG_NAME(name));
+    }
+}
+
+bool fe_elaborate(const ast_model *model, const fe_options *o, diag_engine *d, ir_module *out) {
+    ir_module_init(out, model->name);
+    if (model->source_path) out->source_path = arena_strdup(&out->arena, model->source_path);
+    out->source_file = model->source_file;
+
+    fe_elaborator el = {.model = model, .options = o, .diag = d, .module = out};
+    arena_init(&el.scratch);
+    unsigned errors_before = d->error_count;
+    check_settings(&el);
+    fe_config_open(&el.config, o ? o->config_path : NULL, d);
+    elaborate_block(&el, &model->body, true);
+    bool ok = !el.failed && !el.config.broken && d->error_count == errors_before;
+    fe_config_close(&el.config);
+    fe_name_map_free(&el.names);
+    fe_name_map_free(&el.outputs);
+    arena_free(&el.scratch);
+    return ok;
+}

@@ -1,0 +1,23 @@
+/* load.c - a model file to an IR module: parse (DSL or JSON by the file's
+ * suffix), then elaborate with the config and --set bindings. */
+#include "frontend.h"
+
+#include <string.h>
+
+static bool has_suffix(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+bool fe_load_model(const char *path, const fe_options *o, diag_engine *d, ir_module *out) {
+    ast_model model;
+    ast_model_init(&model);
+    bool parsed = has_suffix(path, ".json") ? fe_parse_json(path, d, &model) : fe_parse_dsl(path, d, &model);
+    bool ok = false;
+    if (parsed)
+        ok = fe_elaborate(&model, o, d, out);
+    else /* a partial tree would only add confusing errors: stop at the parse errors */
+        ir_module_init(out, model.name);
+    ast_model_free(&model);
+    return ok;
+}

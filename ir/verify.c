@@ -1,0 +1,345 @@
+/* verify.c - the invariants of a module (ir_verify, declared in ir.h).
+ *
+ * Checked for every live op, in program order, reporting every violation at
+ * the op's location and going on (the diag engine stops after its limit):
+ *   - the kind is known; operand and result counts match ops.def (split: one
+ *     result per entry of `sizes`);
+ *   - every operand is the result of an earlier live op (straight-line SSA),
+ *     every result is a value of this op, defined once;
+ *   - required attributes are present, every attribute has its schema's
+ *     kind, STRING attributes lie within their `choices`;
+ *   - every type has rank <= IR_MAX_DIMS, valid symbols, constant dims >= 0,
+ *     and an element count and byte size (symbols at their bounds) that fit
+ *     in 64 bits; declared-type ops (input, weight, const) have a type;
+ *   - output names are unique;
+ *   - where every operand and result type is known, the shape rule gives the
+ *     result types back.
+ * Unknown result types are allowed: a module is valid before infer-shapes.
+ */
+#include "ir.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct verifier {
+    const ir_module *m;
+    diag_engine *d;
+    bool ok;
+    uint8_t *state; /* value_count entries, a value_state each */
+} verifier;
+
+typedef enum value_state {
+    VALUE_UNDEFINED = 0, /* no live op has defined it so far */
+    VALUE_DEFINED,
+    VALUE_BAD_TYPE, /* defined, with a malformed type (already reported) */
+} value_state;
+
+#define TYPE_TEXT(v, t) ir_format_type((v)->m, (t), (char[IR_TYPE_TEXT_MAX]){0}, IR_TYPE_TEXT_MAX)
+
+/* Reports "<op>: <message>" at the op's location. */
+static void violation(verifier *v, const ir_op *op, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void violation(verifier *v, const ir_op *op, const char *fmt, ...) {
+    char message[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof message, fmt, ap);
+    va_end(ap);
+    diag_error(v->d, op->loc, "%s: %s", ir_op_info_of(op->kind)->name, message);
+    v->ok = false;
+}
+
+/* ---- attributes -------------------------------------------------------------- */
+
+/* Is `s` one of the '|'-separated words of `choices`? */
+static bool in_choices(const char *s, const char *choices) {
+    size_t n = strlen(s);
+    for (const char *p = choices;;) {
+        const char *bar = strchr(p, '|');
+        size_t length = bar ? (size_t)(bar - p) : strlen(p);
+        if (length == n && memcmp(p, s, n) == 0) return true;
+        if (!bar) return false;
+        p = bar + 1;
+    }
+}
+
+static bool check_dim(verifier *v, const ir_op *op, const char *what, unsigned index, ir_dim d) {
+    if (ir_dim_is_symbol(d) && (uint32_t)d.symbol >= v->m->symbol_count) {
+        violation(v, op, "%s: dim %u refers to symbol %d, which does not exist (the module has %u)", what,
+                  index, (int)d.symbol, v->m->symbol_count);
+        return false;
+    }
+    if (!ir_dim_is_symbol(d) && d.size < 0) {
+        violation(v, op, "%s: dim %u is %lld; constant dims must be >= 0", what, index, (long long)d.size);
+        return false;
+    }
+    return true;
+}
+
+static bool check_attribute(verifier *v, const ir_op *op, const ir_attr_schema *s, const ir_attr *a) {
+    if (a->kind == IR_ATTR_NONE) {
+        if (s->default_text) return true;
+        violation(v, op, "missing required attribute '%s'", s->name);
+        return false;
+    }
+    if (a->kind != s->kind) {
+        violation(v, op, "attribute '%s' must be %s, found %s", s->name, ir_attr_kind_name(s->kind),
+                  ir_attr_kind_name(a->kind));
+        return false;
+    }
+    switch (a->kind) {
+    case IR_ATTR_STRING:
+        if (!a->as.s) break;
+        if (s->choices && !in_choices(a->as.s, s->choices)) {
+            violation(v, op, "attribute '%s' must be one of %s, found '%.*s%s'", s->name, s->choices,
+                      DIAG_NAME(a->as.s));
+            return false;
+        }
+        return true;
+    case IR_ATTR_INTS:
+        if (a->as.ints.count && !a->as.ints.items) break;
+        return true;
+    case IR_ATTR_SHAPE: {
+        if (a->as.shape.count && !a->as.shape.items) break;
+        if (a->as.shape.count > IR_MAX_DIMS) {
+            violation(v, op, "attribute '%s' has %u dims, more than %d", s->name, a->as.shape.count,
+                      IR_MAX_DIMS);
+            return false;
+        }
+        char what[64];
+        snprintf(what, sizeof what, "attribute '%s'", s->name);
+        bool ok = true;
+        for (uint32_t i = 0; i < a->as.shape.count; i++)
+            ok &= check_dim(v, op, what, i, a->as.shape.items[i]);
+        return ok;
+    }
+    default: return true;
+    }
+    violation(v, op, "attribute '%s' has no value", s->name);
+    return false;
+}
+
+static bool check_attributes(verifier *v, const ir_op *op) {
+    const ir_op_info *info = ir_op_info_of(op->kind);
+    if (info->attr_count && !op->attrs) {
+        violation(v, op, "the op has no attribute table");
+        return false;
+    }
+    bool ok = true;
+    for (uint32_t i = 0; i < info->attr_count; i++)
+        ok &= check_attribute(v, op, &info->attrs[i], &op->attrs[i]);
+    return ok;
+}
+
+/* ---- operands, results, types ------------------------------------------------ */
+
+static bool check_operands(verifier *v, const ir_op *op) {
+    const ir_op_info *info = ir_op_info_of(op->kind);
+    const ir_module *m = v->m;
+    unsigned max = info->max_operands < 0 ? IR_MAX_OPERANDS : (unsigned)info->max_operands;
+    bool ok = true;
+    if (op->operand_count < (unsigned)info->min_operands || op->operand_count > max) {
+        if ((unsigned)info->min_operands == max)
+            violation(v, op, "expected %u operand%s, found %u", max, max == 1 ? "" : "s", op->operand_count);
+        else
+            violation(v, op, "expected %d to %u operands, found %u", info->min_operands, max,
+                      op->operand_count);
+        ok = false;
+    }
+    for (uint32_t i = 0; i < op->operand_count; i++) {
+        ir_value_id id = op->operands[i];
+        if (id < m->value_count && v->state[id] != VALUE_UNDEFINED) continue;
+        ok = false;
+        if (id >= m->value_count) {
+            violation(v, op, "operand %u refers to a value that does not exist", i);
+            continue;
+        }
+        uint32_t def = m->values[id].def_op;
+        if (def < m->op_count && m->ops[def].dead)
+            violation(v, op, "operand %u uses a value whose defining op was removed", i);
+        else
+            violation(v, op, "operand %u is used before its definition", i);
+    }
+    return ok;
+}
+
+/* Results are values of this op, each defined once; their count is right. */
+static bool check_results(verifier *v, const ir_op *op, uint32_t index, bool attrs_ok) {
+    const ir_op_info *info = ir_op_info_of(op->kind);
+    const ir_module *m = v->m;
+    bool ok = true;
+    if (info->results >= 0 && op->result_count != (unsigned)info->results) {
+        violation(v, op, "expected %d result%s, found %u", info->results, info->results == 1 ? "" : "s",
+                  op->result_count);
+        ok = false;
+    } else if (info->results < 0 && attrs_ok) {
+        const ir_attr *sizes = ir_op_attr(m, index, "sizes");
+        if (sizes && sizes->as.ints.count != op->result_count) {
+            violation(v, op, "expected %u results (one per entry of 'sizes'), found %u", sizes->as.ints.count,
+                      op->result_count);
+            ok = false;
+        }
+    }
+    for (uint32_t r = 0; r < op->result_count; r++) {
+        ir_value_id id = op->results[r];
+        if (id >= m->value_count) {
+            violation(v, op, "result %u refers to a value that does not exist", r);
+            ok = false;
+        } else if (v->state[id] != VALUE_UNDEFINED) {
+            violation(v, op, "result %u is a value defined twice", r);
+            ok = false;
+        } else if (m->values[id].def_op != index || m->values[id].result_index != r) {
+            violation(v, op, "result %u records op %u result %u as its definition", r, m->values[id].def_op,
+                      m->values[id].result_index);
+            ok = false;
+        }
+    }
+    return ok;
+}
+
+/* Rank, symbols, dims >= 0 and a 64-bit element count and byte size. */
+static bool check_type(verifier *v, const ir_op *op, uint32_t result, const ir_type *t) {
+    char what[32];
+    snprintf(what, sizeof what, "result %u", result);
+    if (t->dtype == IR_DTYPE_UNKNOWN) return true;
+    if ((unsigned)t->dtype >= IR_DTYPE_COUNT) {
+        violation(v, op, "%s has no valid dtype (%d)", what, (int)t->dtype);
+        return false;
+    }
+    if (t->rank > IR_MAX_DIMS) {
+        violation(v, op, "%s has rank %u, more than %d", what, t->rank, IR_MAX_DIMS);
+        return false;
+    }
+    bool ok = true;
+    for (unsigned i = 0; i < t->rank; i++)
+        ok &= check_dim(v, op, what, i, t->dims[i]);
+    if (!ok) return false;
+    uint64_t elements, bytes;
+    if (!ir_type_max_elements(v->m, t, &elements)) {
+        violation(v, op, "%s has more than 2^64 elements", TYPE_TEXT(v, t));
+        return false;
+    }
+    /* elements * bits / 8, rounded up, without overflowing the product. */
+    uint64_t bits = ir_dtype_bits(t->dtype), whole, rest = (elements % 8 * bits + 7) / 8;
+    if (size_mul_overflow(elements / 8, bits, &whole) || size_add_overflow(whole, rest, &bytes)) {
+        violation(v, op, "%s takes more than 2^64 bytes", TYPE_TEXT(v, t));
+        return false;
+    }
+    return true;
+}
+
+/* Declared types exist and every result type is well formed; marks the
+ * results defined (with a bad type where one is malformed). */
+static bool check_result_types(verifier *v, const ir_op *op, bool *all_known) {
+    const ir_module *m = v->m;
+    bool ok = true;
+    for (uint32_t r = 0; r < op->result_count; r++) {
+        if (op->results[r] >= m->value_count) continue;
+        const ir_type *t = &m->values[op->results[r]].type;
+        if (t->dtype == IR_DTYPE_UNKNOWN) {
+            *all_known = false;
+            if (ir_op_info_of(op->kind)->flags & IR_OPF_DECLARES_TYPE) {
+                violation(v, op, "the declared type is missing");
+                ok = false;
+            }
+        }
+        bool well_formed = check_type(v, op, r, t);
+        v->state[op->results[r]] = well_formed ? VALUE_DEFINED : VALUE_BAD_TYPE;
+        ok &= well_formed;
+    }
+    return ok;
+}
+
+/* The shape rule, run again, gives the types the results have. */
+static void check_inferred_types(verifier *v, uint32_t index, ir_type *scratch) {
+    const ir_op *op = &v->m->ops[index];
+    if (!ir_infer_op_types(v->m, index, scratch, v->d)) {
+        v->ok = false;
+        return;
+    }
+    for (uint32_t r = 0; r < op->result_count; r++) {
+        const ir_type *actual = &v->m->values[op->results[r]].type;
+        if (ir_type_equal(actual, &scratch[r])) continue;
+        char prefix[32] = "result";
+        if (op->result_count > 1) snprintf(prefix, sizeof prefix, "result %u", r);
+        violation(v, op, "%s type %s does not match the inferred %s", prefix, TYPE_TEXT(v, actual),
+                  TYPE_TEXT(v, &scratch[r]));
+    }
+}
+
+/* ---- output names ------------------------------------------------------------- */
+
+typedef struct named_output {
+    const char *name;
+    uint32_t op;
+} named_output;
+
+static int compare_outputs(const void *a, const void *b) {
+    const named_output *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x->op > y->op) - (x->op < y->op);
+}
+
+static void check_output_names(verifier *v) {
+    const ir_module *m = v->m;
+    named_output *outputs = calloc(m->op_count ? m->op_count : 1, sizeof *outputs);
+    if (!outputs) SMELT_DIE("out of memory");
+    uint32_t count = 0;
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *op = &m->ops[i];
+        if (op->dead || op->kind != IR_OP_OUTPUT || !op->attrs) continue;
+        const ir_attr *name = &op->attrs[ir_attr_slot(IR_OP_OUTPUT, "name")];
+        if (name->kind == IR_ATTR_STRING && name->as.s) outputs[count++] = (named_output){name->as.s, i};
+    }
+    qsort(outputs, count, sizeof *outputs, compare_outputs);
+    for (uint32_t i = 1; i < count && !diag_should_stop(v->d); i++) {
+        if (strcmp(outputs[i].name, outputs[i - 1].name) != 0) continue;
+        uint32_t first = i - 1;
+        while (first > 0 && strcmp(outputs[first - 1].name, outputs[i].name) == 0)
+            first--;
+        violation(v, &m->ops[outputs[i].op], "output name '%.*s%s' is used twice",
+                  DIAG_NAME(outputs[i].name));
+        diag_note(v->d, m->ops[outputs[first].op].loc, "the first output named '%.*s%s' is here",
+                  DIAG_NAME(outputs[i].name));
+    }
+    free(outputs);
+}
+
+/* ---- the module --------------------------------------------------------------- */
+
+static void verify_op(verifier *v, uint32_t index, ir_type *scratch) {
+    const ir_op *op = &v->m->ops[index];
+    if ((unsigned)op->kind >= IR_OP_COUNT) {
+        diag_error(v->d, op->loc, "op %u has no valid kind (%d)", index, (int)op->kind);
+        v->ok = false;
+        return;
+    }
+    bool operands_ok = check_operands(v, op);
+    bool attrs_ok = check_attributes(v, op);
+    bool results_ok = check_results(v, op, index, attrs_ok);
+    bool all_known = true;
+    bool types_ok = check_result_types(v, op, &all_known) && results_ok;
+    if (!operands_ok || !attrs_ok || !types_ok || op->result_count > IR_MAX_RESULTS) return;
+    for (uint32_t i = 0; i < op->operand_count; i++) {
+        ir_value_id id = op->operands[i];
+        if (v->m->values[id].type.dtype == IR_DTYPE_UNKNOWN || v->state[id] == VALUE_BAD_TYPE)
+            all_known = false;
+    }
+    if (all_known) check_inferred_types(v, index, scratch);
+}
+
+bool ir_verify(const ir_module *m, diag_engine *d) {
+    verifier v = {.m = m, .d = d, .ok = true};
+    v.state = calloc(m->value_count ? m->value_count : 1, sizeof *v.state);
+    ir_type *scratch = calloc(IR_MAX_RESULTS, sizeof *scratch);
+    if (!v.state || !scratch) SMELT_DIE("out of memory");
+    for (uint32_t i = 0; i < m->op_count && !diag_should_stop(d); i++)
+        if (!m->ops[i].dead) verify_op(&v, i, scratch);
+    if (!diag_should_stop(d)) check_output_names(&v);
+    free(scratch);
+    free(v.state);
+    return v.ok;
+}

@@ -1,0 +1,70 @@
+/* pass.h - the passes over an IR module, their table and the driver.
+ *
+ * Every pass lives in its own file (passes/<name>.c) that opens with its
+ * contract: what it requires, what it guarantees, what it may break. The
+ * table lists them in pipeline order (DESIGN.md §2); the driver runs a list
+ * of them, verifies the module after each, and prints it on request:
+ *
+ *   pass_list list;
+ *   if (!pass_parse_list("infer-shapes,canonicalize", &list, &diag)) ...
+ *   pass_driver_options o = {.print_after = "all", .print_out = stdout};
+ *   if (!pass_run_list(&m, list.items, list.count, &o, &diag)) ...
+ *
+ * A pass reports bad input through the diag engine and returns false; it
+ * never exits.
+ */
+#ifndef SMELT_PASS_H
+#define SMELT_PASS_H
+
+#include "diag.h"
+#include "ir.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+typedef struct pass_info {
+    const char *name;    /* as on the command line: "infer-shapes" */
+    const char *summary; /* one line for --help */
+    bool (*run)(ir_module *m, diag_engine *d);
+} pass_info;
+
+/* The passes, in pipeline order; *count receives their number. */
+const pass_info *pass_table(size_t *count);
+/* The pass called `name`, or NULL. */
+const pass_info *pass_find(const char *name);
+/* The pass names in pipeline order, "infer-shapes, canonicalize", for
+ * messages. Returns buffer. */
+const char *pass_names(char *buffer, size_t size);
+
+/* A list of passes to run, such as "infer-shapes,canonicalize". */
+enum { PASS_LIST_MAX = 64 };
+typedef struct pass_list {
+    const pass_info *items[PASS_LIST_MAX];
+    size_t count;
+} pass_list;
+
+/* Parses "a,b,c"; an unknown or empty name is reported with the list of
+ * known passes. False on any error. */
+bool pass_parse_list(const char *text, pass_list *out, diag_engine *d);
+/* Every pass of the pipeline up to and including `name`; "all" is the whole
+ * pipeline (for `smelt ir --after NAME|all`). False on an unknown name. */
+bool pass_pipeline_until(const char *name, pass_list *out, diag_engine *d);
+
+typedef struct pass_driver_options {
+    const char *print_after; /* NULL, "all" or a pass name: print the IR after it */
+    FILE *print_out;         /* where printed IR goes; NULL means stdout */
+} pass_driver_options;
+
+/* Verifies the module, then runs the passes in order, verifying after each;
+ * stops at the first pass that fails or leaves an invalid module. Prints
+ * the IR after the passes that options->print_after names, each dump headed
+ * by `# -----// IR Dump After NAME //----- #`. `options` may be NULL. */
+bool pass_run_list(ir_module *m, const pass_info *const *passes, size_t count,
+                   const pass_driver_options *options, diag_engine *d);
+
+/* The passes (one per file). */
+bool pass_infer_shapes(ir_module *m, diag_engine *d);
+bool pass_canonicalize(ir_module *m, diag_engine *d);
+
+#endif

@@ -1,0 +1,222 @@
+/* ref_ops_attention.c - the reference backend's sequence and expert ops:
+ * rotary embeddings, attention over a KV cache, and mixture of experts.
+ *
+ * Matched to Hugging Face transformers (LlamaRotaryEmbedding,
+ * eager attention, MixtralSparseMoeBlock); see each function.
+ */
+#include "ref_ops.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- rope ------------------------------------------------------------------------- */
+
+/* rope(x[T, H, Dh], pos[T]) -> x, rotating r = rotary_dim (0: Dh) dims.
+ * inv_freq[i] = theta^(-2i / r) for i < r/2, angle = pos * inv_freq[i].
+ * neox (Llama's rotate_half) pairs x[i] with x[i + r/2]; interleaved (GPT-J)
+ * pairs x[2i] with x[2i + 1]; dims >= r pass through.
+ *
+ * Precision: like Hugging Face, inv_freq, the angle and its cos/sin are
+ * computed in float32 (1 / powf(theta, (float)(2i) / r), then (float)pos *
+ * inv_freq), and the rotation is done in float. Computing the angle in
+ * double would be closer to the true value but would differ from PyTorch by
+ * up to an ulp of the angle, which grows with the position. */
+bool ref_op_rope(const ref_call *c) {
+    const ref_tensor *x = c->in[0], *pos = c->in[1];
+    float *out = c->out[0].f; /* [T, H, Dh] */
+    uint64_t tokens = x->dims[0], heads = x->dims[1], head_dim = x->dims[2];
+    uint64_t rotary = c->attrs->rotary_dim ? (uint64_t)c->attrs->rotary_dim : head_dim, half = rotary / 2;
+    float *inv_freq = malloc((half ? half : 1) * sizeof *inv_freq); /* [r/2] */
+    if (!inv_freq) SMELT_DIE("out of memory");
+    for (uint64_t i = 0; i < half; i++)
+        inv_freq[i] = 1.0f / powf((float)c->attrs->theta, (float)(2 * i) / (float)rotary);
+    memcpy(out, x->f, x->count * sizeof(float)); /* the dims >= r */
+    for (uint64_t t = 0; t < tokens; t++) {
+        for (uint64_t i = 0; i < half; i++) {
+            float angle = (float)pos->i[t] * inv_freq[i];
+            float cosine = cosf(angle), sine = sinf(angle);
+            uint64_t first = c->attrs->interleaved ? 2 * i : i;
+            uint64_t second = c->attrs->interleaved ? 2 * i + 1 : i + half;
+            for (uint64_t h = 0; h < heads; h++) {
+                const float *xh = x->f + (t * heads + h) * head_dim; /* [Dh] */
+                float *yh = out + (t * heads + h) * head_dim;
+                float a = xh[first], b = xh[second];
+                yh[first] = a * cosine - b * sine;
+                yh[second] = b * cosine + a * sine;
+            }
+        }
+    }
+    free(inv_freq);
+    return true;
+}
+
+/* ---- attention ---------------------------------------------------------------------- */
+
+/* Every position is inside the cache; nothing is written before this holds. */
+static bool positions_fit(const ref_call *c, const ref_tensor *pos, uint64_t max_seq) {
+    for (uint64_t t = 0; t < pos->count; t++) {
+        int32_t p = pos->i[t];
+        if (p < 0 || (uint64_t)p >= max_seq) {
+            diag_error(c->d, c->loc,
+                       "attention: position %d of token %llu is outside the KV cache, "
+                       "expected 0 to %llu (max_seq %llu)",
+                       (int)p, (unsigned long long)t, (unsigned long long)max_seq - 1,
+                       (unsigned long long)max_seq);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* attention(q[T, Hq, D], k[T, Hkv, D], v[T, Hkv, Dv], pos[T]) -> [T, Hq, Dv]
+ * First writes k and v of token t at cache position pos[t]; then query head h
+ * of token t attends, through kv head h / (Hq / Hkv), to every written
+ * position p with p <= pos[t] (causal; a non-causal op sees every written
+ * position) and p > pos[t] - window when window > 0:
+ * softmax(scale * q.k) over those p (max subtracted), weighting v. */
+bool ref_op_attention(const ref_call *c) {
+    const ref_tensor *q = c->in[0], *k = c->in[1], *v = c->in[2], *pos = c->in[3];
+    ref_kv_cache *cache = c->kv;
+    float *out = c->out[0].f; /* [T, Hq, Dv] */
+    uint64_t tokens = q->dims[0], query_heads = q->dims[1];
+    uint64_t kv_heads = cache->kv_heads, head_dim = cache->head_dim, value_dim = cache->value_dim;
+    if (!positions_fit(c, pos, cache->max_seq)) return false;
+
+    for (uint64_t t = 0; t < tokens; t++) {
+        uint64_t p = (uint64_t)pos->i[t];
+        memcpy(cache->keys + p * kv_heads * head_dim, k->f + t * kv_heads * head_dim,
+               kv_heads * head_dim * sizeof(float));
+        memcpy(cache->values + p * kv_heads * value_dim, v->f + t * kv_heads * value_dim,
+               kv_heads * value_dim * sizeof(float));
+        cache->written[p] = true;
+        if (p + 1 > cache->end) cache->end = p + 1;
+    }
+
+    uint64_t group = query_heads / kv_heads; /* query heads per kv head */
+    for (uint64_t t = 0; t < tokens; t++) {
+        uint64_t at = (uint64_t)pos->i[t];
+        uint64_t last = c->attrs->causal ? at : cache->end - 1; /* inclusive */
+        uint64_t first = 0;
+        if (c->attrs->window > 0 && at + 1 > (uint64_t)c->attrs->window)
+            first = at + 1 - (uint64_t)c->attrs->window;
+        for (uint64_t h = 0; h < query_heads; h++) {
+            const float *qh = q->f + (t * query_heads + h) * head_dim; /* [D] */
+            uint64_t kv_head = h / group;
+            double max = -INFINITY;
+            for (uint64_t p = first; p <= last; p++) {
+                if (!cache->written[p]) continue;
+                const float *kp = cache->keys + (p * kv_heads + kv_head) * head_dim; /* [D] */
+                double dot = 0.0;
+                for (uint64_t i = 0; i < head_dim; i++)
+                    dot += (double)qh[i] * kp[i];
+                cache->scores[p] = c->attrs->scale * dot;
+                if (cache->scores[p] > max) max = cache->scores[p];
+            }
+            double total = 0.0;
+            memset(cache->mixed, 0, value_dim * sizeof *cache->mixed);
+            for (uint64_t p = first; p <= last; p++) {
+                if (!cache->written[p]) continue;
+                const float *vp = cache->values + (p * kv_heads + kv_head) * value_dim; /* [Dv] */
+                double weight = exp(cache->scores[p] - max);
+                total += weight;
+                for (uint64_t i = 0; i < value_dim; i++)
+                    cache->mixed[i] += weight * vp[i];
+            }
+            float *oh = out + (t * query_heads + h) * value_dim; /* [Dv] */
+            for (uint64_t i = 0; i < value_dim; i++)
+                oh[i] = (float)(cache->mixed[i] / total); /* total >= 1: position `at` itself */
+        }
+    }
+    return true;
+}
+
+/* ---- mixture of experts --------------------------------------------------------------- */
+
+static double dot_float(const float *a, const float *b, uint64_t n) {
+    double sum = 0.0;
+    for (uint64_t i = 0; i < n; i++)
+        sum += (double)a[i] * b[i];
+    return sum;
+}
+
+/* The top_k largest of probabilities[E] into chosen[top_k], largest first;
+ * of equal ones the lower index comes first (what torch.topk does). */
+static void pick_top_k(const double *probabilities, uint64_t experts, int64_t top_k, uint64_t *chosen,
+                       bool *taken) {
+    memset(taken, 0, experts * sizeof *taken);
+    for (int64_t k = 0; k < top_k; k++) {
+        uint64_t best = experts;
+        for (uint64_t e = 0; e < experts; e++)
+            if (!taken[e] && (best == experts || probabilities[e] > probabilities[best])) best = e;
+        chosen[k] = best;
+        taken[best] = true;
+    }
+}
+
+/* moe(x[T, D], router[E, D], gate[E, F, D], up[E, F, D], down[E, D, F]) -> [T, D]
+ * As Mixtral: router logits x @ router^T, softmax over E, the top_k experts
+ * weighted by their probabilities (divided by their sum when normalize);
+ * out = sum_k weight_k * down_e(silu(gate_e x) * up_e x). */
+bool ref_op_moe(const ref_call *c) {
+    const ref_tensor *x = c->in[0];
+    const float *router = c->in[1]->f, *gate = c->in[2]->f, *up = c->in[3]->f, *down = c->in[4]->f;
+    uint64_t tokens = x->dims[0], model_dim = x->dims[1];
+    uint64_t experts = c->in[1]->dims[0], ffn = c->in[2]->dims[1];
+    int64_t top_k = c->attrs->top_k;
+    if (top_k < 1 || (uint64_t)top_k > experts) {
+        diag_error(c->d, c->loc, "moe: top_k %lld must be in [1, %llu] (the number of experts)",
+                   (long long)top_k, (unsigned long long)experts);
+        return false;
+    }
+    double *probabilities = calloc(experts ? experts : 1, sizeof(double)); /* [E] */
+    uint64_t *chosen = calloc((size_t)top_k, sizeof(uint64_t));            /* [top_k] */
+    bool *taken = calloc(experts ? experts : 1, sizeof(bool));             /* [E] */
+    double *hidden = calloc(ffn ? ffn : 1, sizeof(double));                /* [F] */
+    double *mixed = calloc(model_dim ? model_dim : 1, sizeof(double));     /* [D] */
+    if (!probabilities || !chosen || !taken || !hidden || !mixed) SMELT_DIE("out of memory");
+
+    for (uint64_t t = 0; t < tokens; t++) {
+        const float *xt = x->f + t * model_dim; /* [D] */
+        double max = -INFINITY, total = 0.0;
+        for (uint64_t e = 0; e < experts; e++) {
+            probabilities[e] = dot_float(router + e * model_dim, xt, model_dim);
+            if (probabilities[e] > max) max = probabilities[e];
+        }
+        for (uint64_t e = 0; e < experts; e++)
+            total += probabilities[e] = exp(probabilities[e] - max);
+        for (uint64_t e = 0; e < experts; e++)
+            probabilities[e] /= total;
+        pick_top_k(probabilities, experts, top_k, chosen, taken);
+        double chosen_total = 0.0;
+        for (int64_t k = 0; k < top_k; k++)
+            chosen_total += probabilities[chosen[k]];
+
+        memset(mixed, 0, model_dim * sizeof *mixed);
+        for (int64_t k = 0; k < top_k; k++) {
+            uint64_t e = chosen[k];
+            double weight = probabilities[e] / (c->attrs->normalize ? chosen_total : 1.0);
+            const float *gate_e = gate + e * ffn * model_dim; /* [F, D] */
+            const float *up_e = up + e * ffn * model_dim;     /* [F, D] */
+            const float *down_e = down + e * model_dim * ffn; /* [D, F] */
+            for (uint64_t f = 0; f < ffn; f++) {
+                double g = dot_float(gate_e + f * model_dim, xt, model_dim);
+                hidden[f] = g / (1.0 + exp(-g)) * dot_float(up_e + f * model_dim, xt, model_dim);
+            }
+            for (uint64_t d = 0; d < model_dim; d++) {
+                double sum = 0.0;
+                for (uint64_t f = 0; f < ffn; f++)
+                    sum += down_e[d * ffn + f] * hidden[f];
+                mixed[d] += weight * sum;
+            }
+        }
+        for (uint64_t d = 0; d < model_dim; d++)
+            c->out[0].f[t * model_dim + d] = (float)mixed[d];
+    }
+    free(probabilities);
+    free(chosen);
+    free(taken);
+    free(hidden);
+    free(mixed);
+    return true;
+}

@@ -1,0 +1,326 @@
+/* test_verify.c - ir_verify: one module per kind of violation, each checked
+ * for its message; valid modules (with and without inferred types) pass. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "ir.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct fixture {
+    ir_module m;
+    diag_engine d;
+    FILE *log;
+    char *log_text;
+    size_t log_size;
+} fixture;
+
+static int setup(void **state) {
+    fixture *f = calloc(1, sizeof *f);
+    ir_module_init(&f->m, "test");
+    f->log = open_memstream(&f->log_text, &f->log_size);
+    diag_init(&f->d, f->log);
+    f->d.max_errors = 0;
+    ir_add_symbol(&f->m, "tokens", 8192, SMELT_NO_LOC);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture *f = *state;
+    diag_free(&f->d);
+    fclose(f->log);
+    free(f->log_text);
+    ir_module_free(&f->m);
+    free(f);
+    return 0;
+}
+
+static const char *log_of(fixture *f) {
+    fflush(f->log);
+    return f->log_text ? f->log_text : "";
+}
+
+static ir_type type(ir_dtype dtype, unsigned rank, const ir_dim *dims) {
+    ir_type t = {.dtype = dtype, .rank = (uint8_t)rank};
+    for (unsigned i = 0; i < rank && i < IR_MAX_DIMS; i++)
+        t.dims[i] = dims[i];
+    return t;
+}
+#define TYPE(dtype, ...)                                                                                     \
+    type(IR_DTYPE_##dtype, sizeof((ir_dim[]){__VA_ARGS__}) / sizeof(ir_dim), (ir_dim[]){__VA_ARGS__})
+#define C(n) ir_dim_const(n)
+#define TOKENS ir_dim_symbol(0)
+
+static uint32_t append(fixture *f, ir_op_kind kind, const ir_value_id *operands, uint32_t count) {
+    uint32_t op = ir_append_op(&f->m, kind, operands, count, UINT32_MAX, SMELT_NO_LOC);
+    ir_op_fill_defaults(&f->m, op);
+    return op;
+}
+
+static ir_value_id result(fixture *f, uint32_t op) { return ir_op_result(&f->m, op, 0); }
+
+static ir_value_id declare(fixture *f, ir_op_kind kind, const char *name, ir_type t) {
+    uint32_t op = append(f, kind, NULL, 0);
+    ir_op_set_string(&f->m, op, "name", name);
+    f->m.values[result(f, op)].type = t;
+    return result(f, op);
+}
+
+static uint32_t output(fixture *f, ir_value_id x, const char *name) {
+    uint32_t op = append(f, IR_OP_OUTPUT, &x, 1);
+    ir_op_set_string(&f->m, op, "name", name);
+    return op;
+}
+
+/* A small valid module: x -> rms_norm -> matmul -> output. */
+static void build_valid(fixture *f, bool typed) {
+    ir_value_id x = declare(f, IR_OP_INPUT, "x", TYPE(F32, TOKENS, C(64)));
+    ir_value_id ln = declare(f, IR_OP_WEIGHT, "ln", TYPE(F32, C(64)));
+    ir_value_id w = declare(f, IR_OP_WEIGHT, "w", TYPE(F32, C(128), C(64)));
+    uint32_t norm = append(f, IR_OP_RMS_NORM, (ir_value_id[]){x, ln}, 2);
+    ir_op_set_float(&f->m, norm, "eps", 1e-5);
+    uint32_t mm = append(f, IR_OP_MATMUL, (ir_value_id[]){result(f, norm), w}, 2);
+    output(f, result(f, mm), "logits");
+    if (typed) {
+        f->m.values[result(f, norm)].type = TYPE(F32, TOKENS, C(64));
+        f->m.values[result(f, mm)].type = TYPE(F32, TOKENS, C(128));
+    }
+}
+
+static void expect_error(fixture *f, const char *message) {
+    assert_false(ir_verify(&f->m, &f->d));
+    if (!strstr(log_of(f), message)) fail_msg("expected '%s' in:\n%s", message, log_of(f));
+}
+
+/* ---- valid modules ---------------------------------------------------------- */
+
+static void test_valid_module_passes(void **state) {
+    fixture *f = *state;
+    build_valid(f, true);
+    assert_true(ir_verify(&f->m, &f->d));
+    assert_string_equal(log_of(f), "");
+}
+
+static void test_unknown_result_types_are_allowed(void **state) {
+    fixture *f = *state;
+    build_valid(f, false);
+    assert_true(ir_verify(&f->m, &f->d));
+    assert_string_equal(log_of(f), "");
+}
+
+/* ---- operands and results -------------------------------------------------------- */
+
+static void test_operand_that_does_not_exist(void **state) {
+    fixture *f = *state;
+    build_valid(f, false);
+    f->m.ops[3].operands[1] = 999;
+    expect_error(f, "smelt: error: rms_norm: operand 1 refers to a value that does not exist");
+}
+
+static void test_operand_used_before_its_definition(void **state) {
+    fixture *f = *state;
+    ir_value_id x = declare(f, IR_OP_INPUT, "x", TYPE(F32, C(4)));
+    ir_value_id y = result(f, append(f, IR_OP_SILU, &x, 1));
+    assert_int_equal(ir_insert_op(&f->m, 0, IR_OP_SILU, &y, 1, UINT32_MAX, SMELT_NO_LOC), 0);
+    expect_error(f, "silu: operand 0 is used before its definition");
+}
+
+static void test_operand_of_a_removed_op(void **state) {
+    fixture *f = *state;
+    ir_value_id x = declare(f, IR_OP_INPUT, "x", TYPE(F32, C(4)));
+    uint32_t removed = append(f, IR_OP_SILU, &x, 1);
+    output(f, result(f, removed), "y");
+    f->m.ops[removed].dead = true;
+    expect_error(f, "output: operand 0 uses a value whose defining op was removed");
+}
+
+static void test_operand_counts(void **state) {
+    fixture *f = *state;
+    ir_value_id x = declare(f, IR_OP_INPUT, "x", TYPE(F32, C(4)));
+    uint32_t out = append(f, IR_OP_OUTPUT, NULL, 0);
+    ir_op_set_string(&f->m, out, "name", "y");
+    append(f, IR_OP_MATMUL, (ir_value_id[]){x, x, x, x}, 4);
+    expect_error(f, "output: expected 1 operand, found 0");
+    assert_non_null(strstr(log_of(f), "matmul: expected 2 to 3 operands, found 4"));
+}
+
+static void test_result_counts(void **state) {
+    fixture *f = *state;
+    ir_value_id x = declare(f, IR_OP_INPUT, "x", TYPE(F32, C(12)));
+    ir_append_op(&f->m, IR_OP_SILU, &x, 1, 2, SMELT_NO_LOC);
+    uint32_t split = ir_append_op(&f->m, IR_OP_SPLIT, &x, 1, 2, SMELT_NO_LOC);
+    ir_op_set_int(&f->m, split, "axis", 0);
+    ir_op_set_attr(&f->m, split, "sizes",
+                   &(ir_attr){.kind = IR_ATTR_INTS, .as.ints = {3, (int64_t[]){4, 4, 4}}});
+    expect_error(f, "silu: expected 1 result, found 2");
+    assert_non_null(strstr(log_of(f), "split: expected 3 results (one per entry of 'sizes'), found 2"));
+}
+
+static void test_result_defined_twice(void **state) {
+    fixture *f = *state;
+    ir_value_id x = declare(f, IR_OP_INPUT, "x", TYPE(F32, C(4)));
+    uint32_t a = append(f, IR_OP_SILU, &x, 1);
+    uint32_t b = append(f, IR_OP_SILU, &x, 1);
+    f->m.ops[b].results[0] = result(f, a);
+    expect_error(f, "silu: result 0 is a value defined twice");
+}
+
+static void test_invalid_op_kind(void **state) {
+    fixture *f = *state;
+    uint32_t op = append(f, IR_OP_INPUT, NULL, 0);
+    f->m.ops[op].kind = (ir_op_kind)IR_OP_COUNT;
+    expect_error(f, "op 0 has no valid kind");
+}
+
+/* ---- attributes --------------------------------------------------------------- */
+
+static void test_missing_required_attribute(void **state) {
+    fixture *f = *state;
+    ir_value_id x = declare(f, IR_OP_INPUT, "x", TYPE(F32, C(4)));
+    append(f, IR_OP_RMS_NORM, (ir_value_id[]){x, x}, 2);
+    expect_error(f, "rms_norm: missing required attribute 'eps'");
+}
+
+static void test_attribute_of_the_wrong_kind(void **state) {
+    fixture *f = *state;
+    ir_value_id x = declare(f, IR_OP_INPUT, "x", TYPE(F32, C(4)));
+    uint32_t op = append(f, IR_OP_SOFTMAX, &x, 1);
+    f->m.ops[op].attrs[0] = (ir_attr){.kind = IR_ATTR_STRING, .as.s = "last"};
+    expect_error(f, "softmax: attribute 'axis' must be int, found string");
+}
+
+static void test_string_attribute_outside_its_choices(void **state) {
+    fixture *f = *state;
+    build_valid(f, true);
+    assert_true(ir_op_set_string(&f->m, 4, "layout", "rows"));
+    expect_error(f, "matmul: attribute 'layout' must be one of out_in|in_out, found 'rows'");
+}
+
+static void test_shape_attribute_with_a_bad_symbol(void **state) {
+    fixture *f = *state;
+    ir_value_id x = declare(f, IR_OP_INPUT, "x", TYPE(F32, C(4)));
+    uint32_t op = append(f, IR_OP_RESHAPE, &x, 1);
+    ir_op_set_attr(&f->m, op, "shape",
+                   &(ir_attr){.kind = IR_ATTR_SHAPE, .as.shape = {1, (ir_dim[]){ir_dim_symbol(9)}}});
+    expect_error(
+        f, "reshape: attribute 'shape': dim 0 refers to symbol 9, which does not exist (the module has 1)");
+}
+
+/* ---- types ---------------------------------------------------------------------- */
+
+static void test_declared_type_missing(void **state) {
+    fixture *f = *state;
+    declare(f, IR_OP_WEIGHT, "w", (ir_type){0});
+    expect_error(f, "weight: the declared type is missing");
+}
+
+static void test_bad_dims(void **state) {
+    fixture *f = *state;
+    declare(f, IR_OP_INPUT, "a", TYPE(F32, ir_dim_symbol(7)));
+    declare(f, IR_OP_INPUT, "b", TYPE(F32, C(4), C(-3)));
+    ir_value_id c = declare(f, IR_OP_INPUT, "c", TYPE(F32, C(1)));
+    f->m.values[c].type.rank = 7;
+    expect_error(f, "input: result 0: dim 0 refers to symbol 7, which does not exist (the module has 1)");
+    assert_non_null(strstr(log_of(f), "input: result 0: dim 1 is -3; constant dims must be >= 0"));
+    assert_non_null(strstr(log_of(f), "input: result 0 has rank 7, more than 6"));
+}
+
+static void test_element_count_overflow(void **state) {
+    fixture *f = *state;
+    declare(f, IR_OP_WEIGHT, "w", TYPE(F32, C(4294967296), C(4294967296)));
+    expect_error(f, "weight: f32[4294967296, 4294967296] has more than 2^64 elements");
+}
+
+static void test_element_count_counts_symbols_at_their_bounds(void **state) {
+    fixture *f = *state;
+    int32_t huge = ir_add_symbol(&f->m, "huge", INT64_C(1) << 62, SMELT_NO_LOC);
+    declare(f, IR_OP_INPUT, "x", TYPE(I8, ir_dim_symbol(huge), C(2))); /* 2^63 elements, 2^63 bytes: fine */
+    assert_true(ir_verify(&f->m, &f->d));
+    declare(f, IR_OP_INPUT, "y", TYPE(I8, ir_dim_symbol(huge), C(4)));
+    expect_error(f, "input: i8[huge, 4] has more than 2^64 elements");
+}
+
+static void test_byte_size_overflow(void **state) {
+    fixture *f = *state;
+    declare(f, IR_OP_WEIGHT, "ok", TYPE(F32, C(INT64_C(1) << 61)));   /* 2^63 bytes */
+    declare(f, IR_OP_WEIGHT, "packed", TYPE(I4, C(INT64_MAX), C(2))); /* 2^64 - 2 nibbles: 2^63 - 1 bytes */
+    assert_true(ir_verify(&f->m, &f->d));
+    declare(f, IR_OP_WEIGHT, "w", TYPE(F32, C(INT64_C(1) << 62)));
+    expect_error(f, "weight: f32[4611686018427387904] takes more than 2^64 bytes");
+}
+
+static void test_output_names_are_unique(void **state) {
+    fixture *f = *state;
+    const char source[] = "output logits = x\noutput hidden = x\noutput logits = x\n";
+    int32_t file = diag_add_source(&f->d, "m.smelt", source, sizeof source - 1);
+    ir_value_id x = declare(f, IR_OP_INPUT, "x", TYPE(F32, C(4)));
+    const char *names[] = {"logits", "hidden", "logits"};
+    for (uint32_t i = 0; i < 3; i++)
+        f->m.ops[output(f, x, names[i])].loc = (smelt_loc){file, i + 1, 8};
+    expect_error(f, "m.smelt:3:8: error: output: output name 'logits' is used twice");
+    assert_non_null(strstr(log_of(f), "m.smelt:1:8: note: the first output named 'logits' is here"));
+    assert_int_equal(f->d.error_count, 1);
+}
+
+/* ---- the shape rules, run again --------------------------------------------------- */
+
+static void test_result_type_must_match_the_inferred_one(void **state) {
+    fixture *f = *state;
+    build_valid(f, true);
+    f->m.values[result(f, 4)].type = TYPE(F32, TOKENS, C(64));
+    expect_error(f, "matmul: result type f32[tokens, 64] does not match the inferred f32[tokens, 128]");
+}
+
+static void test_shape_rule_errors_are_reported(void **state) {
+    fixture *f = *state;
+    build_valid(f, true);
+    f->m.values[2].type = TYPE(F32, C(128), C(96)); /* w */
+    expect_error(f, "matmul: inner dims differ: x is f32[tokens, 64] but w is f32[128, 96] (layout out_in)");
+}
+
+static void test_every_violation_is_reported(void **state) {
+    fixture *f = *state;
+    build_valid(f, true);
+    assert_true(ir_op_set_string(&f->m, 4, "layout", "rows"));               /* 1 */
+    f->m.ops[3].attrs[0].kind = IR_ATTR_NONE;                                /* 2: eps gone */
+    output(f, result(f, 4), "logits");                                       /* 3 */
+    declare(f, IR_OP_WEIGHT, "huge", TYPE(F32, C(INT64_MAX), C(INT64_MAX))); /* 4 */
+    assert_false(ir_verify(&f->m, &f->d));
+    assert_int_equal(f->d.error_count, 4);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+#define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
+        T(test_valid_module_passes),
+        T(test_unknown_result_types_are_allowed),
+        T(test_operand_that_does_not_exist),
+        T(test_operand_used_before_its_definition),
+        T(test_operand_of_a_removed_op),
+        T(test_operand_counts),
+        T(test_result_counts),
+        T(test_result_defined_twice),
+        T(test_invalid_op_kind),
+        T(test_missing_required_attribute),
+        T(test_attribute_of_the_wrong_kind),
+        T(test_string_attribute_outside_its_choices),
+        T(test_shape_attribute_with_a_bad_symbol),
+        T(test_declared_type_missing),
+        T(test_bad_dims),
+        T(test_element_count_overflow),
+        T(test_element_count_counts_symbols_at_their_bounds),
+        T(test_byte_size_overflow),
+        T(test_output_names_are_unique),
+        T(test_result_type_must_match_the_inferred_one),
+        T(test_shape_rule_errors_are_reported),
+        T(test_every_violation_is_reported),
+#undef T
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
