@@ -53,5 +53,6 @@ char *cli_read_file(const char *path, size_t *length, diag_engine *d);
 
 int cmd_ir(int argc, char **argv);
 int cmd_opt(int argc, char **argv);
+int cmd_run(int argc, char **argv);
 
 #endif

@@ -14,6 +14,8 @@ static const char usage[] =
     "  ir    MODEL [--config C] [--set K=V]... [--after PASS|all] [--format text|json|dot]\n"
     "        print the IR of a model\n"
     "  opt   --pass NAME[,NAME...] IN.ir   run passes on text IR and print the result\n"
+    "  run   MODEL --weights W --prompt-ids 1,2,3 [--max-tokens N] [--dump-logits F.npy]\n"
+    "        generate greedily (fp32 reference backend)\n"
     "\n"
     "`smelt <command> --help` describes a command's options.\n";
 
@@ -25,6 +27,7 @@ typedef struct command {
 static const command commands[] = {
     {"ir", cmd_ir},
     {"opt", cmd_opt},
+    {"run", cmd_run},
 };
 
 int main(int argc, char **argv) {

@@ -15,3 +15,4 @@ config.environment["PATH"] = os.pathsep.join(
     [config.smelt_bin, config.llvm_bin, os.environ.get("PATH", "")])
 config.substitutions.append(("%examples", os.path.join(config.smelt_source_dir, "examples")))
 config.substitutions.append(("%smelt_root", config.smelt_source_dir))
+config.substitutions.append(("%fixtures", os.path.join(config.smelt_test_source_dir, "fixtures")))

@@ -1,0 +1,60 @@
+/* weights.h - binding the weight ops of an IR module to checkpoint tensors.
+ *
+ *   fe_weight_binding b;
+ *   bool ok = fe_bind_weights(&module, &checkpoint, &diag, &b);  // reports every problem
+ *   float *w = malloc(n * sizeof *w);            // n = elements of the weight's IR type
+ *   fe_weight_read_f32(&b, op, w, n);            // dense, row-major, f32
+ *   fe_weight_binding_free(&b);
+ *
+ * Every live `weight` op names its tensor by its "name" attribute. When its
+ * "stack" attribute is not empty (say "e"), the name is a template holding
+ * "{e}" and dim 0 of the op's type counts the parts: part i is the tensor
+ * named with every "{e}" replaced by i, of shape dims[1..]; the parts are
+ * stacked along a new dim 0 (Mixtral's per-expert w1/w2/w3).
+ *
+ * Each tensor must exist, have a float dtype (F32, F16, BF16, F8_E4M3,
+ * F8_E5M2; it is converted on reading, whatever dtype the model declares)
+ * and exactly the expected shape; weight dims must be constants. Errors are
+ * reported at the weight's source location, one per problem. Checkpoint
+ * tensors that no weight uses are listed in one warning (tied embeddings and
+ * unused heads are common, so this is no error).
+ *
+ * The binding points into the checkpoint, which must stay open while the
+ * binding is used.
+ */
+#ifndef SMELT_FE_WEIGHTS_H
+#define SMELT_FE_WEIGHTS_H
+
+#include "checkpoint.h"
+#include "ir.h"
+
+typedef struct fe_bound_weight {
+    bool bound;              /* the op is a weight and all its parts were found and match */
+    uint32_t part_count;     /* 1, or dim 0 of the type when stacked */
+    const st_tensor **parts; /* part_count tensors, in stack order */
+    uint64_t element_count;  /* of the whole weight: product of the IR type's dims */
+} fe_bound_weight;
+
+typedef struct fe_weight_binding {
+    arena arena;
+    const ir_module *module;
+    const st_checkpoint *checkpoint;
+    fe_bound_weight *weights; /* one per op of the module, by op index */
+    uint32_t op_count;
+    uint32_t unused_count; /* checkpoint tensors no weight uses */
+} fe_weight_binding;
+
+/* Binds every live weight op of m. `out` is initialised whatever the result:
+ * free it with fe_weight_binding_free. False when any weight failed. */
+bool fe_bind_weights(const ir_module *m, const st_checkpoint *ck, diag_engine *d, fe_weight_binding *out);
+void fe_weight_binding_free(fe_weight_binding *b);
+
+/* The binding of op `op`, or NULL when it is no successfully bound weight. */
+const fe_bound_weight *fe_weight_binding_get(const fe_weight_binding *b, uint32_t op);
+
+/* Writes the weight of op `op` as `count` f32 values in the row-major layout
+ * of its IR type (parts one after the other when stacked). False, writing
+ * nothing, when the op is not bound or `count` is not its element count. */
+bool fe_weight_read_f32(const fe_weight_binding *b, uint32_t op, float *dst, uint64_t count);
+
+#endif
