@@ -4,8 +4,10 @@
 #ifndef SMELT_CLI_H
 #define SMELT_CLI_H
 
+#include "checkpoint.h"
 #include "diag.h"
 #include "frontend.h"
+#include "weights.h"
 #include "ir.h"
 
 #include <stdbool.h>
@@ -42,6 +44,9 @@ bool cli_parse_count(const cli_args *a, const char *text, unsigned *out);
  * pass), printing the IR after the passes named by print_after (NULL, a
  * name, or "all") to stderr. */
 bool cli_run_passes(ir_module *m, const char *after, const char *print_after, diag_engine *d);
+/* The frontend and every pass: what compile and run start from. */
+bool cli_compile_model(const char *path, const fe_options *o, const char *print_after, ir_module *m,
+                       diag_engine *d);
 /* Runs the comma-separated passes `names` (NULL: none; the module is still
  * verified), printing as for cli_run_passes. */
 bool cli_run_pass_list(ir_module *m, const char *names, const char *print_after, diag_engine *d);
@@ -51,8 +56,20 @@ bool cli_write_module(const ir_module *m, cli_format format, const char *path, d
 /* Reads a whole file ("-": stdin), at most 256 MiB; reports failure to d. */
 char *cli_read_file(const char *path, size_t *length, diag_engine *d);
 
+/* A checkpoint bound to a module's weights (weights.c). */
+typedef struct cli_weights {
+    st_checkpoint checkpoint;
+    fe_weight_binding binding;
+} cli_weights;
+bool cli_weights_open(cli_weights *w, const char *path, const ir_module *m, diag_engine *d);
+/* A ref_weight_reader / cg_weight_reader over a cli_weights. */
+bool cli_weights_read(void *context, uint32_t op, float *dst, uint64_t count);
+void cli_weights_close(cli_weights *w);
+
 int cmd_ir(int argc, char **argv);
 int cmd_opt(int argc, char **argv);
 int cmd_run(int argc, char **argv);
+int cmd_compile(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
 
 #endif

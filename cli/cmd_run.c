@@ -215,7 +215,7 @@ int cmd_run(int argc, char **argv) {
     uint32_t prompt_length = 0;
 
     bool ok = parse_prompt(c.prompt_text, &prompt, &prompt_length, &d);
-    ok = ok && fe_load_model(c.model_path, &c.frontend, &d, &m) && cli_run_passes(&m, "all", NULL, &d);
+    ok = ok && cli_compile_model(c.model_path, &c.frontend, NULL, &m, &d);
     ok = ok && st_checkpoint_open(c.weights_path, &checkpoint, &d);
     ok = ok && fe_bind_weights(&m, &checkpoint, &d, &binding);
     ok = ok && (r = ref_model_create(&m, read_weight, &binding, &d)) != NULL;

@@ -14,6 +14,9 @@ static const char usage[] =
     "  ir    MODEL [--config C] [--set K=V]... [--after PASS|all] [--format text|json|dot]\n"
     "        print the IR of a model\n"
     "  opt   --pass NAME[,NAME...] IN.ir   run passes on text IR and print the result\n"
+    "  compile MODEL [--config C] [--weights W] [--target sm_80,sm_90,host]\n"
+    "        [--precision f32|bf16] -o model.plan   compile to a plan file\n"
+    "  inspect model.plan                  print everything a plan holds\n"
     "  run   MODEL --weights W --prompt-ids 1,2,3 [--max-tokens N] [--dump-logits F.npy]\n"
     "        generate greedily (fp32 reference backend)\n"
     "\n"
@@ -28,6 +31,8 @@ static const command commands[] = {
     {"ir", cmd_ir},
     {"opt", cmd_opt},
     {"run", cmd_run},
+    {"compile", cmd_compile},
+    {"inspect", cmd_inspect},
 };
 
 int main(int argc, char **argv) {

@@ -25,3 +25,8 @@ bool cli_run_pass_list(ir_module *m, const char *names, const char *print_after,
     if (names && !pass_parse_list(names, &list, d)) return false;
     return run_list(m, &list, print_after, d);
 }
+
+bool cli_compile_model(const char *path, const fe_options *o, const char *print_after, ir_module *m,
+                       diag_engine *d) {
+    return fe_load_model(path, o, d, m) && cli_run_passes(m, "all", print_after, d);
+}

@@ -30,6 +30,14 @@ void ir_print_text(const ir_module *m, FILE *out);
 /* Parses text IR; `path` names it in diagnostics. Reports every error. */
 bool ir_parse_text(const char *path, const char *text, size_t length, diag_engine *d, ir_module *out);
 
+/* One op as the text form writes it, without indentation, loc or newline:
+ * `%9 = rms_norm(%3, %4) {eps = 1e-05} : f32[tokens, 64]`. */
+void ir_print_op(const ir_module *m, uint32_t op, FILE *out);
+/* The op's signature: operands as their types, no results:
+ * `rms_norm(f32[tokens, 64], f32[64]) {eps = 1e-05} : f32[tokens, 64]`;
+ * equal for every op of the same specialisation (the layers of a model). */
+void ir_print_op_signature(const ir_module *m, uint32_t op, FILE *out);
+
 /* The module as a flat program in smelt's JSON model language
  * (docs/json.md): `smelt ir X.json` on the output prints the same text IR. */
 void ir_print_json(const ir_module *m, FILE *out);

@@ -170,19 +170,25 @@ static bool is_schema_default(const ir_attr_schema *s, const ir_attr *a) {
     return ir_attr_equal(a, &def);
 }
 
-static void print_op(const ir_module *m, const ir_op *op, const uint32_t *numbers, FILE *out) {
+/* The op without indentation, loc or newline. With numbers, values print as
+ * %N (the text form); without (NULL), the results are left out and each
+ * operand prints as its type: the op's signature. */
+static void print_op_line(const ir_module *m, const ir_op *op, const uint32_t *numbers, FILE *out) {
     const ir_op_info *info = ir_op_info_of(op->kind);
-    fputs("  ", out);
-    for (uint32_t r = 0; r < op->result_count; r++)
+    for (uint32_t r = 0; numbers && r < op->result_count; r++)
         fprintf(out, "%s%%%" PRIu32, r ? ", " : "",
                 op->results[r] < m->value_count ? numbers[op->results[r]] : 0);
-    if (op->result_count) fputs(" = ", out);
+    if (numbers && op->result_count) fputs(" = ", out);
 
     fprintf(out, "%s(", info->name);
     for (uint32_t i = 0; i < op->operand_count; i++) {
         ir_value_id v = op->operands[i];
         if (i) fputs(", ", out);
-        if (v < m->value_count && numbers[v] != UINT32_MAX)
+        if (!numbers && v < m->value_count)
+            print_type(m, &m->values[v].type, out);
+        else if (!numbers)
+            fputc('?', out);
+        else if (v < m->value_count && numbers[v] != UINT32_MAX)
             fprintf(out, "%%%" PRIu32, numbers[v]);
         else /* no live op defines it: a name the parser reports as undefined */
             fprintf(out, "%%undefined.%" PRIu32, v);
@@ -211,9 +217,24 @@ static void print_op(const ir_module *m, const ir_op *op, const uint32_t *number
                 fputc('?', out);
         }
     }
+}
+
+static void print_op(const ir_module *m, const ir_op *op, const uint32_t *numbers, FILE *out) {
+    fputs("  ", out);
+    print_op_line(m, op, numbers, out);
     if (m->source_file >= 0 && op->loc.file == m->source_file && op->loc.line > 0)
         fprintf(out, " loc(%" PRIu32 ":%" PRIu32 ")", op->loc.line, op->loc.col);
     fputc('\n', out);
+}
+
+void ir_print_op(const ir_module *m, uint32_t op, FILE *out) {
+    uint32_t *numbers = ir_value_numbers(m);
+    print_op_line(m, &m->ops[op], numbers, out);
+    free(numbers);
+}
+
+void ir_print_op_signature(const ir_module *m, uint32_t op, FILE *out) {
+    print_op_line(m, &m->ops[op], NULL, out);
 }
 
 static void print_param(const ir_param *p, FILE *out) {

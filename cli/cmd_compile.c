@@ -1,0 +1,178 @@
+/* cmd_compile.c - `smelt compile`: a model to a plan file. */
+#include "cli.h"
+
+#include "compile_plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char usage[] =
+    "usage: smelt compile MODEL [options] -o model.plan\n"
+    "\n"
+    "Compiles MODEL (a .smelt or .json model description) into a plan file:\n"
+    "its kernels compiled by NVRTC for each CUDA target and built for the host\n"
+    "simulator, the launch program, the memory plan, and (with --weights) the\n"
+    "weights. A plan holds machine code: treat it like an executable, and pin\n"
+    "the content hash that `smelt inspect` prints.\n"
+    "\n"
+    "options:\n"
+    "  --config FILE             bind params from a Hugging Face config.json\n"
+    "  --set NAME=VALUE          set a param (wins over --config); may repeat\n"
+    "  --weights PATH            a .safetensors file, an index.json, or a folder;\n"
+    "                            without it weights are bound at `smelt run`\n"
+    "  --target LIST             sm_80,sm_90,host (default: all three)\n"
+    "  --precision f32|bf16      storage of weights and activations (default bf16;\n"
+    "                            arithmetic is f32 either way)\n"
+    "  --max-step-tokens N       tokens per step the memory plan is sized for\n"
+    "                            (default: the model's bound, at most 512)\n"
+    "  -j N                      compile threads (default: every core)\n"
+    "  --no-cache                do not read or write the kernel cache\n"
+    "                            (~/.cache/smelt; SMELT_CACHE_DIR overrides)\n"
+    "  --print-ir-after PASS|all print the IR after the named passes (stderr)\n"
+    "  -o FILE                   the plan to write (atomically)\n"
+    "  --max-errors N            stop after N errors (default 20, 0: no limit)\n"
+    "  -h, --help                show this help\n";
+
+enum { DEFAULT_MAX_STEP_TOKENS = 512 };
+
+typedef struct compile_command {
+    const char *model_path, *weights_path, *output_path, *print_after;
+    unsigned max_errors, jobs, max_step_tokens;
+    fe_options frontend;
+    cg_plan_options plan;
+} compile_command;
+
+/* "sm_80,sm_90,host" into the plan options. */
+static bool parse_targets(const cli_args *a, const char *text, cg_plan_options *o) {
+    o->arch_count = 0;
+    o->host = false;
+    const char *p = text;
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        int arch;
+        char rest;
+        char item[32];
+        snprintf(item, sizeof item, "%.*s", (int)(n < sizeof item - 1 ? n : sizeof item - 1), p);
+        if (strcmp(item, "host") == 0) {
+            o->host = true;
+        } else if (sscanf(item, "sm_%d%c", &arch, &rest) == 1 && arch >= 50 && arch < 1000 &&
+                   o->arch_count < CG_MAX_ARCHS) {
+            o->archs[o->arch_count++] = arch;
+        } else {
+            cli_usage_error(a, "unknown target '%s' (expected sm_XY or host, e.g. sm_80,sm_90,host)", item);
+            return false;
+        }
+        p = end ? end + 1 : p + n;
+    }
+    if (o->arch_count == 0 && !o->host) {
+        cli_usage_error(a, "--target names no target");
+        return false;
+    }
+    return true;
+}
+
+static int parse_arguments(int argc, char **argv, compile_command *c) {
+    cli_args a = {argc, argv, 1, "smelt compile"};
+    const char *value;
+    c->max_errors = 20;
+    c->plan.codegen.precision = CG_PRECISION_BF16;
+    parse_targets(&a, "sm_80,sm_90,host", &c->plan);
+    while (a.index < a.argc) {
+        const char *arg = a.argv[a.index];
+        if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
+            fputs(usage, stdout);
+            return CLI_HELP_SHOWN;
+        } else if (cli_flag_value(&a, "--config", &value)) {
+            if (!value) return CLI_USAGE_ERROR;
+            c->frontend.config_path = value;
+        } else if (cli_flag_value(&a, "--set", &value)) {
+            if (!value || !cli_add_setting(&a, &c->frontend, value)) return CLI_USAGE_ERROR;
+        } else if (cli_flag_value(&a, "--weights", &value)) {
+            if (!value) return CLI_USAGE_ERROR;
+            c->weights_path = value;
+        } else if (cli_flag_value(&a, "--target", &value)) {
+            if (!value || !parse_targets(&a, value, &c->plan)) return CLI_USAGE_ERROR;
+        } else if (cli_flag_value(&a, "--precision", &value)) {
+            if (!value) return CLI_USAGE_ERROR;
+            if (strcmp(value, "f32") == 0) c->plan.codegen.precision = CG_PRECISION_F32;
+            else if (strcmp(value, "bf16") == 0) c->plan.codegen.precision = CG_PRECISION_BF16;
+            else {
+                cli_usage_error(&a, "unknown precision '%s' (f32 or bf16; fp8 and int4 come later)", value);
+                return CLI_USAGE_ERROR;
+            }
+        } else if (cli_flag_value(&a, "--max-step-tokens", &value)) {
+            if (!value || !cli_parse_count(&a, value, &c->max_step_tokens)) return CLI_USAGE_ERROR;
+        } else if (cli_flag_value(&a, "-j", &value)) {
+            if (!value || !cli_parse_count(&a, value, &c->jobs)) return CLI_USAGE_ERROR;
+        } else if (cli_flag(&a, "--no-cache")) {
+            c->plan.no_cache = true;
+        } else if (cli_flag_value(&a, "--print-ir-after", &value)) {
+            if (!value) return CLI_USAGE_ERROR;
+            c->print_after = value;
+        } else if (cli_flag_value(&a, "-o", &value)) {
+            if (!value) return CLI_USAGE_ERROR;
+            c->output_path = value;
+        } else if (cli_flag_value(&a, "--max-errors", &value)) {
+            if (!value || !cli_parse_count(&a, value, &c->max_errors)) return CLI_USAGE_ERROR;
+        } else if (arg[0] == '-' && arg[1] != '\0') {
+            cli_usage_error(&a, "unknown option '%s'", arg);
+            return CLI_USAGE_ERROR;
+        } else if (c->model_path) {
+            cli_usage_error(&a, "more than one model file ('%s' and '%s')", c->model_path, arg);
+            return CLI_USAGE_ERROR;
+        } else {
+            c->model_path = arg;
+            a.index++;
+        }
+    }
+    if (!c->model_path || !c->output_path) {
+        cli_usage_error(&a, !c->model_path ? "no model file given" : "no output given (-o model.plan)");
+        return CLI_USAGE_ERROR;
+    }
+    return CLI_OK;
+}
+
+/* Progress on a terminal: "compiling kernels: 12/24". */
+static void show_progress(size_t done, size_t total, void *user) {
+    (void)user;
+    fprintf(stderr, "\rsmelt: compiling kernels: %zu/%zu", done, total);
+    if (done == total) fputc('\n', stderr);
+}
+
+int cmd_compile(int argc, char **argv) {
+    compile_command c = {0};
+    int status = parse_arguments(argc, argv, &c);
+    if (status != CLI_OK) return status == CLI_HELP_SHOWN ? CLI_OK : status;
+
+    diag_engine d;
+    diag_init(&d, stderr);
+    d.max_errors = c.max_errors;
+    ir_module m = {0};
+    cli_weights weights = {0};
+    bool ok = cli_compile_model(c.model_path, &c.frontend, c.print_after, &m, &d);
+    if (ok && c.weights_path) {
+        ok = cli_weights_open(&weights, c.weights_path, &m, &d);
+        c.plan.read_weight = cli_weights_read;
+        c.plan.weight_context = &weights;
+    }
+    c.plan.jobs = c.jobs;
+    c.plan.max_tokens = c.max_step_tokens ? c.max_step_tokens : DEFAULT_MAX_STEP_TOKENS;
+    if (isatty(STDERR_FILENO)) c.plan.progress = show_progress;
+    cg_plan_report report;
+    ok = ok && cg_compile_plan(&m, &c.plan, c.output_path, &report, &d);
+    if (ok)
+        fprintf(stderr,
+                "smelt: wrote %s: %u kernels (%u compile jobs, %u from the cache), %u launches per step, "
+                "arena %.1f MiB, weights %.1f MiB, %.1f MiB in all, %.2f s\n"
+                "smelt: content hash %s\n",
+                c.output_path, report.kernel_count, report.compile_jobs, report.cache_hits, report.launches_per_step,
+                report.arena_bytes / 1048576.0, report.weight_bytes / 1048576.0, report.file_size / 1048576.0,
+                report.seconds, report.content_hash);
+    if (c.weights_path) cli_weights_close(&weights);
+    ir_module_free(&m);
+    status = ok && !diag_has_errors(&d) ? CLI_OK : CLI_INPUT_ERROR;
+    diag_free(&d);
+    return status;
+}

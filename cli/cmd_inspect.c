@@ -1,0 +1,57 @@
+/* cmd_inspect.c - `smelt inspect`: everything a plan holds, readable. */
+#include "cli.h"
+
+#include "plan_print.h"
+#include "plan_read.h"
+
+#include <string.h>
+
+static const char usage[] =
+    "usage: smelt inspect model.plan [--source]\n"
+    "\n"
+    "Prints a plan: format and smelt versions, the content hash to pin, the\n"
+    "section table with checksums, the manifest, every kernel with its launch\n"
+    "rule and per-arch registers, shared memory and spills, the launch program\n"
+    "(launches per step), the memory plan and the weight table.\n"
+    "\n"
+    "options:\n"
+    "  --source    also print every kernel's CUDA C source\n"
+    "  -h, --help  show this help\n";
+
+int cmd_inspect(int argc, char **argv) {
+    cli_args a = {argc, argv, 1, "smelt inspect"};
+    const char *path = NULL;
+    plan_print_options options = {0};
+    while (a.index < a.argc) {
+        const char *arg = a.argv[a.index];
+        if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
+            fputs(usage, stdout);
+            return CLI_OK;
+        } else if (cli_flag(&a, "--source")) {
+            options.kernel_source = true;
+        } else if (arg[0] == '-' && arg[1] != '\0') {
+            cli_usage_error(&a, "unknown option '%s'", arg);
+            return CLI_USAGE_ERROR;
+        } else if (path) {
+            cli_usage_error(&a, "more than one plan given");
+            return CLI_USAGE_ERROR;
+        } else {
+            path = arg;
+            a.index++;
+        }
+    }
+    if (!path) {
+        cli_usage_error(&a, "no plan given");
+        return CLI_USAGE_ERROR;
+    }
+    plan_file plan;
+    char error[1024];
+    if (!plan_open(path, &plan, error, sizeof error)) {
+        fprintf(stderr, "smelt: error: %s\n", error);
+        return CLI_INPUT_ERROR;
+    }
+    bool ok = plan_print(stdout, &plan, &options, error, sizeof error);
+    if (!ok) fprintf(stderr, "smelt: error: %s\n", error);
+    plan_close(&plan);
+    return ok ? CLI_OK : CLI_INPUT_ERROR;
+}

@@ -1,0 +1,299 @@
+/* compile_plan.c - lower, compile (NVRTC per arch, host object), write the
+ * plan (see compile_plan.h). */
+#include "compile_plan.h"
+
+#include "host_build.h"
+#include "ir_io.h"
+#include "lower.h"
+#include "numeric.h"
+#include "plan_write.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { WEIGHT_ALIGNMENT = 256 };
+
+static double seconds_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static const cg_header kernel_header = {"smelt_kernel.h", cg_smelt_kernel_header};
+
+/* ---- kernels ------------------------------------------------------------- */
+
+typedef struct compiled_kernels {
+    cg_compile_request *jobs; /* kernel i, arch j at i * arch_count + j */
+    cg_compile_result *results;
+    size_t job_count;
+    cg_host_object host;
+} compiled_kernels;
+
+static bool compile_for_cuda(const cg_lowered *l, const cg_plan_options *o, cg_cache *cache, compiled_kernels *c,
+                             cg_plan_report *report, diag_engine *d) {
+    c->job_count = (size_t)l->kernel_count * o->arch_count;
+    if (c->job_count == 0) return true;
+    c->jobs = calloc(c->job_count, sizeof *c->jobs);
+    c->results = calloc(c->job_count, sizeof *c->results);
+    if (!c->jobs || !c->results) SMELT_DIE("out of memory");
+    int newest = 0;
+    for (uint32_t j = 0; j < o->arch_count; j++)
+        if (o->archs[j] > newest) newest = o->archs[j];
+    for (uint32_t i = 0; i < l->kernel_count; i++)
+        for (uint32_t j = 0; j < o->arch_count; j++)
+            c->jobs[i * o->arch_count + j] = (cg_compile_request){
+                .source = l->kernels[i].source,
+                .kernel_name = l->kernels[i].name,
+                .headers = &kernel_header,
+                .header_count = 1,
+                .arch = o->archs[j],
+                .want_cubin = true,
+                .want_ptx = o->archs[j] == newest,
+            };
+    size_t failed = cg_compile_all(c->jobs, c->job_count, o->jobs, cache, c->results, o->progress, o->progress_user);
+    for (size_t i = 0; i < c->job_count; i++) {
+        if (!c->results[i].ok) diag_error(d, SMELT_NO_LOC, "%s", c->results[i].error);
+        else report->cache_hits += c->results[i].from_cache;
+    }
+    report->compile_jobs = (uint32_t)c->job_count;
+    return failed == 0;
+}
+
+static bool compile_for_host(const cg_lowered *l, cg_cache *cache, compiled_kernels *c, diag_engine *d) {
+    cg_host_source *sources = calloc(l->kernel_count ? l->kernel_count : 1, sizeof *sources);
+    if (!sources) SMELT_DIE("out of memory");
+    for (uint32_t i = 0; i < l->kernel_count; i++) sources[i] = (cg_host_source){l->kernels[i].name, l->kernels[i].source};
+    static const char *const link_flags[] = {"-lm"};
+    cg_host_build_request req = {
+        .sources = sources,
+        .source_count = l->kernel_count,
+        .headers = &kernel_header,
+        .header_count = 1,
+        .sanitize_address = cg_host_build_process_is_sanitized(),
+        .link_flags = link_flags,
+        .link_flag_count = 1,
+    };
+    char error[4096];
+    bool ok = cg_host_build(&req, cache, &c->host, error, sizeof error);
+    if (!ok) diag_error(d, SMELT_NO_LOC, "building the host kernels: %s", error);
+    free(sources);
+    return ok;
+}
+
+static plan_affine affine_of(prog_affine f) { return (plan_affine){f.a, f.b, f.c}; }
+
+/* The kernel table: sources, launch rules, per-arch resources and binaries. */
+static void add_kernel_table(const cg_lowered *l, const cg_plan_options *o, const compiled_kernels *c,
+                             plan_writer *w, arena *a) {
+    plan_kernel *kernels = arena_array(a, l->kernel_count ? l->kernel_count : 1, sizeof *kernels);
+    for (uint32_t i = 0; i < l->kernel_count; i++) {
+        const cg_kernel *k = &l->kernels[i];
+        plan_kernel *p = &kernels[i];
+        p->name = plan_text_from(k->name);
+        p->family = plan_text_from(k->family);
+        p->ops = plan_text_from(k->ops_text);
+        p->source = plan_text_from(k->source);
+        for (int axis = 0; axis < 3; axis++) {
+            p->launch.grid[axis] = affine_of(k->rule.grid[axis]);
+            p->launch.block[axis] = (plan_affine){0, k->rule.block[axis], 1};
+        }
+        p->launch.dynamic_shared_bytes = k->rule.dynamic_shared_bytes;
+        plan_kernel_resources *resources = arena_array(a, o->arch_count ? o->arch_count : 1, sizeof *resources);
+        plan_kernel_binary *binaries = arena_array(a, o->arch_count + 1, sizeof *binaries);
+        for (uint32_t j = 0; c->results && j < o->arch_count; j++) {
+            const cg_compiled *compiled = &c->results[i * o->arch_count + j].compiled;
+            const char *arch = arena_printf(a, "sm_%d", o->archs[j]);
+            const cg_kernel_resources *r = cg_resource_find(&compiled->resources, k->name);
+            resources[p->resource_count++] = (plan_kernel_resources){
+                .arch = plan_text_from(arch),
+                .registers = r ? r->registers : 0,
+                .shared_bytes = r ? r->shared_bytes : 0,
+                .stack_bytes = r ? r->stack_frame_bytes : 0,
+                .spill_store_bytes = r ? r->spill_store_bytes : 0,
+                .spill_load_bytes = r ? r->spill_load_bytes : 0,
+            };
+            binaries[p->binary_count++] = (plan_kernel_binary){plan_text_from(arch), PLAN_BINARY_CUBIN,
+                                                               {compiled->cubin, compiled->cubin_size}};
+            if (compiled->ptx)
+                binaries[p->binary_count++] = (plan_kernel_binary){
+                    plan_text_from(arena_printf(a, "compute_%d", o->archs[j])), PLAN_BINARY_PTX,
+                    {(const uint8_t *)compiled->ptx, compiled->ptx_size}};
+        }
+        p->resources = resources;
+        p->binaries = binaries;
+    }
+    plan_writer_add_kernels(w, kernels, l->kernel_count);
+}
+
+/* ---- weights --------------------------------------------------------------- */
+
+typedef struct weight_stream {
+    const ir_module *m;
+    const program *p;
+    const cg_plan_options *o;
+} weight_stream;
+
+/* Weight data: each weight converted to its storage dtype, at its planned
+ * offset (WEIGHT_ALIGNMENT apart). */
+static bool stream_weights(void *context, plan_sink *sink) {
+    const weight_stream *s = context;
+    static const uint8_t zeros[WEIGHT_ALIGNMENT];
+    uint64_t written = 0;
+    uint32_t index = 0;
+    for (uint32_t op = 0; op < s->m->op_count; op++) {
+        if (s->m->ops[op].dead || s->m->ops[op].kind != IR_OP_WEIGHT) continue;
+        const prog_weight *w = &s->p->weights[index++];
+        if (!plan_sink_write(sink, zeros, w->data_offset - written)) return false;
+        uint64_t count = w->bytes / prog_dtype_size(w->dtype);
+        float *values = malloc(count * sizeof *values + 1);
+        if (!values) SMELT_DIE("out of memory converting weight '%s'", w->name);
+        bool ok = s->o->read_weight(s->o->weight_context, op, values, count);
+        if (!ok) plan_sink_fail(sink, "cannot read weight '%s'", w->name);
+        if (ok && w->dtype == PROG_DTYPE_BF16) {
+            uint16_t *half = (uint16_t *)values; /* narrowing in place, front to back */
+            for (uint64_t i = 0; i < count; i++) half[i] = ir_f32_to_bf16(values[i]);
+        }
+        ok = ok && plan_sink_write(sink, values, w->bytes);
+        free(values);
+        if (!ok) return false;
+        written = w->data_offset + w->bytes;
+    }
+    return true;
+}
+
+static uint64_t place_weights(program *p) {
+    uint64_t offset = 0;
+    for (uint32_t i = 0; i < p->weight_count; i++) {
+        offset = (offset + WEIGHT_ALIGNMENT - 1) / WEIGHT_ALIGNMENT * WEIGHT_ALIGNMENT;
+        p->weights[i].data_offset = offset;
+        offset += p->weights[i].bytes;
+    }
+    return offset;
+}
+
+/* ---- manifest and memory plan ------------------------------------------------ */
+
+static char *manifest_json(const ir_module *m, const cg_plan_options *o, const cg_lowered *l) {
+    json_t *root = json_object(), *targets = json_array(), *dims = json_object(), *params = json_object();
+    json_object_set_new(root, "model", json_string(m->name));
+    if (m->source_path) json_object_set_new(root, "source", json_string(m->source_path));
+    json_object_set_new(root, "precision", json_string(o->codegen.precision == CG_PRECISION_BF16 ? "bf16" : "f32"));
+    for (uint32_t j = 0; j < o->arch_count; j++) {
+        char arch[16];
+        snprintf(arch, sizeof arch, "sm_%d", o->archs[j]);
+        json_array_append_new(targets, json_string(arch));
+    }
+    if (o->host) json_array_append_new(targets, json_string("host"));
+    json_object_set_new(root, "targets", targets);
+    json_object_set_new(root, "max_tokens", json_integer(l->program.max_tokens));
+    for (uint32_t i = 0; i < m->symbol_count; i++) json_object_set_new(dims, m->symbols[i].name, json_integer(m->symbols[i].bound));
+    json_object_set_new(root, "dims", dims);
+    for (uint32_t i = 0; i < m->param_count; i++) {
+        const ir_param *p = &m->params[i];
+        json_t *v = p->type == IR_PARAM_INT     ? json_integer(p->value.i)
+                    : p->type == IR_PARAM_FLOAT ? json_real(p->value.f)
+                    : p->type == IR_PARAM_BOOL  ? json_boolean(p->value.b)
+                                                : json_string(p->value.s);
+        json_object_set_new(params, p->name, v);
+    }
+    json_object_set_new(root, "params", params);
+    json_object_set_new(root, "weights_in_plan", json_boolean(o->read_weight != NULL));
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    if (!text) SMELT_DIE("out of memory writing the manifest");
+    return text;
+}
+
+/* The memory plan as a table people read (smelt inspect prints it). */
+static char *memory_table(const ir_module *m, const cg_lowered *l, size_t *size) {
+    char *text = NULL;
+    FILE *f = open_memstream(&text, size);
+    if (!f) SMELT_DIE("out of memory");
+    uint32_t *numbers = ir_value_numbers(m);
+    fprintf(f, "arena: %llu bytes for %lld tokens per step\n", (unsigned long long)l->program.arena_bytes,
+            (long long)l->program.max_tokens);
+    for (uint32_t i = 0; i < l->program.state_count; i++)
+        fprintf(f, "state %u: %llu bytes\n", i, (unsigned long long)l->program.state_bytes[i]);
+    fprintf(f, "%-8s %-12s %-28s %14s\n", "value", "op", "type", "arena offset");
+    for (uint32_t op = 0; op < m->op_count; op++) {
+        const ir_op *o = &m->ops[op];
+        if (o->dead) continue;
+        for (uint32_t r = 0; r < o->result_count; r++) {
+            ir_value_id v = o->results[r];
+            if (l->value_offsets[v] == UINT64_MAX) continue;
+            char type[IR_TYPE_TEXT_MAX], name[16];
+            snprintf(name, sizeof name, "%%%u", numbers[v]);
+            fprintf(f, "%-8s %-12s %-28s %14llu\n", name, ir_op_info_of(o->kind)->name,
+                    ir_format_type(m, &m->values[v].type, type, sizeof type), (unsigned long long)l->value_offsets[v]);
+        }
+    }
+    free(numbers);
+    fclose(f);
+    return text;
+}
+
+/* ---- the whole ---------------------------------------------------------------- */
+
+bool cg_compile_plan(const ir_module *m, const cg_plan_options *o, const char *path, cg_plan_report *report,
+                     diag_engine *d) {
+    double start = seconds_now();
+    memset(report, 0, sizeof *report);
+    cg_lowered l;
+    compiled_kernels c = {0};
+    plan_writer w;
+    plan_writer_init(&w, SMELT_VERSION_TEXT);
+    arena scratch;
+    arena_init(&scratch);
+    cg_cache *cache = o->no_cache ? NULL : cg_cache_open(NULL);
+    uint8_t *program_bytes = NULL;
+    char *manifest = NULL, *memory = NULL;
+
+    bool ok = cg_lower_module(m, &o->codegen, o->max_tokens, &l, d);
+    ok = ok && compile_for_cuda(&l, o, cache, &c, report, d);
+    ok = ok && (!o->host || compile_for_host(&l, cache, &c, d));
+    if (ok) {
+        if (o->read_weight) report->weight_bytes = place_weights(&l.program);
+        size_t program_size, memory_size;
+        if (!program_encode(&l.program, &program_bytes, &program_size))
+            SMELT_DIE("the program of '%s' does not encode", m->name);
+        manifest = manifest_json(m, o, &l);
+        memory = memory_table(m, &l, &memory_size);
+        plan_writer_add_section(&w, PLAN_SECTION_MANIFEST, manifest, strlen(manifest));
+        add_kernel_table(&l, o, &c, &w, &scratch);
+        if (o->host) plan_writer_add_section(&w, PLAN_SECTION_HOST_KERNELS, c.host.bytes, c.host.size);
+        plan_writer_add_section(&w, PLAN_SECTION_PROGRAM, program_bytes, program_size);
+        plan_writer_add_section(&w, PLAN_SECTION_MEMORY, memory, memory_size);
+        weight_stream weights = {m, &l.program, o};
+        if (o->read_weight) plan_writer_add_stream(&w, PLAN_SECTION_WEIGHT_DATA, stream_weights, &weights);
+        plan_write_summary summary;
+        char error[1024];
+        ok = plan_write_file(&w, path, &summary, error, sizeof error);
+        if (!ok) diag_error(d, SMELT_NO_LOC, "%s", error);
+        report->file_size = summary.file_size;
+        snprintf(report->content_hash, sizeof report->content_hash, "%016llx%016llx",
+                 (unsigned long long)summary.content_hash_high, (unsigned long long)summary.content_hash_low);
+    }
+    report->kernel_count = l.kernel_count;
+    report->launches_per_step = l.launches_per_step;
+    report->arena_bytes = l.program.arena_bytes;
+    if (cache) {
+        const char *warning = cg_cache_warning(cache);
+        if (warning) diag_warning(d, SMELT_NO_LOC, "%s", warning);
+        cg_cache_close(cache);
+    }
+    free(program_bytes);
+    free(manifest);
+    free(memory);
+    cg_host_object_free(&c.host);
+    if (c.results) cg_compile_results_free(c.results, c.job_count);
+    free(c.results);
+    free(c.jobs);
+    plan_writer_free(&w);
+    arena_free(&scratch);
+    cg_lowered_free(&l);
+    report->seconds = seconds_now() - start;
+    return ok;
+}

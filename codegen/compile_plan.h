@@ -1,0 +1,60 @@
+/* compile_plan.h - `smelt compile`: an inferred module to a plan file.
+ *
+ *   cg_plan_options o = {.codegen.precision = CG_PRECISION_BF16,
+ *                        .archs = {90}, .arch_count = 1, .host = true};
+ *   cg_plan_report r;
+ *   if (!cg_compile_plan(&m, &o, "model.plan", &r, &diag)) ...   // reported
+ *
+ * The module is lowered (lower.h), every distinct kernel is compiled by
+ * NVRTC for each CUDA arch to cubin (plus PTX of the newest arch, which the
+ * driver can JIT on later GPUs) over a thread pool with the disk cache, the
+ * same sources are built into the host simulator's shared object, and the
+ * plan is written atomically: manifest, kernels, host kernels, program,
+ * memory plan, and the weights when a reader is given.
+ */
+#ifndef SMELT_CG_COMPILE_PLAN_H
+#define SMELT_CG_COMPILE_PLAN_H
+
+#include "compile_pool.h"
+#include "emit.h"
+#include "ir.h"
+
+enum { CG_MAX_ARCHS = 8 };
+
+/* Fills dst (count floats, row-major in the weight's IR type) with the data
+ * of weight op `op`. */
+typedef bool (*cg_weight_reader)(void *context, uint32_t op, float *dst, uint64_t count);
+
+typedef struct cg_plan_options {
+    cg_options codegen;
+    int archs[CG_MAX_ARCHS]; /* CUDA targets: 80 = sm_80 */
+    uint32_t arch_count;
+    bool host;               /* build the host simulator's object */
+    int64_t max_tokens;      /* tokens per step the arena is sized for; 0: the model's bound */
+    unsigned jobs;           /* compile threads; 0: every core */
+    bool no_cache;           /* do not use the disk cache */
+    cg_weight_reader read_weight; /* NULL: a plan without weights (bound at run time) */
+    void *weight_context;
+    cg_progress_fn progress; /* NULL: quiet */
+    void *progress_user;
+} cg_plan_options;
+
+typedef struct cg_plan_report {
+    uint32_t kernel_count;      /* distinct kernels */
+    uint32_t launches_per_step; /* kernel launches + GEMMs in one step */
+    uint32_t compile_jobs;      /* (kernel, arch) pairs */
+    uint32_t cache_hits;
+    uint64_t arena_bytes;
+    uint64_t weight_bytes;
+    uint64_t file_size;
+    char content_hash[33];
+    double seconds;
+} cg_plan_report;
+
+bool cg_compile_plan(const ir_module *m, const cg_plan_options *o, const char *path, cg_plan_report *report,
+                     diag_engine *d);
+
+/* The text of runtime/smelt_kernel.h, embedded at build time. */
+extern const char cg_smelt_kernel_header[];
+
+#endif

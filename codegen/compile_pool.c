@@ -1,0 +1,209 @@
+/* compile_pool.c - many NVRTC compiles over a pthread pool, identical jobs
+ * compiled once, results in job order (see compile_pool.h).
+ *
+ * Jobs are grouped by their cache key (sorted, so a thousand jobs cost no
+ * quadratic compare). Each group's first job is its representative; workers
+ * take representatives from a shared counter, and when one finishes, the
+ * whole group counts as done for the progress callback, which runs on the
+ * calling thread. Afterwards every other job of a group gets its own copy
+ * of the representative's result.
+ */
+#include "compile_pool.h"
+
+#include "arena.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum {
+    ERROR_BUFFER = 8192, /* one job's error message */
+    MAX_THREADS = 256,
+};
+
+typedef struct keyed_job {
+    cg_cache_key key;
+    size_t job; /* index into the job list */
+} keyed_job;
+
+typedef struct unique_compile {
+    size_t job;        /* the representative job */
+    size_t group_size; /* jobs with the same key */
+    cg_compile_result result;
+} unique_compile;
+
+typedef struct pool {
+    const cg_compile_request *jobs;
+    cg_cache *cache;
+    const cg_cache_key *keys; /* per job */
+    unique_compile *uniques;
+    size_t unique_count;
+    pthread_mutex_t lock; /* guards the fields below */
+    pthread_cond_t progressed;
+    size_t next_unique; /* next one to take */
+    size_t jobs_done;   /* jobs whose group has finished */
+} pool;
+
+static void *allocate(size_t count, size_t size) {
+    uint64_t bytes;
+    if (size_mul_overflow(count, size, &bytes)) SMELT_DIE("allocation of %zu x %zu", count, size);
+    void *p = malloc(bytes ? (size_t)bytes : 1);
+    if (!p) SMELT_DIE("out of memory (%zu x %zu bytes)", count, size);
+    return p;
+}
+
+static char *copy_string(const char *s) {
+    if (!s) return NULL;
+    size_t n = strlen(s);
+    char *p = allocate(n + 1, 1);
+    memcpy(p, s, n + 1);
+    return p;
+}
+
+static int compare_keyed(const void *a, const void *b) {
+    const keyed_job *x = a, *y = b;
+    int c = memcmp(x->key.bytes, y->key.bytes, sizeof x->key.bytes);
+    if (c) return c;
+    return x->job < y->job ? -1 : x->job > y->job;
+}
+
+static void compile_one(pool *p, unique_compile *u) {
+    char *error = allocate(ERROR_BUFFER, 1);
+    error[0] = '\0';
+    u->result.ok = cg_compile_kernel_cached_with_key(p->cache, &p->jobs[u->job], &p->keys[u->job],
+                                                     &u->result.compiled, &u->result.from_cache, error,
+                                                     ERROR_BUFFER);
+    if (u->result.ok) {
+        free(error);
+    } else {
+        u->result.error = error;
+    }
+}
+
+static void *worker(void *arg) {
+    pool *p = arg;
+    for (;;) {
+        pthread_mutex_lock(&p->lock);
+        size_t index = p->next_unique < p->unique_count ? p->next_unique++ : SIZE_MAX;
+        pthread_mutex_unlock(&p->lock);
+        if (index == SIZE_MAX) return NULL;
+        unique_compile *u = &p->uniques[index];
+        compile_one(p, u);
+        pthread_mutex_lock(&p->lock);
+        p->jobs_done += u->group_size;
+        pthread_cond_signal(&p->progressed);
+        pthread_mutex_unlock(&p->lock);
+    }
+}
+
+/* A deep copy of a successful compile (resources re-parsed from the log). */
+static void copy_compiled(const cg_compiled *from, cg_compiled *to) {
+    memset(to, 0, sizeof *to);
+    if (from->cubin) {
+        to->cubin = allocate(from->cubin_size, 1);
+        memcpy(to->cubin, from->cubin, from->cubin_size);
+        to->cubin_size = from->cubin_size;
+    }
+    to->ptx = copy_string(from->ptx);
+    to->ptx_size = from->ptx_size;
+    to->log = copy_string(from->log);
+    cg_parse_ptxas_log(to->log, &to->resources);
+}
+
+static unsigned worker_count(unsigned threads, size_t unique_count) {
+    if (threads == 0) {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = online > 0 ? (unsigned)online : 1;
+    }
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads > unique_count) threads = (unsigned)unique_count;
+    return threads;
+}
+
+/* Groups jobs by key: fills p->keys and p->uniques; group_of[job] = unique index. */
+static void group_jobs(pool *p, size_t count, cg_cache_key *keys, size_t *group_of) {
+    keyed_job *sorted = allocate(count, sizeof *sorted);
+    for (size_t i = 0; i < count; i++) {
+        keys[i] = cg_kernel_cache_key(&p->jobs[i]);
+        sorted[i] = (keyed_job){keys[i], i};
+    }
+    qsort(sorted, count, sizeof *sorted, compare_keyed);
+    p->uniques = allocate(count, sizeof *p->uniques);
+    p->unique_count = 0;
+    for (size_t i = 0; i < count; i++) {
+        bool same =
+            i > 0 && memcmp(sorted[i].key.bytes, sorted[i - 1].key.bytes, sizeof sorted[i].key.bytes) == 0;
+        if (!same) {
+            unique_compile *u = &p->uniques[p->unique_count++];
+            memset(u, 0, sizeof *u);
+            u->job = sorted[i].job; /* the lowest index of its group: sort ties by index */
+        }
+        p->uniques[p->unique_count - 1].group_size++;
+        group_of[sorted[i].job] = p->unique_count - 1;
+    }
+    free(sorted);
+}
+
+size_t cg_compile_all(const cg_compile_request *jobs, size_t count, unsigned threads, cg_cache *cache,
+                      cg_compile_result *results, cg_progress_fn progress, void *progress_user) {
+    if (count == 0) return 0;
+    memset(results, 0, count * sizeof *results);
+    cg_cache_key *keys = allocate(count, sizeof *keys);
+    size_t *group_of = allocate(count, sizeof *group_of);
+    pool p = {.jobs = jobs, .cache = cache, .keys = keys};
+    group_jobs(&p, count, keys, group_of);
+    pthread_mutex_init(&p.lock, NULL);
+    pthread_cond_init(&p.progressed, NULL);
+
+    unsigned wanted = worker_count(threads, p.unique_count);
+    pthread_t *workers = allocate(wanted, sizeof *workers);
+    unsigned started = 0;
+    while (started < wanted && pthread_create(&workers[started], NULL, worker, &p) == 0) started++;
+    if (started == 0) worker(&p); /* no threads to be had: compile here, in order */
+
+    /* Report progress from this thread until every job is done. */
+    size_t reported = 0;
+    pthread_mutex_lock(&p.lock);
+    while (reported < count) {
+        while (p.jobs_done == reported) pthread_cond_wait(&p.progressed, &p.lock);
+        reported = p.jobs_done;
+        pthread_mutex_unlock(&p.lock);
+        if (progress) progress(reported, count, progress_user);
+        pthread_mutex_lock(&p.lock);
+    }
+    pthread_mutex_unlock(&p.lock);
+    for (unsigned i = 0; i < started; i++) pthread_join(workers[i], NULL);
+    free(workers);
+
+    /* Hand results out in job order: copies first, then the original. */
+    size_t failed = 0;
+    for (size_t i = 0; i < count; i++) {
+        unique_compile *u = &p.uniques[group_of[i]];
+        if (u->job == i) continue;
+        cg_compile_result *r = &results[i];
+        r->ok = u->result.ok;
+        r->from_cache = u->result.from_cache;
+        r->deduplicated = true;
+        if (r->ok) copy_compiled(&u->result.compiled, &r->compiled);
+        else r->error = copy_string(u->result.error);
+    }
+    for (size_t i = 0; i < p.unique_count; i++) results[p.uniques[i].job] = p.uniques[i].result;
+    for (size_t i = 0; i < count; i++) failed += !results[i].ok;
+
+    pthread_cond_destroy(&p.progressed);
+    pthread_mutex_destroy(&p.lock);
+    free(p.uniques);
+    free(group_of);
+    free(keys);
+    return failed;
+}
+
+void cg_compile_results_free(cg_compile_result *results, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        cg_compiled_free(&results[i].compiled);
+        free(results[i].error);
+        memset(&results[i], 0, sizeof results[i]);
+    }
+}

@@ -1,0 +1,105 @@
+/* emit.h - the kernel emitters: what one IR op becomes on a device.
+ *
+ * Each compute or layout op is lowered by the emitter of its family
+ * (ops.def's family column; one file per family, emit_<family>.c) into one
+ * or more CUDA C kernels in the C-compatible subset of DESIGN.md §4: the
+ * same text that NVRTC compiles for a GPU and the host C compiler builds for
+ * the simulator. A kernel comes with its parameter list (which buffers, in
+ * which order) and its launch rule (grid affine in the token count T, block,
+ * dynamic shared memory); codegen/lower.c turns those into a prog_launch.
+ *
+ *   cg_options o = {.precision = CG_PRECISION_BF16};
+ *   cg_op_lowering l;
+ *   if (!cg_emit_op(&m, op, &o, &arena, &l, &diag)) ...   // reported at the op
+ *   for (uint32_t i = 0; i < l.kernel_count; i++)
+ *       ... l.kernels[i].name, .source, .params, .rule ...
+ *
+ * Kernels are named by their specialisation (family, storage dtypes, static
+ * dims, baked attributes: `rms_norm_f32_d64_eps1em05`), never by the op's
+ * position, and a kernel's source depends only on that specialisation: the
+ * 32 identical layers of a model give one name and byte-identical sources,
+ * compiled once. The IR text of the op itself (with its %N) is in ops_text.
+ *
+ * Shapes: static dims are baked into the source as named constants; the only
+ * dynamic dim is the module's token dim (dim 0 of the input "ids"), and only
+ * as dim 0 of a value; it reaches a kernel as its `int tokens` argument.
+ */
+#ifndef SMELT_CG_EMIT_H
+#define SMELT_CG_EMIT_H
+
+#include "arena.h"
+#include "diag.h"
+#include "ir.h"
+#include "program.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* bf16: bf16 storage of every float value except those an `output` op
+ * consumes (f32, also through reshape aliases); f32 arithmetic everywhere. */
+typedef enum cg_precision { CG_PRECISION_F32, CG_PRECISION_BF16 } cg_precision;
+
+typedef struct cg_options {
+    cg_precision precision;
+} cg_options;
+
+/* Storage dtype of value v under the options: f32 or bf16 for float values
+ * by the policy above, i32 for integer values (i32 and i64 alike). */
+prog_dtype cg_storage_dtype(const ir_module *m, ir_value_id v, const cg_options *o);
+
+typedef enum cg_param_kind {
+    CG_PARAM_VALUE,  /* pointer to the buffer of IR value `value` */
+    CG_PARAM_STATE,  /* pointer to state buffer `state` of this op (see cg_op_lowering) */
+    CG_PARAM_TOKENS, /* int: T, the token count of the step */
+} cg_param_kind;
+
+typedef struct cg_param {
+    cg_param_kind kind;
+    ir_value_id value; /* CG_PARAM_VALUE */
+    uint32_t state;    /* CG_PARAM_STATE */
+} cg_param;
+
+typedef struct cg_kernel {
+    const char *name;     /* the extern "C" entry point; names the specialisation */
+    const char *family;   /* "norm", "attention", ...: ops.def's family */
+    const char *ops_text; /* the IR op it implements, as the text form prints it */
+    const char *source;   /* the whole .cu text, including "smelt_kernel.h" */
+    uint32_t param_count;
+    cg_param params[PROG_MAX_ARGS]; /* in the order of the kernel's arguments */
+    prog_launch_rule rule;          /* grid affine in T, block, dynamic shared bytes */
+} cg_kernel;
+
+typedef enum cg_lowering_kind {
+    CG_LOWER_NONE,    /* input, weight, const (baked into users), output */
+    CG_LOWER_KERNELS, /* kernels[0..kernel_count) */
+    CG_LOWER_GEMM,    /* matmul: the lead's lowering makes a prog_gemm */
+    CG_LOWER_ALIAS,   /* reshape: the result is the operand's buffer */
+} cg_lowering_kind;
+
+/* State buffers of an attention op (zeroed when a sequence starts):
+ *   0  K cache  [max_seq, Hkv, D]  in the storage dtype of k
+ *   1  V cache  [max_seq, Hkv, Dv] in the storage dtype of v
+ *   2  written  int32[max_seq]: 1 once a step has written that position, so
+ *      that attention skips positions never written (as the reference does) */
+enum { CG_MAX_KERNELS = 4, CG_MAX_STATES = 3 };
+enum { CG_STATE_KEYS = 0, CG_STATE_VALUES = 1, CG_STATE_WRITTEN = 2 };
+
+typedef struct cg_op_lowering {
+    cg_lowering_kind kind;
+    uint32_t kernel_count;
+    cg_kernel kernels[CG_MAX_KERNELS]; /* launched in this order */
+    uint32_t state_count;
+    uint64_t state_bytes[CG_MAX_STATES];
+} cg_op_lowering;
+
+/* Emits what op `op` (live, typed, after infer-shapes and canonicalize)
+ * becomes; strings go to `a`. Errors (e.g. a symbolic dim that is not the
+ * token dim 0) are reported at the op's loc and give false. */
+bool cg_emit_op(const ir_module *m, uint32_t op, const cg_options *o, arena *a, cg_op_lowering *out,
+                diag_engine *d);
+
+/* The module's token symbol: the symbolic dim 0 of the input named "ids";
+ * -1 when there is none. */
+int32_t cg_token_symbol(const ir_module *m);
+
+#endif

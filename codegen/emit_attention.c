@@ -1,0 +1,269 @@
+/* emit_attention.c - the attention op as two kernels over its KV cache.
+ *
+ * attention(q[T, Hq, D], k[T, Hkv, D], v[T, Hkv, Dv], pos[T]) -> [T, Hq, Dv]
+ * with the semantics of reference/ref_ops_attention.c (the oracle):
+ *
+ *   1. kv_write: one block per token copies k and v of token t into the
+ *      caches at position pos[t] and marks the position written. It runs to
+ *      completion before 2, so every query of a step sees every key of it.
+ *   2. attention: one block per (token, query head). Query head h reads kv
+ *      head h / (Hq / Hkv) (GQA, MQA). It sees the written positions p with
+ *      p <= pos (causal; every written position when not causal) and
+ *      p > pos - window when window > 0. Positions are taken in tiles of
+ *      TILE: each warp computes the scores scale * q.k of its positions with
+ *      a warp-shuffle dot product, then every thread folds the tile into an
+ *      online softmax (a running max and sum, the accumulator rescaled when
+ *      the max grows) over the value dims it owns. Positions never written
+ *      (a gap in a sequence) are skipped, as the reference skips them.
+ *
+ * State (cg_op_lowering.state_bytes, zeroed when a sequence starts): the K
+ * cache [max_seq, Hkv, D] in k's storage dtype, the V cache [max_seq, Hkv,
+ * Dv] in v's, and written flags int32[max_seq]. A position outside
+ * [0, max_seq) is neither written nor attended (the runtime checks positions
+ * before a step; the reference reports them). Two tokens of one step at the
+ * same position race; a step's positions are distinct.
+ *
+ * Speed: correct first. The kernel is a plain tiled loop in f32 with no
+ * tensor cores; a decode step has only Hq blocks per token, so long contexts
+ * want a split over the positions (flash decoding) later.
+ */
+#include "emit_internal.h"
+
+#include <math.h>
+
+enum { ATTENTION_THREADS = 128, ATTENTION_TILE = 32, KV_WRITE_THREADS = 128 };
+
+typedef struct attention_shape {
+    int64_t query_heads, kv_heads, head_dim, value_dim, max_seq, window;
+    bool causal;
+    double scale;
+    cg_count tokens; /* rows of q: T, or a constant */
+    prog_dtype key_dtype, value_dtype;
+} attention_shape;
+
+static bool read_shape(cg_emit *e, attention_shape *s) {
+    ir_value_id q = cg_operand(e, 0), k = cg_operand(e, 1), v = cg_operand(e, 2), pos = cg_operand(e, 3);
+    cg_shape qs = cg_shape_of(e, q), ks = cg_shape_of(e, k), vs = cg_shape_of(e, v), ps = cg_shape_of(e, pos);
+    bool floats = ir_dtype_is_float(e->m->values[q].type.dtype) && ir_dtype_is_float(e->m->values[k].type.dtype) &&
+                  ir_dtype_is_float(e->m->values[v].type.dtype);
+    if (qs.rank != 3 || ks.rank != 3 || vs.rank != 3 || ps.rank != 1 || !floats ||
+        ir_dtype_is_float(e->m->values[pos].type.dtype)) {
+        diag_error(e->d, e->ir->loc,
+                   "attention: expected float q[T, Hq, D], k[T, Hkv, D], v[T, Hkv, Dv] and integer pos[T]");
+        return false;
+    }
+    s->query_heads = qs.dims[1];
+    s->kv_heads = ks.dims[1];
+    s->head_dim = qs.dims[2];
+    s->value_dim = vs.dims[2];
+    s->max_seq = cg_attr_int(e, "max_seq", 0);
+    s->window = cg_attr_int(e, "window", 0);
+    s->causal = cg_attr_bool(e, "causal", true);
+    s->scale = cg_attr_float(e, "scale", 1.0);
+    s->tokens = cg_shape_count(&qs, 0, 1);
+    s->key_dtype = cg_storage_dtype(e->m, k, e->o);
+    s->value_dtype = cg_storage_dtype(e->m, v, e->o);
+    if (s->kv_heads < 1 || s->query_heads % s->kv_heads != 0 || ks.dims[2] != s->head_dim || vs.dims[1] != s->kv_heads) {
+        diag_error(e->d, e->ir->loc,
+                   "attention: expected Hq a multiple of Hkv and k, v with Hkv heads of D and Dv dims; found "
+                   "Hq %lld, k heads %lld of %lld, v heads %lld",
+                   (long long)s->query_heads, (long long)s->kv_heads, (long long)ks.dims[2], (long long)vs.dims[1]);
+        return false;
+    }
+    if (s->max_seq < 1 || s->max_seq > INT32_MAX / 2 || s->window < 0) {
+        diag_error(e->d, e->ir->loc, "attention: expected max_seq in [1, 2^30] and window >= 0; found %lld and %lld",
+                   (long long)s->max_seq, (long long)s->window);
+        return false;
+    }
+    return true;
+}
+
+/* Bytes of a cache of `dims` per position; false on overflow. */
+static bool cache_bytes(int64_t max_seq, int64_t heads, int64_t dims, prog_dtype t, uint64_t *out) {
+    uint64_t per_position;
+    return !size_mul_overflow((uint64_t)heads, (uint64_t)dims, &per_position) &&
+           !size_mul_overflow(per_position, prog_dtype_size(t), &per_position) &&
+           !size_mul_overflow(per_position, (uint64_t)max_seq, out);
+}
+
+static const char *dims_part(cg_emit *e, const attention_shape *s) {
+    if (s->value_dim == s->head_dim) return arena_printf(&e->scratch, "d%lld", (long long)s->head_dim);
+    return arena_printf(&e->scratch, "d%lld_dv%lld", (long long)s->head_dim, (long long)s->value_dim);
+}
+
+static void emit_kv_write(cg_emit *e, const attention_shape *s) {
+    ir_value_id stored[2] = {cg_operand(e, 1), cg_operand(e, 2)};
+    const char *name = arena_printf(&e->scratch, "kv_write_%s_kv%lld_%s_ctx%lld", cg_dtype_tag(e, stored, 2),
+                                    (long long)s->kv_heads, dims_part(e, s), (long long)s->max_seq);
+    cg_kernel_builder b;
+    cg_kernel_begin(&b, e, name,
+                    "One block per token: copies its keys and values into the KV cache at position pos[t] and "
+                    "marks the position written.");
+    uint32_t k = cg_param_value(&b, "k", cg_operand(e, 1), true);
+    uint32_t v = cg_param_value(&b, "v", cg_operand(e, 2), true);
+    cg_param_value(&b, "pos", cg_operand(e, 3), true);
+    uint32_t k_cache = cg_param_state(&b, "k_cache", CG_STATE_KEYS, s->key_dtype);
+    uint32_t v_cache = cg_param_state(&b, "v_cache", CG_STATE_VALUES, s->value_dtype);
+    cg_param_state(&b, "written", CG_STATE_WRITTEN, PROG_DTYPE_I32);
+    cg_kernel_launch(&b, cg_count_blocks(s->tokens, 1), (prog_affine){0, 1, 1}, KV_WRITE_THREADS);
+    cg_kernel_open(&b);
+    cg_text *t = &b.text;
+    cg_line(t, "enum { KV_HEADS = %lld, HEAD_DIM = %lld, VALUE_DIM = %lld, MAX_SEQ = %lld, THREADS = %d };",
+            (long long)s->kv_heads, (long long)s->head_dim, (long long)s->value_dim, (long long)s->max_seq,
+            KV_WRITE_THREADS);
+    cg_line(t, "enum { KEY_ROW = KV_HEADS * HEAD_DIM, VALUE_ROW = KV_HEADS * VALUE_DIM }; /* elements per position */");
+    cg_blank(t);
+    cg_kernel_signature(&b);
+    cg_line(t, "long long token = blockIdx.x;");
+    cg_line(t, "int position = pos[token];");
+    cg_line(t, "if (position < 0 || position >= MAX_SEQ)");
+    cg_line(t, "    return;");
+    cg_line(t, "for (int i = threadIdx.x; i < KEY_ROW; i += THREADS)");
+    cg_line(t, "    %s", cg_copy(&b, k_cache, "(long long)position * KEY_ROW + i", k, "token * KEY_ROW + i"));
+    cg_line(t, "for (int i = threadIdx.x; i < VALUE_ROW; i += THREADS)");
+    cg_line(t, "    %s", cg_copy(&b, v_cache, "(long long)position * VALUE_ROW + i", v, "token * VALUE_ROW + i"));
+    cg_line(t, "if (threadIdx.x == 0)");
+    cg_line(t, "    written[position] = 1;");
+    cg_kernel_end(&b);
+}
+
+static void emit_attend(cg_emit *e, const attention_shape *s) {
+    ir_value_id q = cg_operand(e, 0), result = cg_result(e, 0);
+    ir_value_id stored[4] = {q, cg_operand(e, 1), cg_operand(e, 2), result};
+    cg_text name;
+    cg_text_init(&name);
+    cg_text_printf(&name, "attention_%s_h%lld_kv%lld_%s_ctx%lld", cg_dtype_tag(e, stored, 4),
+                   (long long)s->query_heads, (long long)s->kv_heads, dims_part(e, s), (long long)s->max_seq);
+    if (s->window > 0) cg_text_printf(&name, "_win%lld", (long long)s->window);
+    if (!s->causal) cg_text_printf(&name, "_noncausal");
+    /* The usual scale 1/sqrt(D) is implied; any other is part of the name. */
+    if ((float)s->scale != (float)(1.0 / sqrt((double)s->head_dim)))
+        cg_text_printf(&name, "_scale%s", cg_float_name(e, s->scale));
+    const char *kernel_name = arena_strdup(&e->scratch, name.data);
+    cg_text_free(&name);
+
+    cg_kernel_builder b;
+    cg_kernel_begin(&b, e, kernel_name,
+                    "One block per (token, query head): an online softmax over the written cache positions the "
+                    "query sees, in tiles of TILE positions, one warp per position's dot product.");
+    uint32_t q_param = cg_param_value(&b, "q", q, true);
+    cg_param_value(&b, "pos", cg_operand(e, 3), true);
+    uint32_t k_cache = cg_param_state(&b, "k_cache", CG_STATE_KEYS, s->key_dtype);
+    uint32_t v_cache = cg_param_state(&b, "v_cache", CG_STATE_VALUES, s->value_dtype);
+    uint32_t written = cg_param_state(&b, "written", CG_STATE_WRITTEN, PROG_DTYPE_I32);
+    uint32_t out = cg_param_value(&b, "out", result, false);
+    b.params[k_cache].is_const = b.params[v_cache].is_const = b.params[written].is_const = true; /* read here */
+    cg_kernel_launch(&b, cg_count_blocks(s->tokens, 1), (prog_affine){0, s->query_heads, 1}, ATTENTION_THREADS);
+    cg_kernel_open(&b);
+    cg_text *t = &b.text;
+    cg_line(t, "enum { QUERY_HEADS = %lld, KV_HEADS = %lld, GROUP = QUERY_HEADS / KV_HEADS };",
+            (long long)s->query_heads, (long long)s->kv_heads);
+    cg_line(t, "enum { HEAD_DIM = %lld, VALUE_DIM = %lld, MAX_SEQ = %lld, WINDOW = %lld, CAUSAL = %d };",
+            (long long)s->head_dim, (long long)s->value_dim, (long long)s->max_seq, (long long)s->window,
+            s->causal ? 1 : 0);
+    cg_line(t, "enum { THREADS = %d, WARPS = THREADS / 32, TILE = %d };", ATTENTION_THREADS, ATTENTION_TILE);
+    cg_line(t, "enum { VALUES_PER_THREAD = (VALUE_DIM + THREADS - 1) / THREADS }; /* value dims each thread owns */");
+    cg_line(t, "#define SCALE %s", cg_float_literal(e, s->scale));
+    cg_blank(t);
+    cg_line(t, "SMELT_DEVICE float warp_sum(float v)");
+    cg_line(t, "{");
+    cg_line(t, "for (int offset = 16; offset > 0; offset /= 2)");
+    cg_line(t, "    v += smelt_shfl_xor_f32(0xffffffffu, v, offset);");
+    cg_line(t, "return v;");
+    cg_line(t, "}");
+    cg_blank(t);
+    cg_kernel_signature(&b);
+    cg_line(t, "__shared__ float query[HEAD_DIM];");
+    cg_line(t, "__shared__ float scores[TILE];");
+    cg_line(t, "long long token = blockIdx.x;");
+    cg_line(t, "int head = blockIdx.y, kv_head = head / GROUP;");
+    cg_line(t, "int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;");
+    cg_line(t, "int at = pos[token];");
+    cg_line(t, "/* the positions this query sees: [first, last], written ones only */");
+    cg_line(t, "int last = CAUSAL ? at : MAX_SEQ - 1;");
+    cg_line(t, "if (last > MAX_SEQ - 1)");
+    cg_line(t, "    last = MAX_SEQ - 1;");
+    cg_line(t, "int first = 0;");
+    cg_line(t, "if (WINDOW > 0 && at + 1 > WINDOW)");
+    cg_line(t, "    first = at + 1 - WINDOW;");
+    cg_line(t, "for (int i = threadIdx.x; i < HEAD_DIM; i += THREADS)");
+    cg_line(t, "    query[i] = %s;", cg_load(&b, q_param, "(token * QUERY_HEADS + head) * HEAD_DIM + i"));
+    cg_line(t, "__syncthreads();");
+    cg_blank(t);
+    cg_line(t, "float running_max = %s, running_sum = 0.0f;", CG_NEGATIVE_INFINITY);
+    cg_line(t, "float accumulator[VALUES_PER_THREAD];");
+    cg_line(t, "for (int j = 0; j < VALUES_PER_THREAD; j++)");
+    cg_line(t, "    accumulator[j] = 0.0f;");
+    cg_line(t, "for (int tile = first; tile <= last; tile += TILE) {");
+    cg_line(t, "/* scores of the tile's positions; warp w takes positions w, w + WARPS, ... */");
+    cg_line(t, "for (int j = warp; j < TILE; j += WARPS) {");
+    cg_line(t, "int p = tile + j;");
+    cg_line(t, "float score = %s;", CG_NEGATIVE_INFINITY);
+    cg_line(t, "if (p <= last && written[p]) {");
+    cg_line(t, "long long row = ((long long)p * KV_HEADS + kv_head) * HEAD_DIM;");
+    cg_line(t, "float dot = 0.0f;");
+    cg_line(t, "for (int i = lane; i < HEAD_DIM; i += 32)");
+    cg_line(t, "    dot += query[i] * %s;", cg_load(&b, k_cache, "row + i"));
+    cg_line(t, "score = warp_sum(dot) * SCALE;");
+    cg_line(t, "}");
+    cg_line(t, "if (lane == 0)");
+    cg_line(t, "    scores[j] = score;");
+    cg_line(t, "}");
+    cg_line(t, "__syncthreads();");
+    cg_blank(t);
+    cg_line(t, "/* fold the tile into the online softmax (every thread, the same numbers) */");
+    cg_line(t, "float tile_max = %s;", CG_NEGATIVE_INFINITY);
+    cg_line(t, "for (int j = 0; j < TILE; j++)");
+    cg_line(t, "    tile_max = fmaxf(tile_max, scores[j]);");
+    cg_line(t, "if (tile_max > %s) {", CG_NEGATIVE_INFINITY);
+    cg_line(t, "float new_max = fmaxf(running_max, tile_max);");
+    cg_line(t, "float correction = expf(running_max - new_max); /* 0 for the first tile seen */");
+    cg_line(t, "running_sum *= correction;");
+    cg_line(t, "for (int j = 0; j < VALUES_PER_THREAD; j++)");
+    cg_line(t, "    accumulator[j] *= correction;");
+    cg_line(t, "for (int j = 0; j < TILE; j++) {");
+    cg_line(t, "if (!(scores[j] > %s))", CG_NEGATIVE_INFINITY);
+    cg_line(t, "    continue;");
+    cg_line(t, "float weight = expf(scores[j] - new_max);");
+    cg_line(t, "long long row = ((long long)(tile + j) * KV_HEADS + kv_head) * VALUE_DIM;");
+    cg_line(t, "running_sum += weight;");
+    cg_line(t, "for (int v = 0; v < VALUES_PER_THREAD; v++) {");
+    cg_line(t, "int d = threadIdx.x + v * THREADS;");
+    cg_line(t, "if (d < VALUE_DIM)");
+    cg_line(t, "    accumulator[v] += weight * %s;", cg_load(&b, v_cache, "row + d"));
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_line(t, "running_max = new_max;");
+    cg_line(t, "}");
+    cg_line(t, "__syncthreads(); /* scores is rewritten by the next tile */");
+    cg_line(t, "}");
+    cg_blank(t);
+    cg_line(t, "/* running_sum >= 1 (the query's own position) unless the position was out of range */");
+    cg_line(t, "for (int v = 0; v < VALUES_PER_THREAD; v++) {");
+    cg_line(t, "int d = threadIdx.x + v * THREADS;");
+    cg_line(t, "if (d < VALUE_DIM)");
+    cg_line(t, "    %s", cg_store(&b, out, "(token * QUERY_HEADS + head) * VALUE_DIM + d",
+                                  "running_sum > 0.0f ? accumulator[v] / running_sum : 0.0f"));
+    cg_line(t, "}");
+    cg_kernel_end(&b);
+}
+
+bool cg_emit_attention(cg_emit *e) {
+    attention_shape s;
+    if (!read_shape(e, &s)) return false;
+    uint64_t bytes[CG_MAX_STATES];
+    if (!cache_bytes(s.max_seq, s.kv_heads, s.head_dim, s.key_dtype, &bytes[CG_STATE_KEYS]) ||
+        !cache_bytes(s.max_seq, s.kv_heads, s.value_dim, s.value_dtype, &bytes[CG_STATE_VALUES]) ||
+        !cache_bytes(s.max_seq, 1, 1, PROG_DTYPE_I32, &bytes[CG_STATE_WRITTEN])) {
+        diag_error(e->d, e->ir->loc, "attention: the KV cache of max_seq %lld positions is too large",
+                   (long long)s.max_seq);
+        return false;
+    }
+    e->out->kind = CG_LOWER_KERNELS;
+    e->out->state_count = CG_MAX_STATES;
+    for (int i = 0; i < CG_MAX_STATES; i++)
+        e->out->state_bytes[i] = bytes[i];
+    emit_kv_write(e, &s);
+    emit_attend(e, &s);
+    return true;
+}

@@ -1,0 +1,223 @@
+/* emit_elementwise.c - kernels for the elementwise family: add and mul with
+ * numpy broadcasting, silu, and gelu (erf and tanh forms).
+ *
+ * One thread per element of the result, 256 threads a block, grid
+ * ceil(elements / 256). An operand reads its element in the cheapest way its
+ * shape allows: the same index when it has the result's shape, index modulo
+ * its size when it is a trailing block of the result (a [D] weight against
+ * [T, D]), and otherwise through the result's coordinates with the
+ * operand's strides (0 along broadcast dims). A const operand is baked into
+ * the source as a literal. Arithmetic is float, as in the reference
+ * (reference/ref_ops.c), whose formulas these are.
+ */
+#include "emit_internal.h"
+
+#include <string.h>
+
+enum { ELEMENTWISE_THREADS = 256 };
+
+static bool require_float(cg_emit *e, ir_value_id v, const char *role, uint32_t index) {
+    ir_dtype t = e->m->values[v].type.dtype;
+    if (ir_dtype_is_float(t)) return true;
+    diag_error(e->d, e->ir->loc, "codegen supports '%s' on float values only; found %s as %s %u",
+               ir_op_info_of(e->ir->kind)->name, ir_dtype_name(t), role, index);
+    return false;
+}
+
+/* Opens the body of a one-thread-per-element kernel: `i` is the element of
+ * the result, threads past the end return. */
+static void write_element_index(cg_kernel_builder *b, cg_count elements) {
+    cg_line(&b->text, "long long elements = %s;", cg_count_text(b->e, elements));
+    cg_line(&b->text, "long long i = (long long)blockIdx.x * THREADS + threadIdx.x;");
+    cg_line(&b->text, "if (i >= elements)");
+    cg_line(&b->text, "    return;");
+}
+
+/* ---- add, mul ------------------------------------------------------------------------ */
+
+typedef enum operand_access {
+    ACCESS_CONST,   /* a literal */
+    ACCESS_SAME,    /* the result's shape: element i */
+    ACCESS_TRAILING, /* the result's trailing dims: element i % size */
+    ACCESS_STRIDED, /* through the result's coordinates */
+} operand_access;
+
+typedef struct broadcast_operand {
+    ir_value_id value;
+    operand_access access;
+    const char *literal; /* ACCESS_CONST */
+    cg_shape shape;
+    int64_t strides[IR_MAX_DIMS]; /* along the result's dims; 0 where broadcast */
+    uint32_t param;
+} broadcast_operand;
+
+static bool same_shape(const cg_shape *a, const cg_shape *b) {
+    if (a->rank != b->rank || a->token0 != b->token0) return false;
+    for (unsigned i = 0; i < a->rank; i++)
+        if (!(i == 0 && a->token0) && a->dims[i] != b->dims[i]) return false;
+    return true;
+}
+
+static void classify(cg_emit *e, broadcast_operand *x, const cg_shape *out) {
+    uint32_t constant = cg_const_op(e, x->value);
+    if (constant != UINT32_MAX) {
+        x->access = ACCESS_CONST;
+        x->literal = cg_float_literal(e, cg_const_value(e, constant));
+        return;
+    }
+    x->shape = cg_shape_of(e, x->value);
+    if (same_shape(&x->shape, out)) {
+        x->access = ACCESS_SAME;
+        return;
+    }
+    /* Strides along the result's dims; numpy lines up trailing dims. A dim of
+     * 1 against a longer one is broadcast: stride 0. */
+    unsigned offset = out->rank - x->shape.rank;
+    int64_t stride = 1;
+    for (unsigned j = 0; j < out->rank; j++)
+        x->strides[j] = 0;
+    for (int j = (int)x->shape.rank - 1; j >= 0; j--) {
+        unsigned jo = (unsigned)j + offset;
+        bool out_token = jo == 0 && out->token0, x_token = j == 0 && x->shape.token0;
+        bool broadcast = !x_token && x->shape.dims[j] == 1 && (out_token || out->dims[jo] != 1);
+        x->strides[jo] = broadcast ? 0 : stride;
+        if (!broadcast) stride *= x->shape.dims[j];
+    }
+    /* A trailing block: after x's leading 1s, its dims are the result's last
+     * dims, so its element is i modulo its size. */
+    bool trailing = !x->shape.token0;
+    unsigned first = 0;
+    while (first < x->shape.rank && x->shape.dims[first] == 1)
+        first++;
+    for (unsigned j = first; j < x->shape.rank && trailing; j++)
+        trailing = x->shape.dims[j] == out->dims[j + offset] && !(j + offset == 0 && out->token0);
+    x->access = trailing ? ACCESS_TRAILING : ACCESS_STRIDED;
+}
+
+/* The index expression of operand x for result element i. */
+static const char *operand_index(cg_emit *e, const broadcast_operand *x, const cg_shape *out) {
+    if (x->access == ACCESS_SAME) return "i";
+    if (x->access == ACCESS_TRAILING) {
+        cg_count size = cg_shape_count(&x->shape, 0, x->shape.rank);
+        return size.constant == 1 ? "0" : arena_printf(&e->scratch, "i %% %lld", (long long)size.constant);
+    }
+    cg_text index;
+    cg_text_init(&index);
+    for (unsigned j = 0; j < out->rank; j++) {
+        if (x->strides[j] == 0) continue;
+        if (index.length) cg_text_printf(&index, " + ");
+        if (x->strides[j] == 1)
+            cg_text_printf(&index, "c%u", j);
+        else
+            cg_text_printf(&index, "c%u * %lld", j, (long long)x->strides[j]);
+    }
+    const char *result = arena_strdup(&e->scratch, index.length ? index.data : "0");
+    cg_text_free(&index);
+    return result;
+}
+
+static const char *operand_name_part(cg_emit *e, const broadcast_operand *x) {
+    if (x->access == ACCESS_CONST) {
+        uint32_t constant = cg_const_op(e, x->value);
+        return arena_printf(&e->scratch, "c%s", cg_float_name(e, cg_const_value(e, constant)));
+    }
+    return cg_shape_tag(e, &x->shape);
+}
+
+bool cg_emit_add_mul(cg_emit *e) {
+    bool is_add = e->ir->kind == IR_OP_ADD;
+    const char *op_name = is_add ? "add" : "mul";
+    ir_value_id result = cg_result(e, 0);
+    if (!require_float(e, cg_operand(e, 0), "operand", 0) || !require_float(e, cg_operand(e, 1), "operand", 1) ||
+        !require_float(e, result, "result", 0))
+        return false;
+    cg_shape out = cg_shape_of(e, result);
+    broadcast_operand operands[2] = {{.value = cg_operand(e, 0)}, {.value = cg_operand(e, 1)}};
+    for (int i = 0; i < 2; i++)
+        classify(e, &operands[i], &out);
+
+    ir_value_id stored[3];
+    uint32_t stored_count = 0;
+    for (int i = 0; i < 2; i++)
+        if (operands[i].access != ACCESS_CONST) stored[stored_count++] = operands[i].value;
+    stored[stored_count++] = result;
+    const char *name = arena_printf(&e->scratch, "%s_%s_%s_%s", op_name, cg_dtype_tag(e, stored, stored_count),
+                                    operand_name_part(e, &operands[0]), operand_name_part(e, &operands[1]));
+
+    cg_kernel_builder b;
+    cg_kernel_begin(&b, e, name,
+                    "One thread per element of the result; operands broadcast as numpy does (trailing dims "
+                    "line up, dims of 1 repeat), constants baked in.");
+    const char *names[2] = {"a", "b"};
+    for (int i = 0; i < 2; i++)
+        if (operands[i].access != ACCESS_CONST) operands[i].param = cg_param_value(&b, names[i], operands[i].value, true);
+    uint32_t out_param = cg_param_value(&b, "out", result, false);
+    cg_count elements = cg_shape_count(&out, 0, out.rank);
+    if (elements.per_token) cg_param_tokens(&b);
+    cg_kernel_launch(&b, cg_count_blocks(elements, ELEMENTWISE_THREADS), (prog_affine){0, 1, 1}, ELEMENTWISE_THREADS);
+    cg_kernel_open(&b);
+    cg_line(&b.text, "enum { THREADS = %d };", ELEMENTWISE_THREADS);
+    cg_blank(&b.text);
+    cg_kernel_signature(&b);
+    write_element_index(&b, elements);
+    bool strided = operands[0].access == ACCESS_STRIDED || operands[1].access == ACCESS_STRIDED;
+    if (strided) {
+        cg_line(&b.text, "/* coordinates of element i in the result %s */", cg_shape_tag(e, &out));
+        cg_write_coordinates(&b.text, "i", &out, "c");
+    }
+    const char *values[2];
+    for (int i = 0; i < 2; i++)
+        values[i] = operands[i].access == ACCESS_CONST
+                        ? operands[i].literal
+                        : cg_load(&b, operands[i].param, operand_index(e, &operands[i], &out));
+    cg_line(&b.text, "float x = %s;", values[0]);
+    cg_line(&b.text, "float y = %s;", values[1]);
+    cg_line(&b.text, "%s", cg_store(&b, out_param, "i", is_add ? "x + y" : "x * y"));
+    cg_kernel_end(&b);
+    e->out->kind = CG_LOWER_KERNELS;
+    return true;
+}
+
+/* ---- silu, gelu ------------------------------------------------------------------------ */
+
+bool cg_emit_activation(cg_emit *e) {
+    ir_value_id x = cg_operand(e, 0), result = cg_result(e, 0);
+    if (!require_float(e, x, "operand", 0) || !require_float(e, result, "result", 0)) return false;
+    const char *kind, *formula, *summary;
+    if (e->ir->kind == IR_OP_SILU) {
+        kind = "silu";
+        formula = "v / (1.0f + expf(-v))";
+        summary = "One thread per element: silu(v) = v * sigmoid(v).";
+    } else if (strcmp(cg_attr_string(e, "approximate", "none"), "tanh") == 0) {
+        kind = "gelu_tanh";
+        formula = "0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v)))";
+        summary = "One thread per element: gelu with the tanh approximation (GPT-2's gelu_new).";
+    } else {
+        kind = "gelu_erf";
+        formula = "0.5f * v * (1.0f + erff(v * SQRT_HALF))";
+        summary = "One thread per element: gelu(v) = v * Phi(v), with erf.";
+    }
+    cg_shape shape = cg_shape_of(e, result);
+    cg_count elements = cg_shape_count(&shape, 0, shape.rank);
+    ir_value_id stored[2] = {x, result};
+    const char *name = arena_printf(&e->scratch, "%s_%s_%s", kind, cg_dtype_tag(e, stored, 2), cg_count_tag(e, elements));
+
+    cg_kernel_builder b;
+    cg_kernel_begin(&b, e, name, summary);
+    uint32_t in = cg_param_value(&b, "x", x, true);
+    uint32_t out = cg_param_value(&b, "out", result, false);
+    if (elements.per_token) cg_param_tokens(&b);
+    cg_kernel_launch(&b, cg_count_blocks(elements, ELEMENTWISE_THREADS), (prog_affine){0, 1, 1}, ELEMENTWISE_THREADS);
+    cg_kernel_open(&b);
+    cg_line(&b.text, "enum { THREADS = %d };", ELEMENTWISE_THREADS);
+    if (strcmp(kind, "gelu_tanh") == 0) cg_line(&b.text, "#define SQRT_2_OVER_PI 0.797884560802865f /* sqrt(2 / pi) */");
+    if (strcmp(kind, "gelu_erf") == 0) cg_line(&b.text, "#define SQRT_HALF 0.707106781186548f /* 1 / sqrt(2) */");
+    cg_blank(&b.text);
+    cg_kernel_signature(&b);
+    write_element_index(&b, elements);
+    cg_line(&b.text, "float v = %s;", cg_load(&b, in, "i"));
+    cg_line(&b.text, "%s", cg_store(&b, out, "i", formula));
+    cg_kernel_end(&b);
+    e->out->kind = CG_LOWER_KERNELS;
+    return true;
+}

@@ -1,0 +1,129 @@
+/* emit_norm.c - kernels for the norm family: rms_norm and layer_norm over the
+ * last dim.
+ *
+ * One block per row (every dim but the last), a multiple of 32 threads up to
+ * 256; each thread strides over the row, block-wide sums go through warp
+ * shuffles and 32 floats of shared memory. Formulas as the reference's
+ * (reference/ref_ops.c): rms_norm scales x / sqrt(mean(x^2) + eps) by the
+ * weight after normalising (Llama); layer_norm uses the biased variance of
+ * the centred row (torch.nn.LayerNorm), computed in a second pass.
+ */
+#include "emit_internal.h"
+
+enum { NORM_MAX_THREADS = 256 };
+
+/* Threads for a row of `width` elements: one per element up to 256, in whole
+ * warps. */
+static uint32_t norm_threads(int64_t width) {
+    if (width >= NORM_MAX_THREADS) return NORM_MAX_THREADS;
+    return (uint32_t)((width + 31) / 32 * 32);
+}
+
+static bool require_float_values(cg_emit *e) {
+    for (uint32_t i = 0; i < e->ir->operand_count; i++) {
+        ir_dtype t = e->m->values[cg_operand(e, i)].type.dtype;
+        if (!ir_dtype_is_float(t)) {
+            diag_error(e->d, e->ir->loc, "codegen supports '%s' on float values only; found %s as operand %u",
+                       ir_op_info_of(e->ir->kind)->name, ir_dtype_name(t), i);
+            return false;
+        }
+    }
+    const cg_shape x = cg_shape_of(e, cg_operand(e, 0));
+    if (x.rank == 0) {
+        diag_error(e->d, e->ir->loc, "codegen expects '%s' of a value with at least one dim; found a scalar",
+                   ir_op_info_of(e->ir->kind)->name);
+        return false;
+    }
+    return true;
+}
+
+/* The part every norm kernel shares: parameters, launch, constants and
+ * signature. Returns the row width. */
+static int64_t open_norm_kernel(cg_kernel_builder *b, cg_emit *e, const char *name, const char *summary,
+                                uint32_t *params, bool with_bias) {
+    cg_shape x = cg_shape_of(e, cg_operand(e, 0));
+    int64_t width = x.dims[x.rank - 1];
+    uint32_t threads = norm_threads(width);
+    cg_kernel_begin(b, e, name, summary);
+    params[0] = cg_param_value(b, "x", cg_operand(e, 0), true);
+    params[1] = cg_param_value(b, "weight", cg_operand(e, 1), true);
+    if (with_bias) params[2] = cg_param_value(b, "bias", cg_operand(e, 2), true);
+    params[3] = cg_param_value(b, "out", cg_result(e, 0), false);
+    cg_kernel_launch(b, cg_count_blocks(cg_shape_count(&x, 0, x.rank - 1u), 1), (prog_affine){0, 1, 1}, threads);
+    cg_kernel_open(b);
+    cg_line(&b->text, "enum { WIDTH = %lld, THREADS = %u };", (long long)width, threads);
+    cg_line(&b->text, "#define EPS %s", cg_float_literal(e, cg_attr_float(e, "eps", 1e-5)));
+    cg_blank(&b->text);
+    cg_write_block_reductions(&b->text);
+    cg_kernel_signature(b);
+    cg_line(&b->text, "__shared__ float scratch[32];");
+    cg_line(&b->text, "long long base = (long long)blockIdx.x * WIDTH; /* the row's first element */");
+    return width;
+}
+
+bool cg_emit_rms_norm(cg_emit *e) {
+    if (!require_float_values(e)) return false;
+    ir_value_id stored[3] = {cg_operand(e, 0), cg_operand(e, 1), cg_result(e, 0)};
+    cg_shape x = cg_shape_of(e, stored[0]);
+    double eps = cg_attr_float(e, "eps", 1e-5);
+    const char *name = arena_printf(&e->scratch, "rms_norm_%s_d%lld_eps%s", cg_dtype_tag(e, stored, 3),
+                                    (long long)x.dims[x.rank - 1], cg_float_name(e, eps));
+    cg_kernel_builder b;
+    uint32_t p[4];
+    open_norm_kernel(&b, e, name,
+                     "One block per row: out = x / sqrt(mean(x^2) + eps) * weight, the weight applied "
+                     "after normalising (Llama's RMSNorm).",
+                     p, false);
+    cg_text *t = &b.text;
+    cg_line(t, "float squares = 0.0f;");
+    cg_line(t, "for (int i = threadIdx.x; i < WIDTH; i += THREADS) {");
+    cg_line(t, "float v = %s;", cg_load(&b, p[0], "base + i"));
+    cg_line(t, "squares += v * v;");
+    cg_line(t, "}");
+    cg_line(t, "squares = block_sum(squares, scratch);");
+    cg_line(t, "float inverse_rms = 1.0f / sqrtf(squares / (float)WIDTH + EPS);");
+    cg_line(t, "for (int i = threadIdx.x; i < WIDTH; i += THREADS) {");
+    cg_line(t, "float normalised = %s * inverse_rms;", cg_load(&b, p[0], "base + i"));
+    cg_line(t, "%s", cg_store(&b, p[3], "base + i", arena_printf(&e->scratch, "normalised * %s", cg_load(&b, p[1], "i"))));
+    cg_line(t, "}");
+    cg_kernel_end(&b);
+    e->out->kind = CG_LOWER_KERNELS;
+    return true;
+}
+
+bool cg_emit_layer_norm(cg_emit *e) {
+    if (!require_float_values(e)) return false;
+    bool with_bias = e->ir->operand_count == 3;
+    ir_value_id stored[4] = {cg_operand(e, 0), cg_operand(e, 1), with_bias ? cg_operand(e, 2) : cg_result(e, 0),
+                             cg_result(e, 0)};
+    cg_shape x = cg_shape_of(e, stored[0]);
+    double eps = cg_attr_float(e, "eps", 1e-5);
+    const char *name = arena_printf(&e->scratch, "layer_norm_%s_d%lld_eps%s%s", cg_dtype_tag(e, stored, with_bias ? 4 : 3),
+                                    (long long)x.dims[x.rank - 1], cg_float_name(e, eps), with_bias ? "_bias" : "");
+    cg_kernel_builder b;
+    uint32_t p[4];
+    open_norm_kernel(&b, e, name,
+                     "One block per row: out = (x - mean) / sqrt(var + eps) * weight (+ bias), the biased "
+                     "variance of the centred row (torch.nn.LayerNorm).",
+                     p, with_bias);
+    cg_text *t = &b.text;
+    cg_line(t, "float sum = 0.0f;");
+    cg_line(t, "for (int i = threadIdx.x; i < WIDTH; i += THREADS)");
+    cg_line(t, "    sum += %s;", cg_load(&b, p[0], "base + i"));
+    cg_line(t, "float mean = block_sum(sum, scratch) / (float)WIDTH;");
+    cg_line(t, "float squares = 0.0f;");
+    cg_line(t, "for (int i = threadIdx.x; i < WIDTH; i += THREADS) {");
+    cg_line(t, "float centred = %s - mean;", cg_load(&b, p[0], "base + i"));
+    cg_line(t, "squares += centred * centred;");
+    cg_line(t, "}");
+    cg_line(t, "float inverse_std = 1.0f / sqrtf(block_sum(squares, scratch) / (float)WIDTH + EPS);");
+    cg_line(t, "for (int i = threadIdx.x; i < WIDTH; i += THREADS) {");
+    cg_line(t, "float normalised = (%s - mean) * inverse_std;", cg_load(&b, p[0], "base + i"));
+    const char *value = with_bias ? arena_printf(&e->scratch, "normalised * %s + %s", cg_load(&b, p[1], "i"), cg_load(&b, p[2], "i"))
+                                  : arena_printf(&e->scratch, "normalised * %s", cg_load(&b, p[1], "i"));
+    cg_line(t, "%s", cg_store(&b, p[3], "base + i", value));
+    cg_line(t, "}");
+    cg_kernel_end(&b);
+    e->out->kind = CG_LOWER_KERNELS;
+    return true;
+}

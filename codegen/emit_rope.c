@@ -1,0 +1,110 @@
+/* emit_rope.c - the rotary position embedding kernel, neox and interleaved
+ * pairing, over the first rotary_dim dims of each head.
+ *
+ * rope(x[T, H, Dh], pos[T]): one block per token. The inverse frequencies
+ * inv_freq[i] = 1 / theta^(2i / r) are computed here, at compile time, in
+ * float32 exactly as the reference does (and Hugging Face, whose
+ * LlamaRotaryEmbedding computes them on the CPU), and baked into the source
+ * bit for bit: powf on a GPU is not correctly rounded, and an ulp of inv_freq
+ * becomes an error of position * ulp in the angle. Each block then computes
+ * cos and sin of (float)pos * inv_freq[i] once into shared memory, rotates
+ * the pairs of every head — neox (Llama's rotate_half) pairs i with i + r/2,
+ * interleaved (GPT-J) 2i with 2i + 1 — and copies the dims past the rotated
+ * ones unchanged (reference/ref_ops_attention.c).
+ */
+#include "emit_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+enum { ROPE_MAX_THREADS = 256 };
+
+static uint32_t threads_for(int64_t work) {
+    if (work >= ROPE_MAX_THREADS) return ROPE_MAX_THREADS;
+    return (uint32_t)((work + 31) / 32 * 32);
+}
+
+bool cg_emit_rope(cg_emit *e) {
+    ir_value_id x = cg_operand(e, 0), pos = cg_operand(e, 1), result = cg_result(e, 0);
+    cg_shape shape = cg_shape_of(e, x);
+    if (shape.rank != 3 || !ir_dtype_is_float(e->m->values[x].type.dtype) ||
+        ir_dtype_is_float(e->m->values[pos].type.dtype)) {
+        diag_error(e->d, e->ir->loc, "rope: expected a float x[T, H, Dh] and integer positions");
+        return false;
+    }
+    int64_t heads = shape.dims[1], head_dim = shape.dims[2];
+    int64_t rotary = cg_attr_int(e, "rotary_dim", 0);
+    if (rotary == 0) rotary = head_dim;
+    if (rotary < 2 || rotary > head_dim) {
+        diag_error(e->d, e->ir->loc, "rope: expected rotary_dim in [2, %lld] (the head dim); found %lld",
+                   (long long)head_dim, (long long)cg_attr_int(e, "rotary_dim", 0));
+        return false;
+    }
+    int64_t half = rotary / 2, rotated = 2 * half, passed = head_dim - rotated;
+    bool interleaved = strcmp(cg_attr_string(e, "style", "neox"), "interleaved") == 0;
+    double theta = cg_attr_float(e, "theta", 10000.0);
+
+    ir_value_id stored[2] = {x, result};
+    const char *name = arena_printf(&e->scratch, "rope_%s_%s_h%lld_d%lld_r%lld_theta%s", interleaved ? "interleaved" : "neox",
+                                    cg_dtype_tag(e, stored, 2), (long long)heads, (long long)head_dim,
+                                    (long long)rotary, cg_float_name(e, theta));
+    uint32_t threads = threads_for(heads * half);
+    cg_kernel_builder b;
+    cg_kernel_begin(&b, e, name,
+                    interleaved ? "One block per token: rotates the pairs (2i, 2i + 1) of every head by the angle "
+                                  "pos * inv_freq[i] (GPT-J); dims past the rotary ones pass through."
+                                : "One block per token: rotates the pairs (i, i + r/2) of every head by the angle "
+                                  "pos * inv_freq[i] (neox, Llama's rotate_half); dims past the rotary ones pass "
+                                  "through.");
+    uint32_t in = cg_param_value(&b, "x", x, true);
+    cg_param_value(&b, "pos", pos, true);
+    uint32_t out = cg_param_value(&b, "out", result, false);
+    cg_kernel_launch(&b, cg_count_blocks(cg_shape_count(&shape, 0, 1), 1), (prog_affine){0, 1, 1}, threads);
+    cg_kernel_open(&b);
+    cg_text *t = &b.text;
+    cg_line(t, "enum { HEADS = %lld, HEAD_DIM = %lld, HALF = %lld, PASSED = %lld, THREADS = %u };", (long long)heads,
+            (long long)head_dim, (long long)half, (long long)passed, threads);
+    cg_blank(t);
+    cg_line(t, "/* inv_freq[i] = 1 / theta^(2i / %lld) with theta = %s, in float32 as Hugging Face computes it. */",
+            (long long)rotary, cg_float_literal(e, theta));
+    cg_line(t, "static __device__ const float INVERSE_FREQUENCY[HALF] = {");
+    for (int64_t i = 0; i < half; i++) {
+        float inverse = 1.0f / powf((float)theta, (float)(2 * i) / (float)rotary);
+        cg_line(t, "%s%s", cg_float_literal(e, inverse), i + 1 < half ? "," : "");
+    }
+    cg_line(t, "};");
+    cg_blank(t);
+    cg_kernel_signature(&b);
+    cg_line(t, "__shared__ float cosines[HALF];");
+    cg_line(t, "__shared__ float sines[HALF];");
+    cg_line(t, "long long token = blockIdx.x;");
+    cg_line(t, "long long base = token * HEADS * HEAD_DIM; /* x[token, 0, 0] */");
+    cg_line(t, "float position = (float)pos[token];");
+    cg_line(t, "for (int i = threadIdx.x; i < HALF; i += THREADS) {");
+    cg_line(t, "float angle = position * INVERSE_FREQUENCY[i];");
+    cg_line(t, "cosines[i] = cosf(angle);");
+    cg_line(t, "sines[i] = sinf(angle);");
+    cg_line(t, "}");
+    cg_line(t, "__syncthreads();");
+    cg_line(t, "for (int j = threadIdx.x; j < HEADS * HALF; j += THREADS) {");
+    cg_line(t, "int head = j / HALF, i = j %% HALF;");
+    if (interleaved)
+        cg_line(t, "long long first = base + head * HEAD_DIM + 2 * i, second = first + 1;");
+    else
+        cg_line(t, "long long first = base + head * HEAD_DIM + i, second = first + HALF;");
+    cg_line(t, "float a = %s;", cg_load(&b, in, "first"));
+    cg_line(t, "float b = %s;", cg_load(&b, in, "second"));
+    cg_line(t, "%s", cg_store(&b, out, "first", "a * cosines[i] - b * sines[i]"));
+    cg_line(t, "%s", cg_store(&b, out, "second", "b * cosines[i] + a * sines[i]"));
+    cg_line(t, "}");
+    if (passed > 0) {
+        cg_line(t, "/* dims [2 * HALF, HEAD_DIM) of each head are not rotated */");
+        cg_line(t, "for (int j = threadIdx.x; j < HEADS * PASSED; j += THREADS) {");
+        cg_line(t, "long long at = base + j / PASSED * HEAD_DIM + 2 * HALF + j %% PASSED;");
+        cg_line(t, "%s", cg_copy(&b, out, "at", in, "at"));
+        cg_line(t, "}");
+    }
+    cg_kernel_end(&b);
+    e->out->kind = CG_LOWER_KERNELS;
+    return true;
+}

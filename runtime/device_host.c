@@ -1,0 +1,345 @@
+/* device_host.c - the host device: the plan's kernels on the host simulator,
+ * its GEMMs on OpenBLAS, device memory = host memory.
+ *
+ * Kernels. The plan's HOST_KERNELS section is a shared object built from the
+ * very kernel text NVRTC compiled (smelt_kernel.h's host half). It is loaded
+ * from memory: written to an anonymous file (memfd_create) and dlopen()ed as
+ * /proc/self/fd/N, so nothing touches the disk; where memfd or /proc is
+ * missing, a temporary file that is unlinked once loaded. Each kernel's
+ * entry is NAME__host_entry, run by sim_launch on every simulated thread.
+ * The object resolves the simulator's smelt_sim_* symbols from the process,
+ * which therefore exports them (smelt_runtime links with --export-dynamic).
+ *
+ * GEMMs. cblas_sgemm in f32, row-major. bf16 operands are widened to f32:
+ * a bf16 weight read as B once, when it is bound (an f32 shadow copy, so the
+ * conversion is not paid per token); activations per call, into scratch
+ * buffers kept between calls. A bf16 C is computed in f32 and rounded to
+ * nearest even, as the GPU's epilogue does.
+ *
+ * Weights. map_host hands back the host pointer itself: weights in a mapped
+ * plan are used in place, with no copy.
+ */
+#define _GNU_SOURCE /* memfd_create */
+
+#include "device.h"
+#include "host_sim.h"
+
+#include <cblas.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef struct host_device {
+    rt_device base;
+    sim_pool *pool;
+    void *kernel_object; /* dlopen handle of the host kernels */
+    sim_kernel *kernels; /* [kernel_count] */
+    char **kernel_names; /* [kernel_count], owned */
+    uint32_t kernel_count;
+    float **weight_shadows; /* [shadow_count]: f32 copy of bf16 GEMM weights, by weight index */
+    uint32_t shadow_count;
+    float *scratch[3]; /* A, B, C widened to f32 */
+    size_t scratch_floats[3];
+    char name[64];
+} host_device;
+
+enum { SCRATCH_A, SCRATCH_B, SCRATCH_C };
+
+static host_device *as_host(rt_device *d) { return (host_device *)d; }
+
+/* ---- Memory ------------------------------------------------------------------ */
+
+static smelt_status host_alloc(rt_device *d, uint64_t bytes, void **out, rt_error *e) {
+    (void)d;
+    /* aligned_alloc wants a multiple of the alignment. */
+    uint64_t rounded;
+    if (__builtin_add_overflow(bytes, 63, &rounded) || rounded > SIZE_MAX)
+        return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "cannot allocate %llu bytes", (unsigned long long)bytes);
+    rounded &= ~(uint64_t)63;
+    void *p = aligned_alloc(64, rounded ? (size_t)rounded : 64);
+    if (!p)
+        return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of host memory allocating %llu bytes",
+                       (unsigned long long)bytes);
+    memset(p, 0, rounded);
+    *out = p;
+    return SMELT_OK;
+}
+
+static void host_free(rt_device *d, void *address) {
+    (void)d;
+    free(address);
+}
+
+static smelt_status host_copy(rt_device *d, void *dst, const void *src, uint64_t bytes, rt_error *e) {
+    (void)d, (void)e;
+    memmove(dst, src, bytes);
+    return SMELT_OK;
+}
+
+static smelt_status host_zero(rt_device *d, void *address, uint64_t bytes, rt_error *e) {
+    (void)d, (void)e;
+    memset(address, 0, bytes);
+    return SMELT_OK;
+}
+
+static smelt_status host_sync(rt_device *d, rt_error *e) {
+    (void)d, (void)e;
+    return SMELT_OK; /* every launch and GEMM is synchronous */
+}
+
+static void *host_map(rt_device *d, const void *host, uint64_t bytes) {
+    (void)d, (void)bytes;
+    return (void *)host;
+}
+
+/* ---- Kernels ------------------------------------------------------------------- */
+
+static bool write_all(int fd, const uint8_t *bytes, uint64_t size) {
+    while (size > 0) {
+        size_t chunk = size > (1u << 30) ? (1u << 30) : (size_t)size;
+        ssize_t n = write(fd, bytes, chunk);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return false;
+        bytes += n;
+        size -= (uint64_t)n;
+    }
+    return true;
+}
+
+/* dlopen()s the shared object held in memory: through memfd_create and
+ * /proc/self/fd when the system has them, else through a temporary file. */
+static smelt_status open_object(host_device *d, const uint8_t *bytes, uint64_t size, rt_error *e) {
+    char path[4096];
+    const char *memfd_problem = "memfd_create is not available";
+    int fd = memfd_create("smelt-host-kernels", MFD_CLOEXEC);
+    if (fd >= 0) {
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        if (write_all(fd, bytes, size)) d->kernel_object = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        close(fd);
+        if (d->kernel_object) return SMELT_OK;
+        memfd_problem = dlerror();
+        if (!memfd_problem) memfd_problem = "the in-memory object could not be loaded";
+    }
+    const char *folder = getenv("TMPDIR");
+    if (!folder || !*folder) folder = "/tmp";
+    snprintf(path, sizeof path, "%s/smelt-host-kernels-XXXXXX.so", folder);
+    fd = mkstemps(path, 3);
+    if (fd < 0)
+        return rt_fail(e, SMELT_ERROR_IO, "cannot load the host kernels: %s, and no temporary file in %s: %s",
+                       memfd_problem, folder, strerror(errno));
+    bool written = write_all(fd, bytes, size);
+    close(fd);
+    if (written) d->kernel_object = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    unlink(path);
+    if (!d->kernel_object) {
+        const char *why = written ? dlerror() : "the temporary file could not be written";
+        return rt_fail(e, SMELT_ERROR_BAD_PLAN, "the plan's host kernels cannot be loaded: %s",
+                       why ? why : "unknown dlopen error");
+    }
+    return SMELT_OK;
+}
+
+static void unload_kernels(host_device *d) {
+    for (uint32_t i = 0; d->kernel_names && i < d->kernel_count; i++) free(d->kernel_names[i]);
+    free(d->kernel_names);
+    free(d->kernels);
+    if (d->kernel_object) dlclose(d->kernel_object);
+    d->kernel_names = NULL;
+    d->kernels = NULL;
+    d->kernel_object = NULL;
+    d->kernel_count = 0;
+}
+
+static smelt_status host_load_kernels(rt_device *device, const rt_kernel_set *set, rt_error *e) {
+    host_device *d = as_host(device);
+    unload_kernels(d);
+    if (set->count == 0) return SMELT_OK;
+    if (!set->host_object || set->host_object_size == 0)
+        return rt_fail(e, SMELT_ERROR_UNSUPPORTED,
+                       "the plan has no host kernels: compile it with --target host to run it on the CPU");
+    smelt_status s = open_object(d, set->host_object, set->host_object_size, e);
+    if (s != SMELT_OK) return s;
+    d->kernels = calloc(set->count, sizeof *d->kernels);
+    d->kernel_names = calloc(set->count, sizeof *d->kernel_names);
+    if (!d->kernels || !d->kernel_names) {
+        unload_kernels(d);
+        return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory for %u kernels", set->count);
+    }
+    d->kernel_count = set->count;
+    static const char suffix[] = "__host_entry";
+    for (uint32_t i = 0; i < set->count; i++) {
+        plan_text name = set->kernels[i].name;
+        char *symbol = malloc(name.length + sizeof suffix);
+        if (!symbol) {
+            unload_kernels(d);
+            return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory for kernel names");
+        }
+        memcpy(symbol, name.data, name.length);
+        memcpy(symbol + name.length, suffix, sizeof suffix);
+        d->kernel_names[i] = symbol;
+        void *entry = dlsym(d->kernel_object, symbol);
+        symbol[name.length] = '\0'; /* keep the kernel's own name for messages */
+        if (!entry || memchr(name.data, 0, name.length)) {
+            s = rt_fail(e, SMELT_ERROR_BAD_PLAN, "the plan's host kernels lack '%.*s%s__host_entry' (kernel %u)",
+                        RT_NAME(symbol), i);
+            unload_kernels(d);
+            return s;
+        }
+        d->kernels[i].name = symbol;
+        *(void **)&d->kernels[i].host_entry = entry;
+    }
+    return SMELT_OK;
+}
+
+static smelt_status host_launch(rt_device *device, uint32_t kernel, const rt_launch_dims *dims, void **args,
+                                rt_error *e) {
+    host_device *d = as_host(device);
+    if (kernel >= d->kernel_count)
+        return rt_fail(e, SMELT_ERROR_BAD_PLAN, "kernel %u is not loaded (%u kernels)", kernel, d->kernel_count);
+    char message[RT_ERROR_MESSAGE_SIZE];
+    sim_status s = sim_launch(d->pool, &d->kernels[kernel], sim_dim3_make(dims->grid[0], dims->grid[1], dims->grid[2]),
+                              sim_dim3_make(dims->block[0], dims->block[1], dims->block[2]),
+                              dims->dynamic_shared_bytes, args, message, sizeof message);
+    if (s == SIM_OK) return SMELT_OK;
+    smelt_status status = s == SIM_ERROR_OUT_OF_MEMORY    ? SMELT_ERROR_OUT_OF_MEMORY
+                          : s == SIM_ERROR_INVALID_LAUNCH ? SMELT_ERROR_BAD_PLAN
+                                                          : SMELT_ERROR_DEVICE;
+    return rt_fail(e, status, "%s: %s", sim_status_name(s), message);
+}
+
+/* ---- GEMM --------------------------------------------------------------------- */
+
+static float *scratch(host_device *d, int which, uint64_t floats) {
+    if (floats <= d->scratch_floats[which]) return d->scratch[which];
+    if (floats > SIZE_MAX / sizeof(float)) return NULL;
+    float *grown = realloc(d->scratch[which], (size_t)floats * sizeof(float));
+    if (!grown) return NULL;
+    d->scratch[which] = grown;
+    d->scratch_floats[which] = (size_t)floats;
+    return grown;
+}
+
+static void widen_bf16(float *dst, const uint16_t *src, uint64_t count) {
+    for (uint64_t i = 0; i < count; i++) dst[i] = rt_bf16_to_f32(src[i]);
+}
+
+/* The operand as f32: itself, the weight's shadow, or widened into scratch. */
+static const float *operand_f32(host_device *d, const void *data, prog_dtype dtype, uint64_t count, int which) {
+    if (dtype == PROG_DTYPE_F32) return data;
+    float *f = scratch(d, which, count);
+    if (f) widen_bf16(f, data, count);
+    return f;
+}
+
+static smelt_status host_gemm(rt_device *device, const rt_gemm_args *g, rt_error *e) {
+    host_device *d = as_host(device);
+    if (g->m > INT_MAX || g->n > INT_MAX || g->k > INT_MAX)
+        return rt_fail(e, SMELT_ERROR_UNSUPPORTED, "a %lld x %lld x %lld product exceeds BLAS's int dims",
+                       (long long)g->m, (long long)g->n, (long long)g->k);
+    int m = (int)g->m, n = (int)g->n, k = (int)g->k;
+    uint64_t mk = (uint64_t)m * (uint64_t)k, nk = (uint64_t)n * (uint64_t)k, mn = (uint64_t)m * (uint64_t)n;
+    const float *a = operand_f32(d, g->a, g->dtype_a, mk, SCRATCH_A);
+    const float *b;
+    if (g->dtype_b == PROG_DTYPE_BF16 && g->b_weight < d->shadow_count && d->weight_shadows[g->b_weight])
+        b = d->weight_shadows[g->b_weight] + g->b_weight_offset / 2;
+    else
+        b = operand_f32(d, g->b, g->dtype_b, nk, SCRATCH_B);
+    float *c = g->dtype_c == PROG_DTYPE_F32 ? g->c : scratch(d, SCRATCH_C, mn);
+    if (!a || !b || !c)
+        return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory widening a %d x %d x %d product to f32", m, n, k);
+    float beta = 0.0f;
+    if (g->has_bias) { /* C starts as the bias in every row; the product adds to it */
+        for (int j = 0; j < n; j++)
+            c[j] = g->dtype_bias == PROG_DTYPE_F32 ? ((const float *)g->bias)[j]
+                                                   : rt_bf16_to_f32(((const uint16_t *)g->bias)[j]);
+        for (int i = 1; i < m; i++) memcpy(c + (size_t)i * n, c, (size_t)n * sizeof *c);
+        beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, g->b_transposed ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, k, b,
+                g->b_transposed ? k : n, beta, c, n);
+    if (g->dtype_c == PROG_DTYPE_BF16) {
+        uint16_t *out = g->c;
+        for (uint64_t i = 0; i < mn; i++) out[i] = rt_f32_to_bf16(c[i]);
+    }
+    return SMELT_OK;
+}
+
+static smelt_status host_weight_bound(rt_device *device, uint32_t index, const void *address, uint64_t bytes,
+                                      prog_dtype dtype, bool gemm_operand, rt_error *e) {
+    host_device *d = as_host(device);
+    if (index >= d->shadow_count) {
+        if (!(dtype == PROG_DTYPE_BF16 && gemm_operand)) return SMELT_OK; /* never had a shadow */
+        uint32_t count = index + 1;
+        float **grown = realloc(d->weight_shadows, count * sizeof *grown);
+        if (!grown) return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory for weight shadows");
+        memset(grown + d->shadow_count, 0, (count - d->shadow_count) * sizeof *grown);
+        d->weight_shadows = grown;
+        d->shadow_count = count;
+    }
+    free(d->weight_shadows[index]);
+    d->weight_shadows[index] = NULL;
+    if (!(dtype == PROG_DTYPE_BF16 && gemm_operand)) return SMELT_OK;
+    uint64_t count = bytes / 2;
+    float *shadow = count <= SIZE_MAX / sizeof(float) ? malloc((size_t)count * sizeof(float)) : NULL;
+    if (!shadow)
+        return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory for the f32 copy of a %llu-byte bf16 weight",
+                       (unsigned long long)bytes);
+    widen_bf16(shadow, address, count);
+    d->weight_shadows[index] = shadow;
+    return SMELT_OK;
+}
+
+/* ---- Life cycle ----------------------------------------------------------------- */
+
+static const char *host_name(const rt_device *device) { return ((const host_device *)device)->name; }
+
+static void host_destroy(rt_device *device) {
+    host_device *d = as_host(device);
+    unload_kernels(d);
+    for (uint32_t i = 0; i < d->shadow_count; i++) free(d->weight_shadows[i]);
+    free(d->weight_shadows);
+    for (int i = 0; i < 3; i++) free(d->scratch[i]);
+    if (d->pool) sim_pool_free(d->pool);
+    free(d);
+}
+
+static const rt_device_ops host_ops = {
+    .kind = "host",
+    .alloc = host_alloc,
+    .free = host_free,
+    .copy_in = host_copy,
+    .copy_out = host_copy,
+    .zero = host_zero,
+    .load_kernels = host_load_kernels,
+    .launch = host_launch,
+    .gemm = host_gemm,
+    .sync = host_sync,
+    .name = host_name,
+    .destroy = host_destroy,
+    .map_host = host_map,
+    .weight_bound = host_weight_bound,
+    .capture_begin = NULL, /* launches are synchronous calls: nothing to gain from graphs */
+    .capture_end = NULL,
+    .replay = NULL,
+};
+
+smelt_status rt_device_host_create(unsigned workers, rt_device **out, rt_error *e) {
+    *out = NULL;
+    host_device *d = calloc(1, sizeof *d);
+    if (!d) return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory for the host device");
+    d->base.ops = &host_ops;
+    d->pool = sim_pool_create(workers);
+    if (!d->pool) {
+        free(d);
+        return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "cannot start the host simulator's worker threads");
+    }
+    unsigned count = sim_pool_worker_count(d->pool);
+    snprintf(d->name, sizeof d->name, "host (%u simulator worker%s)", count, count == 1 ? "" : "s");
+    *out = &d->base;
+    return SMELT_OK;
+}

@@ -1,0 +1,213 @@
+/* executor.c - one step of a program on a device: inputs in, instructions in
+ * order, logits out. See executor.h. */
+#include "executor.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* A kernel argument's value: what args[i] points at. */
+typedef union rt_arg_slot {
+    void *address;
+    int32_t value;
+} rt_arg_slot;
+
+smelt_status rt_executor_init(rt_executor *x, const program *p, rt_device *device, void *const *weights,
+                              bool use_graphs, rt_error *e) {
+    memset(x, 0, sizeof *x);
+    x->program = p;
+    x->device = device;
+    x->weights = weights;
+    const rt_device_ops *ops = device->ops;
+    x->use_graphs = use_graphs && ops->capture_begin && ops->capture_end && ops->replay;
+    smelt_status s = ops->alloc(device, p->arena_bytes, &x->arena, e);
+    if (s != SMELT_OK) return s;
+    if (p->state_count) {
+        x->states = calloc(p->state_count, sizeof *x->states);
+        if (!x->states) {
+            rt_executor_free(x);
+            return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory for %u state buffers", p->state_count);
+        }
+    }
+    for (uint32_t i = 0; i < p->state_count; i++) {
+        if (p->state_bytes[i] == 0) continue;
+        s = ops->alloc(device, p->state_bytes[i], &x->states[i], e);
+        if (s != SMELT_OK) {
+            rt_executor_free(x);
+            return s;
+        }
+    }
+    return SMELT_OK;
+}
+
+void rt_executor_free(rt_executor *x) {
+    if (!x->device) return;
+    const rt_device_ops *ops = x->device->ops;
+    for (uint32_t i = 0; x->states && i < x->program->state_count; i++) ops->free(x->device, x->states[i]);
+    free(x->states);
+    ops->free(x->device, x->arena);
+    memset(x, 0, sizeof *x);
+}
+
+smelt_status rt_executor_reset(rt_executor *x, rt_error *e) {
+    for (uint32_t i = 0; i < x->program->state_count; i++) {
+        if (!x->states[i]) continue;
+        smelt_status s = x->device->ops->zero(x->device, x->states[i], x->program->state_bytes[i], e);
+        if (s != SMELT_OK) return s;
+    }
+    return SMELT_OK;
+}
+
+void rt_executor_invalidate_graph(rt_executor *x) { x->graph_ready = false; }
+
+static void *resolve(const rt_executor *x, prog_ref r) {
+    switch (r.buffer) {
+    case PROG_BUFFER_WEIGHT: return rt_address_at(x->weights[r.index], r.offset);
+    case PROG_BUFFER_STATE: return rt_address_at(x->states[r.index], r.offset);
+    default: return rt_address_at(x->arena, r.offset);
+    }
+}
+
+/* Prefixes a device's message with the instruction that failed. */
+static smelt_status locate(const rt_executor *x, uint32_t index, smelt_status s, rt_error *e) {
+    if (!e) return s;
+    char device_message[RT_ERROR_MESSAGE_SIZE];
+    memcpy(device_message, e->message, sizeof device_message);
+    const prog_instr *in = &x->program->instrs[index];
+    if (in->op == PROG_OP_LAUNCH)
+        return rt_fail(e, s, "instruction %u (kernel %u, IR op %u): %s", index, in->as.launch.kernel, in->ir_op,
+                       device_message);
+    return rt_fail(e, s, "instruction %u (gemm, IR op %u): %s", index, in->ir_op, device_message);
+}
+
+static smelt_status run_launch(rt_executor *x, uint32_t index, const prog_launch *l, uint32_t tokens,
+                               rt_error *e) {
+    rt_launch_dims dims;
+    for (int k = 0; k < 3; k++) {
+        /* program_decode bounded every rule at max_tokens. */
+        dims.grid[k] = (uint32_t)prog_affine_eval(l->rule.grid[k], tokens);
+        dims.block[k] = l->rule.block[k];
+    }
+    dims.dynamic_shared_bytes = l->rule.dynamic_shared_bytes;
+    if (dims.grid[0] == 0 || dims.grid[1] == 0 || dims.grid[2] == 0) return SMELT_OK; /* no work at this T */
+    rt_arg_slot slots[PROG_MAX_ARGS];
+    void *args[PROG_MAX_ARGS + 1] = {0}; /* NULL-terminated (device.h) */
+    for (uint32_t a = 0; a < l->arg_count; a++) {
+        const prog_arg *arg = &l->args[a];
+        memset(&slots[a], 0, sizeof slots[a]);
+        if (arg->kind == PROG_ARG_POINTER) slots[a].address = resolve(x, arg->ref);
+        else if (arg->kind == PROG_ARG_TOKENS) slots[a].value = (int32_t)tokens;
+        else slots[a].value = (int32_t)arg->value;
+        args[a] = &slots[a];
+    }
+    x->launches_last_step++;
+    smelt_status s = x->device->ops->launch(x->device, l->kernel, &dims, args, e);
+    if (s != SMELT_OK) return locate(x, index, s, e);
+    return SMELT_OK;
+}
+
+static smelt_status run_gemm(rt_executor *x, uint32_t index, const prog_gemm *g, uint32_t tokens, rt_error *e) {
+    rt_gemm_args args = {
+        .m = prog_affine_eval(g->m, tokens),
+        .n = g->n,
+        .k = g->k,
+        .dtype_a = (prog_dtype)g->dtype_a,
+        .dtype_b = (prog_dtype)g->dtype_b,
+        .dtype_c = (prog_dtype)g->dtype_c,
+        .dtype_bias = (prog_dtype)g->dtype_bias,
+        .b_transposed = g->b_transposed,
+        .has_bias = g->has_bias,
+        .a = resolve(x, g->a),
+        .b = resolve(x, g->b),
+        .c = resolve(x, g->c),
+        .bias = g->has_bias ? resolve(x, g->bias) : NULL,
+        .b_weight = g->b.buffer == PROG_BUFFER_WEIGHT ? g->b.index : RT_NOT_A_WEIGHT,
+        .b_weight_offset = g->b.offset,
+    };
+    if (args.m == 0) return SMELT_OK;
+    x->launches_last_step++;
+    smelt_status s = x->device->ops->gemm(x->device, &args, e);
+    if (s != SMELT_OK) return locate(x, index, s, e);
+    return SMELT_OK;
+}
+
+static smelt_status run_instructions(rt_executor *x, uint32_t tokens, rt_error *e) {
+    const program *p = x->program;
+    x->launches_last_step = 0;
+    for (uint32_t i = 0; i < p->instr_count; i++) {
+        const prog_instr *in = &p->instrs[i];
+        smelt_status s = in->op == PROG_OP_LAUNCH ? run_launch(x, i, &in->as.launch, tokens, e)
+                                                  : run_gemm(x, i, &in->as.gemm, tokens, e);
+        if (s != SMELT_OK) return s;
+    }
+    return SMELT_OK;
+}
+
+static smelt_status check_inputs(const program *p, const int32_t *ids, const int32_t *pos, uint32_t tokens,
+                                 rt_error *e) {
+    if (tokens < 1 || tokens > (uint64_t)p->max_tokens)
+        return rt_fail(e, SMELT_ERROR_INVALID_ARGUMENT, "a step of %u tokens is outside [1, %lld]", tokens,
+                       (long long)p->max_tokens);
+    int64_t id_bound = p->id_bound ? p->id_bound : (int64_t)p->vocab;
+    for (uint32_t t = 0; t < tokens; t++) {
+        if (ids[t] < 0 || ids[t] >= id_bound)
+            return rt_fail(e, SMELT_ERROR_INVALID_ARGUMENT,
+                           "token id %d (token %u of the step) is outside the vocabulary [0, %lld)", ids[t], t,
+                           (long long)id_bound);
+        if (pos[t] < 0 || (p->max_positions && pos[t] >= p->max_positions))
+            return rt_fail(e, SMELT_ERROR_INVALID_ARGUMENT,
+                           "position %d (token %u of the step) is outside [0, %lld): the plan's sequence "
+                           "length bound",
+                           pos[t], t, (long long)(p->max_positions ? p->max_positions : INT32_MAX));
+    }
+    return SMELT_OK;
+}
+
+/* A decode step on a device that has graphs: the first runs as it is (so
+ * that libraries finish their lazy set-up, which a capture forbids), the
+ * second is captured (arguments never change at T = 1), every later one
+ * replays the graph. */
+static smelt_status run_graph(rt_executor *x, rt_error *e) {
+    const rt_device_ops *ops = x->device->ops;
+    smelt_status s;
+    if (!x->decode_warmed) {
+        s = run_instructions(x, 1, e);
+        if (s == SMELT_OK) x->decode_warmed = true;
+        return s;
+    }
+    if (!x->graph_ready) {
+        if ((s = ops->capture_begin(x->device, e)) != SMELT_OK) return s;
+        s = run_instructions(x, 1, e);
+        smelt_status end = ops->capture_end(x->device, e);
+        if (s != SMELT_OK) return s;
+        if (end != SMELT_OK) return end;
+        x->graph_ready = true;
+        x->graph_launches = x->launches_last_step;
+    }
+    x->launches_last_step = x->graph_launches;
+    if ((s = ops->replay(x->device, e)) != SMELT_OK) return s;
+    x->graph_replays++;
+    return SMELT_OK;
+}
+
+smelt_status rt_executor_step(rt_executor *x, const int32_t *ids, const int32_t *pos, uint32_t tokens,
+                              uint32_t first_row, float *logits, rt_error *e) {
+    const program *p = x->program;
+    const rt_device_ops *ops = x->device->ops;
+    smelt_status s = check_inputs(p, ids, pos, tokens, e);
+    if (s != SMELT_OK) return s;
+    if (first_row >= tokens)
+        return rt_fail(e, SMELT_ERROR_INVALID_ARGUMENT, "first logits row %u of a %u-token step", first_row, tokens);
+    uint64_t bytes = (uint64_t)tokens * sizeof(int32_t);
+    if ((s = ops->copy_in(x->device, rt_address_at(x->arena, p->input_ids.offset), ids, bytes, e)) != SMELT_OK ||
+        (s = ops->copy_in(x->device, rt_address_at(x->arena, p->input_pos.offset), pos, bytes, e)) != SMELT_OK)
+        return s;
+    if (tokens == 1 && x->use_graphs) {
+        s = run_graph(x, e);
+    } else {
+        s = run_instructions(x, tokens, e);
+    }
+    if (s != SMELT_OK) return s;
+    uint64_t row_bytes = p->vocab * sizeof(float);
+    uint64_t offset = p->logits.offset + first_row * row_bytes;
+    return ops->copy_out(x->device, logits, rt_address_at(x->arena, offset), (tokens - first_row) * row_bytes, e);
+}

@@ -1,0 +1,55 @@
+/* executor.h - runs a decoded program on a device, one step of T tokens.
+ *
+ *   rt_executor x;
+ *   rt_executor_init(&x, &program, device, weights, true, &e);  // arena + state buffers
+ *   rt_executor_step(&x, ids, pos, 3, 0, logits, &e);           // prefill: logits of 3 tokens
+ *   rt_executor_step(&x, &next, &at, 1, 0, logits, &e);         // decode (from the second on, a
+ *                                                               // replayed graph where the device has them)
+ *   rt_executor_free(&x);
+ *
+ * A step writes ids and positions into the arena, evaluates every launch rule
+ * and GEMM row count at T, resolves each prog_ref to a device address (arena,
+ * weight or state buffer + offset), launches, and copies logits out. The
+ * program was validated by program_decode, so every region is inside its
+ * buffer at any T <= max_tokens; the step checks T, ids and positions.
+ */
+#ifndef SMELT_RT_EXECUTOR_H
+#define SMELT_RT_EXECUTOR_H
+
+#include "device.h"
+#include "program.h"
+
+typedef struct rt_executor {
+    const program *program;
+    rt_device *device;
+    void *arena;          /* device address, program->arena_bytes */
+    void **states;        /* [state_count] device addresses (NULL for an empty one) */
+    void *const *weights; /* [weight_count] device addresses, owned by the caller */
+    bool use_graphs;      /* capture T = 1 steps once, replay them after */
+    bool decode_warmed;   /* a T = 1 step has run outside a capture */
+    bool graph_ready;     /* a T = 1 graph has been captured */
+    uint32_t graph_launches;     /* launches + GEMMs in the captured graph */
+    uint32_t launches_last_step; /* launches + GEMMs the last step ran */
+    uint64_t graph_replays;
+} rt_executor;
+
+/* Allocates the arena and the state buffers (zeroed). `weights` must stay
+ * valid and complete (no NULL) for every step; graphs are used only when the
+ * device can capture them. */
+smelt_status rt_executor_init(rt_executor *x, const program *p, rt_device *device, void *const *weights,
+                              bool use_graphs, rt_error *e);
+void rt_executor_free(rt_executor *x);
+
+/* Zeroes the state buffers (a new sequence). */
+smelt_status rt_executor_reset(rt_executor *x, rt_error *e);
+
+/* Forgets the captured graph: call it when a weight moves to another address. */
+void rt_executor_invalidate_graph(rt_executor *x);
+
+/* One step of `tokens` tokens (1..max_tokens). ids must lie in the program's
+ * id bound, positions in [0, max_positions). Writes the logits of tokens
+ * [first_row, tokens), (tokens - first_row) x vocab floats, to logits. */
+smelt_status rt_executor_step(rt_executor *x, const int32_t *ids, const int32_t *pos, uint32_t tokens,
+                              uint32_t first_row, float *logits, rt_error *e);
+
+#endif

@@ -1,0 +1,617 @@
+/* program.c - the launch program's encoding (the plan's PROGRAM section) and
+ * the decoder that validates it, so that the executor can trust it.
+ *
+ * Layout (little-endian; `ref` is {u8 buffer, u32 index, u64 offset}; a
+ * string is {u64 length, bytes}; an affine rule is {i64 a, i64 b, i64 c}):
+ *
+ *   u32 format_version            PROGRAM_FORMAT_VERSION
+ *   i64 max_tokens, u64 arena_bytes, u64 vocab
+ *   ref input_ids, ref input_pos, ref logits
+ *   i64 max_positions, i64 id_bound
+ *   u32 state_count,  state_count  x u64 bytes
+ *   u32 weight_count, weight_count x {string name, u8 dtype, u8 stacked,
+ *                                     u32 rank, rank x i64 dim, u64 bytes,
+ *                                     u64 data_offset}
+ *   u32 instr_count,  instr_count  x {u8 op, u32 ir_op, then
+ *     LAUNCH: u32 kernel, 3 x affine grid, 3 x u32 block, u32 dynamic_shared,
+ *             u32 arg_count, arg_count x {u8 kind, then POINTER: ref,
+ *                                         INT: i64 value, TOKENS: nothing}
+ *     GEMM:   affine m, i64 n, i64 k, u8 dtype_a, dtype_b, dtype_c,
+ *             dtype_bias, u8 b_transposed, u8 has_bias, ref a, b, c, bias}
+ *
+ * Nothing may follow the last instruction.
+ *
+ * What decoding checks (the executor relies on every item):
+ *   - counts against the bytes left (no allocation a short section cannot
+ *     back), enums, ranks <= 8, dims >= 0, bytes == product(shape) * size > 0;
+ *   - weight names non-empty, without NUL, unique (binding is by name);
+ *   - affine rules: c >= 1 and no int64 overflow for T in [1, max_tokens];
+ *     grids <= 2^31 - 1 (x) and 65535 (y, z); blocks 1..1024 threads;
+ *   - every reference: buffer kind and index exist; a kernel pointer starts
+ *     inside its buffer; ids, positions and logits lie in the arena at
+ *     max_tokens; each GEMM operand's whole extent (rows at max_tokens x
+ *     columns x element size) lies inside its buffer, aligned to its element,
+ *     and the GEMM writes only the arena or a state buffer.
+ */
+#include "program.h"
+
+#include "plan_read.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    PROGRAM_MAX_TOKENS_LIMIT = 1 << 20, /* T bound a program may declare */
+    PROGRAM_NAME_LIMIT = 4096,          /* bytes in a weight name */
+    PROGRAM_MAX_THREADS = 1024,         /* per block, as on every CUDA GPU */
+    PROGRAM_MAX_DYNAMIC_SHARED = 227 * 1024,
+    /* The fewest bytes each element of a counted list takes, so that a count
+     * can be checked against the bytes left before anything is allocated. */
+    ENCODED_STATE_MIN = 8,
+    ENCODED_WEIGHT_MIN = 8 + 1 + 1 + 4 + 8 + 8,
+    ENCODED_INSTR_MIN = 1 + 4 + 4,
+};
+
+/* ---- Encoding ------------------------------------------------------------ */
+
+typedef struct byte_writer {
+    uint8_t *data;
+    size_t size, capacity;
+    bool failed; /* out of memory */
+} byte_writer;
+
+static uint8_t *writer_reserve(byte_writer *w, size_t n) {
+    if (w->failed) return NULL;
+    if (w->capacity - w->size < n) {
+        size_t capacity = w->capacity ? w->capacity : 256;
+        while (capacity - w->size < n) {
+            if (capacity > SIZE_MAX / 2) {
+                w->failed = true;
+                return NULL;
+            }
+            capacity *= 2;
+        }
+        uint8_t *grown = realloc(w->data, capacity);
+        if (!grown) {
+            w->failed = true;
+            return NULL;
+        }
+        w->data = grown;
+        w->capacity = capacity;
+    }
+    uint8_t *at = w->data + w->size;
+    w->size += n;
+    return at;
+}
+
+static void put_u8(byte_writer *w, uint8_t v) {
+    uint8_t *p = writer_reserve(w, 1);
+    if (p) *p = v;
+}
+static void put_u32(byte_writer *w, uint32_t v) {
+    uint8_t *p = writer_reserve(w, 4);
+    if (p) plan_put_u32(p, v);
+}
+static void put_u64(byte_writer *w, uint64_t v) {
+    uint8_t *p = writer_reserve(w, 8);
+    if (p) plan_put_u64(p, v);
+}
+static void put_i64(byte_writer *w, int64_t v) { put_u64(w, (uint64_t)v); }
+
+static void put_string(byte_writer *w, const char *s) {
+    size_t n = s ? strlen(s) : 0;
+    put_u64(w, n);
+    uint8_t *p = writer_reserve(w, n);
+    if (p && n) memcpy(p, s, n);
+}
+
+static void put_ref(byte_writer *w, prog_ref r) {
+    put_u8(w, r.buffer);
+    put_u32(w, r.index);
+    put_u64(w, r.offset);
+}
+
+static void put_affine(byte_writer *w, prog_affine f) {
+    put_i64(w, f.a);
+    put_i64(w, f.b);
+    put_i64(w, f.c);
+}
+
+static void put_launch(byte_writer *w, const prog_launch *l) {
+    put_u32(w, l->kernel);
+    for (int d = 0; d < 3; d++) put_affine(w, l->rule.grid[d]);
+    for (int d = 0; d < 3; d++) put_u32(w, l->rule.block[d]);
+    put_u32(w, l->rule.dynamic_shared_bytes);
+    put_u32(w, l->arg_count);
+    for (uint32_t i = 0; i < l->arg_count && i < PROG_MAX_ARGS; i++) {
+        const prog_arg *arg = &l->args[i];
+        put_u8(w, arg->kind);
+        if (arg->kind == PROG_ARG_POINTER) put_ref(w, arg->ref);
+        if (arg->kind == PROG_ARG_INT) put_i64(w, arg->value);
+    }
+}
+
+static void put_gemm(byte_writer *w, const prog_gemm *g) {
+    put_affine(w, g->m);
+    put_i64(w, g->n);
+    put_i64(w, g->k);
+    put_u8(w, g->dtype_a);
+    put_u8(w, g->dtype_b);
+    put_u8(w, g->dtype_c);
+    put_u8(w, g->dtype_bias);
+    put_u8(w, g->b_transposed);
+    put_u8(w, g->has_bias);
+    put_ref(w, g->a);
+    put_ref(w, g->b);
+    put_ref(w, g->c);
+    put_ref(w, g->bias);
+}
+
+bool program_encode(const program *p, uint8_t **bytes, size_t *size) {
+    byte_writer w = {0};
+    put_u32(&w, p->format_version);
+    put_i64(&w, p->max_tokens);
+    put_u64(&w, p->arena_bytes);
+    put_u64(&w, p->vocab);
+    put_ref(&w, p->input_ids);
+    put_ref(&w, p->input_pos);
+    put_ref(&w, p->logits);
+    put_i64(&w, p->max_positions);
+    put_i64(&w, p->id_bound);
+    put_u32(&w, p->state_count);
+    for (uint32_t i = 0; i < p->state_count; i++) put_u64(&w, p->state_bytes[i]);
+    put_u32(&w, p->weight_count);
+    for (uint32_t i = 0; i < p->weight_count; i++) {
+        const prog_weight *wt = &p->weights[i];
+        put_string(&w, wt->name);
+        put_u8(&w, wt->dtype);
+        put_u8(&w, wt->stacked);
+        put_u32(&w, wt->rank);
+        for (uint32_t d = 0; d < wt->rank && d < 8; d++) put_i64(&w, wt->shape[d]);
+        put_u64(&w, wt->bytes);
+        put_u64(&w, wt->data_offset);
+    }
+    put_u32(&w, p->instr_count);
+    for (uint32_t i = 0; i < p->instr_count; i++) {
+        const prog_instr *in = &p->instrs[i];
+        put_u8(&w, in->op);
+        put_u32(&w, in->ir_op);
+        if (in->op == PROG_OP_LAUNCH) put_launch(&w, &in->as.launch);
+        else put_gemm(&w, &in->as.gemm);
+    }
+    if (w.failed) {
+        free(w.data);
+        *bytes = NULL;
+        *size = 0;
+        return false;
+    }
+    *bytes = w.data;
+    *size = w.size;
+    return true;
+}
+
+/* ---- Decoding ------------------------------------------------------------ */
+
+typedef struct decoder {
+    plan_cursor cursor;
+    program *out;
+    char *error;
+    size_t error_size;
+    bool failed; /* an error has been written */
+} decoder;
+
+__attribute__((format(printf, 2, 3))) static bool fail(decoder *d, const char *fmt, ...) {
+    if (d->failed) return false; /* keep the first, most specific message */
+    d->failed = true;
+    if (d->error_size == 0) return false;
+    int n = snprintf(d->error, d->error_size, "program: ");
+    if (n < 0 || (size_t)n >= d->error_size) return false;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->error + n, d->error_size - (size_t)n, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+/* A failed read means the section ended too soon. */
+static bool truncated(decoder *d, const char *what) {
+    return fail(d, "truncated while reading %s (at byte %llu of %llu)", what,
+                (unsigned long long)d->cursor.failed_at,
+                (unsigned long long)(d->cursor.end - d->cursor.start));
+}
+
+static bool get_u8(decoder *d, uint8_t *out) {
+    const uint8_t *p;
+    if (!plan_cursor_bytes(&d->cursor, 1, &p)) return false;
+    *out = *p;
+    return true;
+}
+
+static bool get_ref(decoder *d, prog_ref *r) {
+    bool ok = get_u8(d, &r->buffer);
+    ok = ok && plan_cursor_u32(&d->cursor, &r->index);
+    return ok && plan_cursor_u64(&d->cursor, &r->offset);
+}
+
+static bool get_affine(decoder *d, prog_affine *f) {
+    bool ok = plan_cursor_i64(&d->cursor, &f->a);
+    ok = ok && plan_cursor_i64(&d->cursor, &f->b);
+    return ok && plan_cursor_i64(&d->cursor, &f->c);
+}
+
+/* A count of elements that take at least `element_min` bytes each. */
+static bool get_count(decoder *d, uint32_t *count, uint64_t element_min, const char *what) {
+    if (!plan_cursor_u32(&d->cursor, count)) return truncated(d, what);
+    if (*count > plan_cursor_left(&d->cursor) / element_min)
+        return fail(d, "%s count %u does not fit in the %llu bytes left", what, *count,
+                    (unsigned long long)plan_cursor_left(&d->cursor));
+    return true;
+}
+
+int64_t program_affine_max(prog_affine f, int64_t max_tokens) {
+    if (f.c < 1 || max_tokens < 1) return -1;
+    int64_t best = 0;
+    int64_t ends[2] = {1, max_tokens};
+    for (int i = 0; i < 2; i++) {
+        int64_t n;
+        if (__builtin_mul_overflow(f.a, ends[i], &n) || __builtin_add_overflow(n, f.b, &n)) return -1;
+        if (n <= 0) continue;
+        if (__builtin_add_overflow(n, f.c - 1, &n)) return -1;
+        if (n / f.c > best) best = n / f.c;
+    }
+    return best;
+}
+
+/* The size in bytes of the buffer a reference names. */
+static bool buffer_size(const program *p, prog_ref r, uint64_t *size) {
+    switch (r.buffer) {
+    case PROG_BUFFER_ARENA:
+        if (r.index != 0) return false;
+        *size = p->arena_bytes;
+        return true;
+    case PROG_BUFFER_WEIGHT:
+        if (r.index >= p->weight_count) return false;
+        *size = p->weights[r.index].bytes;
+        return true;
+    case PROG_BUFFER_STATE:
+        if (r.index >= p->state_count) return false;
+        *size = p->state_bytes[r.index];
+        return true;
+    }
+    return false;
+}
+
+static const char *buffer_name(uint8_t buffer) {
+    switch (buffer) {
+    case PROG_BUFFER_ARENA: return "arena";
+    case PROG_BUFFER_WEIGHT: return "weight";
+    case PROG_BUFFER_STATE: return "state";
+    }
+    return "unknown buffer";
+}
+
+/* Checks that `extent` bytes at r lie inside r's buffer and that r.offset is
+ * a multiple of `alignment`. `what` names the reference for the message. */
+static bool check_region(decoder *d, prog_ref r, uint64_t extent, uint64_t alignment, const char *what) {
+    uint64_t size, end;
+    if (!buffer_size(d->out, r, &size))
+        return fail(d, "%s names %s %u, which does not exist", what, buffer_name(r.buffer), r.index);
+    if (__builtin_add_overflow(r.offset, extent, &end) || end > size)
+        return fail(d, "%s needs %llu bytes at %s %u offset %llu but that buffer has %llu bytes", what,
+                    (unsigned long long)extent, buffer_name(r.buffer), r.index,
+                    (unsigned long long)r.offset, (unsigned long long)size);
+    if (alignment > 1 && r.offset % alignment != 0)
+        return fail(d, "%s at %s offset %llu is not aligned to %llu bytes", what, buffer_name(r.buffer),
+                    (unsigned long long)r.offset, (unsigned long long)alignment);
+    return true;
+}
+
+/* rows x columns x element bytes, overflow-checked. */
+static bool extent_of(uint64_t rows, uint64_t columns, uint64_t element, uint64_t *out) {
+    return !__builtin_mul_overflow(rows, columns, out) && !__builtin_mul_overflow(*out, element, out);
+}
+
+static bool decode_header(decoder *d) {
+    program *p = d->out;
+    plan_cursor *c = &d->cursor;
+    if (!plan_cursor_u32(c, &p->format_version)) return truncated(d, "the format version");
+    if (p->format_version != PROGRAM_FORMAT_VERSION)
+        return fail(d, "format version %u is not the version %u this smelt reads: rebuild the plan "
+                       "with `smelt compile`",
+                    p->format_version, (unsigned)PROGRAM_FORMAT_VERSION);
+    bool ok = plan_cursor_i64(c, &p->max_tokens) && plan_cursor_u64(c, &p->arena_bytes) &&
+              plan_cursor_u64(c, &p->vocab) && get_ref(d, &p->input_ids) && get_ref(d, &p->input_pos) &&
+              get_ref(d, &p->logits) && plan_cursor_i64(c, &p->max_positions) &&
+              plan_cursor_i64(c, &p->id_bound);
+    if (!ok) return truncated(d, "the header");
+    if (p->max_tokens < 1 || p->max_tokens > PROGRAM_MAX_TOKENS_LIMIT)
+        return fail(d, "max_tokens %lld is outside [1, %d]", (long long)p->max_tokens, PROGRAM_MAX_TOKENS_LIMIT);
+    if (p->vocab < 1 || p->vocab > INT32_MAX)
+        return fail(d, "vocab %llu is outside [1, %d]", (unsigned long long)p->vocab, INT32_MAX);
+    if (p->max_positions < 0 || p->max_positions > INT32_MAX)
+        return fail(d, "max_positions %lld is outside [0, %d]", (long long)p->max_positions, INT32_MAX);
+    if (p->id_bound < 0 || p->id_bound > INT32_MAX)
+        return fail(d, "id_bound %lld is outside [0, %d]", (long long)p->id_bound, INT32_MAX);
+    return true;
+}
+
+/* The runtime writes ids and positions and reads logits itself: they must be
+ * arena regions big enough at max_tokens. */
+static bool check_io(decoder *d) {
+    const program *p = d->out;
+    uint64_t tokens = (uint64_t)p->max_tokens, logits_bytes;
+    const struct {
+        prog_ref ref;
+        const char *what;
+    } io[3] = {{p->input_ids, "input_ids"}, {p->input_pos, "input_pos"}, {p->logits, "logits"}};
+    for (int i = 0; i < 3; i++)
+        if (io[i].ref.buffer != PROG_BUFFER_ARENA)
+            return fail(d, "%s must be in the arena, not in a %s buffer", io[i].what, buffer_name(io[i].ref.buffer));
+    if (!extent_of(tokens, p->vocab, 4, &logits_bytes)) return fail(d, "logits of max_tokens x vocab overflow");
+    return check_region(d, p->input_ids, tokens * 4, 4, "input_ids") &&
+           check_region(d, p->input_pos, tokens * 4, 4, "input_pos") &&
+           check_region(d, p->logits, logits_bytes, 4, "logits");
+}
+
+static bool decode_states(decoder *d) {
+    program *p = d->out;
+    if (!get_count(d, &p->state_count, ENCODED_STATE_MIN, "state")) return false;
+    if (p->state_count == 0) return true;
+    p->state_bytes = calloc(p->state_count, sizeof *p->state_bytes);
+    if (!p->state_bytes) return fail(d, "out of memory for %u state sizes", p->state_count);
+    for (uint32_t i = 0; i < p->state_count; i++)
+        if (!plan_cursor_u64(&d->cursor, &p->state_bytes[i])) return truncated(d, "state sizes");
+    return true;
+}
+
+static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
+    plan_cursor *c = &d->cursor;
+    plan_text name;
+    uint8_t stacked;
+    if (!plan_cursor_text(c, &name)) return truncated(d, "a weight name");
+    if (name.length == 0 || name.length > PROGRAM_NAME_LIMIT || memchr(name.data, 0, name.length))
+        return fail(d, "weight %u has an empty, NUL-holding or over-long (%llu bytes) name", i,
+                    (unsigned long long)name.length);
+    char *copy = malloc(name.length + 1);
+    if (!copy) return fail(d, "out of memory for a weight name");
+    memcpy(copy, name.data, name.length);
+    copy[name.length] = '\0';
+    w->name = copy;
+    if (!get_u8(d, &w->dtype) || !get_u8(d, &stacked) || !plan_cursor_u32(c, &w->rank))
+        return truncated(d, "a weight");
+    int name_length = (int)(name.length > 64 ? 64 : name.length);
+    const char *ellipsis = name.length > 64 ? "..." : "";
+    if (w->dtype > PROG_DTYPE_I32)
+        return fail(d, "weight '%.*s%s' has unknown dtype %u", name_length, copy, ellipsis, w->dtype);
+    if (stacked > 1) return fail(d, "weight '%.*s%s' has a stacked flag of %u", name_length, copy, ellipsis, stacked);
+    w->stacked = stacked;
+    if (w->rank > 8) return fail(d, "weight '%.*s%s' has rank %u (at most 8)", name_length, copy, ellipsis, w->rank);
+    uint64_t elements = 1;
+    for (uint32_t k = 0; k < w->rank; k++) {
+        if (!plan_cursor_i64(c, &w->shape[k])) return truncated(d, "a weight shape");
+        if (w->shape[k] < 0 || __builtin_mul_overflow(elements, (uint64_t)w->shape[k], &elements))
+            return fail(d, "weight '%.*s%s' has a negative or overflowing shape", name_length, copy, ellipsis);
+    }
+    if (!plan_cursor_u64(c, &w->bytes) || !plan_cursor_u64(c, &w->data_offset)) return truncated(d, "a weight");
+    uint64_t expected;
+    if (__builtin_mul_overflow(elements, prog_dtype_size(w->dtype), &expected) || expected != w->bytes)
+        return fail(d, "weight '%.*s%s' says it has %llu bytes but its shape and dtype make %llu", name_length,
+                    copy, ellipsis, (unsigned long long)w->bytes, (unsigned long long)expected);
+    if (w->bytes == 0) return fail(d, "weight '%.*s%s' has no elements", name_length, copy, ellipsis);
+    if (w->stacked && (w->rank < 1 || !strstr(copy, "{e}")))
+        return fail(d, "stacked weight '%.*s%s' needs rank >= 1 and \"{e}\" in its name", name_length, copy,
+                    ellipsis);
+    return true;
+}
+
+static int compare_names(const void *a, const void *b) {
+    return strcmp((*(const prog_weight *const *)a)->name, (*(const prog_weight *const *)b)->name);
+}
+
+/* Binding is by name, so names must be unique: sort pointers, compare
+ * neighbours (n log n, whatever the count). */
+static bool check_unique_names(decoder *d) {
+    program *p = d->out;
+    if (p->weight_count < 2) return true;
+    const prog_weight **sorted = malloc(p->weight_count * sizeof *sorted);
+    if (!sorted) return fail(d, "out of memory checking weight names");
+    for (uint32_t i = 0; i < p->weight_count; i++) sorted[i] = &p->weights[i];
+    qsort(sorted, p->weight_count, sizeof *sorted, compare_names);
+    for (uint32_t i = 1; i < p->weight_count; i++)
+        if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0) {
+            const char *name = sorted[i]->name;
+            free(sorted);
+            return fail(d, "weight '%.*s%s' appears twice", (int)(strlen(name) > 64 ? 64 : strlen(name)), name,
+                        strlen(name) > 64 ? "..." : "");
+        }
+    free(sorted);
+    return true;
+}
+
+static bool decode_weights(decoder *d) {
+    program *p = d->out;
+    if (!get_count(d, &p->weight_count, ENCODED_WEIGHT_MIN, "weight")) return false;
+    if (p->weight_count == 0) return true;
+    p->weights = calloc(p->weight_count, sizeof *p->weights);
+    if (!p->weights) return fail(d, "out of memory for %u weights", p->weight_count);
+    for (uint32_t i = 0; i < p->weight_count; i++)
+        if (!decode_weight(d, i, &p->weights[i])) return false;
+    return check_unique_names(d);
+}
+
+static bool check_rule(decoder *d, uint32_t i, const prog_launch_rule *rule) {
+    static const int64_t grid_limit[3] = {INT32_MAX, 65535, 65535};
+    uint64_t threads = 1;
+    for (int k = 0; k < 3; k++) {
+        int64_t most = program_affine_max(rule->grid[k], d->out->max_tokens);
+        if (most < 0 || most > grid_limit[k])
+            return fail(d, "instruction %u: grid dim %d rule ceil((%lld * T + %lld) / %lld) is invalid or exceeds "
+                           "%lld for T <= %lld",
+                        i, k, (long long)rule->grid[k].a, (long long)rule->grid[k].b, (long long)rule->grid[k].c,
+                        (long long)grid_limit[k], (long long)d->out->max_tokens);
+        if (rule->block[k] < 1 || rule->block[k] > PROGRAM_MAX_THREADS)
+            return fail(d, "instruction %u: block dim %d is %u (expected 1..%d)", i, k, rule->block[k],
+                        PROGRAM_MAX_THREADS);
+        threads *= rule->block[k];
+    }
+    if (threads > PROGRAM_MAX_THREADS)
+        return fail(d, "instruction %u: a block of %llu threads exceeds %d", i, (unsigned long long)threads,
+                    PROGRAM_MAX_THREADS);
+    if (rule->dynamic_shared_bytes > PROGRAM_MAX_DYNAMIC_SHARED)
+        return fail(d, "instruction %u: %u bytes of dynamic shared memory exceed %d", i, rule->dynamic_shared_bytes,
+                    PROGRAM_MAX_DYNAMIC_SHARED);
+    return true;
+}
+
+static bool decode_launch(decoder *d, uint32_t i, prog_launch *l) {
+    plan_cursor *c = &d->cursor;
+    bool ok = plan_cursor_u32(c, &l->kernel);
+    for (int k = 0; k < 3 && ok; k++) ok = get_affine(d, &l->rule.grid[k]);
+    for (int k = 0; k < 3 && ok; k++) ok = plan_cursor_u32(c, &l->rule.block[k]);
+    ok = ok && plan_cursor_u32(c, &l->rule.dynamic_shared_bytes) && plan_cursor_u32(c, &l->arg_count);
+    if (!ok) return truncated(d, "a launch");
+    if (!check_rule(d, i, &l->rule)) return false;
+    if (l->arg_count > PROG_MAX_ARGS)
+        return fail(d, "instruction %u: %u arguments (at most %d)", i, l->arg_count, PROG_MAX_ARGS);
+    for (uint32_t a = 0; a < l->arg_count; a++) {
+        prog_arg *arg = &l->args[a];
+        if (!get_u8(d, &arg->kind)) return truncated(d, "a launch argument");
+        char what[64];
+        snprintf(what, sizeof what, "instruction %u argument %u", i, a);
+        switch (arg->kind) {
+        case PROG_ARG_POINTER:
+            if (!get_ref(d, &arg->ref)) return truncated(d, "a launch argument");
+            /* A kernel's extent is its own business; its start must be inside. */
+            if (!check_region(d, arg->ref, 1, 1, what)) return false;
+            break;
+        case PROG_ARG_TOKENS: break;
+        case PROG_ARG_INT:
+            if (!plan_cursor_i64(c, &arg->value)) return truncated(d, "a launch argument");
+            if (arg->value < INT32_MIN || arg->value > INT32_MAX)
+                return fail(d, "%s: constant %lld does not fit an int", what, (long long)arg->value);
+            break;
+        default: return fail(d, "%s has unknown kind %u", what, arg->kind);
+        }
+    }
+    return true;
+}
+
+/* A GEMM operand of rows x columns elements of dtype, whole inside its buffer. */
+static bool check_operand(decoder *d, uint32_t i, const char *operand, prog_ref r, uint64_t rows, uint64_t columns,
+                          uint8_t dtype) {
+    char what[64];
+    snprintf(what, sizeof what, "instruction %u gemm operand %s", i, operand);
+    uint64_t extent, element = prog_dtype_size(dtype);
+    if (!extent_of(rows, columns, element, &extent))
+        return fail(d, "%s of %llu x %llu elements overflows", what, (unsigned long long)rows,
+                    (unsigned long long)columns);
+    return check_region(d, r, extent, element, what);
+}
+
+static bool check_gemm(decoder *d, uint32_t i, const prog_gemm *g) {
+    int64_t m = program_affine_max(g->m, d->out->max_tokens);
+    if (m < 0 || m > INT32_MAX)
+        return fail(d, "instruction %u: gemm rows rule ceil((%lld * T + %lld) / %lld) is invalid for T <= %lld", i,
+                    (long long)g->m.a, (long long)g->m.b, (long long)g->m.c, (long long)d->out->max_tokens);
+    if (g->n < 1 || g->n > INT32_MAX || g->k < 1 || g->k > INT32_MAX)
+        return fail(d, "instruction %u: gemm n = %lld, k = %lld (expected 1..%d)", i, (long long)g->n,
+                    (long long)g->k, INT32_MAX);
+    const uint8_t dtypes[4] = {g->dtype_a, g->dtype_b, g->dtype_c, g->dtype_bias};
+    for (int k = 0; k < (g->has_bias ? 4 : 3); k++)
+        if (dtypes[k] != PROG_DTYPE_F32 && dtypes[k] != PROG_DTYPE_BF16)
+            return fail(d, "instruction %u: gemm operand %c has dtype %u (expected f32 or bf16)", i, "abcd"[k],
+                        dtypes[k]);
+    if (g->c.buffer == PROG_BUFFER_WEIGHT) return fail(d, "instruction %u: gemm writes a weight", i);
+    uint64_t rows = (uint64_t)m, n = (uint64_t)g->n, k = (uint64_t)g->k;
+    return check_operand(d, i, "A", g->a, rows, k, g->dtype_a) && check_operand(d, i, "B", g->b, n, k, g->dtype_b) &&
+           check_operand(d, i, "C", g->c, rows, n, g->dtype_c) &&
+           (!g->has_bias || check_operand(d, i, "bias", g->bias, 1, n, g->dtype_bias));
+}
+
+static bool decode_gemm(decoder *d, uint32_t i, prog_gemm *g) {
+    plan_cursor *c = &d->cursor;
+    uint8_t transposed, has_bias;
+    bool ok = get_affine(d, &g->m) && plan_cursor_i64(c, &g->n) && plan_cursor_i64(c, &g->k) &&
+              get_u8(d, &g->dtype_a) && get_u8(d, &g->dtype_b) && get_u8(d, &g->dtype_c) &&
+              get_u8(d, &g->dtype_bias) && get_u8(d, &transposed) && get_u8(d, &has_bias) && get_ref(d, &g->a) &&
+              get_ref(d, &g->b) && get_ref(d, &g->c) && get_ref(d, &g->bias);
+    if (!ok) return truncated(d, "a gemm");
+    if (transposed > 1 || has_bias > 1) return fail(d, "instruction %u: gemm flags must be 0 or 1", i);
+    g->b_transposed = transposed;
+    g->has_bias = has_bias;
+    return check_gemm(d, i, g);
+}
+
+static bool decode_instrs(decoder *d) {
+    program *p = d->out;
+    if (!get_count(d, &p->instr_count, ENCODED_INSTR_MIN, "instruction")) return false;
+    if (p->instr_count == 0) return true;
+    p->instrs = calloc(p->instr_count, sizeof *p->instrs);
+    if (!p->instrs) return fail(d, "out of memory for %u instructions", p->instr_count);
+    for (uint32_t i = 0; i < p->instr_count; i++) {
+        prog_instr *in = &p->instrs[i];
+        if (!get_u8(d, &in->op) || !plan_cursor_u32(&d->cursor, &in->ir_op)) return truncated(d, "an instruction");
+        bool ok;
+        switch (in->op) {
+        case PROG_OP_LAUNCH: ok = decode_launch(d, i, &in->as.launch); break;
+        case PROG_OP_GEMM: ok = decode_gemm(d, i, &in->as.gemm); break;
+        default: return fail(d, "instruction %u has unknown op %u", i, in->op);
+        }
+        if (!ok) return false;
+    }
+    return true;
+}
+
+bool program_decode(const uint8_t *bytes, size_t size, program *out, char *error, size_t error_size) {
+    memset(out, 0, sizeof *out);
+    decoder d = {.out = out, .error = error, .error_size = error_size};
+    if (error_size) error[0] = '\0';
+    plan_cursor_init(&d.cursor, bytes, size);
+    bool ok = decode_header(&d) && decode_states(&d) && check_io(&d) && decode_weights(&d) && decode_instrs(&d);
+    if (ok && plan_cursor_left(&d.cursor) != 0)
+        ok = fail(&d, "%llu unexpected bytes after the last instruction",
+                  (unsigned long long)plan_cursor_left(&d.cursor));
+    if (!ok) {
+        if (!d.failed) fail(&d, "malformed");
+        program_free(out);
+    }
+    return ok;
+}
+
+bool program_check_plan(const program *p, uint32_t kernel_count, uint64_t weight_data_size, char *error,
+                        size_t error_size) {
+    for (uint32_t i = 0; i < p->instr_count; i++) {
+        const prog_instr *in = &p->instrs[i];
+        if (in->op == PROG_OP_LAUNCH && in->as.launch.kernel >= kernel_count) {
+            snprintf(error, error_size, "program: instruction %u launches kernel %u but the plan has %u kernels", i,
+                     in->as.launch.kernel, kernel_count);
+            return false;
+        }
+    }
+    for (uint32_t i = 0; i < p->weight_count; i++) {
+        const prog_weight *w = &p->weights[i];
+        uint64_t end;
+        if (w->data_offset == UINT64_MAX) continue; /* bound at run time */
+        if (__builtin_add_overflow(w->data_offset, w->bytes, &end) || end > weight_data_size ||
+            w->data_offset % prog_dtype_size(w->dtype) != 0) {
+            snprintf(error, error_size,
+                     "program: weight '%.*s%s' (%llu bytes at offset %llu) lies outside the %llu bytes of weight data "
+                     "or is misaligned",
+                     (int)(strlen(w->name) > 64 ? 64 : strlen(w->name)), w->name, strlen(w->name) > 64 ? "..." : "",
+                     (unsigned long long)w->bytes, (unsigned long long)w->data_offset,
+                     (unsigned long long)weight_data_size);
+            return false;
+        }
+    }
+    return true;
+}
+
+void program_free(program *p) {
+    for (uint32_t i = 0; p->weights && i < p->weight_count; i++) free((char *)p->weights[i].name);
+    free(p->weights);
+    free(p->state_bytes);
+    free(p->instrs);
+    memset(p, 0, sizeof *p);
+}

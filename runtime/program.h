@@ -1,0 +1,183 @@
+/* program.h - the launch program and memory plan of a plan file: what the
+ * runtime executes for one step of T tokens (a prefill chunk or one decode
+ * token). It is data, made by codegen (codegen/lower.c) and stored in the
+ * plan's PROGRAM section; the runtime decodes it (program.c) and runs it on
+ * a device (executor.c).
+ *
+ * Memory. Every intermediate value lives in one activation arena per device,
+ * at an offset chosen by liveness (values whose lifetimes do not overlap share
+ * bytes); sizes are computed at the token bound, so any T <= max_tokens fits.
+ * Weights live in their own buffers (one per weight-table entry). State that
+ * outlives a step (the KV cache of each attention op) lives in state buffers.
+ *
+ * A step:
+ *   1. the runtime writes ids[T] and pos[T] (int32) at input_ids / input_pos;
+ *   2. it runs the instructions in order (kernel launches and GEMMs);
+ *   3. logits [T, vocab] (f32) are at `logits` in the arena.
+ *
+ * Buffers are named by prog_ref: arena + byte offset, weight + byte offset, or
+ * state + byte offset. Launch rules and GEMM row counts are affine in T:
+ * ceil((a * T + b) / c).
+ */
+#ifndef SMELT_PROGRAM_H
+#define SMELT_PROGRAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum { PROGRAM_FORMAT_VERSION = 1, PROG_MAX_ARGS = 32 };
+
+/* ceil((a * T + b) / c) with c >= 1; a constant is {0, value, 1}. */
+typedef struct prog_affine {
+    int64_t a, b, c;
+} prog_affine;
+
+static inline int64_t prog_affine_eval(prog_affine f, int64_t tokens) {
+    int64_t n = f.a * tokens + f.b;
+    return n <= 0 ? 0 : (n + f.c - 1) / f.c;
+}
+
+typedef enum prog_buffer {
+    PROG_BUFFER_ARENA = 0,  /* the activation arena */
+    PROG_BUFFER_WEIGHT = 1, /* weight-table entry `index` */
+    PROG_BUFFER_STATE = 2,  /* state buffer `index` (KV caches), zeroed at reset */
+} prog_buffer;
+
+typedef struct prog_ref {
+    uint8_t buffer; /* prog_buffer */
+    uint32_t index; /* weight or state index; 0 for the arena */
+    uint64_t offset; /* bytes */
+} prog_ref;
+
+typedef enum prog_dtype {
+    PROG_DTYPE_F32 = 0,
+    PROG_DTYPE_BF16 = 1,
+    PROG_DTYPE_I32 = 2,
+} prog_dtype;
+
+static inline unsigned prog_dtype_size(prog_dtype t) { return t == PROG_DTYPE_BF16 ? 2 : 4; }
+
+/* One kernel argument: a pointer to a buffer, the token count T as an int,
+ * or an integer constant. */
+typedef enum prog_arg_kind {
+    PROG_ARG_POINTER = 0,
+    PROG_ARG_TOKENS = 1, /* int: T of this step */
+    PROG_ARG_INT = 2,    /* int: the constant `value` */
+} prog_arg_kind;
+
+typedef struct prog_arg {
+    uint8_t kind; /* prog_arg_kind */
+    prog_ref ref; /* PROG_ARG_POINTER */
+    int64_t value; /* PROG_ARG_INT */
+} prog_arg;
+
+typedef enum prog_op {
+    PROG_OP_LAUNCH = 0, /* a kernel of the plan's kernel table */
+    PROG_OP_GEMM = 1,   /* C[M, N] = A[M, K] x B (+ bias[N]); cuBLASLt / OpenBLAS */
+} prog_op;
+
+/* Launch geometry of a kernel: grid and block dims, dynamic shared memory. */
+typedef struct prog_launch_rule {
+    prog_affine grid[3];
+    uint32_t block[3];
+    uint32_t dynamic_shared_bytes;
+} prog_launch_rule;
+
+typedef struct prog_launch {
+    uint32_t kernel; /* index in the plan's kernel table */
+    prog_launch_rule rule;
+    uint32_t arg_count;
+    prog_arg args[PROG_MAX_ARGS];
+} prog_launch;
+
+/* Row-major C[M, N] = A[M, K] . op(B) (+ bias[N]) with f32 accumulation.
+ * B is a weight stored [N, K] (b_transposed: out_in layout, C = A B^T) or
+ * [K, N] (in_out, C = A B). M is affine in T. */
+typedef struct prog_gemm {
+    prog_affine m;
+    int64_t n, k;
+    uint8_t dtype_a, dtype_b, dtype_c, dtype_bias; /* prog_dtype */
+    bool b_transposed;
+    bool has_bias;
+    prog_ref a, b, c, bias;
+} prog_gemm;
+
+typedef struct prog_instr {
+    uint8_t op; /* prog_op */
+    uint32_t ir_op; /* the IR op (index in the compiled module) it implements, for messages */
+    union {
+        prog_launch launch;
+        prog_gemm gemm;
+    } as;
+} prog_instr;
+
+/* A weight-table entry: the tensor(s) of one IR weight op as the plan stores
+ * them. `name` is the Hugging Face name; when stacked, a template holding
+ * "{e}" whose parts 0..shape[0]-1 are stacked along dim 0. */
+typedef struct prog_weight {
+    const char *name;
+    uint8_t dtype; /* prog_dtype: storage dtype in the plan and on the device */
+    bool stacked;
+    uint32_t rank;
+    int64_t shape[8];
+    uint64_t bytes;
+    uint64_t data_offset; /* in the WEIGHT_DATA section; UINT64_MAX: not in the plan, bind at run time */
+} prog_weight;
+
+typedef struct program {
+    uint32_t format_version;
+    int64_t max_tokens;    /* T bound */
+    uint64_t arena_bytes;  /* at max_tokens */
+    uint64_t vocab;        /* last dim of logits */
+    prog_ref input_ids;    /* int32[T] */
+    prog_ref input_pos;    /* int32[T] */
+    prog_ref logits;       /* f32[T, vocab] */
+    int64_t max_positions; /* positions must lie in [0, max_positions) (the KV caches' length); 0: unchecked */
+    int64_t id_bound;      /* ids must lie in [0, id_bound) (rows of the embedding table); 0: [0, vocab) */
+    uint32_t state_count;
+    uint64_t *state_bytes; /* [state_count] */
+    uint32_t weight_count;
+    prog_weight *weights; /* [weight_count] */
+    uint32_t instr_count;
+    prog_instr *instrs; /* [instr_count] */
+} program;
+
+/* ---- Encoding (the plan's PROGRAM section) --------------------------------
+ *
+ * Little-endian, byte by byte, strings as (u64 length, bytes) as everywhere in
+ * a plan (plan_format.h); the layout is written out in program.c. The decoder
+ * is the runtime's gate: after program_decode succeeds, every count, index,
+ * dtype, affine rule and buffer reference has been checked, and every region
+ * a GEMM or the runtime itself reads or writes lies inside its buffer at
+ * max_tokens (overflow-safe arithmetic), so the executor needs no checks of
+ * its own beyond the token count. Kernel indices and weight data offsets are
+ * checked against the rest of the plan by program_check_plan.
+ */
+
+/* Encodes p into a malloc'ed buffer (*bytes, *size); false only when out of
+ * memory. */
+bool program_encode(const program *p, uint8_t **bytes, size_t *size);
+
+/* Decodes and validates a PROGRAM section into *out (which then owns copies
+ * of everything: `bytes` need not outlive it). On failure returns false,
+ * leaves *out empty (program_free is harmless on it) and writes a message
+ * saying what is wrong and where into error. */
+bool program_decode(const uint8_t *bytes, size_t size, program *out, char *error, size_t error_size);
+
+/* Checks what the program says about the rest of its plan: every launched
+ * kernel exists (kernel_count entries in the kernel table) and every weight
+ * stored in the plan lies inside the WEIGHT_DATA section (weight_data_size
+ * bytes) at an offset aligned to its element size. */
+bool program_check_plan(const program *p, uint32_t kernel_count, uint64_t weight_data_size, char *error,
+                        size_t error_size);
+
+/* Frees what program_decode allocated and zeroes *p. */
+void program_free(program *p);
+
+/* ceil((a * T + b) / c) for T in [1, max_tokens] at its largest, or -1 when a
+ * rule overflows int64 somewhere in that range (or has c < 1). The rule is
+ * affine, so its extremes are at T = 1 and T = max_tokens. */
+int64_t program_affine_max(prog_affine f, int64_t max_tokens);
+
+#endif

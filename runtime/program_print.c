@@ -1,0 +1,146 @@
+/* program_print.c - `smelt inspect` printers of the launch program (with
+ * the weight table it holds) and of the memory plan. */
+#include "plan_print.h"
+#include "program.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+static const char *dtype_name(uint8_t dtype) {
+    switch (dtype) {
+    case PROG_DTYPE_F32: return "f32";
+    case PROG_DTYPE_BF16: return "bf16";
+    case PROG_DTYPE_I32: return "i32";
+    default: return "?";
+    }
+}
+
+static void print_ref(FILE *out, prog_ref r) {
+    switch (r.buffer) {
+    case PROG_BUFFER_ARENA: fprintf(out, "arena+%" PRIu64, r.offset); break;
+    case PROG_BUFFER_WEIGHT: fprintf(out, "weight[%" PRIu32 "]", r.index); break;
+    case PROG_BUFFER_STATE: fprintf(out, "state[%" PRIu32 "]", r.index); break;
+    default: fprintf(out, "?"); break;
+    }
+    if (r.buffer != PROG_BUFFER_ARENA && r.offset) fprintf(out, "+%" PRIu64, r.offset);
+}
+
+static void print_affine(FILE *out, prog_affine f) {
+    char text[96];
+    plan_affine_format((plan_affine){f.a, f.b, f.c}, text, sizeof text);
+    fputs(text, out);
+}
+
+static void print_weights(FILE *out, const program *p) {
+    uint64_t in_plan = 0, total = 0;
+    for (uint32_t i = 0; i < p->weight_count; i++) {
+        total += p->weights[i].bytes;
+        if (p->weights[i].data_offset != UINT64_MAX) in_plan += p->weights[i].bytes;
+    }
+    fprintf(out, "  weights: %" PRIu32 " tensors, %" PRIu64 " bytes (%s)\n", p->weight_count, total,
+            in_plan == total && total ? "in the plan" : in_plan ? "partly in the plan" : "bound at run time");
+    for (uint32_t i = 0; i < p->weight_count; i++) {
+        const prog_weight *w = &p->weights[i];
+        fprintf(out, "    [%" PRIu32 "] %s %s[", i, w->name, dtype_name(w->dtype));
+        for (uint32_t d = 0; d < w->rank; d++) fprintf(out, "%s%" PRId64, d ? ", " : "", w->shape[d]);
+        fprintf(out, "]%s %" PRIu64 " bytes", w->stacked ? " stacked" : "", w->bytes);
+        if (w->data_offset != UINT64_MAX) fprintf(out, " at %" PRIu64, w->data_offset);
+        fputc('\n', out);
+    }
+}
+
+bool plan_print_program(FILE *out, const plan_file *plan, const uint8_t *data, uint64_t size,
+                        const plan_print_options *options, char *error, size_t error_size) {
+    (void)options;
+    program p;
+    if (!program_decode(data, size, &p, error, error_size)) return false;
+    plan_kernel_table kernels = {0};
+    const uint8_t *kernel_data;
+    uint64_t kernel_size;
+    char ignored[256];
+    bool have_names = plan_section(plan, PLAN_SECTION_KERNELS, &kernel_data, &kernel_size) &&
+                      plan_kernel_table_decode(kernel_data, kernel_size, &kernels, ignored, sizeof ignored);
+    uint32_t launches = 0, gemms = 0;
+    for (uint32_t i = 0; i < p.instr_count; i++) {
+        if (p.instrs[i].op == PROG_OP_GEMM) gemms++;
+        else launches++;
+    }
+    fprintf(out, "  tokens per step: at most %" PRId64 "; vocab %" PRIu64 "\n", p.max_tokens, p.vocab);
+    fprintf(out, "  per step (prefill chunk or decode token): %" PRIu32 " kernel launches + %" PRIu32 " GEMMs\n",
+            launches, gemms);
+    fprintf(out, "  memory: arena %" PRIu64 " bytes; %" PRIu32 " state buffers", p.arena_bytes, p.state_count);
+    uint64_t state_total = 0;
+    for (uint32_t i = 0; i < p.state_count; i++) state_total += p.state_bytes[i];
+    fprintf(out, " (%" PRIu64 " bytes: KV caches)\n", state_total);
+    fprintf(out, "  inputs: ids at ");
+    print_ref(out, p.input_ids);
+    fprintf(out, ", pos at ");
+    print_ref(out, p.input_pos);
+    fprintf(out, "; output: logits at ");
+    print_ref(out, p.logits);
+    fputc('\n', out);
+    print_weights(out, &p);
+    fprintf(out, "  instructions:\n");
+    for (uint32_t i = 0; i < p.instr_count; i++) {
+        const prog_instr *instr = &p.instrs[i];
+        fprintf(out, "    %4" PRIu32 "  ", i);
+        if (instr->op == PROG_OP_GEMM) {
+            const prog_gemm *g = &instr->as.gemm;
+            fprintf(out, "gemm M=");
+            print_affine(out, g->m);
+            fprintf(out, " N=%" PRId64 " K=%" PRId64 " %s x %s%s -> %s: ", g->n, g->k, dtype_name(g->dtype_a),
+                    dtype_name(g->dtype_b), g->b_transposed ? "^T" : "", dtype_name(g->dtype_c));
+            print_ref(out, g->a);
+            fprintf(out, " x ");
+            print_ref(out, g->b);
+            if (g->has_bias) {
+                fprintf(out, " + ");
+                print_ref(out, g->bias);
+            }
+            fprintf(out, " -> ");
+            print_ref(out, g->c);
+        } else {
+            const prog_launch *l = &instr->as.launch;
+            const plan_kernel *k = have_names && l->kernel < kernels.count ? &kernels.kernels[l->kernel] : NULL;
+            if (k) fprintf(out, "launch %.*s(", (int)k->name.length, k->name.data);
+            else fprintf(out, "launch kernel[%" PRIu32 "](", l->kernel);
+            for (uint32_t a = 0; a < l->arg_count; a++) {
+                if (a) fputs(", ", out);
+                const prog_arg *arg = &l->args[a];
+                if (arg->kind == PROG_ARG_TOKENS) fputs("T", out);
+                else if (arg->kind == PROG_ARG_INT) fprintf(out, "%" PRId64, arg->value);
+                else print_ref(out, arg->ref);
+            }
+            fprintf(out, ") grid (");
+            for (int axis = 0; axis < 3; axis++) {
+                if (axis) fputs(", ", out);
+                print_affine(out, l->rule.grid[axis]);
+            }
+            fprintf(out, ") block (%" PRIu32 ", %" PRIu32 ", %" PRIu32 ")", l->rule.block[0], l->rule.block[1],
+                    l->rule.block[2]);
+            if (l->rule.dynamic_shared_bytes) fprintf(out, " shared %" PRIu32, l->rule.dynamic_shared_bytes);
+        }
+        fputc('\n', out);
+    }
+    plan_kernel_table_free(&kernels);
+    program_free(&p);
+    return true;
+}
+
+bool plan_print_memory(FILE *out, const plan_file *plan, const uint8_t *data, uint64_t size,
+                       const plan_print_options *options, char *error, size_t error_size) {
+    (void)plan;
+    (void)options;
+    (void)error;
+    (void)error_size;
+    /* A text table written by smelt compile; control bytes are not expected
+     * but are shown as '?' so a damaged plan cannot drive the terminal. */
+    fputs("  ", out);
+    for (uint64_t i = 0; i < size; i++) {
+        unsigned char c = data[i];
+        fputc(c == '\n' || c >= 0x20 ? c : '?', out);
+        if (c == '\n' && i + 1 < size) fputs("  ", out);
+    }
+    if (size && data[size - 1] != '\n') fputc('\n', out);
+    return true;
+}

@@ -1,0 +1,616 @@
+/* emit_harness.c - runs one IR op three ways for test_emit.c (which
+ * #includes this file): its emitted kernels compiled by NVRTC for sm_80 and
+ * sm_90, the same kernels built for the host and launched on the simulator,
+ * and the reference backend's function for the op (the oracle). Then it
+ * compares the simulator's results with the reference's.
+ *
+ *   emit_case *c = case_new(CG_PRECISION_F32);
+ *   ir_value_id x = case_input(c, "x", "f32[tokens, 64]");
+ *   ir_value_id w = case_weight(c, "f32[64]");
+ *   uint32_t op = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){x, w}, 2);
+ *   ir_op_set_float(&c->m, op, "eps", 1e-5);
+ *   case_infer(c);
+ *   case_run(c, op, 3, F32_TOLERANCE);   // T = 3; random data for x and w
+ *   case_free(c);
+ *
+ * Data: every float value gets random data (uniform in [-2, 2)) the first
+ * time an op reads it at a given T, unless the test set it; integer values
+ * (ids, positions) must be set. Where a value is stored as bf16 its data is
+ * rounded to bf16 first, so the kernel and the reference read the same
+ * numbers and the comparison measures the kernel alone.
+ *
+ * Tolerance (`|got - want| <= tolerance * max(|want|, floor)`): f32 storage
+ * uses the caller's relative tolerance with a floor of a tenth of the
+ * result's largest magnitude (float against the reference's double sums);
+ * bf16 storage uses BF16_TOLERANCE = 1e-2 relative to the result's largest
+ * magnitude (bf16 keeps 8 bits: one rounding of the result is 2^-9 relative,
+ * a few roundings of intermediates stay well inside 1e-2 of the range).
+ */
+#include "emit.h"
+#include "host_build.h"
+#include "host_sim.h"
+#include "ir_io.h"
+#include "nvrtc.h"
+#include "pass.h"
+#include "ref_ops.h"
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { TOKEN_BOUND = 64, CASE_MAX_VALUES = 256 };
+#define F32_TOLERANCE 1e-5
+#define F32_SEQUENCE_TOLERANCE 1e-4 /* attention, moe: longer float reductions */
+#define BF16_TOLERANCE 1e-2
+
+/* ---- process-wide: the simulator, the kernel header, NVRTC -------------------------- */
+
+static sim_pool *harness_pool;
+static char *harness_header_text; /* runtime/smelt_kernel.h */
+static bool harness_have_nvrtc;
+
+static char *read_file_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = malloc((size_t)size + 1);
+    if (text && fread(text, 1, (size_t)size, f) != (size_t)size) {
+        free(text);
+        text = NULL;
+    }
+    if (text) text[size] = '\0';
+    fclose(f);
+    return text;
+}
+
+static int harness_setup(void **state) {
+    (void)state;
+    harness_pool = sim_pool_create(0);
+    harness_header_text = read_file_text(SMELT_SOURCE_DIR "/runtime/smelt_kernel.h");
+    int major = 0, minor = 0;
+    harness_have_nvrtc = cg_nvrtc_version(&major, &minor) && cg_nvrtc_supports_arch(80) && cg_nvrtc_supports_arch(90);
+    if (!harness_have_nvrtc) fprintf(stderr, "note: NVRTC is not available; kernels are not compiled for sm_80/sm_90\n");
+    return harness_pool && harness_header_text ? 0 : -1;
+}
+
+static int harness_teardown(void **state) {
+    (void)state;
+    sim_pool_free(harness_pool);
+    free(harness_header_text);
+    return 0;
+}
+
+/* ---- bf16 as smelt_kernel.h rounds it --------------------------------------------------- */
+
+static uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* ---- a module under test ------------------------------------------------------------------ */
+
+typedef struct value_data {
+    float *f;       /* float values: the truth both sides read */
+    int32_t *i;     /* integer values */
+    uint64_t count; /* elements at `tokens` */
+    int64_t tokens; /* T the data is for; -1: none yet */
+    void *buffer;   /* the kernel's copy, in the storage dtype */
+} value_data;
+
+typedef struct op_state {
+    bool ready;
+    void *buffers[CG_MAX_STATES]; /* the kernels' state, persisting across runs */
+    ref_kv_cache kv;              /* the reference's */
+} op_state;
+
+typedef struct emit_case {
+    ir_module m;
+    diag_engine d;
+    FILE *log;
+    char *log_text;
+    size_t log_size;
+    cg_options options;
+    ir_value_id ids, pos;
+    uint64_t random;
+    value_data values[CASE_MAX_VALUES];
+    op_state states[CASE_MAX_VALUES]; /* by op index */
+    void *objects[16];                /* dlopen handles of the host kernels built */
+    uint32_t object_count;
+    double worst_error; /* the largest |got - want| / allowed of the last run, in [0, 1] when it passed */
+} emit_case;
+
+static const char *case_log(emit_case *c) {
+    fflush(c->log);
+    return c->log_text ? c->log_text : "";
+}
+
+static ir_type type_from_text(emit_case *c, const char *text) {
+    ir_type t = {0};
+    const char *bracket = strchr(text, '[');
+    assert_non_null(bracket);
+    t.dtype = ir_dtype_from_name(text, (size_t)(bracket - text));
+    assert_int_not_equal(t.dtype, IR_DTYPE_UNKNOWN);
+    for (const char *p = bracket + 1; *p != ']';) {
+        while (*p == ' ' || *p == ',')
+            p++;
+        if (*p == ']') break;
+        size_t n = strcspn(p, ", ]");
+        char word[64];
+        snprintf(word, sizeof word, "%.*s", (int)n, p);
+        int32_t symbol = ir_find_symbol(&c->m, word);
+        t.dims[t.rank++] = symbol >= 0 ? ir_dim_symbol(symbol) : ir_dim_const(strtoll(word, NULL, 10));
+        p += n;
+    }
+    return t;
+}
+
+static uint32_t case_op(emit_case *c, ir_op_kind kind, const ir_value_id *operands, uint32_t count) {
+    uint32_t op = ir_append_op(&c->m, kind, operands, count, UINT32_MAX, SMELT_NO_LOC);
+    ir_op_fill_defaults(&c->m, op);
+    return op;
+}
+
+static ir_value_id case_result(emit_case *c, uint32_t op) { return ir_op_result(&c->m, op, 0); }
+
+static ir_value_id case_declare(emit_case *c, ir_op_kind kind, const char *name, const char *type) {
+    uint32_t op = case_op(c, kind, NULL, 0);
+    assert_true(ir_op_set_string(&c->m, op, "name", name));
+    c->m.values[case_result(c, op)].type = type_from_text(c, type);
+    return case_result(c, op);
+}
+
+static ir_value_id case_input(emit_case *c, const char *name, const char *type) {
+    return case_declare(c, IR_OP_INPUT, name, type);
+}
+
+static ir_value_id case_weight(emit_case *c, const char *type) {
+    char name[32];
+    snprintf(name, sizeof name, "w%u", c->m.op_count);
+    return case_declare(c, IR_OP_WEIGHT, name, type);
+}
+
+static ir_value_id case_const(emit_case *c, double value) {
+    uint32_t op = case_op(c, IR_OP_CONST, NULL, 0);
+    assert_true(ir_op_set_float(&c->m, op, "value", value));
+    c->m.values[case_result(c, op)].type = (ir_type){.dtype = IR_DTYPE_F32};
+    return case_result(c, op);
+}
+
+static void case_output(emit_case *c, ir_value_id v, const char *name) {
+    uint32_t op = case_op(c, IR_OP_OUTPUT, &v, 1);
+    assert_true(ir_op_set_string(&c->m, op, "name", name));
+}
+
+static void case_set_ints(emit_case *c, uint32_t op, const char *name, const int64_t *items, uint32_t count) {
+    assert_true(ir_op_set_attr(&c->m, op, name, &(ir_attr){.kind = IR_ATTR_INTS, .as.ints = {count, (int64_t *)items}}));
+}
+
+/* A module with the token dim `tokens` and the inputs ids and pos. */
+static emit_case *case_new(cg_precision precision) {
+    emit_case *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    ir_module_init(&c->m, "emit_test");
+    c->log = open_memstream(&c->log_text, &c->log_size);
+    diag_init(&c->d, c->log);
+    c->options.precision = precision;
+    c->random = 0x9e3779b97f4a7c15ull;
+    for (uint32_t i = 0; i < CASE_MAX_VALUES; i++)
+        c->values[i].tokens = -1;
+    ir_add_symbol(&c->m, "tokens", TOKEN_BOUND, SMELT_NO_LOC);
+    c->ids = case_input(c, "ids", "i32[tokens]");
+    c->pos = case_input(c, "pos", "i32[tokens]");
+    return c;
+}
+
+static void free_value(value_data *v) {
+    free(v->f);
+    free(v->i);
+    free(v->buffer);
+    v->f = NULL;
+    v->i = NULL;
+    v->buffer = NULL;
+    v->tokens = -1;
+}
+
+static void case_free(emit_case *c) {
+    for (uint32_t i = 0; i < CASE_MAX_VALUES; i++) {
+        free_value(&c->values[i]);
+        op_state *s = &c->states[i];
+        for (int b = 0; b < CG_MAX_STATES; b++)
+            free(s->buffers[b]);
+        free(s->kv.keys);
+        free(s->kv.values);
+        free(s->kv.written);
+        free(s->kv.scores);
+        free(s->kv.mixed);
+    }
+    for (uint32_t i = 0; i < c->object_count; i++)
+        dlclose(c->objects[i]);
+    diag_free(&c->d);
+    fclose(c->log);
+    free(c->log_text);
+    ir_module_free(&c->m);
+    free(c);
+}
+
+static void case_infer(emit_case *c) {
+    if (!pass_infer_shapes(&c->m, &c->d)) fail_msg("infer-shapes failed:\n%s", case_log(c));
+    assert_true(c->m.value_count <= CASE_MAX_VALUES);
+}
+
+/* ---- data ----------------------------------------------------------------------------- */
+
+static uint64_t dims_at(const emit_case *c, ir_value_id v, int64_t tokens, uint64_t *dims) {
+    const ir_type *t = &c->m.values[v].type;
+    uint64_t count = 1;
+    for (unsigned i = 0; i < t->rank; i++) {
+        dims[i] = ir_dim_is_symbol(t->dims[i]) ? (uint64_t)tokens : (uint64_t)t->dims[i].size;
+        count *= dims[i];
+    }
+    return count;
+}
+
+static float next_uniform(emit_case *c) { /* in [-2, 2), xorshift64* */
+    c->random ^= c->random >> 12;
+    c->random ^= c->random << 25;
+    c->random ^= c->random >> 27;
+    uint64_t bits = (c->random * 2685821657736338717ull) >> 40; /* 24 bits */
+    return (float)bits / (float)(1u << 24) * 4.0f - 2.0f;
+}
+
+static value_data *prepare_value(emit_case *c, ir_value_id v, int64_t tokens) {
+    value_data *d = &c->values[v];
+    uint64_t dims[IR_MAX_DIMS];
+    uint64_t count = dims_at(c, v, tokens, dims);
+    if (d->tokens != tokens) {
+        free_value(d);
+        d->count = count;
+        d->tokens = tokens;
+    }
+    return d;
+}
+
+/* Sets a float value's data at T (count must match). */
+static void case_set_floats(emit_case *c, ir_value_id v, int64_t tokens, const float *data, uint64_t count) {
+    value_data *d = prepare_value(c, v, tokens);
+    assert_int_equal(d->count, count);
+    free(d->f);
+    d->f = malloc(count * sizeof *d->f);
+    memcpy(d->f, data, count * sizeof *d->f);
+}
+
+static void case_set_ints_data(emit_case *c, ir_value_id v, int64_t tokens, const int32_t *data, uint64_t count) {
+    value_data *d = prepare_value(c, v, tokens);
+    assert_int_equal(d->count, count);
+    free(d->i);
+    d->i = malloc(count * sizeof *d->i);
+    memcpy(d->i, data, count * sizeof *d->i);
+}
+
+/* The data of operand v at T: random floats unless set; bf16-rounded when
+ * stored as bf16; the kernel's buffer in its storage dtype. */
+static void fill_operand(emit_case *c, ir_value_id v, int64_t tokens) {
+    value_data *d = prepare_value(c, v, tokens);
+    bool is_float = ir_dtype_is_float(c->m.values[v].type.dtype);
+    uint32_t constant = c->m.values[v].def_op;
+    if (c->m.ops[constant].kind == IR_OP_CONST) {
+        if (!d->f) d->f = malloc(d->count * sizeof *d->f);
+        for (uint64_t i = 0; i < d->count; i++)
+            d->f[i] = (float)ir_op_float(&c->m, constant, "value");
+        return;
+    }
+    if (is_float && !d->f) {
+        d->f = malloc(d->count * sizeof *d->f);
+        for (uint64_t i = 0; i < d->count; i++)
+            d->f[i] = next_uniform(c);
+    }
+    if (!is_float && !d->i) fail_msg("integer value %u has no data at T = %lld", v, (long long)tokens);
+    prog_dtype storage = cg_storage_dtype(&c->m, v, &c->options);
+    free(d->buffer);
+    d->buffer = malloc(d->count * prog_dtype_size(storage) + 16);
+    if (storage == PROG_DTYPE_BF16) {
+        uint16_t *b = d->buffer;
+        for (uint64_t i = 0; i < d->count; i++) {
+            b[i] = to_bf16(d->f[i]);
+            d->f[i] = from_bf16(b[i]);
+        }
+    } else {
+        memcpy(d->buffer, is_float ? (void *)d->f : (void *)d->i, d->count * 4);
+    }
+}
+
+/* A result's buffer, filled with a pattern (NaN, -1) that shows unwritten elements. */
+static void prepare_result(emit_case *c, ir_value_id v, int64_t tokens) {
+    value_data *d = prepare_value(c, v, tokens);
+    free(d->buffer);
+    prog_dtype storage = cg_storage_dtype(&c->m, v, &c->options);
+    d->buffer = malloc(d->count * prog_dtype_size(storage) + 16);
+    memset(d->buffer, 0xff, d->count * prog_dtype_size(storage));
+}
+
+/* ---- compiling ------------------------------------------------------------------------ */
+
+/* NVRTC for sm_80 and sm_90: no errors and no spills; prints the registers. */
+static void compile_for_gpus(const cg_kernel *k) {
+    if (!harness_have_nvrtc) return;
+    cg_header header = {"smelt_kernel.h", harness_header_text};
+    int archs[2] = {80, 90};
+    for (int a = 0; a < 2; a++) {
+        cg_compile_request request = {.source = k->source, .kernel_name = k->name, .headers = &header,
+                                      .header_count = 1, .arch = archs[a], .want_cubin = true};
+        cg_compiled compiled;
+        char error[4096];
+        if (!cg_compile_kernel(&request, &compiled, error, sizeof error))
+            fail_msg("NVRTC sm_%d: %s\n--- source ---\n%s", archs[a], error, k->source);
+        const cg_kernel_resources *r = cg_resource_find(&compiled.resources, k->name);
+        assert_non_null(r);
+        printf("  sm_%d %-48s %3u registers, %u bytes shared, %u spill stores, %u spill loads\n", archs[a], k->name,
+               r->registers, r->shared_bytes, r->spill_store_bytes, r->spill_load_bytes);
+        assert_int_equal(r->spill_store_bytes, 0);
+        assert_int_equal(r->spill_load_bytes, 0);
+        assert_non_null(compiled.cubin);
+        cg_compiled_free(&compiled);
+    }
+}
+
+/* With SMELT_TEST_DUMP_KERNELS=folder, each kernel's source is written
+ * there as NAME.cu, for reading what the emitters make. */
+static void dump_source(const cg_kernel *k) {
+    const char *folder = getenv("SMELT_TEST_DUMP_KERNELS");
+    if (!folder || !*folder) return;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s.cu", folder, k->name);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fputs(k->source, f);
+    fclose(f);
+}
+
+/* Builds the kernels for the host (as warning-free C11), loads the object
+ * and returns each kernel's entry. */
+static void build_for_host(emit_case *c, const cg_op_lowering *l, sim_kernel *entries) {
+    cg_host_source sources[CG_MAX_KERNELS];
+    for (uint32_t i = 0; i < l->kernel_count; i++)
+        sources[i] = (cg_host_source){l->kernels[i].name, l->kernels[i].source};
+    static const char *const strict[] = {"-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter"};
+    cg_host_build_request request = {.sources = sources,
+                                     .source_count = l->kernel_count,
+                                     .include_dir = SMELT_SOURCE_DIR "/runtime",
+                                     .sanitize_address = cg_host_build_process_is_sanitized(),
+                                     .extra_flags = strict,
+                                     .extra_flag_count = 4,
+                                     .link_flags = (const char *const[]){"-lm"},
+                                     .link_flag_count = 1};
+    cg_host_object object;
+    char error[8192];
+    if (!cg_host_build(&request, NULL, &object, error, sizeof error))
+        fail_msg("host build: %s\n--- source ---\n%s", error, l->kernels[0].source);
+    char path[] = "/tmp/smelt-test-emit-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, object.bytes, object.size), (ssize_t)object.size);
+    close(fd);
+    cg_host_object_free(&object);
+    void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    unlink(path);
+    if (!handle) fail_msg("dlopen: %s", dlerror());
+    assert_true(c->object_count < 16);
+    c->objects[c->object_count++] = handle;
+    for (uint32_t i = 0; i < l->kernel_count; i++) {
+        char symbol[512];
+        snprintf(symbol, sizeof symbol, "%s__host_entry", l->kernels[i].name);
+        entries[i].name = l->kernels[i].name;
+        *(void **)&entries[i].host_entry = dlsym(handle, symbol);
+        if (!entries[i].host_entry) fail_msg("no %s in the host object", symbol);
+    }
+}
+
+/* ---- the reference ---------------------------------------------------------------------- */
+
+static ref_attrs read_attrs(emit_case *c, uint32_t op) {
+    const ir_module *m = &c->m;
+    const ir_op *o = &m->ops[op];
+    ref_attrs a = {0};
+    unsigned rank = o->operand_count ? m->values[o->operands[0]].type.rank : 0;
+    switch (o->kind) {
+    case IR_OP_RMS_NORM:
+    case IR_OP_LAYER_NORM: a.eps = ir_op_float(m, op, "eps"); break;
+    case IR_OP_ROPE:
+        a.theta = ir_op_float(m, op, "theta");
+        a.interleaved = strcmp(ir_op_string(m, op, "style"), "interleaved") == 0;
+        a.rotary_dim = ir_op_int(m, op, "rotary_dim");
+        break;
+    case IR_OP_ATTENTION:
+        a.scale = ir_op_float(m, op, "scale");
+        a.causal = ir_op_bool(m, op, "causal");
+        a.window = ir_op_int(m, op, "window");
+        break;
+    case IR_OP_GELU: a.gelu_tanh = strcmp(ir_op_string(m, op, "approximate"), "tanh") == 0; break;
+    case IR_OP_MOE:
+        a.top_k = ir_op_int(m, op, "top_k");
+        a.normalize = ir_op_bool(m, op, "normalize");
+        break;
+    case IR_OP_SOFTMAX:
+    case IR_OP_CONCAT:
+    case IR_OP_SPLIT:
+    case IR_OP_ARGMAX:
+    case IR_OP_SLICE: {
+        int64_t axis = ir_op_int(m, op, "axis");
+        a.axis = (unsigned)(axis < 0 ? axis + rank : axis);
+        if (o->kind == IR_OP_SLICE) {
+            a.start = ir_op_int(m, op, "start");
+            a.end = ir_op_int(m, op, "end");
+        }
+        break;
+    }
+    case IR_OP_TRANSPOSE: a.perm = ir_op_attr(m, op, "perm")->as.ints.items; break;
+    default: break;
+    }
+    return a;
+}
+
+static ref_tensor tensor_of(emit_case *c, ir_value_id v, int64_t tokens) {
+    ref_tensor t = {0};
+    t.rank = c->m.values[v].type.rank;
+    t.count = dims_at(c, v, tokens, t.dims);
+    t.elem = ir_dtype_is_float(c->m.values[v].type.dtype) ? REF_F32 : REF_I32;
+    t.f = t.elem == REF_F32 ? c->values[v].f : NULL;
+    t.i = t.elem == REF_I32 ? c->values[v].i : NULL;
+    return t;
+}
+
+/* The reference's KV cache for an attention op, made on its first run. */
+static void prepare_kv(emit_case *c, uint32_t op, op_state *s) {
+    const ir_module *m = &c->m;
+    const ir_type *k = &m->values[m->ops[op].operands[1]].type, *v = &m->values[m->ops[op].operands[2]].type;
+    ref_kv_cache *kv = &s->kv;
+    kv->max_seq = (uint64_t)ir_op_int(m, op, "max_seq");
+    kv->kv_heads = (uint64_t)k->dims[1].size;
+    kv->head_dim = (uint64_t)k->dims[2].size;
+    kv->value_dim = (uint64_t)v->dims[2].size;
+    kv->keys = calloc(kv->max_seq * kv->kv_heads * kv->head_dim, sizeof(float));
+    kv->values = calloc(kv->max_seq * kv->kv_heads * kv->value_dim, sizeof(float));
+    kv->written = calloc(kv->max_seq, sizeof(bool));
+    kv->scores = calloc(kv->max_seq, sizeof(double));
+    kv->mixed = calloc(kv->value_dim, sizeof(double));
+}
+
+static void run_reference(emit_case *c, uint32_t op, int64_t tokens, ref_tensor *results) {
+    const ir_op *o = &c->m.ops[op];
+    ref_tensor operands[IR_MAX_OPERANDS];
+    const ref_tensor *in[IR_MAX_OPERANDS];
+    for (uint32_t i = 0; i < o->operand_count; i++) {
+        operands[i] = tensor_of(c, o->operands[i], tokens);
+        in[i] = &operands[i];
+    }
+    for (uint32_t r = 0; r < o->result_count; r++) {
+        results[r] = tensor_of(c, o->results[r], tokens);
+        results[r].f = results[r].elem == REF_F32 ? calloc(results[r].count + 1, sizeof(float)) : NULL;
+        results[r].i = results[r].elem == REF_I32 ? calloc(results[r].count + 1, sizeof(int32_t)) : NULL;
+    }
+    ref_attrs attrs = read_attrs(c, op);
+    ref_call call = {.in = in, .in_count = o->operand_count, .out = results, .out_count = o->result_count,
+                     .attrs = &attrs, .kv = &c->states[op].kv, .loc = o->loc, .d = &c->d};
+    if (!ref_run_op(o->kind, &call)) fail_msg("the reference failed:\n%s", case_log(c));
+}
+
+/* ---- comparing -------------------------------------------------------------------------- */
+
+static void compare_result(emit_case *c, ir_value_id v, const ref_tensor *want, double tolerance, const char *source) {
+    value_data *d = &c->values[v];
+    prog_dtype storage = cg_storage_dtype(&c->m, v, &c->options);
+    if (want->elem == REF_I32) {
+        const int32_t *got = d->buffer;
+        for (uint64_t i = 0; i < want->count; i++)
+            if (got[i] != want->i[i])
+                fail_msg("element %llu: expected %d, found %d\n--- source ---\n%s", (unsigned long long)i,
+                         want->i[i], got[i], source);
+        return;
+    }
+    double largest = 0.0;
+    for (uint64_t i = 0; i < want->count; i++)
+        largest = fmax(largest, fabs(want->f[i]));
+    if (largest == 0.0) largest = 1.0;
+    double floor = storage == PROG_DTYPE_BF16 ? largest : 0.1 * largest;
+    double allowed_relative = storage == PROG_DTYPE_BF16 ? BF16_TOLERANCE : tolerance;
+    for (uint64_t i = 0; i < want->count; i++) {
+        double got = storage == PROG_DTYPE_BF16 ? from_bf16(((const uint16_t *)d->buffer)[i])
+                                                : ((const float *)d->buffer)[i];
+        double allowed = allowed_relative * fmax(fabs(want->f[i]), floor);
+        double error = fabs(got - want->f[i]);
+        if (!(error <= allowed))
+            fail_msg("value %u element %llu: expected %.9g, found %.9g (allowed %.3g, %s storage)\n--- source ---\n%s",
+                     v, (unsigned long long)i, want->f[i], got, allowed, storage == PROG_DTYPE_BF16 ? "bf16" : "f32",
+                     source);
+        c->worst_error = fmax(c->worst_error, error / allowed);
+    }
+}
+
+/* ---- running an op ----------------------------------------------------------------------- */
+
+/* Emits op `op`, compiles its kernels for sm_80, sm_90 and the host, runs
+ * them on the simulator at T = tokens and checks every result against the
+ * reference. State (KV caches) persists across calls for the same op. */
+static void case_run(emit_case *c, uint32_t op, int64_t tokens, double tolerance) {
+    arena strings;
+    arena_init(&strings);
+    cg_op_lowering l;
+    if (!cg_emit_op(&c->m, op, &c->options, &strings, &l, &c->d)) fail_msg("emit failed:\n%s", case_log(c));
+    assert_int_equal(l.kind, CG_LOWER_KERNELS);
+    assert_true(l.kernel_count >= 1);
+    const ir_op *o = &c->m.ops[op];
+    for (uint32_t i = 0; i < o->operand_count; i++)
+        fill_operand(c, o->operands[i], tokens);
+    for (uint32_t r = 0; r < o->result_count; r++)
+        prepare_result(c, o->results[r], tokens);
+
+    op_state *s = &c->states[op];
+    if (!s->ready) {
+        for (uint32_t i = 0; i < l.state_count; i++)
+            s->buffers[i] = calloc(1, l.state_bytes[i] + 16);
+        if (o->kind == IR_OP_ATTENTION) prepare_kv(c, op, s);
+        s->ready = true;
+    }
+
+    for (uint32_t k = 0; k < l.kernel_count; k++) {
+        compile_for_gpus(&l.kernels[k]);
+        dump_source(&l.kernels[k]);
+    }
+    sim_kernel entries[CG_MAX_KERNELS];
+    build_for_host(c, &l, entries);
+    int token_argument = (int)tokens;
+    for (uint32_t k = 0; k < l.kernel_count; k++) {
+        const cg_kernel *kernel = &l.kernels[k];
+        void *pointers[PROG_MAX_ARGS];
+        void *args[PROG_MAX_ARGS];
+        for (uint32_t p = 0; p < kernel->param_count; p++) {
+            const cg_param *param = &kernel->params[p];
+            if (param->kind == CG_PARAM_TOKENS) {
+                args[p] = &token_argument;
+                continue;
+            }
+            pointers[p] = param->kind == CG_PARAM_STATE ? s->buffers[param->state] : c->values[param->value].buffer;
+            assert_non_null(pointers[p]);
+            args[p] = &pointers[p];
+        }
+        const prog_launch_rule *rule = &kernel->rule;
+        sim_dim3 grid = sim_dim3_make((unsigned)prog_affine_eval(rule->grid[0], tokens),
+                                      (unsigned)prog_affine_eval(rule->grid[1], tokens),
+                                      (unsigned)prog_affine_eval(rule->grid[2], tokens));
+        sim_dim3 block = sim_dim3_make(rule->block[0], rule->block[1], rule->block[2]);
+        char error[1024];
+        sim_status status = sim_launch(harness_pool, &entries[k], grid, block, rule->dynamic_shared_bytes, args,
+                                       error, sizeof error);
+        if (status != SIM_OK) fail_msg("launch of %s: %s\n--- source ---\n%s", kernel->name, error, kernel->source);
+    }
+
+    ref_tensor want[IR_MAX_RESULTS];
+    run_reference(c, op, tokens, want);
+    c->worst_error = 0.0;
+    for (uint32_t r = 0; r < o->result_count; r++) {
+        compare_result(c, o->results[r], &want[r], tolerance, l.kernels[l.kernel_count - 1].source);
+        free(want[r].f);
+        free(want[r].i);
+    }
+    arena_free(&strings);
+}
+
+/* Emits op `op` alone (no compiling) into `l`; strings in `a`. */
+static bool case_emit(emit_case *c, uint32_t op, arena *a, cg_op_lowering *l) {
+    return cg_emit_op(&c->m, op, &c->options, a, l, &c->d);
+}

@@ -1,0 +1,543 @@
+/* test_emit.c - the kernel emitters (codegen/emit.h), family by family: each
+ * op's kernels are compiled by NVRTC for sm_80 and sm_90 (no errors, no
+ * spills), built for the host and run on the simulator, and their results
+ * checked against the reference backend's function for the op, with f32
+ * and with bf16 storage (tolerances in emit_harness.c). Then what the
+ * emitters promise besides numbers: names by specialisation, the storage
+ * policy, the lowering of every op kind, and the errors. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "emit_harness.c"
+
+static const cg_precision precisions[2] = {CG_PRECISION_F32, CG_PRECISION_BF16};
+
+/* ---- elementwise ------------------------------------------------------------------------- */
+
+/* add with a [D] weight (a trailing block), mul by a scalar const, add of two
+ * operands broadcast against each other ([T, 1, 16] + [4, 1]), mul of equal shapes. */
+static void test_add_mul_broadcasting(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        ir_value_id x = case_input(c, "x", "f32[tokens, 4, 16]");
+        ir_value_id w = case_weight(c, "f32[16]");
+        uint32_t with_weight = case_op(c, IR_OP_ADD, (ir_value_id[]){x, w}, 2);
+        uint32_t by_const = case_op(c, IR_OP_MUL, (ir_value_id[]){x, case_const(c, 0.5)}, 2);
+        uint32_t const_first = case_op(c, IR_OP_ADD, (ir_value_id[]){case_const(c, -1.25), x}, 2);
+        ir_value_id a = case_input(c, "a", "f32[tokens, 1, 16]");
+        ir_value_id b = case_weight(c, "f32[4, 1]");
+        uint32_t both = case_op(c, IR_OP_ADD, (ir_value_id[]){a, b}, 2);
+        ir_value_id y = case_input(c, "y", "f32[tokens, 4, 16]");
+        uint32_t same = case_op(c, IR_OP_MUL, (ir_value_id[]){x, y}, 2);
+        case_infer(c);
+        uint32_t ops[] = {with_weight, by_const, const_first, both, same};
+        for (unsigned i = 0; i < 5; i++)
+            case_run(c, ops[i], 3, F32_TOLERANCE);
+        case_run(c, both, 1, F32_TOLERANCE);
+        case_free(c);
+    }
+}
+
+static void test_activations(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        ir_value_id x = case_input(c, "x", "f32[tokens, 300]");
+        uint32_t silu = case_op(c, IR_OP_SILU, &x, 1);
+        uint32_t gelu_erf = case_op(c, IR_OP_GELU, &x, 1);
+        uint32_t gelu_tanh = case_op(c, IR_OP_GELU, &x, 1);
+        assert_true(ir_op_set_string(&c->m, gelu_tanh, "approximate", "tanh"));
+        case_infer(c);
+        case_run(c, silu, 3, F32_TOLERANCE);
+        case_run(c, gelu_erf, 3, F32_TOLERANCE);
+        case_run(c, gelu_tanh, 3, F32_TOLERANCE);
+        case_free(c);
+    }
+}
+
+/* ---- norms ------------------------------------------------------------------------------ */
+
+static void test_norms(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        ir_value_id x = case_input(c, "x", "f32[tokens, 64]");
+        uint32_t rms = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){x, case_weight(c, "f32[64]")}, 2);
+        assert_true(ir_op_set_float(&c->m, rms, "eps", 1e-5));
+        ir_value_id wide = case_input(c, "wide", "f32[tokens, 300]");
+        uint32_t layer = case_op(c, IR_OP_LAYER_NORM,
+                                 (ir_value_id[]){wide, case_weight(c, "f32[300]"), case_weight(c, "f32[300]")}, 3);
+        assert_true(ir_op_set_float(&c->m, layer, "eps", 1e-6));
+        ir_value_id heads = case_input(c, "heads", "f32[tokens, 3, 20]");
+        uint32_t no_bias = case_op(c, IR_OP_LAYER_NORM, (ir_value_id[]){heads, case_weight(c, "f32[20]")}, 2);
+        assert_true(ir_op_set_float(&c->m, no_bias, "eps", 1e-5));
+        case_infer(c);
+        case_run(c, rms, 4, F32_TOLERANCE);
+        case_run(c, layer, 4, F32_TOLERANCE);
+        case_run(c, no_bias, 2, F32_TOLERANCE);
+        case_free(c);
+    }
+}
+
+/* ---- rope -------------------------------------------------------------------------------- */
+
+static void test_rope(void **state) {
+    (void)state;
+    const int32_t positions[4] = {0, 7, 100, 3000};
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        ir_value_id x = case_input(c, "x", "f32[tokens, 3, 16]");
+        uint32_t partial = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
+        assert_true(ir_op_set_float(&c->m, partial, "theta", 10000.0));
+        assert_true(ir_op_set_int(&c->m, partial, "rotary_dim", 8));
+        uint32_t interleaved = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
+        assert_true(ir_op_set_float(&c->m, interleaved, "theta", 500000.0));
+        assert_true(ir_op_set_string(&c->m, interleaved, "style", "interleaved"));
+        assert_true(ir_op_set_int(&c->m, interleaved, "rotary_dim", 12));
+        uint32_t whole = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
+        assert_true(ir_op_set_float(&c->m, whole, "theta", 10000.0));
+        case_infer(c);
+        case_set_ints_data(c, c->pos, 4, positions, 4);
+        case_run(c, partial, 4, F32_TOLERANCE);
+        case_run(c, interleaved, 4, F32_TOLERANCE);
+        case_run(c, whole, 4, F32_TOLERANCE);
+        case_free(c);
+    }
+}
+
+/* ---- softmax, argmax, embedding ----------------------------------------------------------- */
+
+static void test_softmax(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        ir_value_id rows = case_input(c, "rows", "f32[tokens, 50]");
+        uint32_t last = case_op(c, IR_OP_SOFTMAX, &rows, 1);
+        ir_value_id middle = case_input(c, "middle", "f32[tokens, 6, 5]");
+        uint32_t strided = case_op(c, IR_OP_SOFTMAX, &middle, 1);
+        assert_true(ir_op_set_int(&c->m, strided, "axis", 1));
+        ir_value_id columns = case_input(c, "columns", "f32[tokens, 7]");
+        uint32_t over_tokens = case_op(c, IR_OP_SOFTMAX, &columns, 1);
+        assert_true(ir_op_set_int(&c->m, over_tokens, "axis", 0));
+        case_infer(c);
+        case_run(c, last, 3, F32_TOLERANCE);
+        case_run(c, strided, 3, F32_TOLERANCE);
+        case_run(c, over_tokens, 5, F32_TOLERANCE);
+        case_free(c);
+    }
+}
+
+static void test_argmax(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        ir_value_id logits = case_input(c, "logits", "f32[tokens, 700]");
+        uint32_t last = case_op(c, IR_OP_ARGMAX, &logits, 1);
+        ir_value_id middle = case_input(c, "middle", "f32[tokens, 9, 3]");
+        uint32_t strided = case_op(c, IR_OP_ARGMAX, &middle, 1);
+        assert_true(ir_op_set_int(&c->m, strided, "axis", 1));
+        case_infer(c);
+        /* Ties: the first maximum wins, even when a later thread holds an equal one. */
+        float data[3 * 700];
+        for (int i = 0; i < 3 * 700; i++)
+            data[i] = (float)((i * 37) % 101) / 16.0f;
+        data[0 * 700 + 650] = 9.0f; /* row 0: the maximum at 650, once */
+        data[1 * 700 + 5] = 9.0f;   /* row 1: at 5, 300 and 699 -> 5 */
+        data[1 * 700 + 300] = 9.0f;
+        data[1 * 700 + 699] = 9.0f;
+        data[2 * 700 + 257] = 9.0f; /* row 2: at 257 and 513 (threads 1 of two loop rounds) -> 257 */
+        data[2 * 700 + 513] = 9.0f;
+        case_set_floats(c, logits, 3, data, 3 * 700);
+        case_run(c, last, 3, F32_TOLERANCE);
+        case_run(c, strided, 2, F32_TOLERANCE);
+        case_free(c);
+    }
+}
+
+static void test_embedding(void **state) {
+    (void)state;
+    const int32_t ids[5] = {3, 0, 36, 3, 17};
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        uint32_t op = case_op(c, IR_OP_EMBEDDING, (ir_value_id[]){case_weight(c, "f32[37, 24]"), c->ids}, 2);
+        case_infer(c);
+        case_set_ints_data(c, c->ids, 5, ids, 5);
+        case_run(c, op, 5, F32_TOLERANCE);
+        case_free(c);
+    }
+}
+
+/* ---- attention ----------------------------------------------------------------------------- */
+
+/* Prefill of T = 5 at positions 0..4, then a decode step of one token at
+ * position 5 that reads the cache the prefill wrote (state persists). */
+static void run_prefill_then_decode(emit_case *c, uint32_t op) {
+    const int32_t prefill[5] = {0, 1, 2, 3, 4}, decode[1] = {5};
+    case_set_ints_data(c, c->pos, 5, prefill, 5);
+    case_run(c, op, 5, F32_SEQUENCE_TOLERANCE);
+    case_set_ints_data(c, c->pos, 1, decode, 1);
+    case_run(c, op, 1, F32_SEQUENCE_TOLERANCE);
+}
+
+static uint32_t attention_op(emit_case *c, const char *kv_type, const char *v_type, double scale, int64_t window,
+                             bool causal) {
+    ir_value_id q = case_input(c, "q", "f32[tokens, 4, 16]");
+    ir_value_id k = case_input(c, "k", kv_type);
+    ir_value_id v = case_input(c, "v", v_type);
+    uint32_t op = case_op(c, IR_OP_ATTENTION, (ir_value_id[]){q, k, v, c->pos}, 4);
+    assert_true(ir_op_set_float(&c->m, op, "scale", scale));
+    assert_true(ir_op_set_int(&c->m, op, "max_seq", 40));
+    assert_true(ir_op_set_int(&c->m, op, "window", window));
+    assert_true(ir_op_set_bool(&c->m, op, "causal", causal));
+    return op;
+}
+
+static void test_attention_gqa_prefill_then_decode(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        uint32_t op = attention_op(c, "f32[tokens, 2, 16]", "f32[tokens, 2, 16]", 0.25, 0, true);
+        case_infer(c);
+        run_prefill_then_decode(c, op);
+        case_free(c);
+    }
+}
+
+static void test_attention_sliding_window(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        uint32_t op = attention_op(c, "f32[tokens, 2, 16]", "f32[tokens, 2, 16]", 0.3, 3, true);
+        case_infer(c);
+        run_prefill_then_decode(c, op);
+        case_free(c);
+    }
+}
+
+/* MQA (one kv head), value dim 8 != 16, not causal: every written position. */
+static void test_attention_mqa_noncausal(void **state) {
+    (void)state;
+    emit_case *c = case_new(CG_PRECISION_F32);
+    uint32_t op = attention_op(c, "f32[tokens, 1, 16]", "f32[tokens, 1, 8]", 0.25, 0, false);
+    case_infer(c);
+    run_prefill_then_decode(c, op);
+    case_free(c);
+}
+
+/* A sequence with a gap: positions never written are skipped, as the
+ * reference skips them; 70 positions in tiles of 32. */
+static void test_attention_skips_unwritten_positions(void **state) {
+    (void)state;
+    emit_case *c = case_new(CG_PRECISION_F32);
+    ir_value_id q = case_input(c, "q", "f32[tokens, 2, 8]");
+    ir_value_id k = case_input(c, "k", "f32[tokens, 2, 8]");
+    ir_value_id v = case_input(c, "v", "f32[tokens, 2, 8]");
+    uint32_t op = case_op(c, IR_OP_ATTENTION, (ir_value_id[]){q, k, v, c->pos}, 4);
+    assert_true(ir_op_set_float(&c->m, op, "scale", 0.35));
+    assert_true(ir_op_set_int(&c->m, op, "max_seq", 80));
+    case_infer(c);
+    int32_t first[40], second[3] = {60, 61, 75};
+    for (int i = 0; i < 40; i++)
+        first[i] = i;
+    case_set_ints_data(c, c->pos, 40, first, 40);
+    case_run(c, op, 40, F32_SEQUENCE_TOLERANCE);
+    case_set_ints_data(c, c->pos, 3, second, 3);
+    case_run(c, op, 3, F32_SEQUENCE_TOLERANCE);
+    case_free(c);
+}
+
+/* ---- moe ---------------------------------------------------------------------------------- */
+
+static uint32_t moe_op(emit_case *c, int64_t experts, int64_t ffn, int64_t top_k, bool normalize) {
+    char router[64], gate[64], down[64];
+    snprintf(router, sizeof router, "f32[%lld, 32]", (long long)experts);
+    snprintf(gate, sizeof gate, "f32[%lld, %lld, 32]", (long long)experts, (long long)ffn);
+    snprintf(down, sizeof down, "f32[%lld, 32, %lld]", (long long)experts, (long long)ffn);
+    ir_value_id x = case_input(c, "x", "f32[tokens, 32]");
+    uint32_t op = case_op(c, IR_OP_MOE,
+                          (ir_value_id[]){x, case_weight(c, router), case_weight(c, gate), case_weight(c, gate),
+                                          case_weight(c, down)},
+                          5);
+    assert_true(ir_op_set_int(&c->m, op, "top_k", top_k));
+    assert_true(ir_op_set_bool(&c->m, op, "normalize", normalize));
+    return op;
+}
+
+static void test_moe_top2_of_4(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        uint32_t op = moe_op(c, 4, 48, 2, true);
+        case_infer(c);
+        case_run(c, op, 5, F32_SEQUENCE_TOLERANCE);
+        case_free(c);
+    }
+}
+
+/* F = 300 spans two chunks of hidden units; top-1 without renormalising. */
+static void test_moe_chunks_and_no_normalize(void **state) {
+    (void)state;
+    emit_case *c = case_new(CG_PRECISION_F32);
+    uint32_t op = moe_op(c, 3, 300, 1, false);
+    case_infer(c);
+    case_run(c, op, 3, F32_SEQUENCE_TOLERANCE);
+    case_free(c);
+}
+
+/* ---- layout -------------------------------------------------------------------------------- */
+
+static void test_transpose(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        ir_value_id x = case_input(c, "x", "f32[tokens, 3, 5, 2]");
+        uint32_t inner = case_op(c, IR_OP_TRANSPOSE, &x, 1);
+        case_set_ints(c, inner, "perm", (const int64_t[]){0, 2, 3, 1}, 4);
+        ir_value_id w = case_weight(c, "f32[4, 6]");
+        uint32_t matrix = case_op(c, IR_OP_TRANSPOSE, &w, 1);
+        case_set_ints(c, matrix, "perm", (const int64_t[]){1, 0}, 2);
+        case_infer(c);
+        case_run(c, inner, 3, F32_TOLERANCE);
+        case_run(c, matrix, 1, F32_TOLERANCE);
+        case_free(c);
+    }
+}
+
+static void test_concat_split_slice(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        ir_value_id a = case_input(c, "a", "f32[tokens, 3, 2]");
+        ir_value_id b = case_input(c, "b", "f32[tokens, 5, 2]");
+        ir_value_id d = case_input(c, "d", "f32[tokens, 1, 2]");
+        uint32_t concat = case_op(c, IR_OP_CONCAT, (ir_value_id[]){a, b, d}, 3);
+        assert_true(ir_op_set_int(&c->m, concat, "axis", 1));
+        ir_value_id x = case_input(c, "x", "f32[tokens, 10]");
+        uint32_t split = ir_append_op(&c->m, IR_OP_SPLIT, &x, 1, 3, SMELT_NO_LOC);
+        ir_op_fill_defaults(&c->m, split);
+        assert_true(ir_op_set_int(&c->m, split, "axis", -1));
+        case_set_ints(c, split, "sizes", (const int64_t[]){3, 3, 4}, 3);
+        ir_value_id y = case_input(c, "y", "f32[tokens, 4, 9]");
+        uint32_t slice = case_op(c, IR_OP_SLICE, &y, 1);
+        assert_true(ir_op_set_int(&c->m, slice, "axis", 2));
+        assert_true(ir_op_set_int(&c->m, slice, "start", 2));
+        assert_true(ir_op_set_int(&c->m, slice, "end", 7));
+        /* Integer data moves too. */
+        ir_value_id left = case_input(c, "left", "i32[tokens, 3]"), right = case_input(c, "right", "i32[tokens, 2]");
+        uint32_t ints = case_op(c, IR_OP_CONCAT, (ir_value_id[]){left, right}, 2);
+        assert_true(ir_op_set_int(&c->m, ints, "axis", 1));
+        case_infer(c);
+        case_run(c, concat, 4, F32_TOLERANCE);
+        case_run(c, split, 4, F32_TOLERANCE);
+        case_run(c, slice, 4, F32_TOLERANCE);
+        case_set_ints_data(c, left, 2, (const int32_t[]){1, 2, 3, 4, 5, 6}, 6);
+        case_set_ints_data(c, right, 2, (const int32_t[]){-7, 8, 9, -10}, 4);
+        case_run(c, ints, 2, F32_TOLERANCE);
+        case_free(c);
+    }
+}
+
+/* ---- names, storage, lowering kinds, errors ------------------------------------------------ */
+
+/* Two identical layers give one name and byte-identical sources; their ops
+ * texts differ. Another eps is another kernel. */
+static void test_kernels_are_named_by_specialisation(void **state) {
+    (void)state;
+    emit_case *c = case_new(CG_PRECISION_BF16);
+    ir_value_id x = case_input(c, "x", "f32[tokens, 64]");
+    uint32_t first = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){x, case_weight(c, "f32[64]")}, 2);
+    assert_true(ir_op_set_float(&c->m, first, "eps", 1e-5));
+    uint32_t second = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){case_result(c, first), case_weight(c, "f32[64]")}, 2);
+    assert_true(ir_op_set_float(&c->m, second, "eps", 1e-5));
+    uint32_t other = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){x, case_weight(c, "f32[64]")}, 2);
+    assert_true(ir_op_set_float(&c->m, other, "eps", 1e-6));
+    case_infer(c);
+    arena a;
+    arena_init(&a);
+    cg_op_lowering l1, l2, l3;
+    assert_true(case_emit(c, first, &a, &l1));
+    assert_true(case_emit(c, second, &a, &l2));
+    assert_true(case_emit(c, other, &a, &l3));
+    assert_string_equal(l1.kernels[0].name, "rms_norm_bf16_d64_eps1em05");
+    assert_string_equal(l1.kernels[0].name, l2.kernels[0].name);
+    assert_string_equal(l1.kernels[0].source, l2.kernels[0].source);
+    assert_string_equal(l1.kernels[0].family, "norm");
+    assert_string_not_equal(l1.kernels[0].ops_text, l2.kernels[0].ops_text);
+    assert_non_null(strstr(l1.kernels[0].ops_text, "= rms_norm(%2, %3) {eps = 1e-05} : f32[tokens, 64]"));
+    assert_string_equal(l3.kernels[0].name, "rms_norm_bf16_d64_eps1em06");
+    /* The source names the op's signature and says how it is launched. */
+    assert_non_null(strstr(l1.kernels[0].source, "rms_norm(f32[tokens, 64], f32[64]) {eps = 1e-05} : f32[tokens, 64]"));
+    assert_non_null(strstr(l1.kernels[0].source, "SMELT_KERNEL void rms_norm_bf16_d64_eps1em05("));
+    assert_non_null(strstr(l1.kernels[0].source, "SMELT_HOST_ENTRY(rms_norm_bf16_d64_eps1em05)"));
+    /* params x, weight, out; one block per token, 64 threads */
+    assert_int_equal(l1.kernels[0].param_count, 3);
+    assert_int_equal(l1.kernels[0].params[0].value, x);
+    assert_int_equal(l1.kernels[0].params[2].value, case_result(c, first));
+    assert_int_equal(l1.kernels[0].rule.grid[0].a, 1);
+    assert_int_equal(l1.kernels[0].rule.grid[0].b, 0);
+    assert_int_equal(l1.kernels[0].rule.block[0], 64);
+    arena_free(&a);
+    case_free(c);
+}
+
+/* bf16: every float value bf16 except what an output consumes, also through
+ * a reshape; integers i32; f32 precision: all floats f32. */
+static void test_storage_policy(void **state) {
+    (void)state;
+    emit_case *c = case_new(CG_PRECISION_BF16);
+    ir_value_id x = case_input(c, "x", "f32[tokens, 8]");
+    ir_value_id hidden = case_result(c, case_op(c, IR_OP_SILU, &x, 1));
+    ir_value_id logits = case_result(c, case_op(c, IR_OP_SILU, &hidden, 1));
+    uint32_t reshape = case_op(c, IR_OP_RESHAPE, &logits, 1);
+    ir_type shape = type_from_text(c, "f32[tokens, 2, 4]");
+    assert_true(ir_op_set_attr(&c->m, reshape, "shape",
+                               &(ir_attr){.kind = IR_ATTR_SHAPE, .as.shape = {shape.rank, shape.dims}}));
+    case_output(c, case_result(c, reshape), "logits");
+    case_infer(c);
+    assert_int_equal(cg_storage_dtype(&c->m, hidden, &c->options), PROG_DTYPE_BF16);
+    assert_int_equal(cg_storage_dtype(&c->m, x, &c->options), PROG_DTYPE_BF16);
+    assert_int_equal(cg_storage_dtype(&c->m, logits, &c->options), PROG_DTYPE_F32);
+    assert_int_equal(cg_storage_dtype(&c->m, case_result(c, reshape), &c->options), PROG_DTYPE_F32);
+    assert_int_equal(cg_storage_dtype(&c->m, c->ids, &c->options), PROG_DTYPE_I32);
+    cg_options f32 = {CG_PRECISION_F32};
+    assert_int_equal(cg_storage_dtype(&c->m, hidden, &f32), PROG_DTYPE_F32);
+    /* A kernel reading bf16 and writing f32 says so in its name, and runs. */
+    arena a;
+    arena_init(&a);
+    cg_op_lowering l;
+    assert_true(case_emit(c, c->m.values[logits].def_op, &a, &l));
+    assert_string_equal(l.kernels[0].name, "silu_bf16_f32_t8");
+    assert_true(case_emit(c, reshape, &a, &l));
+    assert_int_equal(l.kind, CG_LOWER_ALIAS);
+    arena_free(&a);
+    case_run(c, c->m.values[logits].def_op, 3, F32_TOLERANCE);
+    case_free(c);
+}
+
+static void test_lowering_kinds_and_attention_state(void **state) {
+    (void)state;
+    emit_case *c = case_new(CG_PRECISION_BF16);
+    ir_value_id x = case_input(c, "x", "f32[tokens, 16]");
+    uint32_t matmul = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, case_weight(c, "f32[8, 16]")}, 2);
+    uint32_t attention = attention_op(c, "f32[tokens, 2, 16]", "f32[tokens, 2, 16]", 0.25, 0, true);
+    case_output(c, case_result(c, matmul), "logits");
+    case_infer(c);
+    arena a;
+    arena_init(&a);
+    cg_op_lowering l;
+    assert_true(case_emit(c, c->m.values[x].def_op, &a, &l));
+    assert_int_equal(l.kind, CG_LOWER_NONE);
+    assert_true(case_emit(c, matmul, &a, &l));
+    assert_int_equal(l.kind, CG_LOWER_GEMM);
+    assert_int_equal(l.kernel_count, 0);
+    assert_true(case_emit(c, c->m.op_count - 1, &a, &l)); /* the output */
+    assert_int_equal(l.kind, CG_LOWER_NONE);
+    assert_true(case_emit(c, attention, &a, &l));
+    assert_int_equal(l.kind, CG_LOWER_KERNELS);
+    assert_int_equal(l.kernel_count, 2);
+    assert_string_equal(l.kernels[0].name, "kv_write_bf16_kv2_d16_ctx40");
+    assert_string_equal(l.kernels[1].name, "attention_bf16_h4_kv2_d16_ctx40"); /* scale 1/sqrt(16) implied */
+    assert_int_equal(l.state_count, 3);
+    assert_int_equal(l.state_bytes[CG_STATE_KEYS], 40 * 2 * 16 * 2); /* bf16 */
+    assert_int_equal(l.state_bytes[CG_STATE_VALUES], 40 * 2 * 16 * 2);
+    assert_int_equal(l.state_bytes[CG_STATE_WRITTEN], 40 * 4);
+    /* the attention kernel: grid (T, Hq), parameters q, pos, caches, flags, out, no T */
+    assert_int_equal(l.kernels[1].rule.grid[1].b, 4);
+    assert_int_equal(l.kernels[1].param_count, 6);
+    assert_int_equal(l.kernels[1].params[2].kind, CG_PARAM_STATE);
+    assert_int_equal(l.kernels[1].params[2].state, CG_STATE_KEYS);
+    arena_free(&a);
+    case_free(c);
+}
+
+static void assert_emit_fails(emit_case *c, uint32_t op, const char *message) {
+    arena a;
+    arena_init(&a);
+    cg_op_lowering l;
+    assert_false(case_emit(c, op, &a, &l));
+    assert_int_equal(l.kernel_count, 0);
+    if (!strstr(case_log(c), message)) fail_msg("expected '%s' in:\n%s", message, case_log(c));
+    arena_free(&a);
+}
+
+/* Only the token dim, only as dim 0, is dynamic. */
+static void test_token_dim_errors(void **state) {
+    (void)state;
+    emit_case *c = case_new(CG_PRECISION_F32);
+    ir_add_symbol(&c->m, "batch", 8, SMELT_NO_LOC);
+    ir_value_id other = case_input(c, "other", "f32[batch, 4]");
+    uint32_t silu = case_op(c, IR_OP_SILU, &other, 1);
+    ir_value_id x = case_input(c, "x", "f32[tokens, 4]");
+    uint32_t transpose = case_op(c, IR_OP_TRANSPOSE, &x, 1);
+    case_set_ints(c, transpose, "perm", (const int64_t[]){1, 0}, 2);
+    case_infer(c);
+    assert_emit_fails(c, silu, "error: codegen supports the token dim only as dim 0 of a value; found 'batch' as dim 0 "
+                               "of operand 0 of 'silu'");
+    assert_emit_fails(c, transpose, "found 'tokens' as dim 1 of result 0 of 'transpose'");
+    case_free(c);
+}
+
+/* A name of a megabyte is cut in the message; nothing breaks. */
+static void test_long_symbol_name_is_cut(void **state) {
+    (void)state;
+    emit_case *c = case_new(CG_PRECISION_F32);
+    size_t length = 1 << 20;
+    char *name = malloc(length + 1);
+    memset(name, 'n', length);
+    name[length] = '\0';
+    ir_add_symbol(&c->m, name, 8, SMELT_NO_LOC);
+    ir_value_id v = case_input(c, "v", "f32[tokens, 2]");
+    c->m.values[v].type.dims[1] = ir_dim_symbol(1);
+    uint32_t op = case_op(c, IR_OP_SILU, &v, 1);
+    case_infer(c);
+    assert_emit_fails(c, op, "nnnn...' as dim 1 of operand 0");
+    assert_true(strlen(case_log(c)) < 1000);
+    free(name);
+    case_free(c);
+}
+
+static void test_bad_attributes_are_errors(void **state) {
+    (void)state;
+    emit_case *c = case_new(CG_PRECISION_F32);
+    ir_value_id x = case_input(c, "x", "f32[tokens, 2, 8]");
+    uint32_t rope = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
+    assert_true(ir_op_set_float(&c->m, rope, "theta", 10000.0));
+    uint32_t moe = moe_op(c, 4, 16, 2, true);
+    case_infer(c);
+    assert_true(ir_op_set_int(&c->m, rope, "rotary_dim", 9));
+    assert_emit_fails(c, rope, "rope: expected rotary_dim in [2, 8] (the head dim); found 9");
+    assert_true(ir_op_set_int(&c->m, moe, "top_k", 5));
+    assert_emit_fails(c, moe, "moe: top_k 5 must be in [1, 4] (the number of experts)");
+    case_free(c);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_add_mul_broadcasting),
+        cmocka_unit_test(test_activations),
+        cmocka_unit_test(test_norms),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_argmax),
+        cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_attention_gqa_prefill_then_decode),
+        cmocka_unit_test(test_attention_sliding_window),
+        cmocka_unit_test(test_attention_mqa_noncausal),
+        cmocka_unit_test(test_attention_skips_unwritten_positions),
+        cmocka_unit_test(test_moe_top2_of_4),
+        cmocka_unit_test(test_moe_chunks_and_no_normalize),
+        cmocka_unit_test(test_transpose),
+        cmocka_unit_test(test_concat_split_slice),
+        cmocka_unit_test(test_kernels_are_named_by_specialisation),
+        cmocka_unit_test(test_storage_policy),
+        cmocka_unit_test(test_lowering_kinds_and_attention_state),
+        cmocka_unit_test(test_token_dim_errors),
+        cmocka_unit_test(test_long_symbol_name_is_cut),
+        cmocka_unit_test(test_bad_attributes_are_errors),
+    };
+    return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
+}

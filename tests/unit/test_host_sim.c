@@ -1,0 +1,716 @@
+/* test_host_sim.c - the host simulator and smelt_kernel.h, primitive by
+ * primitive, against hand-computed truths; and the same kernel text
+ * (kernels/host_sim_kernels.cu) compiled by NVRTC for sm_80 and sm_90. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fiber.h"
+#include "host_sim.h"
+
+#include "kernels/host_sim_kernels.cu"
+
+#ifdef SMELT_HAVE_NVRTC
+#include SMELT_NVRTC_HEADER /* the toolkit's, by full path: codegen/nvrtc.h shadows <nvrtc.h> */
+#endif
+
+#define KERNEL(name) ((sim_kernel){#name, name##__host_entry})
+
+static sim_status launch(sim_pool *pool, sim_kernel kernel, sim_dim3 grid, sim_dim3 block, size_t shared,
+                         void **args, char *error, size_t error_size) {
+    return sim_launch(pool, &kernel, grid, block, shared, args, error, error_size);
+}
+
+/* Launches that must succeed; prints the simulator's message when not. */
+static void launch_ok(sim_pool *pool, sim_kernel kernel, sim_dim3 grid, sim_dim3 block, size_t shared,
+                      void **args) {
+    char error[512] = "";
+    sim_status status = launch(pool, kernel, grid, block, shared, args, error, sizeof error);
+    if (status != SIM_OK) fprintf(stderr, "launch of %s failed: %s\n", kernel.name, error);
+    assert_int_equal(status, SIM_OK);
+}
+
+/* ---- fibers ---- */
+
+typedef struct ping_pong {
+    sim_fiber main, worker;
+    int steps[8];
+    int step_count;
+} ping_pong;
+
+static void ping_pong_worker(void *argument) {
+    ping_pong *p = argument;
+    double carried = 1.5; /* lives on this fiber's stack across switches */
+    for (int i = 0; i < 3; i++) {
+        p->steps[p->step_count++] = 100 + i;
+        carried *= 2.0;
+        sim_fiber_switch(&p->worker, &p->main);
+    }
+    p->steps[p->step_count++] = (int)carried; /* 1.5 * 8 */
+    sim_fiber_exit(&p->worker, &p->main);
+}
+
+static void test_fiber_switches_back_and_forth(void **state) {
+    (void)state;
+    sim_stack_region stacks = {0};
+    assert_true(sim_stack_region_reserve(&stacks, 2, 64 * 1024));
+    ping_pong p = {0};
+    sim_fiber_init_thread(&p.main);
+    sim_fiber_prepare(&p.worker, sim_stack_region_stack(&stacks, 1), stacks.stack_size, ping_pong_worker, &p);
+    for (int i = 0; i < 4; i++) {
+        p.steps[p.step_count++] = i;
+        sim_fiber_switch(&p.main, &p.worker);
+    }
+    int expected[] = {0, 100, 1, 101, 2, 102, 3, 12};
+    assert_int_equal(p.step_count, 8);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(p.steps[i], expected[i]);
+    /* A larger request replaces the region; a smaller one keeps it. */
+    assert_true(sim_stack_region_reserve(&stacks, 4, 128 * 1024));
+    assert_int_equal(stacks.count, 4);
+    assert_true(stacks.stack_size >= 128 * 1024);
+    unsigned char *base = stacks.base;
+    assert_true(sim_stack_region_reserve(&stacks, 2, 64 * 1024));
+    assert_ptr_equal(stacks.base, base);
+    assert_int_equal(stacks.guarded_count, 4); /* far from the mapping limit here */
+    /* The canary that stands in for a guard page when mappings run out. */
+    sim_stack_region_set_canary(&stacks, 3);
+    assert_true(sim_stack_region_canary_intact(&stacks, 3));
+    ((volatile unsigned char *)sim_stack_region_stack(&stacks, 3))[5] ^= 1;
+    assert_false(sim_stack_region_canary_intact(&stacks, 3));
+    sim_stack_region_free(&stacks);
+}
+
+/* ---- indices ---- */
+
+static void check_indices(sim_pool *pool, sim_dim3 grid, sim_dim3 block) {
+    unsigned threads = block.x * block.y * block.z, blocks = grid.x * grid.y * grid.z;
+    unsigned *out = calloc((size_t)threads * blocks * SIM_TEST_INDEX_FIELDS, sizeof *out);
+    void *args[] = {&out};
+    launch_ok(pool, KERNEL(sim_test_indices), grid, block, 0, args);
+    for (unsigned bz = 0; bz < grid.z; bz++)
+        for (unsigned by = 0; by < grid.y; by++)
+            for (unsigned bx = 0; bx < grid.x; bx++)
+                for (unsigned tz = 0; tz < block.z; tz++)
+                    for (unsigned ty = 0; ty < block.y; ty++)
+                        for (unsigned tx = 0; tx < block.x; tx++) {
+                            unsigned b = bx + grid.x * (by + grid.y * bz),
+                                     t = tx + block.x * (ty + block.y * tz);
+                            const unsigned *r = out + ((size_t)b * threads + t) * SIM_TEST_INDEX_FIELDS;
+                            unsigned expected[] = {tx,     ty,      tz,      bx,      by,
+                                                   bz,     block.x, block.y, block.z, grid.x,
+                                                   grid.y, grid.z,  t % 32,  32,      1};
+                            for (unsigned f = 0; f < 15; f++)
+                                assert_int_equal(r[f], expected[f]);
+                        }
+    free(out);
+}
+
+static void test_indices_over_3d_grids_and_blocks(void **state) {
+    (void)state;
+    sim_pool *pool = sim_pool_create(3);
+    assert_non_null(pool);
+    assert_int_equal(sim_pool_worker_count(pool), 3);
+    check_indices(pool, sim_dim3_make(3, 2, 2), sim_dim3_make(4, 3, 2)); /* 24 threads: one partial warp */
+    check_indices(pool, sim_dim3_make(2, 3, 1), sim_dim3_make(8, 4, 2)); /* 64 threads: two warps */
+    check_indices(pool, sim_dim3_make(5, 1, 1), sim_dim3_make(1, 1, 1));
+    check_indices(pool, sim_dim3_make(1, 1, 1), sim_dim3_make(1024, 1, 1));
+    sim_pool_free(pool);
+}
+
+static void test_pool_of_zero_workers_uses_every_core(void **state) {
+    (void)state;
+    sim_pool *pool = sim_pool_create(0);
+    assert_non_null(pool);
+    assert_int_equal(sim_pool_worker_count(pool), (unsigned)sysconf(_SC_NPROCESSORS_ONLN));
+    check_indices(pool, sim_dim3_make(7, 1, 1), sim_dim3_make(33, 1, 1));
+    sim_pool_free(pool);
+}
+
+/* ---- __syncthreads ---- */
+
+static void test_syncthreads_orders_shared_memory(void **state) {
+    (void)state;
+    sim_pool *pool = sim_pool_create(2);
+    enum { BLOCKS = 4, THREADS = 96 };
+    int out[BLOCKS * THREADS];
+    int with_barrier = 1;
+    int *out_pointer = out;
+    void *args[] = {&out_pointer, &with_barrier};
+    launch_ok(pool, KERNEL(sim_test_neighbour), sim_dim3_make(BLOCKS, 1, 1), sim_dim3_make(THREADS, 1, 1), 0,
+              args);
+    for (int b = 0; b < BLOCKS; b++)
+        for (int t = 0; t < THREADS; t++)
+            assert_int_equal(out[b * THREADS + t], (t + 1) % THREADS + 1);
+
+    /* Without the barrier the data flow is wrong, so the barrier above did
+     * the work: after the first barrier thread 95 runs on and reads slot 0
+     * before thread 0 has written it (round-robin order). */
+    with_barrier = 0;
+    launch_ok(pool, KERNEL(sim_test_neighbour), sim_dim3_make(BLOCKS, 1, 1), sim_dim3_make(THREADS, 1, 1), 0,
+              args);
+    int wrong = 0;
+    for (int i = 0; i < BLOCKS * THREADS; i++)
+        wrong += out[i] != (i % THREADS + 1) % THREADS + 1;
+    assert_true(wrong > 0);
+    assert_int_equal(out[THREADS - 1], 0);
+    sim_pool_free(pool);
+}
+
+static void test_shared_memory_reduction(void **state) {
+    (void)state;
+    sim_pool *pool = sim_pool_create(2);
+    enum { BLOCKS = 6 };
+    float x[BLOCKS * 256], sums[BLOCKS];
+    for (int i = 0; i < BLOCKS * 256; i++)
+        x[i] = (float)(i % 17); /* integers: every order sums exactly */
+    void *args[] = {&(const float *){x}, &(float *){sums}};
+    launch_ok(pool, KERNEL(sim_test_reduce), sim_dim3_make(BLOCKS, 1, 1), sim_dim3_make(256, 1, 1), 0, args);
+    for (int b = 0; b < BLOCKS; b++) {
+        float expected = 0;
+        for (int i = 0; i < 256; i++)
+            expected += (float)((b * 256 + i) % 17);
+        assert_float_equal(sums[b], expected, 0.0f);
+    }
+    sim_pool_free(pool);
+}
+
+static void test_shared_memory_is_per_block(void **state) {
+    (void)state;
+    sim_pool *pool = sim_pool_create(4); /* more workers than cores: blocks interleave */
+    enum { BLOCKS = 64, THREADS = 128 };
+    int *ok = calloc(BLOCKS * THREADS, sizeof *ok);
+    int rounds = 40;
+    void *args[] = {&ok, &rounds};
+    launch_ok(pool, KERNEL(sim_test_shared_isolation), sim_dim3_make(BLOCKS, 1, 1),
+              sim_dim3_make(THREADS, 1, 1), THREADS * sizeof(int), args);
+    for (int i = 0; i < BLOCKS * THREADS; i++)
+        assert_int_equal(ok[i], 1);
+    free(ok);
+    sim_pool_free(pool);
+}
+
+static void test_barrier_loop_many_blocks(void **state) {
+    (void)state;
+    sim_pool *pool = sim_pool_create(2);
+    int out[2 * 9] = {0};
+    int iterations = 300;
+    void *args[] = {&(int *){out}, &iterations};
+    launch_ok(pool, KERNEL(sim_test_barrier_loop), sim_dim3_make(9, 1, 1), sim_dim3_make(256, 1, 1), 0, args);
+    for (int b = 0; b < 9; b++) {
+        assert_int_equal(out[b], 300);
+        assert_int_equal(out[9 + b], 0); /* nobody saw a stale count */
+    }
+    sim_pool_free(pool);
+}
+
+/* ---- warps ---- */
+
+static int value_of(int t) { return 10 * t + 1; }
+
+/* What lane `t` gets from source lane `source` of its warp in a block of
+ * `n` threads: the source's value when it exists, else its own. */
+static int shuffled(int t, int source, int n) {
+    int warp_base = t / 32 * 32;
+    return source >= 0 && source < 32 && warp_base + source < n ? value_of(warp_base + source) : value_of(t);
+}
+
+static void test_shuffles_and_votes_with_partial_warp(void **state) {
+    (void)state;
+    sim_pool *pool = sim_pool_create(1);
+    enum { N = 48 };
+    int out[N * SIM_TEST_WARP_FIELDS];
+    memset(out, 0x55, sizeof out);
+    void *args[] = {&(int *){out}};
+    launch_ok(pool, KERNEL(sim_test_warp_ops), sim_dim3_make(1, 1, 1), sim_dim3_make(N, 1, 1), 0, args);
+    for (int t = 0; t < N; t++) {
+        const int *r = out + t * SIM_TEST_WARP_FIELDS;
+        int lane = t % 32, warp = t / 32;
+        assert_int_equal(r[0], shuffled(t, lane ^ 1, N));
+        assert_int_equal(r[1], shuffled(t, lane + 3, N));
+        assert_int_equal(r[2], shuffled(t, lane - 5, N));
+        assert_int_equal(r[3], shuffled(t, 7, N));
+        assert_int_equal(r[4], shuffled(t, 31 - lane, N));
+        unsigned ballot = warp == 0 ? 0x49249249u : 0x9249u; /* lanes 0, 3, 6, ... that exist */
+        assert_int_equal((unsigned)r[5], ballot);
+        assert_int_equal(r[6], warp == 1); /* thread 40 is in warp 1 */
+        assert_int_equal(r[7], warp == 0); /* threads 40..47 fail t < 40 */
+        assert_int_equal(r[8], warp == 0 ? (t ^ 16) : t);
+        assert_int_equal(r[9], warp == 0 ? 4992 : 12672);
+        assert_int_equal(r[10], value_of(t ^ 1));
+        assert_int_equal(r[11], warp == 0 && lane < 16 ? value_of(t + 16) : value_of(t));
+    }
+    /* A few by hand. */
+    assert_int_equal(out[0 * SIM_TEST_WARP_FIELDS + 0], 11);   /* lane 0 gets lane 1's 11 */
+    assert_int_equal(out[31 * SIM_TEST_WARP_FIELDS + 1], 311); /* down 3 past the end: own */
+    assert_int_equal(out[40 * SIM_TEST_WARP_FIELDS + 3], 391); /* lane 7 of warp 1 is thread 39 */
+    assert_int_equal(out[47 * SIM_TEST_WARP_FIELDS + 4], 471); /* lane 31-15=16 of warp 1 does not exist */
+    sim_pool_free(pool);
+}
+
+static void test_rms_norm_example(void **state) {
+    (void)state;
+    sim_pool *pool = sim_pool_create(2);
+    enum { TOKENS = 5 };
+    float x[TOKENS * 64], w[64], y[TOKENS * 64];
+    for (int i = 0; i < TOKENS * 64; i++)
+        x[i] = sinf(0.37f * (float)i) * 3.0f;
+    for (int i = 0; i < 64; i++)
+        w[i] = 0.5f + (float)i / 64.0f;
+    int tokens = TOKENS;
+    void *args[] = {&(const float *){x}, &(const float *){w}, &(float *){y}, &tokens};
+    launch_ok(pool, KERNEL(sim_test_rms_norm_64), sim_dim3_make(TOKENS + 2, 1, 1), sim_dim3_make(64, 1, 1), 0,
+              args);
+    for (int row = 0; row < TOKENS; row++) {
+        double sum = 0;
+        for (int i = 0; i < 64; i++)
+            sum += (double)x[row * 64 + i] * x[row * 64 + i];
+        double scale = 1.0 / sqrt(sum / 64 + 1e-5);
+        for (int i = 0; i < 64; i++)
+            assert_float_equal(y[row * 64 + i], x[row * 64 + i] * scale * w[i], 1e-5);
+    }
+    sim_pool_free(pool);
+}
+
+static void test_cp_async_and_math(void **state) {
+    (void)state;
+    sim_pool *pool = sim_pool_create(1);
+    float src[128], dst[128];
+    for (int i = 0; i < 128; i++)
+        src[i] = (float)i;
+    void *copy_args[] = {&(const float *){src}, &(float *){dst}};
+    launch_ok(pool, KERNEL(sim_test_cp_async), sim_dim3_make(1, 1, 1), sim_dim3_make(32, 1, 1), 0, copy_args);
+    for (int t = 0; t < 32; t++)
+        for (int i = 0; i < 4; i++)
+            assert_float_equal(dst[t * 4 + i], (float)((31 - t) * 4 + i), 0.0f);
+
+    enum { N = 9 };
+    float x[N] = {-2.5f, -1.0f, -0.3f, 0.0f, 0.2f, 0.7f, 1.0f, 2.0f, 3.5f}, y[N * 12];
+    int n = N;
+    void *math_args[] = {&(const float *){x}, &(float *){y}, &n};
+    launch_ok(pool, KERNEL(sim_test_math), sim_dim3_make(2, 1, 1), sim_dim3_make(8, 1, 1), 0, math_args);
+    for (int i = 0; i < N; i++) {
+        double v = x[i], a = fabs(v);
+        double expected[12] = {exp(v),
+                               log(a + 1),
+                               sqrt(a),
+                               1 / sqrt(a + 1),
+                               tanh(v),
+                               erf(v),
+                               fmax(v, 0.25) + fmin(v, -0.25),
+                               exp(v),
+                               v / 3,
+                               2 * v,
+                               (i < 3 ? i : 3) + (i > 3 ? i : 3),
+                               pow(a, 1.5)};
+        for (int f = 0; f < 12; f++)
+            assert_float_equal(y[i * 12 + f], expected[f], 1e-5 * fmax(1.0, fabs(expected[f])));
+    }
+    sim_pool_free(pool);
+}
+
+/* ---- atomics ---- */
+
+static void test_atomics_from_many_blocks(void **state) {
+    (void)state;
+    sim_pool *pool = sim_pool_create(4);
+    enum { BLOCKS = 64, THREADS = 256 };
+    int counts[2] = {0, 0}, max_int = -1;
+    float sum = 0, max_float = -1;
+    unsigned winners[BLOCKS + 1] = {0};
+    void *args[] = {&(int *){counts}, &(float *){&sum}, &(int *){&max_int}, &(float *){&max_float},
+                    &(unsigned *){winners}};
+    launch_ok(pool, KERNEL(sim_test_atomics), sim_dim3_make(BLOCKS, 1, 1), sim_dim3_make(THREADS, 1, 1), 0,
+              args);
+    int expected_max = 0;
+    for (int g = 0; g < BLOCKS * THREADS; g++)
+        if ((g * 7919) % 10007 > expected_max) expected_max = (g * 7919) % 10007;
+    assert_int_equal(counts[0], BLOCKS * THREADS);
+    assert_int_equal(counts[1], 2 * BLOCKS * THREADS);
+    assert_float_equal(sum, 0.1 * BLOCKS * THREADS, 0.1 * BLOCKS * THREADS * 1e-3);
+    assert_int_equal(max_int, expected_max);
+    assert_float_equal(max_float, 0.5f * (float)expected_max, 0.0f);
+    assert_int_equal(winners[BLOCKS], BLOCKS);
+    for (int b = 0; b < BLOCKS; b++) {
+        assert_true(winners[b] >= (unsigned)b * THREADS + 1);
+        assert_true(winners[b] <= (unsigned)(b + 1) * THREADS);
+    }
+    sim_pool_free(pool);
+}
+
+/* ---- errors ---- */
+
+static void test_half_return_before_barrier_is_a_deadlock(void **state) {
+    (void)state;
+    sim_pool *pool = sim_pool_create(2);
+    int out[64] = {0};
+    void *args[] = {&(int *){out}};
+    char error[512];
+    sim_status status = launch(pool, KERNEL(sim_test_half_return), sim_dim3_make(1, 1, 1),
+                               sim_dim3_make(64, 1, 1), 0, args, error, sizeof error);
+    assert_int_equal(status, SIM_ERROR_DEADLOCK);
+    assert_string_equal(error,
+                        "kernel 'sim_test_half_return' block (0, 0, 0): __syncthreads() is not reached by "
+                        "every thread of the block: 32 threads wait at it, 32 have returned");
+    for (int i = 0; i < 64; i++)
+        assert_int_equal(out[i], 0);
+
+    /* Many blocks: one error, the launch stops, the pool stays usable. */
+    status = launch(pool, KERNEL(sim_test_half_return), sim_dim3_make(50, 2, 1), sim_dim3_make(8, 2, 1), 0,
+                    args, error, sizeof error);
+    assert_int_equal(status, SIM_ERROR_DEADLOCK);
+    assert_non_null(strstr(error, "8 threads wait at it, 8 have returned"));
+    assert_true(strncmp(error, "kernel 'sim_test_half_return' block (", 37) == 0);
+    check_indices(pool, sim_dim3_make(3, 1, 1), sim_dim3_make(64, 1, 1));
+    sim_pool_free(pool);
+}
+
+static void test_warp_misuse_is_reported(void **state) {
+    (void)state;
+    sim_pool *pool = sim_pool_create(1);
+    int out[64];
+    float d[48];
+    void *args[] = {&(int *){out}};
+    char error[512];
+
+    sim_status status = launch(pool, KERNEL(sim_test_warp_divergence), sim_dim3_make(1, 1, 1),
+                               sim_dim3_make(64, 1, 1), 0, args, error, sizeof error);
+    assert_int_equal(status, SIM_ERROR_DEADLOCK);
+    assert_string_equal(
+        error, "kernel 'sim_test_warp_divergence' block (0, 0, 0): __shfl_xor_sync() in warp 0 is not "
+               "reached by every thread of the warp: 16 threads wait at it, 16 wait at __syncthreads()");
+
+    status = launch(pool, KERNEL(sim_test_mixed_warp_ops), sim_dim3_make(1, 1, 1), sim_dim3_make(32, 1, 1), 0,
+                    args, error, sizeof error);
+    assert_int_equal(status, SIM_ERROR_WARP_MISUSE);
+    assert_string_equal(
+        error, "kernel 'sim_test_mixed_warp_ops' block (0, 0, 0): threads of warp 0 wait at different "
+               "warp operations: 16 at __shfl_xor_sync(), lane 16 at __ballot_sync()");
+
+    status = launch(pool, KERNEL(sim_test_bad_mask), sim_dim3_make(1, 1, 1), sim_dim3_make(32, 1, 1), 0, args,
+                    error, sizeof error);
+    assert_int_equal(status, SIM_ERROR_WARP_MISUSE);
+    assert_string_equal(error,
+                        "kernel 'sim_test_bad_mask' block (0, 0, 0): __shfl_xor_sync() in warp 0, lane 16: "
+                        "the mask 0x0000ffff does not include the calling lane");
+
+    void *mma_args[] = {&(float *){d}};
+    status = launch(pool, KERNEL(sim_test_mma_partial_warp), sim_dim3_make(1, 1, 1), sim_dim3_make(48, 1, 1),
+                    0, mma_args, error, sizeof error);
+    assert_int_equal(status, SIM_ERROR_WARP_MISUSE);
+    assert_string_equal(
+        error, "kernel 'sim_test_mma_partial_warp' block (0, 0, 0): smelt_mma_m16n8k16_bf16_f32() in "
+               "warp 1 needs all 32 lanes of the warp; 16 take part");
+
+    /* After abandoned blocks the worker's fibers start clean. */
+    check_indices(pool, sim_dim3_make(2, 1, 1), sim_dim3_make(96, 1, 1));
+    sim_pool_free(pool);
+}
+
+static void noop_kernel_entry(void **args) { (void)args; }
+
+static void expect_invalid(sim_pool *pool, const sim_kernel *kernel, sim_dim3 grid, sim_dim3 block,
+                           size_t shared, const char *message) {
+    char error[512] = "";
+    assert_int_equal(sim_launch(pool, kernel, grid, block, shared, NULL, error, sizeof error),
+                     SIM_ERROR_INVALID_LAUNCH);
+    assert_string_equal(error, message);
+}
+
+static void test_bad_launch_dimensions(void **state) {
+    (void)state;
+    sim_pool *pool = sim_pool_create(1);
+    sim_kernel k = {"k", noop_kernel_entry};
+    sim_dim3 one = sim_dim3_make(1, 1, 1);
+    expect_invalid(pool, &k, one, sim_dim3_make(1025, 1, 1), 0,
+                   "kernel 'k': block (1025, 1, 1) exceeds the limits (1024, 1024, 64)");
+    expect_invalid(pool, &k, one, sim_dim3_make(32, 32, 2), 0,
+                   "kernel 'k': block (32, 32, 2) has 2048 threads; expected at most 1024");
+    expect_invalid(pool, &k, one, sim_dim3_make(1, 1, 65), 0,
+                   "kernel 'k': block (1, 1, 65) exceeds the limits (1024, 1024, 64)");
+    expect_invalid(pool, &k, sim_dim3_make(4, 0, 1), one, 0,
+                   "kernel 'k': launch dimensions must be at least 1; found grid (4, 0, 1), block (1, 1, 1)");
+    expect_invalid(pool, &k, one, sim_dim3_make(0, 1, 1), 0,
+                   "kernel 'k': launch dimensions must be at least 1; found grid (1, 1, 1), block (0, 1, 1)");
+    expect_invalid(pool, &k, sim_dim3_make(1, 65536, 1), one, 0,
+                   "kernel 'k': grid (1, 65536, 1) exceeds the limits (2147483647, 65535, 65535)");
+    expect_invalid(pool, &k, sim_dim3_make(2147483648u, 1, 1), one, 0,
+                   "kernel 'k': grid (2147483648, 1, 1) exceeds the limits (2147483647, 65535, 65535)");
+    expect_invalid(pool, &k, one, one, 227 * 1024 + 1,
+                   "kernel 'k': 232449 bytes of dynamic shared memory requested; expected at most 232448");
+    sim_kernel no_entry = {"k", NULL};
+    expect_invalid(pool, &no_entry, one, one, 0, "launch of a kernel without a host entry function");
+    expect_invalid(NULL, &k, one, one, 0, "launch without a simulator pool");
+
+    /* A 1 MB name is cut in the message. */
+    char *long_name = malloc(1 << 20);
+    memset(long_name, 'n', (1 << 20) - 1);
+    long_name[(1 << 20) - 1] = '\0';
+    sim_kernel long_kernel = {long_name, noop_kernel_entry};
+    char error[512];
+    assert_int_equal(
+        sim_launch(pool, &long_kernel, one, sim_dim3_make(2000, 1, 1), 0, NULL, error, sizeof error),
+        SIM_ERROR_INVALID_LAUNCH);
+    assert_true(strlen(error) < 200);
+    assert_non_null(strstr(error, "nnn...': block (2000, 1, 1)"));
+    /* No buffer for the message: still the status. */
+    assert_int_equal(sim_launch(pool, &long_kernel, one, sim_dim3_make(2000, 1, 1), 0, NULL, NULL, 0),
+                     SIM_ERROR_INVALID_LAUNCH);
+    free(long_name);
+    /* The largest legal dynamic shared memory works. */
+    assert_int_equal(sim_launch(pool, &k, one, one, 227 * 1024, NULL, error, sizeof error), SIM_OK);
+    sim_pool_free(pool);
+}
+
+/* A kernel that recurses past its fiber's stack; host-only. */
+static int deep_recursion(int depth) {
+    volatile char frame[1024];
+    frame[0] = (char)depth;
+    return depth > 0 ? deep_recursion(depth - 1) + frame[0] : frame[0];
+}
+static void stack_overflow_entry(void **args) { *(int *)args[0] = deep_recursion(100000); }
+
+static void test_stack_overflow_hits_the_guard_page(void **state) {
+    (void)state;
+    fflush(NULL);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        int quiet = open("/dev/null", O_WRONLY); /* the crash report is expected */
+        if (quiet >= 0) dup2(quiet, STDERR_FILENO);
+        sim_pool *pool = sim_pool_create(1);
+        int result = 0;
+        void *args[] = {&result};
+        sim_kernel k = {"overflow", stack_overflow_entry};
+        sim_launch(pool, &k, sim_dim3_make(1, 1, 1), sim_dim3_make(2, 1, 1), 0, args, NULL, 0);
+        _exit(0); /* reaching here would mean the overflow went unnoticed */
+    }
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    /* SIGSEGV, or ASan's report of it (it exits or aborts). */
+    assert_true(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0));
+}
+
+/* ---- bf16 ---- */
+
+static float float_of_bits(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static void test_bf16_conversion_bits(void **state) {
+    (void)state;
+    assert_int_equal(smelt_f32_to_bf16(1.0f), 0x3f80);
+    assert_int_equal(smelt_f32_to_bf16(-2.0f), 0xc000);
+    assert_int_equal(smelt_f32_to_bf16(0.0f), 0x0000);
+    assert_int_equal(smelt_f32_to_bf16(-0.0f), 0x8000);
+    /* Exactly halfway: ties go to the even neighbour. */
+    assert_int_equal(smelt_f32_to_bf16(float_of_bits(0x3f808000u)), 0x3f80);
+    assert_int_equal(smelt_f32_to_bf16(float_of_bits(0x3f818000u)), 0x3f82);
+    /* Off halfway: to the nearer. */
+    assert_int_equal(smelt_f32_to_bf16(float_of_bits(0x3f808001u)), 0x3f81);
+    assert_int_equal(smelt_f32_to_bf16(float_of_bits(0x3f807fffu)), 0x3f80);
+    /* Mantissa carry into the exponent, and overflow to infinity. */
+    assert_int_equal(smelt_f32_to_bf16(float_of_bits(0x3fffffffu)), 0x4000);
+    assert_int_equal(smelt_f32_to_bf16(float_of_bits(0x7f7fffffu)), 0x7f80);
+    assert_int_equal(smelt_f32_to_bf16(INFINITY), 0x7f80);
+    assert_int_equal(smelt_f32_to_bf16(-INFINITY), 0xff80);
+    /* NaN stays NaN, even a signalling NaN whose payload sits in the low bits. */
+    assert_int_equal(smelt_f32_to_bf16(float_of_bits(0x7fc00000u)), 0x7fc0);
+    assert_int_equal(smelt_f32_to_bf16(float_of_bits(0x7f800001u)), 0x7fc0);
+    assert_int_equal(smelt_f32_to_bf16(float_of_bits(0xffffffffu)), 0xffff);
+    assert_true(isnan(smelt_bf16_to_f32(smelt_f32_to_bf16(NAN))));
+    /* Subnormals round like everything else. */
+    assert_int_equal(smelt_f32_to_bf16(float_of_bits(0x00018000u)), 0x0002);
+    assert_float_equal(smelt_bf16_to_f32(0x3f80), 1.0f, 0.0f);
+    assert_float_equal(smelt_bf16_to_f32(0xc040), -3.0f, 0.0f);
+    assert_int_equal(smelt_bf16x2_pack(0x1234, 0xabcd), 0xabcd1234u);
+
+    /* The same functions run inside a kernel. */
+    sim_pool *pool = sim_pool_create(1);
+    enum { N = 40 };
+    float in[N], back[N];
+    smelt_bf16 bits[N];
+    for (int i = 0; i < N; i++)
+        in[i] = (float)(i - 20) * 0.3333f;
+    int n = N;
+    void *args[] = {&(const float *){in}, &(smelt_bf16 *){bits}, &(float *){back}, &n};
+    launch_ok(pool, KERNEL(sim_test_bf16), sim_dim3_make(2, 1, 1), sim_dim3_make(32, 1, 1), 0, args);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(bits[i], smelt_f32_to_bf16(in[i]));
+        assert_float_equal(back[i], in[i], fabsf(in[i]) / 256.0f); /* 8 mantissa bits */
+    }
+    sim_pool_free(pool);
+}
+
+/* ---- tensor cores ---- */
+
+static uint32_t random_state = 12345;
+static uint32_t next_random(void) {
+    random_state = random_state * 1664525u + 1013904223u;
+    return random_state >> 8;
+}
+static float random_unit(void) { return (float)(next_random() % 2001) / 1000.0f - 1.0f; }
+
+static void test_ldmatrix_x4_layout(void **state) {
+    (void)state;
+    sim_pool *pool = sim_pool_create(1);
+    smelt_bf16 tile[32 * 8];
+    for (int i = 0; i < 32 * 8; i++)
+        tile[i] = (smelt_bf16)(0x1000 + i);
+    uint32_t rows[32 * 4];
+    void *args[] = {&(const smelt_bf16 *){tile}, &(uint32_t *){rows}};
+    launch_ok(pool, KERNEL(sim_test_ldmatrix), sim_dim3_make(1, 1, 1), sim_dim3_make(32, 1, 1), 0, args);
+    for (int lane = 0; lane < 32; lane++)
+        for (int m = 0; m < 4; m++) {
+            int row = m * 8 + lane / 4, column = 2 * (lane % 4);
+            uint32_t expected = (uint32_t)tile[row * 8 + column] | (uint32_t)tile[row * 8 + column + 1] << 16;
+            assert_int_equal(rows[lane * 4 + m], expected);
+        }
+    /* By hand: lane 5 gets row 1, columns 2 and 3 of matrix 0: elements 10 and 11. */
+    assert_int_equal(rows[5 * 4 + 0], 0x100b100au);
+    /* lane 30, matrix 3: row 24 + 7 = 31, columns 4, 5: elements 252, 253. */
+    assert_int_equal(rows[30 * 4 + 3], 0x10fd10fcu);
+    sim_pool_free(pool);
+}
+
+static void test_mma_m16n8k16_against_triple_loop(void **state) {
+    (void)state;
+    sim_pool *pool = sim_pool_create(1);
+    for (int trial = 0; trial < 6; trial++) {
+        smelt_bf16 a[16 * 16], b[16 * 8];
+        float c[16 * 8], d[16 * 8];
+        for (int i = 0; i < 16 * 16; i++)
+            a[i] = smelt_f32_to_bf16(random_unit() * 4.0f);
+        for (int i = 0; i < 16 * 8; i++)
+            b[i] = smelt_f32_to_bf16(random_unit());
+        for (int i = 0; i < 16 * 8; i++)
+            c[i] = trial == 0 ? 0.0f : random_unit();
+        int in_place = trial % 2;
+        void *args[] = {&(const smelt_bf16 *){a}, &(const smelt_bf16 *){b}, &(const float *){c},
+                        &(float *){d}, &in_place};
+        launch_ok(pool, KERNEL(sim_test_mma), sim_dim3_make(1, 1, 1), sim_dim3_make(32, 1, 1), 0, args);
+        for (int m = 0; m < 16; m++)
+            for (int n = 0; n < 8; n++) {
+                float expected = c[m * 8 + n];
+                for (int k = 0; k < 16; k++)
+                    expected += smelt_bf16_to_f32(a[m * 16 + k]) * smelt_bf16_to_f32(b[k * 8 + n]);
+                assert_float_equal(d[m * 8 + n], expected, 1e-6f * fmaxf(1.0f, fabsf(expected)));
+            }
+    }
+    /* A single 1 placed at A[3][5] and B[5][6] lands at D[3][6] only. */
+    smelt_bf16 a[16 * 16] = {0}, b[16 * 8] = {0};
+    float c[16 * 8] = {0}, d[16 * 8];
+    a[3 * 16 + 5] = 0x3f80;
+    b[5 * 8 + 6] = 0x4000; /* 2.0 */
+    int in_place = 0;
+    void *args[] = {&(const smelt_bf16 *){a}, &(const smelt_bf16 *){b}, &(const float *){c}, &(float *){d},
+                    &in_place};
+    launch_ok(pool, KERNEL(sim_test_mma), sim_dim3_make(1, 1, 1), sim_dim3_make(32, 1, 1), 0, args);
+    for (int i = 0; i < 16 * 8; i++)
+        assert_float_equal(d[i], i == 3 * 8 + 6 ? 2.0f : 0.0f, 0.0f);
+    sim_pool_free(pool);
+}
+
+/* ---- NVRTC: the same text compiles for the GPU ---- */
+
+#ifdef SMELT_HAVE_NVRTC
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = malloc((size_t)size + 1);
+    size_t got = fread(text, 1, (size_t)size, f);
+    text[got] = '\0';
+    fclose(f);
+    return text;
+}
+
+#endif
+
+static void test_nvrtc_compiles_the_same_kernels(void **state) {
+    (void)state;
+#ifndef SMELT_HAVE_NVRTC
+    skip();
+#else
+    char *header = read_text(SMELT_SOURCE_DIR "/runtime/smelt_kernel.h");
+    char *kernels = read_text(SMELT_SOURCE_DIR "/tests/unit/kernels/host_sim_kernels.cu");
+    assert_non_null(header);
+    assert_non_null(kernels);
+    const char *architectures[] = {"--gpu-architecture=sm_80", "--gpu-architecture=sm_90"};
+    for (int i = 0; i < 2; i++) {
+        nvrtcProgram program;
+        const char *headers[] = {header};
+        const char *include_names[] = {"smelt_kernel.h"};
+        assert_int_equal(
+            nvrtcCreateProgram(&program, kernels, "host_sim_kernels.cu", 1, headers, include_names),
+            NVRTC_SUCCESS);
+        const char *options[] = {architectures[i]};
+        nvrtcResult result = nvrtcCompileProgram(program, 1, options);
+        size_t log_size = 0;
+        nvrtcGetProgramLogSize(program, &log_size);
+        char *log = malloc(log_size + 1);
+        nvrtcGetProgramLog(program, log);
+        if (result != NVRTC_SUCCESS) fprintf(stderr, "%s:\n%s\n", architectures[i], log);
+        assert_int_equal(result, NVRTC_SUCCESS);
+        size_t cubin_size = 0;
+        assert_int_equal(nvrtcGetCUBINSize(program, &cubin_size), NVRTC_SUCCESS);
+        assert_true(cubin_size > 0);
+        char *cubin = malloc(cubin_size);
+        assert_int_equal(nvrtcGetCUBIN(program, cubin), NVRTC_SUCCESS);
+        /* extern "C": the kernels keep their names in the cubin. */
+        const char *names[] = {"sim_test_mma", "sim_test_warp_ops", "sim_test_shared_isolation",
+                               "sim_test_atomics"};
+        for (int n = 0; n < 4; n++) {
+            int found = 0;
+            size_t length = strlen(names[n]);
+            for (size_t at = 0; at + length <= cubin_size && !found; at++)
+                found = memcmp(cubin + at, names[n], length) == 0 && cubin[at + length] == '\0';
+            assert_true(found);
+        }
+        free(cubin);
+        free(log);
+        nvrtcDestroyProgram(&program);
+    }
+    free(header);
+    free(kernels);
+#endif
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fiber_switches_back_and_forth),
+        cmocka_unit_test(test_indices_over_3d_grids_and_blocks),
+        cmocka_unit_test(test_pool_of_zero_workers_uses_every_core),
+        cmocka_unit_test(test_syncthreads_orders_shared_memory),
+        cmocka_unit_test(test_shared_memory_reduction),
+        cmocka_unit_test(test_shared_memory_is_per_block),
+        cmocka_unit_test(test_barrier_loop_many_blocks),
+        cmocka_unit_test(test_shuffles_and_votes_with_partial_warp),
+        cmocka_unit_test(test_rms_norm_example),
+        cmocka_unit_test(test_cp_async_and_math),
+        cmocka_unit_test(test_atomics_from_many_blocks),
+        cmocka_unit_test(test_half_return_before_barrier_is_a_deadlock),
+        cmocka_unit_test(test_warp_misuse_is_reported),
+        cmocka_unit_test(test_bad_launch_dimensions),
+        cmocka_unit_test(test_stack_overflow_hits_the_guard_page),
+        cmocka_unit_test(test_bf16_conversion_bits),
+        cmocka_unit_test(test_ldmatrix_x4_layout),
+        cmocka_unit_test(test_mma_m16n8k16_against_triple_loop),
+        cmocka_unit_test(test_nvrtc_compiles_the_same_kernels),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
