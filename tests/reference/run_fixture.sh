@@ -1,14 +1,16 @@
 #!/bin/sh
-# One fixture end to end: `smelt run --backend ref` on the fixture's config and
-# weights, then check_fixture against its PyTorch logits and greedy tokens.
-#   run_fixture.sh SMELT CHECK_FIXTURE MODEL.smelt FIXTURE_DIR WORK_DIR
+# One fixture end to end: `smelt run` on the fixture's config and weights,
+# then check_fixture against its PyTorch logits and greedy tokens.
+#   run_fixture.sh SMELT CHECK_FIXTURE MODEL.smelt FIXTURE_DIR WORK_DIR BACKEND PRECISION TOLERANCE
+# BACKEND ref interprets the IR; host compiles a plan of PRECISION (f32 or
+# bf16) and runs its kernels on the host simulator.
 set -eu
-smelt=$1 check=$2 model=$3 fixture=$4 work=$5
+smelt=$1 check=$2 model=$3 fixture=$4 work=$5 backend=$6 precision=$7 tolerance=$8
 mkdir -p "$work"
-name=$(basename "$fixture")
+name=$(basename "$fixture")-$backend-$precision
 rows=$(( $(tr ',' '\n' <"$fixture/tokens.txt" | grep -c .) + 1 ))
 "$smelt" run "$model" --config "$fixture/config.json" --weights "$fixture/model.safetensors" \
-    --backend ref --prompt-ids "$(cat "$fixture/prompt.txt")" --max-tokens "$rows" \
-    --dump-logits "$work/$name.npy" >"$work/$name.out"
+    --backend "$backend" --precision "$precision" --prompt-ids "$(cat "$fixture/prompt.txt")" \
+    --max-tokens "$rows" --dump-logits "$work/$name.npy" >"$work/$name.out"
 cat "$work/$name.out"
-"$check" "$fixture" "$work/$name.npy" "$work/$name.out"
+"$check" "$fixture" "$work/$name.npy" "$work/$name.out" "$tolerance"

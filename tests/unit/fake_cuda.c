@@ -141,7 +141,8 @@ static result run_matmul(const fake_matmul *m) {
 static result run_launch(fake_call *c) {
     char error[512];
     void *params[MAX_PARAMS + 1] = {0};
-    for (int i = 0; i < c->param_count; i++) params[i] = &c->values[i];
+    for (int i = 0; i < c->param_count; i++)
+        params[i] = &c->values[i];
     sim_status s = sim_launch(pool, &c->f->kernel, sim_dim3_make(c->grid[0], c->grid[1], c->grid[2]),
                               sim_dim3_make(c->block[0], c->block[1], c->block[2]), c->shared, params, error,
                               sizeof error);
@@ -164,9 +165,18 @@ result cuInit(unsigned flags) {
     if (!pool) pool = sim_pool_create(2);
     return pool ? FAKE_OK : 999;
 }
-result cuDriverGetVersion(int *version) { *version = 13000; return FAKE_OK; }
-result cuDeviceGetCount(int *count) { *count = 1; return FAKE_OK; }
-result cuDeviceGet(int *device, int ordinal) { *device = ordinal; return ordinal == 0 ? FAKE_OK : 101; }
+result cuDriverGetVersion(int *version) {
+    *version = 13000;
+    return FAKE_OK;
+}
+result cuDeviceGetCount(int *count) {
+    *count = 1;
+    return FAKE_OK;
+}
+result cuDeviceGet(int *device, int ordinal) {
+    *device = ordinal;
+    return ordinal == 0 ? FAKE_OK : 101;
+}
 result cuDeviceGetName(char *name, int length, int device) {
     (void)device;
     snprintf(name, (size_t)length, "Fake GPU");
@@ -178,19 +188,39 @@ result cuDeviceGetAttribute(int *value, int attribute, int device) {
     return FAKE_OK;
 }
 static int context_object;
-result cuDevicePrimaryCtxRetain(void **context, int device) { (void)device; *context = &context_object; return FAKE_OK; }
-result cuDevicePrimaryCtxRelease_v2(int device) { (void)device; return FAKE_OK; }
+result cuDevicePrimaryCtxRetain(void **context, int device) {
+    (void)device;
+    *context = &context_object;
+    return FAKE_OK;
+}
+result cuDevicePrimaryCtxRelease_v2(int device) {
+    (void)device;
+    return FAKE_OK;
+}
 result cuCtxSetCurrent(void *context) { return context == &context_object ? FAKE_OK : 201; }
 static int stream_object;
-result cuStreamCreate(void **stream, unsigned flags) { (void)flags; *stream = &stream_object; return FAKE_OK; }
-result cuStreamDestroy_v2(void *stream) { (void)stream; return FAKE_OK; }
-result cuStreamSynchronize(void *stream) { (void)stream; return FAKE_OK; }
+result cuStreamCreate(void **stream, unsigned flags) {
+    (void)flags;
+    *stream = &stream_object;
+    return FAKE_OK;
+}
+result cuStreamDestroy_v2(void *stream) {
+    (void)stream;
+    return FAKE_OK;
+}
+result cuStreamSynchronize(void *stream) {
+    (void)stream;
+    return FAKE_OK;
+}
 result cuMemAlloc_v2(deviceptr *address, size_t bytes) {
     void *p = calloc(1, bytes ? bytes : 1);
     *address = (deviceptr)(uintptr_t)p;
     return p ? FAKE_OK : 2;
 }
-result cuMemFree_v2(deviceptr address) { free((void *)(uintptr_t)address); return FAKE_OK; }
+result cuMemFree_v2(deviceptr address) {
+    free((void *)(uintptr_t)address);
+    return FAKE_OK;
+}
 result cuMemcpyHtoDAsync_v2(deviceptr dst, const void *src, size_t bytes, void *stream) {
     (void)stream;
     if (capturing) return 900; /* the runtime copies outside captures */
@@ -219,7 +249,10 @@ result cuModuleLoadData(void **module, const void *image) {
     *module = &module_object;
     return FAKE_OK;
 }
-result cuModuleUnload(void *module) { (void)module; return FAKE_OK; }
+result cuModuleUnload(void *module) {
+    (void)module;
+    return FAKE_OK;
+}
 static fake_function *functions[64]; /* every one handed out, freed by fake_cuda_shutdown */
 static int function_count;
 
@@ -243,8 +276,8 @@ result cuFuncSetAttribute(void *function, int attribute, int value) {
     (void)function, (void)attribute, (void)value;
     return FAKE_OK;
 }
-result cuLaunchKernel(void *function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                      unsigned shared, void *stream, void **params, void **extra) {
+result cuLaunchKernel(void *function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                      unsigned bz, unsigned shared, void *stream, void **params, void **extra) {
     (void)stream, (void)extra;
     fake_call c = {.f = function, .grid = {gx, gy, gz}, .block = {bx, by, bz}, .shared = shared};
     while (c.param_count < MAX_PARAMS && params[c.param_count]) {
@@ -291,13 +324,24 @@ result cuGraphDestroy(void *graph) {
     free(g);
     return FAKE_OK;
 }
-result cuGraphExecDestroy(void *exec) { (void)exec; return FAKE_OK; } /* the exec is the graph */
+result cuGraphExecDestroy(void *exec) {
+    (void)exec;
+    return FAKE_OK;
+} /* the exec is the graph */
 
 /* ---- cuBLASLt ------------------------------------------------------------------ */
 
-int cublasLtCreate(void **handle) { *handle = &context_object; return 0; }
-int cublasLtDestroy(void *handle) { (void)handle; return 0; }
-const char *cublasLtGetStatusName(int status) { return status == 7 ? "CUBLAS_STATUS_INVALID_VALUE" : "CUBLAS_FAKE"; }
+int cublasLtCreate(void **handle) {
+    *handle = &context_object;
+    return 0;
+}
+int cublasLtDestroy(void *handle) {
+    (void)handle;
+    return 0;
+}
+const char *cublasLtGetStatusName(int status) {
+    return status == 7 ? "CUBLAS_STATUS_INVALID_VALUE" : "CUBLAS_FAKE";
+}
 int cublasLtMatmulDescCreate(fake_desc **desc, int compute_type, int scale_type) {
     if (compute_type != 68 || scale_type != TYPE_F32) return 7; /* f32 accumulation, f32 scale */
     *desc = calloc(1, sizeof **desc);
@@ -305,7 +349,10 @@ int cublasLtMatmulDescCreate(fake_desc **desc, int compute_type, int scale_type)
     (*desc)->bias_type = -1;
     return 0;
 }
-int cublasLtMatmulDescDestroy(fake_desc *desc) { free(desc); return 0; }
+int cublasLtMatmulDescDestroy(fake_desc *desc) {
+    free(desc);
+    return 0;
+}
 int cublasLtMatmulDescSetAttribute(fake_desc *desc, int attribute, const void *value, size_t size) {
     switch (attribute) {
     case 3: memcpy(&desc->trans_a, value, size); break;
@@ -323,16 +370,26 @@ int cublasLtMatrixLayoutCreate(fake_layout **layout, int type, uint64_t rows, ui
     **layout = (fake_layout){type, rows, cols, ld};
     return 0;
 }
-int cublasLtMatrixLayoutDestroy(fake_layout *layout) { free(layout); return 0; }
-int cublasLtMatmulPreferenceCreate(void **preference) { *preference = &module_object; return 0; }
-int cublasLtMatmulPreferenceDestroy(void *preference) { (void)preference; return 0; }
+int cublasLtMatrixLayoutDestroy(fake_layout *layout) {
+    free(layout);
+    return 0;
+}
+int cublasLtMatmulPreferenceCreate(void **preference) {
+    *preference = &module_object;
+    return 0;
+}
+int cublasLtMatmulPreferenceDestroy(void *preference) {
+    (void)preference;
+    return 0;
+}
 int cublasLtMatmulPreferenceSetAttribute(void *preference, int attribute, const void *value, size_t size) {
     (void)preference, (void)value, (void)size;
     return attribute == 1 ? 0 : 7;
 }
 /* One algorithm, as cublasLtMatmulHeuristicResult_t lays it out (96 bytes). */
-int cublasLtMatmulAlgoGetHeuristic(void *handle, fake_desc *desc, fake_layout *a, fake_layout *b, fake_layout *c,
-                                   fake_layout *d, void *preference, int requested, void *results, int *returned) {
+int cublasLtMatmulAlgoGetHeuristic(void *handle, fake_desc *desc, fake_layout *a, fake_layout *b,
+                                   fake_layout *c, fake_layout *d, void *preference, int requested,
+                                   void *results, int *returned) {
     (void)handle, (void)desc, (void)a, (void)b, (void)c, (void)d, (void)preference;
     if (requested < 1) return 7;
     memset(results, 0, 96);
@@ -340,9 +397,9 @@ int cublasLtMatmulAlgoGetHeuristic(void *handle, fake_desc *desc, fake_layout *a
     return 0;
 }
 int cublasLtMatmul(void *handle, fake_desc *desc, const float *alpha, const void *a, fake_layout *a_layout,
-                   const void *b, fake_layout *b_layout, const float *beta, const void *c, fake_layout *c_layout,
-                   void *d, fake_layout *d_layout, const void *algo, void *workspace, size_t workspace_size,
-                   void *stream) {
+                   const void *b, fake_layout *b_layout, const float *beta, const void *c,
+                   fake_layout *c_layout, void *d, fake_layout *d_layout, const void *algo, void *workspace,
+                   size_t workspace_size, void *stream) {
     (void)handle, (void)algo, (void)workspace, (void)workspace_size, (void)stream;
     fake_call call = {.is_matmul = 1};
     call.matmul = (fake_matmul){*desc, *a_layout, *b_layout, *c_layout, *d_layout, *alpha, *beta, a, b, c, d};
@@ -356,7 +413,8 @@ int cublasLtMatmul(void *handle, fake_desc *desc, const float *alpha, const void
 /* What the test calls before it unloads the fake: frees what the driver
  * would own (the simulator pool, functions, the kernel object). */
 void fake_cuda_shutdown(void) {
-    for (int i = 0; i < function_count; i++) free(functions[i]);
+    for (int i = 0; i < function_count; i++)
+        free(functions[i]);
     function_count = 0;
     if (host_kernels) dlclose(host_kernels);
     host_kernels = NULL;

@@ -87,7 +87,8 @@ typedef struct toy_program {
 static prog_ref arena_at(uint64_t offset) { return (prog_ref){PROG_BUFFER_ARENA, 0, offset}; }
 static prog_ref weight_at(uint32_t index) { return (prog_ref){PROG_BUFFER_WEIGHT, index, 0}; }
 
-static prog_weight toy_weight(const char *name, prog_dtype dtype, int64_t d0, int64_t d1, uint64_t data_offset) {
+static prog_weight toy_weight(const char *name, prog_dtype dtype, int64_t d0, int64_t d1,
+                              uint64_t data_offset) {
     prog_weight w = {.name = name, .dtype = dtype, .rank = d1 ? 2 : 1, .data_offset = data_offset};
     w.shape[0] = d0;
     w.shape[1] = d1;
@@ -114,9 +115,19 @@ static prog_instr toy_launch(uint32_t kernel) {
 static prog_instr toy_gemm(prog_ref a, prog_dtype ta, prog_ref b, prog_dtype tb, bool transposed, prog_ref c,
                            prog_dtype tc, bool has_bias, prog_ref bias, prog_dtype tbias) {
     prog_instr in = {.op = PROG_OP_GEMM, .ir_op = 7};
-    in.as.gemm = (prog_gemm){.m = {1, 0, 1}, .n = VOCAB, .k = WIDTH, .dtype_a = ta, .dtype_b = tb, .dtype_c = tc,
-                             .dtype_bias = tbias, .b_transposed = transposed, .has_bias = has_bias,
-                             .a = a, .b = b, .c = c, .bias = bias};
+    in.as.gemm = (prog_gemm){.m = {1, 0, 1},
+                             .n = VOCAB,
+                             .k = WIDTH,
+                             .dtype_a = ta,
+                             .dtype_b = tb,
+                             .dtype_c = tc,
+                             .dtype_bias = tbias,
+                             .b_transposed = transposed,
+                             .has_bias = has_bias,
+                             .a = a,
+                             .b = b,
+                             .c = c,
+                             .bias = bias};
     return in;
 }
 
@@ -162,9 +173,11 @@ static void toy_program_make(toy_program *t, bool bf16, bool in_plan, int64_t ma
 
 /* The weights, as the plan stores them. */
 static const float embed_bias[WIDTH] = {0.5f, -1.0f, 3.0f, 0.25f};
-static const float head_weight[VOCAB][WIDTH] = {{1, 0, 0, 0}, {0, 1, 1, 0}, {2, 0, 0, -1}, {0.5f, 0.5f, 0.5f, 0.5f}};
+static const float head_weight[VOCAB][WIDTH] = {
+    {1, 0, 0, 0}, {0, 1, 1, 0}, {2, 0, 0, -1}, {0.5f, 0.5f, 0.5f, 0.5f}};
 static const float head_bias[VOCAB] = {0, 1, -2, 10};
-static const float mix_weight[WIDTH][WIDTH] = {{1, 0, 2, 0}, {0, 1, 0, -1}, {1, 1, 0, 0}, {0, 0, 64, 1}}; /* [in][out] */
+static const float mix_weight[WIDTH][WIDTH] = {
+    {1, 0, 2, 0}, {0, 1, 0, -1}, {1, 1, 0, 0}, {0, 0, 64, 1}}; /* [in][out] */
 static const float mix_bias[WIDTH] = {1, 0, 0.5f, 2};
 
 static void put_bf16(uint8_t *dst, const float *src, size_t count) {
@@ -260,8 +273,12 @@ static void toy_ptx_make(toy_ptx *out, const char *source, const char *name) {
     char *header = read_text_file(SMELT_SOURCE_DIR "/runtime/smelt_kernel.h");
     assert_non_null(header);
     cg_header headers[1] = {{"smelt_kernel.h", header}};
-    cg_compile_request req = {.source = source, .kernel_name = name, .headers = headers, .header_count = 1,
-                              .arch = 80, .want_ptx = true};
+    cg_compile_request req = {.source = source,
+                              .kernel_name = name,
+                              .headers = headers,
+                              .header_count = 1,
+                              .arch = 80,
+                              .want_ptx = true};
     char error[1024];
     out->real = cg_compile_kernel(&req, &out->compiled, error, sizeof error);
     free(header);
@@ -284,8 +301,10 @@ typedef struct toy_plan_options {
 
 static void write_toy_plan(const char *path, const toy_plan_options *o) {
     toy_program t;
-    if (o->rich) rich_program(&t);
-    else toy_program_make(&t, o->bf16, o->weights_in_plan, o->max_positions);
+    if (o->rich)
+        rich_program(&t);
+    else
+        toy_program_make(&t, o->bf16, o->weights_in_plan, o->max_positions);
     uint8_t *program_bytes;
     size_t program_size;
     assert_true(program_encode(&t.p, &program_bytes, &program_size));
@@ -310,8 +329,9 @@ static void write_toy_plan(const char *path, const toy_plan_options *o) {
             toy_ptx_make(&ptx[k], sources[k], names[k]);
             binaries[k].arch = plan_text_from("compute_80");
             binaries[k].kind = PLAN_BINARY_PTX;
-            binaries[k].bytes = ptx[k].real ? (plan_blob){(const uint8_t *)ptx[k].compiled.ptx, ptx[k].compiled.ptx_size}
-                                            : (plan_blob){(const uint8_t *)"// no NVRTC in this build", 25};
+            binaries[k].bytes =
+                ptx[k].real ? (plan_blob){(const uint8_t *)ptx[k].compiled.ptx, ptx[k].compiled.ptx_size}
+                            : (plan_blob){(const uint8_t *)"// no NVRTC in this build", 25};
             kernels[k].binary_count = 1;
             kernels[k].binaries = &binaries[k];
         }
@@ -333,7 +353,8 @@ static void write_toy_plan(const char *path, const toy_plan_options *o) {
     if (!plan_write_file(&w, path, NULL, error, sizeof error)) fail_msg("plan write: %s", error);
     plan_writer_free(&w);
     free(program_bytes);
-    for (int k = 0; k < 2; k++) cg_compiled_free(&ptx[k].compiled);
+    for (int k = 0; k < 2; k++)
+        cg_compiled_free(&ptx[k].compiled);
 }
 
 static smelt_plan *open_toy_plan(const char *name, const toy_plan_options *o) {
@@ -448,7 +469,8 @@ static void test_program_decode_refuses_truncation(void **state) {
     char error[512];
     for (size_t n = 0; n < size; n++) {
         program d;
-        if (program_decode(bytes, n, &d, error, sizeof error)) fail_msg("a %zu-byte prefix of %zu was accepted", n, size);
+        if (program_decode(bytes, n, &d, error, sizeof error))
+            fail_msg("a %zu-byte prefix of %zu was accepted", n, size);
         assert_true(strncmp(error, "program: ", 9) == 0);
     }
     /* One byte too many is refused too. */
@@ -492,11 +514,13 @@ static void test_program_decode_refuses_lies(void **state) {
 
     toy_program_make(&t, false, true, 0); /* C would run past the arena at 8 tokens */
     t.instrs[1].as.gemm.c.offset = AT_LOGITS + 4;
-    expect_refused(&t, "instruction 1 gemm operand C needs 128 bytes at arena 0 offset 196 but that buffer has 320");
+    expect_refused(
+        &t, "instruction 1 gemm operand C needs 128 bytes at arena 0 offset 196 but that buffer has 320");
 
     toy_program_make(&t, false, true, 0); /* B wider than the weight */
     t.instrs[1].as.gemm.k = 5;
-    expect_refused(&t, "instruction 1 gemm operand B needs 80 bytes at weight 1 offset 0 but that buffer has 64 bytes");
+    expect_refused(
+        &t, "instruction 1 gemm operand B needs 80 bytes at weight 1 offset 0 but that buffer has 64 bytes");
 
     toy_program_make(&t, false, true, 0);
     t.instrs[0].as.launch.args[1].ref.index = 9;
@@ -577,7 +601,8 @@ static void test_program_decode_refuses_lies(void **state) {
     assert_false(program_check_plan(&t.p, 0, 192, error, sizeof error));
     assert_non_null(strstr(error, "instruction 0 launches kernel 0 but the plan has 0 kernels"));
     assert_false(program_check_plan(&t.p, 1, 143, error, sizeof error));
-    assert_non_null(strstr(error, "weight 'toy.head.bias' (16 bytes at offset 128) lies outside the 143 bytes"));
+    assert_non_null(
+        strstr(error, "weight 'toy.head.bias' (16 bytes at offset 128) lies outside the 143 bytes"));
 }
 
 static uint64_t next_random(uint64_t *s) {
@@ -637,8 +662,10 @@ static void test_sampler(void **state) {
     /* pcg32 reference output for seed 42, stream 54 (pcg-c-basic's demo). */
     rt_pcg32 g;
     rt_pcg32_seed(&g, 42, 54);
-    const uint32_t expected[6] = {0xa15c02b7u, 0x7b47f409u, 0xba1d3330u, 0x83d2f293u, 0xbfa4784bu, 0xcbed606eu};
-    for (int i = 0; i < 6; i++) assert_int_equal(rt_pcg32_next(&g), expected[i]);
+    const uint32_t expected[6] = {0xa15c02b7u, 0x7b47f409u, 0xba1d3330u,
+                                  0x83d2f293u, 0xbfa4784bu, 0xcbed606eu};
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(rt_pcg32_next(&g), expected[i]);
 
     rt_sampler s;
     rt_error e = {0};
@@ -719,17 +746,21 @@ static void test_host_forward_f32(void **state) {
     /* Bad input is refused with a message. */
     const int32_t bad_id = 4;
     assert_int_equal(smelt_engine_forward(engine, &bad_id, &at, 1, row, VOCAB), SMELT_ERROR_INVALID_ARGUMENT);
-    assert_non_null(strstr(smelt_last_error(), "token id 4 (token 0 of the step) is outside the vocabulary [0, 4)"));
+    assert_non_null(
+        strstr(smelt_last_error(), "token id 4 (token 0 of the step) is outside the vocabulary [0, 4)"));
     assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, logits, 3 * VOCAB - 1), SMELT_ERROR_CAPACITY);
-    assert_int_equal(smelt_engine_forward(engine, ids, pos, 9, logits, 9 * VOCAB), SMELT_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 9, logits, 9 * VOCAB),
+                     SMELT_ERROR_INVALID_ARGUMENT);
     assert_non_null(strstr(smelt_last_error(), "a step of 9 tokens is outside [1, 8]"));
     const int32_t negative = -1;
-    assert_int_equal(smelt_engine_forward(engine, &one, &negative, 1, row, VOCAB), SMELT_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(smelt_engine_forward(engine, &one, &negative, 1, row, VOCAB),
+                     SMELT_ERROR_INVALID_ARGUMENT);
 
     /* Binding a weight the plan holds replaces it (the engine's own copy). */
     const float new_bias[VOCAB] = {100, 0, 0, -100};
     const int64_t vector[1] = {VOCAB};
-    assert_int_equal(smelt_engine_bind_weight(engine, "toy.head.bias", SMELT_DTYPE_F32, new_bias, vector, 1), SMELT_OK);
+    assert_int_equal(smelt_engine_bind_weight(engine, "toy.head.bias", SMELT_DTYPE_F32, new_bias, vector, 1),
+                     SMELT_OK);
     assert_int_equal(smelt_engine_forward(engine, &one, &at, 1, row, VOCAB), SMELT_OK);
     const float rebound_row[VOCAB] = {102.5f, 2.0f, 4.75f, -97.625f};
     assert_memory_equal(row, rebound_row, sizeof rebound_row);
@@ -748,8 +779,8 @@ static void test_host_forward_bf16(void **state) {
     const int32_t ids[3] = {2, 0, 3}, pos[3] = {0, 1, 2};
     float logits[3 * VOCAB];
     assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, logits, 3 * VOCAB), SMELT_OK);
-    const float expected[3 * VOCAB] = {6.5f, 21.5f, 9.75f, 15.625f,  /* h2 = (6.5, 4, 17.5, 3.25) */
-                                       6.5f, 23.5f, 9.75f, 16.625f,  /* h2 = (6.5, 2, 21.5, 3.25) */
+    const float expected[3 * VOCAB] = {6.5f, 21.5f,  9.75f, 15.625f,  /* h2 = (6.5, 4, 17.5, 3.25) */
+                                       6.5f, 23.5f,  9.75f, 16.625f,  /* h2 = (6.5, 2, 21.5, 3.25) */
                                        4.5f, 148.0f, 3.75f, 78.875f}; /* h2 = (4.5, 2, 146, 5.25) */
     assert_memory_equal(logits, expected, sizeof expected);
     smelt_stats stats;
@@ -765,12 +796,16 @@ static void test_host_forward_bf16(void **state) {
 static void bind_successor_weights(smelt_engine *engine) {
     const float zeros[WIDTH] = {0};
     const int64_t vector[1] = {WIDTH}, matrix[2] = {VOCAB, WIDTH};
-    assert_int_equal(smelt_engine_bind_weight(engine, "toy.embed_bias", SMELT_DTYPE_F32, zeros, vector, 1), SMELT_OK);
+    assert_int_equal(smelt_engine_bind_weight(engine, "toy.embed_bias", SMELT_DTYPE_F32, zeros, vector, 1),
+                     SMELT_OK);
     uint16_t w[VOCAB][WIDTH] = {{0}};
-    for (int j = 0; j < WIDTH; j++) w[(j + 1) % VOCAB][j] = 0x3c00; /* 1.0 in f16 */
-    assert_int_equal(smelt_engine_bind_weight(engine, "toy.head.weight", SMELT_DTYPE_F16, w, matrix, 2), SMELT_OK);
+    for (int j = 0; j < WIDTH; j++)
+        w[(j + 1) % VOCAB][j] = 0x3c00; /* 1.0 in f16 */
+    assert_int_equal(smelt_engine_bind_weight(engine, "toy.head.weight", SMELT_DTYPE_F16, w, matrix, 2),
+                     SMELT_OK);
     const uint16_t bias[VOCAB] = {0x8000, 0, 0, 0}; /* -0 and 0 in bf16 */
-    assert_int_equal(smelt_engine_bind_weight(engine, "toy.head.bias", SMELT_DTYPE_BF16, bias, vector, 1), SMELT_OK);
+    assert_int_equal(smelt_engine_bind_weight(engine, "toy.head.bias", SMELT_DTYPE_BF16, bias, vector, 1),
+                     SMELT_OK);
 }
 
 typedef struct token_log {
@@ -798,12 +833,15 @@ static void test_bind_and_generate(void **state) {
     const int32_t id = 1, at = 0;
     float row[VOCAB];
     assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, row, VOCAB), SMELT_ERROR_MISSING_WEIGHT);
-    assert_non_null(strstr(smelt_last_error(), "weight 'toy.embed_bias' is not bound (3 of 3 weights are missing)"));
+    assert_non_null(
+        strstr(smelt_last_error(), "weight 'toy.embed_bias' is not bound (3 of 3 weights are missing)"));
     const float wrong[6] = {0};
     const int64_t wrong_shape[1] = {6};
-    assert_int_equal(smelt_engine_bind_weight(engine, "toy.embed_bias", SMELT_DTYPE_F32, wrong, wrong_shape, 1),
-                     SMELT_ERROR_INVALID_ARGUMENT);
-    assert_non_null(strstr(smelt_last_error(), "weight 'toy.embed_bias' has shape [4] in the plan but [6] was given"));
+    assert_int_equal(
+        smelt_engine_bind_weight(engine, "toy.embed_bias", SMELT_DTYPE_F32, wrong, wrong_shape, 1),
+        SMELT_ERROR_INVALID_ARGUMENT);
+    assert_non_null(
+        strstr(smelt_last_error(), "weight 'toy.embed_bias' has shape [4] in the plan but [6] was given"));
     assert_int_equal(smelt_engine_bind_weight(engine, "toy.nothing", SMELT_DTYPE_F32, wrong, wrong_shape, 1),
                      SMELT_ERROR_INVALID_ARGUMENT);
     assert_non_null(strstr(smelt_last_error(), "the plan has no weight 'toy.nothing'"));
@@ -878,7 +916,8 @@ static void test_bind_and_generate(void **state) {
     assert_int_equal(smelt_engine_generate(engine, &req, &g), SMELT_OK);
     memcpy(second, out, sizeof second);
     assert_memory_equal(first, second, sizeof first);
-    for (int i = 0; i < 5; i++) assert_true(first[i] >= 0 && first[i] < VOCAB);
+    for (int i = 0; i < 5; i++)
+        assert_true(first[i] >= 0 && first[i] < VOCAB);
 
     smelt_stats stats;
     assert_int_equal(smelt_engine_stats(engine, &stats), SMELT_OK);
@@ -899,7 +938,8 @@ static void test_bind_stacked(void **state) {
     float row[VOCAB];
     const float part[3] = {1, 2, 3};
     const int64_t part_shape[1] = {3}, whole_shape[2] = {2, 3};
-    assert_int_equal(smelt_engine_bind_weight(engine, "experts.0.w", SMELT_DTYPE_F32, part, part_shape, 1), SMELT_OK);
+    assert_int_equal(smelt_engine_bind_weight(engine, "experts.0.w", SMELT_DTYPE_F32, part, part_shape, 1),
+                     SMELT_OK);
     assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, row, VOCAB), SMELT_ERROR_MISSING_WEIGHT);
     assert_non_null(strstr(smelt_last_error(), "weight 'experts.{e}.w' (in part) is not bound (1 of 5"));
     assert_int_equal(smelt_engine_bind_weight(engine, "experts.2.w", SMELT_DTYPE_F32, part, part_shape, 1),
@@ -908,15 +948,16 @@ static void test_bind_stacked(void **state) {
                      SMELT_ERROR_INVALID_ARGUMENT);
     assert_int_equal(smelt_engine_bind_weight(engine, "experts.1.w", SMELT_DTYPE_F32, part, whole_shape, 2),
                      SMELT_ERROR_INVALID_ARGUMENT);
-    assert_int_equal(smelt_engine_bind_weight(engine, "experts.1.w", SMELT_DTYPE_F32, part, part_shape, 1), SMELT_OK);
+    assert_int_equal(smelt_engine_bind_weight(engine, "experts.1.w", SMELT_DTYPE_F32, part, part_shape, 1),
+                     SMELT_OK);
     assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, row, VOCAB), SMELT_OK);
     /* The rich program is the bf16 toy: id 1 gives h = (0.5, 1, 3, 0.25),
      * h2 = h W1 + b1 = (4.5, 4, 17.5, 1.25), logits = h2 W^T. */
     const float expected[VOCAB] = {4.5f, 21.5f, 7.75f, 13.625f};
     assert_memory_equal(row, expected, sizeof expected);
     const float whole[6] = {1, 2, 3, 4, 5, 6};
-    assert_int_equal(smelt_engine_bind_weight(engine, "experts.{e}.w", SMELT_DTYPE_F32, whole, whole_shape, 2),
-                     SMELT_OK);
+    assert_int_equal(
+        smelt_engine_bind_weight(engine, "experts.{e}.w", SMELT_DTYPE_F32, whole, whole_shape, 2), SMELT_OK);
     smelt_engine_destroy(engine);
 }
 
@@ -961,17 +1002,23 @@ static smelt_status rec_launch(rt_device *device, uint32_t kernel, const rt_laun
                                rt_error *e) {
     (void)e;
     recording_device *d = (recording_device *)device;
-    recorded_launch r = {kernel, dims->grid[0], {*(void **)args[0], *(void **)args[1], *(void **)args[2]},
+    recorded_launch r = {kernel,
+                         dims->grid[0],
+                         {*(void **)args[0], *(void **)args[1], *(void **)args[2]},
                          *(int32_t *)args[3]};
-    if (d->capturing) d->graph[d->graph_launches++] = r;
-    else d->launches[d->launch_count++] = r;
+    if (d->capturing)
+        d->graph[d->graph_launches++] = r;
+    else
+        d->launches[d->launch_count++] = r;
     return SMELT_OK;
 }
 static smelt_status rec_gemm(rt_device *device, const rt_gemm_args *g, rt_error *e) {
     (void)e;
     recording_device *d = (recording_device *)device;
-    if (d->capturing) d->graph_gemms++;
-    else d->gemm_count++;
+    if (d->capturing)
+        d->graph_gemms++;
+    else
+        d->gemm_count++;
     d->last_gemm_m = g->m;
     return SMELT_OK;
 }
@@ -991,16 +1038,25 @@ static smelt_status rec_capture_end(rt_device *device, rt_error *e) {
 static smelt_status rec_replay(rt_device *device, rt_error *e) {
     (void)e;
     recording_device *d = (recording_device *)device;
-    for (int i = 0; i < d->graph_launches; i++) d->launches[d->launch_count++] = d->graph[i];
+    for (int i = 0; i < d->graph_launches; i++)
+        d->launches[d->launch_count++] = d->graph[i];
     d->gemm_count += d->graph_gemms;
     d->replays++;
     return SMELT_OK;
 }
 
 static const rt_device_ops recording_ops = {
-    .kind = "recording", .alloc = rec_alloc, .free = rec_free, .copy_in = rec_copy, .copy_out = rec_copy,
-    .zero = rec_zero, .launch = rec_launch, .gemm = rec_gemm, .capture_begin = rec_capture_begin,
-    .capture_end = rec_capture_end, .replay = rec_replay,
+    .kind = "recording",
+    .alloc = rec_alloc,
+    .free = rec_free,
+    .copy_in = rec_copy,
+    .copy_out = rec_copy,
+    .zero = rec_zero,
+    .launch = rec_launch,
+    .gemm = rec_gemm,
+    .capture_begin = rec_capture_begin,
+    .capture_end = rec_capture_end,
+    .replay = rec_replay,
 };
 
 static void test_executor_graphs(void **state) {
@@ -1075,8 +1131,8 @@ static void test_cuda_without_driver(void **state) {
     (void)state;
     rt_device *device = NULL;
     rt_error e = {0};
-    const char *saved = getenv("SMELT_CUDA_DRIVER");
-    assert_null(saved); /* the test sets it itself below */
+    unsetenv("SMELT_CUDA_DRIVER"); /* the real driver's name; the test sets others below */
+    unsetenv("SMELT_CUBLASLT");
     assert_int_equal(rt_device_cuda_create(0, &device, &e), SMELT_ERROR_NO_DEVICE);
     assert_null(device);
     assert_non_null(strstr(e.message, "no CUDA driver found (libcuda.so.1"));
@@ -1122,7 +1178,8 @@ static void test_cuda_without_driver(void **state) {
     assert_int_equal(smelt_engine_create(gpu_only, NULL, &engine), SMELT_ERROR_NO_DEVICE);
     options.device = "host";
     assert_int_equal(smelt_engine_create(gpu_only, &options, &engine), SMELT_ERROR_UNSUPPORTED);
-    assert_non_null(strstr(smelt_last_error(), "the plan has no host kernels: compile it with --target host"));
+    assert_non_null(
+        strstr(smelt_last_error(), "the plan has no host kernels: compile it with --target host"));
     smelt_plan_close(gpu_only);
     smelt_plan_close(plan);
 }
@@ -1193,8 +1250,8 @@ static void test_cuda_on_fake_driver(void **state) {
     const int32_t ids[3] = {2, 0, 3}, pos[3] = {0, 1, 2};
     float logits[3 * VOCAB];
     assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, logits, 3 * VOCAB), SMELT_OK);
-    const float expected[3 * VOCAB] = {0.5f, 5.0f, -1.25f, 12.375f, 2.5f, 3.0f, 2.75f, 12.375f,
-                                       0.5f, 3.0f, -3.25f, 12.375f};
+    const float expected[3 * VOCAB] = {0.5f,  5.0f,    -1.25f, 12.375f, 2.5f,   3.0f,
+                                       2.75f, 12.375f, 0.5f,   3.0f,    -3.25f, 12.375f};
     assert_memory_equal(logits, expected, sizeof expected);
     int seen[4];
     counters(seen);
@@ -1226,8 +1283,8 @@ static void test_cuda_on_fake_driver(void **state) {
     engine = cuda_engine(plan);
     smelt_plan_close(plan);
     assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, logits, 3 * VOCAB), SMELT_OK);
-    const float expected_bf16[3 * VOCAB] = {6.5f, 21.5f, 9.75f, 15.625f, 6.5f, 23.5f, 9.75f, 16.625f,
-                                            4.5f, 148.0f, 3.75f, 78.875f};
+    const float expected_bf16[3 * VOCAB] = {6.5f,  21.5f,   9.75f, 15.625f, 6.5f,  23.5f,
+                                            9.75f, 16.625f, 4.5f,  148.0f,  3.75f, 78.875f};
     assert_memory_equal(logits, expected_bf16, sizeof expected_bf16);
     smelt_engine_destroy(engine);
 
