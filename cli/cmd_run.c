@@ -12,6 +12,8 @@
 
 #include "compile_plan.h"
 #include "npy.h"
+#include "plan_read.h"
+#include "program.h"
 #include "reference.h"
 #include "smelt.h"
 
@@ -42,6 +44,8 @@ static const char usage[] =
     "  --max-tokens N         tokens to generate (default 16)\n"
     "  --dump-logits F.npy    write float32 logits [N, vocab]: row 0 after the\n"
     "                         prompt, row i after the i-th generated token\n"
+    "  --random-weights SEED  bind every weight of PLAN to random values (for\n"
+    "                         speed measurements of plans compiled without weights)\n"
     "  --max-errors N         stop after N errors (default 20, 0: no limit)\n"
     "  -h, --help             show this help\n";
 
@@ -49,7 +53,8 @@ enum { RUN_MAX_PROMPT = 1 << 20, RUN_MAX_TOKENS = 1 << 20 };
 
 typedef struct run_command {
     const char *model_path, *weights_path, *prompt_text, *dump_path, *backend;
-    unsigned max_tokens, max_errors;
+    unsigned max_tokens, max_errors, random_seed;
+    bool random_weights;
     cg_precision precision;
     fe_options frontend;
 } run_command;
@@ -94,6 +99,9 @@ static int parse_arguments(int argc, char **argv, run_command *c) {
                 cli_usage_error(&a, "unknown precision '%s' (f32 or bf16)", value);
                 return CLI_USAGE_ERROR;
             }
+        } else if (cli_flag_value(&a, "--random-weights", &value)) {
+            if (!value || !cli_parse_count(&a, value, &c->random_seed)) return CLI_USAGE_ERROR;
+            c->random_weights = true;
         } else if (cli_flag_value(&a, "--dump-logits", &value)) {
             if (!value) return CLI_USAGE_ERROR;
             c->dump_path = value;
@@ -293,6 +301,40 @@ static bool bind_checkpoint(smelt_engine *engine, const char *weights_path, diag
     return ok;
 }
 
+/* Binds every weight of the plan to uniform noise in [-0.05, 0.05) from a
+ * xorshift generator: enough to time a plan, meaningless as a model. */
+static bool bind_random_weights(smelt_engine *engine, const char *plan_path, unsigned seed, diag_engine *d) {
+    plan_file file;
+    char error[512];
+    const uint8_t *data;
+    uint64_t size;
+    program p;
+    if (!plan_open(plan_path, &file, error, sizeof error) || !plan_section(&file, PLAN_SECTION_PROGRAM, &data, &size) ||
+        !program_decode(data, size, &p, error, sizeof error)) {
+        diag_error(d, SMELT_NO_LOC, "%s", error);
+        plan_close(&file);
+        return false;
+    }
+    uint64_t state = 0x9e3779b97f4a7c15ull ^ seed;
+    bool ok = true;
+    for (uint32_t i = 0; i < p.weight_count && ok; i++) {
+        const prog_weight *w = &p.weights[i];
+        uint64_t count = w->bytes / prog_dtype_size(w->dtype);
+        float *values = malloc(count * sizeof *values + 1);
+        if (!values) SMELT_DIE("out of memory");
+        for (uint64_t k = 0; k < count; k++) {
+            state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+            values[k] = (float)((double)(state >> 11) / 9007199254740992.0 - 0.5) * 0.1f;
+        }
+        ok = smelt_engine_bind_weight(engine, w->name, SMELT_DTYPE_F32, values, w->shape, w->rank) == SMELT_OK;
+        if (!ok) diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
+        free(values);
+    }
+    program_free(&p);
+    plan_close(&file);
+    return ok;
+}
+
 static bool open_engine(const run_command *c, const char *plan_path, runner *r, diag_engine *d) {
     smelt_plan *plan;
     if (smelt_plan_open(plan_path, &plan) != SMELT_OK) {
@@ -307,6 +349,7 @@ static bool open_engine(const run_command *c, const char *plan_path, runner *r, 
     if (!ok) diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
     smelt_plan_close(plan);
     if (ok && c->weights_path) ok = bind_checkpoint(r->engine, c->weights_path, d);
+    if (ok && c->random_weights) ok = bind_random_weights(r->engine, plan_path, c->random_seed, d);
     r->name = ok ? smelt_engine_device_name(r->engine) : "engine";
     r->vocab = info.vocab;
     r->max_step_tokens = (uint64_t)info.max_tokens;
