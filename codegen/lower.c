@@ -309,6 +309,25 @@ static bool build_program(lowering_state *s) {
     return ok;
 }
 
+/* Bounds the runtime checks before a step: positions below the shortest KV
+ * cache, ids below the smallest embedding table that the ids index. */
+static void find_input_bounds(const lowering_state *s, uint32_t ids_op) {
+    const ir_module *m = s->m;
+    ir_value_id ids = m->ops[ids_op].results[0];
+    program *p = &s->out->program;
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *op = &m->ops[i];
+        if (op->dead) continue;
+        if (op->kind == IR_OP_ATTENTION) {
+            int64_t max_seq = ir_op_int(m, i, "max_seq");
+            if (p->max_positions == 0 || max_seq < p->max_positions) p->max_positions = max_seq;
+        } else if (op->kind == IR_OP_EMBEDDING && op->operands[1] == ids) {
+            int64_t rows = m->values[op->operands[0]].type.dims[0].size;
+            if (p->id_bound == 0 || rows < p->id_bound) p->id_bound = rows;
+        }
+    }
+}
+
 /* The conventions every backend shares: inputs "ids" and "pos" of shape
  * [tokens], output "logits" with a constant last dim. */
 static bool find_interface(lowering_state *s) {
@@ -334,6 +353,7 @@ static bool find_interface(lowering_state *s) {
         return false;
     }
     s->out->program.vocab = (uint64_t)out->dims[out->rank - 1].size;
+    find_input_bounds(s, ids);
     return true;
 }
 

@@ -39,7 +39,8 @@ typedef struct rt_error {
 
 /* Records status and message in e (when e is not NULL) and returns status, so
  * that `return rt_fail(e, SMELT_ERROR_DEVICE, "...")` reads as one step. */
-smelt_status rt_fail(rt_error *e, smelt_status status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+smelt_status rt_fail(rt_error *e, smelt_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* "%.*s%s" arguments for a name cut to 64 bytes, as in compiler messages. */
 #define RT_NAME(s) (int)(strlen(s) > 64 ? 64 : strlen(s)), (s), (strlen(s) > 64 ? "..." : "")
@@ -139,7 +140,8 @@ typedef struct rt_device_ops {
 
     /* Makes kernels [0, count) of the set launchable by index. */
     smelt_status (*load_kernels)(rt_device *d, const rt_kernel_set *set, rt_error *e);
-    smelt_status (*launch)(rt_device *d, uint32_t kernel, const rt_launch_dims *dims, void **args, rt_error *e);
+    smelt_status (*launch)(rt_device *d, uint32_t kernel, const rt_launch_dims *dims, void **args,
+                           rt_error *e);
     smelt_status (*gemm)(rt_device *d, const rt_gemm_args *g, rt_error *e);
     smelt_status (*sync)(rt_device *d, rt_error *e);
 

@@ -64,15 +64,15 @@ enum {
 };
 
 /* X(member, symbol, return, parameters): every driver function we call. */
-#define CUDA_DRIVER_FUNCTIONS(X)                                                                              \
+#define CUDA_DRIVER_FUNCTIONS(X)                                                                             \
     X(cuGetErrorName, "cuGetErrorName", cu_result, (cu_result error, const char **name))                     \
     X(cuInit, "cuInit", cu_result, (unsigned int flags))                                                     \
-    X(cuDriverGetVersion, "cuDriverGetVersion", cu_result, (int *version))                                   \
     X(cuDeviceGetCount, "cuDeviceGetCount", cu_result, (int *count))                                         \
     X(cuDeviceGet, "cuDeviceGet", cu_result, (cu_device * device, int ordinal))                              \
     X(cuDeviceGetName, "cuDeviceGetName", cu_result, (char *name, int length, cu_device device))             \
-    X(cuDeviceGetAttribute, "cuDeviceGetAttribute", cu_result, (int *value, int attribute, cu_device device)) \
-    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", cu_result, (cu_context * context, cu_device d))   \
+    X(cuDeviceGetAttribute, "cuDeviceGetAttribute", cu_result,                                               \
+      (int *value, int attribute, cu_device device))                                                         \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", cu_result, (cu_context * context, cu_device d))  \
     X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", cu_result, (cu_device device))              \
     X(cuCtxSetCurrent, "cuCtxSetCurrent", cu_result, (cu_context context))                                   \
     X(cuStreamCreate, "cuStreamCreate", cu_result, (cu_stream * stream, unsigned int flags))                 \
@@ -92,7 +92,7 @@ enum {
       (cu_function * function, cu_module module, const char *name))                                          \
     X(cuFuncSetAttribute, "cuFuncSetAttribute", cu_result, (cu_function function, int attribute, int value)) \
     X(cuLaunchKernel, "cuLaunchKernel", cu_result,                                                           \
-      (cu_function f, unsigned int grid_x, unsigned int grid_y, unsigned int grid_z, unsigned int block_x,    \
+      (cu_function f, unsigned int grid_x, unsigned int grid_y, unsigned int grid_z, unsigned int block_x,   \
        unsigned int block_y, unsigned int block_z, unsigned int shared_bytes, cu_stream stream,              \
        void **params, void **extra))                                                                         \
     X(cuStreamBeginCapture, "cuStreamBeginCapture_v2", cu_result, (cu_stream stream, int mode))              \
@@ -145,32 +145,35 @@ enum {
     CUBLASLT_EPILOGUE_DEFAULT = 1,
     CUBLASLT_EPILOGUE_BIAS = 4,
     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5, /* then B, C, D: 6, 7, 8 */
 };
 
-#define CUBLASLT_FUNCTIONS(X)                                                                                    \
-    X(create, "cublasLtCreate", cublas_status, (cublaslt_handle * handle))                                      \
-    X(destroy, "cublasLtDestroy", cublas_status, (cublaslt_handle handle))                                      \
-    X(status_name, "cublasLtGetStatusName", const char *, (cublas_status status))                               \
-    X(desc_create, "cublasLtMatmulDescCreate", cublas_status,                                                   \
-      (cublaslt_matmul_desc * desc, int compute_type, int scale_type))                                          \
-    X(desc_destroy, "cublasLtMatmulDescDestroy", cublas_status, (cublaslt_matmul_desc desc))                    \
-    X(desc_set, "cublasLtMatmulDescSetAttribute", cublas_status,                                                \
-      (cublaslt_matmul_desc desc, int attribute, const void *value, size_t size))                               \
-    X(layout_create, "cublasLtMatrixLayoutCreate", cublas_status,                                               \
-      (cublaslt_matrix_layout * layout, int type, uint64_t rows, uint64_t columns, int64_t leading))            \
-    X(layout_destroy, "cublasLtMatrixLayoutDestroy", cublas_status, (cublaslt_matrix_layout layout))            \
-    X(preference_create, "cublasLtMatmulPreferenceCreate", cublas_status, (cublaslt_preference * preference))   \
-    X(preference_destroy, "cublasLtMatmulPreferenceDestroy", cublas_status, (cublaslt_preference preference))   \
-    X(preference_set, "cublasLtMatmulPreferenceSetAttribute", cublas_status,                                    \
-      (cublaslt_preference preference, int attribute, const void *value, size_t size))                          \
-    X(heuristic, "cublasLtMatmulAlgoGetHeuristic", cublas_status,                                               \
-      (cublaslt_handle handle, cublaslt_matmul_desc desc, cublaslt_matrix_layout a, cublaslt_matrix_layout b,    \
-       cublaslt_matrix_layout c, cublaslt_matrix_layout d, cublaslt_preference preference, int requested,       \
-       cublaslt_heuristic_result *results, int *returned))                                                      \
-    X(matmul, "cublasLtMatmul", cublas_status,                                                                  \
-      (cublaslt_handle handle, cublaslt_matmul_desc desc, const void *alpha, const void *a,                     \
-       cublaslt_matrix_layout a_layout, const void *b, cublaslt_matrix_layout b_layout, const void *beta,       \
-       const void *c, cublaslt_matrix_layout c_layout, void *d, cublaslt_matrix_layout d_layout,                \
+#define CUBLASLT_FUNCTIONS(X)                                                                                \
+    X(create, "cublasLtCreate", cublas_status, (cublaslt_handle * handle))                                   \
+    X(destroy, "cublasLtDestroy", cublas_status, (cublaslt_handle handle))                                   \
+    X(status_name, "cublasLtGetStatusName", const char *, (cublas_status status))                            \
+    X(desc_create, "cublasLtMatmulDescCreate", cublas_status,                                                \
+      (cublaslt_matmul_desc * desc, int compute_type, int scale_type))                                       \
+    X(desc_destroy, "cublasLtMatmulDescDestroy", cublas_status, (cublaslt_matmul_desc desc))                 \
+    X(desc_set, "cublasLtMatmulDescSetAttribute", cublas_status,                                             \
+      (cublaslt_matmul_desc desc, int attribute, const void *value, size_t size))                            \
+    X(layout_create, "cublasLtMatrixLayoutCreate", cublas_status,                                            \
+      (cublaslt_matrix_layout * layout, int type, uint64_t rows, uint64_t columns, int64_t leading))         \
+    X(layout_destroy, "cublasLtMatrixLayoutDestroy", cublas_status, (cublaslt_matrix_layout layout))         \
+    X(preference_create, "cublasLtMatmulPreferenceCreate", cublas_status,                                    \
+      (cublaslt_preference * preference))                                                                    \
+    X(preference_destroy, "cublasLtMatmulPreferenceDestroy", cublas_status,                                  \
+      (cublaslt_preference preference))                                                                      \
+    X(preference_set, "cublasLtMatmulPreferenceSetAttribute", cublas_status,                                 \
+      (cublaslt_preference preference, int attribute, const void *value, size_t size))                       \
+    X(heuristic, "cublasLtMatmulAlgoGetHeuristic", cublas_status,                                            \
+      (cublaslt_handle handle, cublaslt_matmul_desc desc, cublaslt_matrix_layout a,                          \
+       cublaslt_matrix_layout b, cublaslt_matrix_layout c, cublaslt_matrix_layout d,                         \
+       cublaslt_preference preference, int requested, cublaslt_heuristic_result *results, int *returned))    \
+    X(matmul, "cublasLtMatmul", cublas_status,                                                               \
+      (cublaslt_handle handle, cublaslt_matmul_desc desc, const void *alpha, const void *a,                  \
+       cublaslt_matrix_layout a_layout, const void *b, cublaslt_matrix_layout b_layout, const void *beta,    \
+       const void *c, cublaslt_matrix_layout c_layout, void *d, cublaslt_matrix_layout d_layout,             \
        const cublaslt_algo *algo, void *workspace, size_t workspace_size, cu_stream stream))
 
 typedef struct cublaslt_api {
@@ -186,12 +189,15 @@ enum {
     GEMM_WORKSPACE_BYTES = 32 << 20, /* what cuBLASLt's heuristics may use */
 };
 
-/* One GEMM shape's descriptors and algorithm. */
+/* One GEMM shape's descriptors and algorithm. The heuristic assumes 256-byte
+ * aligned operands unless told otherwise, and arena offsets are often less
+ * aligned, so the alignments are part of the shape. */
 typedef struct gemm_plan {
     bool used;
     int64_t m, n, k;
     prog_dtype dtype_a, dtype_c, dtype_bias;
     bool b_transposed, has_bias;
+    uint32_t alignment[4]; /* bytes: cuBLASLt's A (our B), B (our A), C, D */
     cublaslt_matmul_desc desc;
     cublaslt_matrix_layout layout_a, layout_b, layout_c; /* cuBLASLt's A (our B), B (our A), C = D */
     cublaslt_algo algo;
@@ -230,8 +236,8 @@ static const char *file_base(const char *path) {
     return slash ? slash + 1 : path;
 }
 
-static smelt_status cuda_check(const cuda_device *d, cu_result r, const char *call, const char *file, int line,
-                               rt_error *e) {
+static smelt_status cuda_check(const cuda_device *d, cu_result r, const char *call, const char *file,
+                               int line, rt_error *e) {
     if (r == CU_SUCCESS) return SMELT_OK;
     const char *name = NULL;
     if (d->api.cuGetErrorName) d->api.cuGetErrorName(r, &name);
@@ -241,25 +247,26 @@ static smelt_status cuda_check(const cuda_device *d, cu_result r, const char *ca
 }
 
 /* CU_CALL(d, cuMemAlloc, (&address, bytes), e): call, check, name it. */
-#define CU_CALL(d, function, arguments, e) \
+#define CU_CALL(d, function, arguments, e)                                                                   \
     cuda_check((d), (d)->api.function arguments, #function, __FILE__, __LINE__, (e))
 
-static smelt_status cublas_check(const cuda_device *d, cublas_status s, const char *call, const char *file, int line,
-                                 rt_error *e) {
+static smelt_status cublas_check(const cuda_device *d, cublas_status s, const char *call, const char *file,
+                                 int line, rt_error *e) {
     if (s == CUBLAS_STATUS_SUCCESS) return SMELT_OK;
     const char *name = d->lt.status_name ? d->lt.status_name(s) : NULL;
     return rt_fail(e, SMELT_ERROR_DEVICE, "%s:%d: %s failed: %s (%d)", file_base(file), line, call,
                    name ? name : "CUBLAS_STATUS_UNKNOWN", s);
 }
 
-#define LT_CALL(d, function, arguments, e) \
+#define LT_CALL(d, function, arguments, e)                                                                   \
     cublas_check((d), (d)->lt.function arguments, "cuBLASLt " #function, __FILE__, __LINE__, (e))
+
+static cuda_device *as_cuda(rt_device *d) { return (cuda_device *)d; }
 
 /* The device's context, made current on the calling thread: an engine may
  * move between threads (one at a time), and the driver's current context is
  * per thread. Every entry point that starts a step or touches memory calls it;
  * launches and GEMMs follow such a call on the same thread. */
-static cuda_device *as_cuda(rt_device *d) { return (cuda_device *)d; }
 static cuda_device *current(rt_device *device) {
     cuda_device *d = (cuda_device *)device;
     d->api.cuCtxSetCurrent(d->context);
@@ -297,7 +304,8 @@ static smelt_status cuda_copy_in(rt_device *device, void *dst, const void *src, 
     return CU_CALL(d, cuMemcpyHtoDAsync, (as_deviceptr(dst), src, bytes, d->stream), e);
 }
 
-static smelt_status cuda_copy_out(rt_device *device, void *dst, const void *src, uint64_t bytes, rt_error *e) {
+static smelt_status cuda_copy_out(rt_device *device, void *dst, const void *src, uint64_t bytes,
+                                  rt_error *e) {
     cuda_device *d = current(device);
     smelt_status s = CU_CALL(d, cuMemcpyDtoHAsync, (dst, as_deviceptr(src), bytes, d->stream), e);
     if (s != SMELT_OK) return s;
@@ -320,9 +328,12 @@ static smelt_status cuda_sync(rt_device *device, rt_error *e) {
 static int arch_number(plan_text arch) {
     const char *s = arch.data;
     uint64_t n = arch.length, at;
-    if (n > 3 && memcmp(s, "sm_", 3) == 0) at = 3;
-    else if (n > 8 && memcmp(s, "compute_", 8) == 0) at = 8;
-    else return -1;
+    if (n > 3 && memcmp(s, "sm_", 3) == 0)
+        at = 3;
+    else if (n > 8 && memcmp(s, "compute_", 8) == 0)
+        at = 8;
+    else
+        return -1;
     int value = 0;
     uint64_t digits = 0;
     while (at < n && s[at] >= '0' && s[at] <= '9' && digits < 4) {
@@ -334,17 +345,18 @@ static int arch_number(plan_text arch) {
     return value;
 }
 
-/* The kernel's cubin for exactly this arch (not an arch-specific "a"
- * variant of another), else the newest PTX the driver can JIT for it. */
+/* The kernel's cubin for exactly this arch (sm_90 or sm_90a on an sm_90
+ * GPU), else the newest PTX at or below it, which the driver JIT-compiles. */
 static const plan_kernel_binary *choose_binary(const plan_kernel *k, int device_arch) {
     const plan_kernel_binary *ptx = NULL;
     int ptx_arch = -1;
     for (uint32_t i = 0; i < k->binary_count; i++) {
         const plan_kernel_binary *b = &k->binaries[i];
         int arch = arch_number(b->arch);
-        if (b->kind == PLAN_BINARY_CUBIN && arch == device_arch && b->arch.data[b->arch.length - 1] != 'a' &&
-            b->arch.data[b->arch.length - 1] != 'f')
-            return b;
+        if (b->kind == PLAN_BINARY_CUBIN && arch == device_arch) return b;
+        /* "compute_90a" PTX uses features of sm_90 alone. */
+        bool arch_specific = arch >= 0 && b->arch.data[b->arch.length - 1] >= 'a';
+        if (arch_specific && arch != device_arch) continue;
         if (b->kind == PLAN_BINARY_PTX && arch >= 0 && arch <= device_arch && arch > ptx_arch) {
             ptx = b;
             ptx_arch = arch;
@@ -368,7 +380,8 @@ static smelt_status load_one_kernel(cuda_device *d, uint32_t index, const plan_k
     if (!name || (binary->kind == PLAN_BINARY_PTX && !image)) {
         free(name);
         free(image);
-        return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory loading kernel '%.*s'", name_length, k->name.data);
+        return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory loading kernel '%.*s'", name_length,
+                       k->name.data);
     }
     memcpy(name, k->name.data, k->name.length);
     name[k->name.length] = '\0';
@@ -376,8 +389,10 @@ static smelt_status load_one_kernel(cuda_device *d, uint32_t index, const plan_k
         memcpy(image, binary->bytes.data, binary->bytes.size);
         image[binary->bytes.size] = 0;
     }
-    smelt_status s = CU_CALL(d, cuModuleLoadData, (&d->modules[index], image ? image : binary->bytes.data), e);
-    if (s == SMELT_OK) s = CU_CALL(d, cuModuleGetFunction, (&d->functions[index], d->modules[index], name), e);
+    smelt_status s =
+        CU_CALL(d, cuModuleLoadData, (&d->modules[index], image ? image : binary->bytes.data), e);
+    if (s == SMELT_OK)
+        s = CU_CALL(d, cuModuleGetFunction, (&d->functions[index], d->modules[index], name), e);
     if (s == SMELT_OK && k->launch.dynamic_shared_bytes > CUDA_STATIC_SHARED_LIMIT)
         s = CU_CALL(d, cuFuncSetAttribute,
                     (d->functions[index], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -435,7 +450,8 @@ static smelt_status cuda_launch(rt_device *device, uint32_t kernel, const rt_lau
                                 rt_error *e) {
     cuda_device *d = as_cuda(device);
     if (kernel >= d->kernel_count)
-        return rt_fail(e, SMELT_ERROR_BAD_PLAN, "kernel %u is not loaded (%u kernels)", kernel, d->kernel_count);
+        return rt_fail(e, SMELT_ERROR_BAD_PLAN, "kernel %u is not loaded (%u kernels)", kernel,
+                       d->kernel_count);
     return CU_CALL(d, cuLaunchKernel,
                    (d->functions[kernel], dims->grid[0], dims->grid[1], dims->grid[2], dims->block[0],
                     dims->block[1], dims->block[2], dims->dynamic_shared_bytes, d->stream, args, NULL),
@@ -451,13 +467,15 @@ static smelt_status load_cublaslt(cuda_device *d, rt_error *e) {
     const char *override = getenv("SMELT_CUBLASLT");
     const char *names[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"};
     if (override && *override) d->cublaslt_library = dlopen(override, RTLD_NOW | RTLD_LOCAL);
-    for (size_t i = 0; i < sizeof names / sizeof names[0] && !d->cublaslt_library && !(override && *override); i++)
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !d->cublaslt_library && !(override && *override);
+         i++)
         d->cublaslt_library = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
     if (!d->cublaslt_library)
-        return rt_fail(e, SMELT_ERROR_UNSUPPORTED,
-                       "cuBLASLt not found (%s): the plan's matrix products need it; install the CUDA toolkit's "
-                       "cuBLAS or add its folder to LD_LIBRARY_PATH",
-                       override && *override ? override : "libcublasLt.so.13");
+        return rt_fail(
+            e, SMELT_ERROR_UNSUPPORTED,
+            "cuBLASLt not found (%s): the plan's matrix products need it; install the CUDA toolkit's "
+            "cuBLAS or add its folder to LD_LIBRARY_PATH",
+            override && *override ? override : "libcublasLt.so.13");
 #define CUBLASLT_RESOLVE(member, symbol, ret, params)                                                        \
     *(void **)&d->lt.member = dlsym(d->cublaslt_library, symbol);                                            \
     if (!d->lt.member)                                                                                       \
@@ -468,8 +486,9 @@ static smelt_status load_cublaslt(cuda_device *d, rt_error *e) {
     if (s == SMELT_OK) s = LT_CALL(d, preference_create, (&d->lt_preference), e);
     uint64_t workspace = GEMM_WORKSPACE_BYTES;
     if (s == SMELT_OK)
-        s = LT_CALL(d, preference_set,
-                    (d->lt_preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace), e);
+        s = LT_CALL(
+            d, preference_set,
+            (d->lt_preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace), e);
     if (s == SMELT_OK) s = CU_CALL(d, cuMemAlloc, (&d->workspace, GEMM_WORKSPACE_BYTES), e);
     d->lt_ready = s == SMELT_OK;
     return s;
@@ -486,6 +505,18 @@ static void gemm_plan_release(cuda_device *d, gemm_plan *p) {
 
 static int cuda_type(prog_dtype t) { return t == PROG_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
+/* The largest power of two up to 256 that divides the address. */
+static uint32_t alignment_of(const void *address) {
+    uintptr_t a = (uintptr_t)address | 256u;
+    return (uint32_t)(a & -a);
+}
+
+static void gemm_alignments(const rt_gemm_args *g, uint32_t out[4]) {
+    out[0] = alignment_of(g->b);
+    out[1] = alignment_of(g->a);
+    out[2] = out[3] = alignment_of(g->c);
+}
+
 /* Descriptors and algorithm for one shape, column-major view:
  * D^T[n, m] = op(B)^T [n, k] x A^T [k, m]. Our B is cuBLASLt's A: stored
  * [n, k] row-major (b_transposed) it is column-major k x n with ld k, used
@@ -497,33 +528,47 @@ static smelt_status gemm_plan_make(cuda_device *d, const rt_gemm_args *g, gemm_p
     p->m = g->m, p->n = g->n, p->k = g->k;
     p->dtype_a = g->dtype_a, p->dtype_c = g->dtype_c, p->dtype_bias = g->dtype_bias;
     p->b_transposed = g->b_transposed, p->has_bias = g->has_bias;
+    gemm_alignments(g, p->alignment);
     int32_t trans_a = g->b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
     uint32_t epilogue = g->has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     int32_t bias_type = cuda_type(g->dtype_bias);
     smelt_status s = LT_CALL(d, desc_create, (&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), e);
-    if (s == SMELT_OK) s = LT_CALL(d, desc_set, (p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof trans_a), e);
-    if (s == SMELT_OK) s = LT_CALL(d, desc_set, (p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof trans_b), e);
-    if (s == SMELT_OK) s = LT_CALL(d, desc_set, (p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue), e);
+    if (s == SMELT_OK)
+        s = LT_CALL(d, desc_set, (p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof trans_a), e);
+    if (s == SMELT_OK)
+        s = LT_CALL(d, desc_set, (p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof trans_b), e);
+    if (s == SMELT_OK)
+        s = LT_CALL(d, desc_set, (p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue), e);
     if (s == SMELT_OK && g->has_bias)
-        s = LT_CALL(d, desc_set, (p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type), e);
+        s = LT_CALL(d, desc_set, (p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
+                    e);
     uint64_t m = (uint64_t)g->m, n = (uint64_t)g->n, k = (uint64_t)g->k;
     if (s == SMELT_OK)
-        s = g->b_transposed ? LT_CALL(d, layout_create, (&p->layout_a, cuda_type(g->dtype_b), k, n, (int64_t)k), e)
-                            : LT_CALL(d, layout_create, (&p->layout_a, cuda_type(g->dtype_b), n, k, (int64_t)n), e);
-    if (s == SMELT_OK) s = LT_CALL(d, layout_create, (&p->layout_b, cuda_type(g->dtype_a), k, m, (int64_t)k), e);
-    if (s == SMELT_OK) s = LT_CALL(d, layout_create, (&p->layout_c, cuda_type(g->dtype_c), n, m, (int64_t)n), e);
+        s = g->b_transposed
+                ? LT_CALL(d, layout_create, (&p->layout_a, cuda_type(g->dtype_b), k, n, (int64_t)k), e)
+                : LT_CALL(d, layout_create, (&p->layout_a, cuda_type(g->dtype_b), n, k, (int64_t)n), e);
+    if (s == SMELT_OK)
+        s = LT_CALL(d, layout_create, (&p->layout_b, cuda_type(g->dtype_a), k, m, (int64_t)k), e);
+    if (s == SMELT_OK)
+        s = LT_CALL(d, layout_create, (&p->layout_c, cuda_type(g->dtype_c), n, m, (int64_t)n), e);
+    for (int i = 0; i < 4 && s == SMELT_OK; i++)
+        s = LT_CALL(d, preference_set,
+                    (d->lt_preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + i, &p->alignment[i],
+                     sizeof p->alignment[i]),
+                    e);
     cublaslt_heuristic_result result;
     int found = 0;
     if (s == SMELT_OK)
         s = LT_CALL(d, heuristic,
-                    (d->lt_handle, p->desc, p->layout_a, p->layout_b, p->layout_c, p->layout_c, d->lt_preference, 1,
-                     &result, &found),
+                    (d->lt_handle, p->desc, p->layout_a, p->layout_b, p->layout_c, p->layout_c,
+                     d->lt_preference, 1, &result, &found),
                     e);
     if (s == SMELT_OK && found < 1)
-        s = rt_fail(e, SMELT_ERROR_UNSUPPORTED,
-                    "cuBLASLt has no algorithm for a %lld x %lld x %lld product of %s x %s -> %s", (long long)g->m,
-                    (long long)g->n, (long long)g->k, g->dtype_a == PROG_DTYPE_BF16 ? "bf16" : "f32",
-                    g->dtype_b == PROG_DTYPE_BF16 ? "bf16" : "f32", g->dtype_c == PROG_DTYPE_BF16 ? "bf16" : "f32");
+        s = rt_fail(
+            e, SMELT_ERROR_UNSUPPORTED,
+            "cuBLASLt has no algorithm for a %lld x %lld x %lld product of %s x %s -> %s", (long long)g->m,
+            (long long)g->n, (long long)g->k, g->dtype_a == PROG_DTYPE_BF16 ? "bf16" : "f32",
+            g->dtype_b == PROG_DTYPE_BF16 ? "bf16" : "f32", g->dtype_c == PROG_DTYPE_BF16 ? "bf16" : "f32");
     if (s != SMELT_OK) {
         gemm_plan_release(d, p);
         return s;
@@ -533,11 +578,14 @@ static smelt_status gemm_plan_make(cuda_device *d, const rt_gemm_args *g, gemm_p
 }
 
 static gemm_plan *gemm_plan_find(cuda_device *d, const rt_gemm_args *g) {
+    uint32_t alignment[4];
+    gemm_alignments(g, alignment);
     for (int i = 0; i < GEMM_CACHE_SIZE; i++) {
         gemm_plan *p = &d->gemm_plans[i];
         if (p->used && p->m == g->m && p->n == g->n && p->k == g->k && p->dtype_a == g->dtype_a &&
             p->dtype_c == g->dtype_c && p->b_transposed == g->b_transposed && p->has_bias == g->has_bias &&
-            (!g->has_bias || p->dtype_bias == g->dtype_bias))
+            (!g->has_bias || p->dtype_bias == g->dtype_bias) &&
+            memcmp(p->alignment, alignment, sizeof alignment) == 0)
             return p;
     }
     return NULL;
@@ -546,8 +594,9 @@ static gemm_plan *gemm_plan_find(cuda_device *d, const rt_gemm_args *g) {
 static smelt_status cuda_gemm(rt_device *device, const rt_gemm_args *g, rt_error *e) {
     cuda_device *d = as_cuda(device);
     if (g->dtype_a != g->dtype_b)
-        return rt_fail(e, SMELT_ERROR_UNSUPPORTED, "cuBLASLt products need A and B of one dtype (got %s and %s)",
-                       g->dtype_a == PROG_DTYPE_BF16 ? "bf16" : "f32", g->dtype_b == PROG_DTYPE_BF16 ? "bf16" : "f32");
+        return rt_fail(
+            e, SMELT_ERROR_UNSUPPORTED, "cuBLASLt products need A and B of one dtype (got %s and %s)",
+            g->dtype_a == PROG_DTYPE_BF16 ? "bf16" : "f32", g->dtype_b == PROG_DTYPE_BF16 ? "bf16" : "f32");
     smelt_status s = load_cublaslt(d, e);
     if (s != SMELT_OK) return s;
     gemm_plan *p = gemm_plan_find(d, g);
@@ -559,13 +608,15 @@ static smelt_status cuda_gemm(rt_device *device, const rt_gemm_args *g, rt_error
     }
     if (g->has_bias) {
         const void *bias = g->bias;
-        if ((s = LT_CALL(d, desc_set, (p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), e)) != SMELT_OK)
+        if ((s = LT_CALL(d, desc_set, (p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), e)) !=
+            SMELT_OK)
             return s;
     }
     const float alpha = 1.0f, beta = 0.0f;
     return LT_CALL(d, matmul,
-                   (d->lt_handle, p->desc, &alpha, g->b, p->layout_a, g->a, p->layout_b, &beta, g->c, p->layout_c,
-                    g->c, p->layout_c, &p->algo, (void *)(uintptr_t)d->workspace, GEMM_WORKSPACE_BYTES, d->stream),
+                   (d->lt_handle, p->desc, &alpha, g->b, p->layout_a, g->a, p->layout_b, &beta, g->c,
+                    p->layout_c, g->c, p->layout_c, &p->algo, (void *)(uintptr_t)d->workspace,
+                    GEMM_WORKSPACE_BYTES, d->stream),
                    e);
 }
 
@@ -609,7 +660,8 @@ static void cuda_destroy(rt_device *device) {
     if (d->stream) d->api.cuStreamSynchronize(d->stream);
     drop_graph(d);
     if (d->cublaslt_library) {
-        for (int i = 0; i < GEMM_CACHE_SIZE; i++) gemm_plan_release(d, &d->gemm_plans[i]);
+        for (int i = 0; i < GEMM_CACHE_SIZE; i++)
+            gemm_plan_release(d, &d->gemm_plans[i]);
         if (d->lt_preference && d->lt.preference_destroy) d->lt.preference_destroy(d->lt_preference);
         if (d->lt_handle && d->lt.destroy) d->lt.destroy(d->lt_handle);
         dlclose(d->cublaslt_library);
@@ -650,13 +702,14 @@ static smelt_status open_driver(cuda_device *d, rt_error *e) {
     d->driver_library = dlopen(library, RTLD_NOW | RTLD_LOCAL);
     if (!d->driver_library) {
         const char *why = dlerror();
-        return rt_fail(e, SMELT_ERROR_NO_DEVICE, "no CUDA driver found (%s: %s)", library, why ? why : "not found");
+        return rt_fail(e, SMELT_ERROR_NO_DEVICE, "no CUDA driver found (%s: %s)", library,
+                       why ? why : "not found");
     }
-#define CUDA_RESOLVE(member, symbol, ret, params)                                                              \
-    *(void **)&d->api.member = dlsym(d->driver_library, symbol);                                               \
-    if (!d->api.member)                                                                                        \
-        return rt_fail(e, SMELT_ERROR_NO_DEVICE, "the CUDA driver %s lacks %s: it is too old for this smelt", \
-                       library, symbol);
+#define CUDA_RESOLVE(member, symbol, ret, params)                                                            \
+    *(void **)&d->api.member = dlsym(d->driver_library, symbol);                                             \
+    if (!d->api.member)                                                                                      \
+        return rt_fail(e, SMELT_ERROR_NO_DEVICE,                                                             \
+                       "the CUDA driver %s lacks %s: it is too old for this smelt", library, symbol);
     CUDA_DRIVER_FUNCTIONS(CUDA_RESOLVE)
 #undef CUDA_RESOLVE
     return SMELT_OK;
@@ -665,8 +718,8 @@ static smelt_status open_driver(cuda_device *d, rt_error *e) {
 /* cuInit's answers that mean "no GPU to use here", as opposed to a fault. */
 static bool means_no_gpu(cu_result r) {
     return r == CU_ERROR_STUB_LIBRARY || r == CU_ERROR_NO_DEVICE || r == CU_ERROR_DEVICE_UNAVAILABLE ||
-           r == CU_ERROR_NOT_INITIALIZED || r == CU_ERROR_SYSTEM_NOT_READY || r == CU_ERROR_SYSTEM_DRIVER_MISMATCH ||
-           r == CU_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE;
+           r == CU_ERROR_NOT_INITIALIZED || r == CU_ERROR_SYSTEM_NOT_READY ||
+           r == CU_ERROR_SYSTEM_DRIVER_MISMATCH || r == CU_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE;
 }
 
 /* Initialises the driver and picks the device; NO_DEVICE when there is no
@@ -685,15 +738,16 @@ static smelt_status open_device(cuda_device *d, int ordinal, rt_error *e) {
     int count = 0;
     if ((s = CU_CALL(d, cuDeviceGetCount, (&count), e)) != SMELT_OK) return s;
     if (ordinal < 0 || ordinal >= count)
-        return rt_fail(e, SMELT_ERROR_NO_DEVICE, "there is no CUDA device %d (this machine has %d)", ordinal, count);
+        return rt_fail(e, SMELT_ERROR_NO_DEVICE, "there is no CUDA device %d (this machine has %d)", ordinal,
+                       count);
     int major = 0, minor = 0;
     char gpu[128] = "";
     if ((s = CU_CALL(d, cuDeviceGet, (&d->device, ordinal), e)) != SMELT_OK ||
         (s = CU_CALL(d, cuDeviceGetName, (gpu, (int)sizeof gpu - 1, d->device), e)) != SMELT_OK ||
-        (s = CU_CALL(d, cuDeviceGetAttribute, (&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d->device), e)) !=
-            SMELT_OK ||
-        (s = CU_CALL(d, cuDeviceGetAttribute, (&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d->device), e)) !=
-            SMELT_OK)
+        (s = CU_CALL(d, cuDeviceGetAttribute,
+                     (&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d->device), e)) != SMELT_OK ||
+        (s = CU_CALL(d, cuDeviceGetAttribute,
+                     (&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d->device), e)) != SMELT_OK)
         return s;
     d->arch = major * 10 + minor;
     snprintf(d->name, sizeof d->name, "cuda:%d %s (sm_%d)", ordinal, gpu, d->arch);

@@ -145,7 +145,8 @@ static smelt_status open_object(host_device *d, const uint8_t *bytes, uint64_t s
 }
 
 static void unload_kernels(host_device *d) {
-    for (uint32_t i = 0; d->kernel_names && i < d->kernel_count; i++) free(d->kernel_names[i]);
+    for (uint32_t i = 0; d->kernel_names && i < d->kernel_count; i++)
+        free(d->kernel_names[i]);
     free(d->kernel_names);
     free(d->kernels);
     if (d->kernel_object) dlclose(d->kernel_object);
@@ -185,8 +186,8 @@ static smelt_status host_load_kernels(rt_device *device, const rt_kernel_set *se
         void *entry = dlsym(d->kernel_object, symbol);
         symbol[name.length] = '\0'; /* keep the kernel's own name for messages */
         if (!entry || memchr(name.data, 0, name.length)) {
-            s = rt_fail(e, SMELT_ERROR_BAD_PLAN, "the plan's host kernels lack '%.*s%s__host_entry' (kernel %u)",
-                        RT_NAME(symbol), i);
+            s = rt_fail(e, SMELT_ERROR_BAD_PLAN,
+                        "the plan's host kernels lack '%.*s%s__host_entry' (kernel %u)", RT_NAME(symbol), i);
             unload_kernels(d);
             return s;
         }
@@ -200,11 +201,13 @@ static smelt_status host_launch(rt_device *device, uint32_t kernel, const rt_lau
                                 rt_error *e) {
     host_device *d = as_host(device);
     if (kernel >= d->kernel_count)
-        return rt_fail(e, SMELT_ERROR_BAD_PLAN, "kernel %u is not loaded (%u kernels)", kernel, d->kernel_count);
+        return rt_fail(e, SMELT_ERROR_BAD_PLAN, "kernel %u is not loaded (%u kernels)", kernel,
+                       d->kernel_count);
     char message[RT_ERROR_MESSAGE_SIZE];
-    sim_status s = sim_launch(d->pool, &d->kernels[kernel], sim_dim3_make(dims->grid[0], dims->grid[1], dims->grid[2]),
-                              sim_dim3_make(dims->block[0], dims->block[1], dims->block[2]),
-                              dims->dynamic_shared_bytes, args, message, sizeof message);
+    sim_status s =
+        sim_launch(d->pool, &d->kernels[kernel], sim_dim3_make(dims->grid[0], dims->grid[1], dims->grid[2]),
+                   sim_dim3_make(dims->block[0], dims->block[1], dims->block[2]), dims->dynamic_shared_bytes,
+                   args, message, sizeof message);
     if (s == SIM_OK) return SMELT_OK;
     smelt_status status = s == SIM_ERROR_OUT_OF_MEMORY    ? SMELT_ERROR_OUT_OF_MEMORY
                           : s == SIM_ERROR_INVALID_LAUNCH ? SMELT_ERROR_BAD_PLAN
@@ -225,11 +228,13 @@ static float *scratch(host_device *d, int which, uint64_t floats) {
 }
 
 static void widen_bf16(float *dst, const uint16_t *src, uint64_t count) {
-    for (uint64_t i = 0; i < count; i++) dst[i] = rt_bf16_to_f32(src[i]);
+    for (uint64_t i = 0; i < count; i++)
+        dst[i] = rt_bf16_to_f32(src[i]);
 }
 
 /* The operand as f32: itself, the weight's shadow, or widened into scratch. */
-static const float *operand_f32(host_device *d, const void *data, prog_dtype dtype, uint64_t count, int which) {
+static const float *operand_f32(host_device *d, const void *data, prog_dtype dtype, uint64_t count,
+                                int which) {
     if (dtype == PROG_DTYPE_F32) return data;
     float *f = scratch(d, which, count);
     if (f) widen_bf16(f, data, count);
@@ -251,20 +256,23 @@ static smelt_status host_gemm(rt_device *device, const rt_gemm_args *g, rt_error
         b = operand_f32(d, g->b, g->dtype_b, nk, SCRATCH_B);
     float *c = g->dtype_c == PROG_DTYPE_F32 ? g->c : scratch(d, SCRATCH_C, mn);
     if (!a || !b || !c)
-        return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory widening a %d x %d x %d product to f32", m, n, k);
+        return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory widening a %d x %d x %d product to f32",
+                       m, n, k);
     float beta = 0.0f;
     if (g->has_bias) { /* C starts as the bias in every row; the product adds to it */
         for (int j = 0; j < n; j++)
             c[j] = g->dtype_bias == PROG_DTYPE_F32 ? ((const float *)g->bias)[j]
                                                    : rt_bf16_to_f32(((const uint16_t *)g->bias)[j]);
-        for (int i = 1; i < m; i++) memcpy(c + (size_t)i * n, c, (size_t)n * sizeof *c);
+        for (int i = 1; i < m; i++)
+            memcpy(c + (size_t)i * n, c, (size_t)n * sizeof *c);
         beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, g->b_transposed ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, k, b,
-                g->b_transposed ? k : n, beta, c, n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, g->b_transposed ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, k,
+                b, g->b_transposed ? k : n, beta, c, n);
     if (g->dtype_c == PROG_DTYPE_BF16) {
         uint16_t *out = g->c;
-        for (uint64_t i = 0; i < mn; i++) out[i] = rt_f32_to_bf16(c[i]);
+        for (uint64_t i = 0; i < mn; i++)
+            out[i] = rt_f32_to_bf16(c[i]);
     }
     return SMELT_OK;
 }
@@ -287,7 +295,8 @@ static smelt_status host_weight_bound(rt_device *device, uint32_t index, const v
     uint64_t count = bytes / 2;
     float *shadow = count <= SIZE_MAX / sizeof(float) ? malloc((size_t)count * sizeof(float)) : NULL;
     if (!shadow)
-        return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory for the f32 copy of a %llu-byte bf16 weight",
+        return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY,
+                       "out of memory for the f32 copy of a %llu-byte bf16 weight",
                        (unsigned long long)bytes);
     widen_bf16(shadow, address, count);
     d->weight_shadows[index] = shadow;
@@ -301,9 +310,11 @@ static const char *host_name(const rt_device *device) { return ((const host_devi
 static void host_destroy(rt_device *device) {
     host_device *d = as_host(device);
     unload_kernels(d);
-    for (uint32_t i = 0; i < d->shadow_count; i++) free(d->weight_shadows[i]);
+    for (uint32_t i = 0; i < d->shadow_count; i++)
+        free(d->weight_shadows[i]);
     free(d->weight_shadows);
-    for (int i = 0; i < 3; i++) free(d->scratch[i]);
+    for (int i = 0; i < 3; i++)
+        free(d->scratch[i]);
     if (d->pool) sim_pool_free(d->pool);
     free(d);
 }

@@ -95,8 +95,9 @@ static smelt_status plan_load(smelt_plan *plan, const char *name) {
     const uint8_t *data;
     uint64_t size;
     if (!plan_section(&plan->file, PLAN_SECTION_PROGRAM, &data, &size))
-        return fail(SMELT_ERROR_BAD_PLAN, "%s: the plan has no PROGRAM section: it cannot be run; rebuild it with "
-                                          "`smelt compile`",
+        return fail(SMELT_ERROR_BAD_PLAN,
+                    "%s: the plan has no PROGRAM section: it cannot be run; rebuild it with "
+                    "`smelt compile`",
                     name);
     if (!program_decode(data, size, &plan->program, error, sizeof error))
         return fail(SMELT_ERROR_BAD_PLAN, "%s: %s", name, error);
@@ -202,12 +203,12 @@ struct smelt_engine {
     const program *program;
     rt_device *device;
     rt_executor executor;
-    engine_weight *weights;   /* [weight_count] */
-    void **weight_addresses;  /* [weight_count], what the executor reads */
+    engine_weight *weights;  /* [weight_count] */
+    void **weight_addresses; /* [weight_count], what the executor reads */
     rt_sampler sampler;
-    float *last_logits;       /* [vocab]: the last token fed */
+    float *last_logits; /* [vocab]: the last token fed */
     bool last_logits_valid;
-    int64_t position;         /* tokens in the current sequence */
+    int64_t position; /* tokens in the current sequence */
     smelt_stats stats;
 };
 
@@ -218,13 +219,13 @@ static double now_seconds(void) {
 }
 
 /* Creates the device of `kind` and loads the plan's kernels on it. */
-static smelt_status open_device(smelt_plan *plan, const char *kind, const smelt_engine_options *o, rt_device **out,
-                                rt_error *e) {
+static smelt_status open_device(smelt_plan *plan, const char *kind, const smelt_engine_options *o,
+                                rt_device **out, rt_error *e) {
     smelt_status s = strcmp(kind, "cuda") == 0 ? rt_device_cuda_create(o->cuda_device, out, e)
                                                : rt_device_host_create(o->host_threads, out, e);
     if (s != SMELT_OK) return s;
-    rt_kernel_set set = {plan->kernels.kernels, plan->kernels.count, plan->host_object, plan->host_object_size,
-                         false};
+    rt_kernel_set set = {plan->kernels.kernels, plan->kernels.count, plan->host_object,
+                         plan->host_object_size, false};
     for (uint32_t i = 0; i < plan->program.instr_count; i++)
         if (plan->program.instrs[i].op == PROG_OP_GEMM) set.gemms = true;
     s = (*out)->ops->load_kernels(*out, &set, e);
@@ -236,17 +237,19 @@ static smelt_status open_device(smelt_plan *plan, const char *kind, const smelt_
 }
 
 /* "auto": cuda when the plan has GPU code and a GPU is here, else host. */
-static smelt_status choose_device(smelt_plan *plan, const smelt_engine_options *o, rt_device **out, rt_error *e) {
+static smelt_status choose_device(smelt_plan *plan, const smelt_engine_options *o, rt_device **out,
+                                  rt_error *e) {
     const char *kind = o->device && *o->device ? o->device : "auto";
     if (strcmp(kind, "host") == 0 || strcmp(kind, "cuda") == 0) return open_device(plan, kind, o, out, e);
     if (strcmp(kind, "auto") != 0)
-        return rt_fail(e, SMELT_ERROR_INVALID_ARGUMENT, "unknown device '%.*s%s' (expected auto, host or cuda)",
-                       RT_NAME(kind));
+        return rt_fail(e, SMELT_ERROR_INVALID_ARGUMENT,
+                       "unknown device '%.*s%s' (expected auto, host or cuda)", RT_NAME(kind));
     bool gpu_possible = plan->has_cuda_kernels || plan->kernels.count == 0;
     if (gpu_possible) {
         smelt_status s = open_device(plan, "cuda", o, out, e);
         bool host_possible = plan->host_object != NULL || plan->kernels.count == 0;
-        if (s == SMELT_OK || !host_possible || (s != SMELT_ERROR_NO_DEVICE && s != SMELT_ERROR_UNSUPPORTED)) return s;
+        if (s == SMELT_OK || !host_possible || (s != SMELT_ERROR_NO_DEVICE && s != SMELT_ERROR_UNSUPPORTED))
+            return s;
     }
     return open_device(plan, "host", o, out, e);
 }
@@ -296,7 +299,8 @@ smelt_status smelt_engine_create(smelt_plan *plan, const smelt_engine_options *o
     smelt_status s = choose_device(plan, o, &engine->device, &e);
     if (s == SMELT_OK) {
         engine->weights = calloc(p->weight_count ? p->weight_count : 1, sizeof *engine->weights);
-        engine->weight_addresses = calloc(p->weight_count ? p->weight_count : 1, sizeof *engine->weight_addresses);
+        engine->weight_addresses =
+            calloc(p->weight_count ? p->weight_count : 1, sizeof *engine->weight_addresses);
         engine->last_logits = malloc(p->vocab * sizeof *engine->last_logits);
         if (!engine->weights || !engine->weight_addresses || !engine->last_logits)
             s = rt_fail(&e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory for an engine");
@@ -309,7 +313,8 @@ smelt_status smelt_engine_create(smelt_plan *plan, const smelt_engine_options *o
     }
     if (s == SMELT_OK) s = bind_plan_weights(engine, &e);
     if (s == SMELT_OK)
-        s = rt_executor_init(&engine->executor, p, engine->device, engine->weight_addresses, o->cuda_graphs, &e);
+        s = rt_executor_init(&engine->executor, p, engine->device, engine->weight_addresses, o->cuda_graphs,
+                             &e);
     if (s != SMELT_OK) {
         smelt_engine_destroy(engine);
         return fail_with(&e);
@@ -370,8 +375,10 @@ static void convert(void *dst, prog_dtype to, const void *src, smelt_dtype from,
         case SMELT_DTYPE_BF16: v = rt_bf16_to_f32(((const uint16_t *)src)[i]); break;
         default: v = rt_f16_to_f32(((const uint16_t *)src)[i]); break;
         }
-        if (to == PROG_DTYPE_F32) memcpy((uint8_t *)dst + 4 * i, &v, 4);
-        else ((uint16_t *)dst)[i] = rt_f32_to_bf16(v);
+        if (to == PROG_DTYPE_F32)
+            memcpy((uint8_t *)dst + 4 * i, &v, 4);
+        else
+            ((uint16_t *)dst)[i] = rt_f32_to_bf16(v);
     }
 }
 
@@ -384,8 +391,8 @@ static smelt_status own_weight(smelt_engine *engine, uint32_t index, rt_error *e
     void *address;
     smelt_status s = d->ops->alloc(d, w->bytes, &address, e);
     if (s != SMELT_OK) return s;
-    if (ew->address && (s = d->ops->copy_in(d, address, engine->plan->weight_data + w->data_offset, w->bytes, e)) !=
-                           SMELT_OK) {
+    if (ew->address && (s = d->ops->copy_in(d, address, engine->plan->weight_data + w->data_offset, w->bytes,
+                                            e)) != SMELT_OK) {
         d->ops->free(d, address);
         return s;
     }
@@ -396,51 +403,62 @@ static smelt_status own_weight(smelt_engine *engine, uint32_t index, rt_error *e
     return SMELT_OK;
 }
 
-static bool valid_dtype(smelt_dtype t) { return t == SMELT_DTYPE_F32 || t == SMELT_DTYPE_BF16 || t == SMELT_DTYPE_F16; }
+static bool valid_dtype(smelt_dtype t) {
+    return t == SMELT_DTYPE_F32 || t == SMELT_DTYPE_BF16 || t == SMELT_DTYPE_F16;
+}
 
-smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, smelt_dtype dtype, const void *data,
-                                      const int64_t *shape, uint32_t rank) {
+smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, smelt_dtype dtype,
+                                      const void *data, const int64_t *shape, uint32_t rank) {
     if (!engine || !name || !data || (rank && !shape))
         return fail(SMELT_ERROR_INVALID_ARGUMENT, "smelt_engine_bind_weight: a NULL argument");
-    if (!valid_dtype(dtype)) return fail(SMELT_ERROR_INVALID_ARGUMENT, "smelt_engine_bind_weight: unknown dtype %d", dtype);
+    if (!valid_dtype(dtype))
+        return fail(SMELT_ERROR_INVALID_ARGUMENT, "smelt_engine_bind_weight: unknown dtype %d", dtype);
     const program *p = engine->program;
     uint32_t index = UINT32_MAX;
     int64_t part = -1;
     for (uint32_t i = 0; i < p->weight_count && index == UINT32_MAX; i++) {
-        if (strcmp(p->weights[i].name, name) == 0) index = i;
-        else if ((part = stacked_part(&p->weights[i], name)) >= 0) index = i;
+        if (strcmp(p->weights[i].name, name) == 0)
+            index = i;
+        else if ((part = stacked_part(&p->weights[i], name)) >= 0)
+            index = i;
     }
-    if (index == UINT32_MAX) return fail(SMELT_ERROR_INVALID_ARGUMENT, "the plan has no weight '%.*s%s'", RT_NAME(name));
+    if (index == UINT32_MAX)
+        return fail(SMELT_ERROR_INVALID_ARGUMENT, "the plan has no weight '%.*s%s'", RT_NAME(name));
     const prog_weight *w = &p->weights[index];
     engine_weight *ew = &engine->weights[index];
     /* A part is the stacked tensor without its dim 0. */
     uint32_t skip = part >= 0 ? 1 : 0;
     bool same = rank + skip == w->rank;
-    for (uint32_t k = 0; same && k < rank; k++) same = shape[k] == w->shape[k + skip];
+    for (uint32_t k = 0; same && k < rank; k++)
+        same = shape[k] == w->shape[k + skip];
     if (!same) {
         char expected[160] = "", got[160] = "";
         for (uint32_t k = skip; k < w->rank; k++)
-            snprintf(expected + strlen(expected), sizeof expected - strlen(expected), "%s%lld", k > skip ? ", " : "",
-                     (long long)w->shape[k]);
+            snprintf(expected + strlen(expected), sizeof expected - strlen(expected), "%s%lld",
+                     k > skip ? ", " : "", (long long)w->shape[k]);
         for (uint32_t k = 0; k < rank && k < 8; k++)
-            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", k ? ", " : "", (long long)shape[k]);
-        return fail(SMELT_ERROR_INVALID_ARGUMENT, "weight '%.*s%s' has shape [%s] in the plan but [%s%s] was given",
-                    RT_NAME(name), expected, got, rank > 8 ? ", ..." : "");
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", k ? ", " : "",
+                     (long long)shape[k]);
+        return fail(SMELT_ERROR_INVALID_ARGUMENT,
+                    "weight '%.*s%s' has shape [%s] in the plan but [%s%s] was given", RT_NAME(name),
+                    expected, got, rank > 8 ? ", ..." : "");
     }
     if (w->dtype == PROG_DTYPE_I32)
-        return fail(SMELT_ERROR_UNSUPPORTED, "weight '%.*s%s' is stored as i32 and cannot be bound from floats",
-                    RT_NAME(name));
+        return fail(SMELT_ERROR_UNSUPPORTED,
+                    "weight '%.*s%s' is stored as i32 and cannot be bound from floats", RT_NAME(name));
     uint64_t part_bytes = part >= 0 ? w->bytes / (uint64_t)w->shape[0] : w->bytes;
     uint64_t count = part_bytes / prog_dtype_size(w->dtype);
     rt_error e = {0};
     smelt_status s = own_weight(engine, index, &e);
     if (s != SMELT_OK) return fail_with(&e);
     void *converted = part_bytes ? malloc(part_bytes) : NULL;
-    if (part_bytes && !converted) return fail(SMELT_ERROR_OUT_OF_MEMORY, "out of memory converting '%.*s%s'", RT_NAME(name));
+    if (part_bytes && !converted)
+        return fail(SMELT_ERROR_OUT_OF_MEMORY, "out of memory converting '%.*s%s'", RT_NAME(name));
     convert(converted, (prog_dtype)w->dtype, data, dtype, count);
     uint64_t offset = part >= 0 ? (uint64_t)part * part_bytes : 0;
-    if (part_bytes) s = engine->device->ops->copy_in(engine->device, rt_address_at(ew->address, offset), converted,
-                                                     part_bytes, &e);
+    if (part_bytes)
+        s = engine->device->ops->copy_in(engine->device, rt_address_at(ew->address, offset), converted,
+                                         part_bytes, &e);
     free(converted);
     if (s != SMELT_OK) return fail_with(&e);
     ew->dirty = true;
@@ -469,11 +487,12 @@ static smelt_status prepare_weights(smelt_engine *engine) {
         uint32_t missing = 0, first = 0;
         for (uint32_t i = 0; i < p->weight_count; i++)
             if (engine->weights[i].state != WEIGHT_COMPLETE && missing++ == 0) first = i;
-        return fail(SMELT_ERROR_MISSING_WEIGHT,
-                    "weight '%.*s%s'%s is not bound (%u of %u weights are missing): the plan holds no data for it; "
-                    "bind it with smelt_engine_bind_weight or compile the plan with --weights",
-                    RT_NAME(p->weights[first].name), engine->weights[first].state == WEIGHT_PARTIAL ? " (in part)" : "",
-                    missing, p->weight_count);
+        return fail(
+            SMELT_ERROR_MISSING_WEIGHT,
+            "weight '%.*s%s'%s is not bound (%u of %u weights are missing): the plan holds no data for it; "
+            "bind it with smelt_engine_bind_weight or compile the plan with --weights",
+            RT_NAME(p->weights[first].name),
+            engine->weights[first].state == WEIGHT_PARTIAL ? " (in part)" : "", missing, p->weight_count);
     }
     rt_device *d = engine->device;
     for (uint32_t i = 0; i < p->weight_count; i++) {
@@ -553,10 +572,13 @@ smelt_status smelt_engine_reset(smelt_engine *engine) {
 }
 
 smelt_status smelt_engine_stats(const smelt_engine *engine, smelt_stats *out) {
-    if (!engine || !out) return fail(SMELT_ERROR_INVALID_ARGUMENT, "smelt_engine_stats: engine or out is NULL");
+    if (!engine || !out)
+        return fail(SMELT_ERROR_INVALID_ARGUMENT, "smelt_engine_stats: engine or out is NULL");
     *out = engine->stats;
-    out->prefill_tokens_per_second = out->prefill_seconds > 0 ? (double)out->prefill_tokens / out->prefill_seconds : 0;
-    out->decode_tokens_per_second = out->decode_seconds > 0 ? (double)out->decode_tokens / out->decode_seconds : 0;
+    out->prefill_tokens_per_second =
+        out->prefill_seconds > 0 ? (double)out->prefill_tokens / out->prefill_seconds : 0;
+    out->decode_tokens_per_second =
+        out->decode_seconds > 0 ? (double)out->decode_tokens / out->decode_seconds : 0;
     return SMELT_OK;
 }
 
@@ -572,7 +594,8 @@ static smelt_status feed(smelt_engine *engine, const int32_t *tokens, size_t cou
         size_t chunk = count - done;
         if (chunk > (size_t)p->max_tokens) chunk = (size_t)p->max_tokens;
         if (chunk > sizeof positions / sizeof positions[0]) chunk = sizeof positions / sizeof positions[0];
-        for (size_t t = 0; t < chunk; t++) positions[t] = (int32_t)(engine->position + (int64_t)t);
+        for (size_t t = 0; t < chunk; t++)
+            positions[t] = (int32_t)(engine->position + (int64_t)t);
         smelt_status s = run_step(engine, tokens + done, positions, (uint32_t)chunk, (uint32_t)chunk - 1,
                                   engine->last_logits);
         if (s != SMELT_OK) return s;
@@ -589,25 +612,30 @@ static bool is_stop_token(const smelt_request *r, int32_t token) {
 
 static smelt_status check_request(const smelt_engine *engine, const smelt_request *r) {
     const program *p = engine->program;
-    if (r->prompt_length && !r->prompt) return fail(SMELT_ERROR_INVALID_ARGUMENT, "the request's prompt is NULL");
+    if (r->prompt_length && !r->prompt)
+        return fail(SMELT_ERROR_INVALID_ARGUMENT, "the request's prompt is NULL");
     if (r->stop_token_count && !r->stop_tokens)
         return fail(SMELT_ERROR_INVALID_ARGUMENT, "the request's stop_tokens is NULL");
-    if (r->output_capacity && !r->output) return fail(SMELT_ERROR_INVALID_ARGUMENT, "the request's output is NULL");
+    if (r->output_capacity && !r->output)
+        return fail(SMELT_ERROR_INVALID_ARGUMENT, "the request's output is NULL");
     if (r->prompt_length == 0 && !engine->last_logits_valid)
-        return fail(SMELT_ERROR_INVALID_ARGUMENT,
-                    "an empty prompt needs a sequence to continue, but the engine has no logits to continue from");
+        return fail(
+            SMELT_ERROR_INVALID_ARGUMENT,
+            "an empty prompt needs a sequence to continue, but the engine has no logits to continue from");
     if (p->max_positions && (uint64_t)r->prompt_length > (uint64_t)(p->max_positions - engine->position))
         return fail(SMELT_ERROR_INVALID_ARGUMENT,
-                    "a prompt of %zu tokens at position %lld does not fit the plan's %lld positions", r->prompt_length,
-                    (long long)engine->position, (long long)p->max_positions);
+                    "a prompt of %zu tokens at position %lld does not fit the plan's %lld positions",
+                    r->prompt_length, (long long)engine->position, (long long)p->max_positions);
     if (r->output && r->output_capacity < r->max_tokens)
         return fail(SMELT_ERROR_CAPACITY, "the output holds %zu tokens but up to %u may be generated",
                     r->output_capacity, r->max_tokens);
     return SMELT_OK;
 }
 
-smelt_status smelt_engine_generate(smelt_engine *engine, const smelt_request *request, smelt_generation *result) {
-    if (!engine || !request) return fail(SMELT_ERROR_INVALID_ARGUMENT, "smelt_engine_generate: a NULL argument");
+smelt_status smelt_engine_generate(smelt_engine *engine, const smelt_request *request,
+                                   smelt_generation *result) {
+    if (!engine || !request)
+        return fail(SMELT_ERROR_INVALID_ARGUMENT, "smelt_engine_generate: a NULL argument");
     smelt_generation local;
     smelt_generation *g = result ? result : &local;
     memset(g, 0, sizeof *g);

@@ -25,7 +25,8 @@ smelt_status rt_executor_init(rt_executor *x, const program *p, rt_device *devic
         x->states = calloc(p->state_count, sizeof *x->states);
         if (!x->states) {
             rt_executor_free(x);
-            return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory for %u state buffers", p->state_count);
+            return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory for %u state buffers",
+                           p->state_count);
         }
     }
     for (uint32_t i = 0; i < p->state_count; i++) {
@@ -42,7 +43,8 @@ smelt_status rt_executor_init(rt_executor *x, const program *p, rt_device *devic
 void rt_executor_free(rt_executor *x) {
     if (!x->device) return;
     const rt_device_ops *ops = x->device->ops;
-    for (uint32_t i = 0; x->states && i < x->program->state_count; i++) ops->free(x->device, x->states[i]);
+    for (uint32_t i = 0; x->states && i < x->program->state_count; i++)
+        ops->free(x->device, x->states[i]);
     free(x->states);
     ops->free(x->device, x->arena);
     memset(x, 0, sizeof *x);
@@ -74,8 +76,8 @@ static smelt_status locate(const rt_executor *x, uint32_t index, smelt_status s,
     memcpy(device_message, e->message, sizeof device_message);
     const prog_instr *in = &x->program->instrs[index];
     if (in->op == PROG_OP_LAUNCH)
-        return rt_fail(e, s, "instruction %u (kernel %u, IR op %u): %s", index, in->as.launch.kernel, in->ir_op,
-                       device_message);
+        return rt_fail(e, s, "instruction %u (kernel %u, IR op %u): %s", index, in->as.launch.kernel,
+                       in->ir_op, device_message);
     return rt_fail(e, s, "instruction %u (gemm, IR op %u): %s", index, in->ir_op, device_message);
 }
 
@@ -94,9 +96,12 @@ static smelt_status run_launch(rt_executor *x, uint32_t index, const prog_launch
     for (uint32_t a = 0; a < l->arg_count; a++) {
         const prog_arg *arg = &l->args[a];
         memset(&slots[a], 0, sizeof slots[a]);
-        if (arg->kind == PROG_ARG_POINTER) slots[a].address = resolve(x, arg->ref);
-        else if (arg->kind == PROG_ARG_TOKENS) slots[a].value = (int32_t)tokens;
-        else slots[a].value = (int32_t)arg->value;
+        if (arg->kind == PROG_ARG_POINTER)
+            slots[a].address = resolve(x, arg->ref);
+        else if (arg->kind == PROG_ARG_TOKENS)
+            slots[a].value = (int32_t)tokens;
+        else
+            slots[a].value = (int32_t)arg->value;
         args[a] = &slots[a];
     }
     x->launches_last_step++;
@@ -105,7 +110,8 @@ static smelt_status run_launch(rt_executor *x, uint32_t index, const prog_launch
     return SMELT_OK;
 }
 
-static smelt_status run_gemm(rt_executor *x, uint32_t index, const prog_gemm *g, uint32_t tokens, rt_error *e) {
+static smelt_status run_gemm(rt_executor *x, uint32_t index, const prog_gemm *g, uint32_t tokens,
+                             rt_error *e) {
     rt_gemm_args args = {
         .m = prog_affine_eval(g->m, tokens),
         .n = g->n,
@@ -151,8 +157,8 @@ static smelt_status check_inputs(const program *p, const int32_t *ids, const int
     for (uint32_t t = 0; t < tokens; t++) {
         if (ids[t] < 0 || ids[t] >= id_bound)
             return rt_fail(e, SMELT_ERROR_INVALID_ARGUMENT,
-                           "token id %d (token %u of the step) is outside the vocabulary [0, %lld)", ids[t], t,
-                           (long long)id_bound);
+                           "token id %d (token %u of the step) is outside the vocabulary [0, %lld)", ids[t],
+                           t, (long long)id_bound);
         if (pos[t] < 0 || (p->max_positions && pos[t] >= p->max_positions))
             return rt_fail(e, SMELT_ERROR_INVALID_ARGUMENT,
                            "position %d (token %u of the step) is outside [0, %lld): the plan's sequence "
@@ -196,10 +202,13 @@ smelt_status rt_executor_step(rt_executor *x, const int32_t *ids, const int32_t 
     smelt_status s = check_inputs(p, ids, pos, tokens, e);
     if (s != SMELT_OK) return s;
     if (first_row >= tokens)
-        return rt_fail(e, SMELT_ERROR_INVALID_ARGUMENT, "first logits row %u of a %u-token step", first_row, tokens);
+        return rt_fail(e, SMELT_ERROR_INVALID_ARGUMENT, "first logits row %u of a %u-token step", first_row,
+                       tokens);
     uint64_t bytes = (uint64_t)tokens * sizeof(int32_t);
-    if ((s = ops->copy_in(x->device, rt_address_at(x->arena, p->input_ids.offset), ids, bytes, e)) != SMELT_OK ||
-        (s = ops->copy_in(x->device, rt_address_at(x->arena, p->input_pos.offset), pos, bytes, e)) != SMELT_OK)
+    if ((s = ops->copy_in(x->device, rt_address_at(x->arena, p->input_ids.offset), ids, bytes, e)) !=
+            SMELT_OK ||
+        (s = ops->copy_in(x->device, rt_address_at(x->arena, p->input_pos.offset), pos, bytes, e)) !=
+            SMELT_OK)
         return s;
     if (tokens == 1 && x->use_graphs) {
         s = run_graph(x, e);
@@ -209,5 +218,6 @@ smelt_status rt_executor_step(rt_executor *x, const int32_t *ids, const int32_t 
     if (s != SMELT_OK) return s;
     uint64_t row_bytes = p->vocab * sizeof(float);
     uint64_t offset = p->logits.offset + first_row * row_bytes;
-    return ops->copy_out(x->device, logits, rt_address_at(x->arena, offset), (tokens - first_row) * row_bytes, e);
+    return ops->copy_out(x->device, logits, rt_address_at(x->arena, offset), (tokens - first_row) * row_bytes,
+                         e);
 }

@@ -22,12 +22,12 @@
 typedef struct rt_executor {
     const program *program;
     rt_device *device;
-    void *arena;          /* device address, program->arena_bytes */
-    void **states;        /* [state_count] device addresses (NULL for an empty one) */
-    void *const *weights; /* [weight_count] device addresses, owned by the caller */
-    bool use_graphs;      /* capture T = 1 steps once, replay them after */
-    bool decode_warmed;   /* a T = 1 step has run outside a capture */
-    bool graph_ready;     /* a T = 1 graph has been captured */
+    void *arena;                 /* device address, program->arena_bytes */
+    void **states;               /* [state_count] device addresses (NULL for an empty one) */
+    void *const *weights;        /* [weight_count] device addresses, owned by the caller */
+    bool use_graphs;             /* capture T = 1 steps once, replay them after */
+    bool decode_warmed;          /* a T = 1 step has run outside a capture */
+    bool graph_ready;            /* a T = 1 graph has been captured */
     uint32_t graph_launches;     /* launches + GEMMs in the captured graph */
     uint32_t launches_last_step; /* launches + GEMMs the last step ran */
     uint64_t graph_replays;

@@ -23,6 +23,10 @@
  * threads returned while others wait at __syncthreads; lanes of one warp
  * waiting at different barriers) stops the launch with SIM_ERROR_DEADLOCK
  * and a message naming the kernel, the block and what each thread waits at.
+ * A thread that overflows its stack hits the guard page and the process
+ * dies with SIGSEGV (or, for stacks that got no guard page because the
+ * process ran out of mappings, the launch fails with SIM_ERROR_STACK_OVERFLOW
+ * when the block ends; see fiber.h).
  *
  * The pool runs one launch at a time (sim_launch serializes callers). A host
  * kernel object loaded with dlopen must resolve the smelt_sim_* symbols of

@@ -121,8 +121,10 @@ static void put_affine(byte_writer *w, prog_affine f) {
 
 static void put_launch(byte_writer *w, const prog_launch *l) {
     put_u32(w, l->kernel);
-    for (int d = 0; d < 3; d++) put_affine(w, l->rule.grid[d]);
-    for (int d = 0; d < 3; d++) put_u32(w, l->rule.block[d]);
+    for (int d = 0; d < 3; d++)
+        put_affine(w, l->rule.grid[d]);
+    for (int d = 0; d < 3; d++)
+        put_u32(w, l->rule.block[d]);
     put_u32(w, l->rule.dynamic_shared_bytes);
     put_u32(w, l->arg_count);
     for (uint32_t i = 0; i < l->arg_count && i < PROG_MAX_ARGS; i++) {
@@ -161,7 +163,8 @@ bool program_encode(const program *p, uint8_t **bytes, size_t *size) {
     put_i64(&w, p->max_positions);
     put_i64(&w, p->id_bound);
     put_u32(&w, p->state_count);
-    for (uint32_t i = 0; i < p->state_count; i++) put_u64(&w, p->state_bytes[i]);
+    for (uint32_t i = 0; i < p->state_count; i++)
+        put_u64(&w, p->state_bytes[i]);
     put_u32(&w, p->weight_count);
     for (uint32_t i = 0; i < p->weight_count; i++) {
         const prog_weight *wt = &p->weights[i];
@@ -169,7 +172,8 @@ bool program_encode(const program *p, uint8_t **bytes, size_t *size) {
         put_u8(&w, wt->dtype);
         put_u8(&w, wt->stacked);
         put_u32(&w, wt->rank);
-        for (uint32_t d = 0; d < wt->rank && d < 8; d++) put_i64(&w, wt->shape[d]);
+        for (uint32_t d = 0; d < wt->rank && d < 8; d++)
+            put_i64(&w, wt->shape[d]);
         put_u64(&w, wt->bytes);
         put_u64(&w, wt->data_offset);
     }
@@ -178,8 +182,10 @@ bool program_encode(const program *p, uint8_t **bytes, size_t *size) {
         const prog_instr *in = &p->instrs[i];
         put_u8(&w, in->op);
         put_u32(&w, in->ir_op);
-        if (in->op == PROG_OP_LAUNCH) put_launch(&w, &in->as.launch);
-        else put_gemm(&w, &in->as.gemm);
+        if (in->op == PROG_OP_LAUNCH)
+            put_launch(&w, &in->as.launch);
+        else
+            put_gemm(&w, &in->as.gemm);
     }
     if (w.failed) {
         free(w.data);
@@ -300,8 +306,8 @@ static bool check_region(decoder *d, prog_ref r, uint64_t extent, uint64_t align
         return fail(d, "%s names %s %u, which does not exist", what, buffer_name(r.buffer), r.index);
     if (__builtin_add_overflow(r.offset, extent, &end) || end > size)
         return fail(d, "%s needs %llu bytes at %s %u offset %llu but that buffer has %llu bytes", what,
-                    (unsigned long long)extent, buffer_name(r.buffer), r.index,
-                    (unsigned long long)r.offset, (unsigned long long)size);
+                    (unsigned long long)extent, buffer_name(r.buffer), r.index, (unsigned long long)r.offset,
+                    (unsigned long long)size);
     if (alignment > 1 && r.offset % alignment != 0)
         return fail(d, "%s at %s offset %llu is not aligned to %llu bytes", what, buffer_name(r.buffer),
                     (unsigned long long)r.offset, (unsigned long long)alignment);
@@ -318,8 +324,9 @@ static bool decode_header(decoder *d) {
     plan_cursor *c = &d->cursor;
     if (!plan_cursor_u32(c, &p->format_version)) return truncated(d, "the format version");
     if (p->format_version != PROGRAM_FORMAT_VERSION)
-        return fail(d, "format version %u is not the version %u this smelt reads: rebuild the plan "
-                       "with `smelt compile`",
+        return fail(d,
+                    "format version %u is not the version %u this smelt reads: rebuild the plan "
+                    "with `smelt compile`",
                     p->format_version, (unsigned)PROGRAM_FORMAT_VERSION);
     bool ok = plan_cursor_i64(c, &p->max_tokens) && plan_cursor_u64(c, &p->arena_bytes) &&
               plan_cursor_u64(c, &p->vocab) && get_ref(d, &p->input_ids) && get_ref(d, &p->input_pos) &&
@@ -327,7 +334,8 @@ static bool decode_header(decoder *d) {
               plan_cursor_i64(c, &p->id_bound);
     if (!ok) return truncated(d, "the header");
     if (p->max_tokens < 1 || p->max_tokens > PROGRAM_MAX_TOKENS_LIMIT)
-        return fail(d, "max_tokens %lld is outside [1, %d]", (long long)p->max_tokens, PROGRAM_MAX_TOKENS_LIMIT);
+        return fail(d, "max_tokens %lld is outside [1, %d]", (long long)p->max_tokens,
+                    PROGRAM_MAX_TOKENS_LIMIT);
     if (p->vocab < 1 || p->vocab > INT32_MAX)
         return fail(d, "vocab %llu is outside [1, %d]", (unsigned long long)p->vocab, INT32_MAX);
     if (p->max_positions < 0 || p->max_positions > INT32_MAX)
@@ -348,8 +356,10 @@ static bool check_io(decoder *d) {
     } io[3] = {{p->input_ids, "input_ids"}, {p->input_pos, "input_pos"}, {p->logits, "logits"}};
     for (int i = 0; i < 3; i++)
         if (io[i].ref.buffer != PROG_BUFFER_ARENA)
-            return fail(d, "%s must be in the arena, not in a %s buffer", io[i].what, buffer_name(io[i].ref.buffer));
-    if (!extent_of(tokens, p->vocab, 4, &logits_bytes)) return fail(d, "logits of max_tokens x vocab overflow");
+            return fail(d, "%s must be in the arena, not in a %s buffer", io[i].what,
+                        buffer_name(io[i].ref.buffer));
+    if (!extent_of(tokens, p->vocab, 4, &logits_bytes))
+        return fail(d, "logits of max_tokens x vocab overflow");
     return check_region(d, p->input_ids, tokens * 4, 4, "input_ids") &&
            check_region(d, p->input_pos, tokens * 4, 4, "input_pos") &&
            check_region(d, p->logits, logits_bytes, 4, "logits");
@@ -385,20 +395,24 @@ static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
     const char *ellipsis = name.length > 64 ? "..." : "";
     if (w->dtype > PROG_DTYPE_I32)
         return fail(d, "weight '%.*s%s' has unknown dtype %u", name_length, copy, ellipsis, w->dtype);
-    if (stacked > 1) return fail(d, "weight '%.*s%s' has a stacked flag of %u", name_length, copy, ellipsis, stacked);
+    if (stacked > 1)
+        return fail(d, "weight '%.*s%s' has a stacked flag of %u", name_length, copy, ellipsis, stacked);
     w->stacked = stacked;
-    if (w->rank > 8) return fail(d, "weight '%.*s%s' has rank %u (at most 8)", name_length, copy, ellipsis, w->rank);
+    if (w->rank > 8)
+        return fail(d, "weight '%.*s%s' has rank %u (at most 8)", name_length, copy, ellipsis, w->rank);
     uint64_t elements = 1;
     for (uint32_t k = 0; k < w->rank; k++) {
         if (!plan_cursor_i64(c, &w->shape[k])) return truncated(d, "a weight shape");
         if (w->shape[k] < 0 || __builtin_mul_overflow(elements, (uint64_t)w->shape[k], &elements))
-            return fail(d, "weight '%.*s%s' has a negative or overflowing shape", name_length, copy, ellipsis);
+            return fail(d, "weight '%.*s%s' has a negative or overflowing shape", name_length, copy,
+                        ellipsis);
     }
-    if (!plan_cursor_u64(c, &w->bytes) || !plan_cursor_u64(c, &w->data_offset)) return truncated(d, "a weight");
+    if (!plan_cursor_u64(c, &w->bytes) || !plan_cursor_u64(c, &w->data_offset))
+        return truncated(d, "a weight");
     uint64_t expected;
     if (__builtin_mul_overflow(elements, prog_dtype_size(w->dtype), &expected) || expected != w->bytes)
-        return fail(d, "weight '%.*s%s' says it has %llu bytes but its shape and dtype make %llu", name_length,
-                    copy, ellipsis, (unsigned long long)w->bytes, (unsigned long long)expected);
+        return fail(d, "weight '%.*s%s' says it has %llu bytes but its shape and dtype make %llu",
+                    name_length, copy, ellipsis, (unsigned long long)w->bytes, (unsigned long long)expected);
     if (w->bytes == 0) return fail(d, "weight '%.*s%s' has no elements", name_length, copy, ellipsis);
     if (w->stacked && (w->rank < 1 || !strstr(copy, "{e}")))
         return fail(d, "stacked weight '%.*s%s' needs rank >= 1 and \"{e}\" in its name", name_length, copy,
@@ -417,14 +431,15 @@ static bool check_unique_names(decoder *d) {
     if (p->weight_count < 2) return true;
     const prog_weight **sorted = malloc(p->weight_count * sizeof *sorted);
     if (!sorted) return fail(d, "out of memory checking weight names");
-    for (uint32_t i = 0; i < p->weight_count; i++) sorted[i] = &p->weights[i];
+    for (uint32_t i = 0; i < p->weight_count; i++)
+        sorted[i] = &p->weights[i];
     qsort(sorted, p->weight_count, sizeof *sorted, compare_names);
     for (uint32_t i = 1; i < p->weight_count; i++)
         if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0) {
             const char *name = sorted[i]->name;
             free(sorted);
-            return fail(d, "weight '%.*s%s' appears twice", (int)(strlen(name) > 64 ? 64 : strlen(name)), name,
-                        strlen(name) > 64 ? "..." : "");
+            return fail(d, "weight '%.*s%s' appears twice", (int)(strlen(name) > 64 ? 64 : strlen(name)),
+                        name, strlen(name) > 64 ? "..." : "");
         }
     free(sorted);
     return true;
@@ -447,10 +462,12 @@ static bool check_rule(decoder *d, uint32_t i, const prog_launch_rule *rule) {
     for (int k = 0; k < 3; k++) {
         int64_t most = program_affine_max(rule->grid[k], d->out->max_tokens);
         if (most < 0 || most > grid_limit[k])
-            return fail(d, "instruction %u: grid dim %d rule ceil((%lld * T + %lld) / %lld) is invalid or exceeds "
-                           "%lld for T <= %lld",
-                        i, k, (long long)rule->grid[k].a, (long long)rule->grid[k].b, (long long)rule->grid[k].c,
-                        (long long)grid_limit[k], (long long)d->out->max_tokens);
+            return fail(
+                d,
+                "instruction %u: grid dim %d rule ceil((%lld * T + %lld) / %lld) is invalid or exceeds "
+                "%lld for T <= %lld",
+                i, k, (long long)rule->grid[k].a, (long long)rule->grid[k].b, (long long)rule->grid[k].c,
+                (long long)grid_limit[k], (long long)d->out->max_tokens);
         if (rule->block[k] < 1 || rule->block[k] > PROGRAM_MAX_THREADS)
             return fail(d, "instruction %u: block dim %d is %u (expected 1..%d)", i, k, rule->block[k],
                         PROGRAM_MAX_THREADS);
@@ -460,16 +477,18 @@ static bool check_rule(decoder *d, uint32_t i, const prog_launch_rule *rule) {
         return fail(d, "instruction %u: a block of %llu threads exceeds %d", i, (unsigned long long)threads,
                     PROGRAM_MAX_THREADS);
     if (rule->dynamic_shared_bytes > PROGRAM_MAX_DYNAMIC_SHARED)
-        return fail(d, "instruction %u: %u bytes of dynamic shared memory exceed %d", i, rule->dynamic_shared_bytes,
-                    PROGRAM_MAX_DYNAMIC_SHARED);
+        return fail(d, "instruction %u: %u bytes of dynamic shared memory exceed %d", i,
+                    rule->dynamic_shared_bytes, PROGRAM_MAX_DYNAMIC_SHARED);
     return true;
 }
 
 static bool decode_launch(decoder *d, uint32_t i, prog_launch *l) {
     plan_cursor *c = &d->cursor;
     bool ok = plan_cursor_u32(c, &l->kernel);
-    for (int k = 0; k < 3 && ok; k++) ok = get_affine(d, &l->rule.grid[k]);
-    for (int k = 0; k < 3 && ok; k++) ok = plan_cursor_u32(c, &l->rule.block[k]);
+    for (int k = 0; k < 3 && ok; k++)
+        ok = get_affine(d, &l->rule.grid[k]);
+    for (int k = 0; k < 3 && ok; k++)
+        ok = plan_cursor_u32(c, &l->rule.block[k]);
     ok = ok && plan_cursor_u32(c, &l->rule.dynamic_shared_bytes) && plan_cursor_u32(c, &l->arg_count);
     if (!ok) return truncated(d, "a launch");
     if (!check_rule(d, i, &l->rule)) return false;
@@ -499,8 +518,8 @@ static bool decode_launch(decoder *d, uint32_t i, prog_launch *l) {
 }
 
 /* A GEMM operand of rows x columns elements of dtype, whole inside its buffer. */
-static bool check_operand(decoder *d, uint32_t i, const char *operand, prog_ref r, uint64_t rows, uint64_t columns,
-                          uint8_t dtype) {
+static bool check_operand(decoder *d, uint32_t i, const char *operand, prog_ref r, uint64_t rows,
+                          uint64_t columns, uint8_t dtype) {
     char what[64];
     snprintf(what, sizeof what, "instruction %u gemm operand %s", i, operand);
     uint64_t extent, element = prog_dtype_size(dtype);
@@ -513,19 +532,21 @@ static bool check_operand(decoder *d, uint32_t i, const char *operand, prog_ref 
 static bool check_gemm(decoder *d, uint32_t i, const prog_gemm *g) {
     int64_t m = program_affine_max(g->m, d->out->max_tokens);
     if (m < 0 || m > INT32_MAX)
-        return fail(d, "instruction %u: gemm rows rule ceil((%lld * T + %lld) / %lld) is invalid for T <= %lld", i,
-                    (long long)g->m.a, (long long)g->m.b, (long long)g->m.c, (long long)d->out->max_tokens);
+        return fail(
+            d, "instruction %u: gemm rows rule ceil((%lld * T + %lld) / %lld) is invalid for T <= %lld", i,
+            (long long)g->m.a, (long long)g->m.b, (long long)g->m.c, (long long)d->out->max_tokens);
     if (g->n < 1 || g->n > INT32_MAX || g->k < 1 || g->k > INT32_MAX)
         return fail(d, "instruction %u: gemm n = %lld, k = %lld (expected 1..%d)", i, (long long)g->n,
                     (long long)g->k, INT32_MAX);
     const uint8_t dtypes[4] = {g->dtype_a, g->dtype_b, g->dtype_c, g->dtype_bias};
     for (int k = 0; k < (g->has_bias ? 4 : 3); k++)
         if (dtypes[k] != PROG_DTYPE_F32 && dtypes[k] != PROG_DTYPE_BF16)
-            return fail(d, "instruction %u: gemm operand %c has dtype %u (expected f32 or bf16)", i, "abcd"[k],
-                        dtypes[k]);
+            return fail(d, "instruction %u: gemm operand %c has dtype %u (expected f32 or bf16)", i,
+                        "abcd"[k], dtypes[k]);
     if (g->c.buffer == PROG_BUFFER_WEIGHT) return fail(d, "instruction %u: gemm writes a weight", i);
     uint64_t rows = (uint64_t)m, n = (uint64_t)g->n, k = (uint64_t)g->k;
-    return check_operand(d, i, "A", g->a, rows, k, g->dtype_a) && check_operand(d, i, "B", g->b, n, k, g->dtype_b) &&
+    return check_operand(d, i, "A", g->a, rows, k, g->dtype_a) &&
+           check_operand(d, i, "B", g->b, n, k, g->dtype_b) &&
            check_operand(d, i, "C", g->c, rows, n, g->dtype_c) &&
            (!g->has_bias || check_operand(d, i, "bias", g->bias, 1, n, g->dtype_bias));
 }
@@ -535,8 +556,8 @@ static bool decode_gemm(decoder *d, uint32_t i, prog_gemm *g) {
     uint8_t transposed, has_bias;
     bool ok = get_affine(d, &g->m) && plan_cursor_i64(c, &g->n) && plan_cursor_i64(c, &g->k) &&
               get_u8(d, &g->dtype_a) && get_u8(d, &g->dtype_b) && get_u8(d, &g->dtype_c) &&
-              get_u8(d, &g->dtype_bias) && get_u8(d, &transposed) && get_u8(d, &has_bias) && get_ref(d, &g->a) &&
-              get_ref(d, &g->b) && get_ref(d, &g->c) && get_ref(d, &g->bias);
+              get_u8(d, &g->dtype_bias) && get_u8(d, &transposed) && get_u8(d, &has_bias) &&
+              get_ref(d, &g->a) && get_ref(d, &g->b) && get_ref(d, &g->c) && get_ref(d, &g->bias);
     if (!ok) return truncated(d, "a gemm");
     if (transposed > 1 || has_bias > 1) return fail(d, "instruction %u: gemm flags must be 0 or 1", i);
     g->b_transposed = transposed;
@@ -552,7 +573,8 @@ static bool decode_instrs(decoder *d) {
     if (!p->instrs) return fail(d, "out of memory for %u instructions", p->instr_count);
     for (uint32_t i = 0; i < p->instr_count; i++) {
         prog_instr *in = &p->instrs[i];
-        if (!get_u8(d, &in->op) || !plan_cursor_u32(&d->cursor, &in->ir_op)) return truncated(d, "an instruction");
+        if (!get_u8(d, &in->op) || !plan_cursor_u32(&d->cursor, &in->ir_op))
+            return truncated(d, "an instruction");
         bool ok;
         switch (in->op) {
         case PROG_OP_LAUNCH: ok = decode_launch(d, i, &in->as.launch); break;
@@ -569,7 +591,8 @@ bool program_decode(const uint8_t *bytes, size_t size, program *out, char *error
     decoder d = {.out = out, .error = error, .error_size = error_size};
     if (error_size) error[0] = '\0';
     plan_cursor_init(&d.cursor, bytes, size);
-    bool ok = decode_header(&d) && decode_states(&d) && check_io(&d) && decode_weights(&d) && decode_instrs(&d);
+    bool ok =
+        decode_header(&d) && decode_states(&d) && check_io(&d) && decode_weights(&d) && decode_instrs(&d);
     if (ok && plan_cursor_left(&d.cursor) != 0)
         ok = fail(&d, "%llu unexpected bytes after the last instruction",
                   (unsigned long long)plan_cursor_left(&d.cursor));
@@ -585,7 +608,8 @@ bool program_check_plan(const program *p, uint32_t kernel_count, uint64_t weight
     for (uint32_t i = 0; i < p->instr_count; i++) {
         const prog_instr *in = &p->instrs[i];
         if (in->op == PROG_OP_LAUNCH && in->as.launch.kernel >= kernel_count) {
-            snprintf(error, error_size, "program: instruction %u launches kernel %u but the plan has %u kernels", i,
+            snprintf(error, error_size,
+                     "program: instruction %u launches kernel %u but the plan has %u kernels", i,
                      in->as.launch.kernel, kernel_count);
             return false;
         }
@@ -597,11 +621,12 @@ bool program_check_plan(const program *p, uint32_t kernel_count, uint64_t weight
         if (__builtin_add_overflow(w->data_offset, w->bytes, &end) || end > weight_data_size ||
             w->data_offset % prog_dtype_size(w->dtype) != 0) {
             snprintf(error, error_size,
-                     "program: weight '%.*s%s' (%llu bytes at offset %llu) lies outside the %llu bytes of weight data "
+                     "program: weight '%.*s%s' (%llu bytes at offset %llu) lies outside the %llu bytes of "
+                     "weight data "
                      "or is misaligned",
-                     (int)(strlen(w->name) > 64 ? 64 : strlen(w->name)), w->name, strlen(w->name) > 64 ? "..." : "",
-                     (unsigned long long)w->bytes, (unsigned long long)w->data_offset,
-                     (unsigned long long)weight_data_size);
+                     (int)(strlen(w->name) > 64 ? 64 : strlen(w->name)), w->name,
+                     strlen(w->name) > 64 ? "..." : "", (unsigned long long)w->bytes,
+                     (unsigned long long)w->data_offset, (unsigned long long)weight_data_size);
             return false;
         }
     }
@@ -609,7 +634,8 @@ bool program_check_plan(const program *p, uint32_t kernel_count, uint64_t weight
 }
 
 void program_free(program *p) {
-    for (uint32_t i = 0; p->weights && i < p->weight_count; i++) free((char *)p->weights[i].name);
+    for (uint32_t i = 0; p->weights && i < p->weight_count; i++)
+        free((char *)p->weights[i].name);
     free(p->weights);
     free(p->state_bytes);
     free(p->instrs);

@@ -47,9 +47,11 @@ double rt_pcg32_uniform(rt_pcg32 *g) {
 
 smelt_status rt_sampler_init(rt_sampler *s, uint64_t vocab, rt_error *e) {
     s->vocab = vocab;
-    s->candidates = vocab <= SIZE_MAX / sizeof(rt_candidate) ? malloc((size_t)vocab * sizeof(rt_candidate)) : NULL;
-    if (!s->candidates) return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory for a sampler of %llu tokens",
-                                       (unsigned long long)vocab);
+    s->candidates =
+        vocab <= SIZE_MAX / sizeof(rt_candidate) ? malloc((size_t)vocab * sizeof(rt_candidate)) : NULL;
+    if (!s->candidates)
+        return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory for a sampler of %llu tokens",
+                       (unsigned long long)vocab);
     rt_pcg32_seed(&s->generator, 0, PCG32_STREAM);
     return SMELT_OK;
 }
@@ -67,7 +69,8 @@ smelt_status rt_sampler_argmax(const float *logits, uint64_t vocab, int32_t *tok
         if (isnan(logits[i])) continue;
         if (best < 0 || logits[i] > logits[best]) best = (int64_t)i;
     }
-    if (best < 0) return rt_fail(e, SMELT_ERROR_DEVICE, "every logit is NaN: the model's arithmetic broke down");
+    if (best < 0)
+        return rt_fail(e, SMELT_ERROR_DEVICE, "every logit is NaN: the model's arithmetic broke down");
     *token = (int32_t)best;
     return SMELT_OK;
 }
@@ -84,7 +87,8 @@ smelt_status rt_sampler_pick(rt_sampler *s, const float *logits, const rt_sample
     uint64_t count = 0;
     for (uint64_t i = 0; i < s->vocab; i++)
         if (!isnan(logits[i])) s->candidates[count++] = (rt_candidate){logits[i], (int32_t)i, 0.0};
-    if (count == 0) return rt_fail(e, SMELT_ERROR_DEVICE, "every logit is NaN: the model's arithmetic broke down");
+    if (count == 0)
+        return rt_fail(e, SMELT_ERROR_DEVICE, "every logit is NaN: the model's arithmetic broke down");
     bool top_p = settings->top_p < 1.0f; /* false for NaN too */
     if (settings->top_k > 0 || top_p) {
         qsort(s->candidates, count, sizeof *s->candidates, by_logit_descending);
@@ -100,13 +104,15 @@ smelt_status rt_sampler_pick(rt_sampler *s, const float *logits, const rt_sample
     double total = 0.0;
     for (uint64_t i = 0; i < count; i++) {
         rt_candidate *c = &s->candidates[i];
-        c->weight = isinf(c->logit) && c->logit > 0 ? 1.0 : exp(((double)c->logit - most) / settings->temperature);
+        c->weight =
+            isinf(c->logit) && c->logit > 0 ? 1.0 : exp(((double)c->logit - most) / settings->temperature);
         total += c->weight;
     }
     if (top_p) {
         double kept = 0.0, needed = (double)(settings->top_p > 0.0f ? settings->top_p : 0.0f) * total;
         uint64_t keep = 0;
-        while (keep < count && (keep == 0 || kept < needed)) kept += s->candidates[keep++].weight;
+        while (keep < count && (keep == 0 || kept < needed))
+            kept += s->candidates[keep++].weight;
         count = keep;
         total = kept;
     }

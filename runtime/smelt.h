@@ -118,15 +118,15 @@ smelt_status smelt_plan_open_memory(const void *bytes, size_t size, smelt_plan *
 void smelt_plan_close(smelt_plan *plan);
 
 typedef struct smelt_plan_info {
-    uint64_t vocab;           /* logits per token */
-    int64_t max_tokens;       /* tokens per step at most (longer prompts run in chunks) */
-    int64_t max_positions;    /* sequence length bound; 0 when the plan sets none */
+    uint64_t vocab;        /* logits per token */
+    int64_t max_tokens;    /* tokens per step at most (longer prompts run in chunks) */
+    int64_t max_positions; /* sequence length bound; 0 when the plan sets none */
     uint32_t kernel_count;
     uint32_t weight_count;
     uint32_t unbound_weight_count; /* weights the plan does not hold */
-    bool has_host_kernels;    /* runs on "host" */
-    bool has_cuda_kernels;    /* holds cubins or PTX */
-    char content_hash[33];    /* hex, as `smelt inspect` prints it */
+    bool has_host_kernels;         /* runs on "host" */
+    bool has_cuda_kernels;         /* holds cubins or PTX */
+    char content_hash[33];         /* hex, as `smelt inspect` prints it */
 } smelt_plan_info;
 
 smelt_status smelt_plan_get_info(const smelt_plan *plan, smelt_plan_info *out);
@@ -168,8 +168,8 @@ typedef enum smelt_dtype {
  * must equal the plan's. The data is converted to the plan's storage dtype
  * and copied: it need not outlive the call. Binding a weight the plan holds
  * replaces it. */
-smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, smelt_dtype dtype, const void *data,
-                                      const int64_t *shape, uint32_t rank);
+smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, smelt_dtype dtype,
+                                      const void *data, const int64_t *shape, uint32_t rank);
 
 /* One step: n tokens (1 <= n <= max_tokens) with their ids and positions;
  * writes the logits of all n tokens, [n, vocab] row-major, into logits
@@ -189,16 +189,16 @@ typedef bool (*smelt_token_callback)(int32_t token, void *user);
 typedef struct smelt_request {
     const int32_t *prompt; /* fed at the engine's position; may be empty when the sequence has tokens */
     size_t prompt_length;
-    uint32_t max_tokens;   /* new tokens at most */
-    float temperature;     /* <= 0: greedy (argmax; ties to the lowest id) */
-    uint32_t top_k;        /* keep the k most likely; 0: all */
-    float top_p;           /* keep the smallest set with probability >= p; >= 1: all */
-    uint64_t seed;         /* of the sampler; equal seeds give equal samples */
+    uint32_t max_tokens;        /* new tokens at most */
+    float temperature;          /* <= 0: greedy (argmax; ties to the lowest id) */
+    uint32_t top_k;             /* keep the k most likely; 0: all */
+    float top_p;                /* keep the smallest set with probability >= p; >= 1: all */
+    uint64_t seed;              /* of the sampler; equal seeds give equal samples */
     const int32_t *stop_tokens; /* generation ends at any of these (not reported as output) */
     size_t stop_token_count;
     smelt_token_callback on_token; /* may be NULL */
     void *user;
-    int32_t *output;       /* may be NULL; else receives up to output_capacity new tokens */
+    int32_t *output; /* may be NULL; else receives up to output_capacity new tokens */
     size_t output_capacity;
 } smelt_request;
 
@@ -217,21 +217,22 @@ typedef enum smelt_finish_reason {
 } smelt_finish_reason;
 
 typedef struct smelt_generation {
-    size_t token_count;         /* new tokens produced (a stop token is not counted) */
+    size_t token_count; /* new tokens produced (a stop token is not counted) */
     smelt_finish_reason reason;
-    int32_t stop_token;         /* when reason is SMELT_FINISH_STOP_TOKEN */
+    int32_t stop_token; /* when reason is SMELT_FINISH_STOP_TOKEN */
 } smelt_generation;
 
 /* Feeds the prompt (in chunks of max_tokens), then samples up to max_tokens
  * new tokens, one decode step each. result may be NULL. */
-smelt_status smelt_engine_generate(smelt_engine *engine, const smelt_request *request, smelt_generation *result);
+smelt_status smelt_engine_generate(smelt_engine *engine, const smelt_request *request,
+                                   smelt_generation *result);
 
 /* ---- Statistics ------------------------------------------------------------ */
 
 typedef struct smelt_stats {
-    uint64_t prefill_tokens;  /* tokens run in steps of more than one token */
+    uint64_t prefill_tokens; /* tokens run in steps of more than one token */
     double prefill_seconds;
-    uint64_t decode_tokens;   /* tokens run in steps of one token */
+    uint64_t decode_tokens; /* tokens run in steps of one token */
     double decode_seconds;
     double prefill_tokens_per_second; /* 0 when no time was spent */
     double decode_tokens_per_second;

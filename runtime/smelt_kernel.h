@@ -87,6 +87,7 @@
  * ====================================================================== */
 #define SMELT_DEVICE_CUDA 1
 
+#if defined(__CUDACC_RTC__)
 typedef unsigned char uint8_t;
 typedef signed char int8_t;
 typedef unsigned short uint16_t;
@@ -95,6 +96,9 @@ typedef unsigned int uint32_t;
 typedef int int32_t;
 typedef unsigned long long uint64_t;
 typedef long long int64_t;
+#else
+#include <stdint.h> /* nvcc has the host's headers */
+#endif
 
 #define SMELT_KERNEL extern "C" __global__
 #define SMELT_DEVICE static __device__ __forceinline__

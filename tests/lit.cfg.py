@@ -13,6 +13,8 @@ config.test_exec_root = os.path.dirname(os.path.abspath(config.site_config_path)
     if hasattr(config, "site_config_path") else config.smelt_test_source_dir
 config.environment["PATH"] = os.pathsep.join(
     [config.smelt_bin, config.llvm_bin, os.environ.get("PATH", "")])
+# Kernels compiled by tests go to a cache of the build tree's own.
+config.environment["SMELT_CACHE_DIR"] = os.path.join(config.test_exec_root, "kernel-cache")
 config.substitutions.append(("%examples", os.path.join(config.smelt_source_dir, "examples")))
 config.substitutions.append(("%smelt_root", config.smelt_source_dir))
 config.substitutions.append(("%fixtures", os.path.join(config.smelt_test_source_dir, "fixtures")))

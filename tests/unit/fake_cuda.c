@@ -374,33 +374,54 @@ int cublasLtMatrixLayoutDestroy(fake_layout *layout) {
     free(layout);
     return 0;
 }
-int cublasLtMatmulPreferenceCreate(void **preference) {
-    *preference = &module_object;
+/* The minimum alignments promised for A, B, C, D (cuBLASLt's default: 256). */
+typedef struct fake_preference {
+    uint32_t alignment[4];
+} fake_preference;
+
+int cublasLtMatmulPreferenceCreate(fake_preference **preference) {
+    *preference = malloc(sizeof **preference);
+    for (int i = 0; i < 4; i++)
+        (*preference)->alignment[i] = 256;
     return 0;
 }
-int cublasLtMatmulPreferenceDestroy(void *preference) {
-    (void)preference;
+int cublasLtMatmulPreferenceDestroy(fake_preference *preference) {
+    free(preference);
     return 0;
 }
-int cublasLtMatmulPreferenceSetAttribute(void *preference, int attribute, const void *value, size_t size) {
-    (void)preference, (void)value, (void)size;
-    return attribute == 1 ? 0 : 7;
+int cublasLtMatmulPreferenceSetAttribute(fake_preference *preference, int attribute, const void *value,
+                                         size_t size) {
+    if (attribute == 1) return 0; /* workspace */
+    if (attribute < 5 || attribute > 8 || size != 4) return 7;
+    memcpy(&preference->alignment[attribute - 5], value, 4);
+    return 0;
 }
-/* One algorithm, as cublasLtMatmulHeuristicResult_t lays it out (96 bytes). */
+/* One algorithm, as cublasLtMatmulHeuristicResult_t lays it out (96 bytes);
+ * the algorithm remembers the alignments it was chosen for. */
 int cublasLtMatmulAlgoGetHeuristic(void *handle, fake_desc *desc, fake_layout *a, fake_layout *b,
-                                   fake_layout *c, fake_layout *d, void *preference, int requested,
-                                   void *results, int *returned) {
-    (void)handle, (void)desc, (void)a, (void)b, (void)c, (void)d, (void)preference;
+                                   fake_layout *c, fake_layout *d, fake_preference *preference, int requested,
+                                   uint64_t *results, int *returned) {
+    (void)handle, (void)desc, (void)a, (void)b, (void)c, (void)d;
     if (requested < 1) return 7;
     memset(results, 0, 96);
+    for (int i = 0; i < 4; i++)
+        results[i] = preference->alignment[i];
     *returned = 1;
     return 0;
 }
 int cublasLtMatmul(void *handle, fake_desc *desc, const float *alpha, const void *a, fake_layout *a_layout,
                    const void *b, fake_layout *b_layout, const float *beta, const void *c,
-                   fake_layout *c_layout, void *d, fake_layout *d_layout, const void *algo, void *workspace,
-                   size_t workspace_size, void *stream) {
-    (void)handle, (void)algo, (void)workspace, (void)workspace_size, (void)stream;
+                   fake_layout *c_layout, void *d, fake_layout *d_layout, const uint64_t *algo,
+                   void *workspace, size_t workspace_size, void *stream) {
+    (void)handle, (void)workspace, (void)workspace_size, (void)stream;
+    /* An algorithm chosen for better-aligned operands faults on a GPU. */
+    const void *operands[4] = {a, b, c, d};
+    for (int i = 0; i < 4; i++)
+        if ((uintptr_t)operands[i] % algo[i] != 0) {
+            fprintf(stderr, "fake cuBLASLt: operand %d at %p is not %llu-byte aligned\n", i, operands[i],
+                    (unsigned long long)algo[i]);
+            return 14; /* CUBLAS_STATUS_EXECUTION_FAILED */
+        }
     fake_call call = {.is_matmul = 1};
     call.matmul = (fake_matmul){*desc, *a_layout, *b_layout, *c_layout, *d_layout, *alpha, *beta, a, b, c, d};
     if (capturing) {

@@ -1127,27 +1127,40 @@ static void test_executor_graphs(void **state) {
 
 /* ---- cuda without a driver, and "auto" ------------------------------------------------------- */
 
-static void test_cuda_without_driver(void **state) {
+/* Drivers that are not there or are stubs: a clean NO_DEVICE on any machine. */
+static void test_cuda_driver_overrides(void **state) {
     (void)state;
     rt_device *device = NULL;
     rt_error e = {0};
-    unsetenv("SMELT_CUDA_DRIVER"); /* the real driver's name; the test sets others below */
-    unsetenv("SMELT_CUBLASLT");
-    assert_int_equal(rt_device_cuda_create(0, &device, &e), SMELT_ERROR_NO_DEVICE);
-    assert_null(device);
-    assert_non_null(strstr(e.message, "no CUDA driver found (libcuda.so.1"));
-
-    /* The toolkit's stub driver has every symbol but no GPU behind it. */
     const char *stub = "/usr/local/cuda/lib64/stubs/libcuda.so";
-    if (access(stub, R_OK) == 0) {
+    if (access(stub, R_OK) == 0) { /* every symbol, but no GPU behind it */
         setenv("SMELT_CUDA_DRIVER", stub, 1);
         assert_int_equal(rt_device_cuda_create(0, &device, &e), SMELT_ERROR_NO_DEVICE);
         assert_non_null(strstr(e.message, "no usable CUDA GPU: cuInit failed"));
-        unsetenv("SMELT_CUDA_DRIVER");
     }
     setenv("SMELT_CUDA_DRIVER", "/nonexistent/libcuda.so.1", 1);
     assert_int_equal(rt_device_cuda_create(0, &device, &e), SMELT_ERROR_NO_DEVICE);
+    assert_non_null(strstr(e.message, "no CUDA driver found (/nonexistent/libcuda.so.1"));
+    assert_null(device);
     unsetenv("SMELT_CUDA_DRIVER");
+}
+
+static bool driver_installed(void) {
+    void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (driver) dlclose(driver);
+    return driver != NULL;
+}
+
+static void test_cuda_without_driver(void **state) {
+    (void)state;
+    unsetenv("SMELT_CUDA_DRIVER");
+    unsetenv("SMELT_CUBLASLT");
+    if (driver_installed()) skip(); /* test_cuda_on_gpu covers such machines */
+    rt_device *device = NULL;
+    rt_error e = {0};
+    assert_int_equal(rt_device_cuda_create(0, &device, &e), SMELT_ERROR_NO_DEVICE);
+    assert_null(device);
+    assert_non_null(strstr(e.message, "no CUDA driver found (libcuda.so.1"));
 
     /* Through the API: "cuda" fails cleanly, "auto" falls back to host. */
     toy_plan_options o = {.host_kernels = true, .weights_in_plan = true, .cuda_binaries = true};
@@ -1182,6 +1195,48 @@ static void test_cuda_without_driver(void **state) {
         strstr(smelt_last_error(), "the plan has no host kernels: compile it with --target host"));
     smelt_plan_close(gpu_only);
     smelt_plan_close(plan);
+}
+
+/* Where a GPU and driver are present: the same plans on it, through NVRTC's
+ * PTX, cuBLASLt and CUDA graphs, give the host's logits (the toy's numbers
+ * are exact in f32 and bf16). Skipped elsewhere. */
+static void test_cuda_on_gpu(void **state) {
+    (void)state;
+    unsetenv("SMELT_CUDA_DRIVER");
+    unsetenv("SMELT_CUBLASLT");
+    rt_device *device = NULL;
+    rt_error e = {0};
+    if (rt_device_cuda_create(0, &device, &e) != SMELT_OK) skip();
+    rt_device_destroy(device);
+#ifndef SMELT_HAVE_NVRTC
+    skip(); /* no PTX to run without NVRTC */
+#endif
+    const int32_t ids[3] = {2, 0, 3}, pos[3] = {0, 1, 2};
+    const float expected[2][3 * VOCAB] = {
+        {0.5f, 5.0f, -1.25f, 12.375f, 2.5f, 3.0f, 2.75f, 12.375f, 0.5f, 3.0f, -3.25f, 12.375f},
+        {6.5f, 21.5f, 9.75f, 15.625f, 6.5f, 23.5f, 9.75f, 16.625f, 4.5f, 148.0f, 3.75f, 78.875f}};
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        toy_plan_options o = {
+            .bf16 = bf16, .weights_in_plan = true, .cuda_binaries = true, .host_kernels = true};
+        smelt_plan *plan = open_toy_plan(bf16 ? "gpu-bf16.plan" : "gpu-f32.plan", &o);
+        smelt_engine *engine = NULL;
+        assert_int_equal(smelt_engine_create(plan, NULL, &engine), SMELT_OK); /* auto picks the GPU */
+        smelt_plan_close(plan);
+        assert_non_null(strstr(smelt_engine_device_name(engine), "cuda:0"));
+        float logits[3 * VOCAB];
+        assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, logits, 3 * VOCAB), SMELT_OK);
+        assert_memory_equal(logits, expected[bf16], sizeof logits);
+        for (int step = 0; step < 3; step++) { /* run, capture + replay, replay: the same row each time */
+            const int32_t id = 2, at = 3 + step;
+            float row[VOCAB] = {NAN, NAN, NAN, NAN};
+            assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, row, VOCAB), SMELT_OK);
+            assert_memory_equal(row, expected[bf16], sizeof row);
+        }
+        smelt_stats stats;
+        assert_int_equal(smelt_engine_stats(engine, &stats), SMELT_OK);
+        assert_int_equal(stats.graph_replays, 2);
+        smelt_engine_destroy(engine);
+    }
 }
 
 /* ---- device_cuda.c end to end on a stand-in driver ------------------------------------------- */
@@ -1374,7 +1429,9 @@ int main(void) {
         cmocka_unit_test(test_host_forward_bf16),
         cmocka_unit_test(test_bind_and_generate),
         cmocka_unit_test(test_bind_stacked),
+        cmocka_unit_test(test_cuda_driver_overrides),
         cmocka_unit_test(test_cuda_without_driver),
+        cmocka_unit_test(test_cuda_on_gpu),
         cmocka_unit_test(test_cuda_on_fake_driver),
         cmocka_unit_test(test_plan_errors),
     };
