@@ -71,5 +71,6 @@ int cmd_opt(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_compile(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
 
 #endif

@@ -2,6 +2,7 @@
 #include "cli.h"
 
 #include "compile_plan.h"
+#include "runner.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,8 @@ static const char usage[] =
     "  --target LIST             sm_80,sm_90,host (default: all three)\n"
     "  --precision f32|bf16      storage of weights and activations (default bf16;\n"
     "                            arithmetic is f32 either way)\n"
+    "  --tokenizer bytes         store a byte tokenizer (ids 0..255 are bytes; BOS\n"
+    "                            and EOS from config.json) for `smelt run --prompt`\n"
     "  --max-step-tokens N       tokens per step the memory plan is sized for\n"
     "                            (default: the model's bound, at most 512)\n"
     "  -j N                      compile threads (default: every core)\n"
@@ -37,7 +40,7 @@ static const char usage[] =
 enum { DEFAULT_MAX_STEP_TOKENS = 512 };
 
 typedef struct compile_command {
-    const char *model_path, *weights_path, *output_path, *print_after;
+    const char *model_path, *weights_path, *output_path, *print_after, *tokenizer;
     unsigned max_errors, jobs, max_step_tokens;
     fe_options frontend;
     cg_plan_options plan;
@@ -102,6 +105,13 @@ static int parse_arguments(int argc, char **argv, compile_command *c) {
                 cli_usage_error(&a, "unknown precision '%s' (f32 or bf16; fp8 and int4 come later)", value);
                 return CLI_USAGE_ERROR;
             }
+        } else if (cli_flag_value(&a, "--tokenizer", &value)) {
+            if (!value) return CLI_USAGE_ERROR;
+            if (strcmp(value, "bytes") != 0) {
+                cli_usage_error(&a, "unknown tokenizer '%s' (bytes)", value);
+                return CLI_USAGE_ERROR;
+            }
+            c->tokenizer = value;
         } else if (cli_flag_value(&a, "--max-step-tokens", &value)) {
             if (!value || !cli_parse_count(&a, value, &c->max_step_tokens)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "-j", &value)) {
@@ -160,8 +170,11 @@ int cmd_compile(int argc, char **argv) {
     c.plan.jobs = c.jobs;
     c.plan.max_tokens = c.max_step_tokens ? c.max_step_tokens : DEFAULT_MAX_STEP_TOKENS;
     if (isatty(STDERR_FILENO)) c.plan.progress = show_progress;
+    char *tokenizer = c.tokenizer ? cli_tokenizer_json(c.frontend.config_path) : NULL;
+    c.plan.tokenizer_json = tokenizer;
     cg_plan_report report;
     ok = ok && cg_compile_plan(&m, &c.plan, c.output_path, &report, &d);
+    free(tokenizer);
     if (ok)
         fprintf(stderr,
                 "smelt: wrote %s: %u kernels (%u compile jobs, %u from the cache), %u launches per step, "

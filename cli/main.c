@@ -17,8 +17,9 @@ static const char usage[] =
     "  compile MODEL [--config C] [--weights W] [--target sm_80,sm_90,host]\n"
     "        [--precision f32|bf16] -o model.plan   compile to a plan file\n"
     "  inspect model.plan                  print everything a plan holds\n"
-    "  run   MODEL --weights W --prompt-ids 1,2,3 [--max-tokens N] [--dump-logits F.npy]\n"
-    "        generate greedily (fp32 reference backend)\n"
+    "  run   MODEL|PLAN --prompt-ids 1,2,3 | --prompt TEXT [--max-tokens N] [--backend B]\n"
+    "        generate greedily: on a GPU, the host simulator, or the reference\n"
+    "  eval  MODEL|PLAN --ids FILE [--context N]   perplexity over token ids\n"
     "\n"
     "`smelt <command> --help` describes a command's options.\n";
 
@@ -33,6 +34,7 @@ static const command commands[] = {
     {"run", cmd_run},
     {"compile", cmd_compile},
     {"inspect", cmd_inspect},
+    {"eval", cmd_eval},
 };
 
 int main(int argc, char **argv) {

@@ -268,6 +268,8 @@ bool cg_compile_plan(const ir_module *m, const cg_plan_options *o, const char *p
         plan_writer_add_section(&w, PLAN_SECTION_MEMORY, memory, memory_size);
         weight_stream weights = {m, &l.program, o};
         if (o->read_weight) plan_writer_add_stream(&w, PLAN_SECTION_WEIGHT_DATA, stream_weights, &weights);
+        if (o->tokenizer_json)
+            plan_writer_add_section(&w, PLAN_SECTION_TOKENIZER, o->tokenizer_json, strlen(o->tokenizer_json));
         plan_write_summary summary;
         char error[1024];
         ok = plan_write_file(&w, path, &summary, error, sizeof error);

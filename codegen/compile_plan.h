@@ -35,6 +35,7 @@ typedef struct cg_plan_options {
     bool no_cache;           /* do not use the disk cache */
     cg_weight_reader read_weight; /* NULL: a plan without weights (bound at run time) */
     void *weight_context;
+    const char *tokenizer_json; /* NULL, or the TOKENIZER section: {"type": "bytes", "bos": N, "eos": N} */
     cg_progress_fn progress; /* NULL: quiet */
     void *progress_user;
 } cg_plan_options;

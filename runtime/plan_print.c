@@ -24,7 +24,7 @@ static const struct {
     [PLAN_SECTION_MEMORY] = {"memory plan", plan_print_memory},
     [PLAN_SECTION_WEIGHT_TABLE] = {"weight table", NULL},
     [PLAN_SECTION_WEIGHT_DATA] = {"weight data", NULL},
-    [PLAN_SECTION_TOKENIZER] = {"tokenizer", NULL},
+    [PLAN_SECTION_TOKENIZER] = {"tokenizer", plan_print_manifest}, /* JSON text too */
 };
 
 /* Writes text from the plan; `newlines` keeps line breaks (else they are

@@ -1,0 +1,222 @@
+/* cmd_eval.c - `smelt eval`: perplexity over a file of token ids.
+ *
+ * Windows of --context tokens start every --stride tokens; each window runs
+ * from an empty KV cache, and only the tokens no earlier window scored are
+ * scored (all of the first window but its first token), so every token after
+ * the first is predicted exactly once, with up to context - 1 tokens of
+ * history: the usual sliding-window perplexity of Hugging Face's guide. */
+#include "cli.h"
+
+#include "runner.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char usage[] =
+    "usage: smelt eval MODEL|PLAN --ids FILE [options]\n"
+    "\n"
+    "Prints the perplexity of the model over the token ids in FILE, with the\n"
+    "number of tokens scored. FILE holds little-endian uint16 ids (.bin, as\n"
+    "tests/fixtures/demo/heldout_ids.bin) or ids as text separated by commas,\n"
+    "spaces or newlines.\n"
+    "\n"
+    "options:\n"
+    "  --context N            tokens per window (default 256)\n"
+    "  --stride N             tokens between window starts (default context / 2)\n"
+    "  --max-ids N            use only the first N ids of FILE\n"
+    "  --backend auto|host|cuda|ref, --config, --set, --weights, --precision\n"
+    "                         as for `smelt run`\n"
+    "  --max-errors N         stop after N errors (default 20, 0: no limit)\n"
+    "  -h, --help             show this help\n";
+
+typedef struct eval_command {
+    const char *ids_path;
+    unsigned context, stride, max_ids, max_errors;
+    cli_runner_options runner;
+} eval_command;
+
+static int parse_arguments(int argc, char **argv, eval_command *c) {
+    cli_args a = {argc, argv, 1, "smelt eval"};
+    const char *value;
+    c->context = 256;
+    c->max_errors = 20;
+    c->runner.backend = "auto";
+    c->runner.precision = CG_PRECISION_F32;
+    while (a.index < a.argc) {
+        const char *arg = a.argv[a.index];
+        int runner_status = cli_runner_option(&a, &c->runner);
+        if (runner_status == CLI_USAGE_ERROR) return CLI_USAGE_ERROR;
+        if (runner_status == CLI_OK) continue;
+        if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
+            fputs(usage, stdout);
+            return CLI_HELP_SHOWN;
+        } else if (cli_flag_value(&a, "--ids", &value)) {
+            if (!value) return CLI_USAGE_ERROR;
+            c->ids_path = value;
+        } else if (cli_flag_value(&a, "--context", &value)) {
+            if (!value || !cli_parse_count(&a, value, &c->context)) return CLI_USAGE_ERROR;
+        } else if (cli_flag_value(&a, "--stride", &value)) {
+            if (!value || !cli_parse_count(&a, value, &c->stride)) return CLI_USAGE_ERROR;
+        } else if (cli_flag_value(&a, "--max-ids", &value)) {
+            if (!value || !cli_parse_count(&a, value, &c->max_ids)) return CLI_USAGE_ERROR;
+        } else if (cli_flag_value(&a, "--max-errors", &value)) {
+            if (!value || !cli_parse_count(&a, value, &c->max_errors)) return CLI_USAGE_ERROR;
+        } else if (arg[0] == '-' && arg[1] != '\0') {
+            cli_usage_error(&a, "unknown option '%s'", arg);
+            return CLI_USAGE_ERROR;
+        } else if (c->runner.model_path) {
+            cli_usage_error(&a, "more than one model file ('%s' and '%s')", c->runner.model_path, arg);
+            return CLI_USAGE_ERROR;
+        } else {
+            c->runner.model_path = arg;
+            a.index++;
+        }
+    }
+    if (c->stride == 0) c->stride = c->context / 2 ? c->context / 2 : 1;
+    const char *problem = !c->runner.model_path ? "no model or plan given"
+                          : !c->ids_path        ? "no --ids given"
+                          : c->context < 2      ? "--context must be at least 2"
+                          : c->stride > c->context ? "--stride must not exceed --context"
+                                                   : NULL;
+    if (problem) {
+        cli_usage_error(&a, "%s", problem);
+        return CLI_USAGE_ERROR;
+    }
+    return CLI_OK;
+}
+
+/* Text ("1, 2 3\n4") when every byte is a digit, separator or blank; else
+ * little-endian uint16. */
+static int32_t *read_ids(const char *path, size_t *count, diag_engine *d) {
+    size_t length;
+    char *bytes = cli_read_file(path, &length, d);
+    if (!bytes) return NULL;
+    bool text = length > 0;
+    for (size_t i = 0; i < length && text; i++)
+        text = (bytes[i] >= '0' && bytes[i] <= '9') || strchr(", \t\r\n", bytes[i]) != NULL;
+    int32_t *ids = malloc((length / 2 + 1) * sizeof *ids + (text ? length * sizeof *ids : 0));
+    if (!ids) SMELT_DIE("out of memory");
+    size_t n = 0;
+    if (text) {
+        for (size_t i = 0; i < length;) {
+            if (bytes[i] < '0' || bytes[i] > '9') {
+                i++;
+                continue;
+            }
+            long long v = 0;
+            while (i < length && bytes[i] >= '0' && bytes[i] <= '9' && v <= INT32_MAX) v = v * 10 + (bytes[i++] - '0');
+            if (v > INT32_MAX) {
+                diag_error(d, SMELT_NO_LOC, "'%s': id %zu does not fit in 32 bits", path, n + 1);
+                free(ids);
+                free(bytes);
+                return NULL;
+            }
+            ids[n++] = (int32_t)v;
+        }
+    } else if (length % 2 != 0) {
+        diag_error(d, SMELT_NO_LOC, "'%s': %zu bytes is not a whole number of uint16 ids", path, length);
+        free(ids);
+        free(bytes);
+        return NULL;
+    } else {
+        for (size_t i = 0; i + 1 < length; i += 2)
+            ids[n++] = (int32_t)((unsigned char)bytes[i] | (unsigned char)bytes[i + 1] << 8);
+    }
+    free(bytes);
+    *count = n;
+    return ids;
+}
+
+/* -log softmax(row)[target], computed stably in double. */
+static double negative_log_likelihood(const float *row, uint64_t vocab, int32_t target) {
+    double max = row[0];
+    for (uint64_t i = 1; i < vocab; i++)
+        if (row[i] > max) max = row[i];
+    double sum = 0;
+    for (uint64_t i = 0; i < vocab; i++) sum += exp((double)row[i] - max);
+    return log(sum) + max - (double)row[target];
+}
+
+/* Runs window [begin, end) from an empty cache in steps of at most the
+ * runner's bound, adding the NLL of every token at index >= score_from. */
+static bool score_window(cli_runner *r, const int32_t *ids, size_t begin, size_t end, size_t score_from,
+                         float *logits, int32_t *positions, double *nll, size_t *scored, diag_engine *d) {
+    cli_runner_reset(r);
+    size_t step = r->max_step_tokens ? r->max_step_tokens : end - begin;
+    for (size_t at = begin; at < end; at += step) {
+        uint32_t n = (uint32_t)(end - at < step ? end - at : step);
+        for (uint32_t i = 0; i < n; i++) positions[i] = (int32_t)(at - begin + i);
+        if (!cli_runner_step(r, ids + at, positions, n, logits, d)) return false;
+        /* logits row i predicts token at + i + 1 */
+        for (uint32_t i = 0; i < n; i++) {
+            size_t target = at + i + 1;
+            if (target >= end || target < score_from) continue;
+            int32_t id = ids[target];
+            if (id < 0 || (uint64_t)id >= r->vocab) {
+                diag_error(d, SMELT_NO_LOC, "id %d at index %zu is outside the vocabulary [0, %llu)", id, target,
+                           (unsigned long long)r->vocab);
+                return false;
+            }
+            *nll += negative_log_likelihood(logits + (uint64_t)i * r->vocab, r->vocab, id);
+            (*scored)++;
+        }
+    }
+    return true;
+}
+
+int cmd_eval(int argc, char **argv) {
+    eval_command c = {0};
+    int status = parse_arguments(argc, argv, &c);
+    if (status != CLI_OK) return status == CLI_HELP_SHOWN ? CLI_OK : status;
+
+    diag_engine d;
+    diag_init(&d, stderr);
+    d.max_errors = c.max_errors;
+    size_t count = 0;
+    int32_t *ids = read_ids(c.ids_path, &count, &d);
+    cli_runner r;
+    bool ok = ids != NULL && cli_runner_open(&r, &c.runner, &d);
+    if (ids && c.max_ids && c.max_ids < count) count = c.max_ids;
+    if (ok && count < 2) {
+        diag_error(&d, SMELT_NO_LOC, "'%s' holds %zu ids; perplexity needs at least 2", c.ids_path, count);
+        ok = false;
+    }
+    double nll = 0;
+    size_t scored = 0;
+    struct timespec start, stop;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    if (ok) {
+        size_t step = r.max_step_tokens && r.max_step_tokens < c.context ? r.max_step_tokens : c.context;
+        float *logits = malloc(step * r.vocab * sizeof *logits);
+        int32_t *positions = malloc(step * sizeof *positions);
+        if (!logits || !positions) SMELT_DIE("out of memory");
+        size_t scored_until = 1; /* the first id has no prediction */
+        for (size_t begin = 0; ok && scored_until < count; begin += c.stride) {
+            size_t end = begin + c.context < count ? begin + c.context : count;
+            ok = score_window(&r, ids, begin, end, scored_until, logits, positions, &nll, &scored, &d);
+            scored_until = end;
+            if (isatty(fileno(stderr))) fprintf(stderr, "\rsmelt: eval: %zu of %zu ids", end, count);
+        }
+        if (isatty(fileno(stderr))) fputc('\n', stderr);
+        free(logits);
+        free(positions);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &stop);
+    if (ok) {
+        double mean = nll / (double)scored;
+        double seconds = (double)(stop.tv_sec - start.tv_sec) + (double)(stop.tv_nsec - start.tv_nsec) * 1e-9;
+        printf("perplexity %.4f over %zu tokens (mean NLL %.5f nats = %.5f bits per token; context %u, stride %u, %s)\n",
+               exp(mean), scored, mean, mean / log(2.0), c.context, c.stride, r.name);
+        fprintf(stderr, "smelt: eval: %.1f s, %.1f tokens/s\n", seconds, (double)scored / (seconds > 0 ? seconds : 1e-9));
+    }
+    if (ids) { /* cli_runner_open ran: the runner is initialised */
+        cli_runner_close(&r);
+        free(ids);
+    }
+    status = ok && !diag_has_errors(&d) ? CLI_OK : CLI_INPUT_ERROR;
+    diag_free(&d);
+    return status;
+}
