@@ -9,20 +9,29 @@
  *      *
  *      *   rms_norm(f32[tokens, 64], f32[64]) {eps = 1e-05} : f32[tokens, 64]
  *      *
- *      * One block per row ...
- *      * Arguments: x f32, weight f32, out f32, tokens.
+ *      * One block per row: ...
+ *      * Arguments: x f32, weight f32, out f32.
  *      * Launch: grid (tokens, 1, 1), block (64, 1, 1).
  *      * /
  *   #include "smelt_kernel.h"
- *   enum { ... named constants ... };
- *   SMELT_KERNEL void rms_norm_f32_d64_eps1em05(const float *x, ..., int tokens)
+ *
+ *   enum { WIDTH = 64, THREADS = 64 };      named constants, device helpers
+ *
+ *   SMELT_KERNEL void rms_norm_f32_d64_eps1em05(const float *x, const float *weight, float *out)
  *   {
  *       ...
  *   }
- *   SMELT_HOST_ENTRY(...) (the simulator's entry, only under SMELT_HOST)
+ *
+ *   #ifdef SMELT_HOST
+ *   SMELT_HOST_ENTRY(rms_norm_f32_d64_eps1em05)  the simulator's entry: unpacks void **args
+ *   {
+ *       rms_norm_f32_d64_eps1em05(SMELT_ARG(const float *, 0), ...);
+ *   }
+ *   #endif
  *
  * The comment shows the op's signature (operands as types), not its %N, so
- * that the source depends on the specialisation alone.
+ * that the source depends on the specialisation alone and the layers of a
+ * model share one source; the op's own text is cg_kernel.ops_text.
  */
 #include "emit_internal.h"
 
@@ -98,11 +107,16 @@ void cg_line(cg_text *t, const char *fmt, ...) {
 
 void cg_blank(cg_text *t) { cg_text_printf(t, "\n"); }
 
+static void text_append_char(cg_text *t, char c) {
+    text_reserve(t, 1);
+    t->data[t->length++] = c;
+    t->data[t->length] = '\0';
+}
+
 void cg_text_comment_safe(cg_text *t, const char *s) {
     for (const char *p = s; *p; p++) {
-        char c = *p == '\n' || *p == '\r' ? ' ' : *p;
-        cg_text_printf(t, "%c", c);
-        if (c == '*' && p[1] == '/') cg_text_printf(t, " "); /* never close the comment */
+        text_append_char(t, *p == '\n' || *p == '\r' ? ' ' : *p);
+        if (*p == '*' && p[1] == '/') text_append_char(t, ' '); /* never close the comment */
     }
 }
 
@@ -142,9 +156,10 @@ prog_dtype cg_storage_dtype(const ir_module *m, ir_value_id v, const cg_options 
     if (!ir_dtype_is_float(m->values[v].type.dtype)) return PROG_DTYPE_I32;
     if (o->precision == CG_PRECISION_F32) return PROG_DTYPE_F32;
     ir_value_id root = v; /* walk up the reshapes to the buffer's owner */
-    for (;;) {
+    for (uint32_t steps = 0; steps < m->value_count; steps++) {
         const ir_op *def = &m->ops[m->values[root].def_op];
-        if (def->kind != IR_OP_RESHAPE || def->operand_count != 1) break;
+        if (def->kind != IR_OP_RESHAPE || def->operand_count != 1 || def->operands[0] >= m->value_count)
+            break;
         root = def->operands[0];
     }
     return alias_class_reaches_output(m, root) ? PROG_DTYPE_F32 : PROG_DTYPE_BF16;
@@ -201,8 +216,9 @@ int32_t cg_token_symbol(const ir_module *m) {
 static bool check_value(cg_emit *e, ir_value_id v, const char *role, uint32_t index) {
     const ir_op_info *info = ir_op_info_of(e->ir->kind);
     if (v >= e->m->value_count || e->m->values[v].type.dtype == IR_DTYPE_UNKNOWN) {
-        diag_error(e->d, e->ir->loc, "codegen needs typed values: %s %u of '%s' has no type (run infer-shapes)",
-                   role, index, info->name);
+        diag_error(e->d, e->ir->loc,
+                   "codegen needs typed values: %s %u of '%s' has no type (run infer-shapes)", role, index,
+                   info->name);
         return false;
     }
     const ir_type *t = &e->m->values[v].type;
@@ -225,8 +241,9 @@ static bool check_value(cg_emit *e, ir_value_id v, const char *role, uint32_t in
     }
     uint64_t elements;
     if (!ir_type_max_elements(e->m, t, &elements) || elements > ((uint64_t)1 << 48)) {
-        diag_error(e->d, e->ir->loc, "codegen expects at most 2^48 elements per value; %s %u of '%s' has more",
-                   role, index, info->name);
+        diag_error(e->d, e->ir->loc,
+                   "codegen expects at most 2^48 elements per value; %s %u of '%s' has more", role, index,
+                   info->name);
         return false;
     }
     return true;
@@ -239,6 +256,47 @@ static bool check_values(cg_emit *e) {
     for (uint32_t i = 0; i < e->ir->result_count; i++)
         ok &= check_value(e, e->ir->results[i], "result", i);
     return ok;
+}
+
+/* Kernels index within a row (a value's elements per token, or all of a
+ * value without the token dim) with int: such rows stay below 2^31. */
+static bool check_rows_fit_int(cg_emit *e) {
+    bool ok = true;
+    for (uint32_t i = 0; i < e->ir->operand_count + e->ir->result_count; i++) {
+        bool operand = i < e->ir->operand_count;
+        ir_value_id v = operand ? e->ir->operands[i] : e->ir->results[i - e->ir->operand_count];
+        cg_shape s = cg_shape_of(e, v);
+        cg_count row = cg_shape_count(&s, s.token0 ? 1 : 0, s.rank);
+        if (row.constant <= INT32_MAX) continue;
+        diag_error(
+            e->d, e->ir->loc,
+            "codegen expects fewer than 2^31 elements per token (or per value without tokens); %s %u of "
+            "'%s' has %lld",
+            operand ? "operand" : "result", operand ? i : i - e->ir->operand_count,
+            ir_op_info_of(e->ir->kind)->name, (long long)row.constant);
+        ok = false;
+    }
+    return ok;
+}
+
+/* Every kernel's grid at the token bound is one a GPU launches: x below
+ * 2^31, y and z at most 65535. */
+static bool check_grids(cg_emit *e) {
+    int64_t bound = e->token_symbol >= 0 ? e->m->symbols[e->token_symbol].bound : 0;
+    for (uint32_t k = 0; k < e->out->kernel_count; k++) {
+        const cg_kernel *kernel = &e->out->kernels[k];
+        for (int axis = 0; axis < 3; axis++) {
+            int64_t blocks = prog_affine_eval(kernel->rule.grid[axis], bound);
+            int64_t limit = axis == 0 ? INT32_MAX : 65535;
+            if (blocks <= limit) continue;
+            diag_error(e->d, e->ir->loc,
+                       "'%s' would launch %lld blocks along %c at the token bound %lld; at most %lld fit",
+                       ir_op_info_of(e->ir->kind)->name, (long long)blocks, "xyz"[axis], (long long)bound,
+                       (long long)limit);
+            return false;
+        }
+    }
+    return true;
 }
 
 /* ---- shapes, counts, attributes, literals -------------------------------------------- */
@@ -267,6 +325,28 @@ cg_shape cg_shape_of(const cg_emit *e, ir_value_id v) {
     return s;
 }
 
+bool cg_same_shape_except(const cg_shape *a, const cg_shape *b, int axis) {
+    if (a->rank != b->rank || a->token0 != b->token0) return false;
+    for (unsigned i = 0; i < a->rank; i++)
+        if ((int)i != axis && !(i == 0 && a->token0) && a->dims[i] != b->dims[i]) return false;
+    return true;
+}
+
+bool cg_same_shape(const cg_shape *a, const cg_shape *b) { return cg_same_shape_except(a, b, -1); }
+
+bool cg_expect(cg_emit *e, bool ok, const char *fmt, ...) {
+    if (ok) return true;
+    cg_text message;
+    cg_text_init(&message);
+    va_list args;
+    va_start(args, fmt);
+    cg_text_vprintf(&message, fmt, args);
+    va_end(args);
+    diag_error(e->d, e->ir->loc, "%s: expected %s", ir_op_info_of(e->ir->kind)->name, message.data);
+    cg_text_free(&message);
+    return false;
+}
+
 cg_count cg_shape_count(const cg_shape *s, unsigned from, unsigned to) {
     int64_t product = 1;
     bool token = false;
@@ -281,9 +361,9 @@ cg_count cg_shape_count(const cg_shape *s, unsigned from, unsigned to) {
 
 const char *cg_count_text(cg_emit *e, cg_count c) {
     if (c.per_token == 0) return arena_printf(&e->scratch, "%lld", (long long)c.constant);
-    const char *tokens = c.per_token == 1 ? "(long long)tokens"
-                                          : arena_printf(&e->scratch, "(long long)tokens * %lld",
-                                                         (long long)c.per_token);
+    const char *tokens = c.per_token == 1
+                             ? "(long long)tokens"
+                             : arena_printf(&e->scratch, "(long long)tokens * %lld", (long long)c.per_token);
     if (c.constant == 0) return tokens;
     return arena_printf(&e->scratch, "%s + %lld", tokens, (long long)c.constant);
 }
@@ -329,7 +409,8 @@ void cg_write_coordinates(cg_text *t, const char *index, const cg_shape *s, cons
 }
 
 static const ir_attr *attr_of(const cg_emit *e, const char *name, ir_attr_kind kind) {
-    if (ir_attr_slot(e->ir->kind, name) < 0) SMELT_DIE("op '%s' has no attribute '%s'", ir_op_info_of(e->ir->kind)->name, name);
+    if (ir_attr_slot(e->ir->kind, name) < 0)
+        SMELT_DIE("op '%s' has no attribute '%s'", ir_op_info_of(e->ir->kind)->name, name);
     const ir_attr *a = ir_op_attr(e->m, e->op, name);
     return a && a->kind == kind ? a : NULL;
 }
@@ -400,7 +481,8 @@ const char *cg_float_name(cg_emit *e, double value) {
 /* ---- kernel builder ------------------------------------------------------------------- */
 
 void cg_kernel_begin(cg_kernel_builder *b, cg_emit *e, const char *name, const char *summary) {
-    if (e->out->kernel_count >= CG_MAX_KERNELS) SMELT_DIE("op lowers to more than %d kernels", CG_MAX_KERNELS);
+    if (e->out->kernel_count >= CG_MAX_KERNELS)
+        SMELT_DIE("op lowers to more than %d kernels", CG_MAX_KERNELS);
     memset(b, 0, sizeof *b);
     b->e = e;
     b->k = &e->out->kernels[e->out->kernel_count];
@@ -415,7 +497,8 @@ void cg_kernel_begin(cg_kernel_builder *b, cg_emit *e, const char *name, const c
 }
 
 static uint32_t add_param(cg_kernel_builder *b, cg_param p, cg_kernel_param kp) {
-    if (b->k->param_count >= PROG_MAX_ARGS) SMELT_DIE("kernel %s has more than %d parameters", b->k->name, PROG_MAX_ARGS);
+    if (b->k->param_count >= PROG_MAX_ARGS)
+        SMELT_DIE("kernel %s has more than %d parameters", b->k->name, PROG_MAX_ARGS);
     b->params[b->k->param_count] = kp;
     b->k->params[b->k->param_count] = p;
     return b->k->param_count++;
@@ -443,7 +526,9 @@ void cg_kernel_launch(cg_kernel_builder *b, prog_affine grid_x, prog_affine grid
     b->k->rule.block[0] = block_x;
 }
 
-static bool is_tokens(const cg_kernel_builder *b, uint32_t i) { return b->k->params[i].kind == CG_PARAM_TOKENS; }
+static bool is_tokens(const cg_kernel_builder *b, uint32_t i) {
+    return b->k->params[i].kind == CG_PARAM_TOKENS;
+}
 
 static void write_affine(cg_kernel_builder *b, prog_affine f) {
     cg_text *t = &b->text;
@@ -451,11 +536,33 @@ static void write_affine(cg_kernel_builder *b, prog_affine f) {
         cg_text_printf(t, "%lld", (long long)prog_affine_eval(f, 0));
         return;
     }
-    cg_text_printf(t, "ceil((");
+    if (f.c != 1) cg_text_printf(t, "ceil((");
     if (f.a != 1) cg_text_printf(t, "%lld * ", (long long)f.a);
     cg_text_printf(t, "tokens");
     if (f.b) cg_text_printf(t, " + %lld", (long long)f.b);
-    cg_text_printf(t, ") / %lld)", (long long)f.c);
+    if (f.c != 1) cg_text_printf(t, ") / %lld)", (long long)f.c);
+}
+
+/* Comment lines " * ..." holding `text`, broken between words before 90 columns. */
+static void write_wrapped_comment(cg_text *t, const char *text) {
+    cg_text safe;
+    cg_text_init(&safe);
+    cg_text_comment_safe(&safe, text);
+    size_t column = 0;
+    for (const char *p = safe.data ? safe.data : ""; *p;) {
+        size_t word = strcspn(p, " ");
+        if (column > 0 && column + 1 + word > 87) {
+            cg_text_printf(t, "\n");
+            column = 0;
+        }
+        cg_text_printf(t, "%s%.*s", column ? " " : " * ", (int)word, p);
+        column += (column ? 1 : 3) + word;
+        p += word;
+        while (*p == ' ')
+            p++;
+    }
+    cg_text_printf(t, "\n");
+    cg_text_free(&safe);
 }
 
 void cg_kernel_open(cg_kernel_builder *b) {
@@ -470,9 +577,9 @@ void cg_kernel_open(cg_kernel_builder *b) {
     fclose(memory);
     cg_text_comment_safe(t, signature);
     free(signature);
-    cg_text_printf(t, "\n *\n * ");
-    cg_text_comment_safe(t, b->summary);
-    cg_text_printf(t, "\n * Arguments:");
+    cg_text_printf(t, "\n *\n");
+    write_wrapped_comment(t, b->summary);
+    cg_text_printf(t, " * Arguments:");
     for (uint32_t i = 0; i < b->k->param_count; i++) {
         cg_text_printf(t, "%s %s", i ? "," : "", b->params[i].name);
         if (!is_tokens(b, i)) cg_text_printf(t, " %s", cg_dtype_name(b->params[i].dtype));
@@ -490,16 +597,28 @@ void cg_kernel_open(cg_kernel_builder *b) {
 
 void cg_kernel_signature(cg_kernel_builder *b) {
     cg_text *t = &b->text;
-    cg_text_printf(t, "SMELT_KERNEL void %s(", b->k->name);
+    cg_text parameters;
+    cg_text_init(&parameters);
     for (uint32_t i = 0; i < b->k->param_count; i++) {
         const cg_kernel_param *p = &b->params[i];
-        if (i) cg_text_printf(t, ", ");
+        if (i) cg_text_printf(&parameters, ",\n");
         if (is_tokens(b, i))
-            cg_text_printf(t, "int tokens");
+            cg_text_printf(&parameters, "int tokens");
         else
-            cg_text_printf(t, "%s%s *%s", p->is_const ? "const " : "", cg_dtype_ctype(p->dtype), p->name);
+            cg_text_printf(&parameters, "%s%s *%s", p->is_const ? "const " : "", cg_dtype_ctype(p->dtype),
+                           p->name);
+    }
+    /* A long list is written one parameter per line. */
+    bool one_line = strlen(b->k->name) + parameters.length + 20 <= 110;
+    cg_text_printf(t, "SMELT_KERNEL void %s(%s", b->k->name, one_line ? "" : "\n    ");
+    for (size_t i = 0; i < parameters.length; i++) {
+        if (parameters.data[i] == '\n')
+            cg_text_printf(t, one_line ? " " : "\n    ");
+        else
+            cg_text_printf(t, "%c", parameters.data[i]);
     }
     cg_text_printf(t, ")\n");
+    cg_text_free(&parameters);
     cg_line(t, "{");
 }
 
@@ -515,7 +634,8 @@ void cg_kernel_end(cg_kernel_builder *b) {
         if (is_tokens(b, i))
             cg_text_printf(t, "SMELT_ARG(int, %u)", i);
         else
-            cg_text_printf(t, "SMELT_ARG(%s%s *, %u)", p->is_const ? "const " : "", cg_dtype_ctype(p->dtype), i);
+            cg_text_printf(t, "SMELT_ARG(%s%s *, %u)", p->is_const ? "const " : "", cg_dtype_ctype(p->dtype),
+                           i);
     }
     cg_text_printf(t, ");\n}\n#endif\n");
     b->k->source = arena_strdup(b->e->a, t->data);
@@ -547,8 +667,8 @@ const char *cg_copy(cg_kernel_builder *b, uint32_t dst, const char *dst_index, u
     return cg_store(b, dst, dst_index, cg_load(b, src, src_index));
 }
 
-void cg_write_block_reductions(cg_text *t) {
-    cg_line(t, "/* Sum and max over the 32 lanes of a warp; every lane gets the result. */");
+void cg_write_warp_sum(cg_text *t) {
+    cg_line(t, "/* The sum over the 32 lanes of a warp, in every lane. */");
     cg_line(t, "SMELT_DEVICE float warp_sum(float v)");
     cg_line(t, "{");
     cg_line(t, "for (int offset = 16; offset > 0; offset /= 2)");
@@ -556,14 +676,21 @@ void cg_write_block_reductions(cg_text *t) {
     cg_line(t, "return v;");
     cg_line(t, "}");
     cg_blank(t);
-    cg_line(t, "SMELT_DEVICE float warp_max(float v)");
-    cg_line(t, "{");
-    cg_line(t, "for (int offset = 16; offset > 0; offset /= 2)");
-    cg_line(t, "    v = fmaxf(v, smelt_shfl_xor_f32(0xffffffffu, v, offset));");
-    cg_line(t, "return v;");
-    cg_line(t, "}");
-    cg_blank(t);
-    cg_line(t, "/* Sum and max over the whole block (a multiple of 32 threads); every");
+}
+
+void cg_write_block_reductions(cg_text *t, bool with_max) {
+    cg_write_warp_sum(t);
+    if (with_max) {
+        cg_line(t, "/* The max over the 32 lanes of a warp, in every lane. */");
+        cg_line(t, "SMELT_DEVICE float warp_max(float v)");
+        cg_line(t, "{");
+        cg_line(t, "for (int offset = 16; offset > 0; offset /= 2)");
+        cg_line(t, "    v = fmaxf(v, smelt_shfl_xor_f32(0xffffffffu, v, offset));");
+        cg_line(t, "return v;");
+        cg_line(t, "}");
+        cg_blank(t);
+    }
+    cg_line(t, "/* Sums (and maxima) over the whole block (a multiple of 32 threads); every");
     cg_line(t, " * thread gets the result. scratch: 32 floats of shared memory, free");
     cg_line(t, " * again when the function returns. */");
     cg_line(t, "SMELT_DEVICE float block_sum(float v, float *scratch)");
@@ -578,6 +705,7 @@ void cg_write_block_reductions(cg_text *t) {
     cg_line(t, "return v;");
     cg_line(t, "}");
     cg_blank(t);
+    if (!with_max) return;
     cg_line(t, "SMELT_DEVICE float block_max(float v, float *scratch)");
     cg_line(t, "{");
     cg_line(t, "int lane = threadIdx.x %% 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;");
@@ -601,28 +729,50 @@ typedef struct cg_op_rule {
 
 /* One entry per op of ops.def, by its enum name: adding an op without a
  * lowering here does not compile. */
-#define LOWER_INPUT {CG_LOWER_NONE, NULL}
-#define LOWER_WEIGHT {CG_LOWER_NONE, NULL}
-#define LOWER_CONST {CG_LOWER_NONE, NULL}
-#define LOWER_OUTPUT {CG_LOWER_NONE, NULL}
-#define LOWER_EMBEDDING {CG_LOWER_KERNELS, cg_emit_embedding}
-#define LOWER_MATMUL {CG_LOWER_GEMM, NULL}
-#define LOWER_ADD {CG_LOWER_KERNELS, cg_emit_add_mul}
-#define LOWER_MUL {CG_LOWER_KERNELS, cg_emit_add_mul}
-#define LOWER_RMS_NORM {CG_LOWER_KERNELS, cg_emit_rms_norm}
-#define LOWER_LAYER_NORM {CG_LOWER_KERNELS, cg_emit_layer_norm}
-#define LOWER_ROPE {CG_LOWER_KERNELS, cg_emit_rope}
-#define LOWER_ATTENTION {CG_LOWER_KERNELS, cg_emit_attention}
-#define LOWER_SOFTMAX {CG_LOWER_KERNELS, cg_emit_softmax}
-#define LOWER_SILU {CG_LOWER_KERNELS, cg_emit_activation}
-#define LOWER_GELU {CG_LOWER_KERNELS, cg_emit_activation}
-#define LOWER_MOE {CG_LOWER_KERNELS, cg_emit_moe}
-#define LOWER_RESHAPE {CG_LOWER_ALIAS, NULL}
-#define LOWER_TRANSPOSE {CG_LOWER_KERNELS, cg_emit_transpose}
-#define LOWER_CONCAT {CG_LOWER_KERNELS, cg_emit_concat}
-#define LOWER_SPLIT {CG_LOWER_KERNELS, cg_emit_split}
-#define LOWER_SLICE {CG_LOWER_KERNELS, cg_emit_slice}
-#define LOWER_ARGMAX {CG_LOWER_KERNELS, cg_emit_argmax}
+#define LOWER_INPUT                                                                                          \
+    { CG_LOWER_NONE, NULL }
+#define LOWER_WEIGHT                                                                                         \
+    { CG_LOWER_NONE, NULL }
+#define LOWER_CONST                                                                                          \
+    { CG_LOWER_NONE, NULL }
+#define LOWER_OUTPUT                                                                                         \
+    { CG_LOWER_NONE, NULL }
+#define LOWER_EMBEDDING                                                                                      \
+    { CG_LOWER_KERNELS, cg_emit_embedding }
+#define LOWER_MATMUL                                                                                         \
+    { CG_LOWER_GEMM, NULL }
+#define LOWER_ADD                                                                                            \
+    { CG_LOWER_KERNELS, cg_emit_add_mul }
+#define LOWER_MUL                                                                                            \
+    { CG_LOWER_KERNELS, cg_emit_add_mul }
+#define LOWER_RMS_NORM                                                                                       \
+    { CG_LOWER_KERNELS, cg_emit_rms_norm }
+#define LOWER_LAYER_NORM                                                                                     \
+    { CG_LOWER_KERNELS, cg_emit_layer_norm }
+#define LOWER_ROPE                                                                                           \
+    { CG_LOWER_KERNELS, cg_emit_rope }
+#define LOWER_ATTENTION                                                                                      \
+    { CG_LOWER_KERNELS, cg_emit_attention }
+#define LOWER_SOFTMAX                                                                                        \
+    { CG_LOWER_KERNELS, cg_emit_softmax }
+#define LOWER_SILU                                                                                           \
+    { CG_LOWER_KERNELS, cg_emit_activation }
+#define LOWER_GELU                                                                                           \
+    { CG_LOWER_KERNELS, cg_emit_activation }
+#define LOWER_MOE                                                                                            \
+    { CG_LOWER_KERNELS, cg_emit_moe }
+#define LOWER_RESHAPE                                                                                        \
+    { CG_LOWER_ALIAS, NULL }
+#define LOWER_TRANSPOSE                                                                                      \
+    { CG_LOWER_KERNELS, cg_emit_transpose }
+#define LOWER_CONCAT                                                                                         \
+    { CG_LOWER_KERNELS, cg_emit_concat }
+#define LOWER_SPLIT                                                                                          \
+    { CG_LOWER_KERNELS, cg_emit_split }
+#define LOWER_SLICE                                                                                          \
+    { CG_LOWER_KERNELS, cg_emit_slice }
+#define LOWER_ARGMAX                                                                                         \
+    { CG_LOWER_KERNELS, cg_emit_argmax }
 
 static const cg_op_rule op_rules[] = {
 #define OP(e, name, mn, mx, nres, flags, family, attrs) [IR_OP_##e] = LOWER_##e,
@@ -652,9 +802,10 @@ bool cg_emit_op(const ir_module *m, uint32_t op, const cg_options *o, arena *a, 
     if (rule->kind == CG_LOWER_NONE) return true;
     if (!check_values(&e)) return false;
     if (rule->kind != CG_LOWER_KERNELS) return true;
+    if (!check_rows_fit_int(&e)) return false;
 
     arena_init(&e.scratch);
-    bool ok = rule->emit(&e);
+    bool ok = rule->emit(&e) && check_grids(&e);
     arena_free(&e.scratch);
     if (!ok) {
         out->kernel_count = 0;

@@ -52,29 +52,41 @@ bool cg_emit_argmax(cg_emit *e) {
                    ir_dtype_name(e->m->values[result].type.dtype));
         return false;
     }
+    cg_shape expected = shape, out_shape = cg_shape_of(e, result); /* the operand without the axis */
+    expected.rank--;
+    for (unsigned i = (unsigned)axis; i < expected.rank; i++)
+        expected.dims[i] = shape.dims[i + 1];
+    expected.token0 = shape.token0 && axis != 0;
+    if (!cg_expect(e, cg_same_shape(&expected, &out_shape),
+                   "a result of the operand's shape without the axis"))
+        return false;
     unsigned a = (unsigned)axis;
     cg_count outer = cg_shape_count(&shape, 0, a), length = cg_shape_count(&shape, a, a + 1);
     cg_count inner = cg_shape_count(&shape, a + 1, shape.rank);
     cg_count rows = {outer.per_token * inner.constant, outer.constant * inner.constant};
     uint32_t threads = ARGMAX_MAX_THREADS;
-    if (!length.per_token && length.constant < ARGMAX_MAX_THREADS) threads = (uint32_t)((length.constant + 31) / 32 * 32);
+    if (!length.per_token && length.constant < ARGMAX_MAX_THREADS)
+        threads = (uint32_t)((length.constant + 31) / 32 * 32);
     bool is_float = ir_dtype_is_float(e->m->values[x].type.dtype);
     const char *type = is_float ? "float" : "int";
 
     ir_value_id stored[1] = {x};
-    const char *name = arena_printf(&e->scratch, "argmax_%s_l%s_i%lld", is_float ? cg_dtype_tag(e, stored, 1) : "i32",
-                                    length.per_token ? "t" : arena_printf(&e->scratch, "%lld", (long long)length.constant),
-                                    (long long)inner.constant);
+    const char *name =
+        arena_printf(&e->scratch, "argmax_%s_l%s_i%lld", is_float ? cg_dtype_tag(e, stored, 1) : "i32",
+                     length.per_token ? "t" : arena_printf(&e->scratch, "%lld", (long long)length.constant),
+                     (long long)inner.constant);
     cg_kernel_builder b;
-    cg_kernel_begin(&b, e, name,
-                    "One block per row of `length` elements at stride INNER: the index of the first maximum.");
+    cg_kernel_begin(
+        &b, e, name,
+        "One block per row of `length` elements at stride INNER: the index of the first maximum.");
     uint32_t in = cg_param_value(&b, "x", x, true);
     uint32_t out = cg_param_value(&b, "out", result, false);
     if (length.per_token) cg_param_tokens(&b);
     cg_kernel_launch(&b, cg_count_blocks(rows, 1), (prog_affine){0, 1, 1}, threads);
     cg_kernel_open(&b);
     cg_text *t = &b.text;
-    cg_line(t, "enum { INNER = %lld, THREADS = %u, WARPS = THREADS / 32 };", (long long)inner.constant, threads);
+    cg_line(t, "enum { INNER = %lld, THREADS = %u, WARPS = THREADS / 32 };", (long long)inner.constant,
+            threads);
     cg_blank(t);
     write_pair_reduction(t, type, is_float ? "f32" : "i32");
     cg_kernel_signature(&b);

@@ -44,7 +44,8 @@ typedef struct attention_shape {
 static bool read_shape(cg_emit *e, attention_shape *s) {
     ir_value_id q = cg_operand(e, 0), k = cg_operand(e, 1), v = cg_operand(e, 2), pos = cg_operand(e, 3);
     cg_shape qs = cg_shape_of(e, q), ks = cg_shape_of(e, k), vs = cg_shape_of(e, v), ps = cg_shape_of(e, pos);
-    bool floats = ir_dtype_is_float(e->m->values[q].type.dtype) && ir_dtype_is_float(e->m->values[k].type.dtype) &&
+    bool floats = ir_dtype_is_float(e->m->values[q].type.dtype) &&
+                  ir_dtype_is_float(e->m->values[k].type.dtype) &&
                   ir_dtype_is_float(e->m->values[v].type.dtype);
     if (qs.rank != 3 || ks.rank != 3 || vs.rank != 3 || ps.rank != 1 || !floats ||
         ir_dtype_is_float(e->m->values[pos].type.dtype)) {
@@ -52,6 +53,18 @@ static bool read_shape(cg_emit *e, attention_shape *s) {
                    "attention: expected float q[T, Hq, D], k[T, Hkv, D], v[T, Hkv, Dv] and integer pos[T]");
         return false;
     }
+    cg_shape out = cg_shape_of(e, cg_result(e, 0)),
+             expected = {3, qs.token0, {qs.dims[0], qs.dims[1], vs.dims[2]}};
+    bool rows_agree =
+        ks.token0 == qs.token0 && vs.token0 == qs.token0 && ps.token0 == qs.token0 &&
+        (qs.token0 || (ks.dims[0] == qs.dims[0] && vs.dims[0] == qs.dims[0] && ps.dims[0] == qs.dims[0]));
+    if (!cg_expect(e, rows_agree && cg_same_shape(&out, &expected),
+                   "q, k, v and pos with the same tokens and a result [T, Hq, Dv]"))
+        return false;
+    if (!cg_expect(e, qs.dims[2] <= 8192,
+                   "a head dim of at most 8192 (the query is kept in shared memory); found %lld",
+                   (long long)qs.dims[2]))
+        return false;
     s->query_heads = qs.dims[1];
     s->kv_heads = ks.dims[1];
     s->head_dim = qs.dims[2];
@@ -63,15 +76,18 @@ static bool read_shape(cg_emit *e, attention_shape *s) {
     s->tokens = cg_shape_count(&qs, 0, 1);
     s->key_dtype = cg_storage_dtype(e->m, k, e->o);
     s->value_dtype = cg_storage_dtype(e->m, v, e->o);
-    if (s->kv_heads < 1 || s->query_heads % s->kv_heads != 0 || ks.dims[2] != s->head_dim || vs.dims[1] != s->kv_heads) {
+    if (s->kv_heads < 1 || s->query_heads % s->kv_heads != 0 || ks.dims[2] != s->head_dim ||
+        vs.dims[1] != s->kv_heads) {
         diag_error(e->d, e->ir->loc,
                    "attention: expected Hq a multiple of Hkv and k, v with Hkv heads of D and Dv dims; found "
                    "Hq %lld, k heads %lld of %lld, v heads %lld",
-                   (long long)s->query_heads, (long long)s->kv_heads, (long long)ks.dims[2], (long long)vs.dims[1]);
+                   (long long)s->query_heads, (long long)s->kv_heads, (long long)ks.dims[2],
+                   (long long)vs.dims[1]);
         return false;
     }
     if (s->max_seq < 1 || s->max_seq > INT32_MAX / 2 || s->window < 0) {
-        diag_error(e->d, e->ir->loc, "attention: expected max_seq in [1, 2^30] and window >= 0; found %lld and %lld",
+        diag_error(e->d, e->ir->loc,
+                   "attention: expected max_seq in [1, 2^30] and window >= 0; found %lld and %lld",
                    (long long)s->max_seq, (long long)s->window);
         return false;
     }
@@ -96,9 +112,10 @@ static void emit_kv_write(cg_emit *e, const attention_shape *s) {
     const char *name = arena_printf(&e->scratch, "kv_write_%s_kv%lld_%s_ctx%lld", cg_dtype_tag(e, stored, 2),
                                     (long long)s->kv_heads, dims_part(e, s), (long long)s->max_seq);
     cg_kernel_builder b;
-    cg_kernel_begin(&b, e, name,
-                    "One block per token: copies its keys and values into the KV cache at position pos[t] and "
-                    "marks the position written.");
+    cg_kernel_begin(
+        &b, e, name,
+        "One block per token: copies its keys and values into the KV cache at position pos[t] and "
+        "marks the position written.");
     uint32_t k = cg_param_value(&b, "k", cg_operand(e, 1), true);
     uint32_t v = cg_param_value(&b, "v", cg_operand(e, 2), true);
     cg_param_value(&b, "pos", cg_operand(e, 3), true);
@@ -111,7 +128,8 @@ static void emit_kv_write(cg_emit *e, const attention_shape *s) {
     cg_line(t, "enum { KV_HEADS = %lld, HEAD_DIM = %lld, VALUE_DIM = %lld, MAX_SEQ = %lld, THREADS = %d };",
             (long long)s->kv_heads, (long long)s->head_dim, (long long)s->value_dim, (long long)s->max_seq,
             KV_WRITE_THREADS);
-    cg_line(t, "enum { KEY_ROW = KV_HEADS * HEAD_DIM, VALUE_ROW = KV_HEADS * VALUE_DIM }; /* elements per position */");
+    cg_line(t, "enum { KEY_ROW = KV_HEADS * HEAD_DIM, VALUE_ROW = KV_HEADS * VALUE_DIM }; /* elements per "
+               "position */");
     cg_blank(t);
     cg_kernel_signature(&b);
     cg_line(t, "long long token = blockIdx.x;");
@@ -121,7 +139,8 @@ static void emit_kv_write(cg_emit *e, const attention_shape *s) {
     cg_line(t, "for (int i = threadIdx.x; i < KEY_ROW; i += THREADS)");
     cg_line(t, "    %s", cg_copy(&b, k_cache, "(long long)position * KEY_ROW + i", k, "token * KEY_ROW + i"));
     cg_line(t, "for (int i = threadIdx.x; i < VALUE_ROW; i += THREADS)");
-    cg_line(t, "    %s", cg_copy(&b, v_cache, "(long long)position * VALUE_ROW + i", v, "token * VALUE_ROW + i"));
+    cg_line(t, "    %s",
+            cg_copy(&b, v_cache, "(long long)position * VALUE_ROW + i", v, "token * VALUE_ROW + i"));
     cg_line(t, "if (threadIdx.x == 0)");
     cg_line(t, "    written[position] = 1;");
     cg_kernel_end(&b);
@@ -143,17 +162,20 @@ static void emit_attend(cg_emit *e, const attention_shape *s) {
     cg_text_free(&name);
 
     cg_kernel_builder b;
-    cg_kernel_begin(&b, e, kernel_name,
-                    "One block per (token, query head): an online softmax over the written cache positions the "
-                    "query sees, in tiles of TILE positions, one warp per position's dot product.");
+    cg_kernel_begin(
+        &b, e, kernel_name,
+        "One block per (token, query head): an online softmax over the written cache positions the "
+        "query sees, in tiles of TILE positions, one warp per position's dot product.");
     uint32_t q_param = cg_param_value(&b, "q", q, true);
     cg_param_value(&b, "pos", cg_operand(e, 3), true);
     uint32_t k_cache = cg_param_state(&b, "k_cache", CG_STATE_KEYS, s->key_dtype);
     uint32_t v_cache = cg_param_state(&b, "v_cache", CG_STATE_VALUES, s->value_dtype);
     uint32_t written = cg_param_state(&b, "written", CG_STATE_WRITTEN, PROG_DTYPE_I32);
     uint32_t out = cg_param_value(&b, "out", result, false);
-    b.params[k_cache].is_const = b.params[v_cache].is_const = b.params[written].is_const = true; /* read here */
-    cg_kernel_launch(&b, cg_count_blocks(s->tokens, 1), (prog_affine){0, s->query_heads, 1}, ATTENTION_THREADS);
+    b.params[k_cache].is_const = b.params[v_cache].is_const = b.params[written].is_const =
+        true; /* read here */
+    cg_kernel_launch(&b, cg_count_blocks(s->tokens, 1), (prog_affine){0, s->query_heads, 1},
+                     ATTENTION_THREADS);
     cg_kernel_open(&b);
     cg_text *t = &b.text;
     cg_line(t, "enum { QUERY_HEADS = %lld, KV_HEADS = %lld, GROUP = QUERY_HEADS / KV_HEADS };",
@@ -162,16 +184,11 @@ static void emit_attend(cg_emit *e, const attention_shape *s) {
             (long long)s->head_dim, (long long)s->value_dim, (long long)s->max_seq, (long long)s->window,
             s->causal ? 1 : 0);
     cg_line(t, "enum { THREADS = %d, WARPS = THREADS / 32, TILE = %d };", ATTENTION_THREADS, ATTENTION_TILE);
-    cg_line(t, "enum { VALUES_PER_THREAD = (VALUE_DIM + THREADS - 1) / THREADS }; /* value dims each thread owns */");
+    cg_line(t, "enum { VALUES_PER_THREAD = (VALUE_DIM + THREADS - 1) / THREADS }; /* value dims each thread "
+               "owns */");
     cg_line(t, "#define SCALE %s", cg_float_literal(e, s->scale));
     cg_blank(t);
-    cg_line(t, "SMELT_DEVICE float warp_sum(float v)");
-    cg_line(t, "{");
-    cg_line(t, "for (int offset = 16; offset > 0; offset /= 2)");
-    cg_line(t, "    v += smelt_shfl_xor_f32(0xffffffffu, v, offset);");
-    cg_line(t, "return v;");
-    cg_line(t, "}");
-    cg_blank(t);
+    cg_write_warp_sum(t);
     cg_kernel_signature(&b);
     cg_line(t, "__shared__ float query[HEAD_DIM];");
     cg_line(t, "__shared__ float scores[TILE];");
@@ -242,8 +259,9 @@ static void emit_attend(cg_emit *e, const attention_shape *s) {
     cg_line(t, "for (int v = 0; v < VALUES_PER_THREAD; v++) {");
     cg_line(t, "int d = threadIdx.x + v * THREADS;");
     cg_line(t, "if (d < VALUE_DIM)");
-    cg_line(t, "    %s", cg_store(&b, out, "(token * QUERY_HEADS + head) * VALUE_DIM + d",
-                                  "running_sum > 0.0f ? accumulator[v] / running_sum : 0.0f"));
+    cg_line(t, "    %s",
+            cg_store(&b, out, "(token * QUERY_HEADS + head) * VALUE_DIM + d",
+                     "running_sum > 0.0f ? accumulator[v] / running_sum : 0.0f"));
     cg_line(t, "}");
     cg_kernel_end(&b);
 }

@@ -36,10 +36,10 @@ static void write_element_index(cg_kernel_builder *b, cg_count elements) {
 /* ---- add, mul ------------------------------------------------------------------------ */
 
 typedef enum operand_access {
-    ACCESS_CONST,   /* a literal */
-    ACCESS_SAME,    /* the result's shape: element i */
+    ACCESS_CONST,    /* a literal */
+    ACCESS_SAME,     /* the result's shape: element i */
     ACCESS_TRAILING, /* the result's trailing dims: element i % size */
-    ACCESS_STRIDED, /* through the result's coordinates */
+    ACCESS_STRIDED,  /* through the result's coordinates */
 } operand_access;
 
 typedef struct broadcast_operand {
@@ -51,24 +51,31 @@ typedef struct broadcast_operand {
     uint32_t param;
 } broadcast_operand;
 
-static bool same_shape(const cg_shape *a, const cg_shape *b) {
-    if (a->rank != b->rank || a->token0 != b->token0) return false;
-    for (unsigned i = 0; i < a->rank; i++)
-        if (!(i == 0 && a->token0) && a->dims[i] != b->dims[i]) return false;
+/* Whether x broadcasts to out: trailing dims lined up, each equal or 1. */
+static bool broadcasts_to(const cg_shape *x, const cg_shape *out) {
+    if (x->rank > out->rank) return false;
+    unsigned offset = out->rank - x->rank;
+    for (unsigned j = 0; j < x->rank; j++) {
+        bool x_token = j == 0 && x->token0, out_token = j + offset == 0 && out->token0;
+        if (x_token != out_token && !(x->dims[j] == 1 && !x_token)) return false;
+        if (!x_token && !out_token && x->dims[j] != 1 && x->dims[j] != out->dims[j + offset]) return false;
+    }
     return true;
 }
 
-static void classify(cg_emit *e, broadcast_operand *x, const cg_shape *out) {
+/* How operand x is read; false when it does not broadcast to the result. */
+static bool classify(cg_emit *e, broadcast_operand *x, const cg_shape *out) {
     uint32_t constant = cg_const_op(e, x->value);
     if (constant != UINT32_MAX) {
         x->access = ACCESS_CONST;
         x->literal = cg_float_literal(e, cg_const_value(e, constant));
-        return;
+        return true;
     }
     x->shape = cg_shape_of(e, x->value);
-    if (same_shape(&x->shape, out)) {
+    if (!broadcasts_to(&x->shape, out)) return false;
+    if (cg_same_shape(&x->shape, out)) {
         x->access = ACCESS_SAME;
-        return;
+        return true;
     }
     /* Strides along the result's dims; numpy lines up trailing dims. A dim of
      * 1 against a longer one is broadcast: stride 0. */
@@ -92,6 +99,7 @@ static void classify(cg_emit *e, broadcast_operand *x, const cg_shape *out) {
     for (unsigned j = first; j < x->shape.rank && trailing; j++)
         trailing = x->shape.dims[j] == out->dims[j + offset] && !(j + offset == 0 && out->token0);
     x->access = trailing ? ACCESS_TRAILING : ACCESS_STRIDED;
+    return true;
 }
 
 /* The index expression of operand x for result element i. */
@@ -128,21 +136,23 @@ bool cg_emit_add_mul(cg_emit *e) {
     bool is_add = e->ir->kind == IR_OP_ADD;
     const char *op_name = is_add ? "add" : "mul";
     ir_value_id result = cg_result(e, 0);
-    if (!require_float(e, cg_operand(e, 0), "operand", 0) || !require_float(e, cg_operand(e, 1), "operand", 1) ||
-        !require_float(e, result, "result", 0))
+    if (!require_float(e, cg_operand(e, 0), "operand", 0) ||
+        !require_float(e, cg_operand(e, 1), "operand", 1) || !require_float(e, result, "result", 0))
         return false;
     cg_shape out = cg_shape_of(e, result);
     broadcast_operand operands[2] = {{.value = cg_operand(e, 0)}, {.value = cg_operand(e, 1)}};
     for (int i = 0; i < 2; i++)
-        classify(e, &operands[i], &out);
+        if (!cg_expect(e, classify(e, &operands[i], &out), "operand %d to broadcast to the result", i))
+            return false;
 
     ir_value_id stored[3];
     uint32_t stored_count = 0;
     for (int i = 0; i < 2; i++)
         if (operands[i].access != ACCESS_CONST) stored[stored_count++] = operands[i].value;
     stored[stored_count++] = result;
-    const char *name = arena_printf(&e->scratch, "%s_%s_%s_%s", op_name, cg_dtype_tag(e, stored, stored_count),
-                                    operand_name_part(e, &operands[0]), operand_name_part(e, &operands[1]));
+    const char *name =
+        arena_printf(&e->scratch, "%s_%s_%s_%s", op_name, cg_dtype_tag(e, stored, stored_count),
+                     operand_name_part(e, &operands[0]), operand_name_part(e, &operands[1]));
 
     cg_kernel_builder b;
     cg_kernel_begin(&b, e, name,
@@ -150,11 +160,13 @@ bool cg_emit_add_mul(cg_emit *e) {
                     "line up, dims of 1 repeat), constants baked in.");
     const char *names[2] = {"a", "b"};
     for (int i = 0; i < 2; i++)
-        if (operands[i].access != ACCESS_CONST) operands[i].param = cg_param_value(&b, names[i], operands[i].value, true);
+        if (operands[i].access != ACCESS_CONST)
+            operands[i].param = cg_param_value(&b, names[i], operands[i].value, true);
     uint32_t out_param = cg_param_value(&b, "out", result, false);
     cg_count elements = cg_shape_count(&out, 0, out.rank);
     if (elements.per_token) cg_param_tokens(&b);
-    cg_kernel_launch(&b, cg_count_blocks(elements, ELEMENTWISE_THREADS), (prog_affine){0, 1, 1}, ELEMENTWISE_THREADS);
+    cg_kernel_launch(&b, cg_count_blocks(elements, ELEMENTWISE_THREADS), (prog_affine){0, 1, 1},
+                     ELEMENTWISE_THREADS);
     cg_kernel_open(&b);
     cg_line(&b.text, "enum { THREADS = %d };", ELEMENTWISE_THREADS);
     cg_blank(&b.text);
@@ -197,21 +209,27 @@ bool cg_emit_activation(cg_emit *e) {
         formula = "0.5f * v * (1.0f + erff(v * SQRT_HALF))";
         summary = "One thread per element: gelu(v) = v * Phi(v), with erf.";
     }
-    cg_shape shape = cg_shape_of(e, result);
+    cg_shape shape = cg_shape_of(e, result), operand = cg_shape_of(e, x);
+    if (!cg_expect(e, cg_same_shape(&shape, &operand), "the result to have the operand's shape"))
+        return false;
     cg_count elements = cg_shape_count(&shape, 0, shape.rank);
     ir_value_id stored[2] = {x, result};
-    const char *name = arena_printf(&e->scratch, "%s_%s_%s", kind, cg_dtype_tag(e, stored, 2), cg_count_tag(e, elements));
+    const char *name =
+        arena_printf(&e->scratch, "%s_%s_%s", kind, cg_dtype_tag(e, stored, 2), cg_count_tag(e, elements));
 
     cg_kernel_builder b;
     cg_kernel_begin(&b, e, name, summary);
     uint32_t in = cg_param_value(&b, "x", x, true);
     uint32_t out = cg_param_value(&b, "out", result, false);
     if (elements.per_token) cg_param_tokens(&b);
-    cg_kernel_launch(&b, cg_count_blocks(elements, ELEMENTWISE_THREADS), (prog_affine){0, 1, 1}, ELEMENTWISE_THREADS);
+    cg_kernel_launch(&b, cg_count_blocks(elements, ELEMENTWISE_THREADS), (prog_affine){0, 1, 1},
+                     ELEMENTWISE_THREADS);
     cg_kernel_open(&b);
     cg_line(&b.text, "enum { THREADS = %d };", ELEMENTWISE_THREADS);
-    if (strcmp(kind, "gelu_tanh") == 0) cg_line(&b.text, "#define SQRT_2_OVER_PI 0.797884560802865f /* sqrt(2 / pi) */");
-    if (strcmp(kind, "gelu_erf") == 0) cg_line(&b.text, "#define SQRT_HALF 0.707106781186548f /* 1 / sqrt(2) */");
+    if (strcmp(kind, "gelu_tanh") == 0)
+        cg_line(&b.text, "#define SQRT_2_OVER_PI 0.797884560802865f /* sqrt(2 / pi) */");
+    if (strcmp(kind, "gelu_erf") == 0)
+        cg_line(&b.text, "#define SQRT_HALF 0.707106781186548f /* 1 / sqrt(2) */");
     cg_blank(&b.text);
     cg_kernel_signature(&b);
     write_element_index(&b, elements);

@@ -20,23 +20,31 @@ bool cg_emit_embedding(cg_emit *e) {
         return false;
     }
     int64_t vocab = table_shape.dims[0], width = table_shape.dims[1];
+    cg_shape expected = ids_shape, out_shape = cg_shape_of(e, result); /* [..., D] */
+    expected.dims[expected.rank++] = width;
+    if (!cg_expect(e, ids_shape.rank < IR_MAX_DIMS && cg_same_shape(&expected, &out_shape),
+                   "a result of shape [..., %lld]", (long long)width))
+        return false;
     cg_count rows = cg_shape_count(&ids_shape, 0, ids_shape.rank);
-    uint32_t threads = width >= EMBEDDING_MAX_THREADS ? EMBEDDING_MAX_THREADS : (uint32_t)((width + 31) / 32 * 32);
+    uint32_t threads =
+        width >= EMBEDDING_MAX_THREADS ? EMBEDDING_MAX_THREADS : (uint32_t)((width + 31) / 32 * 32);
 
     ir_value_id stored[2] = {table, result};
     const char *name = arena_printf(&e->scratch, "embedding_%s_v%lld_d%lld", cg_dtype_tag(e, stored, 2),
                                     (long long)vocab, (long long)width);
     cg_kernel_builder b;
-    cg_kernel_begin(&b, e, name,
-                    "One block per id: out[t] = table[ids[t]]; an id outside the table gives zeros (the runtime "
-                    "checks ids before a step).");
+    cg_kernel_begin(
+        &b, e, name,
+        "One block per id: out[t] = table[ids[t]]; an id outside the table gives zeros (the runtime "
+        "checks ids before a step).");
     uint32_t table_param = cg_param_value(&b, "table", table, true);
     cg_param_value(&b, "ids", ids, true);
     uint32_t out = cg_param_value(&b, "out", result, false);
     cg_kernel_launch(&b, cg_count_blocks(rows, 1), (prog_affine){0, 1, 1}, threads);
     cg_kernel_open(&b);
     cg_text *t = &b.text;
-    cg_line(t, "enum { VOCAB = %lld, WIDTH = %lld, THREADS = %u };", (long long)vocab, (long long)width, threads);
+    cg_line(t, "enum { VOCAB = %lld, WIDTH = %lld, THREADS = %u };", (long long)vocab, (long long)width,
+            threads);
     cg_blank(t);
     cg_kernel_signature(&b);
     cg_line(t, "long long row = blockIdx.x;");

@@ -38,8 +38,8 @@ void cg_text_comment_safe(cg_text *t, const char *s);
  * the token count T (token0), whose size is then unknown at compile time. */
 typedef struct cg_shape {
     uint8_t rank;
-    bool token0;                  /* dims[0] is T */
-    int64_t dims[IR_MAX_DIMS];    /* dims[0] is the token bound when token0 */
+    bool token0;               /* dims[0] is T */
+    int64_t dims[IR_MAX_DIMS]; /* dims[0] is the token bound when token0 */
 } cg_shape;
 
 /* A count affine in T: per_token * T + constant (elements, rows, ...). */
@@ -52,8 +52,8 @@ typedef struct cg_emit {
     uint32_t op;
     const ir_op *ir;
     const cg_options *o;
-    arena *a;       /* where the kernels' strings go */
-    arena scratch;  /* snippets while emitting; freed after the op */
+    arena *a;      /* where the kernels' strings go */
+    arena scratch; /* snippets while emitting; freed after the op */
     diag_engine *d;
     int32_t token_symbol;
     cg_op_lowering *out;
@@ -62,20 +62,20 @@ typedef struct cg_emit {
 /* The family emitters. Each fills e->out (kind, kernels, states) or reports
  * at the op and returns false. */
 typedef bool (*cg_family_emitter)(cg_emit *e);
-bool cg_emit_add_mul(cg_emit *e);       /* emit_elementwise.c */
-bool cg_emit_activation(cg_emit *e);    /* emit_elementwise.c: silu, gelu */
-bool cg_emit_rms_norm(cg_emit *e);      /* emit_norm.c */
-bool cg_emit_layer_norm(cg_emit *e);    /* emit_norm.c */
-bool cg_emit_rope(cg_emit *e);          /* emit_rope.c */
-bool cg_emit_softmax(cg_emit *e);       /* emit_softmax.c */
-bool cg_emit_embedding(cg_emit *e);     /* emit_embedding.c */
-bool cg_emit_attention(cg_emit *e);     /* emit_attention.c */
-bool cg_emit_moe(cg_emit *e);           /* emit_moe.c */
-bool cg_emit_transpose(cg_emit *e);     /* emit_layout.c */
-bool cg_emit_concat(cg_emit *e);        /* emit_layout.c */
-bool cg_emit_split(cg_emit *e);         /* emit_layout.c */
-bool cg_emit_slice(cg_emit *e);         /* emit_layout.c */
-bool cg_emit_argmax(cg_emit *e);        /* emit_argmax.c */
+bool cg_emit_add_mul(cg_emit *e);    /* emit_elementwise.c */
+bool cg_emit_activation(cg_emit *e); /* emit_elementwise.c: silu, gelu */
+bool cg_emit_rms_norm(cg_emit *e);   /* emit_norm.c */
+bool cg_emit_layer_norm(cg_emit *e); /* emit_norm.c */
+bool cg_emit_rope(cg_emit *e);       /* emit_rope.c */
+bool cg_emit_softmax(cg_emit *e);    /* emit_softmax.c */
+bool cg_emit_embedding(cg_emit *e);  /* emit_embedding.c */
+bool cg_emit_attention(cg_emit *e);  /* emit_attention.c */
+bool cg_emit_moe(cg_emit *e);        /* emit_moe.c */
+bool cg_emit_transpose(cg_emit *e);  /* emit_layout.c */
+bool cg_emit_concat(cg_emit *e);     /* emit_layout.c */
+bool cg_emit_split(cg_emit *e);      /* emit_layout.c */
+bool cg_emit_slice(cg_emit *e);      /* emit_layout.c */
+bool cg_emit_argmax(cg_emit *e);     /* emit_argmax.c */
 
 /* Operand i / result i of the op. */
 ir_value_id cg_operand(const cg_emit *e, uint32_t i);
@@ -83,6 +83,14 @@ ir_value_id cg_result(const cg_emit *e, uint32_t i);
 /* The shape of value v; the token dim rule is checked by cg_emit_op for
  * every operand and result before an emitter runs. */
 cg_shape cg_shape_of(const cg_emit *e, ir_value_id v);
+/* Equal shapes (the token dim counting as one size); equal but for dim
+ * `axis` (-1: none). */
+bool cg_same_shape(const cg_shape *a, const cg_shape *b);
+bool cg_same_shape_except(const cg_shape *a, const cg_shape *b, int axis);
+/* When !ok, reports "<op>: expected <fmt...>" at the op. Returns ok. For the
+ * shapes an emitter relies on: infer-shapes makes them so, and a kernel
+ * would read out of bounds if they were not. */
+bool cg_expect(cg_emit *e, bool ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Product of dims [from, to) of s, affine in T. */
 cg_count cg_shape_count(const cg_shape *s, unsigned from, unsigned to);
 /* C expression of a count: "64", "tokens", "tokens * 64", "tokens * 64 + 3". */
@@ -129,9 +137,9 @@ const char *cg_dtype_tag(cg_emit *e, const ir_value_id *values, uint32_t count);
 /* ---- kernel builder ----------------------------------------------------------------- */
 
 typedef struct cg_kernel_param {
-    const char *name;  /* C name of the argument */
-    prog_dtype dtype;  /* element type (pointers) */
-    bool is_const;     /* read only */
+    const char *name; /* C name of the argument */
+    prog_dtype dtype; /* element type (pointers) */
+    bool is_const;    /* read only */
 } cg_kernel_param;
 
 typedef struct cg_kernel_builder {
@@ -167,10 +175,12 @@ const char *cg_store(cg_kernel_builder *b, uint32_t p, const char *index, const 
 const char *cg_copy(cg_kernel_builder *b, uint32_t dst, const char *dst_index, uint32_t src,
                     const char *src_index);
 
-/* Writes the device helpers for block-wide reductions (sum and max over a
- * block of `threads` threads, a multiple of 32): block_sum(v, scratch) and
- * block_max(v, scratch), with __shared__ float scratch[32] supplied by the
+/* Writes the device helpers for block-wide reductions over a block of a
+ * multiple of 32 threads: warp_sum(v) and block_sum(v, scratch), and with
+ * with_max warp_max and block_max; scratch is a __shared__ float[32] of the
  * caller's kernel. */
-void cg_write_block_reductions(cg_text *t);
+void cg_write_block_reductions(cg_text *t, bool with_max);
+/* Writes warp_sum(v) alone: the sum over a warp's 32 lanes, in every lane. */
+void cg_write_warp_sum(cg_text *t);
 
 #endif

@@ -30,23 +30,42 @@ static int layout_axis(cg_emit *e, const cg_shape *s) {
         return -1;
     }
     if (axis == 0 && s->token0) {
-        diag_error(e->d, e->ir->loc, "codegen supports '%s' along a constant dim; found the token dim as axis 0", op);
+        diag_error(e->d, e->ir->loc,
+                   "codegen supports '%s' along a constant dim; found the token dim as axis 0", op);
         return -1;
     }
     return (int)axis;
 }
 
 /* Opens a one-thread-per-element kernel body with `i`, and declares the
- * coordinates around the axis: outer `o`, along the axis `a`, inner `in`. */
-static void write_element_around_axis(cg_kernel_builder *b, cg_count elements, int64_t axis_length, int64_t inner) {
+ * coordinates around the axis: outer `o`, along the axis `a`, inner `in`
+ * (none when the axis is the last dim). */
+static void write_element_around_axis(cg_kernel_builder *b, cg_count elements, int64_t axis_length,
+                                      int64_t inner) {
     cg_text *t = &b->text;
     cg_line(t, "long long elements = %s;", cg_count_text(b->e, elements));
     cg_line(t, "long long i = (long long)blockIdx.x * THREADS + threadIdx.x;");
     cg_line(t, "if (i >= elements)");
     cg_line(t, "    return;");
+    if (inner == 1) {
+        cg_line(t, "long long a = i %% %lld;", (long long)axis_length);
+        cg_line(t, "long long o = i / %lld;", (long long)axis_length);
+        return;
+    }
     cg_line(t, "long long in = i %% %lld;", (long long)inner);
     cg_line(t, "long long a = i / %lld %% %lld;", (long long)inner, (long long)axis_length);
     cg_line(t, "long long o = i / %lld;", (long long)(inner * axis_length));
+}
+
+/* The element at (o, a + shift, in) of a value whose axis is `length` long:
+ * "(o * length + a - start) * inner + in". */
+static const char *element_at(cg_emit *e, int64_t length, int64_t shift, int64_t inner) {
+    const char *along = shift == 0  ? "a"
+                        : shift > 0 ? arena_printf(&e->scratch, "a + %lld", (long long)shift)
+                                    : arena_printf(&e->scratch, "a - %lld", -(long long)shift);
+    if (inner == 1) return arena_printf(&e->scratch, "o * %lld + %s", (long long)length, along);
+    return arena_printf(&e->scratch, "(o * %lld + %s) * %lld + in", (long long)length, along,
+                        (long long)inner);
 }
 
 static void open_layout_kernel(cg_kernel_builder *b, cg_count elements) {
@@ -75,6 +94,11 @@ bool cg_emit_transpose(cg_emit *e) {
         diag_error(e->d, e->ir->loc, "transpose: expected perm to be a permutation of the %u dims", xs.rank);
         return false;
     }
+    cg_shape expected = xs;
+    for (unsigned j = 0; j < xs.rank; j++)
+        expected.dims[j] = xs.dims[perm->as.ints.items[j]];
+    expected.token0 = xs.token0 && perm->as.ints.items[0] == 0;
+    if (!cg_expect(e, cg_same_shape(&expected, &out), "a result of x's dims permuted")) return false;
     int64_t strides[IR_MAX_DIMS], stride = 1; /* of x, row-major; all constant (T is dim 0) */
     for (int d = (int)xs.rank - 1; d >= 0; d--) {
         strides[d] = stride;
@@ -125,17 +149,16 @@ bool cg_emit_concat(cg_emit *e) {
     if (axis < 0) return false;
     uint32_t count = e->ir->operand_count;
     if (count > PROG_MAX_ARGS - 2) {
-        diag_error(e->d, e->ir->loc, "codegen supports 'concat' of at most %d operands; found %u", PROG_MAX_ARGS - 2,
-                   count);
+        diag_error(e->d, e->ir->loc, "codegen supports 'concat' of at most %d operands; found %u",
+                   PROG_MAX_ARGS - 2, count);
         return false;
     }
     int64_t inner = cg_shape_count(&out, (unsigned)axis + 1, out.rank).constant, total = 0;
     for (uint32_t i = 0; i < count; i++) {
         cg_shape s = cg_shape_of(e, cg_operand(e, i));
-        if (s.rank != out.rank) {
-            diag_error(e->d, e->ir->loc, "concat: operand %u has %u dims where the result has %u", i, s.rank, out.rank);
+        if (!cg_expect(e, cg_same_shape_except(&s, &out, axis),
+                       "operand %u to have the result's dims but for the axis", i))
             return false;
-        }
         total += s.dims[axis];
     }
     if (total != out.dims[axis]) {
@@ -173,8 +196,7 @@ bool cg_emit_concat(cg_emit *e) {
     for (uint32_t i = 0; i < count; i++) {
         cg_shape s = cg_shape_of(e, cg_operand(e, i));
         int64_t length = s.dims[axis];
-        const char *from = arena_printf(&e->scratch, "(o * %lld + a - %lld) * %lld + in", (long long)length,
-                                        (long long)start, (long long)inner);
+        const char *from = element_at(e, length, -start, inner);
         if (i + 1 < count)
             cg_line(t, "%sif (a < %lld)", i ? "else " : "", (long long)(start + length));
         else if (i > 0)
@@ -200,7 +222,8 @@ bool cg_emit_split(cg_emit *e) {
     bool valid = sizes && sizes->as.ints.count == count && count >= 1;
     for (uint32_t i = 0; valid && i < count; i++) {
         cg_shape s = cg_shape_of(e, cg_result(e, i));
-        valid = sizes->as.ints.items[i] >= 1 && s.rank == xs.rank && s.dims[axis] == sizes->as.ints.items[i];
+        valid = sizes->as.ints.items[i] >= 1 && cg_same_shape_except(&s, &xs, axis) &&
+                s.dims[axis] == sizes->as.ints.items[i];
         total += valid ? sizes->as.ints.items[i] : 0;
     }
     if (!valid || total != xs.dims[axis]) {
@@ -209,8 +232,8 @@ bool cg_emit_split(cg_emit *e) {
         return false;
     }
     if (count > PROG_MAX_ARGS - 2) {
-        diag_error(e->d, e->ir->loc, "codegen supports 'split' into at most %d results; found %u", PROG_MAX_ARGS - 2,
-                   count);
+        diag_error(e->d, e->ir->loc, "codegen supports 'split' into at most %d results; found %u",
+                   PROG_MAX_ARGS - 2, count);
         return false;
     }
     int64_t inner = cg_shape_count(&xs, (unsigned)axis + 1, xs.rank).constant;
@@ -221,16 +244,18 @@ bool cg_emit_split(cg_emit *e) {
         stored[i + 1] = cg_result(e, i);
     cg_text name;
     cg_text_init(&name);
-    cg_text_printf(&name, "split_%s_a%d_%s_s", cg_dtype_tag(e, stored, count + 1), axis, cg_shape_tag(e, &xs));
+    cg_text_printf(&name, "split_%s_a%d_%s_s", cg_dtype_tag(e, stored, count + 1), axis,
+                   cg_shape_tag(e, &xs));
     for (uint32_t i = 0; i < count; i++)
         cg_text_printf(&name, "%s%lld", i ? "x" : "", (long long)sizes->as.ints.items[i]);
     const char *kernel_name = arena_strdup(&e->scratch, name.data);
     cg_text_free(&name);
 
     cg_kernel_builder b;
-    cg_kernel_begin(&b, e, kernel_name,
-                    "One thread per element of x: along the axis, the results one after another, all written by "
-                    "one launch.");
+    cg_kernel_begin(
+        &b, e, kernel_name,
+        "One thread per element of x: along the axis, the results one after another, all written by "
+        "one launch.");
     uint32_t from = cg_param_value(&b, "x", x, true);
     uint32_t params[PROG_MAX_ARGS];
     for (uint32_t i = 0; i < count; i++)
@@ -242,8 +267,7 @@ bool cg_emit_split(cg_emit *e) {
     int64_t start = 0;
     for (uint32_t i = 0; i < count; i++) {
         int64_t length = sizes->as.ints.items[i];
-        const char *to = arena_printf(&e->scratch, "(o * %lld + a - %lld) * %lld + in", (long long)length,
-                                      (long long)start, (long long)inner);
+        const char *to = element_at(e, length, -start, inner);
         if (i + 1 < count)
             cg_line(t, "%sif (a < %lld)", i ? "else " : "", (long long)(start + length));
         else if (i > 0)
@@ -264,15 +288,16 @@ bool cg_emit_slice(cg_emit *e) {
     int axis = layout_axis(e, &xs);
     if (axis < 0) return false;
     int64_t start = cg_attr_int(e, "start", 0), end = cg_attr_int(e, "end", 0);
-    if (start < 0 || end <= start || end > xs.dims[axis] || out.rank != xs.rank || out.dims[axis] != end - start) {
+    if (start < 0 || end <= start || end > xs.dims[axis] || !cg_same_shape_except(&out, &xs, axis) ||
+        out.dims[axis] != end - start) {
         diag_error(e->d, e->ir->loc, "slice: expected 0 <= start < end <= %lld; found [%lld, %lld)",
                    (long long)xs.dims[axis], (long long)start, (long long)end);
         return false;
     }
     int64_t inner = cg_shape_count(&xs, (unsigned)axis + 1, xs.rank).constant;
     ir_value_id stored[2] = {x, result};
-    const char *name = arena_printf(&e->scratch, "slice_%s_a%d_%s_%lldto%lld", cg_dtype_tag(e, stored, 2), axis,
-                                    cg_shape_tag(e, &xs), (long long)start, (long long)end);
+    const char *name = arena_printf(&e->scratch, "slice_%s_a%d_%s_%lldto%lld", cg_dtype_tag(e, stored, 2),
+                                    axis, cg_shape_tag(e, &xs), (long long)start, (long long)end);
     cg_kernel_builder b;
     cg_kernel_begin(&b, e, name, "One thread per element of the result: indices [start, end) of the axis.");
     uint32_t from = cg_param_value(&b, "x", x, true);
@@ -280,9 +305,7 @@ bool cg_emit_slice(cg_emit *e) {
     cg_count elements = cg_shape_count(&out, 0, out.rank);
     open_layout_kernel(&b, elements);
     write_element_around_axis(&b, elements, end - start, inner);
-    cg_line(&b.text, "%s", cg_copy(&b, to, "i", from,
-                                   arena_printf(&e->scratch, "(o * %lld + a + %lld) * %lld + in",
-                                                (long long)xs.dims[axis], (long long)start, (long long)inner)));
+    cg_line(&b.text, "%s", cg_copy(&b, to, "i", from, element_at(e, xs.dims[axis], start, inner)));
     cg_kernel_end(&b);
     e->out->kind = CG_LOWER_KERNELS;
     return true;

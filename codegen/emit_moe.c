@@ -42,15 +42,18 @@ bool cg_emit_moe(cg_emit *e) {
                       down.dims[0] == experts && down.dims[1] == model_dim && down.dims[2] == ffn &&
                       !router.token0 && !gate.token0 && !up.token0 && !down.token0;
     if (!consistent) {
-        diag_error(e->d, e->ir->loc, "moe: the expert weights do not agree on E = %lld, D = %lld and F = %lld",
+        diag_error(e->d, e->ir->loc,
+                   "moe: the expert weights do not agree on E = %lld, D = %lld and F = %lld",
                    (long long)experts, (long long)model_dim, (long long)ffn);
         return false;
     }
+    cg_shape out_shape = cg_shape_of(e, result);
+    if (!cg_expect(e, cg_same_shape(&xs, &out_shape), "a result of x's shape")) return false;
     int64_t top_k = cg_attr_int(e, "top_k", 0);
     bool normalize = cg_attr_bool(e, "normalize", true);
     if (top_k < 1 || top_k > experts) {
-        diag_error(e->d, e->ir->loc, "moe: top_k %lld must be in [1, %lld] (the number of experts)", (long long)top_k,
-                   (long long)experts);
+        diag_error(e->d, e->ir->loc, "moe: top_k %lld must be in [1, %lld] (the number of experts)",
+                   (long long)top_k, (long long)experts);
         return false;
     }
     uint64_t shared_bytes = (uint64_t)(model_dim + experts + 2 * top_k + MOE_CHUNK) * 4u;
@@ -62,10 +65,11 @@ bool cg_emit_moe(cg_emit *e) {
         return false;
     }
 
-    ir_value_id stored[6] = {x, cg_operand(e, 1), cg_operand(e, 2), cg_operand(e, 3), cg_operand(e, 4), result};
-    const char *name = arena_printf(&e->scratch, "moe_%s_e%lld_k%lld_d%lld_f%lld%s", cg_dtype_tag(e, stored, 6),
-                                    (long long)experts, (long long)top_k, (long long)model_dim, (long long)ffn,
-                                    normalize ? "" : "_nonorm");
+    ir_value_id stored[6] = {x,     cg_operand(e, 1), cg_operand(e, 2), cg_operand(e, 3), cg_operand(e, 4),
+                             result};
+    const char *name = arena_printf(&e->scratch, "moe_%s_e%lld_k%lld_d%lld_f%lld%s",
+                                    cg_dtype_tag(e, stored, 6), (long long)experts, (long long)top_k,
+                                    (long long)model_dim, (long long)ffn, normalize ? "" : "_nonorm");
     cg_kernel_builder b;
     cg_kernel_begin(&b, e, name,
                     "One block per token: router softmax, top-k experts (renormalised when normalize), then "
@@ -82,21 +86,17 @@ bool cg_emit_moe(cg_emit *e) {
     cg_line(t, "enum { MODEL_DIM = %lld, FFN_DIM = %lld, EXPERTS = %lld, TOP_K = %lld, NORMALIZE = %d };",
             (long long)model_dim, (long long)ffn, (long long)experts, (long long)top_k, normalize ? 1 : 0);
     cg_line(t, "enum { THREADS = %d, WARPS = THREADS / 32, CHUNK = %d };", MOE_THREADS, MOE_CHUNK);
-    cg_line(t, "enum { DIMS_PER_THREAD = (MODEL_DIM + THREADS - 1) / THREADS }; /* outputs each thread owns */");
+    cg_line(t,
+            "enum { DIMS_PER_THREAD = (MODEL_DIM + THREADS - 1) / THREADS }; /* outputs each thread owns */");
     cg_blank(t);
-    cg_line(t, "SMELT_DEVICE float warp_sum(float v)");
-    cg_line(t, "{");
-    cg_line(t, "for (int offset = 16; offset > 0; offset /= 2)");
-    cg_line(t, "    v += smelt_shfl_xor_f32(0xffffffffu, v, offset);");
-    cg_line(t, "return v;");
-    cg_line(t, "}");
-    cg_blank(t);
+    cg_write_warp_sum(t);
     cg_kernel_signature(&b);
     cg_line(t, "__shared__ float input[MODEL_DIM];        /* x[token] */");
     cg_line(t, "__shared__ float probabilities[EXPERTS];  /* router softmax */");
     cg_line(t, "__shared__ int chosen[TOP_K];             /* experts, most probable first */");
     cg_line(t, "__shared__ float chosen_weight[TOP_K];");
-    cg_line(t, "__shared__ float hidden[CHUNK];           /* silu(gate x) * up x for one chunk of FFN_DIM */");
+    cg_line(t,
+            "__shared__ float hidden[CHUNK];           /* silu(gate x) * up x for one chunk of FFN_DIM */");
     cg_line(t, "long long token = blockIdx.x;");
     cg_line(t, "int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;");
     cg_line(t, "for (int i = threadIdx.x; i < MODEL_DIM; i += THREADS)");

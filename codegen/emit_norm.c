@@ -28,11 +28,15 @@ static bool require_float_values(cg_emit *e) {
             return false;
         }
     }
-    const cg_shape x = cg_shape_of(e, cg_operand(e, 0));
-    if (x.rank == 0) {
-        diag_error(e->d, e->ir->loc, "codegen expects '%s' of a value with at least one dim; found a scalar",
-                   ir_op_info_of(e->ir->kind)->name);
+    const cg_shape x = cg_shape_of(e, cg_operand(e, 0)), result = cg_shape_of(e, cg_result(e, 0));
+    if (!cg_expect(e, x.rank >= 1 && cg_same_shape(&x, &result),
+                   "x with at least one dim and a result of its shape"))
         return false;
+    for (uint32_t i = 1; i < e->ir->operand_count; i++) {
+        cg_shape w = cg_shape_of(e, cg_operand(e, i));
+        if (!cg_expect(e, w.rank == 1 && !w.token0 && w.dims[0] == x.dims[x.rank - 1],
+                       "operand %u to be [%lld], the last dim of x", i, (long long)x.dims[x.rank - 1]))
+            return false;
     }
     return true;
 }
@@ -49,12 +53,13 @@ static int64_t open_norm_kernel(cg_kernel_builder *b, cg_emit *e, const char *na
     params[1] = cg_param_value(b, "weight", cg_operand(e, 1), true);
     if (with_bias) params[2] = cg_param_value(b, "bias", cg_operand(e, 2), true);
     params[3] = cg_param_value(b, "out", cg_result(e, 0), false);
-    cg_kernel_launch(b, cg_count_blocks(cg_shape_count(&x, 0, x.rank - 1u), 1), (prog_affine){0, 1, 1}, threads);
+    cg_kernel_launch(b, cg_count_blocks(cg_shape_count(&x, 0, x.rank - 1u), 1), (prog_affine){0, 1, 1},
+                     threads);
     cg_kernel_open(b);
     cg_line(&b->text, "enum { WIDTH = %lld, THREADS = %u };", (long long)width, threads);
     cg_line(&b->text, "#define EPS %s", cg_float_literal(e, cg_attr_float(e, "eps", 1e-5)));
     cg_blank(&b->text);
-    cg_write_block_reductions(&b->text);
+    cg_write_block_reductions(&b->text, false);
     cg_kernel_signature(b);
     cg_line(&b->text, "__shared__ float scratch[32];");
     cg_line(&b->text, "long long base = (long long)blockIdx.x * WIDTH; /* the row's first element */");
@@ -84,7 +89,9 @@ bool cg_emit_rms_norm(cg_emit *e) {
     cg_line(t, "float inverse_rms = 1.0f / sqrtf(squares / (float)WIDTH + EPS);");
     cg_line(t, "for (int i = threadIdx.x; i < WIDTH; i += THREADS) {");
     cg_line(t, "float normalised = %s * inverse_rms;", cg_load(&b, p[0], "base + i"));
-    cg_line(t, "%s", cg_store(&b, p[3], "base + i", arena_printf(&e->scratch, "normalised * %s", cg_load(&b, p[1], "i"))));
+    cg_line(
+        t, "%s",
+        cg_store(&b, p[3], "base + i", arena_printf(&e->scratch, "normalised * %s", cg_load(&b, p[1], "i"))));
     cg_line(t, "}");
     cg_kernel_end(&b);
     e->out->kind = CG_LOWER_KERNELS;
@@ -94,12 +101,13 @@ bool cg_emit_rms_norm(cg_emit *e) {
 bool cg_emit_layer_norm(cg_emit *e) {
     if (!require_float_values(e)) return false;
     bool with_bias = e->ir->operand_count == 3;
-    ir_value_id stored[4] = {cg_operand(e, 0), cg_operand(e, 1), with_bias ? cg_operand(e, 2) : cg_result(e, 0),
-                             cg_result(e, 0)};
+    ir_value_id stored[4] = {cg_operand(e, 0), cg_operand(e, 1),
+                             with_bias ? cg_operand(e, 2) : cg_result(e, 0), cg_result(e, 0)};
     cg_shape x = cg_shape_of(e, stored[0]);
     double eps = cg_attr_float(e, "eps", 1e-5);
-    const char *name = arena_printf(&e->scratch, "layer_norm_%s_d%lld_eps%s%s", cg_dtype_tag(e, stored, with_bias ? 4 : 3),
-                                    (long long)x.dims[x.rank - 1], cg_float_name(e, eps), with_bias ? "_bias" : "");
+    const char *name =
+        arena_printf(&e->scratch, "layer_norm_%s_d%lld_eps%s%s", cg_dtype_tag(e, stored, with_bias ? 4 : 3),
+                     (long long)x.dims[x.rank - 1], cg_float_name(e, eps), with_bias ? "_bias" : "");
     cg_kernel_builder b;
     uint32_t p[4];
     open_norm_kernel(&b, e, name,
@@ -119,7 +127,8 @@ bool cg_emit_layer_norm(cg_emit *e) {
     cg_line(t, "float inverse_std = 1.0f / sqrtf(block_sum(squares, scratch) / (float)WIDTH + EPS);");
     cg_line(t, "for (int i = threadIdx.x; i < WIDTH; i += THREADS) {");
     cg_line(t, "float normalised = (%s - mean) * inverse_std;", cg_load(&b, p[0], "base + i"));
-    const char *value = with_bias ? arena_printf(&e->scratch, "normalised * %s + %s", cg_load(&b, p[1], "i"), cg_load(&b, p[2], "i"))
+    const char *value = with_bias ? arena_printf(&e->scratch, "normalised * %s + %s", cg_load(&b, p[1], "i"),
+                                                 cg_load(&b, p[2], "i"))
                                   : arena_printf(&e->scratch, "normalised * %s", cg_load(&b, p[1], "i"));
     cg_line(t, "%s", cg_store(&b, p[3], "base + i", value));
     cg_line(t, "}");

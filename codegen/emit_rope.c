@@ -14,6 +14,8 @@
  */
 #include "emit_internal.h"
 
+#include "ir_io.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -32,6 +34,11 @@ bool cg_emit_rope(cg_emit *e) {
         diag_error(e->d, e->ir->loc, "rope: expected a float x[T, H, Dh] and integer positions");
         return false;
     }
+    cg_shape positions = cg_shape_of(e, pos), out_shape = cg_shape_of(e, result);
+    bool positions_fit = positions.rank == 1 && positions.token0 == shape.token0 &&
+                         (shape.token0 || positions.dims[0] == shape.dims[0]);
+    if (!cg_expect(e, positions_fit && cg_same_shape(&shape, &out_shape), "pos[T] and a result of x's shape"))
+        return false;
     int64_t heads = shape.dims[1], head_dim = shape.dims[2];
     int64_t rotary = cg_attr_int(e, "rotary_dim", 0);
     if (rotary == 0) rotary = head_dim;
@@ -41,32 +48,39 @@ bool cg_emit_rope(cg_emit *e) {
         return false;
     }
     int64_t half = rotary / 2, rotated = 2 * half, passed = head_dim - rotated;
+    if (!cg_expect(e, half <= 4096, "rotary_dim of at most 8192 (cos and sin are kept in shared memory)"))
+        return false;
     bool interleaved = strcmp(cg_attr_string(e, "style", "neox"), "interleaved") == 0;
     double theta = cg_attr_float(e, "theta", 10000.0);
 
     ir_value_id stored[2] = {x, result};
-    const char *name = arena_printf(&e->scratch, "rope_%s_%s_h%lld_d%lld_r%lld_theta%s", interleaved ? "interleaved" : "neox",
-                                    cg_dtype_tag(e, stored, 2), (long long)heads, (long long)head_dim,
-                                    (long long)rotary, cg_float_name(e, theta));
+    const char *name =
+        arena_printf(&e->scratch, "rope_%s_%s_h%lld_d%lld_r%lld_theta%s",
+                     interleaved ? "interleaved" : "neox", cg_dtype_tag(e, stored, 2), (long long)heads,
+                     (long long)head_dim, (long long)rotary, cg_float_name(e, theta));
     uint32_t threads = threads_for(heads * half);
     cg_kernel_builder b;
     cg_kernel_begin(&b, e, name,
-                    interleaved ? "One block per token: rotates the pairs (2i, 2i + 1) of every head by the angle "
-                                  "pos * inv_freq[i] (GPT-J); dims past the rotary ones pass through."
-                                : "One block per token: rotates the pairs (i, i + r/2) of every head by the angle "
-                                  "pos * inv_freq[i] (neox, Llama's rotate_half); dims past the rotary ones pass "
-                                  "through.");
+                    interleaved
+                        ? "One block per token: rotates the pairs (2i, 2i + 1) of every head by the angle "
+                          "pos * inv_freq[i] (GPT-J); dims past the rotary ones pass through."
+                        : "One block per token: rotates the pairs (i, i + r/2) of every head by the angle "
+                          "pos * inv_freq[i] (neox, Llama's rotate_half); dims past the rotary ones pass "
+                          "through.");
     uint32_t in = cg_param_value(&b, "x", x, true);
     cg_param_value(&b, "pos", pos, true);
     uint32_t out = cg_param_value(&b, "out", result, false);
     cg_kernel_launch(&b, cg_count_blocks(cg_shape_count(&shape, 0, 1), 1), (prog_affine){0, 1, 1}, threads);
     cg_kernel_open(&b);
     cg_text *t = &b.text;
-    cg_line(t, "enum { HEADS = %lld, HEAD_DIM = %lld, HALF = %lld, PASSED = %lld, THREADS = %u };", (long long)heads,
-            (long long)head_dim, (long long)half, (long long)passed, threads);
+    cg_line(t, "enum { HEADS = %lld, HEAD_DIM = %lld, HALF = %lld, PASSED = %lld, THREADS = %u };",
+            (long long)heads, (long long)head_dim, (long long)half, (long long)passed, threads);
     cg_blank(t);
-    cg_line(t, "/* inv_freq[i] = 1 / theta^(2i / %lld) with theta = %s, in float32 as Hugging Face computes it. */",
-            (long long)rotary, cg_float_literal(e, theta));
+    char theta_text[48];
+    cg_line(
+        t,
+        "/* inv_freq[i] = 1 / theta^(2i / %lld) with theta = %s, in float32 as Hugging Face computes it. */",
+        (long long)rotary, ir_format_float(theta, theta_text, sizeof theta_text));
     cg_line(t, "static __device__ const float INVERSE_FREQUENCY[HALF] = {");
     for (int64_t i = 0; i < half; i++) {
         float inverse = 1.0f / powf((float)theta, (float)(2 * i) / (float)rotary);

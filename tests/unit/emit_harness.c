@@ -73,8 +73,10 @@ static int harness_setup(void **state) {
     harness_pool = sim_pool_create(0);
     harness_header_text = read_file_text(SMELT_SOURCE_DIR "/runtime/smelt_kernel.h");
     int major = 0, minor = 0;
-    harness_have_nvrtc = cg_nvrtc_version(&major, &minor) && cg_nvrtc_supports_arch(80) && cg_nvrtc_supports_arch(90);
-    if (!harness_have_nvrtc) fprintf(stderr, "note: NVRTC is not available; kernels are not compiled for sm_80/sm_90\n");
+    harness_have_nvrtc =
+        cg_nvrtc_version(&major, &minor) && cg_nvrtc_supports_arch(80) && cg_nvrtc_supports_arch(90);
+    if (!harness_have_nvrtc)
+        fprintf(stderr, "note: NVRTC is not available; kernels are not compiled for sm_80/sm_90\n");
     return harness_pool && harness_header_text ? 0 : -1;
 }
 
@@ -197,7 +199,8 @@ static void case_output(emit_case *c, ir_value_id v, const char *name) {
 }
 
 static void case_set_ints(emit_case *c, uint32_t op, const char *name, const int64_t *items, uint32_t count) {
-    assert_true(ir_op_set_attr(&c->m, op, name, &(ir_attr){.kind = IR_ATTR_INTS, .as.ints = {count, (int64_t *)items}}));
+    assert_true(ir_op_set_attr(&c->m, op, name,
+                               &(ir_attr){.kind = IR_ATTR_INTS, .as.ints = {count, (int64_t *)items}}));
 }
 
 /* A module with the token dim `tokens` and the inputs ids and pos. */
@@ -294,7 +297,8 @@ static void case_set_floats(emit_case *c, ir_value_id v, int64_t tokens, const f
     memcpy(d->f, data, count * sizeof *d->f);
 }
 
-static void case_set_ints_data(emit_case *c, ir_value_id v, int64_t tokens, const int32_t *data, uint64_t count) {
+static void case_set_ints_data(emit_case *c, ir_value_id v, int64_t tokens, const int32_t *data,
+                               uint64_t count) {
     value_data *d = prepare_value(c, v, tokens);
     assert_int_equal(d->count, count);
     free(d->i);
@@ -322,7 +326,7 @@ static void fill_operand(emit_case *c, ir_value_id v, int64_t tokens) {
     if (!is_float && !d->i) fail_msg("integer value %u has no data at T = %lld", v, (long long)tokens);
     prog_dtype storage = cg_storage_dtype(&c->m, v, &c->options);
     free(d->buffer);
-    d->buffer = malloc(d->count * prog_dtype_size(storage) + 16);
+    d->buffer = malloc(d->count * prog_dtype_size(storage));
     if (storage == PROG_DTYPE_BF16) {
         uint16_t *b = d->buffer;
         for (uint64_t i = 0; i < d->count; i++) {
@@ -339,7 +343,7 @@ static void prepare_result(emit_case *c, ir_value_id v, int64_t tokens) {
     value_data *d = prepare_value(c, v, tokens);
     free(d->buffer);
     prog_dtype storage = cg_storage_dtype(&c->m, v, &c->options);
-    d->buffer = malloc(d->count * prog_dtype_size(storage) + 16);
+    d->buffer = malloc(d->count * prog_dtype_size(storage));
     memset(d->buffer, 0xff, d->count * prog_dtype_size(storage));
 }
 
@@ -351,16 +355,20 @@ static void compile_for_gpus(const cg_kernel *k) {
     cg_header header = {"smelt_kernel.h", harness_header_text};
     int archs[2] = {80, 90};
     for (int a = 0; a < 2; a++) {
-        cg_compile_request request = {.source = k->source, .kernel_name = k->name, .headers = &header,
-                                      .header_count = 1, .arch = archs[a], .want_cubin = true};
+        cg_compile_request request = {.source = k->source,
+                                      .kernel_name = k->name,
+                                      .headers = &header,
+                                      .header_count = 1,
+                                      .arch = archs[a],
+                                      .want_cubin = true};
         cg_compiled compiled;
         char error[4096];
         if (!cg_compile_kernel(&request, &compiled, error, sizeof error))
             fail_msg("NVRTC sm_%d: %s\n--- source ---\n%s", archs[a], error, k->source);
         const cg_kernel_resources *r = cg_resource_find(&compiled.resources, k->name);
         assert_non_null(r);
-        printf("  sm_%d %-48s %3u registers, %u bytes shared, %u spill stores, %u spill loads\n", archs[a], k->name,
-               r->registers, r->shared_bytes, r->spill_store_bytes, r->spill_load_bytes);
+        printf("  sm_%d %-48s %3u registers, %u bytes shared, %u spill stores, %u spill loads\n", archs[a],
+               k->name, r->registers, r->shared_bytes, r->spill_store_bytes, r->spill_load_bytes);
         assert_int_equal(r->spill_store_bytes, 0);
         assert_int_equal(r->spill_load_bytes, 0);
         assert_non_null(compiled.cubin);
@@ -504,14 +512,21 @@ static void run_reference(emit_case *c, uint32_t op, int64_t tokens, ref_tensor 
         results[r].i = results[r].elem == REF_I32 ? calloc(results[r].count + 1, sizeof(int32_t)) : NULL;
     }
     ref_attrs attrs = read_attrs(c, op);
-    ref_call call = {.in = in, .in_count = o->operand_count, .out = results, .out_count = o->result_count,
-                     .attrs = &attrs, .kv = &c->states[op].kv, .loc = o->loc, .d = &c->d};
+    ref_call call = {.in = in,
+                     .in_count = o->operand_count,
+                     .out = results,
+                     .out_count = o->result_count,
+                     .attrs = &attrs,
+                     .kv = &c->states[op].kv,
+                     .loc = o->loc,
+                     .d = &c->d};
     if (!ref_run_op(o->kind, &call)) fail_msg("the reference failed:\n%s", case_log(c));
 }
 
 /* ---- comparing -------------------------------------------------------------------------- */
 
-static void compare_result(emit_case *c, ir_value_id v, const ref_tensor *want, double tolerance, const char *source) {
+static void compare_result(emit_case *c, ir_value_id v, const ref_tensor *want, double tolerance,
+                           const char *source) {
     value_data *d = &c->values[v];
     prog_dtype storage = cg_storage_dtype(&c->m, v, &c->options);
     if (want->elem == REF_I32) {
@@ -534,9 +549,10 @@ static void compare_result(emit_case *c, ir_value_id v, const ref_tensor *want, 
         double allowed = allowed_relative * fmax(fabs(want->f[i]), floor);
         double error = fabs(got - want->f[i]);
         if (!(error <= allowed))
-            fail_msg("value %u element %llu: expected %.9g, found %.9g (allowed %.3g, %s storage)\n--- source ---\n%s",
-                     v, (unsigned long long)i, want->f[i], got, allowed, storage == PROG_DTYPE_BF16 ? "bf16" : "f32",
-                     source);
+            fail_msg("value %u element %llu: expected %.9g, found %.9g (allowed %.3g, %s storage)\n--- "
+                     "source ---\n%s",
+                     v, (unsigned long long)i, want->f[i], got, allowed,
+                     storage == PROG_DTYPE_BF16 ? "bf16" : "f32", source);
         c->worst_error = fmax(c->worst_error, error / allowed);
     }
 }
@@ -562,7 +578,7 @@ static void case_run(emit_case *c, uint32_t op, int64_t tokens, double tolerance
     op_state *s = &c->states[op];
     if (!s->ready) {
         for (uint32_t i = 0; i < l.state_count; i++)
-            s->buffers[i] = calloc(1, l.state_bytes[i] + 16);
+            s->buffers[i] = calloc(1, l.state_bytes[i]);
         if (o->kind == IR_OP_ATTENTION) prepare_kv(c, op, s);
         s->ready = true;
     }
@@ -584,7 +600,8 @@ static void case_run(emit_case *c, uint32_t op, int64_t tokens, double tolerance
                 args[p] = &token_argument;
                 continue;
             }
-            pointers[p] = param->kind == CG_PARAM_STATE ? s->buffers[param->state] : c->values[param->value].buffer;
+            pointers[p] =
+                param->kind == CG_PARAM_STATE ? s->buffers[param->state] : c->values[param->value].buffer;
             assert_non_null(pointers[p]);
             args[p] = &pointers[p];
         }
@@ -594,9 +611,10 @@ static void case_run(emit_case *c, uint32_t op, int64_t tokens, double tolerance
                                       (unsigned)prog_affine_eval(rule->grid[2], tokens));
         sim_dim3 block = sim_dim3_make(rule->block[0], rule->block[1], rule->block[2]);
         char error[1024];
-        sim_status status = sim_launch(harness_pool, &entries[k], grid, block, rule->dynamic_shared_bytes, args,
-                                       error, sizeof error);
-        if (status != SIM_OK) fail_msg("launch of %s: %s\n--- source ---\n%s", kernel->name, error, kernel->source);
+        sim_status status = sim_launch(harness_pool, &entries[k], grid, block, rule->dynamic_shared_bytes,
+                                       args, error, sizeof error);
+        if (status != SIM_OK)
+            fail_msg("launch of %s: %s\n--- source ---\n%s", kernel->name, error, kernel->source);
     }
 
     ref_tensor want[IR_MAX_RESULTS];

@@ -69,8 +69,9 @@ static void test_norms(void **state) {
         uint32_t rms = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){x, case_weight(c, "f32[64]")}, 2);
         assert_true(ir_op_set_float(&c->m, rms, "eps", 1e-5));
         ir_value_id wide = case_input(c, "wide", "f32[tokens, 300]");
-        uint32_t layer = case_op(c, IR_OP_LAYER_NORM,
-                                 (ir_value_id[]){wide, case_weight(c, "f32[300]"), case_weight(c, "f32[300]")}, 3);
+        uint32_t layer =
+            case_op(c, IR_OP_LAYER_NORM,
+                    (ir_value_id[]){wide, case_weight(c, "f32[300]"), case_weight(c, "f32[300]")}, 3);
         assert_true(ir_op_set_float(&c->m, layer, "eps", 1e-6));
         ir_value_id heads = case_input(c, "heads", "f32[tokens, 3, 20]");
         uint32_t no_bias = case_op(c, IR_OP_LAYER_NORM, (ir_value_id[]){heads, case_weight(c, "f32[20]")}, 2);
@@ -183,8 +184,8 @@ static void run_prefill_then_decode(emit_case *c, uint32_t op) {
     case_run(c, op, 1, F32_SEQUENCE_TOLERANCE);
 }
 
-static uint32_t attention_op(emit_case *c, const char *kv_type, const char *v_type, double scale, int64_t window,
-                             bool causal) {
+static uint32_t attention_op(emit_case *c, const char *kv_type, const char *v_type, double scale,
+                             int64_t window, bool causal) {
     ir_value_id q = case_input(c, "q", "f32[tokens, 4, 16]");
     ir_value_id k = case_input(c, "k", kv_type);
     ir_value_id v = case_input(c, "v", v_type);
@@ -259,8 +260,8 @@ static uint32_t moe_op(emit_case *c, int64_t experts, int64_t ffn, int64_t top_k
     snprintf(down, sizeof down, "f32[%lld, 32, %lld]", (long long)experts, (long long)ffn);
     ir_value_id x = case_input(c, "x", "f32[tokens, 32]");
     uint32_t op = case_op(c, IR_OP_MOE,
-                          (ir_value_id[]){x, case_weight(c, router), case_weight(c, gate), case_weight(c, gate),
-                                          case_weight(c, down)},
+                          (ir_value_id[]){x, case_weight(c, router), case_weight(c, gate),
+                                          case_weight(c, gate), case_weight(c, down)},
                           5);
     assert_true(ir_op_set_int(&c->m, op, "top_k", top_k));
     assert_true(ir_op_set_bool(&c->m, op, "normalize", normalize));
@@ -285,6 +286,24 @@ static void test_moe_chunks_and_no_normalize(void **state) {
     uint32_t op = moe_op(c, 3, 300, 1, false);
     case_infer(c);
     case_run(c, op, 3, F32_SEQUENCE_TOLERANCE);
+    case_free(c);
+}
+
+/* Two experts with the same router row tie; torch.topk takes the lower index. */
+static void test_moe_ties_go_to_the_lower_expert(void **state) {
+    (void)state;
+    emit_case *c = case_new(CG_PRECISION_F32);
+    uint32_t op = moe_op(c, 3, 16, 1, false);
+    case_infer(c);
+    float x[32], router[3 * 32];
+    for (int i = 0; i < 32; i++) {
+        x[i] = 0.5f;
+        router[i] = router[2 * 32 + i] = 1.0f; /* experts 0 and 2: logit 16 each */
+        router[32 + i] = -1.0f;
+    }
+    case_set_floats(c, c->m.ops[op].operands[0], 1, x, 32);
+    case_set_floats(c, c->m.ops[op].operands[1], 1, router, 3 * 32);
+    case_run(c, op, 1, F32_SEQUENCE_TOLERANCE);
     case_free(c);
 }
 
@@ -327,7 +346,8 @@ static void test_concat_split_slice(void **state) {
         assert_true(ir_op_set_int(&c->m, slice, "start", 2));
         assert_true(ir_op_set_int(&c->m, slice, "end", 7));
         /* Integer data moves too. */
-        ir_value_id left = case_input(c, "left", "i32[tokens, 3]"), right = case_input(c, "right", "i32[tokens, 2]");
+        ir_value_id left = case_input(c, "left", "i32[tokens, 3]"),
+                    right = case_input(c, "right", "i32[tokens, 2]");
         uint32_t ints = case_op(c, IR_OP_CONCAT, (ir_value_id[]){left, right}, 2);
         assert_true(ir_op_set_int(&c->m, ints, "axis", 1));
         case_infer(c);
@@ -351,7 +371,8 @@ static void test_kernels_are_named_by_specialisation(void **state) {
     ir_value_id x = case_input(c, "x", "f32[tokens, 64]");
     uint32_t first = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){x, case_weight(c, "f32[64]")}, 2);
     assert_true(ir_op_set_float(&c->m, first, "eps", 1e-5));
-    uint32_t second = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){case_result(c, first), case_weight(c, "f32[64]")}, 2);
+    uint32_t second =
+        case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){case_result(c, first), case_weight(c, "f32[64]")}, 2);
     assert_true(ir_op_set_float(&c->m, second, "eps", 1e-5));
     uint32_t other = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){x, case_weight(c, "f32[64]")}, 2);
     assert_true(ir_op_set_float(&c->m, other, "eps", 1e-6));
@@ -370,7 +391,8 @@ static void test_kernels_are_named_by_specialisation(void **state) {
     assert_non_null(strstr(l1.kernels[0].ops_text, "= rms_norm(%2, %3) {eps = 1e-05} : f32[tokens, 64]"));
     assert_string_equal(l3.kernels[0].name, "rms_norm_bf16_d64_eps1em06");
     /* The source names the op's signature and says how it is launched. */
-    assert_non_null(strstr(l1.kernels[0].source, "rms_norm(f32[tokens, 64], f32[64]) {eps = 1e-05} : f32[tokens, 64]"));
+    assert_non_null(
+        strstr(l1.kernels[0].source, "rms_norm(f32[tokens, 64], f32[64]) {eps = 1e-05} : f32[tokens, 64]"));
     assert_non_null(strstr(l1.kernels[0].source, "SMELT_KERNEL void rms_norm_bf16_d64_eps1em05("));
     assert_non_null(strstr(l1.kernels[0].source, "SMELT_HOST_ENTRY(rms_norm_bf16_d64_eps1em05)"));
     /* params x, weight, out; one block per token, 64 threads */
@@ -475,8 +497,10 @@ static void test_token_dim_errors(void **state) {
     uint32_t transpose = case_op(c, IR_OP_TRANSPOSE, &x, 1);
     case_set_ints(c, transpose, "perm", (const int64_t[]){1, 0}, 2);
     case_infer(c);
-    assert_emit_fails(c, silu, "error: codegen supports the token dim only as dim 0 of a value; found 'batch' as dim 0 "
-                               "of operand 0 of 'silu'");
+    assert_emit_fails(
+        c, silu,
+        "error: codegen supports the token dim only as dim 0 of a value; found 'batch' as dim 0 "
+        "of operand 0 of 'silu'");
     assert_emit_fails(c, transpose, "found 'tokens' as dim 1 of result 0 of 'transpose'");
     case_free(c);
 }
@@ -515,6 +539,25 @@ static void test_bad_attributes_are_errors(void **state) {
     case_free(c);
 }
 
+/* Rows that int indices cannot hold, and grids a GPU cannot launch, are
+ * errors at compile time, not faults at run time. */
+static void test_sizes_beyond_kernel_limits(void **state) {
+    (void)state;
+    emit_case *c = case_new(CG_PRECISION_F32);
+    ir_value_id wide = case_input(c, "wide", "f32[tokens, 70000, 40000]");
+    uint32_t too_wide = case_op(c, IR_OP_SILU, &wide, 1);
+    ir_value_id x = case_input(c, "x", "f32[tokens, 1024]");
+    uint32_t many_blocks = case_op(c, IR_OP_SILU, &x, 1);
+    case_infer(c);
+    assert_emit_fails(c, too_wide,
+                      "codegen expects fewer than 2^31 elements per token (or per value without "
+                      "tokens); operand 0 of 'silu' has 2800000000");
+    c->m.symbols[0].bound = (int64_t)1 << 30;
+    assert_emit_fails(c, many_blocks,
+                      "'silu' would launch 4294967296 blocks along x at the token bound 1073741824");
+    case_free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_add_mul_broadcasting),
@@ -530,6 +573,7 @@ int main(void) {
         cmocka_unit_test(test_attention_skips_unwritten_positions),
         cmocka_unit_test(test_moe_top2_of_4),
         cmocka_unit_test(test_moe_chunks_and_no_normalize),
+        cmocka_unit_test(test_moe_ties_go_to_the_lower_expert),
         cmocka_unit_test(test_transpose),
         cmocka_unit_test(test_concat_split_slice),
         cmocka_unit_test(test_kernels_are_named_by_specialisation),
@@ -538,6 +582,7 @@ int main(void) {
         cmocka_unit_test(test_token_dim_errors),
         cmocka_unit_test(test_long_symbol_name_is_cut),
         cmocka_unit_test(test_bad_attributes_are_errors),
+        cmocka_unit_test(test_sizes_beyond_kernel_limits),
     };
     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
 }
