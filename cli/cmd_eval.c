@@ -1,10 +1,12 @@
 /* cmd_eval.c - `smelt eval`: perplexity over a file of token ids.
  *
  * Windows of --context tokens start every --stride tokens; each window runs
- * from an empty KV cache, and only the tokens no earlier window scored are
- * scored (all of the first window but its first token), so every token after
- * the first is predicted exactly once, with up to context - 1 tokens of
- * history: the usual sliding-window perplexity of Hugging Face's guide. */
+ * from an empty KV cache and scores only the tokens no earlier window scored,
+ * each predicted from the tokens before it in the window: the sliding-window
+ * perplexity of Hugging Face's guide, which it reproduces exactly. With
+ * stride < context every token after the first is scored once; with
+ * stride == context the first token of each window has no history and is
+ * not scored. */
 #include "cli.h"
 
 #include "runner.h"
