@@ -149,15 +149,16 @@ static bool stream_weights(void *context, plan_sink *sink) {
         if (!plan_sink_write(sink, zeros, w->data_offset - written)) return false;
         uint64_t count = w->bytes / prog_dtype_size(w->dtype);
         float *values = malloc(count * sizeof *values + 1);
-        if (!values) SMELT_DIE("out of memory converting weight '%s'", w->name);
+        uint16_t *narrowed = w->dtype == PROG_DTYPE_BF16 ? malloc(count * sizeof *narrowed + 1) : NULL;
+        if (!values || (w->dtype == PROG_DTYPE_BF16 && !narrowed))
+            SMELT_DIE("out of memory converting weight '%s'", w->name);
         bool ok = s->o->read_weight(s->o->weight_context, op, values, count);
         if (!ok) plan_sink_fail(sink, "cannot read weight '%s'", w->name);
-        if (ok && w->dtype == PROG_DTYPE_BF16) {
-            uint16_t *half = (uint16_t *)values; /* narrowing in place, front to back */
-            for (uint64_t i = 0; i < count; i++) half[i] = ir_f32_to_bf16(values[i]);
-        }
-        ok = ok && plan_sink_write(sink, values, w->bytes);
+        if (ok && narrowed)
+            for (uint64_t i = 0; i < count; i++) narrowed[i] = ir_f32_to_bf16(values[i]);
+        ok = ok && plan_sink_write(sink, narrowed ? (const void *)narrowed : (const void *)values, w->bytes);
         free(values);
+        free(narrowed);
         if (!ok) return false;
         written = w->data_offset + w->bytes;
     }
