@@ -840,10 +840,15 @@ static void test_checkpoint_index_refuses_escapes(void **state) {
     write_shard(path_in("outside.safetensors"), (const char *const[]){"c", NULL}, 1);
     write_shard(path_in("model/in.safetensors"), (const char *const[]){"a", NULL}, 1);
     assert_int_equal(symlink("../outside.safetensors", path_in("model/link.safetensors")), 0);
+    /* A sibling folder whose name starts with the index folder's name. */
+    mkdir(path_in("model2"), 0755);
+    write_shard(path_in("model2/near.safetensors"), (const char *const[]){"j", NULL}, 1);
+    assert_int_equal(symlink("../model2/near.safetensors", path_in("model/near.safetensors")), 0);
     write_text(path_in("model/model.safetensors.index.json"),
                "{\"weight_map\": {\"a\": \"in.safetensors\", \"b\": \"../outside.safetensors\","
                "\"c\": \"/etc/passwd\", \"d\": \"link.safetensors\", \"e\": \"in.safetensors/../../x\","
-               "\"f\": \"missing.safetensors\", \"g\": \"\", \"h\": 3, \"i\": \"/etc/passwd\"}}");
+               "\"f\": \"missing.safetensors\", \"g\": \"\", \"h\": 3, \"i\": \"/etc/passwd\","
+               "\"j\": \"near.safetensors\"}}");
     st_checkpoint ck;
     assert_false(st_checkpoint_open(path_in("model"), &ck, &diag));
     expect_diag("shard '../outside.safetensors' (of tensor 'b') leaves the index's folder through '..'");
@@ -854,7 +859,9 @@ static void test_checkpoint_index_refuses_escapes(void **state) {
     expect_diag("cannot open shard 'missing.safetensors' (of tensor 'f'): No such file or directory");
     expect_diag("shard '' (of tensor 'g') is empty");
     expect_diag("tensor 'h' maps to no string");
-    assert_int_equal(diag.error_count, 7); /* '/etc/passwd' reported once */
+    expect_diag("shard 'near.safetensors' (of tensor 'j') resolves to '");
+    expect_diag("model2/near.safetensors', outside the index's folder");
+    assert_int_equal(diag.error_count, 8); /* '/etc/passwd' reported once */
     assert_int_equal(ck.shard_count, 0);
 }
 
