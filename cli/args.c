@@ -44,14 +44,46 @@ void cli_usage_error(const cli_args *a, const char *fmt, ...) {
     fprintf(stderr, " (see '%s --help')\n", a->command);
 }
 
-bool cli_parse_format(const char *text, cli_format *out) {
+bool cli_parse_format(const cli_args *a, const char *text, cli_format *out) {
     static const char *const names[] = {"text", "json", "dot"};
     for (unsigned i = 0; i < 3; i++)
         if (strcmp(text, names[i]) == 0) {
             *out = (cli_format)i;
             return true;
         }
+    cli_usage_error(a, "unknown format '%s' (text, json or dot)", text);
     return false;
+}
+
+bool cli_parse_precision(const cli_args *a, const char *text, cg_precision *out) {
+    if (strcmp(text, "f32") == 0) *out = CG_PRECISION_F32;
+    else if (strcmp(text, "bf16") == 0) *out = CG_PRECISION_BF16;
+    else {
+        cli_usage_error(a, "unknown precision '%s' (f32 or bf16; fp8 and int4 come later)", text);
+        return false;
+    }
+    return true;
+}
+
+bool cli_parse_tokenizer(const cli_args *a, const char *text) {
+    if (strcmp(text, "bytes") == 0) return true;
+    cli_usage_error(a, "unknown tokenizer '%s' (bytes)", text);
+    return false;
+}
+
+bool cli_positional(cli_args *a, const char **slot, const char *what) {
+    const char *arg = a->argv[a->index];
+    if (arg[0] == '-' && arg[1] != '\0') {
+        cli_usage_error(a, "unknown option '%s'", arg);
+        return false;
+    }
+    if (*slot) {
+        cli_usage_error(a, "more than one %s ('%s' and '%s')", what, *slot, arg);
+        return false;
+    }
+    *slot = arg;
+    a->index++;
+    return true;
 }
 
 void cli_print_module(const ir_module *m, cli_format format, FILE *out) {

@@ -6,6 +6,7 @@
 
 #include "checkpoint.h"
 #include "diag.h"
+#include "emit.h"
 #include "frontend.h"
 #include "weights.h"
 #include "ir.h"
@@ -32,7 +33,16 @@ bool cli_flag(cli_args *a, const char *name);
 void cli_usage_error(const cli_args *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 typedef enum cli_format { CLI_FORMAT_TEXT, CLI_FORMAT_JSON, CLI_FORMAT_DOT } cli_format;
-bool cli_parse_format(const char *text, cli_format *out);
+/* --format's value; false after a usage message. */
+bool cli_parse_format(const cli_args *a, const char *text, cli_format *out);
+/* --precision's value (f32, bf16); false after a usage message. */
+bool cli_parse_precision(const cli_args *a, const char *text, cg_precision *out);
+/* --tokenizer's value (bytes); false after a usage message. */
+bool cli_parse_tokenizer(const cli_args *a, const char *text);
+/* The positional argument at a->index into *slot (`what` names it in
+ * messages: "model file"); false after a usage message when it is an
+ * unknown option or a second one. */
+bool cli_positional(cli_args *a, const char **slot, const char *what);
 void cli_print_module(const ir_module *m, cli_format format, FILE *out);
 
 /* --set NAME=VALUE into o; false (after a usage message) when malformed. */

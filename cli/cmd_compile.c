@@ -83,7 +83,6 @@ static int parse_arguments(int argc, char **argv, compile_command *c) {
     c->plan.codegen.precision = CG_PRECISION_BF16;
     parse_targets(&a, "sm_80,sm_90,host", &c->plan);
     while (a.index < a.argc) {
-        const char *arg = a.argv[a.index];
         if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
             fputs(usage, stdout);
             return CLI_HELP_SHOWN;
@@ -98,19 +97,9 @@ static int parse_arguments(int argc, char **argv, compile_command *c) {
         } else if (cli_flag_value(&a, "--target", &value)) {
             if (!value || !parse_targets(&a, value, &c->plan)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "--precision", &value)) {
-            if (!value) return CLI_USAGE_ERROR;
-            if (strcmp(value, "f32") == 0) c->plan.codegen.precision = CG_PRECISION_F32;
-            else if (strcmp(value, "bf16") == 0) c->plan.codegen.precision = CG_PRECISION_BF16;
-            else {
-                cli_usage_error(&a, "unknown precision '%s' (f32 or bf16; fp8 and int4 come later)", value);
-                return CLI_USAGE_ERROR;
-            }
+            if (!value || !cli_parse_precision(&a, value, &c->plan.codegen.precision)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "--tokenizer", &value)) {
-            if (!value) return CLI_USAGE_ERROR;
-            if (strcmp(value, "bytes") != 0) {
-                cli_usage_error(&a, "unknown tokenizer '%s' (bytes)", value);
-                return CLI_USAGE_ERROR;
-            }
+            if (!value || !cli_parse_tokenizer(&a, value)) return CLI_USAGE_ERROR;
             c->tokenizer = value;
         } else if (cli_flag_value(&a, "--max-step-tokens", &value)) {
             if (!value || !cli_parse_count(&a, value, &c->max_step_tokens)) return CLI_USAGE_ERROR;
@@ -126,15 +115,8 @@ static int parse_arguments(int argc, char **argv, compile_command *c) {
             c->output_path = value;
         } else if (cli_flag_value(&a, "--max-errors", &value)) {
             if (!value || !cli_parse_count(&a, value, &c->max_errors)) return CLI_USAGE_ERROR;
-        } else if (arg[0] == '-' && arg[1] != '\0') {
-            cli_usage_error(&a, "unknown option '%s'", arg);
+        } else if (!cli_positional(&a, &c->model_path, "model file")) {
             return CLI_USAGE_ERROR;
-        } else if (c->model_path) {
-            cli_usage_error(&a, "more than one model file ('%s' and '%s')", c->model_path, arg);
-            return CLI_USAGE_ERROR;
-        } else {
-            c->model_path = arg;
-            a.index++;
         }
     }
     if (!c->model_path || !c->output_path) {

@@ -23,21 +23,13 @@ int cmd_inspect(int argc, char **argv) {
     const char *path = NULL;
     plan_print_options options = {0};
     while (a.index < a.argc) {
-        const char *arg = a.argv[a.index];
         if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
             fputs(usage, stdout);
             return CLI_OK;
         } else if (cli_flag(&a, "--source")) {
             options.kernel_source = true;
-        } else if (arg[0] == '-' && arg[1] != '\0') {
-            cli_usage_error(&a, "unknown option '%s'", arg);
+        } else if (!cli_positional(&a, &path, "plan")) {
             return CLI_USAGE_ERROR;
-        } else if (path) {
-            cli_usage_error(&a, "more than one plan given");
-            return CLI_USAGE_ERROR;
-        } else {
-            path = arg;
-            a.index++;
         }
     }
     if (!path) {

@@ -40,7 +40,6 @@ static int parse_arguments(int argc, char **argv, ir_command *c) {
     c->after = "infer-shapes";
     c->max_errors = 20;
     while (a.index < a.argc) {
-        const char *arg = a.argv[a.index];
         if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
             fputs(usage, stdout);
             return CLI_HELP_SHOWN;
@@ -57,25 +56,14 @@ static int parse_arguments(int argc, char **argv, ir_command *c) {
             if (!value) return CLI_USAGE_ERROR;
             c->print_after = value;
         } else if (cli_flag_value(&a, "--format", &value)) {
-            if (!value) return CLI_USAGE_ERROR;
-            if (!cli_parse_format(value, &c->format)) {
-                cli_usage_error(&a, "unknown format '%s' (text, json or dot)", value);
-                return CLI_USAGE_ERROR;
-            }
+            if (!value || !cli_parse_format(&a, value, &c->format)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "-o", &value)) {
             if (!value) return CLI_USAGE_ERROR;
             c->output_path = value;
         } else if (cli_flag_value(&a, "--max-errors", &value)) {
             if (!value || !cli_parse_count(&a, value, &c->max_errors)) return CLI_USAGE_ERROR;
-        } else if (arg[0] == '-' && arg[1] != '\0') {
-            cli_usage_error(&a, "unknown option '%s'", arg);
+        } else if (!cli_positional(&a, &c->model_path, "model file")) {
             return CLI_USAGE_ERROR;
-        } else if (c->model_path) {
-            cli_usage_error(&a, "more than one model file ('%s' and '%s')", c->model_path, arg);
-            return CLI_USAGE_ERROR;
-        } else {
-            c->model_path = arg;
-            a.index++;
         }
     }
     if (!c->model_path) {

@@ -47,7 +47,6 @@ static int parse_arguments(int argc, char **argv, opt_command *c) {
     const char *value;
     c->max_errors = 20;
     while (a.index < a.argc) {
-        const char *arg = a.argv[a.index];
         if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
             fputs(usage, stdout);
             return CLI_HELP_SHOWN;
@@ -63,25 +62,14 @@ static int parse_arguments(int argc, char **argv, opt_command *c) {
         } else if (cli_flag(&a, "--split-input-file")) {
             c->split_input = true;
         } else if (cli_flag_value(&a, "--format", &value)) {
-            if (!value) return CLI_USAGE_ERROR;
-            if (!cli_parse_format(value, &c->format)) {
-                cli_usage_error(&a, "unknown format '%s' (text, json or dot)", value);
-                return CLI_USAGE_ERROR;
-            }
+            if (!value || !cli_parse_format(&a, value, &c->format)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "-o", &value)) {
             if (!value) return CLI_USAGE_ERROR;
             c->output_path = value;
         } else if (cli_flag_value(&a, "--max-errors", &value)) {
             if (!value || !cli_parse_count(&a, value, &c->max_errors)) return CLI_USAGE_ERROR;
-        } else if (arg[0] == '-' && arg[1] != '\0') {
-            cli_usage_error(&a, "unknown option '%s'", arg);
+        } else if (!cli_positional(&a, &c->input_path, "input file")) {
             return CLI_USAGE_ERROR;
-        } else if (c->input_path) {
-            cli_usage_error(&a, "more than one input file ('%s' and '%s')", c->input_path, arg);
-            return CLI_USAGE_ERROR;
-        } else {
-            c->input_path = arg;
-            a.index++;
         }
     }
     if (!c->input_path) {

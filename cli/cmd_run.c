@@ -61,7 +61,6 @@ static int parse_arguments(int argc, char **argv, run_command *c) {
     c->runner.backend = "auto";
     c->runner.precision = CG_PRECISION_F32;
     while (a.index < a.argc) {
-        const char *arg = a.argv[a.index];
         int runner_status = cli_runner_option(&a, &c->runner);
         if (runner_status == CLI_USAGE_ERROR) return CLI_USAGE_ERROR;
         if (runner_status == CLI_OK) continue;
@@ -84,15 +83,8 @@ static int parse_arguments(int argc, char **argv, run_command *c) {
             c->dump_path = value;
         } else if (cli_flag_value(&a, "--max-errors", &value)) {
             if (!value || !cli_parse_count(&a, value, &c->max_errors)) return CLI_USAGE_ERROR;
-        } else if (arg[0] == '-' && arg[1] != '\0') {
-            cli_usage_error(&a, "unknown option '%s'", arg);
+        } else if (!cli_positional(&a, &c->runner.model_path, "model or plan")) {
             return CLI_USAGE_ERROR;
-        } else if (c->runner.model_path) {
-            cli_usage_error(&a, "more than one model file ('%s' and '%s')", c->runner.model_path, arg);
-            return CLI_USAGE_ERROR;
-        } else {
-            c->runner.model_path = arg;
-            a.index++;
         }
     }
     const char *problem = !c->runner.model_path                 ? "no model or plan given"

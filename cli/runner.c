@@ -239,19 +239,9 @@ int cli_runner_option(cli_args *a, cli_runner_options *o) {
         }
         o->backend = value;
     } else if (cli_flag_value(a, "--precision", &value)) {
-        if (!value) return CLI_USAGE_ERROR;
-        if (strcmp(value, "f32") == 0) o->precision = CG_PRECISION_F32;
-        else if (strcmp(value, "bf16") == 0) o->precision = CG_PRECISION_BF16;
-        else {
-            cli_usage_error(a, "unknown precision '%s' (f32 or bf16)", value);
-            return CLI_USAGE_ERROR;
-        }
+        if (!value || !cli_parse_precision(a, value, &o->precision)) return CLI_USAGE_ERROR;
     } else if (cli_flag_value(a, "--tokenizer", &value)) {
-        if (!value) return CLI_USAGE_ERROR;
-        if (strcmp(value, "bytes") != 0) {
-            cli_usage_error(a, "unknown tokenizer '%s' (bytes)", value);
-            return CLI_USAGE_ERROR;
-        }
+        if (!value || !cli_parse_tokenizer(a, value)) return CLI_USAGE_ERROR;
         o->tokenizer = value;
     } else {
         return CLI_NOT_MINE;
