@@ -119,7 +119,7 @@ static bool bind_random_weights(smelt_engine *engine, const program *p, unsigned
     bool ok = true;
     for (uint32_t i = 0; i < p->weight_count && ok; i++) {
         const prog_weight *w = &p->weights[i];
-        uint64_t count = w->bytes / prog_dtype_size(w->dtype);
+        uint64_t count = w->bytes / smelt_dtype_element_bytes(w->dtype);
         float *values = malloc(count * sizeof *values + 1);
         if (!values) SMELT_DIE("out of memory");
         for (uint64_t k = 0; k < count; k++) {

@@ -147,10 +147,10 @@ static bool stream_weights(void *context, plan_sink *sink) {
         if (s->m->ops[op].dead || s->m->ops[op].kind != IR_OP_WEIGHT) continue;
         const prog_weight *w = &s->p->weights[index++];
         if (!plan_sink_write(sink, zeros, w->data_offset - written)) return false;
-        uint64_t count = w->bytes / prog_dtype_size(w->dtype);
+        uint64_t count = w->bytes / smelt_dtype_element_bytes(w->dtype);
         float *values = malloc(count * sizeof *values + 1);
-        uint16_t *narrowed = w->dtype == PROG_DTYPE_BF16 ? malloc(count * sizeof *narrowed + 1) : NULL;
-        if (!values || (w->dtype == PROG_DTYPE_BF16 && !narrowed))
+        uint16_t *narrowed = w->dtype == SMELT_DTYPE_BF16 ? malloc(count * sizeof *narrowed + 1) : NULL;
+        if (!values || (w->dtype == SMELT_DTYPE_BF16 && !narrowed))
             SMELT_DIE("out of memory converting weight '%s'", w->name);
         bool ok = s->o->read_weight(s->o->weight_context, op, values, count);
         if (!ok) plan_sink_fail(sink, "cannot read weight '%s'", w->name);

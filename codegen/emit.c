@@ -151,10 +151,10 @@ static bool alias_class_reaches_output(const ir_module *m, ir_value_id root) {
     return found;
 }
 
-prog_dtype cg_storage_dtype(const ir_module *m, ir_value_id v, const cg_options *o) {
+smelt_dtype cg_storage_dtype(const ir_module *m, ir_value_id v, const cg_options *o) {
     if (v >= m->value_count) SMELT_DIE("value %u out of range", v);
-    if (!ir_dtype_is_float(m->values[v].type.dtype)) return PROG_DTYPE_I32;
-    if (o->precision == CG_PRECISION_F32) return PROG_DTYPE_F32;
+    if (!smelt_dtype_is_float(m->values[v].type.dtype)) return SMELT_DTYPE_I32;
+    if (o->precision == CG_PRECISION_F32) return SMELT_DTYPE_F32;
     ir_value_id root = v; /* walk up the reshapes to the buffer's owner */
     for (uint32_t steps = 0; steps < m->value_count; steps++) {
         const ir_op *def = &m->ops[m->values[root].def_op];
@@ -162,23 +162,25 @@ prog_dtype cg_storage_dtype(const ir_module *m, ir_value_id v, const cg_options 
             break;
         root = def->operands[0];
     }
-    return alias_class_reaches_output(m, root) ? PROG_DTYPE_F32 : PROG_DTYPE_BF16;
+    return alias_class_reaches_output(m, root) ? SMELT_DTYPE_F32 : SMELT_DTYPE_BF16;
 }
 
-const char *cg_dtype_name(prog_dtype t) {
+const char *cg_dtype_name(smelt_dtype t) {
     switch (t) {
-    case PROG_DTYPE_F32: return "f32";
-    case PROG_DTYPE_BF16: return "bf16";
-    case PROG_DTYPE_I32: return "i32";
+    case SMELT_DTYPE_F32: return "f32";
+    case SMELT_DTYPE_BF16: return "bf16";
+    case SMELT_DTYPE_I32: return "i32";
+    default: break;
     }
     SMELT_DIE("bad storage dtype %d", (int)t);
 }
 
-const char *cg_dtype_ctype(prog_dtype t) {
+const char *cg_dtype_ctype(smelt_dtype t) {
     switch (t) {
-    case PROG_DTYPE_F32: return "float";
-    case PROG_DTYPE_BF16: return "smelt_bf16";
-    case PROG_DTYPE_I32: return "int";
+    case SMELT_DTYPE_F32: return "float";
+    case SMELT_DTYPE_BF16: return "smelt_bf16";
+    case SMELT_DTYPE_I32: return "int";
+    default: break;
     }
     SMELT_DIE("bad storage dtype %d", (int)t);
 }
@@ -215,7 +217,7 @@ int32_t cg_token_symbol(const ir_module *m) {
  * is the token dim as dim 0, no dim is zero and sizes fit. */
 static bool check_value(cg_emit *e, ir_value_id v, const char *role, uint32_t index) {
     const ir_op_info *info = ir_op_info_of(e->ir->kind);
-    if (v >= e->m->value_count || e->m->values[v].type.dtype == IR_DTYPE_UNKNOWN) {
+    if (v >= e->m->value_count || e->m->values[v].type.dtype == SMELT_DTYPE_UNKNOWN) {
         diag_error(e->d, e->ir->loc,
                    "codegen needs typed values: %s %u of '%s' has no type (run infer-shapes)", role, index,
                    info->name);
@@ -510,14 +512,14 @@ uint32_t cg_param_value(cg_kernel_builder *b, const char *name, ir_value_id v, b
     return add_param(b, p, kp);
 }
 
-uint32_t cg_param_state(cg_kernel_builder *b, const char *name, uint32_t state, prog_dtype dtype) {
+uint32_t cg_param_state(cg_kernel_builder *b, const char *name, uint32_t state, smelt_dtype dtype) {
     cg_param p = {.kind = CG_PARAM_STATE, .value = IR_NO_VALUE, .state = state};
     return add_param(b, p, (cg_kernel_param){name, dtype, false});
 }
 
 uint32_t cg_param_tokens(cg_kernel_builder *b) {
     cg_param p = {.kind = CG_PARAM_TOKENS, .value = IR_NO_VALUE};
-    return add_param(b, p, (cg_kernel_param){"tokens", PROG_DTYPE_I32, true});
+    return add_param(b, p, (cg_kernel_param){"tokens", SMELT_DTYPE_I32, true});
 }
 
 void cg_kernel_launch(cg_kernel_builder *b, prog_affine grid_x, prog_affine grid_y, uint32_t block_x) {
@@ -647,14 +649,14 @@ void cg_kernel_end(cg_kernel_builder *b) {
 
 const char *cg_load(cg_kernel_builder *b, uint32_t p, const char *index) {
     const cg_kernel_param *kp = &b->params[p];
-    if (kp->dtype == PROG_DTYPE_BF16)
+    if (kp->dtype == SMELT_DTYPE_BF16)
         return arena_printf(&b->e->scratch, "smelt_bf16_to_f32(%s[%s])", kp->name, index);
     return arena_printf(&b->e->scratch, "%s[%s]", kp->name, index);
 }
 
 const char *cg_store(cg_kernel_builder *b, uint32_t p, const char *index, const char *value) {
     const cg_kernel_param *kp = &b->params[p];
-    if (kp->dtype == PROG_DTYPE_BF16)
+    if (kp->dtype == SMELT_DTYPE_BF16)
         return arena_printf(&b->e->scratch, "%s[%s] = smelt_f32_to_bf16(%s);", kp->name, index, value);
     return arena_printf(&b->e->scratch, "%s[%s] = %s;", kp->name, index, value);
 }

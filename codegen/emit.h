@@ -45,7 +45,7 @@ typedef struct cg_options {
 
 /* Storage dtype of value v under the options: f32 or bf16 for float values
  * by the policy above, i32 for integer values (i32 and i64 alike). */
-prog_dtype cg_storage_dtype(const ir_module *m, ir_value_id v, const cg_options *o);
+smelt_dtype cg_storage_dtype(const ir_module *m, ir_value_id v, const cg_options *o);
 
 typedef enum cg_param_kind {
     CG_PARAM_VALUE,  /* pointer to the buffer of IR value `value` */

@@ -47,9 +47,9 @@ bool cg_emit_argmax(cg_emit *e) {
                    (long long)cg_attr_int(e, "axis", -1), shape.rank);
         return false;
     }
-    if (ir_dtype_is_float(e->m->values[result].type.dtype)) {
+    if (smelt_dtype_is_float(e->m->values[result].type.dtype)) {
         diag_error(e->d, e->ir->loc, "argmax: expected an integer result; found %s",
-                   ir_dtype_name(e->m->values[result].type.dtype));
+                   smelt_dtype_name(e->m->values[result].type.dtype));
         return false;
     }
     cg_shape expected = shape, out_shape = cg_shape_of(e, result); /* the operand without the axis */
@@ -67,7 +67,7 @@ bool cg_emit_argmax(cg_emit *e) {
     uint32_t threads = ARGMAX_MAX_THREADS;
     if (!length.per_token && length.constant < ARGMAX_MAX_THREADS)
         threads = (uint32_t)((length.constant + 31) / 32 * 32);
-    bool is_float = ir_dtype_is_float(e->m->values[x].type.dtype);
+    bool is_float = smelt_dtype_is_float(e->m->values[x].type.dtype);
     const char *type = is_float ? "float" : "int";
 
     ir_value_id stored[1] = {x};

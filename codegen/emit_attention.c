@@ -38,17 +38,17 @@ typedef struct attention_shape {
     bool causal;
     double scale;
     cg_count tokens; /* rows of q: T, or a constant */
-    prog_dtype key_dtype, value_dtype;
+    smelt_dtype key_dtype, value_dtype;
 } attention_shape;
 
 static bool read_shape(cg_emit *e, attention_shape *s) {
     ir_value_id q = cg_operand(e, 0), k = cg_operand(e, 1), v = cg_operand(e, 2), pos = cg_operand(e, 3);
     cg_shape qs = cg_shape_of(e, q), ks = cg_shape_of(e, k), vs = cg_shape_of(e, v), ps = cg_shape_of(e, pos);
-    bool floats = ir_dtype_is_float(e->m->values[q].type.dtype) &&
-                  ir_dtype_is_float(e->m->values[k].type.dtype) &&
-                  ir_dtype_is_float(e->m->values[v].type.dtype);
+    bool floats = smelt_dtype_is_float(e->m->values[q].type.dtype) &&
+                  smelt_dtype_is_float(e->m->values[k].type.dtype) &&
+                  smelt_dtype_is_float(e->m->values[v].type.dtype);
     if (qs.rank != 3 || ks.rank != 3 || vs.rank != 3 || ps.rank != 1 || !floats ||
-        ir_dtype_is_float(e->m->values[pos].type.dtype)) {
+        smelt_dtype_is_float(e->m->values[pos].type.dtype)) {
         diag_error(e->d, e->ir->loc,
                    "attention: expected float q[T, Hq, D], k[T, Hkv, D], v[T, Hkv, Dv] and integer pos[T]");
         return false;
@@ -95,10 +95,10 @@ static bool read_shape(cg_emit *e, attention_shape *s) {
 }
 
 /* Bytes of a cache of `dims` per position; false on overflow. */
-static bool cache_bytes(int64_t max_seq, int64_t heads, int64_t dims, prog_dtype t, uint64_t *out) {
+static bool cache_bytes(int64_t max_seq, int64_t heads, int64_t dims, smelt_dtype t, uint64_t *out) {
     uint64_t per_position;
     return !size_mul_overflow((uint64_t)heads, (uint64_t)dims, &per_position) &&
-           !size_mul_overflow(per_position, prog_dtype_size(t), &per_position) &&
+           !size_mul_overflow(per_position, smelt_dtype_element_bytes(t), &per_position) &&
            !size_mul_overflow(per_position, (uint64_t)max_seq, out);
 }
 
@@ -121,7 +121,7 @@ static void emit_kv_write(cg_emit *e, const attention_shape *s) {
     cg_param_value(&b, "pos", cg_operand(e, 3), true);
     uint32_t k_cache = cg_param_state(&b, "k_cache", CG_STATE_KEYS, s->key_dtype);
     uint32_t v_cache = cg_param_state(&b, "v_cache", CG_STATE_VALUES, s->value_dtype);
-    cg_param_state(&b, "written", CG_STATE_WRITTEN, PROG_DTYPE_I32);
+    cg_param_state(&b, "written", CG_STATE_WRITTEN, SMELT_DTYPE_I32);
     cg_kernel_launch(&b, cg_count_blocks(s->tokens, 1), (prog_affine){0, 1, 1}, KV_WRITE_THREADS);
     cg_kernel_open(&b);
     cg_text *t = &b.text;
@@ -170,7 +170,7 @@ static void emit_attend(cg_emit *e, const attention_shape *s) {
     cg_param_value(&b, "pos", cg_operand(e, 3), true);
     uint32_t k_cache = cg_param_state(&b, "k_cache", CG_STATE_KEYS, s->key_dtype);
     uint32_t v_cache = cg_param_state(&b, "v_cache", CG_STATE_VALUES, s->value_dtype);
-    uint32_t written = cg_param_state(&b, "written", CG_STATE_WRITTEN, PROG_DTYPE_I32);
+    uint32_t written = cg_param_state(&b, "written", CG_STATE_WRITTEN, SMELT_DTYPE_I32);
     uint32_t out = cg_param_value(&b, "out", result, false);
     b.params[k_cache].is_const = b.params[v_cache].is_const = b.params[written].is_const =
         true; /* read here */
@@ -272,7 +272,7 @@ bool cg_emit_attention(cg_emit *e) {
     uint64_t bytes[CG_MAX_STATES];
     if (!cache_bytes(s.max_seq, s.kv_heads, s.head_dim, s.key_dtype, &bytes[CG_STATE_KEYS]) ||
         !cache_bytes(s.max_seq, s.kv_heads, s.value_dim, s.value_dtype, &bytes[CG_STATE_VALUES]) ||
-        !cache_bytes(s.max_seq, 1, 1, PROG_DTYPE_I32, &bytes[CG_STATE_WRITTEN])) {
+        !cache_bytes(s.max_seq, 1, 1, SMELT_DTYPE_I32, &bytes[CG_STATE_WRITTEN])) {
         diag_error(e->d, e->ir->loc, "attention: the KV cache of max_seq %lld positions is too large",
                    (long long)s.max_seq);
         return false;

@@ -17,10 +17,10 @@
 enum { ELEMENTWISE_THREADS = 256 };
 
 static bool require_float(cg_emit *e, ir_value_id v, const char *role, uint32_t index) {
-    ir_dtype t = e->m->values[v].type.dtype;
-    if (ir_dtype_is_float(t)) return true;
+    smelt_dtype t = e->m->values[v].type.dtype;
+    if (smelt_dtype_is_float(t)) return true;
     diag_error(e->d, e->ir->loc, "codegen supports '%s' on float values only; found %s as %s %u",
-               ir_op_info_of(e->ir->kind)->name, ir_dtype_name(t), role, index);
+               ir_op_info_of(e->ir->kind)->name, smelt_dtype_name(t), role, index);
     return false;
 }
 

@@ -14,8 +14,8 @@ enum { EMBEDDING_MAX_THREADS = 256 };
 bool cg_emit_embedding(cg_emit *e) {
     ir_value_id table = cg_operand(e, 0), ids = cg_operand(e, 1), result = cg_result(e, 0);
     cg_shape table_shape = cg_shape_of(e, table), ids_shape = cg_shape_of(e, ids);
-    if (table_shape.rank != 2 || table_shape.token0 || ir_dtype_is_float(e->m->values[ids].type.dtype) ||
-        !ir_dtype_is_float(e->m->values[table].type.dtype)) {
+    if (table_shape.rank != 2 || table_shape.token0 || smelt_dtype_is_float(e->m->values[ids].type.dtype) ||
+        !smelt_dtype_is_float(e->m->values[table].type.dtype)) {
         diag_error(e->d, e->ir->loc, "embedding: expected a float table [V, D] and integer ids");
         return false;
     }

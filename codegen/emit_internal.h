@@ -126,9 +126,9 @@ const char *cg_float_name(cg_emit *e, double value);
 #define CG_NEGATIVE_INFINITY "__uint_as_float(0xff800000u)"
 
 /* "f32", "bf16", "i32". */
-const char *cg_dtype_name(prog_dtype t);
+const char *cg_dtype_name(smelt_dtype t);
 /* The C element type: "float", "smelt_bf16", "int". */
-const char *cg_dtype_ctype(prog_dtype t);
+const char *cg_dtype_ctype(smelt_dtype t);
 /* The name part for the storage dtypes of the buffers given: one name when
  * they all agree ("f32", "bf16", "i32"), else each in order joined by '_'
  * ("bf16_bf16_f32"). */
@@ -138,7 +138,7 @@ const char *cg_dtype_tag(cg_emit *e, const ir_value_id *values, uint32_t count);
 
 typedef struct cg_kernel_param {
     const char *name; /* C name of the argument */
-    prog_dtype dtype; /* element type (pointers) */
+    smelt_dtype dtype; /* element type (pointers) */
     bool is_const;    /* read only */
 } cg_kernel_param;
 
@@ -155,7 +155,7 @@ typedef struct cg_kernel_builder {
 void cg_kernel_begin(cg_kernel_builder *b, cg_emit *e, const char *name, const char *summary);
 /* Parameters, in argument order; each returns its index. */
 uint32_t cg_param_value(cg_kernel_builder *b, const char *name, ir_value_id v, bool is_const);
-uint32_t cg_param_state(cg_kernel_builder *b, const char *name, uint32_t state, prog_dtype dtype);
+uint32_t cg_param_state(cg_kernel_builder *b, const char *name, uint32_t state, smelt_dtype dtype);
 uint32_t cg_param_tokens(cg_kernel_builder *b);
 /* The launch: grid along x, y, z and block threads along x (y = z = 1). */
 void cg_kernel_launch(cg_kernel_builder *b, prog_affine grid_x, prog_affine grid_y, uint32_t block_x);

@@ -30,7 +30,7 @@ bool cg_emit_moe(cg_emit *e) {
     cg_shape down = cg_shape_of(e, cg_operand(e, 4));
     bool floats = true;
     for (uint32_t i = 0; i < 5; i++)
-        floats &= ir_dtype_is_float(e->m->values[cg_operand(e, i)].type.dtype);
+        floats &= smelt_dtype_is_float(e->m->values[cg_operand(e, i)].type.dtype);
     if (!floats || xs.rank != 2 || router.rank != 2 || gate.rank != 3 || up.rank != 3 || down.rank != 3) {
         diag_error(e->d, e->ir->loc,
                    "moe: expected float x[T, D], router[E, D], gate[E, F, D], up[E, F, D] and down[E, D, F]");

@@ -21,10 +21,10 @@ static uint32_t norm_threads(int64_t width) {
 
 static bool require_float_values(cg_emit *e) {
     for (uint32_t i = 0; i < e->ir->operand_count; i++) {
-        ir_dtype t = e->m->values[cg_operand(e, i)].type.dtype;
-        if (!ir_dtype_is_float(t)) {
+        smelt_dtype t = e->m->values[cg_operand(e, i)].type.dtype;
+        if (!smelt_dtype_is_float(t)) {
             diag_error(e->d, e->ir->loc, "codegen supports '%s' on float values only; found %s as operand %u",
-                       ir_op_info_of(e->ir->kind)->name, ir_dtype_name(t), i);
+                       ir_op_info_of(e->ir->kind)->name, smelt_dtype_name(t), i);
             return false;
         }
     }

@@ -29,8 +29,8 @@ static uint32_t threads_for(int64_t work) {
 bool cg_emit_rope(cg_emit *e) {
     ir_value_id x = cg_operand(e, 0), pos = cg_operand(e, 1), result = cg_result(e, 0);
     cg_shape shape = cg_shape_of(e, x);
-    if (shape.rank != 3 || !ir_dtype_is_float(e->m->values[x].type.dtype) ||
-        ir_dtype_is_float(e->m->values[pos].type.dtype)) {
+    if (shape.rank != 3 || !smelt_dtype_is_float(e->m->values[x].type.dtype) ||
+        smelt_dtype_is_float(e->m->values[pos].type.dtype)) {
         diag_error(e->d, e->ir->loc, "rope: expected a float x[T, H, Dh] and integer positions");
         return false;
     }

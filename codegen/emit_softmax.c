@@ -13,9 +13,9 @@ enum { SOFTMAX_MAX_THREADS = 256 };
 
 bool cg_emit_softmax(cg_emit *e) {
     ir_value_id x = cg_operand(e, 0), result = cg_result(e, 0);
-    if (!ir_dtype_is_float(e->m->values[x].type.dtype)) {
+    if (!smelt_dtype_is_float(e->m->values[x].type.dtype)) {
         diag_error(e->d, e->ir->loc, "codegen supports 'softmax' on float values only; found %s",
-                   ir_dtype_name(e->m->values[x].type.dtype));
+                   smelt_dtype_name(e->m->values[x].type.dtype));
         return false;
     }
     cg_shape shape = cg_shape_of(e, x);

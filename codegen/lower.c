@@ -47,7 +47,7 @@ static uint32_t find_named_op(const ir_module *m, ir_op_kind kind, const char *n
 /* Bytes of value v with the token dim at max_tokens, in its storage dtype. */
 static bool value_bytes(const lowering_state *s, ir_value_id v, uint64_t *bytes) {
     const ir_type *t = &s->m->values[v].type;
-    uint64_t n = prog_dtype_size(cg_storage_dtype(s->m, v, s->options));
+    uint64_t n = smelt_dtype_element_bytes(cg_storage_dtype(s->m, v, s->options));
     for (unsigned i = 0; i < t->rank; i++) {
         int64_t size = t->dims[i].symbol == s->token_symbol ? s->max_tokens : t->dims[i].size;
         if (t->dims[i].symbol >= 0 && t->dims[i].symbol != s->token_symbol) return false;
@@ -386,7 +386,7 @@ bool cg_lower_module(const ir_module *m, const cg_options *o, int64_t max_tokens
         ok = value_ref(&s, m->ops[ids].results[0], &p->input_ids) &&
              value_ref(&s, m->ops[pos].results[0], &p->input_pos) &&
              value_ref(&s, m->ops[logits].operands[0], &p->logits);
-        if (ok && cg_storage_dtype(m, m->ops[logits].operands[0], o) != PROG_DTYPE_F32) {
+        if (ok && cg_storage_dtype(m, m->ops[logits].operands[0], o) != SMELT_DTYPE_F32) {
             diag_error(d, m->ops[logits].loc, "output 'logits' must be stored as f32");
             ok = false;
         }

@@ -142,8 +142,8 @@ static void elaborate_dim(fe_elaborator *el, const ast_stmt *s) {
 }
 
 /* "f32, f16, ..., i64" for messages. */
-#define X(e, name, bits) name ", "
-static const char dtype_list[] = IR_DTYPES(X);
+#define X(e, name, bits, is_float) name ", "
+static const char dtype_list[] = SMELT_DTYPES(X);
 #undef X
 
 /* The dims of a declared type (ints >= 0 or symbolic dims) into out->dims.
@@ -178,10 +178,10 @@ static bool eval_dims(fe_elaborator *el, const ast_stmt *s, const char *what, co
     return ok;
 }
 
-/* The dtype named in a declared type; IR_DTYPE_UNKNOWN after an error. */
-static ir_dtype eval_dtype(fe_elaborator *el, const ast_type *type) {
-    ir_dtype dtype = ir_dtype_from_name(type->dtype, strlen(type->dtype));
-    if (dtype == IR_DTYPE_UNKNOWN)
+/* The dtype named in a declared type; SMELT_DTYPE_UNKNOWN after an error. */
+static smelt_dtype eval_dtype(fe_elaborator *el, const ast_type *type) {
+    smelt_dtype dtype = smelt_dtype_from_name(type->dtype, strlen(type->dtype));
+    if (dtype == SMELT_DTYPE_UNKNOWN)
         fe_error(el, type->dtype_loc, "unknown dtype '%.*s%s'; the dtypes are %.*s", DIAG_NAME(type->dtype),
                  (int)sizeof dtype_list - 3, dtype_list);
     return dtype;
@@ -196,7 +196,7 @@ static void elaborate_input(fe_elaborator *el, const ast_stmt *s) {
     if (!type->dtype) {
         fe_error(el, s->loc, "input '%.*s%s' needs a dtype, as in 'input ids: i32[tokens]'", DIAG_NAME(name));
         ok = false;
-    } else if ((t.dtype = eval_dtype(el, type)) == IR_DTYPE_UNKNOWN) {
+    } else if ((t.dtype = eval_dtype(el, type)) == SMELT_DTYPE_UNKNOWN) {
         ok = false;
     }
     ok &= eval_dims(el, s, "input", name, type, &t);
@@ -278,18 +278,18 @@ static char *expand_weight_name(fe_elaborator *el, const ast_stmt *s, bool *has_
 static void elaborate_weight(fe_elaborator *el, const ast_stmt *s) {
     const char *name = s->as.weight.name;
     const ast_type *type = &s->as.weight.type;
-    ir_type t = {.dtype = IR_DTYPE_F32};
+    ir_type t = {.dtype = SMELT_DTYPE_F32};
     bool ok = true;
     if (type->dtype) {
         t.dtype = eval_dtype(el, type);
-        if (t.dtype != IR_DTYPE_UNKNOWN && !ir_dtype_is_float(t.dtype)) {
+        if (t.dtype != SMELT_DTYPE_UNKNOWN && !smelt_dtype_is_float(t.dtype)) {
             fe_error(el, type->dtype_loc,
                      "weight '%.*s%s' has dtype %s; weights must have a float dtype "
                      "(f32, f16, bf16, f8e4m3 or f8e5m2)",
-                     DIAG_NAME(name), ir_dtype_name(t.dtype));
-            t.dtype = IR_DTYPE_UNKNOWN;
+                     DIAG_NAME(name), smelt_dtype_name(t.dtype));
+            t.dtype = SMELT_DTYPE_UNKNOWN;
         }
-        ok = t.dtype != IR_DTYPE_UNKNOWN;
+        ok = t.dtype != SMELT_DTYPE_UNKNOWN;
     }
     ok &= eval_dims(el, s, "weight", name, type, &t);
     bool has_stack_var = false;

@@ -473,13 +473,13 @@ static const char *name_member(json_reader *r, const json_path *at, json_t *obje
 /* "dtype": a name from ir.h's dtype table. */
 static const char *read_dtype(json_reader *r, const json_path *at, json_t *v) {
     if (json_is_string(v) &&
-        ir_dtype_from_name(json_string_value(v), json_string_length(v)) != IR_DTYPE_UNKNOWN)
+        smelt_dtype_from_name(json_string_value(v), json_string_length(v)) != SMELT_DTYPE_UNKNOWN)
         return arena_strdup(&r->model->arena, json_string_value(v));
     char expected[256] = "";
-    for (int t = IR_DTYPE_UNKNOWN + 1; t < IR_DTYPE_COUNT; t++) {
+    for (int t = SMELT_DTYPE_UNKNOWN + 1; t < SMELT_DTYPE_COUNT; t++) {
         size_t used = strlen(expected);
         snprintf(expected + used, sizeof expected - used, "%s%s", t > 1 ? ", " : "",
-                 ir_dtype_name((ir_dtype)t));
+                 smelt_dtype_name((smelt_dtype)t));
     }
     if (json_is_string(v)) {
         name_buffer name;

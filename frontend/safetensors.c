@@ -46,17 +46,17 @@ const char *st_dtype_name(st_dtype t) { return (unsigned)t < ST_DTYPE_COUNT ? dt
 unsigned st_dtype_size(st_dtype t) { return (unsigned)t < ST_DTYPE_COUNT ? dtype_table[t].size : 0; }
 bool st_dtype_is_float(st_dtype t) { return (unsigned)t < ST_DTYPE_COUNT && dtype_table[t].is_float; }
 
-ir_dtype st_dtype_to_ir(st_dtype t) {
+smelt_dtype st_dtype_to_ir(st_dtype t) {
     switch (t) {
-    case ST_DTYPE_F32: return IR_DTYPE_F32;
-    case ST_DTYPE_F16: return IR_DTYPE_F16;
-    case ST_DTYPE_BF16: return IR_DTYPE_BF16;
-    case ST_DTYPE_F8_E4M3: return IR_DTYPE_F8E4M3;
-    case ST_DTYPE_F8_E5M2: return IR_DTYPE_F8E5M2;
-    case ST_DTYPE_I8: return IR_DTYPE_I8;
-    case ST_DTYPE_I32: return IR_DTYPE_I32;
-    case ST_DTYPE_I64: return IR_DTYPE_I64;
-    default: return IR_DTYPE_UNKNOWN;
+    case ST_DTYPE_F32: return SMELT_DTYPE_F32;
+    case ST_DTYPE_F16: return SMELT_DTYPE_F16;
+    case ST_DTYPE_BF16: return SMELT_DTYPE_BF16;
+    case ST_DTYPE_F8_E4M3: return SMELT_DTYPE_F8E4M3;
+    case ST_DTYPE_F8_E5M2: return SMELT_DTYPE_F8E5M2;
+    case ST_DTYPE_I8: return SMELT_DTYPE_I8;
+    case ST_DTYPE_I32: return SMELT_DTYPE_I32;
+    case ST_DTYPE_I64: return SMELT_DTYPE_I64;
+    default: return SMELT_DTYPE_UNKNOWN;
     }
 }
 

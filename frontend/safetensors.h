@@ -61,8 +61,8 @@ typedef enum st_dtype {
 const char *st_dtype_name(st_dtype t);
 unsigned st_dtype_size(st_dtype t); /* bytes per element */
 bool st_dtype_is_float(st_dtype t);
-/* The IR dtype of the same bits; IR_DTYPE_UNKNOWN for U8. */
-ir_dtype st_dtype_to_ir(st_dtype t);
+/* The IR dtype of the same bits; SMELT_DTYPE_UNKNOWN for U8. */
+smelt_dtype st_dtype_to_ir(st_dtype t);
 /* Looks up a header dtype name; false when smelt does not read it. */
 bool st_dtype_from_name(const char *name, st_dtype *out);
 

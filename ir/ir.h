@@ -19,37 +19,16 @@
 
 #include "arena.h"
 #include "diag.h"
+#include "smelt_dtype.h"
 
 #include <stdbool.h>
 #include <stdint.h>
 
 /* ---- dtypes ------------------------------------------------------------ */
 
-/* X(ENUM, name, bits) */
-#define IR_DTYPES(X)         \
-    X(F32, "f32", 32)        \
-    X(F16, "f16", 16)        \
-    X(BF16, "bf16", 16)      \
-    X(F8E4M3, "f8e4m3", 8)   \
-    X(F8E5M2, "f8e5m2", 8)   \
-    X(I8, "i8", 8)           \
-    X(I4, "i4", 4)           \
-    X(I32, "i32", 32)        \
-    X(I64, "i64", 64)
-
-typedef enum ir_dtype {
-    IR_DTYPE_UNKNOWN = 0, /* result type not inferred yet; prints as `?` */
-#define X(e, name, bits) IR_DTYPE_##e,
-    IR_DTYPES(X)
-#undef X
-    IR_DTYPE_COUNT
-} ir_dtype;
-
-const char *ir_dtype_name(ir_dtype t);
-/* IR_DTYPE_UNKNOWN when `name` (of `length` bytes) is no dtype. */
-ir_dtype ir_dtype_from_name(const char *name, size_t length);
-unsigned ir_dtype_bits(ir_dtype t);
-bool ir_dtype_is_float(ir_dtype t);
+/* Value dtypes are smelt_dtype (plan/smelt_dtype.h), the one enum that the
+ * IR, the plan format and the public API share. After `precision` a value's
+ * dtype is its storage dtype. */
 
 /* ---- shapes ------------------------------------------------------------ */
 
@@ -70,7 +49,7 @@ static inline bool ir_dim_equal(ir_dim a, ir_dim b) {
 }
 
 typedef struct ir_type {
-    ir_dtype dtype; /* IR_DTYPE_UNKNOWN: not inferred yet */
+    smelt_dtype dtype; /* SMELT_DTYPE_UNKNOWN: not inferred yet */
     uint8_t rank;
     ir_dim dims[IR_MAX_DIMS];
 } ir_type;

@@ -39,35 +39,6 @@ int ir_attr_slot(ir_op_kind kind, const char *name) {
     return -1;
 }
 
-static const struct {
-    const char *name;
-    unsigned bits;
-} dtype_table[] = {
-    {"?", 0},
-#define X(e, name, bits) {name, bits},
-    IR_DTYPES(X)
-#undef X
-};
-_Static_assert(sizeof dtype_table / sizeof dtype_table[0] == IR_DTYPE_COUNT, "dtype table size");
-
-const char *ir_dtype_name(ir_dtype t) {
-    return (unsigned)t < IR_DTYPE_COUNT ? dtype_table[t].name : "?";
-}
-
-ir_dtype ir_dtype_from_name(const char *name, size_t length) {
-    for (unsigned i = 1; i < IR_DTYPE_COUNT; i++)
-        if (strlen(dtype_table[i].name) == length && memcmp(dtype_table[i].name, name, length) == 0)
-            return (ir_dtype)i;
-    return IR_DTYPE_UNKNOWN;
-}
-
-unsigned ir_dtype_bits(ir_dtype t) { return (unsigned)t < IR_DTYPE_COUNT ? dtype_table[t].bits : 0; }
-
-bool ir_dtype_is_float(ir_dtype t) {
-    return t == IR_DTYPE_F32 || t == IR_DTYPE_F16 || t == IR_DTYPE_BF16 || t == IR_DTYPE_F8E4M3 ||
-           t == IR_DTYPE_F8E5M2;
-}
-
 const char *ir_attr_kind_name(ir_attr_kind k) {
     static const char *const names[] = {"none", "int", "float", "bool", "string", "int list", "shape"};
     return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";

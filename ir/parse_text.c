@@ -304,8 +304,8 @@ static bool parse_type(parser *p, ir_type *out) {
         expected(p, "a type");
         return false;
     }
-    out->dtype = ir_dtype_from_name(p->token.text, p->token.length);
-    if (out->dtype == IR_DTYPE_UNKNOWN) {
+    out->dtype = smelt_dtype_from_name(p->token.text, p->token.length);
+    if (out->dtype == SMELT_DTYPE_UNKNOWN) {
         PARSE_ERROR(p, p->token.loc, "unknown dtype '%.*s%s'", IR_TOKEN_NAME(&p->token));
         return false;
     }
@@ -596,7 +596,7 @@ static bool check_op(parser *p, const ir_op_info *info, const ir_token *name, ui
                 ok = false;
                 break;
             }
-            if (p->types[r].dtype == IR_DTYPE_UNKNOWN) {
+            if (p->types[r].dtype == SMELT_DTYPE_UNKNOWN) {
                 PARSE_ERROR(p, p->type_locs[r], "op '%s' needs a known type, found '?'", info->name);
                 ok = false;
             }

@@ -200,7 +200,7 @@ static void write_type(const json_printer *p, uint32_t op) {
     const ir_op *o = &p->m->ops[op];
     const ir_type *t = o->result_count ? &p->m->values[o->results[0]].type : &(ir_type){0};
     fputs("\"dtype\": ", p->out);
-    write_string(p->out, ir_dtype_name(t->dtype));
+    write_string(p->out, smelt_dtype_name(t->dtype));
     fputs(", \"shape\": [", p->out);
     for (unsigned i = 0; i < t->rank && i < IR_MAX_DIMS; i++) {
         if (i) fputs(", ", p->out);

@@ -112,11 +112,11 @@ static void print_dim(const ir_module *m, ir_dim d, FILE *out) {
 }
 
 static void print_type(const ir_module *m, const ir_type *t, FILE *out) {
-    if (t->dtype == IR_DTYPE_UNKNOWN) {
+    if (t->dtype == SMELT_DTYPE_UNKNOWN) {
         fputc('?', out);
         return;
     }
-    fprintf(out, "%s[", ir_dtype_name(t->dtype));
+    fprintf(out, "%s[", smelt_dtype_name(t->dtype));
     unsigned rank = t->rank <= IR_MAX_DIMS ? t->rank : IR_MAX_DIMS;
     for (unsigned i = 0; i < rank; i++) {
         if (i) fputs(", ", out);

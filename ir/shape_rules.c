@@ -131,12 +131,12 @@ static const ir_attr *rule_attr_list(rule_ctx *c, const char *name, ir_attr_kind
 static bool rule_same_dtype(const rule_ctx *c, const char *a_name, const ir_type *a, const char *b_name,
                             const ir_type *b) {
     if (a->dtype == b->dtype) return true;
-    return rule_fail(c, "operand dtypes differ: %s is %s but %s is %s", a_name, ir_dtype_name(a->dtype),
-                     b_name, ir_dtype_name(b->dtype));
+    return rule_fail(c, "operand dtypes differ: %s is %s but %s is %s", a_name, smelt_dtype_name(a->dtype),
+                     b_name, smelt_dtype_name(b->dtype));
 }
 
 static bool rule_integer(const rule_ctx *c, const char *name, const ir_type *t) {
-    if (t->dtype == IR_DTYPE_I32 || t->dtype == IR_DTYPE_I64) return true;
+    if (t->dtype == SMELT_DTYPE_I32 || t->dtype == SMELT_DTYPE_I64) return true;
     return rule_fail(c, "%s must have an integer dtype (i32 or i64), found %s", name, TYPE_TEXT(c, t));
 }
 
@@ -182,7 +182,7 @@ static bool rule_expect_dims(const rule_ctx *c, const char *name, const ir_type 
 /* ---- dispatch -------------------------------------------------------------- */
 
 static bool rule_float(const rule_ctx *c, const char *name, const ir_type *t) {
-    if (ir_dtype_is_float(t->dtype)) return true;
+    if (smelt_dtype_is_float(t->dtype)) return true;
     return rule_fail(c, "%s must have a float dtype, found %s", name, TYPE_TEXT(c, t));
 }
 
@@ -213,7 +213,7 @@ static const char *ints_text(const ir_attr *a, char *buffer, size_t size) {
 /* The type written on the op (its result's current type). */
 static bool declared_type(rule_ctx *c, ir_type *out) {
     const ir_type *t = &c->m->values[c->op->results[0]].type;
-    if (t->dtype == IR_DTYPE_UNKNOWN) return rule_fail(c, "the declared type is missing");
+    if (t->dtype == SMELT_DTYPE_UNKNOWN) return rule_fail(c, "the declared type is missing");
     *out = *t;
     return true;
 }
@@ -547,7 +547,7 @@ static bool infer_concat(rule_ctx *c, ir_type *out) {
         const ir_type *t = operand(c, i);
         if (t->dtype != first->dtype)
             return rule_fail(c, "operand dtypes differ: operand 0 is %s but operand %u is %s",
-                             ir_dtype_name(first->dtype), i, ir_dtype_name(t->dtype));
+                             smelt_dtype_name(first->dtype), i, smelt_dtype_name(t->dtype));
         bool same = t->rank == first->rank;
         for (unsigned d = 0; same && d < t->rank; d++)
             same = d == axis || ir_dim_equal(t->dims[d], first->dims[d]);
@@ -621,7 +621,7 @@ static bool infer_argmax(rule_ctx *c, ir_type *out) {
     int64_t axis_attr;
     unsigned axis;
     if (!rule_attr_int(c, "axis", &axis_attr) || !rule_axis(c, axis_attr, x->rank, &axis)) return false;
-    out->dtype = IR_DTYPE_I32;
+    out->dtype = SMELT_DTYPE_I32;
     out->rank = 0;
     for (unsigned i = 0; i < x->rank; i++)
         if (i != axis) out->dims[out->rank++] = x->dims[i];
@@ -657,7 +657,7 @@ static bool check_structure(rule_ctx *c) {
         if (id >= c->m->value_count)
             return rule_fail(c, "operand %u refers to %%%u, which does not exist", i, id);
         const ir_type *t = &c->m->values[id].type;
-        if (t->dtype == IR_DTYPE_UNKNOWN || t->dtype >= IR_DTYPE_COUNT)
+        if (t->dtype == SMELT_DTYPE_UNKNOWN || t->dtype >= SMELT_DTYPE_COUNT)
             return rule_fail(c, "operand %u has no known type", i);
         if (t->rank > IR_MAX_DIMS)
             return rule_fail(c, "operand %u has rank %u, more than %d", i, t->rank, IR_MAX_DIMS);

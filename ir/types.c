@@ -40,11 +40,11 @@ const char *ir_format_type(const ir_module *m, const ir_type *t, char *buffer, s
     if (size == 0) return buffer;
     buffer[0] = '\0';
     size_t used = 0;
-    if (t->dtype == IR_DTYPE_UNKNOWN) {
+    if (t->dtype == SMELT_DTYPE_UNKNOWN) {
         append(buffer, size, &used, "?");
         return buffer;
     }
-    append(buffer, size, &used, "%s[", ir_dtype_name(t->dtype));
+    append(buffer, size, &used, "%s[", smelt_dtype_name(t->dtype));
     unsigned rank = t->rank <= IR_MAX_DIMS ? t->rank : IR_MAX_DIMS;
     for (unsigned i = 0; i < rank; i++) {
         char dim[DIAG_NAME_MAX + 32];

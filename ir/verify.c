@@ -204,8 +204,8 @@ static bool check_results(verifier *v, const ir_op *op, uint32_t index, bool att
 static bool check_type(verifier *v, const ir_op *op, uint32_t result, const ir_type *t) {
     char what[32];
     snprintf(what, sizeof what, "result %u", result);
-    if (t->dtype == IR_DTYPE_UNKNOWN) return true;
-    if ((unsigned)t->dtype >= IR_DTYPE_COUNT) {
+    if (t->dtype == SMELT_DTYPE_UNKNOWN) return true;
+    if ((unsigned)t->dtype >= SMELT_DTYPE_COUNT) {
         violation(v, op, "%s has no valid dtype (%d)", what, (int)t->dtype);
         return false;
     }
@@ -223,7 +223,7 @@ static bool check_type(verifier *v, const ir_op *op, uint32_t result, const ir_t
         return false;
     }
     /* elements * bits / 8, rounded up, without overflowing the product. */
-    uint64_t bits = ir_dtype_bits(t->dtype), whole, rest = (elements % 8 * bits + 7) / 8;
+    uint64_t bits = smelt_dtype_bits(t->dtype), whole, rest = (elements % 8 * bits + 7) / 8;
     if (size_mul_overflow(elements / 8, bits, &whole) || size_add_overflow(whole, rest, &bytes)) {
         violation(v, op, "%s takes more than 2^64 bytes", TYPE_TEXT(v, t));
         return false;
@@ -239,7 +239,7 @@ static bool check_result_types(verifier *v, const ir_op *op, bool *all_known) {
     for (uint32_t r = 0; r < op->result_count; r++) {
         if (op->results[r] >= m->value_count) continue;
         const ir_type *t = &m->values[op->results[r]].type;
-        if (t->dtype == IR_DTYPE_UNKNOWN) {
+        if (t->dtype == SMELT_DTYPE_UNKNOWN) {
             *all_known = false;
             if (ir_op_info_of(op->kind)->flags & IR_OPF_DECLARES_TYPE) {
                 violation(v, op, "the declared type is missing");
@@ -325,7 +325,7 @@ static void verify_op(verifier *v, uint32_t index, ir_type *scratch) {
     if (!operands_ok || !attrs_ok || !types_ok || op->result_count > IR_MAX_RESULTS) return;
     for (uint32_t i = 0; i < op->operand_count; i++) {
         ir_value_id id = op->operands[i];
-        if (v->m->values[id].type.dtype == IR_DTYPE_UNKNOWN || v->state[id] == VALUE_BAD_TYPE)
+        if (v->m->values[id].type.dtype == SMELT_DTYPE_UNKNOWN || v->state[id] == VALUE_BAD_TYPE)
             all_known = false;
     }
     if (all_known) check_inferred_types(v, index, scratch);

@@ -91,14 +91,14 @@ static bool const_value(const canonicalizer *c, ir_value_id v, double *out) {
 }
 
 /* Can a const of dtype `t` hold `v` exactly as the runtime computes it? */
-static bool dtype_holds(ir_dtype t, double v) {
-    if (ir_dtype_is_float(t)) return true;
+static bool dtype_holds(smelt_dtype t, double v) {
+    if (smelt_dtype_is_float(t)) return true;
     if (v != floor(v)) return false;
     switch (t) {
-    case IR_DTYPE_I4: return v >= -8 && v <= 7;
-    case IR_DTYPE_I8: return v >= -128 && v <= 127;
-    case IR_DTYPE_I32: return v >= -2147483648.0 && v <= 2147483647.0;
-    case IR_DTYPE_I64: return fabs(v) <= 9007199254740992.0; /* 2^53: exact in double */
+    case SMELT_DTYPE_I4: return v >= -8 && v <= 7;
+    case SMELT_DTYPE_I8: return v >= -128 && v <= 127;
+    case SMELT_DTYPE_I32: return v >= -2147483648.0 && v <= 2147483647.0;
+    case SMELT_DTYPE_I64: return fabs(v) <= 9007199254740992.0; /* 2^53: exact in double */
     default: return false;
     }
 }
@@ -341,7 +341,7 @@ static bool ready(const ir_module *m, diag_engine *d) {
             return false;
         }
         for (uint32_t r = 0; r < op->result_count; r++) {
-            if (m->values[op->results[r]].type.dtype != IR_DTYPE_UNKNOWN) continue;
+            if (m->values[op->results[r]].type.dtype != SMELT_DTYPE_UNKNOWN) continue;
             diag_error(d, op->loc, "canonicalize needs inferred types; run infer-shapes first");
             return false;
         }

@@ -20,7 +20,7 @@ static bool operands_known(const ir_module *m, const ir_op *op) {
     for (uint32_t i = 0; i < op->operand_count; i++) {
         ir_value_id id = op->operands[i];
         /* A bad id is left to ir_infer_op_types, which reports it. */
-        if (id < m->value_count && m->values[id].type.dtype == IR_DTYPE_UNKNOWN) return false;
+        if (id < m->value_count && m->values[id].type.dtype == SMELT_DTYPE_UNKNOWN) return false;
     }
     return true;
 }
@@ -30,7 +30,7 @@ static bool store_types(ir_module *m, const ir_op *op, const ir_type *inferred, 
     bool ok = true;
     for (uint32_t r = 0; r < op->result_count; r++) {
         ir_type *type = &m->values[op->results[r]].type;
-        if (type->dtype == IR_DTYPE_UNKNOWN) {
+        if (type->dtype == SMELT_DTYPE_UNKNOWN) {
             *type = inferred[r];
         } else if (!ir_type_equal(type, &inferred[r])) {
             char declared[IR_TYPE_TEXT_MAX], found[IR_TYPE_TEXT_MAX], which[32] = "";

@@ -172,7 +172,7 @@ static bool check_ids(ref_model *r, diag_engine *d) {
     const ir_module *m = r->m;
     ir_value_id ids = ir_op_result(m, r->ids_op, 0);
     const ir_type *t = &m->values[ids].type;
-    if (t->rank != 1 || ir_dtype_is_float(t->dtype) || !ir_dim_is_symbol(t->dims[0])) {
+    if (t->rank != 1 || smelt_dtype_is_float(t->dtype) || !ir_dim_is_symbol(t->dims[0])) {
         diag_error(d, m->ops[r->ids_op].loc,
                    "input 'ids' must be an integer vector over the token dim (such as i32[tokens]), found %s",
                    value_type_text(m, ids, (char[IR_TYPE_TEXT_MAX]){0}));
@@ -188,7 +188,7 @@ static bool check_pos(const ref_model *r, diag_engine *d) {
     const ir_module *m = r->m;
     ir_value_id ids = ir_op_result(m, r->ids_op, 0), pos = ir_op_result(m, r->pos_op, 0);
     const ir_type *t = &m->values[pos].type;
-    if (t->rank == 1 && !ir_dtype_is_float(t->dtype) && ir_dim_equal(t->dims[0], m->values[ids].type.dims[0]))
+    if (t->rank == 1 && !smelt_dtype_is_float(t->dtype) && ir_dim_equal(t->dims[0], m->values[ids].type.dims[0]))
         return true;
     diag_error(d, m->ops[r->pos_op].loc,
                "input 'pos' must be an integer vector shaped like 'ids' (%s), found %s",
@@ -202,8 +202,8 @@ static bool check_logits(ref_model *r, diag_engine *d) {
     const ir_module *m = r->m;
     ir_value_id logits = m->ops[r->logits_op].operands[0];
     const ir_type *t = &m->values[logits].type;
-    if (t->dtype == IR_DTYPE_UNKNOWN) return false; /* reported with the op that makes it */
-    if (!ir_dtype_is_float(t->dtype) || (t->rank > 0 && ir_dim_is_symbol(t->dims[t->rank - 1]))) {
+    if (t->dtype == SMELT_DTYPE_UNKNOWN) return false; /* reported with the op that makes it */
+    if (!smelt_dtype_is_float(t->dtype) || (t->rank > 0 && ir_dim_is_symbol(t->dims[t->rank - 1]))) {
         diag_error(d, m->ops[r->logits_op].loc,
                    "output 'logits' must be float with a constant last dim, found %s",
                    value_type_text(m, logits, (char[IR_TYPE_TEXT_MAX]){0}));
@@ -255,7 +255,7 @@ static bool check_weight(const ir_module *m, uint32_t op, diag_engine *d) {
     bool constant = true;
     for (unsigned i = 0; i < t->rank; i++)
         constant = constant && !ir_dim_is_symbol(t->dims[i]);
-    if (!ir_dtype_is_float(t->dtype) || !constant) {
+    if (!smelt_dtype_is_float(t->dtype) || !constant) {
         diag_error(d, m->ops[op].loc, "weight '%.*s%s' must be float with constant dims, found %s",
                    DIAG_NAME(name), value_type_text(m, ir_op_result(m, op, 0), text));
         return false;
@@ -272,7 +272,7 @@ static bool check_op(const ref_model *r, uint32_t op, diag_engine *d) {
     for (uint32_t i = 0; i < o->result_count; i++) {
         const ir_type *t = &m->values[o->results[i]].type;
         uint64_t elements, bytes;
-        if (t->dtype == IR_DTYPE_UNKNOWN) {
+        if (t->dtype == SMELT_DTYPE_UNKNOWN) {
             diag_error(d, o->loc, "%s: result %u has no type; run infer-shapes before the reference backend",
                        op_name(m, op), i);
             ok = false;
@@ -287,7 +287,7 @@ static bool check_op(const ref_model *r, uint32_t op, diag_engine *d) {
     }
     for (uint32_t i = 0; i < o->operand_count; i++) {
         const ir_type *t = &m->values[o->operands[i]].type;
-        if (t->dtype == IR_DTYPE_UNKNOWN || ir_dtype_is_float(t->dtype) || !operand_needs_float(o->kind, i))
+        if (t->dtype == SMELT_DTYPE_UNKNOWN || smelt_dtype_is_float(t->dtype) || !operand_needs_float(o->kind, i))
             continue;
         diag_error(d, o->loc, "%s: the reference backend computes only on float values, but operand %u is %s",
                    op_name(m, op), i, value_type_text(m, o->operands[i], text));
@@ -298,7 +298,7 @@ static bool check_op(const ref_model *r, uint32_t op, diag_engine *d) {
         ok = ok && check_dims(r, op, shape->as.shape.items, shape->as.shape.count, d);
     }
     if (o->kind == IR_OP_WEIGHT && ok) ok = check_weight(m, op, d);
-    if (o->kind == IR_OP_CONST && ok && !ir_dtype_is_float(m->values[o->results[0]].type.dtype)) {
+    if (o->kind == IR_OP_CONST && ok && !smelt_dtype_is_float(m->values[o->results[0]].type.dtype)) {
         diag_error(d, o->loc, "const: the reference backend holds constants as float, found %s",
                    value_type_text(m, o->results[0], text));
         ok = false;
@@ -333,7 +333,7 @@ static uint64_t element_count(const ir_type *t, uint64_t tokens) {
 static bool tensor_alloc(ref_tensor *tensor, const ir_type *t, uint64_t tokens, const char *what,
                          smelt_loc loc, diag_engine *d) {
     memset(tensor, 0, sizeof *tensor);
-    tensor->elem = ir_dtype_is_float(t->dtype) ? REF_F32 : REF_I32;
+    tensor->elem = smelt_dtype_is_float(t->dtype) ? REF_F32 : REF_I32;
     tensor->rank = t->rank;
     for (unsigned i = 0; i < t->rank; i++)
         tensor->dims[i] = ir_dim_is_symbol(t->dims[i]) ? tokens : (uint64_t)t->dims[i].size;

@@ -116,7 +116,7 @@ enum { RT_NOT_A_WEIGHT = UINT32_MAX };
  * prog_gemm. Addresses are device addresses. */
 typedef struct rt_gemm_args {
     int64_t m, n, k;
-    prog_dtype dtype_a, dtype_b, dtype_c, dtype_bias;
+    smelt_dtype dtype_a, dtype_b, dtype_c, dtype_bias;
     bool b_transposed; /* B is [n, k] (C = A B^T); else [k, n] */
     bool has_bias;
     const void *a, *b, *bias;
@@ -158,7 +158,7 @@ typedef struct rt_device_ops {
     /* Weight `index` now lives at `address` (bytes of `dtype`); `gemm_operand`
      * when a GEMM reads it as B. Called again when a weight is rebound. */
     smelt_status (*weight_bound)(rt_device *d, uint32_t index, const void *address, uint64_t bytes,
-                                 prog_dtype dtype, bool gemm_operand, rt_error *e);
+                                 smelt_dtype dtype, bool gemm_operand, rt_error *e);
     /* Records the launches and GEMMs that follow (not running them) until
      * capture_end, which keeps them as one graph; replay runs that graph. */
     smelt_status (*capture_begin)(rt_device *d, rt_error *e);

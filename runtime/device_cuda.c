@@ -195,7 +195,7 @@ enum {
 typedef struct gemm_plan {
     bool used;
     int64_t m, n, k;
-    prog_dtype dtype_a, dtype_c, dtype_bias;
+    smelt_dtype dtype_a, dtype_c, dtype_bias;
     bool b_transposed, has_bias;
     uint32_t alignment[4]; /* bytes: cuBLASLt's A (our B), B (our A), C, D */
     cublaslt_matmul_desc desc;
@@ -503,7 +503,7 @@ static void gemm_plan_release(cuda_device *d, gemm_plan *p) {
     memset(p, 0, sizeof *p);
 }
 
-static int cuda_type(prog_dtype t) { return t == PROG_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+static int cuda_type(smelt_dtype t) { return t == SMELT_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
 /* The largest power of two up to 256 that divides the address. */
 static uint32_t alignment_of(const void *address) {
@@ -567,8 +567,8 @@ static smelt_status gemm_plan_make(cuda_device *d, const rt_gemm_args *g, gemm_p
         s = rt_fail(
             e, SMELT_ERROR_UNSUPPORTED,
             "cuBLASLt has no algorithm for a %lld x %lld x %lld product of %s x %s -> %s", (long long)g->m,
-            (long long)g->n, (long long)g->k, g->dtype_a == PROG_DTYPE_BF16 ? "bf16" : "f32",
-            g->dtype_b == PROG_DTYPE_BF16 ? "bf16" : "f32", g->dtype_c == PROG_DTYPE_BF16 ? "bf16" : "f32");
+            (long long)g->n, (long long)g->k, g->dtype_a == SMELT_DTYPE_BF16 ? "bf16" : "f32",
+            g->dtype_b == SMELT_DTYPE_BF16 ? "bf16" : "f32", g->dtype_c == SMELT_DTYPE_BF16 ? "bf16" : "f32");
     if (s != SMELT_OK) {
         gemm_plan_release(d, p);
         return s;
@@ -596,7 +596,7 @@ static smelt_status cuda_gemm(rt_device *device, const rt_gemm_args *g, rt_error
     if (g->dtype_a != g->dtype_b)
         return rt_fail(
             e, SMELT_ERROR_UNSUPPORTED, "cuBLASLt products need A and B of one dtype (got %s and %s)",
-            g->dtype_a == PROG_DTYPE_BF16 ? "bf16" : "f32", g->dtype_b == PROG_DTYPE_BF16 ? "bf16" : "f32");
+            g->dtype_a == SMELT_DTYPE_BF16 ? "bf16" : "f32", g->dtype_b == SMELT_DTYPE_BF16 ? "bf16" : "f32");
     smelt_status s = load_cublaslt(d, e);
     if (s != SMELT_OK) return s;
     gemm_plan *p = gemm_plan_find(d, g);

@@ -233,9 +233,9 @@ static void widen_bf16(float *dst, const uint16_t *src, uint64_t count) {
 }
 
 /* The operand as f32: itself, the weight's shadow, or widened into scratch. */
-static const float *operand_f32(host_device *d, const void *data, prog_dtype dtype, uint64_t count,
+static const float *operand_f32(host_device *d, const void *data, smelt_dtype dtype, uint64_t count,
                                 int which) {
-    if (dtype == PROG_DTYPE_F32) return data;
+    if (dtype == SMELT_DTYPE_F32) return data;
     float *f = scratch(d, which, count);
     if (f) widen_bf16(f, data, count);
     return f;
@@ -250,18 +250,18 @@ static smelt_status host_gemm(rt_device *device, const rt_gemm_args *g, rt_error
     uint64_t mk = (uint64_t)m * (uint64_t)k, nk = (uint64_t)n * (uint64_t)k, mn = (uint64_t)m * (uint64_t)n;
     const float *a = operand_f32(d, g->a, g->dtype_a, mk, SCRATCH_A);
     const float *b;
-    if (g->dtype_b == PROG_DTYPE_BF16 && g->b_weight < d->shadow_count && d->weight_shadows[g->b_weight])
+    if (g->dtype_b == SMELT_DTYPE_BF16 && g->b_weight < d->shadow_count && d->weight_shadows[g->b_weight])
         b = d->weight_shadows[g->b_weight] + g->b_weight_offset / 2;
     else
         b = operand_f32(d, g->b, g->dtype_b, nk, SCRATCH_B);
-    float *c = g->dtype_c == PROG_DTYPE_F32 ? g->c : scratch(d, SCRATCH_C, mn);
+    float *c = g->dtype_c == SMELT_DTYPE_F32 ? g->c : scratch(d, SCRATCH_C, mn);
     if (!a || !b || !c)
         return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory widening a %d x %d x %d product to f32",
                        m, n, k);
     float beta = 0.0f;
     if (g->has_bias) { /* C starts as the bias in every row; the product adds to it */
         for (int j = 0; j < n; j++)
-            c[j] = g->dtype_bias == PROG_DTYPE_F32 ? ((const float *)g->bias)[j]
+            c[j] = g->dtype_bias == SMELT_DTYPE_F32 ? ((const float *)g->bias)[j]
                                                    : rt_bf16_to_f32(((const uint16_t *)g->bias)[j]);
         for (int i = 1; i < m; i++)
             memcpy(c + (size_t)i * n, c, (size_t)n * sizeof *c);
@@ -269,7 +269,7 @@ static smelt_status host_gemm(rt_device *device, const rt_gemm_args *g, rt_error
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, g->b_transposed ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, k,
                 b, g->b_transposed ? k : n, beta, c, n);
-    if (g->dtype_c == PROG_DTYPE_BF16) {
+    if (g->dtype_c == SMELT_DTYPE_BF16) {
         uint16_t *out = g->c;
         for (uint64_t i = 0; i < mn; i++)
             out[i] = rt_f32_to_bf16(c[i]);
@@ -278,10 +278,10 @@ static smelt_status host_gemm(rt_device *device, const rt_gemm_args *g, rt_error
 }
 
 static smelt_status host_weight_bound(rt_device *device, uint32_t index, const void *address, uint64_t bytes,
-                                      prog_dtype dtype, bool gemm_operand, rt_error *e) {
+                                      smelt_dtype dtype, bool gemm_operand, rt_error *e) {
     host_device *d = as_host(device);
     if (index >= d->shadow_count) {
-        if (!(dtype == PROG_DTYPE_BF16 && gemm_operand)) return SMELT_OK; /* never had a shadow */
+        if (!(dtype == SMELT_DTYPE_BF16 && gemm_operand)) return SMELT_OK; /* never had a shadow */
         uint32_t count = index + 1;
         float **grown = realloc(d->weight_shadows, count * sizeof *grown);
         if (!grown) return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory for weight shadows");
@@ -291,7 +291,7 @@ static smelt_status host_weight_bound(rt_device *device, uint32_t index, const v
     }
     free(d->weight_shadows[index]);
     d->weight_shadows[index] = NULL;
-    if (!(dtype == PROG_DTYPE_BF16 && gemm_operand)) return SMELT_OK;
+    if (!(dtype == SMELT_DTYPE_BF16 && gemm_operand)) return SMELT_OK;
     uint64_t count = bytes / 2;
     float *shadow = count <= SIZE_MAX / sizeof(float) ? malloc((size_t)count * sizeof(float)) : NULL;
     if (!shadow)

@@ -367,7 +367,7 @@ static int64_t stacked_part(const prog_weight *w, const char *name) {
 }
 
 /* data (count elements of `from`) converted to the storage dtype, into dst. */
-static void convert(void *dst, prog_dtype to, const void *src, smelt_dtype from, uint64_t count) {
+static void convert(void *dst, smelt_dtype to, const void *src, smelt_dtype from, uint64_t count) {
     for (uint64_t i = 0; i < count; i++) {
         float v;
         switch (from) {
@@ -375,7 +375,7 @@ static void convert(void *dst, prog_dtype to, const void *src, smelt_dtype from,
         case SMELT_DTYPE_BF16: v = rt_bf16_to_f32(((const uint16_t *)src)[i]); break;
         default: v = rt_f16_to_f32(((const uint16_t *)src)[i]); break;
         }
-        if (to == PROG_DTYPE_F32)
+        if (to == SMELT_DTYPE_F32)
             memcpy((uint8_t *)dst + 4 * i, &v, 4);
         else
             ((uint16_t *)dst)[i] = rt_f32_to_bf16(v);
@@ -443,18 +443,18 @@ smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, sm
                     "weight '%.*s%s' has shape [%s] in the plan but [%s%s] was given", RT_NAME(name),
                     expected, got, rank > 8 ? ", ..." : "");
     }
-    if (w->dtype == PROG_DTYPE_I32)
+    if (w->dtype == SMELT_DTYPE_I32)
         return fail(SMELT_ERROR_UNSUPPORTED,
                     "weight '%.*s%s' is stored as i32 and cannot be bound from floats", RT_NAME(name));
     uint64_t part_bytes = part >= 0 ? w->bytes / (uint64_t)w->shape[0] : w->bytes;
-    uint64_t count = part_bytes / prog_dtype_size(w->dtype);
+    uint64_t count = part_bytes / smelt_dtype_element_bytes(w->dtype);
     rt_error e = {0};
     smelt_status s = own_weight(engine, index, &e);
     if (s != SMELT_OK) return fail_with(&e);
     void *converted = part_bytes ? malloc(part_bytes) : NULL;
     if (part_bytes && !converted)
         return fail(SMELT_ERROR_OUT_OF_MEMORY, "out of memory converting '%.*s%s'", RT_NAME(name));
-    convert(converted, (prog_dtype)w->dtype, data, dtype, count);
+    convert(converted, (smelt_dtype)w->dtype, data, dtype, count);
     uint64_t offset = part >= 0 ? (uint64_t)part * part_bytes : 0;
     if (part_bytes)
         s = engine->device->ops->copy_in(engine->device, rt_address_at(ew->address, offset), converted,
@@ -502,7 +502,7 @@ static smelt_status prepare_weights(smelt_engine *engine) {
         if (d->ops->weight_bound) {
             rt_error e = {0};
             smelt_status s = d->ops->weight_bound(d, i, ew->address, p->weights[i].bytes,
-                                                  (prog_dtype)p->weights[i].dtype, ew->gemm_operand, &e);
+                                                  (smelt_dtype)p->weights[i].dtype, ew->gemm_operand, &e);
             if (s != SMELT_OK) return fail_with(&e);
         }
         ew->dirty = false;

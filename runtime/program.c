@@ -54,6 +54,11 @@ enum {
     ENCODED_INSTR_MIN = 1 + 4 + 4,
 };
 
+/* The dtypes a program may store in a buffer today. */
+static bool program_dtype_stored(uint8_t dtype) {
+    return dtype == SMELT_DTYPE_F32 || dtype == SMELT_DTYPE_BF16 || dtype == SMELT_DTYPE_I32;
+}
+
 /* ---- Encoding ------------------------------------------------------------ */
 
 typedef struct byte_writer {
@@ -393,8 +398,9 @@ static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
         return truncated(d, "a weight");
     int name_length = (int)(name.length > 64 ? 64 : name.length);
     const char *ellipsis = name.length > 64 ? "..." : "";
-    if (w->dtype > PROG_DTYPE_I32)
-        return fail(d, "weight '%.*s%s' has unknown dtype %u", name_length, copy, ellipsis, w->dtype);
+    if (!program_dtype_stored(w->dtype))
+        return fail(d, "weight '%.*s%s' has dtype %u (expected f32, bf16 or i32)", name_length, copy, ellipsis,
+                    w->dtype);
     if (stacked > 1)
         return fail(d, "weight '%.*s%s' has a stacked flag of %u", name_length, copy, ellipsis, stacked);
     w->stacked = stacked;
@@ -410,7 +416,7 @@ static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
     if (!plan_cursor_u64(c, &w->bytes) || !plan_cursor_u64(c, &w->data_offset))
         return truncated(d, "a weight");
     uint64_t expected;
-    if (__builtin_mul_overflow(elements, prog_dtype_size(w->dtype), &expected) || expected != w->bytes)
+    if (__builtin_mul_overflow(elements, smelt_dtype_element_bytes(w->dtype), &expected) || expected != w->bytes)
         return fail(d, "weight '%.*s%s' says it has %llu bytes but its shape and dtype make %llu",
                     name_length, copy, ellipsis, (unsigned long long)w->bytes, (unsigned long long)expected);
     if (w->bytes == 0) return fail(d, "weight '%.*s%s' has no elements", name_length, copy, ellipsis);
@@ -522,7 +528,7 @@ static bool check_operand(decoder *d, uint32_t i, const char *operand, prog_ref 
                           uint64_t columns, uint8_t dtype) {
     char what[64];
     snprintf(what, sizeof what, "instruction %u gemm operand %s", i, operand);
-    uint64_t extent, element = prog_dtype_size(dtype);
+    uint64_t extent, element = smelt_dtype_element_bytes(dtype);
     if (!extent_of(rows, columns, element, &extent))
         return fail(d, "%s of %llu x %llu elements overflows", what, (unsigned long long)rows,
                     (unsigned long long)columns);
@@ -540,7 +546,7 @@ static bool check_gemm(decoder *d, uint32_t i, const prog_gemm *g) {
                     (long long)g->k, INT32_MAX);
     const uint8_t dtypes[4] = {g->dtype_a, g->dtype_b, g->dtype_c, g->dtype_bias};
     for (int k = 0; k < (g->has_bias ? 4 : 3); k++)
-        if (dtypes[k] != PROG_DTYPE_F32 && dtypes[k] != PROG_DTYPE_BF16)
+        if (dtypes[k] != SMELT_DTYPE_F32 && dtypes[k] != SMELT_DTYPE_BF16)
             return fail(d, "instruction %u: gemm operand %c has dtype %u (expected f32 or bf16)", i,
                         "abcd"[k], dtypes[k]);
     if (g->c.buffer == PROG_BUFFER_WEIGHT) return fail(d, "instruction %u: gemm writes a weight", i);
@@ -619,7 +625,7 @@ bool program_check_plan(const program *p, uint32_t kernel_count, uint64_t weight
         uint64_t end;
         if (w->data_offset == UINT64_MAX) continue; /* bound at run time */
         if (__builtin_add_overflow(w->data_offset, w->bytes, &end) || end > weight_data_size ||
-            w->data_offset % prog_dtype_size(w->dtype) != 0) {
+            w->data_offset % smelt_dtype_element_bytes(w->dtype) != 0) {
             snprintf(error, error_size,
                      "program: weight '%.*s%s' (%llu bytes at offset %llu) lies outside the %llu bytes of "
                      "weight data "

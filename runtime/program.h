@@ -26,7 +26,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { PROGRAM_FORMAT_VERSION = 1, PROG_MAX_ARGS = 32 };
+#include "smelt_dtype.h"
+
+enum { PROGRAM_FORMAT_VERSION = 2, PROG_MAX_ARGS = 32 };
 
 /* ceil((a * T + b) / c) with c >= 1; a constant is {0, value, 1}. */
 typedef struct prog_affine {
@@ -49,14 +51,6 @@ typedef struct prog_ref {
     uint32_t index; /* weight or state index; 0 for the arena */
     uint64_t offset; /* bytes */
 } prog_ref;
-
-typedef enum prog_dtype {
-    PROG_DTYPE_F32 = 0,
-    PROG_DTYPE_BF16 = 1,
-    PROG_DTYPE_I32 = 2,
-} prog_dtype;
-
-static inline unsigned prog_dtype_size(prog_dtype t) { return t == PROG_DTYPE_BF16 ? 2 : 4; }
 
 /* One kernel argument: a pointer to a buffer, the token count T as an int,
  * or an integer constant. */
@@ -97,7 +91,7 @@ typedef struct prog_launch {
 typedef struct prog_gemm {
     prog_affine m;
     int64_t n, k;
-    uint8_t dtype_a, dtype_b, dtype_c, dtype_bias; /* prog_dtype */
+    uint8_t dtype_a, dtype_b, dtype_c, dtype_bias; /* smelt_dtype */
     bool b_transposed;
     bool has_bias;
     prog_ref a, b, c, bias;
@@ -117,7 +111,7 @@ typedef struct prog_instr {
  * "{e}" whose parts 0..shape[0]-1 are stacked along dim 0. */
 typedef struct prog_weight {
     const char *name;
-    uint8_t dtype; /* prog_dtype: storage dtype in the plan and on the device */
+    uint8_t dtype; /* smelt_dtype: storage dtype in the plan and on the device */
     bool stacked;
     uint32_t rank;
     int64_t shape[8];

@@ -8,9 +8,9 @@
 
 static const char *dtype_name(uint8_t dtype) {
     switch (dtype) {
-    case PROG_DTYPE_F32: return "f32";
-    case PROG_DTYPE_BF16: return "bf16";
-    case PROG_DTYPE_I32: return "i32";
+    case SMELT_DTYPE_F32: return "f32";
+    case SMELT_DTYPE_BF16: return "bf16";
+    case SMELT_DTYPE_I32: return "i32";
     default: return "?";
     }
 }

@@ -73,6 +73,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "smelt_dtype.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -157,11 +159,7 @@ void smelt_engine_destroy(smelt_engine *engine);
 /* "host" or "cuda" (with the GPU's name where known). */
 const char *smelt_engine_device_name(const smelt_engine *engine);
 
-typedef enum smelt_dtype {
-    SMELT_DTYPE_F32 = 0,
-    SMELT_DTYPE_BF16 = 1,
-    SMELT_DTYPE_F16 = 2,
-} smelt_dtype;
+/* smelt_dtype (smelt_dtype.h): F32, BF16 and F16 data can be bound. */
 
 /* Binds weight `name` (its Hugging Face name, as the plan's weight table has
  * it) from `data`, a row-major tensor of `dtype` with the given shape, which

@@ -145,8 +145,8 @@ static ir_type type_from_text(emit_case *c, const char *text) {
     ir_type t = {0};
     const char *bracket = strchr(text, '[');
     assert_non_null(bracket);
-    t.dtype = ir_dtype_from_name(text, (size_t)(bracket - text));
-    assert_int_not_equal(t.dtype, IR_DTYPE_UNKNOWN);
+    t.dtype = smelt_dtype_from_name(text, (size_t)(bracket - text));
+    assert_int_not_equal(t.dtype, SMELT_DTYPE_UNKNOWN);
     for (const char *p = bracket + 1; *p != ']';) {
         while (*p == ' ' || *p == ',')
             p++;
@@ -189,7 +189,7 @@ static ir_value_id case_weight(emit_case *c, const char *type) {
 static ir_value_id case_const(emit_case *c, double value) {
     uint32_t op = case_op(c, IR_OP_CONST, NULL, 0);
     assert_true(ir_op_set_float(&c->m, op, "value", value));
-    c->m.values[case_result(c, op)].type = (ir_type){.dtype = IR_DTYPE_F32};
+    c->m.values[case_result(c, op)].type = (ir_type){.dtype = SMELT_DTYPE_F32};
     return case_result(c, op);
 }
 
@@ -310,7 +310,7 @@ static void case_set_ints_data(emit_case *c, ir_value_id v, int64_t tokens, cons
  * stored as bf16; the kernel's buffer in its storage dtype. */
 static void fill_operand(emit_case *c, ir_value_id v, int64_t tokens) {
     value_data *d = prepare_value(c, v, tokens);
-    bool is_float = ir_dtype_is_float(c->m.values[v].type.dtype);
+    bool is_float = smelt_dtype_is_float(c->m.values[v].type.dtype);
     uint32_t constant = c->m.values[v].def_op;
     if (c->m.ops[constant].kind == IR_OP_CONST) {
         if (!d->f) d->f = malloc(d->count * sizeof *d->f);
@@ -324,10 +324,10 @@ static void fill_operand(emit_case *c, ir_value_id v, int64_t tokens) {
             d->f[i] = next_uniform(c);
     }
     if (!is_float && !d->i) fail_msg("integer value %u has no data at T = %lld", v, (long long)tokens);
-    prog_dtype storage = cg_storage_dtype(&c->m, v, &c->options);
+    smelt_dtype storage = cg_storage_dtype(&c->m, v, &c->options);
     free(d->buffer);
-    d->buffer = malloc(d->count * prog_dtype_size(storage));
-    if (storage == PROG_DTYPE_BF16) {
+    d->buffer = malloc(d->count * smelt_dtype_element_bytes(storage));
+    if (storage == SMELT_DTYPE_BF16) {
         uint16_t *b = d->buffer;
         for (uint64_t i = 0; i < d->count; i++) {
             b[i] = to_bf16(d->f[i]);
@@ -342,9 +342,9 @@ static void fill_operand(emit_case *c, ir_value_id v, int64_t tokens) {
 static void prepare_result(emit_case *c, ir_value_id v, int64_t tokens) {
     value_data *d = prepare_value(c, v, tokens);
     free(d->buffer);
-    prog_dtype storage = cg_storage_dtype(&c->m, v, &c->options);
-    d->buffer = malloc(d->count * prog_dtype_size(storage));
-    memset(d->buffer, 0xff, d->count * prog_dtype_size(storage));
+    smelt_dtype storage = cg_storage_dtype(&c->m, v, &c->options);
+    d->buffer = malloc(d->count * smelt_dtype_element_bytes(storage));
+    memset(d->buffer, 0xff, d->count * smelt_dtype_element_bytes(storage));
 }
 
 /* ---- compiling ------------------------------------------------------------------------ */
@@ -476,7 +476,7 @@ static ref_tensor tensor_of(emit_case *c, ir_value_id v, int64_t tokens) {
     ref_tensor t = {0};
     t.rank = c->m.values[v].type.rank;
     t.count = dims_at(c, v, tokens, t.dims);
-    t.elem = ir_dtype_is_float(c->m.values[v].type.dtype) ? REF_F32 : REF_I32;
+    t.elem = smelt_dtype_is_float(c->m.values[v].type.dtype) ? REF_F32 : REF_I32;
     t.f = t.elem == REF_F32 ? c->values[v].f : NULL;
     t.i = t.elem == REF_I32 ? c->values[v].i : NULL;
     return t;
@@ -528,7 +528,7 @@ static void run_reference(emit_case *c, uint32_t op, int64_t tokens, ref_tensor 
 static void compare_result(emit_case *c, ir_value_id v, const ref_tensor *want, double tolerance,
                            const char *source) {
     value_data *d = &c->values[v];
-    prog_dtype storage = cg_storage_dtype(&c->m, v, &c->options);
+    smelt_dtype storage = cg_storage_dtype(&c->m, v, &c->options);
     if (want->elem == REF_I32) {
         const int32_t *got = d->buffer;
         for (uint64_t i = 0; i < want->count; i++)
@@ -541,10 +541,10 @@ static void compare_result(emit_case *c, ir_value_id v, const ref_tensor *want, 
     for (uint64_t i = 0; i < want->count; i++)
         largest = fmax(largest, fabs(want->f[i]));
     if (largest == 0.0) largest = 1.0;
-    double floor = storage == PROG_DTYPE_BF16 ? largest : 0.1 * largest;
-    double allowed_relative = storage == PROG_DTYPE_BF16 ? BF16_TOLERANCE : tolerance;
+    double floor = storage == SMELT_DTYPE_BF16 ? largest : 0.1 * largest;
+    double allowed_relative = storage == SMELT_DTYPE_BF16 ? BF16_TOLERANCE : tolerance;
     for (uint64_t i = 0; i < want->count; i++) {
-        double got = storage == PROG_DTYPE_BF16 ? from_bf16(((const uint16_t *)d->buffer)[i])
+        double got = storage == SMELT_DTYPE_BF16 ? from_bf16(((const uint16_t *)d->buffer)[i])
                                                 : ((const float *)d->buffer)[i];
         double allowed = allowed_relative * fmax(fabs(want->f[i]), floor);
         double error = fabs(got - want->f[i]);
@@ -552,7 +552,7 @@ static void compare_result(emit_case *c, ir_value_id v, const ref_tensor *want, 
             fail_msg("value %u element %llu: expected %.9g, found %.9g (allowed %.3g, %s storage)\n--- "
                      "source ---\n%s",
                      v, (unsigned long long)i, want->f[i], got, allowed,
-                     storage == PROG_DTYPE_BF16 ? "bf16" : "f32", source);
+                     storage == SMELT_DTYPE_BF16 ? "bf16" : "f32", source);
         c->worst_error = fmax(c->worst_error, error / allowed);
     }
 }

@@ -411,19 +411,19 @@ static void test_loop_unrolls(void **state) {
     for (unsigned i = 0; i < 3; i++) {
         uint32_t w = nth_op(IR_OP_WEIGHT, i), mm = nth_op(IR_OP_MATMUL, i);
         assert_string_equal(ir_op_string(&module, w, "name"), names[i]);
-        assert_int_equal(type_of_value(result_of(w))->dtype, IR_DTYPE_F32);
+        assert_int_equal(type_of_value(result_of(w))->dtype, SMELT_DTYPE_F32);
         assert_int_equal(module.ops[mm].operands[0], previous); /* h chains through the layers */
         assert_int_equal(module.ops[mm].operands[1], result_of(w));
         assert_int_equal(module.ops[mm].loc.line, 7);
         assert_string_equal(ir_op_string(&module, mm, "layout"), "out_in"); /* default filled in */
-        assert_int_equal(type_of_value(result_of(mm))->dtype, IR_DTYPE_UNKNOWN);
+        assert_int_equal(type_of_value(result_of(mm))->dtype, SMELT_DTYPE_UNKNOWN);
         previous = result_of(mm);
     }
     assert_int_equal(output_source("y"), nth_op(IR_OP_MATMUL, 2));
     assert_int_equal(find_param("after")->value.i, 7);
     /* The input's declared type: f32[tokens, 8]. */
     const ir_type *t = type_of_value(result_of(nth_op(IR_OP_INPUT, 0)));
-    assert_int_equal(t->dtype, IR_DTYPE_F32);
+    assert_int_equal(t->dtype, SMELT_DTYPE_F32);
     assert_int_equal(t->rank, 2);
     assert_true(ir_dim_is_symbol(t->dims[0]));
     assert_string_equal(module.symbols[t->dims[0].symbol].name, "tokens");
@@ -531,7 +531,7 @@ static void test_weight_templates(void **state) {
     assert_string_equal(ir_op_string(&module, w, "name"), "model.layers.1.experts.{e}.w1.weight");
     assert_string_equal(ir_op_string(&module, w, "stack"), "e");
     const ir_type *t = type_of_value(result_of(w));
-    assert_int_equal(t->dtype, IR_DTYPE_BF16);
+    assert_int_equal(t->dtype, SMELT_DTYPE_BF16);
     assert_int_equal(t->rank, 3);
     assert_int_equal(t->dims[0].size, 4);
     assert_int_equal(t->dims[2].size, 16);
@@ -595,7 +595,7 @@ static void test_input_and_dim_errors(void **state) {
     /* The good input is still built. */
     assert_int_equal(count_ops(IR_OP_INPUT), 1);
     const ir_type *t = type_of_value(result_of(nth_op(IR_OP_INPUT, 0)));
-    assert_int_equal(t->dtype, IR_DTYPE_I64);
+    assert_int_equal(t->dtype, SMELT_DTYPE_I64);
     assert_int_equal(t->dims[1].size, 0);
     assert_int_equal(module.symbol_count, 1);
 }
@@ -661,7 +661,7 @@ static void test_scalar_operands_become_consts(void **state) {
     assert_true(ir_op_float(&module, 5, "value") == 3.0);
     for (unsigned i = 1; i <= 5; i += 2) {
         const ir_type *t = type_of_value(result_of(i));
-        assert_int_equal(t->dtype, IR_DTYPE_F32);
+        assert_int_equal(t->dtype, SMELT_DTYPE_F32);
         assert_int_equal(t->rank, 0);
     }
     assert_int_equal(module.ops[2].operands[1], result_of(1));
@@ -1057,7 +1057,7 @@ static void test_dsl_model(void **state) {
     uint32_t w1 = nth_op(IR_OP_WEIGHT, 1 + 7 + 4); /* embed, 7 per layer, then ln wqkv b router */
     assert_string_equal(ir_op_string(&module, w1, "name"), "model.layers.1.experts.{e}.w1.weight");
     assert_string_equal(ir_op_string(&module, w1, "stack"), "e");
-    assert_int_equal(type_of_value(result_of(nth_op(IR_OP_WEIGHT, 1)))->dtype, IR_DTYPE_BF16);
+    assert_int_equal(type_of_value(result_of(nth_op(IR_OP_WEIGHT, 1)))->dtype, SMELT_DTYPE_BF16);
     assert_int_equal(type_of_value(result_of(nth_op(IR_OP_WEIGHT, 2)))->dims[0].size, 24);
     uint32_t split = nth_op(IR_OP_SPLIT, 0);
     assert_int_equal(module.ops[split].result_count, 3);

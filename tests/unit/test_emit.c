@@ -420,13 +420,13 @@ static void test_storage_policy(void **state) {
                                &(ir_attr){.kind = IR_ATTR_SHAPE, .as.shape = {shape.rank, shape.dims}}));
     case_output(c, case_result(c, reshape), "logits");
     case_infer(c);
-    assert_int_equal(cg_storage_dtype(&c->m, hidden, &c->options), PROG_DTYPE_BF16);
-    assert_int_equal(cg_storage_dtype(&c->m, x, &c->options), PROG_DTYPE_BF16);
-    assert_int_equal(cg_storage_dtype(&c->m, logits, &c->options), PROG_DTYPE_F32);
-    assert_int_equal(cg_storage_dtype(&c->m, case_result(c, reshape), &c->options), PROG_DTYPE_F32);
-    assert_int_equal(cg_storage_dtype(&c->m, c->ids, &c->options), PROG_DTYPE_I32);
+    assert_int_equal(cg_storage_dtype(&c->m, hidden, &c->options), SMELT_DTYPE_BF16);
+    assert_int_equal(cg_storage_dtype(&c->m, x, &c->options), SMELT_DTYPE_BF16);
+    assert_int_equal(cg_storage_dtype(&c->m, logits, &c->options), SMELT_DTYPE_F32);
+    assert_int_equal(cg_storage_dtype(&c->m, case_result(c, reshape), &c->options), SMELT_DTYPE_F32);
+    assert_int_equal(cg_storage_dtype(&c->m, c->ids, &c->options), SMELT_DTYPE_I32);
     cg_options f32 = {CG_PRECISION_F32};
-    assert_int_equal(cg_storage_dtype(&c->m, hidden, &f32), PROG_DTYPE_F32);
+    assert_int_equal(cg_storage_dtype(&c->m, hidden, &f32), SMELT_DTYPE_F32);
     /* A kernel reading bf16 and writing f32 says so in its name, and runs. */
     arena a;
     arena_init(&a);

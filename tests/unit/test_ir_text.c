@@ -120,7 +120,7 @@ static unsigned count_errors(const char *messages) {
 
 static smelt_loc at(int32_t file, uint32_t line, uint32_t col) { return (smelt_loc){file, line, col}; }
 
-static ir_type type_of(ir_dtype dtype, unsigned rank, const ir_dim *dims) {
+static ir_type type_of(smelt_dtype dtype, unsigned rank, const ir_dim *dims) {
     ir_type t = {.dtype = dtype, .rank = (uint8_t)rank};
     for (unsigned i = 0; i < rank; i++)
         t.dims[i] = dims[i];
@@ -195,17 +195,17 @@ static void build_tiny(ir_module *m, diag_engine *d) {
 
     uint32_t ids = ir_append_op(m, IR_OP_INPUT, NULL, 0, UINT32_MAX, at(src, 14, 3));
     ir_op_set_string(m, ids, "name", "ids");
-    m->values[ir_op_result(m, ids, 0)].type = type_of(IR_DTYPE_I32, 1, (ir_dim[]){T});
+    m->values[ir_op_result(m, ids, 0)].type = type_of(SMELT_DTYPE_I32, 1, (ir_dim[]){T});
 
     uint32_t embed = ir_append_op(m, IR_OP_WEIGHT, NULL, 0, UINT32_MAX, at(src, 16, 3));
     ir_op_set_string(m, embed, "name", "model.embed_tokens.weight");
     ir_op_fill_defaults(m, embed); /* stack = "" is the default: not printed */
     m->values[ir_op_result(m, embed, 0)].type =
-        type_of(IR_DTYPE_F32, 2, (ir_dim[]){ir_dim_const(97), ir_dim_const(64)});
+        type_of(SMELT_DTYPE_F32, 2, (ir_dim[]){ir_dim_const(97), ir_dim_const(64)});
 
     ir_value_id operands[4] = {ir_op_result(m, embed, 0), ir_op_result(m, ids, 0)};
     uint32_t h = ir_append_op(m, IR_OP_EMBEDDING, operands, 2, UINT32_MAX, at(src, 17, 11));
-    m->values[ir_op_result(m, h, 0)].type = type_of(IR_DTYPE_F32, 2, (ir_dim[]){T, ir_dim_const(64)});
+    m->values[ir_op_result(m, h, 0)].type = type_of(SMELT_DTYPE_F32, 2, (ir_dim[]){T, ir_dim_const(64)});
 
     operands[0] = ir_op_result(m, h, 0);
     uint32_t dead = ir_append_op(m, IR_OP_SILU, operands, 1, UINT32_MAX, at(src, 18, 1));
@@ -215,13 +215,13 @@ static void build_tiny(ir_module *m, diag_engine *d) {
     ir_op_set_int(m, split, "axis", 1);
     ir_op_set_attr(m, split, "sizes", &(ir_attr){.kind = IR_ATTR_INTS, .as.ints = {2, (int64_t[]){32, 32}}});
     for (uint32_t r = 0; r < 2; r++)
-        m->values[ir_op_result(m, split, r)].type = type_of(IR_DTYPE_F32, 2, (ir_dim[]){T, ir_dim_const(32)});
+        m->values[ir_op_result(m, split, r)].type = type_of(SMELT_DTYPE_F32, 2, (ir_dim[]){T, ir_dim_const(32)});
 
     uint32_t w = ir_append_op(m, IR_OP_WEIGHT, NULL, 0, UINT32_MAX, SMELT_NO_LOC);
     ir_op_set_string(m, w, "name", "model.layers.{e}.w");
     ir_op_set_string(m, w, "stack", "e");
     m->values[ir_op_result(m, w, 0)].type =
-        type_of(IR_DTYPE_BF16, 3, (ir_dim[]){ir_dim_const(4), ir_dim_const(32), ir_dim_const(32)});
+        type_of(SMELT_DTYPE_BF16, 3, (ir_dim[]){ir_dim_const(4), ir_dim_const(32), ir_dim_const(32)});
 
     operands[0] = ir_op_result(m, split, 1);
     operands[1] = ir_op_result(m, w, 0);
@@ -237,7 +237,7 @@ static void build_tiny(ir_module *m, diag_engine *d) {
 
     uint32_t scale = ir_append_op(m, IR_OP_CONST, NULL, 0, UINT32_MAX, at(src, 0, 0));
     ir_op_set_float(m, scale, "value", 0.125);
-    m->values[ir_op_result(m, scale, 0)].type = type_of(IR_DTYPE_F32, 0, NULL);
+    m->values[ir_op_result(m, scale, 0)].type = type_of(SMELT_DTYPE_F32, 0, NULL);
 
     operands[0] = ir_op_result(m, shaped, 0);
     uint32_t sm = ir_append_op(m, IR_OP_SOFTMAX, operands, 1, UINT32_MAX, at(src, 23, 7));
@@ -335,7 +335,7 @@ static void test_print_no_source(void **state) {
     /* A location in some file is not printed when the module has no source. */
     uint32_t x = ir_append_op(&m, IR_OP_INPUT, NULL, 0, UINT32_MAX, at(0, 3, 4));
     ir_op_set_string(&m, x, "name", "x");
-    m.values[0].type = type_of(IR_DTYPE_F16, 0, NULL);
+    m.values[0].type = type_of(SMELT_DTYPE_F16, 0, NULL);
     ir_value_id v = ir_op_result(&m, x, 0);
     uint32_t o = ir_append_op(&m, IR_OP_OUTPUT, &v, 1, UINT32_MAX, at(0, 5, 1));
     ir_op_set_string(&m, o, "name", "y");
@@ -459,16 +459,16 @@ static void test_parse_fields(void **state) {
 
     /* Types: declared ones stored, `?` and missing ones unknown. */
     const ir_type *ids = &m.values[ir_op_result(&m, 0, 0)].type;
-    assert_int_equal(ids->dtype, IR_DTYPE_I32);
+    assert_int_equal(ids->dtype, SMELT_DTYPE_I32);
     assert_int_equal(ids->rank, 1);
     assert_int_equal(ids->dims[0].symbol, 0);
     const ir_type *w = &m.values[ir_op_result(&m, 1, 0)].type;
-    assert_int_equal(w->dtype, IR_DTYPE_F32);
+    assert_int_equal(w->dtype, SMELT_DTYPE_F32);
     assert_int_equal(w->rank, 2);
     assert_true(w->dims[0].symbol < 0 && w->dims[0].size == 16 && w->dims[1].size == 8);
-    assert_int_equal(m.values[ir_op_result(&m, 2, 0)].type.dtype, IR_DTYPE_UNKNOWN);
-    assert_int_equal(m.values[ir_op_result(&m, 4, 0)].type.dtype, IR_DTYPE_F32);
-    assert_int_equal(m.values[ir_op_result(&m, 4, 1)].type.dtype, IR_DTYPE_UNKNOWN);
+    assert_int_equal(m.values[ir_op_result(&m, 2, 0)].type.dtype, SMELT_DTYPE_UNKNOWN);
+    assert_int_equal(m.values[ir_op_result(&m, 4, 0)].type.dtype, SMELT_DTYPE_F32);
+    assert_int_equal(m.values[ir_op_result(&m, 4, 1)].type.dtype, SMELT_DTYPE_UNKNOWN);
 
     /* Locations: loc(...) is in the source; the rest is the op name in the .ir file. */
     assert_int_equal(m.ops[2].loc.file, m.source_file);

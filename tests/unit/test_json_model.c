@@ -832,7 +832,7 @@ static void test_files(void **state) {
 
 /* ---- ir_print_json ------------------------------------------------------- */
 
-static void set_type(ir_module *m, uint32_t op, ir_dtype dtype, uint8_t rank, const ir_dim *dims) {
+static void set_type(ir_module *m, uint32_t op, smelt_dtype dtype, uint8_t rank, const ir_dim *dims) {
     ir_type *t = &m->values[ir_op_result(m, op, 0)].type;
     t->dtype = dtype;
     t->rank = rank;
@@ -864,19 +864,19 @@ static void build_module(ir_module *m, bool with_source) {
 
     uint32_t ids = ir_append_op(m, IR_OP_INPUT, NULL, 0, UINT32_MAX, here);
     ir_op_set_string(m, ids, "name", "ids");
-    set_type(m, ids, IR_DTYPE_I32, 1, (ir_dim[]){ir_dim_symbol(tokens)});
+    set_type(m, ids, SMELT_DTYPE_I32, 1, (ir_dim[]){ir_dim_symbol(tokens)});
     ir_value_id ids_v = ir_op_result(m, ids, 0);
 
     uint32_t embed = ir_append_op(m, IR_OP_WEIGHT, NULL, 0, UINT32_MAX, (smelt_loc){0, 16, 3});
     ir_op_set_string(m, embed, "name", "model.embed_tokens.weight");
     ir_op_fill_defaults(m, embed); /* stack = "": not written */
-    set_type(m, embed, IR_DTYPE_F32, 2, (ir_dim[]){ir_dim_const(97), ir_dim_const(64)});
+    set_type(m, embed, SMELT_DTYPE_F32, 2, (ir_dim[]){ir_dim_const(97), ir_dim_const(64)});
     ir_value_id embed_v = ir_op_result(m, embed, 0);
 
     uint32_t w1 = ir_append_op(m, IR_OP_WEIGHT, NULL, 0, UINT32_MAX, (smelt_loc){0, 17, 0});
     ir_op_set_string(m, w1, "name", "m.experts.{e}.w1.weight");
     ir_op_set_string(m, w1, "stack", "e");
-    set_type(m, w1, IR_DTYPE_BF16, 3, (ir_dim[]){ir_dim_const(4), ir_dim_const(8), ir_dim_const(64)});
+    set_type(m, w1, SMELT_DTYPE_BF16, 3, (ir_dim[]){ir_dim_const(4), ir_dim_const(8), ir_dim_const(64)});
 
     uint32_t split =
         ir_append_op(m, IR_OP_SPLIT, (ir_value_id[]){ir_op_result(m, w1, 0)}, 1, 2, SMELT_NO_LOC);
@@ -1075,7 +1075,7 @@ static void test_print_json_strings_and_floats(void **state) {
     const char *hf_name = "a\"b\\c\nd\x01\xc3\xa9\xff";
     uint32_t w = ir_append_op(&m, IR_OP_WEIGHT, NULL, 0, UINT32_MAX, SMELT_NO_LOC);
     ir_op_set_string(&m, w, "name", hf_name);
-    m.values[ir_op_result(&m, w, 0)].type = (ir_type){.dtype = IR_DTYPE_F32};
+    m.values[ir_op_result(&m, w, 0)].type = (ir_type){.dtype = SMELT_DTYPE_F32};
     static const double values[] = {0.1, -0.0, 1e300, 5e-324, INFINITY, -INFINITY, NAN, 2.0};
     for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
         uint32_t c = ir_append_op(&m, IR_OP_CONST, NULL, 0, UINT32_MAX, SMELT_NO_LOC);

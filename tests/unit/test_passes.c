@@ -54,15 +54,15 @@ static const char *log_of(fixture *f) {
         if (!strstr(log_of(f), (message))) fail_msg("expected '%s' in:\n%s", (message), log_of(f));          \
     } while (0)
 
-static ir_type type(ir_dtype dtype, unsigned rank, const ir_dim *dims) {
+static ir_type type(smelt_dtype dtype, unsigned rank, const ir_dim *dims) {
     ir_type t = {.dtype = dtype, .rank = (uint8_t)rank};
     for (unsigned i = 0; i < rank; i++)
         t.dims[i] = dims[i];
     return t;
 }
 #define TYPE(dtype, ...)                                                                                     \
-    type(IR_DTYPE_##dtype, sizeof((ir_dim[]){__VA_ARGS__}) / sizeof(ir_dim), (ir_dim[]){__VA_ARGS__})
-#define SCALAR(dtype) type(IR_DTYPE_##dtype, 0, NULL)
+    type(SMELT_DTYPE_##dtype, sizeof((ir_dim[]){__VA_ARGS__}) / sizeof(ir_dim), (ir_dim[]){__VA_ARGS__})
+#define SCALAR(dtype) type(SMELT_DTYPE_##dtype, 0, NULL)
 #define C(n) ir_dim_const(n)
 #define TOKENS ir_dim_symbol(0)
 

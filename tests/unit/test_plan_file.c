@@ -1132,7 +1132,8 @@ static void test_print_malformed_kernels(void **state) {
 }
 
 /* The runtime reads plans on machines without the compiler: nothing under
- * runtime/ may include a header that is not in runtime/ (or the system). */
+ * runtime/ may include a header that is not in runtime/ or plan/ (or the
+ * system). */
 static void test_runtime_includes_only_runtime(void **state) {
     (void)state;
     char runtime_dir[512];
@@ -1154,10 +1155,12 @@ static void test_runtime_includes_only_runtime(void **state) {
         while (fgets(line, sizeof line, f)) {
             char name[256];
             if (sscanf(line, " #include \"%255[^\"]\"", name) != 1) continue;
-            char included[1400];
+            char included[1400], in_plan[1400];
             snprintf(included, sizeof included, "%s/%s", runtime_dir, name);
-            if (strchr(name, '/') || access(included, F_OK) != 0)
-                fail_msg("runtime/%s includes \"%s\", which is not a runtime header", entry->d_name, name);
+            snprintf(in_plan, sizeof in_plan, "%s/plan/%s", SMELT_SOURCE_DIR, name);
+            if (strchr(name, '/') || (access(included, F_OK) != 0 && access(in_plan, F_OK) != 0))
+                fail_msg("runtime/%s includes \"%s\", which is not a runtime or plan header", entry->d_name,
+                         name);
         }
         fclose(f);
     }

@@ -66,8 +66,8 @@ static ir_type type_of_text(fixture *f, const char *text) {
     ir_type t = {0};
     const char *bracket = strchr(text, '[');
     assert_non_null(bracket);
-    t.dtype = ir_dtype_from_name(text, (size_t)(bracket - text));
-    assert_int_not_equal(t.dtype, IR_DTYPE_UNKNOWN);
+    t.dtype = smelt_dtype_from_name(text, (size_t)(bracket - text));
+    assert_int_not_equal(t.dtype, SMELT_DTYPE_UNKNOWN);
     for (const char *p = bracket + 1; *p != ']';) {
         while (*p == ' ' || *p == ',')
             p++;
@@ -127,7 +127,7 @@ static bool read_weight(void *context, uint32_t op, float *dst, uint64_t count) 
 static ir_value_id const_f32(fixture *f, double value) {
     uint32_t op = append(f, IR_OP_CONST, NULL, 0);
     assert_true(ir_op_set_float(&f->m, op, "value", value));
-    f->m.values[result(f, op)].type = (ir_type){.dtype = IR_DTYPE_F32};
+    f->m.values[result(f, op)].type = (ir_type){.dtype = SMELT_DTYPE_F32};
     return result(f, op);
 }
 

@@ -87,12 +87,12 @@ typedef struct toy_program {
 static prog_ref arena_at(uint64_t offset) { return (prog_ref){PROG_BUFFER_ARENA, 0, offset}; }
 static prog_ref weight_at(uint32_t index) { return (prog_ref){PROG_BUFFER_WEIGHT, index, 0}; }
 
-static prog_weight toy_weight(const char *name, prog_dtype dtype, int64_t d0, int64_t d1,
+static prog_weight toy_weight(const char *name, smelt_dtype dtype, int64_t d0, int64_t d1,
                               uint64_t data_offset) {
     prog_weight w = {.name = name, .dtype = dtype, .rank = d1 ? 2 : 1, .data_offset = data_offset};
     w.shape[0] = d0;
     w.shape[1] = d1;
-    w.bytes = (uint64_t)d0 * (uint64_t)(d1 ? d1 : 1) * prog_dtype_size(dtype);
+    w.bytes = (uint64_t)d0 * (uint64_t)(d1 ? d1 : 1) * smelt_dtype_element_bytes(dtype);
     return w;
 }
 
@@ -112,8 +112,8 @@ static prog_instr toy_launch(uint32_t kernel) {
     return in;
 }
 
-static prog_instr toy_gemm(prog_ref a, prog_dtype ta, prog_ref b, prog_dtype tb, bool transposed, prog_ref c,
-                           prog_dtype tc, bool has_bias, prog_ref bias, prog_dtype tbias) {
+static prog_instr toy_gemm(prog_ref a, smelt_dtype ta, prog_ref b, smelt_dtype tb, bool transposed, prog_ref c,
+                           smelt_dtype tc, bool has_bias, prog_ref bias, smelt_dtype tbias) {
     prog_instr in = {.op = PROG_OP_GEMM, .ir_op = 7};
     in.as.gemm = (prog_gemm){.m = {1, 0, 1},
                              .n = VOCAB,
@@ -146,25 +146,25 @@ static void toy_program_make(toy_program *t, bool bf16, bool in_plan, int64_t ma
     p->logits = arena_at(AT_LOGITS);
     p->max_positions = max_positions;
     uint64_t none = UINT64_MAX;
-    t->weights[0] = toy_weight("toy.embed_bias", PROG_DTYPE_F32, WIDTH, 0, in_plan ? 0 : none);
+    t->weights[0] = toy_weight("toy.embed_bias", SMELT_DTYPE_F32, WIDTH, 0, in_plan ? 0 : none);
     if (!bf16) {
-        t->weights[1] = toy_weight("toy.head.weight", PROG_DTYPE_F32, VOCAB, WIDTH, in_plan ? 64 : none);
-        t->weights[2] = toy_weight("toy.head.bias", PROG_DTYPE_F32, VOCAB, 0, in_plan ? 128 : none);
+        t->weights[1] = toy_weight("toy.head.weight", SMELT_DTYPE_F32, VOCAB, WIDTH, in_plan ? 64 : none);
+        t->weights[2] = toy_weight("toy.head.bias", SMELT_DTYPE_F32, VOCAB, 0, in_plan ? 128 : none);
         p->weight_count = 3;
         t->instrs[0] = toy_launch(0);
-        t->instrs[1] = toy_gemm(arena_at(AT_H), PROG_DTYPE_F32, weight_at(1), PROG_DTYPE_F32, true,
-                                arena_at(AT_LOGITS), PROG_DTYPE_F32, true, weight_at(2), PROG_DTYPE_F32);
+        t->instrs[1] = toy_gemm(arena_at(AT_H), SMELT_DTYPE_F32, weight_at(1), SMELT_DTYPE_F32, true,
+                                arena_at(AT_LOGITS), SMELT_DTYPE_F32, true, weight_at(2), SMELT_DTYPE_F32);
         p->instr_count = 2;
     } else {
-        t->weights[1] = toy_weight("toy.mix.weight", PROG_DTYPE_BF16, WIDTH, WIDTH, in_plan ? 64 : none);
-        t->weights[2] = toy_weight("toy.mix.bias", PROG_DTYPE_BF16, WIDTH, 0, in_plan ? 128 : none);
-        t->weights[3] = toy_weight("toy.head.weight", PROG_DTYPE_BF16, VOCAB, WIDTH, in_plan ? 192 : none);
+        t->weights[1] = toy_weight("toy.mix.weight", SMELT_DTYPE_BF16, WIDTH, WIDTH, in_plan ? 64 : none);
+        t->weights[2] = toy_weight("toy.mix.bias", SMELT_DTYPE_BF16, WIDTH, 0, in_plan ? 128 : none);
+        t->weights[3] = toy_weight("toy.head.weight", SMELT_DTYPE_BF16, VOCAB, WIDTH, in_plan ? 192 : none);
         p->weight_count = 4;
         t->instrs[0] = toy_launch(1);
-        t->instrs[1] = toy_gemm(arena_at(AT_H), PROG_DTYPE_BF16, weight_at(1), PROG_DTYPE_BF16, false,
-                                arena_at(AT_H2), PROG_DTYPE_BF16, true, weight_at(2), PROG_DTYPE_BF16);
-        t->instrs[2] = toy_gemm(arena_at(AT_H2), PROG_DTYPE_BF16, weight_at(3), PROG_DTYPE_BF16, true,
-                                arena_at(AT_LOGITS), PROG_DTYPE_F32, false, weight_at(0), PROG_DTYPE_F32);
+        t->instrs[1] = toy_gemm(arena_at(AT_H), SMELT_DTYPE_BF16, weight_at(1), SMELT_DTYPE_BF16, false,
+                                arena_at(AT_H2), SMELT_DTYPE_BF16, true, weight_at(2), SMELT_DTYPE_BF16);
+        t->instrs[2] = toy_gemm(arena_at(AT_H2), SMELT_DTYPE_BF16, weight_at(3), SMELT_DTYPE_BF16, true,
+                                arena_at(AT_LOGITS), SMELT_DTYPE_F32, false, weight_at(0), SMELT_DTYPE_F32);
         p->instr_count = 3;
     }
     p->weights = t->weights;
@@ -387,7 +387,7 @@ static void rich_program(toy_program *t) {
     t->p.state_count = 1;
     t->p.state_bytes = t->state_bytes;
     t->p.id_bound = 3;
-    prog_weight stacked = toy_weight("experts.{e}.w", PROG_DTYPE_F32, 2, 3, UINT64_MAX);
+    prog_weight stacked = toy_weight("experts.{e}.w", SMELT_DTYPE_F32, 2, 3, UINT64_MAX);
     stacked.stacked = true;
     t->weights[t->p.weight_count++] = stacked;
     prog_launch *l = &t->instrs[0].as.launch;
@@ -445,7 +445,7 @@ static void test_program_round_trip(void **state) {
     assert_int_equal(d.instrs[1].op, PROG_OP_GEMM);
     assert_false(g->b_transposed);
     assert_true(g->has_bias);
-    assert_int_equal(g->dtype_c, PROG_DTYPE_BF16);
+    assert_int_equal(g->dtype_c, SMELT_DTYPE_BF16);
     assert_refs_equal(g->bias, weight_at(2));
     assert_true(d.instrs[2].as.gemm.b_transposed);
     /* Encoding the decoded program gives the same bytes. */
@@ -506,7 +506,7 @@ static void test_program_decode_refuses_lies(void **state) {
 
     toy_program_make(&t, false, true, 0);
     t.p.format_version = 9;
-    expect_refused(&t, "format version 9 is not the version 1 this smelt reads: rebuild the plan");
+    expect_refused(&t, "format version 9 is not the version 2 this smelt reads: rebuild the plan");
 
     toy_program_make(&t, false, true, 0);
     t.weights[1].bytes = 60;
@@ -571,8 +571,8 @@ static void test_program_decode_refuses_lies(void **state) {
     expect_refused(&t, "instruction 1: gemm writes a weight");
 
     toy_program_make(&t, false, true, 0);
-    t.instrs[1].as.gemm.dtype_a = PROG_DTYPE_I32;
-    expect_refused(&t, "gemm operand a has dtype 2");
+    t.instrs[1].as.gemm.dtype_a = SMELT_DTYPE_I32;
+    expect_refused(&t, "gemm operand a has dtype 8 (expected f32 or bf16)");
 
     toy_program_make(&t, false, true, 0);
     t.instrs[1].op = 7;
@@ -645,7 +645,7 @@ static void test_program_decode_fuzz(void **state) {
             int64_t m = program_affine_max(g->m, d.max_tokens);
             assert_true(m >= 0);
             if (g->c.buffer == PROG_BUFFER_ARENA)
-                assert_true(g->c.offset + (uint64_t)m * g->n * prog_dtype_size(g->dtype_c) <= d.arena_bytes);
+                assert_true(g->c.offset + (uint64_t)m * g->n * smelt_dtype_element_bytes(g->dtype_c) <= d.arena_bytes);
         }
         program_free(&d);
     }

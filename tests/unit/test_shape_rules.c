@@ -55,8 +55,8 @@ static ir_type type_of_text(fixture *f, const char *text) {
     if (strcmp(text, "?") == 0) return t;
     const char *bracket = strchr(text, '[');
     assert_non_null(bracket);
-    t.dtype = ir_dtype_from_name(text, (size_t)(bracket - text));
-    assert_int_not_equal(t.dtype, IR_DTYPE_UNKNOWN);
+    t.dtype = smelt_dtype_from_name(text, (size_t)(bracket - text));
+    assert_int_not_equal(t.dtype, SMELT_DTYPE_UNKNOWN);
     for (const char *p = bracket + 1; *p != ']';) {
         while (*p == ' ' || *p == ',')
             p++;

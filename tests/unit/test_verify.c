@@ -46,14 +46,14 @@ static const char *log_of(fixture *f) {
     return f->log_text ? f->log_text : "";
 }
 
-static ir_type type(ir_dtype dtype, unsigned rank, const ir_dim *dims) {
+static ir_type type(smelt_dtype dtype, unsigned rank, const ir_dim *dims) {
     ir_type t = {.dtype = dtype, .rank = (uint8_t)rank};
     for (unsigned i = 0; i < rank && i < IR_MAX_DIMS; i++)
         t.dims[i] = dims[i];
     return t;
 }
 #define TYPE(dtype, ...)                                                                                     \
-    type(IR_DTYPE_##dtype, sizeof((ir_dim[]){__VA_ARGS__}) / sizeof(ir_dim), (ir_dim[]){__VA_ARGS__})
+    type(SMELT_DTYPE_##dtype, sizeof((ir_dim[]){__VA_ARGS__}) / sizeof(ir_dim), (ir_dim[]){__VA_ARGS__})
 #define C(n) ir_dim_const(n)
 #define TOKENS ir_dim_symbol(0)
 

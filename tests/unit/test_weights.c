@@ -80,7 +80,7 @@ static void write_checkpoint(const st_write_tensor *tensors, size_t count) {
 }
 
 /* Appends `weight() {name, stack}` of type dtype[dims...] at line `line`. */
-static uint32_t add_weight(const char *name, const char *stack, ir_dtype dtype, uint8_t rank,
+static uint32_t add_weight(const char *name, const char *stack, smelt_dtype dtype, uint8_t rank,
                            const int64_t *dims, uint32_t line) {
     int32_t file = diag_file_id(&diag, "model.smelt");
     uint32_t op = ir_append_op(&module, IR_OP_WEIGHT, NULL, 0, UINT32_MAX, (smelt_loc){file, line, 0});
@@ -108,10 +108,10 @@ static void test_binds_and_reads_plain_weights(void **state) {
         {"scale", ST_DTYPE_F8_E4M3, 1, shape_fp8, fp8},
     };
     write_checkpoint(tensors, 3);
-    uint32_t w_embed = add_weight("model.embed_tokens.weight", NULL, IR_DTYPE_F32, 2, (int64_t[]){2, 3}, 1);
-    uint32_t w_norm = add_weight("model.norm.weight", NULL, IR_DTYPE_BF16, 1, (int64_t[]){4}, 2);
-    uint32_t w_tied = add_weight("model.embed_tokens.weight", NULL, IR_DTYPE_F32, 2, (int64_t[]){2, 3}, 3);
-    uint32_t w_fp8 = add_weight("scale", NULL, IR_DTYPE_F32, 1, (int64_t[]){2}, 4);
+    uint32_t w_embed = add_weight("model.embed_tokens.weight", NULL, SMELT_DTYPE_F32, 2, (int64_t[]){2, 3}, 1);
+    uint32_t w_norm = add_weight("model.norm.weight", NULL, SMELT_DTYPE_BF16, 1, (int64_t[]){4}, 2);
+    uint32_t w_tied = add_weight("model.embed_tokens.weight", NULL, SMELT_DTYPE_F32, 2, (int64_t[]){2, 3}, 3);
+    uint32_t w_fp8 = add_weight("scale", NULL, SMELT_DTYPE_F32, 1, (int64_t[]){2}, 4);
     assert_true(fe_bind_weights(&module, &checkpoint, &diag, &binding));
     assert_int_equal(diag.error_count + diag.warning_count, 0);
 
@@ -148,7 +148,7 @@ static void test_stack_variable_replaced_everywhere(void **state) {
         {"x.0.y.0.{ex}", ST_DTYPE_F32, 1, shape, data[0]},
     };
     write_checkpoint(tensors, 2);
-    uint32_t op = add_weight("x.{e}.y.{e}.{ex}", "e", IR_DTYPE_F32, 2, (int64_t[]){2, 2}, 1);
+    uint32_t op = add_weight("x.{e}.y.{e}.{ex}", "e", SMELT_DTYPE_F32, 2, (int64_t[]){2, 2}, 1);
     assert_true(fe_bind_weights(&module, &checkpoint, &diag, &binding));
     float got[4];
     assert_true(fe_weight_read_f32(&binding, op, got, 4));
@@ -171,7 +171,7 @@ static void test_stacked_parts_in_order(void **state) {
         {"model.experts.1.w1.weight", ST_DTYPE_F16, 2, shape, parts[1]},
     };
     write_checkpoint(tensors, 3);
-    uint32_t op = add_weight("model.experts.{e}.w1.weight", "e", IR_DTYPE_BF16, 3, (int64_t[]){3, 2, 2}, 1);
+    uint32_t op = add_weight("model.experts.{e}.w1.weight", "e", SMELT_DTYPE_BF16, 3, (int64_t[]){3, 2, 2}, 1);
     assert_true(fe_bind_weights(&module, &checkpoint, &diag, &binding));
     assert_int_equal(diag.error_count + diag.warning_count, 0);
     const fe_bound_weight *w = fe_weight_binding_get(&binding, op);
@@ -202,12 +202,12 @@ static void test_reports_every_binding_error(void **state) {
         {"good", ST_DTYPE_F32, 1, shape_4, data},
     };
     write_checkpoint(tensors, 5);
-    add_weight("model.layers.0.mlp.up_proj.weight", NULL, IR_DTYPE_F32, 2, (int64_t[]){8, 4}, 1);
-    add_weight("model.layers.0.mlp.down_proj.weight", NULL, IR_DTYPE_F32, 2, (int64_t[]){4, 8}, 2);
-    add_weight("ids", NULL, IR_DTYPE_F32, 1, (int64_t[]){4}, 3);
-    add_weight("e.{e}.w", "e", IR_DTYPE_F32, 3, (int64_t[]){3, 2, 2},
+    add_weight("model.layers.0.mlp.up_proj.weight", NULL, SMELT_DTYPE_F32, 2, (int64_t[]){8, 4}, 1);
+    add_weight("model.layers.0.mlp.down_proj.weight", NULL, SMELT_DTYPE_F32, 2, (int64_t[]){4, 8}, 2);
+    add_weight("ids", NULL, SMELT_DTYPE_F32, 1, (int64_t[]){4}, 3);
+    add_weight("e.{e}.w", "e", SMELT_DTYPE_F32, 3, (int64_t[]){3, 2, 2},
                4); /* 1 has the wrong shape, 2 is missing */
-    uint32_t good = add_weight("good", NULL, IR_DTYPE_F32, 1, (int64_t[]){4}, 5);
+    uint32_t good = add_weight("good", NULL, SMELT_DTYPE_F32, 1, (int64_t[]){4}, 5);
     assert_false(fe_bind_weights(&module, &checkpoint, &diag, &binding));
     expect_diag("model.smelt:1: error: weight 'model.layers.0.mlp.up_proj.weight' has shape [4, 8] in the "
                 "checkpoint but the model expects [8, 4]\n");
@@ -234,11 +234,11 @@ static void test_refuses_symbolic_and_malformed_weights(void **state) {
     st_write_tensor tensors[] = {{"w", ST_DTYPE_F32, 1, shape_4, data}};
     write_checkpoint(tensors, 1);
     int32_t tokens = ir_add_symbol(&module, "tokens", 16, SMELT_NO_LOC);
-    uint32_t op = add_weight("w", NULL, IR_DTYPE_F32, 1, (int64_t[]){4}, 1);
+    uint32_t op = add_weight("w", NULL, SMELT_DTYPE_F32, 1, (int64_t[]){4}, 1);
     module.values[ir_op_result(&module, op, 0)].type.dims[0] = ir_dim_symbol(tokens);
-    add_weight("x.{e}", "e", IR_DTYPE_F32, 1, (int64_t[]){4}, 2);
-    add_weight("x.w", "e", IR_DTYPE_F32, 2, (int64_t[]){1, 4}, 3);
-    add_weight("x.{e}", "e", IR_DTYPE_F32, 2, (int64_t[]){1000000000, 4}, 4);
+    add_weight("x.{e}", "e", SMELT_DTYPE_F32, 1, (int64_t[]){4}, 2);
+    add_weight("x.w", "e", SMELT_DTYPE_F32, 2, (int64_t[]){1, 4}, 3);
+    add_weight("x.{e}", "e", SMELT_DTYPE_F32, 2, (int64_t[]){1000000000, 4}, 4);
     assert_false(fe_bind_weights(&module, &checkpoint, &diag, &binding));
     expect_diag("model.smelt:1: error: weight 'w' has dim 0 'tokens'; weight dims must be constants");
     expect_diag(
@@ -261,7 +261,7 @@ static void test_warns_once_about_unused_tensors(void **state) {
         tensors[i] = (st_write_tensor){names[i], ST_DTYPE_F32, 1, shape_1, &value};
     }
     write_checkpoint(tensors, 13);
-    add_weight("t05", NULL, IR_DTYPE_F32, 1, (int64_t[]){1}, 1);
+    add_weight("t05", NULL, SMELT_DTYPE_F32, 1, (int64_t[]){1}, 1);
     assert_true(fe_bind_weights(&module, &checkpoint, &diag, &binding));
     assert_int_equal(diag.warning_count, 1);
     assert_int_equal(binding.unused_count, 12);
@@ -273,7 +273,7 @@ static void test_warns_once_about_unused_tensors(void **state) {
 
     /* A dead op uses nothing; one unused tensor reads in the singular. */
     for (int i = 0; i < 13; i++)
-        if (i != 5) add_weight(names[i], NULL, IR_DTYPE_F32, 1, (int64_t[]){1}, 2);
+        if (i != 5) add_weight(names[i], NULL, SMELT_DTYPE_F32, 1, (int64_t[]){1}, 2);
     module.ops[0].dead = true;
     assert_true(fe_bind_weights(&module, &checkpoint, &diag, &binding));
     expect_diag("warning: 1 tensor of the checkpoint is used by no weight: 't05'\n");
