@@ -55,6 +55,11 @@ typedef struct ir_type {
 } ir_type;
 
 bool ir_type_equal(const ir_type *a, const ir_type *b);
+struct ir_module;
+/* A value of type `actual` may be the result that the shape rule inferred as
+ * `inferred`: the types are equal, or, once `precision` has made dtypes
+ * storage dtypes, equal but for two float dtypes. */
+bool ir_type_matches(const struct ir_module *m, const ir_type *actual, const ir_type *inferred);
 
 /* A symbolic dim: `dim tokens <= 8192`. */
 typedef struct ir_symbol {
@@ -127,6 +132,7 @@ typedef enum ir_op_flags {
     IR_OPF_DECLARES_TYPE = 1u << 2, /* result type is written, not inferred */
     IR_OPF_SIDE_EFFECT = 1u << 3,   /* never removed by DCE */
     IR_OPF_STATEFUL = 1u << 4,      /* reads/writes state (KV cache): no CSE */
+    IR_OPF_VIEW = 1u << 5,          /* result is operand 0's buffer seen with another shape: no kernel */
 } ir_op_flags;
 
 typedef enum ir_op_kind {
@@ -155,6 +161,9 @@ int ir_attr_slot(ir_op_kind kind, const char *name);
 
 typedef uint32_t ir_value_id;
 #define IR_NO_VALUE UINT32_MAX
+/* An op's kernel group (set by `fuse`) or launch step (set by `schedule`)
+ * before it has one, and for ops that launch nothing. */
+#define IR_NONE UINT32_MAX
 
 typedef struct ir_op {
     ir_op_kind kind;
@@ -165,10 +174,25 @@ typedef struct ir_op {
     ir_attr *attrs; /* one per schema slot, ir_op_info.attr_count entries */
     smelt_loc loc;
     bool dead;      /* removed; dropped by ir_module_compact */
+    uint32_t group; /* fuse: the kernel group it belongs to (ops of one group are one kernel); IR_NONE */
+    uint32_t step;  /* schedule: the launch step of its group, 0.. in launch order; IR_NONE */
 } ir_op;
+
+/* Where a value lives at run time (set by `plan-memory`). */
+typedef enum ir_buffer_kind {
+    IR_BUFFER_NONE = 0, /* not planned, or needs no buffer (a constant baked into its users) */
+    IR_BUFFER_ARENA,    /* the activation arena, at byte `offset` */
+    IR_BUFFER_WEIGHT,   /* weight-table entry `offset` (the weights' order in the module) */
+} ir_buffer_kind;
+
+typedef struct ir_buffer {
+    ir_buffer_kind kind;
+    uint64_t offset; /* arena byte offset, or weight index */
+} ir_buffer;
 
 typedef struct ir_value {
     ir_type type;
+    ir_buffer buffer;      /* plan-memory; a reshape's result shares its operand's buffer */
     uint32_t def_op;       /* index of the defining op in ir_module.ops */
     uint32_t result_index; /* which result of that op */
 } ir_value;
@@ -189,6 +213,12 @@ typedef struct ir_module {
     uint32_t op_count, op_capacity;
     ir_value *values;
     uint32_t value_count, value_capacity;
+    /* Set by the lowering passes and printed with the module: */
+    const char *precision;  /* precision: the policy applied ("f32", "bf16"); then every dtype is a
+                               storage dtype and float ops may mix float dtypes (arithmetic is f32);
+                               NULL before */
+    int64_t planned_tokens; /* plan-memory: the token count per step buffers are sized for; 0: not planned */
+    uint64_t arena_bytes;   /* plan-memory: bytes of the activation arena at planned_tokens */
 } ir_module;
 
 void ir_module_init(ir_module *m, const char *name);

@@ -78,6 +78,8 @@ uint32_t ir_insert_op(ir_module *m, uint32_t before, ir_op_kind kind, const ir_v
     m->op_count++;
     ir_op *op = &m->ops[before];
     memset(op, 0, sizeof *op);
+    op->group = IR_NONE;
+    op->step = IR_NONE;
     op->kind = kind;
     op->loc = loc;
     op->operand_count = operand_count;
@@ -226,6 +228,15 @@ bool ir_type_equal(const ir_type *a, const ir_type *b) {
     for (unsigned i = 0; i < a->rank; i++)
         if (!ir_dim_equal(a->dims[i], b->dims[i])) return false;
     return true;
+}
+
+bool ir_type_matches(const ir_module *m, const ir_type *actual, const ir_type *inferred) {
+    if (ir_type_equal(actual, inferred)) return true;
+    if (!m->precision || !smelt_dtype_is_float(actual->dtype) || !smelt_dtype_is_float(inferred->dtype))
+        return false;
+    ir_type same = *actual;
+    same.dtype = inferred->dtype;
+    return ir_type_equal(&same, inferred);
 }
 
 bool ir_type_max_elements(const ir_module *m, const ir_type *t, uint64_t *out) {

@@ -98,12 +98,13 @@ typedef struct parser {
     name_table values, symbols, params;
     bool failed;      /* some error was reported */
     bool line_failed; /* the current line has an error: skip the rest of it */
-    bool have_source;
+    bool have_source, have_precision, have_arena;
     smelt_loc source_loc;
     /* The op being parsed (too big for the stack of a deep caller). */
     ir_token results[IR_MAX_RESULTS];
     ir_value_id operands[IR_MAX_OPERANDS];
     ir_type types[IR_MAX_RESULTS];
+    ir_buffer buffers[IR_MAX_RESULTS];
     smelt_loc type_locs[IR_MAX_RESULTS];
     ir_attr attrs[PARSER_MAX_ATTRS];
     int64_t *ints; /* INTS attribute being read (malloc'd, grows) */
@@ -567,6 +568,33 @@ static bool parse_loc(parser *p, smelt_loc *out) {
     return true;
 }
 
+/* '(' INT ')' with the INT in [0, max]: an annotation's argument. */
+static bool parse_annotation_int(parser *p, const char *what, int64_t max, int64_t *out) {
+    advance(p); /* the annotation's word */
+    if (!expect(p, IR_TOKEN_LPAREN, "'('")) return false;
+    smelt_loc loc = p->token.loc;
+    if (!parse_int(p, out, what)) return false;
+    if (*out < 0 || *out > max) {
+        PARSE_ERROR(p, loc, "expected %s from 0 to %lld, found %lld", what, (long long)max, (long long)*out);
+        return false;
+    }
+    return expect(p, IR_TOKEN_RPAREN, "')'");
+}
+
+/* buffer := 'arena' '(' INT ')' | 'weight' '(' INT ')'   (after a result's type) */
+static bool parse_buffer(parser *p, ir_buffer *out) {
+    *out = (ir_buffer){IR_BUFFER_NONE, 0};
+    int64_t offset;
+    if (at_word(p, "arena")) {
+        if (!parse_annotation_int(p, "an arena offset", INT64_MAX, &offset)) return false;
+        *out = (ir_buffer){IR_BUFFER_ARENA, (uint64_t)offset};
+    } else if (at_word(p, "weight")) {
+        if (!parse_annotation_int(p, "a weight index", UINT32_MAX - 1, &offset)) return false;
+        *out = (ir_buffer){IR_BUFFER_WEIGHT, (uint64_t)offset};
+    }
+    return true;
+}
+
 /* The checks that need the whole line: result count, type count, declared
  * types. Reports every one that fails. */
 static bool check_op(parser *p, const ir_op_info *info, const ir_token *name, uint32_t result_count,
@@ -646,12 +674,15 @@ static void parse_op_line(parser *p, uint32_t *results) {
                 return;
             }
             p->type_locs[type_count] = p->token.loc;
-            if (!parse_type(p, &p->types[type_count])) return;
+            if (!parse_type(p, &p->types[type_count]) || !parse_buffer(p, &p->buffers[type_count])) return;
             type_count++;
             if (!accept(p, IR_TOKEN_COMMA)) break;
         }
     }
 
+    int64_t group = IR_NONE, step = IR_NONE;
+    if (at_word(p, "group") && !parse_annotation_int(p, "a group number", UINT32_MAX - 1, &group)) return;
+    if (at_word(p, "step") && !parse_annotation_int(p, "a step number", UINT32_MAX - 1, &step)) return;
     smelt_loc loc = name.loc; /* its own place in the .ir file unless loc(...) says */
     if (at_word(p, "loc") && !parse_loc(p, &loc)) return;
     if (!at(p, IR_TOKEN_NEWLINE) && !at(p, IR_TOKEN_EOF) && !at(p, IR_TOKEN_RBRACE)) {
@@ -665,9 +696,14 @@ static void parse_op_line(parser *p, uint32_t *results) {
     for (uint32_t i = 0; i < info->attr_count; i++)
         op->attrs[i] = p->attrs[i];
     ir_op_fill_defaults(p->m, index);
+    op->group = (uint32_t)group;
+    op->step = (uint32_t)step;
     for (uint32_t r = 0; r < result_count; r++) {
         ir_value_id v = op->results[r];
-        if (have_types) p->m->values[v].type = p->types[r];
+        if (have_types) {
+            p->m->values[v].type = p->types[r];
+            p->m->values[v].buffer = p->buffers[r];
+        }
         name_table_find(&p->values, p->results[r].text, p->results[r].length)->index = v;
     }
 }
@@ -769,6 +805,56 @@ static void parse_dim(parser *p) {
                    loc);
 }
 
+/* precision := 'precision' STRING   (the policy the precision pass applied) */
+static void parse_precision(parser *p) {
+    smelt_loc loc = p->token.loc;
+    advance(p);
+    if (p->have_precision) {
+        PARSE_ERROR(p, loc, "duplicate 'precision' line");
+        return;
+    }
+    const char *policy;
+    if (!parse_string(p, &policy, &p->m->arena)) return;
+    p->m->precision = policy;
+    p->have_precision = true;
+}
+
+/* arena := 'arena' INT 'bytes' 'for' INT 'tokens'   (the memory plan's size) */
+static void parse_arena(parser *p) {
+    smelt_loc loc = p->token.loc;
+    advance(p);
+    if (p->have_arena) {
+        PARSE_ERROR(p, loc, "duplicate 'arena' line");
+        return;
+    }
+    int64_t bytes, tokens;
+    if (!parse_int(p, &bytes, "the arena's size in bytes")) return;
+    if (!at_word(p, "bytes")) {
+        expected(p, "'bytes'");
+        return;
+    }
+    advance(p);
+    if (!at_word(p, "for")) {
+        expected(p, "'for'");
+        return;
+    }
+    advance(p);
+    smelt_loc tokens_loc = p->token.loc;
+    if (!parse_int(p, &tokens, "a token count")) return;
+    if (!at_word(p, "tokens")) {
+        expected(p, "'tokens'");
+        return;
+    }
+    advance(p);
+    if (bytes < 0 || tokens < 1) {
+        PARSE_ERROR(p, bytes < 0 ? loc : tokens_loc, "expected an arena of >= 0 bytes for >= 1 tokens");
+        return;
+    }
+    p->m->arena_bytes = (uint64_t)bytes;
+    p->m->planned_tokens = tokens;
+    p->have_arena = true;
+}
+
 /* ---- module ------------------------------------------------------------------ */
 
 static void parse_statement(parser *p) {
@@ -778,10 +864,14 @@ static void parse_statement(parser *p) {
         parse_param(p);
     else if (at_word(p, "dim"))
         parse_dim(p);
+    else if (at_word(p, "precision"))
+        parse_precision(p);
+    else if (at_word(p, "arena"))
+        parse_arena(p);
     else if (at(p, IR_TOKEN_VALUE) || at(p, IR_TOKEN_IDENT))
         parse_op(p);
     else
-        expected(p, "'param', 'dim', 'source' or an op");
+        expected(p, "'param', 'dim', 'source', 'precision', 'arena' or an op");
 }
 
 /* module := 'module' name '{' NEWLINE (statement NEWLINE)* '}' */

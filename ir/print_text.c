@@ -9,6 +9,14 @@
  *     output(%1) {name = "logits"} loc(40:3)
  *   }
  *
+ * After the lowering passes the module also says what they decided: its
+ * precision policy and arena size (header lines), each value's buffer after
+ * its type and each op's kernel group and launch step:
+ *
+ *     precision "bf16"
+ *     arena 1048576 bytes for 512 tokens
+ *     %9 = rms_norm(%3, %4) {eps = 1e-05} : bf16[tokens, 64] arena(65536) group(1) step(1) loc(42:13)
+ *
  * The output is canonical, so that parse_text.c reads it back into a module
  * that prints the same bytes: values are renumbered %0, %1, ... in order of
  * definition over the live ops, attributes come in schema order and are
@@ -170,10 +178,20 @@ static bool is_schema_default(const ir_attr_schema *s, const ir_attr *a) {
     return ir_attr_equal(a, &def);
 }
 
+/* A value's buffer after its type: " arena(4096)", " weight(3)", or nothing. */
+static void print_buffer(const ir_buffer *b, FILE *out) {
+    if (b->kind == IR_BUFFER_ARENA)
+        fprintf(out, " arena(%" PRIu64 ")", b->offset);
+    else if (b->kind == IR_BUFFER_WEIGHT)
+        fprintf(out, " weight(%" PRIu64 ")", b->offset);
+}
+
 /* The op without indentation, loc or newline. With numbers, values print as
  * %N (the text form); without (NULL), the results are left out and each
- * operand prints as its type: the op's signature. */
-static void print_op_line(const ir_module *m, const ir_op *op, const uint32_t *numbers, FILE *out) {
+ * operand prints as its type: the op's signature. With `lowering`, each
+ * result's buffer follows its type and the op's group and step come last. */
+static void print_op_line(const ir_module *m, const ir_op *op, const uint32_t *numbers, bool lowering,
+                          FILE *out) {
     const ir_op_info *info = ir_op_info_of(op->kind);
     for (uint32_t r = 0; numbers && r < op->result_count; r++)
         fprintf(out, "%s%%%" PRIu32, r ? ", " : "",
@@ -215,13 +233,16 @@ static void print_op_line(const ir_module *m, const ir_op *op, const uint32_t *n
                 print_type(m, &m->values[v].type, out);
             else
                 fputc('?', out);
+            if (lowering && v < m->value_count) print_buffer(&m->values[v].buffer, out);
         }
     }
+    if (lowering && op->group != IR_NONE) fprintf(out, " group(%" PRIu32 ")", op->group);
+    if (lowering && op->step != IR_NONE) fprintf(out, " step(%" PRIu32 ")", op->step);
 }
 
 static void print_op(const ir_module *m, const ir_op *op, const uint32_t *numbers, FILE *out) {
     fputs("  ", out);
-    print_op_line(m, op, numbers, out);
+    print_op_line(m, op, numbers, true, out);
     if (m->source_file >= 0 && op->loc.file == m->source_file && op->loc.line > 0)
         fprintf(out, " loc(%" PRIu32 ":%" PRIu32 ")", op->loc.line, op->loc.col);
     fputc('\n', out);
@@ -229,12 +250,12 @@ static void print_op(const ir_module *m, const ir_op *op, const uint32_t *number
 
 void ir_print_op(const ir_module *m, uint32_t op, FILE *out) {
     uint32_t *numbers = ir_value_numbers(m);
-    print_op_line(m, &m->ops[op], numbers, out);
+    print_op_line(m, &m->ops[op], numbers, false, out);
     free(numbers);
 }
 
 void ir_print_op_signature(const ir_module *m, uint32_t op, FILE *out) {
-    print_op_line(m, &m->ops[op], NULL, out);
+    print_op_line(m, &m->ops[op], NULL, false, out);
 }
 
 static void print_param(const ir_param *p, FILE *out) {
@@ -267,6 +288,13 @@ void ir_print_text(const ir_module *m, FILE *out) {
         print_name(out, m->symbols[i].name);
         fprintf(out, " <= %" PRId64 "\n", m->symbols[i].bound);
     }
+    if (m->precision) {
+        fputs("  precision ", out);
+        print_string(out, m->precision);
+        fputc('\n', out);
+    }
+    if (m->planned_tokens > 0)
+        fprintf(out, "  arena %" PRIu64 " bytes for %" PRId64 " tokens\n", m->arena_bytes, m->planned_tokens);
     uint32_t *numbers = ir_value_numbers(m);
     for (uint32_t i = 0; i < m->op_count; i++)
         if (!m->ops[i].dead) print_op(m, &m->ops[i], numbers, out);

@@ -131,6 +131,8 @@ static const ir_attr *rule_attr_list(rule_ctx *c, const char *name, ir_attr_kind
 static bool rule_same_dtype(const rule_ctx *c, const char *a_name, const ir_type *a, const char *b_name,
                             const ir_type *b) {
     if (a->dtype == b->dtype) return true;
+    /* Storage dtypes (after `precision`) may differ among floats: arithmetic is f32. */
+    if (c->m->precision && smelt_dtype_is_float(a->dtype) && smelt_dtype_is_float(b->dtype)) return true;
     return rule_fail(c, "operand dtypes differ: %s is %s but %s is %s", a_name, smelt_dtype_name(a->dtype),
                      b_name, smelt_dtype_name(b->dtype));
 }

@@ -262,7 +262,7 @@ static void check_inferred_types(verifier *v, uint32_t index, ir_type *scratch) 
     }
     for (uint32_t r = 0; r < op->result_count; r++) {
         const ir_type *actual = &v->m->values[op->results[r]].type;
-        if (ir_type_equal(actual, &scratch[r])) continue;
+        if (ir_type_matches(v->m, actual, &scratch[r])) continue;
         char prefix[32] = "result";
         if (op->result_count > 1) snprintf(prefix, sizeof prefix, "result %u", r);
         violation(v, op, "%s type %s does not match the inferred %s", prefix, TYPE_TEXT(v, actual),
@@ -331,6 +331,79 @@ static void verify_op(verifier *v, uint32_t index, ir_type *scratch) {
     if (all_known) check_inferred_types(v, index, scratch);
 }
 
+/* ---- lowering annotations ----------------------------------------------------- */
+
+/* What fuse, schedule and plan-memory wrote is consistent: a step only on a
+ * grouped op, one step per group, and every arena buffer inside the arena at
+ * the planned token count. */
+typedef struct group_step {
+    uint32_t group, step, op;
+} group_step;
+
+static int compare_group_steps(const void *a, const void *b) {
+    const group_step *x = a, *y = b;
+    if (x->group != y->group) return x->group < y->group ? -1 : 1;
+    return x->op < y->op ? -1 : x->op > y->op;
+}
+
+/* Every op of a group has the group's step. */
+static void check_group_steps(verifier *v) {
+    const ir_module *m = v->m;
+    group_step *pairs = malloc((m->op_count ? m->op_count : 1) * sizeof *pairs);
+    if (!pairs) SMELT_DIE("out of memory");
+    uint32_t count = 0;
+    for (uint32_t i = 0; i < m->op_count; i++)
+        if (!m->ops[i].dead && m->ops[i].group != IR_NONE)
+            pairs[count++] = (group_step){m->ops[i].group, m->ops[i].step, i};
+    qsort(pairs, count, sizeof *pairs, compare_group_steps);
+    for (uint32_t k = 1; k < count && !diag_should_stop(v->d); k++)
+        if (pairs[k].group == pairs[k - 1].group && pairs[k].step != pairs[k - 1].step)
+            violation(v, &m->ops[pairs[k].op], "group %u has two launch steps", pairs[k].group);
+    free(pairs);
+}
+
+static void check_lowering(verifier *v) {
+    const ir_module *m = v->m;
+    check_group_steps(v);
+    int32_t tokens = -1; /* the symbol sized at planned_tokens: dim 0 of the first symbolic input */
+    for (uint32_t i = 0; i < m->op_count && tokens < 0; i++) {
+        const ir_op *op = &m->ops[i];
+        if (!op->dead && op->kind == IR_OP_INPUT && op->result_count == 1 && op->results[0] < m->value_count) {
+            const ir_type *t = &m->values[op->results[0]].type;
+            if (t->rank >= 1 && ir_dim_is_symbol(t->dims[0])) tokens = t->dims[0].symbol;
+        }
+    }
+    for (uint32_t i = 0; i < m->op_count && !diag_should_stop(v->d); i++) {
+        const ir_op *op = &m->ops[i];
+        if (op->dead) continue;
+        if (op->step != IR_NONE && op->group == IR_NONE) violation(v, op, "a launch step without a kernel group");
+        for (uint32_t r = 0; r < op->result_count; r++) {
+            if (op->results[r] >= m->value_count) continue;
+            const ir_value *value = &m->values[op->results[r]];
+            if (value->buffer.kind != IR_BUFFER_ARENA) continue;
+            if (m->planned_tokens <= 0) {
+                violation(v, op, "an arena buffer in a module without an 'arena' line");
+                continue;
+            }
+            uint64_t elements = 1, bytes = 0;
+            bool sized = true;
+            for (unsigned k = 0; k < value->type.rank && sized; k++) {
+                ir_dim dim = value->type.dims[k];
+                int64_t size = !ir_dim_is_symbol(dim)                      ? dim.size
+                               : dim.symbol == tokens                      ? m->planned_tokens
+                               : (uint32_t)dim.symbol < m->symbol_count ? m->symbols[dim.symbol].bound
+                                                                            : -1;
+                sized = size >= 0 && !size_mul_overflow(elements, (uint64_t)size, &elements);
+            }
+            sized = sized && smelt_dtype_storage_bytes(value->type.dtype, elements, &bytes);
+            if (sized && (value->buffer.offset > m->arena_bytes || bytes > m->arena_bytes - value->buffer.offset))
+                violation(v, op, "result %u at arena(%llu), %llu bytes, ends past the arena's %llu bytes", r,
+                          (unsigned long long)value->buffer.offset, (unsigned long long)bytes,
+                          (unsigned long long)m->arena_bytes);
+        }
+    }
+}
+
 bool ir_verify(const ir_module *m, diag_engine *d) {
     verifier v = {.m = m, .d = d, .ok = true};
     v.state = calloc(m->value_count ? m->value_count : 1, sizeof *v.state);
@@ -339,6 +412,7 @@ bool ir_verify(const ir_module *m, diag_engine *d) {
     for (uint32_t i = 0; i < m->op_count && !diag_should_stop(d); i++)
         if (!m->ops[i].dead) verify_op(&v, i, scratch);
     if (!diag_should_stop(d)) check_output_names(&v);
+    if (!diag_should_stop(d)) check_lowering(&v);
     free(scratch);
     free(v.state);
     return v.ok;

@@ -60,7 +60,7 @@ bool pass_run_list(ir_module *m, const pass_info *const *passes, size_t count,
     for (size_t i = 0; i < count; i++) {
         const pass_info *pass = passes[i];
         unsigned errors_before = d->error_count;
-        if (!pass->run(m, d)) {
+        if (!pass->run(m, options ? &options->pass : &(pass_options){0}, d)) {
             if (d->error_count == errors_before) diag_error(d, SMELT_NO_LOC, "pass '%s' failed", pass->name);
             return false;
         }

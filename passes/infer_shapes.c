@@ -32,7 +32,7 @@ static bool store_types(ir_module *m, const ir_op *op, const ir_type *inferred, 
         ir_type *type = &m->values[op->results[r]].type;
         if (type->dtype == SMELT_DTYPE_UNKNOWN) {
             *type = inferred[r];
-        } else if (!ir_type_equal(type, &inferred[r])) {
+        } else if (!ir_type_matches(m, type, &inferred[r])) {
             char declared[IR_TYPE_TEXT_MAX], found[IR_TYPE_TEXT_MAX], which[32] = "";
             if (op->result_count > 1) snprintf(which, sizeof which, " %u", r);
             diag_error(d, op->loc, "%s: op result%s declared as %s but inferred %s",

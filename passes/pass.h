@@ -23,10 +23,18 @@
 #include <stddef.h>
 #include <stdio.h>
 
+/* What the lowering passes are told (smelt compile's --precision and
+ * --max-step-tokens reach them here). Zero means the default. */
+typedef struct pass_options {
+    const char *precision; /* precision policy: "f32" (NULL means it) or "bf16" */
+    int64_t max_tokens;    /* plan-memory: tokens per step buffers are sized for; 0 or more than
+                              the token dim's bound: that bound */
+} pass_options;
+
 typedef struct pass_info {
     const char *name;    /* as on the command line: "infer-shapes" */
     const char *summary; /* one line for --help */
-    bool (*run)(ir_module *m, diag_engine *d);
+    bool (*run)(ir_module *m, const pass_options *o, diag_engine *d);
 } pass_info;
 
 /* The passes, in pipeline order; *count receives their number. */
@@ -54,6 +62,7 @@ bool pass_pipeline_until(const char *name, pass_list *out, diag_engine *d);
 typedef struct pass_driver_options {
     const char *print_after; /* NULL, "all" or a pass name: print the IR after it */
     FILE *print_out;         /* where printed IR goes; NULL means stdout */
+    pass_options pass;       /* handed to every pass */
 } pass_driver_options;
 
 /* Verifies the module, then runs the passes in order, verifying after each;
@@ -63,8 +72,17 @@ typedef struct pass_driver_options {
 bool pass_run_list(ir_module *m, const pass_info *const *passes, size_t count,
                    const pass_driver_options *options, diag_engine *d);
 
-/* The passes (one per file). */
+/* The passes (one per file; each file opens with its contract). */
 bool pass_infer_shapes(ir_module *m, diag_engine *d);
 bool pass_canonicalize(ir_module *m, diag_engine *d);
+bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d); /* precision.c */
+bool pass_fuse(ir_module *m, const pass_options *o, diag_engine *d);      /* fuse.c */
+bool pass_schedule(ir_module *m, const pass_options *o, diag_engine *d);  /* schedule.c */
+bool pass_plan_memory(ir_module *m, const pass_options *o, diag_engine *d); /* plan_memory.c */
+
+/* Does op `op` do work on a device (a kernel or a GEMM), so that it belongs
+ * to a kernel group? Declarations (input, weight, const, output) and views
+ * (reshape) do not. */
+bool pass_op_does_work(const ir_module *m, uint32_t op);
 
 #endif

@@ -1,17 +1,33 @@
 /* pass_table.c - the passes in pipeline order, and lists of them by name.
  *
  * DESIGN.md §2 fixes the order: infer-shapes, canonicalize, decompose,
- * precision, partition, kv-paging, fuse, plan-memory, schedule. A pass is
+ * precision, partition, kv-paging, fuse, schedule, plan-memory. A pass is
  * listed here once its file exists.
  */
 #include "pass.h"
 
 #include <string.h>
 
+static bool run_infer_shapes(ir_module *m, const pass_options *o, diag_engine *d) {
+    (void)o;
+    return pass_infer_shapes(m, d);
+}
+
+static bool run_canonicalize(ir_module *m, const pass_options *o, diag_engine *d) {
+    (void)o;
+    return pass_canonicalize(m, d);
+}
+
+/* schedule comes before plan-memory: liveness needs the launch order. */
 static const pass_info pipeline[] = {
-    {"infer-shapes", "infer the dtype and shape of every value from the op shape rules", pass_infer_shapes},
+    {"infer-shapes", "infer the dtype and shape of every value from the op shape rules", run_infer_shapes},
     {"canonicalize", "fold constants, simplify identities, merge equal ops (CSE), drop unused ops (DCE)",
-     pass_canonicalize},
+     run_canonicalize},
+    {"precision", "set the storage dtype of every value from the precision policy (f32, bf16)", pass_precision},
+    {"fuse", "assign every op that does work to a kernel group (one op per group today)", pass_fuse},
+    {"schedule", "give every kernel group its launch step", pass_schedule},
+    {"plan-memory", "give every value its buffer: arena offsets by liveness (first fit), weight indices",
+     pass_plan_memory},
 };
 
 const pass_info *pass_table(size_t *count) {

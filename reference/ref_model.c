@@ -12,6 +12,7 @@
 #include "reference.h"
 
 #include "ref_ops.h"
+#include "interface.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -137,11 +138,12 @@ static bool find_interface(ref_model *r, diag_engine *d) {
         const ir_op *o = &m->ops[i];
         if (o->dead || (o->kind != IR_OP_INPUT && o->kind != IR_OP_OUTPUT)) continue;
         const char *name = ir_op_string(m, i, "name");
+        ir_role role = ir_op_role(m, i);
         if (o->kind == IR_OP_OUTPUT) {
-            if (strcmp(name, "logits") == 0) r->logits_op = i;
+            if (role == IR_ROLE_LOGITS) r->logits_op = i;
             continue;
         }
-        uint32_t *slot = strcmp(name, "ids") == 0 ? &r->ids_op : strcmp(name, "pos") == 0 ? &r->pos_op : NULL;
+        uint32_t *slot = role == IR_ROLE_IDS ? &r->ids_op : role == IR_ROLE_POS ? &r->pos_op : NULL;
         if (!slot) {
             diag_error(d, o->loc,
                        "input '%.*s%s': the reference backend takes only the inputs 'ids' and 'pos'",
@@ -154,7 +156,8 @@ static bool find_interface(ref_model *r, diag_engine *d) {
             *slot = i;
         }
     }
-    static const char *const needed[] = {"input 'ids'", "input 'pos'", "output 'logits'"};
+    const char *const needed[] = {ir_role_info_of(IR_ROLE_IDS)->summary, ir_role_info_of(IR_ROLE_POS)->summary,
+                                  ir_role_info_of(IR_ROLE_LOGITS)->summary};
     const uint32_t found[] = {r->ids_op, r->pos_op, r->logits_op};
     for (unsigned i = 0; i < 3; i++) {
         if (found[i] != NO_OP) continue;

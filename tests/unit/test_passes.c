@@ -142,12 +142,14 @@ static void canonicalize_ok(fixture *f) {
 static void test_table_is_in_pipeline_order(void **state) {
     size_t count;
     const pass_info *passes = pass_table(&count);
-    assert_int_equal(count, 2);
-    assert_string_equal(passes[0].name, "infer-shapes");
-    assert_string_equal(passes[1].name, "canonicalize");
-    assert_ptr_equal(passes[0].run, pass_infer_shapes);
+    static const char *const order[] = {"infer-shapes", "canonicalize", "precision",
+                                        "fuse",         "schedule",     "plan-memory"};
+    assert_int_equal(count, 6);
+    for (size_t i = 0; i < count; i++)
+        assert_string_equal(passes[i].name, order[i]);
+    assert_ptr_equal(passes[2].run, pass_precision);
     assert_ptr_equal(pass_find("canonicalize"), &passes[1]);
-    assert_null(pass_find("fuse")); /* not listed until it exists */
+    assert_null(pass_find("partition")); /* not listed until it exists */
     assert_null(pass_find("infer"));
 }
 
@@ -161,10 +163,10 @@ static void test_parse_list(void **state) {
     assert_string_equal(list.items[2]->name, "canonicalize");
     assert_string_equal(log_of(f), "");
 
-    assert_false(pass_parse_list("infer-shapes,fuse,cse", &list, &f->d));
+    assert_false(pass_parse_list("infer-shapes,decompose,cse", &list, &f->d));
     assert_string_equal(log_of(f),
-                        "smelt: error: unknown pass 'fuse'; known passes: infer-shapes, canonicalize\n"
-                        "smelt: error: unknown pass 'cse'; known passes: infer-shapes, canonicalize\n");
+                        "smelt: error: unknown pass 'decompose'; known passes: infer-shapes, canonicalize, precision, fuse, schedule, plan-memory\n"
+                        "smelt: error: unknown pass 'cse'; known passes: infer-shapes, canonicalize, precision, fuse, schedule, plan-memory\n");
     assert_false(pass_parse_list("infer-shapes,,canonicalize", &list, &f->d));
     assert_log_has(f,
                    "expected a pass name in the pass list 'infer-shapes,,canonicalize', found an empty one");
@@ -179,10 +181,14 @@ static void test_pipeline_until(void **state) {
     assert_true(pass_pipeline_until("canonicalize", &list, &f->d));
     assert_int_equal(list.count, 2);
     assert_true(pass_pipeline_until("all", &list, &f->d));
-    assert_int_equal(list.count, 2);
+    assert_int_equal(list.count, 6);
     assert_string_equal(list.items[1]->name, "canonicalize");
-    assert_false(pass_pipeline_until("schedule", &list, &f->d));
-    assert_log_has(f, "unknown pass 'schedule'; known passes: infer-shapes, canonicalize");
+    assert_string_equal(list.items[4]->name, "schedule");
+    assert_string_equal(list.items[5]->name, "plan-memory");
+    assert_true(pass_pipeline_until("fuse", &list, &f->d));
+    assert_int_equal(list.count, 4);
+    assert_false(pass_pipeline_until("partition", &list, &f->d));
+    assert_log_has(f, "unknown pass 'partition'; known passes: infer-shapes, canonicalize, precision, fuse, schedule, plan-memory");
 }
 
 /* ---- infer-shapes ------------------------------------------------------------------ */
@@ -500,23 +506,22 @@ static void test_driver_refuses_an_unknown_print_after(void **state) {
     fixture *f = *state;
     build_untyped_model(f, 64);
     bool ok;
-    char *text = run_printing(f, "infer-shapes", "fuse", &ok);
+    char *text = run_printing(f, "infer-shapes", "kv-paging", &ok);
     assert_false(ok);
-    assert_log_has(f,
-                   "cannot print the IR after unknown pass 'fuse'; known passes: infer-shapes, canonicalize");
+    assert_log_has(f, "cannot print the IR after unknown pass 'kv-paging'; known passes: infer-shapes, canonicalize, precision, fuse, schedule, plan-memory");
     free(text);
 }
 
 static unsigned later_pass_runs;
 
-static bool breaking_pass(ir_module *m, diag_engine *d) {
+static bool breaking_pass(ir_module *m, const pass_options *o, diag_engine *d) {
     m->ops[5].attrs[0].kind = IR_ATTR_NONE; /* the rms_norm loses its eps */
     return true;
 }
 
-static bool failing_pass(ir_module *m, diag_engine *d) { return false; }
+static bool failing_pass(ir_module *m, const pass_options *o, diag_engine *d) { return false; }
 
-static bool counting_pass(ir_module *m, diag_engine *d) {
+static bool counting_pass(ir_module *m, const pass_options *o, diag_engine *d) {
     later_pass_runs++;
     return true;
 }
