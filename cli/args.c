@@ -55,10 +55,10 @@ bool cli_parse_format(const cli_args *a, const char *text, cli_format *out) {
     return false;
 }
 
-bool cli_parse_precision(const cli_args *a, const char *text, cg_precision *out) {
-    if (strcmp(text, "f32") == 0) *out = CG_PRECISION_F32;
-    else if (strcmp(text, "bf16") == 0) *out = CG_PRECISION_BF16;
-    else {
+bool cli_parse_precision(const cli_args *a, const char *text, const char **out) {
+    if (strcmp(text, "f32") == 0 || strcmp(text, "bf16") == 0) {
+        *out = text;
+    } else {
         cli_usage_error(a, "unknown precision '%s' (f32 or bf16; fp8 and int4 come later)", text);
         return false;
     }

@@ -7,6 +7,7 @@
 #include "checkpoint.h"
 #include "diag.h"
 #include "emit.h"
+#include "pass.h"
 #include "frontend.h"
 #include "weights.h"
 #include "ir.h"
@@ -36,7 +37,7 @@ typedef enum cli_format { CLI_FORMAT_TEXT, CLI_FORMAT_JSON, CLI_FORMAT_DOT } cli
 /* --format's value; false after a usage message. */
 bool cli_parse_format(const cli_args *a, const char *text, cli_format *out);
 /* --precision's value (f32, bf16); false after a usage message. */
-bool cli_parse_precision(const cli_args *a, const char *text, cg_precision *out);
+bool cli_parse_precision(const cli_args *a, const char *text, const char **out);
 /* --tokenizer's value (bytes); false after a usage message. */
 bool cli_parse_tokenizer(const cli_args *a, const char *text);
 /* The positional argument at a->index into *slot (`what` names it in
@@ -53,9 +54,11 @@ bool cli_parse_count(const cli_args *a, const char *text, unsigned *out);
 /* Runs the passes of the pipeline up to and including `after` ("all": every
  * pass), printing the IR after the passes named by print_after (NULL, a
  * name, or "all") to stderr. */
-bool cli_run_passes(ir_module *m, const char *after, const char *print_after, diag_engine *d);
+bool cli_run_passes(ir_module *m, const char *after, const pass_options *passes, const char *print_after,
+                    diag_engine *d);
 /* The frontend and every pass: what compile and run start from. */
-bool cli_compile_model(const char *path, const fe_options *o, const char *print_after, ir_module *m,
+bool cli_compile_model(const char *path, const fe_options *o, const pass_options *passes, const char *print_after,
+                       ir_module *m,
                        diag_engine *d);
 /* Runs the comma-separated passes `names` (NULL: none; the module is still
  * verified), printing as for cli_run_passes. */

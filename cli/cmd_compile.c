@@ -44,6 +44,7 @@ typedef struct compile_command {
     unsigned max_errors, jobs, max_step_tokens;
     fe_options frontend;
     cg_plan_options plan;
+    pass_options passes; /* --precision, --max-step-tokens */
 } compile_command;
 
 /* "sm_80,sm_90,host" into the plan options. */
@@ -80,7 +81,7 @@ static int parse_arguments(int argc, char **argv, compile_command *c) {
     cli_args a = {argc, argv, 1, "smelt compile"};
     const char *value;
     c->max_errors = 20;
-    c->plan.codegen.precision = CG_PRECISION_BF16;
+    c->passes.precision = "bf16";
     parse_targets(&a, "sm_80,sm_90,host", &c->plan);
     while (a.index < a.argc) {
         if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
@@ -97,7 +98,7 @@ static int parse_arguments(int argc, char **argv, compile_command *c) {
         } else if (cli_flag_value(&a, "--target", &value)) {
             if (!value || !parse_targets(&a, value, &c->plan)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "--precision", &value)) {
-            if (!value || !cli_parse_precision(&a, value, &c->plan.codegen.precision)) return CLI_USAGE_ERROR;
+            if (!value || !cli_parse_precision(&a, value, &c->passes.precision)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "--tokenizer", &value)) {
             if (!value || !cli_parse_tokenizer(&a, value)) return CLI_USAGE_ERROR;
             c->tokenizer = value;
@@ -143,14 +144,14 @@ int cmd_compile(int argc, char **argv) {
     d.max_errors = c.max_errors;
     ir_module m = {0};
     cli_weights weights = {0};
-    bool ok = cli_compile_model(c.model_path, &c.frontend, c.print_after, &m, &d);
+    c.passes.max_tokens = c.max_step_tokens ? c.max_step_tokens : DEFAULT_MAX_STEP_TOKENS;
+    bool ok = cli_compile_model(c.model_path, &c.frontend, &c.passes, c.print_after, &m, &d);
     if (ok && c.weights_path) {
         ok = cli_weights_open(&weights, c.weights_path, &m, &d);
         c.plan.read_weight = cli_weights_read;
         c.plan.weight_context = &weights;
     }
     c.plan.jobs = c.jobs;
-    c.plan.max_tokens = c.max_step_tokens ? c.max_step_tokens : DEFAULT_MAX_STEP_TOKENS;
     if (isatty(STDERR_FILENO)) c.plan.progress = show_progress;
     char *tokenizer = c.tokenizer ? cli_tokenizer_json(c.frontend.config_path) : NULL;
     c.plan.tokenizer_json = tokenizer;

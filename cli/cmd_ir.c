@@ -83,7 +83,7 @@ int cmd_ir(int argc, char **argv) {
     d.max_errors = c.max_errors;
     ir_module m = {0};
     bool ok = fe_load_model(c.model_path, &c.frontend, &d, &m);
-    if (ok) ok = cli_run_passes(&m, c.after, c.print_after, &d);
+    if (ok) ok = cli_run_passes(&m, c.after, NULL, c.print_after, &d);
     if (ok) ok = cli_write_module(&m, c.format, c.output_path, &d);
     ir_module_free(&m);
     status = ok && !diag_has_errors(&d) ? CLI_OK : CLI_INPUT_ERROR;

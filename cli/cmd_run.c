@@ -59,7 +59,7 @@ static int parse_arguments(int argc, char **argv, run_command *c) {
     c->max_tokens = 16;
     c->max_errors = 20;
     c->runner.backend = "auto";
-    c->runner.precision = CG_PRECISION_F32;
+    c->runner.precision = "f32";
     while (a.index < a.argc) {
         int runner_status = cli_runner_option(&a, &c->runner);
         if (runner_status == CLI_USAGE_ERROR) return CLI_USAGE_ERROR;

@@ -45,7 +45,7 @@ static bool compile_temporary_plan(const cli_runner_options *o, cli_runner *r, c
         return false;
     }
     close(fd);
-    cg_plan_options p = {.codegen.precision = o->precision, .host = true};
+    cg_plan_options p = {.host = true};
     if (strcmp(o->backend, "host") != 0) {
         p.archs[p.arch_count++] = 80;
         p.archs[p.arch_count++] = 90;
@@ -170,7 +170,8 @@ bool cli_runner_open(cli_runner *r, const cli_runner_options *o, diag_engine *d)
     }
     if (is_plan) return open_engine(r, o, o->model_path, o->weights_path, d);
 
-    bool ok = cli_compile_model(o->model_path, &o->frontend, NULL, &r->module, d);
+    pass_options passes = {.precision = ref ? NULL : o->precision};
+    bool ok = cli_compile_model(o->model_path, &o->frontend, &passes, NULL, &r->module, d);
     if (ok && !o->weights_path) {
         diag_error(d, SMELT_NO_LOC, "running a model source needs --weights");
         ok = false;

@@ -21,7 +21,7 @@ typedef struct cli_runner_options {
     const char *model_path;   /* a plan, or a .smelt/.json source */
     const char *weights_path; /* NULL: the plan holds them */
     const char *backend;      /* auto, host, cuda or ref */
-    cg_precision precision;   /* when compiling a source */
+    const char *precision;    /* when compiling a source: "f32" or "bf16" (the precision pass's policy) */
     const char *tokenizer;    /* NULL, or "bytes": store a byte tokenizer when compiling a source */
     bool random_weights;
     unsigned random_seed;

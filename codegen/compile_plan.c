@@ -181,7 +181,7 @@ static char *manifest_json(const ir_module *m, const cg_plan_options *o, const c
     json_t *root = json_object(), *targets = json_array(), *dims = json_object(), *params = json_object();
     json_object_set_new(root, "model", json_string(m->name));
     if (m->source_path) json_object_set_new(root, "source", json_string(m->source_path));
-    json_object_set_new(root, "precision", json_string(o->codegen.precision == CG_PRECISION_BF16 ? "bf16" : "f32"));
+    json_object_set_new(root, "precision", json_string(m->precision));
     for (uint32_t j = 0; j < o->arch_count; j++) {
         char arch[16];
         snprintf(arch, sizeof arch, "sm_%d", o->archs[j]);
@@ -224,11 +224,12 @@ static char *memory_table(const ir_module *m, const cg_lowered *l, size_t *size)
         if (o->dead) continue;
         for (uint32_t r = 0; r < o->result_count; r++) {
             ir_value_id v = o->results[r];
-            if (l->value_offsets[v] == UINT64_MAX) continue;
+            /* the buffers plan-memory placed; a view shares its operand's */
+            if (m->values[v].buffer.kind != IR_BUFFER_ARENA || (ir_op_info_of(o->kind)->flags & IR_OPF_VIEW)) continue;
             char type[IR_TYPE_TEXT_MAX], name[16];
             snprintf(name, sizeof name, "%%%u", numbers[v]);
             fprintf(f, "%-8s %-12s %-28s %14llu\n", name, ir_op_info_of(o->kind)->name,
-                    ir_format_type(m, &m->values[v].type, type, sizeof type), (unsigned long long)l->value_offsets[v]);
+                    ir_format_type(m, &m->values[v].type, type, sizeof type), (unsigned long long)m->values[v].buffer.offset);
         }
     }
     free(numbers);
@@ -252,7 +253,7 @@ bool cg_compile_plan(const ir_module *m, const cg_plan_options *o, const char *p
     uint8_t *program_bytes = NULL;
     char *manifest = NULL, *memory = NULL;
 
-    bool ok = cg_lower_module(m, &o->codegen, o->max_tokens, &l, d);
+    bool ok = cg_lower_module(m, &l, d);
     ok = ok && compile_for_cuda(&l, o, cache, &c, report, d);
     ok = ok && (!o->host || compile_for_host(&l, cache, &c, d));
     if (ok) {

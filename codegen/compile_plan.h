@@ -1,11 +1,11 @@
-/* compile_plan.h - `smelt compile`: an inferred module to a plan file.
+/* compile_plan.h - `smelt compile`: a lowered module to a plan file.
  *
- *   cg_plan_options o = {.codegen.precision = CG_PRECISION_BF16,
- *                        .archs = {90}, .arch_count = 1, .host = true};
+ *   // the module after the whole pass pipeline (pass_pipeline_until("all"))
+ *   cg_plan_options o = {.archs = {90}, .arch_count = 1, .host = true};
  *   cg_plan_report r;
  *   if (!cg_compile_plan(&m, &o, "model.plan", &r, &diag)) ...   // reported
  *
- * The module is lowered (lower.h), every distinct kernel is compiled by
+ * The module is rendered (lower.h), every distinct kernel is compiled by
  * NVRTC for each CUDA arch to cubin (plus PTX of the newest arch, which the
  * driver can JIT on later GPUs) over a thread pool with the disk cache, the
  * same sources are built into the host simulator's shared object, and the
@@ -26,11 +26,9 @@ enum { CG_MAX_ARCHS = 8 };
 typedef bool (*cg_weight_reader)(void *context, uint32_t op, float *dst, uint64_t count);
 
 typedef struct cg_plan_options {
-    cg_options codegen;
     int archs[CG_MAX_ARCHS]; /* CUDA targets: 80 = sm_80 */
     uint32_t arch_count;
     bool host;               /* build the host simulator's object */
-    int64_t max_tokens;      /* tokens per step the arena is sized for; 0: the model's bound */
     unsigned jobs;           /* compile threads; 0: every core */
     bool no_cache;           /* do not use the disk cache */
     cg_weight_reader read_weight; /* NULL: a plan without weights (bound at run time) */

@@ -35,6 +35,7 @@
  */
 #include "emit_internal.h"
 
+#include "interface.h"
 #include "ir_io.h"
 
 #include <math.h>
@@ -122,47 +123,16 @@ void cg_text_comment_safe(cg_text *t, const char *s) {
 
 /* ---- storage dtypes ------------------------------------------------------------------ */
 
-/* Whether an output op consumes `root` or a value that aliases it through a
- * chain of reshapes (they share one buffer, so they share its dtype). */
-static bool alias_class_reaches_output(const ir_module *m, ir_value_id root) {
-    uint32_t capacity = 16, count = 0;
-    ir_value_id *work = malloc(capacity * sizeof *work);
-    if (!work) SMELT_DIE("out of memory");
-    work[count++] = root;
-    bool found = false;
-    while (count > 0 && !found) {
-        ir_value_id v = work[--count];
-        for (uint32_t i = 0; i < m->op_count && !found; i++) {
-            const ir_op *op = &m->ops[i];
-            if (op->dead || op->operand_count == 0 || op->operands[0] != v) continue;
-            if (op->kind == IR_OP_OUTPUT) found = true;
-            if (op->kind == IR_OP_RESHAPE && op->result_count == 1) {
-                if (count == capacity) {
-                    capacity *= 2;
-                    ir_value_id *grown = realloc(work, capacity * sizeof *work);
-                    if (!grown) SMELT_DIE("out of memory");
-                    work = grown;
-                }
-                work[count++] = op->results[0];
-            }
-        }
-    }
-    free(work);
-    return found;
+/* The dtypes kernels can load and store today. */
+static bool has_kernels_for(smelt_dtype t) {
+    return t == SMELT_DTYPE_F32 || t == SMELT_DTYPE_BF16 || t == SMELT_DTYPE_I32;
 }
 
-smelt_dtype cg_storage_dtype(const ir_module *m, ir_value_id v, const cg_options *o) {
+smelt_dtype cg_storage_dtype(const ir_module *m, ir_value_id v) {
     if (v >= m->value_count) SMELT_DIE("value %u out of range", v);
-    if (!smelt_dtype_is_float(m->values[v].type.dtype)) return SMELT_DTYPE_I32;
-    if (o->precision == CG_PRECISION_F32) return SMELT_DTYPE_F32;
-    ir_value_id root = v; /* walk up the reshapes to the buffer's owner */
-    for (uint32_t steps = 0; steps < m->value_count; steps++) {
-        const ir_op *def = &m->ops[m->values[root].def_op];
-        if (def->kind != IR_OP_RESHAPE || def->operand_count != 1 || def->operands[0] >= m->value_count)
-            break;
-        root = def->operands[0];
-    }
-    return alias_class_reaches_output(m, root) ? SMELT_DTYPE_F32 : SMELT_DTYPE_BF16;
+    smelt_dtype t = m->values[v].type.dtype;
+    if (!has_kernels_for(t)) SMELT_DIE("value %u has dtype %s, which check_value refuses", v, smelt_dtype_name(t));
+    return t;
 }
 
 const char *cg_dtype_name(smelt_dtype t) {
@@ -188,30 +158,18 @@ const char *cg_dtype_ctype(smelt_dtype t) {
 const char *cg_dtype_tag(cg_emit *e, const ir_value_id *values, uint32_t count) {
     bool uniform = true;
     for (uint32_t i = 1; i < count; i++)
-        uniform &= cg_storage_dtype(e->m, values[i], e->o) == cg_storage_dtype(e->m, values[0], e->o);
-    if (count > 0 && uniform) return cg_dtype_name(cg_storage_dtype(e->m, values[0], e->o));
+        uniform &= cg_storage_dtype(e->m, values[i]) == cg_storage_dtype(e->m, values[0]);
+    if (count > 0 && uniform) return cg_dtype_name(cg_storage_dtype(e->m, values[0]));
     cg_text tag;
     cg_text_init(&tag);
     for (uint32_t i = 0; i < count; i++)
-        cg_text_printf(&tag, "%s%s", i ? "_" : "", cg_dtype_name(cg_storage_dtype(e->m, values[i], e->o)));
+        cg_text_printf(&tag, "%s%s", i ? "_" : "", cg_dtype_name(cg_storage_dtype(e->m, values[i])));
     const char *result = arena_strdup(&e->scratch, tag.data);
     cg_text_free(&tag);
     return result;
 }
 
 /* ---- the token dim ------------------------------------------------------------------- */
-
-int32_t cg_token_symbol(const ir_module *m) {
-    for (uint32_t i = 0; i < m->op_count; i++) {
-        const ir_op *op = &m->ops[i];
-        if (op->dead || op->kind != IR_OP_INPUT || op->result_count != 1) continue;
-        const ir_attr *name = ir_op_attr(m, i, "name");
-        if (!name || name->kind != IR_ATTR_STRING || strcmp(name->as.s, "ids") != 0) continue;
-        const ir_type *t = &m->values[op->results[0]].type;
-        if (t->rank >= 1 && ir_dim_is_symbol(t->dims[0])) return t->dims[0].symbol;
-    }
-    return -1;
-}
 
 /* The types of every operand and result are known, their only symbolic dim
  * is the token dim as dim 0, no dim is zero and sizes fit. */
@@ -224,6 +182,13 @@ static bool check_value(cg_emit *e, ir_value_id v, const char *role, uint32_t in
         return false;
     }
     const ir_type *t = &e->m->values[v].type;
+    if (!has_kernels_for(t->dtype)) {
+        diag_error(e->d, e->ir->loc,
+                   "codegen has no kernels for %s values yet (%s %u of '%s'); kernels exist for f32, bf16 and "
+                   "i32",
+                   smelt_dtype_name(t->dtype), role, index, info->name);
+        return false;
+    }
     for (unsigned i = 0; i < t->rank; i++) {
         ir_dim d = t->dims[i];
         if (ir_dim_is_symbol(d) && (i != 0 || d.symbol != e->token_symbol)) {
@@ -508,7 +473,7 @@ static uint32_t add_param(cg_kernel_builder *b, cg_param p, cg_kernel_param kp) 
 
 uint32_t cg_param_value(cg_kernel_builder *b, const char *name, ir_value_id v, bool is_const) {
     cg_param p = {.kind = CG_PARAM_VALUE, .value = v};
-    cg_kernel_param kp = {name, cg_storage_dtype(b->e->m, v, b->e->o), is_const};
+    cg_kernel_param kp = {name, cg_storage_dtype(b->e->m, v), is_const};
     return add_param(b, p, kp);
 }
 
@@ -793,13 +758,21 @@ static char *op_text(const ir_module *m, uint32_t op) {
     return text;
 }
 
-bool cg_emit_op(const ir_module *m, uint32_t op, const cg_options *o, arena *a, cg_op_lowering *out,
-                diag_engine *d) {
+bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_lowering *out, diag_engine *d) {
     memset(out, 0, sizeof *out);
-    if (op >= m->op_count || m->ops[op].dead) SMELT_DIE("cg_emit_op: op %u is not a live op", op);
+    if (g->op_count == 0) SMELT_DIE("cg_emit_group: group %u has no ops", g->id);
+    uint32_t op = g->ops[0];
+    if (op >= m->op_count || m->ops[op].dead) SMELT_DIE("cg_emit_group: op %u is not a live op", op);
+    if (g->op_count > 1) {
+        diag_error(d, m->ops[op].loc,
+                   "codegen has no emitter for a kernel group of %u ops (group %u starts with '%s'): "
+                   "the fusion rule that made it needs one",
+                   g->op_count, g->id, ir_op_info_at(m, op)->name);
+        return false;
+    }
     const cg_op_rule *rule = &op_rules[m->ops[op].kind];
-    cg_emit e = {.m = m, .op = op, .ir = &m->ops[op], .o = o, .a = a, .d = d, .out = out};
-    e.token_symbol = cg_token_symbol(m);
+    cg_emit e = {.m = m, .op = op, .ir = &m->ops[op], .a = a, .d = d, .out = out};
+    e.token_symbol = ir_token_symbol(m);
     out->kind = rule->kind;
     if (rule->kind == CG_LOWER_NONE) return true;
     if (!check_values(&e)) return false;
@@ -819,4 +792,11 @@ bool cg_emit_op(const ir_module *m, uint32_t op, const cg_options *o, arena *a, 
     for (uint32_t i = 0; i < out->kernel_count; i++)
         out->kernels[i].ops_text = ops_text;
     return true;
+}
+
+bool cg_emit_op(const ir_module *m, uint32_t op, arena *a, cg_group_lowering *out, diag_engine *d) {
+    const ir_op *o = &m->ops[op];
+    cg_group g = {.id = o->group, .op_count = 1, .ops = &op, .input_count = o->operand_count,
+                  .inputs = o->operands, .output_count = o->result_count, .outputs = o->results};
+    return cg_emit_group(m, &g, a, out, d);
 }

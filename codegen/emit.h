@@ -1,4 +1,7 @@
-/* emit.h - the kernel emitters: what one IR op becomes on a device.
+/* emit.h - the kernel emitters: what one kernel group of the IR becomes on
+ * a device. This is the emitter contract: the fusion rules (passes/fuse.c)
+ * make groups, an emitter renders one; nothing else decides anything here
+ * (dtypes, buffers and the launch order are in the IR already).
  *
  * Each compute or layout op is lowered by the emitter of its family
  * (ops.def's family column; one file per family, emit_<family>.c) into one
@@ -8,9 +11,8 @@
  * which order) and its launch rule (grid affine in the token count T, block,
  * dynamic shared memory); codegen/lower.c turns those into a prog_launch.
  *
- *   cg_options o = {.precision = CG_PRECISION_BF16};
- *   cg_op_lowering l;
- *   if (!cg_emit_op(&m, op, &o, &arena, &l, &diag)) ...   // reported at the op
+ *   cg_group_lowering l;
+ *   if (!cg_emit_group(&m, &group, &arena, &l, &diag)) ...   // reported at the op
  *   for (uint32_t i = 0; i < l.kernel_count; i++)
  *       ... l.kernels[i].name, .source, .params, .rule ...
  *
@@ -35,21 +37,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* bf16: bf16 storage of every float value except those an `output` op
- * consumes (f32, also through reshape aliases); f32 arithmetic everywhere. */
-typedef enum cg_precision { CG_PRECISION_F32, CG_PRECISION_BF16 } cg_precision;
-
-typedef struct cg_options {
-    cg_precision precision;
-} cg_options;
-
-/* Storage dtype of value v under the options: f32 or bf16 for float values
- * by the policy above, i32 for integer values (i32 and i64 alike). */
-smelt_dtype cg_storage_dtype(const ir_module *m, ir_value_id v, const cg_options *o);
+/* Storage dtype of value v: its dtype in the IR (set by the precision pass).
+ * Only f32, bf16 and i32 have kernels today; cg_emit_group refuses any other
+ * at the op before an emitter asks for it. */
+smelt_dtype cg_storage_dtype(const ir_module *m, ir_value_id v);
 
 typedef enum cg_param_kind {
     CG_PARAM_VALUE,  /* pointer to the buffer of IR value `value` */
-    CG_PARAM_STATE,  /* pointer to state buffer `state` of this op (see cg_op_lowering) */
+    CG_PARAM_STATE,  /* pointer to state buffer `state` of this op (see cg_group_lowering) */
     CG_PARAM_TOKENS, /* int: T, the token count of the step */
 } cg_param_kind;
 
@@ -84,22 +79,39 @@ typedef enum cg_lowering_kind {
 enum { CG_MAX_KERNELS = 4, CG_MAX_STATES = 3 };
 enum { CG_STATE_KEYS = 0, CG_STATE_VALUES = 1, CG_STATE_WRITTEN = 2 };
 
-typedef struct cg_op_lowering {
+typedef struct cg_group_lowering {
     cg_lowering_kind kind;
     uint32_t kernel_count;
     cg_kernel kernels[CG_MAX_KERNELS]; /* launched in this order */
     uint32_t state_count;
     uint64_t state_bytes[CG_MAX_STATES];
-} cg_op_lowering;
+} cg_group_lowering;
 
-/* Emits what op `op` (live, typed, after infer-shapes and canonicalize)
- * becomes; strings go to `a`. Errors (e.g. a symbolic dim that is not the
- * token dim 0) are reported at the op's loc and give false. */
-bool cg_emit_op(const ir_module *m, uint32_t op, const cg_options *o, arena *a, cg_op_lowering *out,
-                diag_engine *d);
+/* A kernel group, as the fuse pass made it (op.group): the ops of one
+ * kernel in program order, the values it reads that other groups (or inputs,
+ * weights and constants) make, and the values it makes that something outside
+ * the group reads. codegen/lower.c builds it from the IR; an emitter turns it
+ * into kernels (or a GEMM) that read `inputs` and write `outputs`, keeping
+ * every other value of the group in registers or shared memory. */
+typedef struct cg_group {
+    uint32_t id; /* op.group */
+    uint32_t op_count;
+    const uint32_t *ops; /* op indices, program order */
+    uint32_t input_count;
+    const ir_value_id *inputs;
+    uint32_t output_count;
+    const ir_value_id *outputs;
+} cg_group;
 
-/* The module's token symbol: the symbolic dim 0 of the input named "ids";
- * -1 when there is none. */
-int32_t cg_token_symbol(const ir_module *m);
+/* Emits what group `g` becomes (its ops live and typed with storage dtypes,
+ * after the lowering passes); strings go to `a`. A group of one op goes to
+ * the emitter of the op's family (ops.def's family column); the fusion rules
+ * that make larger groups come with emitters for them, registered here.
+ * Errors (a dtype without kernels, a symbolic dim that is not the token dim 0,
+ * a group no emitter takes) are reported at the group's first op and give
+ * false. */
+bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_lowering *out, diag_engine *d);
+/* The group of op `op` alone: what the emitter tests use. */
+bool cg_emit_op(const ir_module *m, uint32_t op, arena *a, cg_group_lowering *out, diag_engine *d);
 
 #endif

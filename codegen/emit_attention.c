@@ -16,7 +16,7 @@
  *      the max grows) over the value dims it owns. Positions never written
  *      (a gap in a sequence) are skipped, as the reference skips them.
  *
- * State (cg_op_lowering.state_bytes, zeroed when a sequence starts): the K
+ * State (cg_group_lowering.state_bytes, zeroed when a sequence starts): the K
  * cache [max_seq, Hkv, D] in k's storage dtype, the V cache [max_seq, Hkv,
  * Dv] in v's, and written flags int32[max_seq]. A position outside
  * [0, max_seq) is neither written nor attended (the runtime checks positions
@@ -74,8 +74,8 @@ static bool read_shape(cg_emit *e, attention_shape *s) {
     s->causal = cg_attr_bool(e, "causal", true);
     s->scale = cg_attr_float(e, "scale", 1.0);
     s->tokens = cg_shape_count(&qs, 0, 1);
-    s->key_dtype = cg_storage_dtype(e->m, k, e->o);
-    s->value_dtype = cg_storage_dtype(e->m, v, e->o);
+    s->key_dtype = cg_storage_dtype(e->m, k);
+    s->value_dtype = cg_storage_dtype(e->m, v);
     if (s->kv_heads < 1 || s->query_heads % s->kv_heads != 0 || ks.dims[2] != s->head_dim ||
         vs.dims[1] != s->kv_heads) {
         diag_error(e->d, e->ir->loc,

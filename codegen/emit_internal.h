@@ -51,12 +51,11 @@ typedef struct cg_emit {
     const ir_module *m;
     uint32_t op;
     const ir_op *ir;
-    const cg_options *o;
     arena *a;      /* where the kernels' strings go */
     arena scratch; /* snippets while emitting; freed after the op */
     diag_engine *d;
     int32_t token_symbol;
-    cg_op_lowering *out;
+    cg_group_lowering *out;
 } cg_emit;
 
 /* The family emitters. Each fills e->out (kind, kernels, states) or reports

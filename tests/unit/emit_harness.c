@@ -4,7 +4,7 @@
  * and the reference backend's function for the op (the oracle). Then it
  * compares the simulator's results with the reference's.
  *
- *   emit_case *c = case_new(CG_PRECISION_F32);
+ *   emit_case *c = case_new("f32");
  *   ir_value_id x = case_input(c, "x", "f32[tokens, 64]");
  *   ir_value_id w = case_weight(c, "f32[64]");
  *   uint32_t op = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){x, w}, 2);
@@ -126,7 +126,7 @@ typedef struct emit_case {
     FILE *log;
     char *log_text;
     size_t log_size;
-    cg_options options;
+    const char *precision; /* the precision pass's policy: "f32" or "bf16" */
     ir_value_id ids, pos;
     uint64_t random;
     value_data values[CASE_MAX_VALUES];
@@ -204,13 +204,13 @@ static void case_set_ints(emit_case *c, uint32_t op, const char *name, const int
 }
 
 /* A module with the token dim `tokens` and the inputs ids and pos. */
-static emit_case *case_new(cg_precision precision) {
+static emit_case *case_new(const char *precision) {
     emit_case *c = calloc(1, sizeof *c);
     assert_non_null(c);
     ir_module_init(&c->m, "emit_test");
     c->log = open_memstream(&c->log_text, &c->log_size);
     diag_init(&c->d, c->log);
-    c->options.precision = precision;
+    c->precision = precision;
     c->random = 0x9e3779b97f4a7c15ull;
     for (uint32_t i = 0; i < CASE_MAX_VALUES; i++)
         c->values[i].tokens = -1;
@@ -253,6 +253,10 @@ static void case_free(emit_case *c) {
 
 static void case_infer(emit_case *c) {
     if (!pass_infer_shapes(&c->m, &c->d)) fail_msg("infer-shapes failed:\n%s", case_log(c));
+    /* Storage dtypes are the precision pass's; it recomputes them all, so
+     * running it again after more ops were added is right. */
+    if (!pass_precision(&c->m, &(pass_options){.precision = c->precision}, &c->d))
+        fail_msg("precision failed:\n%s", case_log(c));
     assert_true(c->m.value_count <= CASE_MAX_VALUES);
 }
 
@@ -324,7 +328,7 @@ static void fill_operand(emit_case *c, ir_value_id v, int64_t tokens) {
             d->f[i] = next_uniform(c);
     }
     if (!is_float && !d->i) fail_msg("integer value %u has no data at T = %lld", v, (long long)tokens);
-    smelt_dtype storage = cg_storage_dtype(&c->m, v, &c->options);
+    smelt_dtype storage = cg_storage_dtype(&c->m, v);
     free(d->buffer);
     d->buffer = malloc(d->count * smelt_dtype_element_bytes(storage));
     if (storage == SMELT_DTYPE_BF16) {
@@ -342,7 +346,7 @@ static void fill_operand(emit_case *c, ir_value_id v, int64_t tokens) {
 static void prepare_result(emit_case *c, ir_value_id v, int64_t tokens) {
     value_data *d = prepare_value(c, v, tokens);
     free(d->buffer);
-    smelt_dtype storage = cg_storage_dtype(&c->m, v, &c->options);
+    smelt_dtype storage = cg_storage_dtype(&c->m, v);
     d->buffer = malloc(d->count * smelt_dtype_element_bytes(storage));
     memset(d->buffer, 0xff, d->count * smelt_dtype_element_bytes(storage));
 }
@@ -391,7 +395,7 @@ static void dump_source(const cg_kernel *k) {
 
 /* Builds the kernels for the host (as warning-free C11), loads the object
  * and returns each kernel's entry. */
-static void build_for_host(emit_case *c, const cg_op_lowering *l, sim_kernel *entries) {
+static void build_for_host(emit_case *c, const cg_group_lowering *l, sim_kernel *entries) {
     cg_host_source sources[CG_MAX_KERNELS];
     for (uint32_t i = 0; i < l->kernel_count; i++)
         sources[i] = (cg_host_source){l->kernels[i].name, l->kernels[i].source};
@@ -528,7 +532,7 @@ static void run_reference(emit_case *c, uint32_t op, int64_t tokens, ref_tensor 
 static void compare_result(emit_case *c, ir_value_id v, const ref_tensor *want, double tolerance,
                            const char *source) {
     value_data *d = &c->values[v];
-    smelt_dtype storage = cg_storage_dtype(&c->m, v, &c->options);
+    smelt_dtype storage = cg_storage_dtype(&c->m, v);
     if (want->elem == REF_I32) {
         const int32_t *got = d->buffer;
         for (uint64_t i = 0; i < want->count; i++)
@@ -565,8 +569,8 @@ static void compare_result(emit_case *c, ir_value_id v, const ref_tensor *want, 
 static void case_run(emit_case *c, uint32_t op, int64_t tokens, double tolerance) {
     arena strings;
     arena_init(&strings);
-    cg_op_lowering l;
-    if (!cg_emit_op(&c->m, op, &c->options, &strings, &l, &c->d)) fail_msg("emit failed:\n%s", case_log(c));
+    cg_group_lowering l;
+    if (!cg_emit_op(&c->m, op, &strings, &l, &c->d)) fail_msg("emit failed:\n%s", case_log(c));
     assert_int_equal(l.kind, CG_LOWER_KERNELS);
     assert_true(l.kernel_count >= 1);
     const ir_op *o = &c->m.ops[op];
@@ -629,6 +633,6 @@ static void case_run(emit_case *c, uint32_t op, int64_t tokens, double tolerance
 }
 
 /* Emits op `op` alone (no compiling) into `l`; strings in `a`. */
-static bool case_emit(emit_case *c, uint32_t op, arena *a, cg_op_lowering *l) {
-    return cg_emit_op(&c->m, op, &c->options, a, l, &c->d);
+static bool case_emit(emit_case *c, uint32_t op, arena *a, cg_group_lowering *l) {
+    return cg_emit_op(&c->m, op, a, l, &c->d);
 }

@@ -13,7 +13,7 @@
 
 #include "emit_harness.c"
 
-static const cg_precision precisions[2] = {CG_PRECISION_F32, CG_PRECISION_BF16};
+static const char *const precisions[2] = {"f32", "bf16"};
 
 /* ---- elementwise ------------------------------------------------------------------------- */
 
@@ -222,7 +222,7 @@ static void test_attention_sliding_window(void **state) {
 /* MQA (one kv head), value dim 8 != 16, not causal: every written position. */
 static void test_attention_mqa_noncausal(void **state) {
     (void)state;
-    emit_case *c = case_new(CG_PRECISION_F32);
+    emit_case *c = case_new("f32");
     uint32_t op = attention_op(c, "f32[tokens, 1, 16]", "f32[tokens, 1, 8]", 0.25, 0, false);
     case_infer(c);
     run_prefill_then_decode(c, op);
@@ -233,7 +233,7 @@ static void test_attention_mqa_noncausal(void **state) {
  * reference skips them; 70 positions in tiles of 32. */
 static void test_attention_skips_unwritten_positions(void **state) {
     (void)state;
-    emit_case *c = case_new(CG_PRECISION_F32);
+    emit_case *c = case_new("f32");
     ir_value_id q = case_input(c, "q", "f32[tokens, 2, 8]");
     ir_value_id k = case_input(c, "k", "f32[tokens, 2, 8]");
     ir_value_id v = case_input(c, "v", "f32[tokens, 2, 8]");
@@ -282,7 +282,7 @@ static void test_moe_top2_of_4(void **state) {
 /* F = 300 spans two chunks of hidden units; top-1 without renormalising. */
 static void test_moe_chunks_and_no_normalize(void **state) {
     (void)state;
-    emit_case *c = case_new(CG_PRECISION_F32);
+    emit_case *c = case_new("f32");
     uint32_t op = moe_op(c, 3, 300, 1, false);
     case_infer(c);
     case_run(c, op, 3, F32_SEQUENCE_TOLERANCE);
@@ -292,7 +292,7 @@ static void test_moe_chunks_and_no_normalize(void **state) {
 /* Two experts with the same router row tie; torch.topk takes the lower index. */
 static void test_moe_ties_go_to_the_lower_expert(void **state) {
     (void)state;
-    emit_case *c = case_new(CG_PRECISION_F32);
+    emit_case *c = case_new("f32");
     uint32_t op = moe_op(c, 3, 16, 1, false);
     case_infer(c);
     float x[32], router[3 * 32];
@@ -367,7 +367,7 @@ static void test_concat_split_slice(void **state) {
  * texts differ. Another eps is another kernel. */
 static void test_kernels_are_named_by_specialisation(void **state) {
     (void)state;
-    emit_case *c = case_new(CG_PRECISION_BF16);
+    emit_case *c = case_new("bf16");
     ir_value_id x = case_input(c, "x", "f32[tokens, 64]");
     uint32_t first = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){x, case_weight(c, "f32[64]")}, 2);
     assert_true(ir_op_set_float(&c->m, first, "eps", 1e-5));
@@ -379,7 +379,7 @@ static void test_kernels_are_named_by_specialisation(void **state) {
     case_infer(c);
     arena a;
     arena_init(&a);
-    cg_op_lowering l1, l2, l3;
+    cg_group_lowering l1, l2, l3;
     assert_true(case_emit(c, first, &a, &l1));
     assert_true(case_emit(c, second, &a, &l2));
     assert_true(case_emit(c, other, &a, &l3));
@@ -388,11 +388,11 @@ static void test_kernels_are_named_by_specialisation(void **state) {
     assert_string_equal(l1.kernels[0].source, l2.kernels[0].source);
     assert_string_equal(l1.kernels[0].family, "norm");
     assert_string_not_equal(l1.kernels[0].ops_text, l2.kernels[0].ops_text);
-    assert_non_null(strstr(l1.kernels[0].ops_text, "= rms_norm(%2, %3) {eps = 1e-05} : f32[tokens, 64]"));
+    assert_non_null(strstr(l1.kernels[0].ops_text, "= rms_norm(%2, %3) {eps = 1e-05} : bf16[tokens, 64]"));
     assert_string_equal(l3.kernels[0].name, "rms_norm_bf16_d64_eps1em06");
     /* The source names the op's signature and says how it is launched. */
     assert_non_null(
-        strstr(l1.kernels[0].source, "rms_norm(f32[tokens, 64], f32[64]) {eps = 1e-05} : f32[tokens, 64]"));
+        strstr(l1.kernels[0].source, "rms_norm(bf16[tokens, 64], bf16[64]) {eps = 1e-05} : bf16[tokens, 64]"));
     assert_non_null(strstr(l1.kernels[0].source, "SMELT_KERNEL void rms_norm_bf16_d64_eps1em05("));
     assert_non_null(strstr(l1.kernels[0].source, "SMELT_HOST_ENTRY(rms_norm_bf16_d64_eps1em05)"));
     /* params x, weight, out; one block per token, 64 threads */
@@ -410,7 +410,7 @@ static void test_kernels_are_named_by_specialisation(void **state) {
  * a reshape; integers i32; f32 precision: all floats f32. */
 static void test_storage_policy(void **state) {
     (void)state;
-    emit_case *c = case_new(CG_PRECISION_BF16);
+    emit_case *c = case_new("bf16");
     ir_value_id x = case_input(c, "x", "f32[tokens, 8]");
     ir_value_id hidden = case_result(c, case_op(c, IR_OP_SILU, &x, 1));
     ir_value_id logits = case_result(c, case_op(c, IR_OP_SILU, &hidden, 1));
@@ -420,17 +420,18 @@ static void test_storage_policy(void **state) {
                                &(ir_attr){.kind = IR_ATTR_SHAPE, .as.shape = {shape.rank, shape.dims}}));
     case_output(c, case_result(c, reshape), "logits");
     case_infer(c);
-    assert_int_equal(cg_storage_dtype(&c->m, hidden, &c->options), SMELT_DTYPE_BF16);
-    assert_int_equal(cg_storage_dtype(&c->m, x, &c->options), SMELT_DTYPE_BF16);
-    assert_int_equal(cg_storage_dtype(&c->m, logits, &c->options), SMELT_DTYPE_F32);
-    assert_int_equal(cg_storage_dtype(&c->m, case_result(c, reshape), &c->options), SMELT_DTYPE_F32);
-    assert_int_equal(cg_storage_dtype(&c->m, c->ids, &c->options), SMELT_DTYPE_I32);
-    cg_options f32 = {CG_PRECISION_F32};
-    assert_int_equal(cg_storage_dtype(&c->m, hidden, &f32), SMELT_DTYPE_F32);
+    assert_int_equal(cg_storage_dtype(&c->m, hidden), SMELT_DTYPE_BF16);
+    assert_int_equal(cg_storage_dtype(&c->m, x), SMELT_DTYPE_BF16);
+    assert_int_equal(cg_storage_dtype(&c->m, logits), SMELT_DTYPE_F32);
+    assert_int_equal(cg_storage_dtype(&c->m, case_result(c, reshape)), SMELT_DTYPE_F32);
+    assert_int_equal(cg_storage_dtype(&c->m, c->ids), SMELT_DTYPE_I32);
+    assert_true(pass_precision(&c->m, &(pass_options){.precision = "f32"}, &c->d));
+    assert_int_equal(cg_storage_dtype(&c->m, hidden), SMELT_DTYPE_F32);
+    assert_true(pass_precision(&c->m, &(pass_options){.precision = "bf16"}, &c->d));
     /* A kernel reading bf16 and writing f32 says so in its name, and runs. */
     arena a;
     arena_init(&a);
-    cg_op_lowering l;
+    cg_group_lowering l;
     assert_true(case_emit(c, c->m.values[logits].def_op, &a, &l));
     assert_string_equal(l.kernels[0].name, "silu_bf16_f32_t8");
     assert_true(case_emit(c, reshape, &a, &l));
@@ -442,7 +443,7 @@ static void test_storage_policy(void **state) {
 
 static void test_lowering_kinds_and_attention_state(void **state) {
     (void)state;
-    emit_case *c = case_new(CG_PRECISION_BF16);
+    emit_case *c = case_new("bf16");
     ir_value_id x = case_input(c, "x", "f32[tokens, 16]");
     uint32_t matmul = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, case_weight(c, "f32[8, 16]")}, 2);
     uint32_t attention = attention_op(c, "f32[tokens, 2, 16]", "f32[tokens, 2, 16]", 0.25, 0, true);
@@ -450,7 +451,7 @@ static void test_lowering_kinds_and_attention_state(void **state) {
     case_infer(c);
     arena a;
     arena_init(&a);
-    cg_op_lowering l;
+    cg_group_lowering l;
     assert_true(case_emit(c, c->m.values[x].def_op, &a, &l));
     assert_int_equal(l.kind, CG_LOWER_NONE);
     assert_true(case_emit(c, matmul, &a, &l));
@@ -479,7 +480,7 @@ static void test_lowering_kinds_and_attention_state(void **state) {
 static void assert_emit_fails(emit_case *c, uint32_t op, const char *message) {
     arena a;
     arena_init(&a);
-    cg_op_lowering l;
+    cg_group_lowering l;
     assert_false(case_emit(c, op, &a, &l));
     assert_int_equal(l.kernel_count, 0);
     if (!strstr(case_log(c), message)) fail_msg("expected '%s' in:\n%s", message, case_log(c));
@@ -489,7 +490,7 @@ static void assert_emit_fails(emit_case *c, uint32_t op, const char *message) {
 /* Only the token dim, only as dim 0, is dynamic. */
 static void test_token_dim_errors(void **state) {
     (void)state;
-    emit_case *c = case_new(CG_PRECISION_F32);
+    emit_case *c = case_new("f32");
     ir_add_symbol(&c->m, "batch", 8, SMELT_NO_LOC);
     ir_value_id other = case_input(c, "other", "f32[batch, 4]");
     uint32_t silu = case_op(c, IR_OP_SILU, &other, 1);
@@ -508,7 +509,7 @@ static void test_token_dim_errors(void **state) {
 /* A name of a megabyte is cut in the message; nothing breaks. */
 static void test_long_symbol_name_is_cut(void **state) {
     (void)state;
-    emit_case *c = case_new(CG_PRECISION_F32);
+    emit_case *c = case_new("f32");
     size_t length = 1 << 20;
     char *name = malloc(length + 1);
     memset(name, 'n', length);
@@ -526,7 +527,7 @@ static void test_long_symbol_name_is_cut(void **state) {
 
 static void test_bad_attributes_are_errors(void **state) {
     (void)state;
-    emit_case *c = case_new(CG_PRECISION_F32);
+    emit_case *c = case_new("f32");
     ir_value_id x = case_input(c, "x", "f32[tokens, 2, 8]");
     uint32_t rope = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
     assert_true(ir_op_set_float(&c->m, rope, "theta", 10000.0));
@@ -543,7 +544,7 @@ static void test_bad_attributes_are_errors(void **state) {
  * errors at compile time, not faults at run time. */
 static void test_sizes_beyond_kernel_limits(void **state) {
     (void)state;
-    emit_case *c = case_new(CG_PRECISION_F32);
+    emit_case *c = case_new("f32");
     ir_value_id wide = case_input(c, "wide", "f32[tokens, 70000, 40000]");
     uint32_t too_wide = case_op(c, IR_OP_SILU, &wide, 1);
     ir_value_id x = case_input(c, "x", "f32[tokens, 1024]");
