@@ -49,48 +49,6 @@ static inline void *rt_address_at(void *base, uint64_t offset) {
     return (void *)((uintptr_t)base + (uintptr_t)offset);
 }
 
-/* ---- Number formats ---------------------------------------------------------- */
-
-/* The same bits as smelt_kernel.h's conversions, so host code and kernels
- * agree exactly. */
-static inline float rt_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* Round to nearest, ties to even; NaN stays a quiet NaN of the same sign. */
-static inline uint16_t rt_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-/* IEEE binary16 to float, exactly (subnormals, infinities, NaN). */
-static inline float rt_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu, u;
-    if (exponent == 0x1f) {
-        u = sign | 0x7f800000u | (mantissa << 13);
-    } else if (exponent != 0) {
-        u = sign | ((exponent + 112u) << 23) | (mantissa << 13);
-    } else if (mantissa == 0) {
-        u = sign;
-    } else { /* subnormal: normalise */
-        exponent = 113;
-        while (!(mantissa & 0x400u)) {
-            mantissa <<= 1;
-            exponent--;
-        }
-        u = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
-    }
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 /* ---- The table ------------------------------------------------------------- */
 
 typedef struct rt_device rt_device;

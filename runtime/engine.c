@@ -10,6 +10,7 @@
  */
 #include "device.h"
 #include "executor.h"
+#include "numeric.h"
 #include "plan_read.h"
 #include "program.h"
 #include "sampler.h"
@@ -372,13 +373,13 @@ static void convert(void *dst, smelt_dtype to, const void *src, smelt_dtype from
         float v;
         switch (from) {
         case SMELT_DTYPE_F32: memcpy(&v, (const uint8_t *)src + 4 * i, 4); break;
-        case SMELT_DTYPE_BF16: v = rt_bf16_to_f32(((const uint16_t *)src)[i]); break;
-        default: v = rt_f16_to_f32(((const uint16_t *)src)[i]); break;
+        case SMELT_DTYPE_BF16: v = plan_bf16_to_f32(((const uint16_t *)src)[i]); break;
+        default: v = plan_f16_to_f32(((const uint16_t *)src)[i]); break;
         }
         if (to == SMELT_DTYPE_F32)
             memcpy((uint8_t *)dst + 4 * i, &v, 4);
         else
-            ((uint16_t *)dst)[i] = rt_f32_to_bf16(v);
+            ((uint16_t *)dst)[i] = plan_f32_to_bf16(v);
     }
 }
 

@@ -462,7 +462,15 @@ static inline void smelt_cp_async_wait_all(void) {}
 #if !defined(SMELT_SIM_ABI_ONLY)
 
 /* bf16 as 16-bit storage; arithmetic is always done in float. The
- * conversions are bit operations so that both halves give identical bits. */
+ * conversions are bit operations so that both halves give identical bits.
+ *
+ * They are the one copy of bf16 rounding outside plan/numeric.h, and the
+ * same algorithm as its plan_bf16_to_f32 / plan_f32_to_bf16, because this
+ * header must stand alone: codegen embeds its text and hands it, by itself,
+ * to NVRTC (which has no standard headers and no include path) and to the
+ * host compiler on the user's machine (where smelt's sources are not), so it
+ * cannot include plan/numeric.h. tests/unit/test_host_sim.c checks that both
+ * give the same bits. */
 typedef unsigned short smelt_bf16;
 
 SMELT_DEVICE float smelt_bf16_to_f32(smelt_bf16 h) { return __uint_as_float((unsigned int)h << 16); }

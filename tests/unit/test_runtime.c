@@ -17,6 +17,7 @@
 #include "executor.h"
 #include "host_build.h"
 #include "nvrtc.h"
+#include "numeric.h"
 #include "plan_read.h"
 #include "plan_write.h"
 #include "program.h"
@@ -182,7 +183,7 @@ static const float mix_bias[WIDTH] = {1, 0, 0.5f, 2};
 
 static void put_bf16(uint8_t *dst, const float *src, size_t count) {
     for (size_t i = 0; i < count; i++) {
-        uint16_t h = rt_f32_to_bf16(src[i]);
+        uint16_t h = plan_f32_to_bf16(src[i]);
         memcpy(dst + 2 * i, &h, 2);
     }
 }
