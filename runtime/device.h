@@ -1,5 +1,5 @@
 /* device.h - what the runtime needs from a device, as a small table of
- * functions (like a ggml backend), and the runtime's own error type.
+ * functions (like a ggml backend). Errors are rt_error (error.h).
  *
  * Two devices implement it: host (device_host.c: the plan's host kernels on
  * the simulator, GEMMs on OpenBLAS) and cuda (device_cuda.c: the CUDA driver
@@ -24,26 +24,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "error.h"
 #include "plan_format.h"
 #include "program.h"
 #include "smelt.h"
-
-/* ---- Errors ---------------------------------------------------------------- */
-
-enum { RT_ERROR_MESSAGE_SIZE = 1024 };
-
-typedef struct rt_error {
-    smelt_status status;
-    char message[RT_ERROR_MESSAGE_SIZE];
-} rt_error;
-
-/* Records status and message in e (when e is not NULL) and returns status, so
- * that `return rt_fail(e, SMELT_ERROR_DEVICE, "...")` reads as one step. */
-smelt_status rt_fail(rt_error *e, smelt_status status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* "%.*s%s" arguments for a name cut to 64 bytes, as in compiler messages. */
-#define RT_NAME(s) (int)(strlen(s) > 64 ? 64 : strlen(s)), (s), (strlen(s) > 64 ? "..." : "")
 
 static inline void *rt_address_at(void *base, uint64_t offset) {
     return (void *)((uintptr_t)base + (uintptr_t)offset);
