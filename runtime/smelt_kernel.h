@@ -8,7 +8,7 @@
  *     `extern "C" __global__`, the intrinsics are CUDA's own, tensor cores
  *     are inline PTX (mma.sync, ldmatrix, cp.async);
  *   - under the host C compiler (gcc/clang, C11) it defines SMELT_HOST and
- *     maps to the host simulator (runtime/host_sim.h): every block runs on a
+ *     maps to the host simulator (runtime/sim/host_sim.h): every block runs on a
  *     worker thread, every CUDA thread of the block is a fiber, barriers
  *     switch fibers, `__shared__` is `static _Thread_local`, warp shuffles,
  *     votes and tensor-core operations exchange through a per-warp barrier.
@@ -218,7 +218,7 @@ typedef struct smelt_sim_dim3 {
 } smelt_sim_dim3;
 
 /* What a kernel reads about the thread it runs as. The simulator keeps one
- * per fiber (runtime/host_sim.c) and points smelt_sim_current at it. */
+ * per fiber (runtime/sim/host_sim.c) and points smelt_sim_current at it. */
 typedef struct smelt_sim_thread_view {
     smelt_sim_dim3 thread_index;
     smelt_sim_dim3 block_index;
@@ -230,7 +230,7 @@ typedef struct smelt_sim_thread_view {
 
 extern _Thread_local const smelt_sim_thread_view *smelt_sim_current;
 
-/* Entry points of the simulator (runtime/host_sim.c). A host kernel object
+/* Entry points of the simulator (runtime/sim/host_sim.c). A host kernel object
  * resolves them from the process that loads it. */
 void smelt_sim_syncthreads(void);
 void smelt_sim_syncwarp(unsigned int mask);

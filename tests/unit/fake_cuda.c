@@ -1,5 +1,5 @@
 /* fake_cuda.c - a stand-in CUDA driver and cuBLASLt in one shared object, so
- * that test_runtime.c can run runtime/device_cuda.c end to end on a machine
+ * that test_runtime.c can run runtime/device/device_cuda.c end to end on a machine
  * without a GPU. test_runtime builds it with the host compiler at test time
  * and names it in $SMELT_CUDA_DRIVER and $SMELT_CUBLASLT.
  *

@@ -1257,7 +1257,7 @@ static void build_fake_driver(char *path, size_t path_size) {
     cg_host_source sources[1] = {{"fake_cuda", source}};
     cg_host_build_request req = {.sources = sources,
                                  .source_count = 1,
-                                 .include_dir = SMELT_SOURCE_DIR "/runtime",
+                                 .include_dir = SMELT_SOURCE_DIR "/runtime/sim", /* host_sim.h */
                                  .sanitize_address = cg_host_build_process_is_sanitized()};
     cg_host_object object;
     char error[2048];
