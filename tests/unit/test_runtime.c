@@ -1255,9 +1255,12 @@ static void build_fake_driver(char *path, size_t path_size) {
     char *source = read_text_file(SMELT_SOURCE_DIR "/tests/unit/fake_cuda.c");
     assert_non_null(source);
     cg_host_source sources[1] = {{"fake_cuda", source}};
+    const char *const plan_include[] = {"-I" SMELT_SOURCE_DIR "/plan"}; /* numeric.h */
     cg_host_build_request req = {.sources = sources,
                                  .source_count = 1,
                                  .include_dir = SMELT_SOURCE_DIR "/runtime/sim", /* host_sim.h */
+                                 .extra_flags = plan_include,
+                                 .extra_flag_count = 1,
                                  .sanitize_address = cg_host_build_process_is_sanitized()};
     cg_host_object object;
     char error[2048];
