@@ -155,7 +155,7 @@ static bool stream_weights(void *context, plan_sink *sink) {
         bool ok = s->o->read_weight(s->o->weight_context, op, values, count);
         if (!ok) plan_sink_fail(sink, "cannot read weight '%s'", w->name);
         if (ok && narrowed)
-            for (uint64_t i = 0; i < count; i++) narrowed[i] = ir_f32_to_bf16(values[i]);
+            for (uint64_t i = 0; i < count; i++) narrowed[i] = plan_f32_to_bf16(values[i]);
         ok = ok && plan_sink_write(sink, narrowed ? (const void *)narrowed : (const void *)values, w->bytes);
         free(values);
         free(narrowed);

@@ -582,23 +582,23 @@ void st_convert_to_f32(st_dtype dtype, const void *src, float *dst, uint64_t cou
         for (uint64_t i = 0; i < count; i++) {
             uint16_t h;
             memcpy(&h, p + 2 * i, 2);
-            dst[i] = ir_f16_to_f32(h);
+            dst[i] = plan_f16_to_f32(h);
         }
         return;
     case ST_DTYPE_BF16:
         for (uint64_t i = 0; i < count; i++) {
             uint16_t h;
             memcpy(&h, p + 2 * i, 2);
-            dst[i] = ir_bf16_to_f32(h);
+            dst[i] = plan_bf16_to_f32(h);
         }
         return;
     case ST_DTYPE_F8_E4M3:
         for (uint64_t i = 0; i < count; i++)
-            dst[i] = ir_f8e4m3_to_f32(p[i]);
+            dst[i] = plan_f8e4m3_to_f32(p[i]);
         return;
     case ST_DTYPE_F8_E5M2:
         for (uint64_t i = 0; i < count; i++)
-            dst[i] = ir_f8e5m2_to_f32(p[i]);
+            dst[i] = plan_f8e5m2_to_f32(p[i]);
         return;
     default: SMELT_DIE("st_convert_to_f32 of non-float dtype %s", st_dtype_name(dtype));
     }

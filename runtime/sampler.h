@@ -15,7 +15,7 @@
 #ifndef SMELT_RT_SAMPLER_H
 #define SMELT_RT_SAMPLER_H
 
-#include "device.h"
+#include "error.h"
 
 typedef struct rt_pcg32 {
     uint64_t state, increment;

@@ -8,7 +8,7 @@
  *     `extern "C" __global__`, the intrinsics are CUDA's own, tensor cores
  *     are inline PTX (mma.sync, ldmatrix, cp.async);
  *   - under the host C compiler (gcc/clang, C11) it defines SMELT_HOST and
- *     maps to the host simulator (runtime/host_sim.h): every block runs on a
+ *     maps to the host simulator (runtime/sim/host_sim.h): every block runs on a
  *     worker thread, every CUDA thread of the block is a fiber, barriers
  *     switch fibers, `__shared__` is `static _Thread_local`, warp shuffles,
  *     votes and tensor-core operations exchange through a per-warp barrier.
@@ -218,7 +218,7 @@ typedef struct smelt_sim_dim3 {
 } smelt_sim_dim3;
 
 /* What a kernel reads about the thread it runs as. The simulator keeps one
- * per fiber (runtime/host_sim.c) and points smelt_sim_current at it. */
+ * per fiber (runtime/sim/host_sim.c) and points smelt_sim_current at it. */
 typedef struct smelt_sim_thread_view {
     smelt_sim_dim3 thread_index;
     smelt_sim_dim3 block_index;
@@ -230,7 +230,7 @@ typedef struct smelt_sim_thread_view {
 
 extern _Thread_local const smelt_sim_thread_view *smelt_sim_current;
 
-/* Entry points of the simulator (runtime/host_sim.c). A host kernel object
+/* Entry points of the simulator (runtime/sim/host_sim.c). A host kernel object
  * resolves them from the process that loads it. */
 void smelt_sim_syncthreads(void);
 void smelt_sim_syncwarp(unsigned int mask);
@@ -462,7 +462,15 @@ static inline void smelt_cp_async_wait_all(void) {}
 #if !defined(SMELT_SIM_ABI_ONLY)
 
 /* bf16 as 16-bit storage; arithmetic is always done in float. The
- * conversions are bit operations so that both halves give identical bits. */
+ * conversions are bit operations so that both halves give identical bits.
+ *
+ * They are the one copy of bf16 rounding outside plan/numeric.h, and the
+ * same algorithm as its plan_bf16_to_f32 / plan_f32_to_bf16, because this
+ * header must stand alone: codegen embeds its text and hands it, by itself,
+ * to NVRTC (which has no standard headers and no include path) and to the
+ * host compiler on the user's machine (where smelt's sources are not), so it
+ * cannot include plan/numeric.h. tests/unit/test_host_sim.c checks that both
+ * give the same bits. */
 typedef unsigned short smelt_bf16;
 
 SMELT_DEVICE float smelt_bf16_to_f32(smelt_bf16 h) { return __uint_as_float((unsigned int)h << 16); }

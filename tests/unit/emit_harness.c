@@ -31,6 +31,7 @@
 #include "host_sim.h"
 #include "ir_io.h"
 #include "nvrtc.h"
+#include "numeric.h"
 #include "pass.h"
 #include "ref_ops.h"
 
@@ -87,22 +88,11 @@ static int harness_teardown(void **state) {
     return 0;
 }
 
-/* ---- bf16 as smelt_kernel.h rounds it --------------------------------------------------- */
+/* ---- bf16 as smelt_kernel.h rounds it (plan/numeric.h: the same bits) ------------------ */
 
-static uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+static uint16_t to_bf16(float f) { return plan_f32_to_bf16(f); }
 
-static float from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+static float from_bf16(uint16_t h) { return plan_bf16_to_f32(h); }
 
 /* ---- a module under test ------------------------------------------------------------------ */
 

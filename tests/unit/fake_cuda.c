@@ -1,5 +1,5 @@
 /* fake_cuda.c - a stand-in CUDA driver and cuBLASLt in one shared object, so
- * that test_runtime.c can run runtime/device_cuda.c end to end on a machine
+ * that test_runtime.c can run runtime/device/device_cuda.c end to end on a machine
  * without a GPU. test_runtime builds it with the host compiler at test time
  * and names it in $SMELT_CUDA_DRIVER and $SMELT_CUBLASLT.
  *
@@ -19,6 +19,7 @@
  * runtime shows up as an error or a wrong number.
  */
 #include "host_sim.h"
+#include "numeric.h"
 
 #include <dlfcn.h>
 #include <stdint.h>
@@ -94,10 +95,7 @@ static void record(const fake_call *call) {
 
 static float load(int type, const void *base, uint64_t index) {
     if (type == TYPE_F32) return ((const float *)base)[index];
-    uint32_t u = (uint32_t)((const uint16_t *)base)[index] << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
+    return plan_bf16_to_f32(((const uint16_t *)base)[index]);
 }
 
 static void store(int type, void *base, uint64_t index, float v) {
@@ -105,10 +103,7 @@ static void store(int type, void *base, uint64_t index, float v) {
         ((float *)base)[index] = v;
         return;
     }
-    uint32_t u;
-    memcpy(&u, &v, sizeof u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    ((uint16_t *)base)[index] = (uint16_t)(u >> 16);
+    ((uint16_t *)base)[index] = plan_f32_to_bf16(v);
 }
 
 static result run_matmul(const fake_matmul *m) {

@@ -17,6 +17,7 @@
 
 #include "fiber.h"
 #include "host_sim.h"
+#include "numeric.h"
 
 #include "kernels/host_sim_kernels.cu"
 
@@ -554,6 +555,29 @@ static void test_bf16_conversion_bits(void **state) {
     sim_pool_free(pool);
 }
 
+/* smelt_kernel.h keeps its own bf16 conversions (it must stand alone): they
+ * give plan/numeric.h's bits for every bf16 and for f32 bit patterns across
+ * the whole range (every 4093rd, plus the neighbours of every tie and of
+ * infinity). */
+static void test_bf16_conversion_matches_plan_numeric(void **state) {
+    (void)state;
+    for (uint32_t h = 0; h <= 0xffffu; h++) {
+        uint32_t kernel_bits, plan_bits;
+        float kernel = smelt_bf16_to_f32((smelt_bf16)h), plan = plan_bf16_to_f32((uint16_t)h);
+        memcpy(&kernel_bits, &kernel, sizeof kernel_bits);
+        memcpy(&plan_bits, &plan, sizeof plan_bits);
+        assert_int_equal(kernel_bits, plan_bits);
+        uint32_t tie = h << 16 | 0x8000u;
+        for (uint32_t bits = tie - 1; bits != tie + 2; bits++)
+            assert_int_equal(smelt_f32_to_bf16(float_of_bits(bits)), plan_f32_to_bf16(float_of_bits(bits)));
+    }
+    for (uint64_t bits = 0; bits <= 0xffffffffu; bits += 4093)
+        assert_int_equal(smelt_f32_to_bf16(float_of_bits((uint32_t)bits)),
+                         plan_f32_to_bf16(float_of_bits((uint32_t)bits)));
+    for (uint32_t bits = 0x7f7ffff0u; bits != 0x7f800010u; bits++)
+        assert_int_equal(smelt_f32_to_bf16(float_of_bits(bits)), plan_f32_to_bf16(float_of_bits(bits)));
+}
+
 /* ---- tensor cores ---- */
 
 static uint32_t random_state = 12345;
@@ -708,6 +732,7 @@ int main(void) {
         cmocka_unit_test(test_bad_launch_dimensions),
         cmocka_unit_test(test_stack_overflow_hits_the_guard_page),
         cmocka_unit_test(test_bf16_conversion_bits),
+        cmocka_unit_test(test_bf16_conversion_matches_plan_numeric),
         cmocka_unit_test(test_ldmatrix_x4_layout),
         cmocka_unit_test(test_mma_m16n8k16_against_triple_loop),
         cmocka_unit_test(test_nvrtc_compiles_the_same_kernels),

@@ -1131,41 +1131,109 @@ static void test_print_malformed_kernels(void **state) {
     plan_close(&plan);
 }
 
-/* The runtime reads plans on machines without the compiler: nothing under
- * runtime/ may include a header that is not in runtime/ or plan/ (or the
- * system). */
-static void test_runtime_includes_only_runtime(void **state) {
-    (void)state;
-    char runtime_dir[512];
-    snprintf(runtime_dir, sizeof runtime_dir, "%s/runtime", SMELT_SOURCE_DIR);
-    DIR *dir = opendir(runtime_dir);
-    assert_non_null(dir);
+/* ---- Dependency direction: who may include whom ---------------------------- */
+
+/* Whether a file named `name` lies in `tree` (a folder of the source tree)
+ * or, when `recursive`, in any tree below it. */
+static bool header_in(const char *tree, const char *name, bool recursive) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s/%s", SMELT_SOURCE_DIR, tree, name);
+    if (access(path, F_OK) == 0) return true;
+    if (!recursive) return false;
+    snprintf(path, sizeof path, "%s/%s", SMELT_SOURCE_DIR, tree);
+    DIR *dir = opendir(path);
+    if (!dir) return false;
+    bool found = false;
     struct dirent *entry;
+    while (!found && (entry = readdir(dir)) != NULL) {
+        if (entry->d_name[0] == '.') continue;
+        char sub[1024];
+        snprintf(sub, sizeof sub, "%s/%s", tree, entry->d_name);
+        char full[1400];
+        snprintf(full, sizeof full, "%s/%s", SMELT_SOURCE_DIR, sub);
+        struct stat st;
+        if (stat(full, &st) == 0 && S_ISDIR(st.st_mode)) found = header_in(sub, name, true);
+    }
+    closedir(dir);
+    return found;
+}
+
+typedef bool include_rule(const char *name);
+
+/* Calls `allowed` on every `#include "..."` of every .c and .h file under
+ * `tree` (recursively) and fails on the first it refuses. Returns the
+ * number of files read. */
+static unsigned check_includes(const char *tree, include_rule *allowed, const char *why) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", SMELT_SOURCE_DIR, tree);
+    DIR *dir = opendir(path);
+    assert_non_null(dir);
     unsigned files = 0;
+    struct dirent *entry;
     while ((entry = readdir(dir)) != NULL) {
+        if (entry->d_name[0] == '.') continue;
+        char relative[1024], full[1400];
+        snprintf(relative, sizeof relative, "%s/%s", tree, entry->d_name);
+        snprintf(full, sizeof full, "%s/%s", SMELT_SOURCE_DIR, relative);
+        struct stat st;
+        if (stat(full, &st) != 0) continue;
+        if (S_ISDIR(st.st_mode)) {
+            files += check_includes(relative, allowed, why);
+            continue;
+        }
         size_t n = strlen(entry->d_name);
         if (n < 3 || (strcmp(entry->d_name + n - 2, ".c") != 0 && strcmp(entry->d_name + n - 2, ".h") != 0))
             continue;
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", runtime_dir, entry->d_name);
-        FILE *f = fopen(path, "r");
+        FILE *f = fopen(full, "r");
         if (!f) continue;
         files++;
         char line[1024];
         while (fgets(line, sizeof line, f)) {
             char name[256];
             if (sscanf(line, " #include \"%255[^\"]\"", name) != 1) continue;
-            char included[1400], in_plan[1400];
-            snprintf(included, sizeof included, "%s/%s", runtime_dir, name);
-            snprintf(in_plan, sizeof in_plan, "%s/plan/%s", SMELT_SOURCE_DIR, name);
-            if (strchr(name, '/') || (access(included, F_OK) != 0 && access(in_plan, F_OK) != 0))
-                fail_msg("runtime/%s includes \"%s\", which is not a runtime or plan header", entry->d_name,
-                         name);
+            if (strchr(name, '/') || !allowed(name)) fail_msg("%s includes \"%s\": %s", relative, name, why);
         }
         fclose(f);
     }
     closedir(dir);
-    assert_true(files >= 5); /* plan_format.h, plan_read.[ch], plan_print.[ch] at least */
+    return files;
+}
+
+static bool runtime_or_plan_header(const char *name) {
+    return header_in("runtime", name, true) || header_in("plan", name, false);
+}
+
+static bool plan_header(const char *name) { return header_in("plan", name, false); }
+
+/* smelt_kernel.h is not linked: codegen embeds its text in every kernel. */
+static bool not_runtime_header(const char *name) {
+    return strcmp(name, "smelt_kernel.h") == 0 || !header_in("runtime", name, true);
+}
+
+/* The runtime reads plans on machines without the compiler: nothing under
+ * runtime/ may include a header that is not in runtime/ or plan/ (or the
+ * system). */
+static void test_runtime_includes_only_runtime(void **state) {
+    (void)state;
+    unsigned files = check_includes("runtime", runtime_or_plan_header, "not a runtime or plan header");
+    assert_true(files >= 10); /* smelt.h, engine.c, the devices, the simulator at least */
+}
+
+/* plan/ depends on nothing: codegen writes plans through it and the runtime
+ * reads them through it, so it includes only its own headers (and the
+ * system's). */
+static void test_plan_includes_only_plan(void **state) {
+    (void)state;
+    unsigned files = check_includes("plan", plan_header, "not a plan header");
+    assert_true(files >= 10); /* plan_format.h, plan_read.[ch], plan_write.[ch], program.[ch] at least */
+}
+
+/* codegen does not link the runtime: it reaches the plan format and the
+ * launch program through plan/. */
+static void test_codegen_includes_no_runtime_header(void **state) {
+    (void)state;
+    unsigned files = check_includes("codegen", not_runtime_header, "a runtime header (use plan/)");
+    assert_true(files >= 10);
 }
 
 int main(void) {
@@ -1199,6 +1267,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_print_plan, setup, teardown),
         cmocka_unit_test_setup_teardown(test_print_malformed_kernels, setup, teardown),
         cmocka_unit_test(test_runtime_includes_only_runtime),
+        cmocka_unit_test(test_plan_includes_only_plan),
+        cmocka_unit_test(test_codegen_includes_no_runtime_header),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

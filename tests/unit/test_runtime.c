@@ -17,6 +17,7 @@
 #include "executor.h"
 #include "host_build.h"
 #include "nvrtc.h"
+#include "numeric.h"
 #include "plan_read.h"
 #include "plan_write.h"
 #include "program.h"
@@ -182,7 +183,7 @@ static const float mix_bias[WIDTH] = {1, 0, 0.5f, 2};
 
 static void put_bf16(uint8_t *dst, const float *src, size_t count) {
     for (size_t i = 0; i < count; i++) {
-        uint16_t h = rt_f32_to_bf16(src[i]);
+        uint16_t h = plan_f32_to_bf16(src[i]);
         memcpy(dst + 2 * i, &h, 2);
     }
 }
@@ -1254,9 +1255,12 @@ static void build_fake_driver(char *path, size_t path_size) {
     char *source = read_text_file(SMELT_SOURCE_DIR "/tests/unit/fake_cuda.c");
     assert_non_null(source);
     cg_host_source sources[1] = {{"fake_cuda", source}};
+    const char *const plan_include[] = {"-I" SMELT_SOURCE_DIR "/plan"}; /* numeric.h */
     cg_host_build_request req = {.sources = sources,
                                  .source_count = 1,
-                                 .include_dir = SMELT_SOURCE_DIR "/runtime",
+                                 .include_dir = SMELT_SOURCE_DIR "/runtime/sim", /* host_sim.h */
+                                 .extra_flags = plan_include,
+                                 .extra_flag_count = 1,
                                  .sanitize_address = cg_host_build_process_is_sanitized()};
     cg_host_object object;
     char error[2048];

@@ -146,85 +146,85 @@ static unsigned count_files(const char *path) {
 
 static void test_widening_hand_values(void **state) {
     (void)state;
-    assert_true(ir_bf16_to_f32(0x3f80) == 1.0f);
-    assert_true(ir_bf16_to_f32(0xc000) == -2.0f);
-    assert_true(ir_bf16_to_f32(0x4049) == 3.140625f);
-    assert_true(ir_bf16_to_f32(0x0001) == 0x1p-133f); /* bf16 subnormals are f32 subnormals */
-    assert_true(isinf(ir_bf16_to_f32(0xff80)) && ir_bf16_to_f32(0xff80) < 0);
+    assert_true(plan_bf16_to_f32(0x3f80) == 1.0f);
+    assert_true(plan_bf16_to_f32(0xc000) == -2.0f);
+    assert_true(plan_bf16_to_f32(0x4049) == 3.140625f);
+    assert_true(plan_bf16_to_f32(0x0001) == 0x1p-133f); /* bf16 subnormals are f32 subnormals */
+    assert_true(isinf(plan_bf16_to_f32(0xff80)) && plan_bf16_to_f32(0xff80) < 0);
 
-    assert_true(ir_f16_to_f32(0x3c00) == 1.0f);
-    assert_true(ir_f16_to_f32(0xc000) == -2.0f);
-    assert_true(ir_f16_to_f32(0x3555) == 0.333251953125f);
-    assert_true(ir_f16_to_f32(0x0001) == 0x1p-24f);
-    assert_true(ir_f16_to_f32(0x03ff) == 1023 * 0x1p-24f);
-    assert_true(ir_f16_to_f32(0x0400) == 0x1p-14f);
-    assert_true(ir_f16_to_f32(0x7bff) == 65504.0f);
-    assert_true(ir_f16_to_f32(0x8001) == -0x1p-24f);
-    assert_true(isinf(ir_f16_to_f32(0x7c00)) && ir_f16_to_f32(0xfc00) < 0);
-    assert_true(isnan(ir_f16_to_f32(0x7e00)) && isnan(ir_f16_to_f32(0x7c01)));
-    assert_true(ir_f16_to_f32(0x8000) == 0.0f && signbit(ir_f16_to_f32(0x8000)));
+    assert_true(plan_f16_to_f32(0x3c00) == 1.0f);
+    assert_true(plan_f16_to_f32(0xc000) == -2.0f);
+    assert_true(plan_f16_to_f32(0x3555) == 0.333251953125f);
+    assert_true(plan_f16_to_f32(0x0001) == 0x1p-24f);
+    assert_true(plan_f16_to_f32(0x03ff) == 1023 * 0x1p-24f);
+    assert_true(plan_f16_to_f32(0x0400) == 0x1p-14f);
+    assert_true(plan_f16_to_f32(0x7bff) == 65504.0f);
+    assert_true(plan_f16_to_f32(0x8001) == -0x1p-24f);
+    assert_true(isinf(plan_f16_to_f32(0x7c00)) && plan_f16_to_f32(0xfc00) < 0);
+    assert_true(isnan(plan_f16_to_f32(0x7e00)) && isnan(plan_f16_to_f32(0x7c01)));
+    assert_true(plan_f16_to_f32(0x8000) == 0.0f && signbit(plan_f16_to_f32(0x8000)));
 
-    assert_true(ir_f8e4m3_to_f32(0x7e) == 448.0f);
-    assert_true(ir_f8e4m3_to_f32(0xfe) == -448.0f);
-    assert_true(ir_f8e4m3_to_f32(0x78) == 256.0f); /* top exponent holds numbers: no infinity */
-    assert_true(isnan(ir_f8e4m3_to_f32(0x7f)) && isnan(ir_f8e4m3_to_f32(0xff)));
-    assert_true(ir_f8e4m3_to_f32(0x38) == 1.0f);
-    assert_true(ir_f8e4m3_to_f32(0xb8) == -1.0f);
-    assert_true(ir_f8e4m3_to_f32(0x08) == 0x1p-6f);
-    assert_true(ir_f8e4m3_to_f32(0x01) == 0x1p-9f);
-    assert_true(ir_f8e4m3_to_f32(0x07) == 7 * 0x1p-9f);
-    assert_true(ir_f8e4m3_to_f32(0x00) == 0.0f && signbit(ir_f8e4m3_to_f32(0x80)));
+    assert_true(plan_f8e4m3_to_f32(0x7e) == 448.0f);
+    assert_true(plan_f8e4m3_to_f32(0xfe) == -448.0f);
+    assert_true(plan_f8e4m3_to_f32(0x78) == 256.0f); /* top exponent holds numbers: no infinity */
+    assert_true(isnan(plan_f8e4m3_to_f32(0x7f)) && isnan(plan_f8e4m3_to_f32(0xff)));
+    assert_true(plan_f8e4m3_to_f32(0x38) == 1.0f);
+    assert_true(plan_f8e4m3_to_f32(0xb8) == -1.0f);
+    assert_true(plan_f8e4m3_to_f32(0x08) == 0x1p-6f);
+    assert_true(plan_f8e4m3_to_f32(0x01) == 0x1p-9f);
+    assert_true(plan_f8e4m3_to_f32(0x07) == 7 * 0x1p-9f);
+    assert_true(plan_f8e4m3_to_f32(0x00) == 0.0f && signbit(plan_f8e4m3_to_f32(0x80)));
 
-    assert_true(ir_f8e5m2_to_f32(0x7b) == 57344.0f);
-    assert_true(ir_f8e5m2_to_f32(0x3c) == 1.0f);
-    assert_true(ir_f8e5m2_to_f32(0x01) == 0x1p-16f);
-    assert_true(ir_f8e5m2_to_f32(0x04) == 0x1p-14f);
-    assert_true(isinf(ir_f8e5m2_to_f32(0x7c)) && ir_f8e5m2_to_f32(0xfc) < 0);
-    assert_true(isnan(ir_f8e5m2_to_f32(0x7d)) && isnan(ir_f8e5m2_to_f32(0xff)));
+    assert_true(plan_f8e5m2_to_f32(0x7b) == 57344.0f);
+    assert_true(plan_f8e5m2_to_f32(0x3c) == 1.0f);
+    assert_true(plan_f8e5m2_to_f32(0x01) == 0x1p-16f);
+    assert_true(plan_f8e5m2_to_f32(0x04) == 0x1p-14f);
+    assert_true(isinf(plan_f8e5m2_to_f32(0x7c)) && plan_f8e5m2_to_f32(0xfc) < 0);
+    assert_true(isnan(plan_f8e5m2_to_f32(0x7d)) && isnan(plan_f8e5m2_to_f32(0xff)));
 }
 
 static void test_narrowing_rounds_to_nearest_even(void **state) {
     (void)state;
-    assert_int_equal(ir_f32_to_bf16(1.0f), 0x3f80);
-    assert_int_equal(ir_f32_to_bf16(ir_f32_from_bits(0x3f808000)), 0x3f80); /* tie, even stays */
-    assert_int_equal(ir_f32_to_bf16(ir_f32_from_bits(0x3f818000)), 0x3f82); /* tie, odd rounds up */
-    assert_int_equal(ir_f32_to_bf16(ir_f32_from_bits(0x3f808001)), 0x3f81); /* above the tie */
-    assert_int_equal(ir_f32_to_bf16(ir_f32_from_bits(0x7f7fffff)), 0x7f80); /* FLT_MAX overflows */
-    assert_int_equal(ir_f32_to_bf16(-0.0f), 0x8000);
-    uint16_t nan16 = ir_f32_to_bf16(NAN);
+    assert_int_equal(plan_f32_to_bf16(1.0f), 0x3f80);
+    assert_int_equal(plan_f32_to_bf16(plan_f32_from_bits(0x3f808000)), 0x3f80); /* tie, even stays */
+    assert_int_equal(plan_f32_to_bf16(plan_f32_from_bits(0x3f818000)), 0x3f82); /* tie, odd rounds up */
+    assert_int_equal(plan_f32_to_bf16(plan_f32_from_bits(0x3f808001)), 0x3f81); /* above the tie */
+    assert_int_equal(plan_f32_to_bf16(plan_f32_from_bits(0x7f7fffff)), 0x7f80); /* FLT_MAX overflows */
+    assert_int_equal(plan_f32_to_bf16(-0.0f), 0x8000);
+    uint16_t nan16 = plan_f32_to_bf16(NAN);
     assert_true((nan16 & 0x7f80) == 0x7f80 && (nan16 & 0x7f));
 
-    assert_int_equal(ir_f32_to_f16(1.0f), 0x3c00);
-    assert_int_equal(ir_f32_to_f16(-2.0f), 0xc000);
-    assert_int_equal(ir_f32_to_f16(65504.0f), 0x7bff);
-    assert_int_equal(ir_f32_to_f16(65519.0f), 0x7bff);
-    assert_int_equal(ir_f32_to_f16(65520.0f), 0x7c00); /* the tie above the largest rounds to inf */
-    assert_int_equal(ir_f32_to_f16(1e10f), 0x7c00);
-    assert_int_equal(ir_f32_to_f16(-INFINITY), 0xfc00);
-    assert_int_equal(ir_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);     /* tie to even */
-    assert_int_equal(ir_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02); /* tie to even, up */
-    assert_int_equal(ir_f32_to_f16(0x1p-14f), 0x0400);
-    assert_int_equal(ir_f32_to_f16(0x1p-24f), 0x0001);
-    assert_int_equal(ir_f32_to_f16(0x1p-25f), 0x0000);        /* tie between 0 and the smallest: 0 */
-    assert_int_equal(ir_f32_to_f16(1.5f * 0x1p-25f), 0x0001); /* above the tie */
-    assert_int_equal(ir_f32_to_f16(3 * 0x1p-25f), 0x0002);    /* 1.5 steps: tie to even 2 */
-    assert_int_equal(ir_f32_to_f16(ir_f32_from_bits(0x00000001)), 0x0000);
-    assert_int_equal(ir_f32_to_f16(-0x1p-30f), 0x8000);
-    assert_true((ir_f32_to_f16(NAN) & 0x7c00) == 0x7c00 && (ir_f32_to_f16(NAN) & 0x3ff));
+    assert_int_equal(plan_f32_to_f16(1.0f), 0x3c00);
+    assert_int_equal(plan_f32_to_f16(-2.0f), 0xc000);
+    assert_int_equal(plan_f32_to_f16(65504.0f), 0x7bff);
+    assert_int_equal(plan_f32_to_f16(65519.0f), 0x7bff);
+    assert_int_equal(plan_f32_to_f16(65520.0f), 0x7c00); /* the tie above the largest rounds to inf */
+    assert_int_equal(plan_f32_to_f16(1e10f), 0x7c00);
+    assert_int_equal(plan_f32_to_f16(-INFINITY), 0xfc00);
+    assert_int_equal(plan_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);     /* tie to even */
+    assert_int_equal(plan_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02); /* tie to even, up */
+    assert_int_equal(plan_f32_to_f16(0x1p-14f), 0x0400);
+    assert_int_equal(plan_f32_to_f16(0x1p-24f), 0x0001);
+    assert_int_equal(plan_f32_to_f16(0x1p-25f), 0x0000);        /* tie between 0 and the smallest: 0 */
+    assert_int_equal(plan_f32_to_f16(1.5f * 0x1p-25f), 0x0001); /* above the tie */
+    assert_int_equal(plan_f32_to_f16(3 * 0x1p-25f), 0x0002);    /* 1.5 steps: tie to even 2 */
+    assert_int_equal(plan_f32_to_f16(plan_f32_from_bits(0x00000001)), 0x0000);
+    assert_int_equal(plan_f32_to_f16(-0x1p-30f), 0x8000);
+    assert_true((plan_f32_to_f16(NAN) & 0x7c00) == 0x7c00 && (plan_f32_to_f16(NAN) & 0x3ff));
 
-    assert_int_equal(ir_f32_to_f8e4m3(448.0f), 0x7e);
-    assert_int_equal(ir_f32_to_f8e4m3(464.0f), 0x7e);  /* tie between 448 and 480: even */
-    assert_int_equal(ir_f32_to_f8e4m3(1000.0f), 0x7e); /* saturates: no infinity */
-    assert_int_equal(ir_f32_to_f8e4m3(-INFINITY), 0xfe);
-    assert_int_equal(ir_f32_to_f8e4m3(NAN), 0x7f);
-    assert_int_equal(ir_f32_to_f8e4m3(1.0f), 0x38);
-    assert_int_equal(ir_f32_to_f8e4m3(0x1p-10f), 0x00);
-    assert_int_equal(ir_f32_to_f8e4m3(3 * 0x1p-10f), 0x02);
+    assert_int_equal(plan_f32_to_f8e4m3(448.0f), 0x7e);
+    assert_int_equal(plan_f32_to_f8e4m3(464.0f), 0x7e);  /* tie between 448 and 480: even */
+    assert_int_equal(plan_f32_to_f8e4m3(1000.0f), 0x7e); /* saturates: no infinity */
+    assert_int_equal(plan_f32_to_f8e4m3(-INFINITY), 0xfe);
+    assert_int_equal(plan_f32_to_f8e4m3(NAN), 0x7f);
+    assert_int_equal(plan_f32_to_f8e4m3(1.0f), 0x38);
+    assert_int_equal(plan_f32_to_f8e4m3(0x1p-10f), 0x00);
+    assert_int_equal(plan_f32_to_f8e4m3(3 * 0x1p-10f), 0x02);
 
-    assert_int_equal(ir_f32_to_f8e5m2(57344.0f), 0x7b);
-    assert_int_equal(ir_f32_to_f8e5m2(61440.0f), 0x7c); /* tie above the largest, odd: inf */
-    assert_int_equal(ir_f32_to_f8e5m2(1.0f), 0x3c);
-    assert_int_equal(ir_f32_to_f8e5m2(-0x1p-16f), 0x81);
+    assert_int_equal(plan_f32_to_f8e5m2(57344.0f), 0x7b);
+    assert_int_equal(plan_f32_to_f8e5m2(61440.0f), 0x7c); /* tie above the largest, odd: inf */
+    assert_int_equal(plan_f32_to_f8e5m2(1.0f), 0x3c);
+    assert_int_equal(plan_f32_to_f8e5m2(-0x1p-16f), 0x81);
 }
 
 /* Every non-NaN pattern of each narrow format survives widening and
@@ -232,16 +232,16 @@ static void test_narrowing_rounds_to_nearest_even(void **state) {
 static void test_round_trip_every_pattern(void **state) {
     (void)state;
     for (uint32_t h = 0; h <= 0xffff; h++) {
-        float f16 = ir_f16_to_f32((uint16_t)h), bf16 = ir_bf16_to_f32((uint16_t)h);
-        if (!isnan(f16) && ir_f32_to_f16(f16) != h)
-            fail_msg("f16 0x%04x -> %a -> 0x%04x", h, f16, ir_f32_to_f16(f16));
-        if (!isnan(bf16) && ir_f32_to_bf16(bf16) != h) fail_msg("bf16 0x%04x", h);
+        float f16 = plan_f16_to_f32((uint16_t)h), bf16 = plan_bf16_to_f32((uint16_t)h);
+        if (!isnan(f16) && plan_f32_to_f16(f16) != h)
+            fail_msg("f16 0x%04x -> %a -> 0x%04x", h, f16, plan_f32_to_f16(f16));
+        if (!isnan(bf16) && plan_f32_to_bf16(bf16) != h) fail_msg("bf16 0x%04x", h);
         if (h <= 0xff) {
-            float e4 = ir_f8e4m3_to_f32((uint8_t)h), e5 = ir_f8e5m2_to_f32((uint8_t)h);
-            if (!isnan(e4) && ir_f32_to_f8e4m3(e4) != h) fail_msg("e4m3 0x%02x", h);
-            if (!isnan(e5) && ir_f32_to_f8e5m2(e5) != h) fail_msg("e5m2 0x%02x", h);
+            float e4 = plan_f8e4m3_to_f32((uint8_t)h), e5 = plan_f8e5m2_to_f32((uint8_t)h);
+            if (!isnan(e4) && plan_f32_to_f8e4m3(e4) != h) fail_msg("e4m3 0x%02x", h);
+            if (!isnan(e5) && plan_f32_to_f8e5m2(e5) != h) fail_msg("e5m2 0x%02x", h);
             /* e5m2 is the top byte of f16 */
-            float wide = ir_f16_to_f32((uint16_t)(h << 8));
+            float wide = plan_f16_to_f32((uint16_t)(h << 8));
             assert_true((isnan(e5) && isnan(wide)) || memcmp(&e5, &wide, sizeof e5) == 0);
         }
     }
@@ -257,7 +257,7 @@ static void test_f16_matches_the_compiler(void **state) {
         uint16_t bits = (uint16_t)h;
         _Float16 x;
         memcpy(&x, &bits, 2);
-        float ours = ir_f16_to_f32(bits), theirs = (float)x;
+        float ours = plan_f16_to_f32(bits), theirs = (float)x;
         if (!(isnan(ours) && isnan(theirs)) && memcmp(&ours, &theirs, 4) != 0)
             fail_msg("widening f16 0x%04x", h);
     }
@@ -268,11 +268,11 @@ static void test_f16_matches_the_compiler(void **state) {
         if (i % 2)
             bits = (bits & 0x81ffffffu) |
                    ((uint32_t)(0x30 + (seed >> 40) % 0x18) << 24); /* |x| near 2^-31..2^17 */
-        float f = ir_f32_from_bits(bits);
+        float f = plan_f32_from_bits(bits);
         _Float16 x = (_Float16)f;
         uint16_t theirs;
         memcpy(&theirs, &x, 2);
-        uint16_t ours = ir_f32_to_f16(f);
+        uint16_t ours = plan_f32_to_f16(f);
         if (isnan(f))
             assert_true((ours & 0x7c00) == 0x7c00 && (ours & 0x3ff));
         else if (ours != theirs)

@@ -163,7 +163,7 @@ static void test_stacked_parts_in_order(void **state) {
     uint16_t parts[3][4];
     for (int e = 0; e < 3; e++)
         for (int i = 0; i < 4; i++)
-            parts[e][i] = ir_f32_to_f16((float)(10 * e + i));
+            parts[e][i] = plan_f32_to_f16((float)(10 * e + i));
     uint64_t shape[] = {2, 2};
     st_write_tensor tensors[] = {
         {"model.experts.2.w1.weight", ST_DTYPE_F16, 2, shape, parts[2]},

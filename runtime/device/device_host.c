@@ -23,6 +23,7 @@
 
 #include "device.h"
 #include "host_sim.h"
+#include "numeric.h"
 
 #include <cblas.h>
 #include <dlfcn.h>
@@ -229,7 +230,7 @@ static float *scratch(host_device *d, int which, uint64_t floats) {
 
 static void widen_bf16(float *dst, const uint16_t *src, uint64_t count) {
     for (uint64_t i = 0; i < count; i++)
-        dst[i] = rt_bf16_to_f32(src[i]);
+        dst[i] = plan_bf16_to_f32(src[i]);
 }
 
 /* The operand as f32: itself, the weight's shadow, or widened into scratch. */
@@ -262,7 +263,7 @@ static smelt_status host_gemm(rt_device *device, const rt_gemm_args *g, rt_error
     if (g->has_bias) { /* C starts as the bias in every row; the product adds to it */
         for (int j = 0; j < n; j++)
             c[j] = g->dtype_bias == SMELT_DTYPE_F32 ? ((const float *)g->bias)[j]
-                                                   : rt_bf16_to_f32(((const uint16_t *)g->bias)[j]);
+                                                   : plan_bf16_to_f32(((const uint16_t *)g->bias)[j]);
         for (int i = 1; i < m; i++)
             memcpy(c + (size_t)i * n, c, (size_t)n * sizeof *c);
         beta = 1.0f;
@@ -272,7 +273,7 @@ static smelt_status host_gemm(rt_device *device, const rt_gemm_args *g, rt_error
     if (g->dtype_c == SMELT_DTYPE_BF16) {
         uint16_t *out = g->c;
         for (uint64_t i = 0; i < mn; i++)
-            out[i] = rt_f32_to_bf16(c[i]);
+            out[i] = plan_f32_to_bf16(c[i]);
     }
     return SMELT_OK;
 }

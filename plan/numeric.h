@@ -1,8 +1,11 @@
 /* numeric.h - bit-exact conversions between f32 and the narrow float formats.
  *
- * The checkpoint reader, the reference backend and the precision pass all
- * need the same answers, so they come from here, written by hand on the bit
- * patterns (no compiler _Float16, no libm):
+ * The checkpoint reader, the weight converter of the plan writer, the
+ * runtime (weight binding, the host device's GEMMs, the simulator's tensor
+ * cores) and the tests all need the same answers, so they come from here, the
+ * one copy (smelt_kernel.h, which must stand alone, repeats the bf16 pair bit
+ * for bit), written by hand on the bit patterns (no compiler _Float16, no
+ * libm):
  *
  *   format     sign exp mant bias  largest finite  infinity  NaN
  *   f16         1    5   10   15   65504           yes       exp all ones, mant != 0
@@ -22,13 +25,13 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float ir_f32_from_bits(uint32_t bits) {
+static inline float plan_f32_from_bits(uint32_t bits) {
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
 }
 
-static inline uint32_t ir_f32_to_bits(float f) {
+static inline uint32_t plan_f32_to_bits(float f) {
     uint32_t bits;
     memcpy(&bits, &f, sizeof bits);
     return bits;
@@ -36,13 +39,13 @@ static inline uint32_t ir_f32_to_bits(float f) {
 
 /* ---- widening: exact -------------------------------------------------- */
 
-static inline float ir_bf16_to_f32(uint16_t h) { return ir_f32_from_bits((uint32_t)h << 16); }
+static inline float plan_bf16_to_f32(uint16_t h) { return plan_f32_from_bits((uint32_t)h << 16); }
 
 /* A narrow float with `exp_bits` exponent and `mant_bits` mantissa bits in
  * the low bits of `bits` (sign just above them) as f32. `has_inf`: the top
  * exponent means inf/NaN (IEEE style); otherwise only the all-ones pattern
  * is NaN and the top exponent holds ordinary numbers (f8e4m3fn). */
-static inline float ir_small_float_to_f32(uint32_t bits, unsigned exp_bits, unsigned mant_bits, int has_inf) {
+static inline float plan_small_float_to_f32(uint32_t bits, unsigned exp_bits, unsigned mant_bits, int has_inf) {
     uint32_t sign = (bits >> (exp_bits + mant_bits)) & 1u;
     uint32_t exp = (bits >> mant_bits) & ((1u << exp_bits) - 1);
     uint32_t mant = bits & ((1u << mant_bits) - 1);
@@ -56,41 +59,41 @@ static inline float ir_small_float_to_f32(uint32_t bits, unsigned exp_bits, unsi
     } else if (exp == 0) {
         /* Subnormal: mant * 2^(1 - bias - mant_bits); scaling an integer of
          * at most 10 bits by a power of two is exact in f32. */
-        float scale = ir_f32_from_bits((uint32_t)(127 - (bias - 1 + (int)mant_bits)) << 23);
+        float scale = plan_f32_from_bits((uint32_t)(127 - (bias - 1 + (int)mant_bits)) << 23);
         float magnitude = (float)mant * scale;
         return sign ? -magnitude : magnitude;
     } else {
         out = ((exp - (uint32_t)bias + 127u) << 23) | (mant << (23 - mant_bits));
     }
-    return ir_f32_from_bits(out | (sign << 31));
+    return plan_f32_from_bits(out | (sign << 31));
 }
 
-static inline float ir_f16_to_f32(uint16_t h) { return ir_small_float_to_f32(h, 5, 10, 1); }
-static inline float ir_f8e5m2_to_f32(uint8_t b) { return ir_small_float_to_f32(b, 5, 2, 1); }
-static inline float ir_f8e4m3_to_f32(uint8_t b) { return ir_small_float_to_f32(b, 4, 3, 0); }
+static inline float plan_f16_to_f32(uint16_t h) { return plan_small_float_to_f32(h, 5, 10, 1); }
+static inline float plan_f8e5m2_to_f32(uint8_t b) { return plan_small_float_to_f32(b, 5, 2, 1); }
+static inline float plan_f8e4m3_to_f32(uint8_t b) { return plan_small_float_to_f32(b, 4, 3, 0); }
 
 /* ---- narrowing: round to nearest even ---------------------------------- */
 
-static inline uint16_t ir_f32_to_bf16(float f) {
-    uint32_t bits = ir_f32_to_bits(f);
+static inline uint16_t plan_f32_to_bf16(float f) {
+    uint32_t bits = plan_f32_to_bits(f);
     if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* quiet NaN */
     uint32_t round = 0x7fffu + ((bits >> 16) & 1u);
     return (uint16_t)((bits + round) >> 16);
 }
 
 /* `magnitude >> shift`, rounded to nearest, ties to even. shift in 1..31. */
-static inline uint32_t ir_shift_right_rne(uint32_t magnitude, unsigned shift) {
+static inline uint32_t plan_shift_right_rne(uint32_t magnitude, unsigned shift) {
     uint32_t kept = magnitude >> shift;
     uint32_t rest = magnitude & ((1u << shift) - 1);
     uint32_t half = 1u << (shift - 1);
     return kept + (rest > half || (rest == half && (kept & 1u)));
 }
 
-/* f32 to a narrow IEEE-style float (layout as in ir_small_float_to_f32).
+/* f32 to a narrow IEEE-style float (layout as in plan_small_float_to_f32).
  * `has_inf` 0 gives the f8e4m3fn behaviour: no infinity, saturation to the
  * largest finite value, NaN as the all-ones pattern. */
-static inline uint32_t ir_f32_to_small_float(float f, unsigned exp_bits, unsigned mant_bits, int has_inf) {
-    uint32_t bits = ir_f32_to_bits(f);
+static inline uint32_t plan_f32_to_small_float(float f, unsigned exp_bits, unsigned mant_bits, int has_inf) {
+    uint32_t bits = plan_f32_to_bits(f);
     uint32_t sign = (bits >> 31) << (exp_bits + mant_bits);
     uint32_t abs_bits = bits & 0x7fffffffu;
     uint32_t top = (1u << exp_bits) - 1;
@@ -111,19 +114,19 @@ static inline uint32_t ir_f32_to_small_float(float f, unsigned exp_bits, unsigne
         /* Normal: drop 23 - mant_bits bits; a carry out of the mantissa
          * correctly bumps the exponent. */
         if (exp > (int)top + 1) return sign | overflow;
-        result = ir_shift_right_rne(mant, 23 - mant_bits) + ((uint32_t)(exp - 1) << mant_bits);
+        result = plan_shift_right_rne(mant, 23 - mant_bits) + ((uint32_t)(exp - 1) << mant_bits);
     } else {
         /* Subnormal (or zero): value * 2^(bias - 1 + mant_bits) as an integer. */
         unsigned shift = (unsigned)(23 - (int)mant_bits + 1 - exp);
         if ((abs_bits >> 23) == 0 || shift > 25) return sign; /* f32 subnormal or far below half the step */
-        result = ir_shift_right_rne(mant, shift);
+        result = plan_shift_right_rne(mant, shift);
     }
     if (result > max_finite) return sign | overflow;
     return sign | result;
 }
 
-static inline uint16_t ir_f32_to_f16(float f) { return (uint16_t)ir_f32_to_small_float(f, 5, 10, 1); }
-static inline uint8_t ir_f32_to_f8e5m2(float f) { return (uint8_t)ir_f32_to_small_float(f, 5, 2, 1); }
-static inline uint8_t ir_f32_to_f8e4m3(float f) { return (uint8_t)ir_f32_to_small_float(f, 4, 3, 0); }
+static inline uint16_t plan_f32_to_f16(float f) { return (uint16_t)plan_f32_to_small_float(f, 5, 10, 1); }
+static inline uint8_t plan_f32_to_f8e5m2(float f) { return (uint8_t)plan_f32_to_small_float(f, 5, 2, 1); }
+static inline uint8_t plan_f32_to_f8e4m3(float f) { return (uint8_t)plan_f32_to_small_float(f, 4, 3, 0); }
 
 #endif

@@ -1,5 +1,5 @@
 /* plan_write.c - the plan writer: sections in, one atomically written plan
- * file out (layout: runtime/plan_format.h), and the kernel table encoder.
+ * file out (layout: plan/plan_format.h), and the kernel table encoder.
  *
  * The file is written front to back through one buffer: a zeroed header and
  * directory, then each section in kind order, padded to its alignment, then
@@ -20,7 +20,24 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "arena.h" /* smelt_die */
+/* A broken invariant of the compiler writing the plan (an unknown section
+ * kind, a section added twice, a kernel without a name) or memory running
+ * out: print file:line and abort, as ir/'s smelt_die does. plan/ depends on
+ * nothing of smelt's, so it cannot call smelt_die; the runtime never writes
+ * plans, so this never runs inside the runtime. */
+_Noreturn static void plan_write_die(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+#define PLAN_WRITE_DIE(...) plan_write_die(__FILE__, __LINE__, __VA_ARGS__)
+
+_Noreturn static void plan_write_die(const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    fprintf(stderr, "%s:%d: internal error: ", file, line);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    abort();
+}
 
 enum {
     PLAN_WRITE_BUFFER = 1 << 20, /* bytes buffered before a write(2) */
@@ -57,19 +74,19 @@ void plan_writer_free(plan_writer *w) {
 
 static plan_writer_section *new_section(plan_writer *w, plan_section_kind kind) {
     if (!plan_section_kind_known((uint32_t)kind))
-        SMELT_DIE("plan writer: unknown section kind %d", (int)kind);
+        PLAN_WRITE_DIE("plan writer: unknown section kind %d", (int)kind);
     plan_writer_section *s = &w->sections[kind];
-    if (s->present) SMELT_DIE("plan writer: section %s added twice", plan_section_kind_name((uint32_t)kind));
+    if (s->present) PLAN_WRITE_DIE("plan writer: section %s added twice", plan_section_kind_name((uint32_t)kind));
     s->present = true;
     return s;
 }
 
 void plan_writer_add_section(plan_writer *w, plan_section_kind kind, const void *bytes, uint64_t size) {
     plan_writer_section *s = new_section(w, kind);
-    if (size > SIZE_MAX) SMELT_DIE("plan writer: section of %" PRIu64 " bytes", size);
+    if (size > SIZE_MAX) PLAN_WRITE_DIE("plan writer: section of %" PRIu64 " bytes", size);
     if (size > 0) {
         s->bytes = malloc((size_t)size);
-        if (!s->bytes) SMELT_DIE("out of memory");
+        if (!s->bytes) PLAN_WRITE_DIE("out of memory");
         memcpy(s->bytes, bytes, (size_t)size);
     }
     s->size = size;
@@ -190,7 +207,7 @@ static bool write_fail(char *error, size_t error_size, const char *path, const c
 static int create_temp(const char *path, char **temp_out) {
     size_t size = strlen(path) + 48;
     char *temp = malloc(size);
-    if (!temp) SMELT_DIE("out of memory");
+    if (!temp) PLAN_WRITE_DIE("out of memory");
     for (unsigned attempt = 0; attempt < PLAN_TEMP_ATTEMPTS; attempt++) {
         snprintf(temp, size, "%s.tmp-%ld-%u", path, (long)getpid(), attempt);
         int fd = open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
@@ -209,7 +226,7 @@ static int create_temp(const char *path, char **temp_out) {
 static bool sync_folder(const char *path, int *error_out) {
     const char *slash = strrchr(path, '/');
     char *folder = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    if (!folder) SMELT_DIE("out of memory");
+    if (!folder) PLAN_WRITE_DIE("out of memory");
     int fd = open(folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     free(folder);
     if (fd < 0) {
@@ -268,7 +285,7 @@ static bool write_plan(const plan_writer *w, int fd, uint32_t section_count, pla
     sink.buffer = malloc(PLAN_WRITE_BUFFER);
     sink.section_hash = XXH64_createState();
     sink.content_hash = XXH3_createState();
-    if (!sink.buffer || !sink.section_hash || !sink.content_hash) SMELT_DIE("out of memory");
+    if (!sink.buffer || !sink.section_hash || !sink.content_hash) PLAN_WRITE_DIE("out of memory");
     XXH3_128bits_reset(sink.content_hash);
 
     bool ok = sink_zeros(&sink, header_bytes) &&
@@ -332,8 +349,8 @@ void plan_buffer_free(plan_buffer *b) {
 
 static void buffer_put(plan_buffer *b, const void *bytes, uint64_t size) {
     uint64_t needed;
-    if (size_add_overflow(b->size, size, &needed) || needed > SIZE_MAX)
-        SMELT_DIE("plan buffer: size overflow");
+    if (__builtin_add_overflow(b->size, size, &needed) || needed > SIZE_MAX)
+        PLAN_WRITE_DIE("plan buffer: size overflow");
     if (needed > b->capacity) {
         size_t capacity = b->capacity ? b->capacity : 4096;
         while (capacity < needed) {
@@ -344,7 +361,7 @@ static void buffer_put(plan_buffer *b, const void *bytes, uint64_t size) {
             capacity *= 2;
         }
         uint8_t *grown = realloc(b->data, capacity);
-        if (!grown) SMELT_DIE("out of memory");
+        if (!grown) PLAN_WRITE_DIE("out of memory");
         b->data = grown;
         b->capacity = capacity;
     }
@@ -377,7 +394,7 @@ static void put_text(plan_buffer *b, plan_text text) {
 
 static void put_affine(plan_buffer *b, plan_affine rule, const plan_kernel *k) {
     if (rule.c < 1)
-        SMELT_DIE("kernel '%.*s': launch rule divides by %" PRId64,
+        PLAN_WRITE_DIE("kernel '%.*s': launch rule divides by %" PRId64,
                   (int)(k->name.length < 64 ? k->name.length : 64), k->name.data, rule.c);
     put_i64(b, rule.a);
     put_i64(b, rule.b);
@@ -388,7 +405,7 @@ void plan_kernels_encode(const plan_kernel *kernels, uint32_t count, plan_buffer
     put_u32(out, count);
     for (uint32_t i = 0; i < count; i++) {
         const plan_kernel *k = &kernels[i];
-        if (k->name.length == 0) SMELT_DIE("kernel %" PRIu32 " has no name", i);
+        if (k->name.length == 0) PLAN_WRITE_DIE("kernel %" PRIu32 " has no name", i);
         put_text(out, k->name);
         put_text(out, k->family);
         put_text(out, k->ops);
@@ -412,7 +429,7 @@ void plan_kernels_encode(const plan_kernel *kernels, uint32_t count, plan_buffer
         for (uint32_t j = 0; j < k->binary_count; j++) {
             const plan_kernel_binary *bin = &k->binaries[j];
             if (bin->kind != PLAN_BINARY_CUBIN && bin->kind != PLAN_BINARY_PTX)
-                SMELT_DIE("kernel %" PRIu32 ": unknown binary kind %" PRIu32, i, bin->kind);
+                PLAN_WRITE_DIE("kernel %" PRIu32 ": unknown binary kind %" PRIu32, i, bin->kind);
             put_text(out, bin->arch);
             put_u32(out, bin->kind);
             put_u64(out, bin->bytes.size);

@@ -17,13 +17,13 @@
  * fsyncs it, renames it over the destination and fsyncs the folder: a reader
  * sees the old plan or the new one, never half of one. Section checksums and
  * the content hash are computed as the bytes go out. The layout is in
- * runtime/plan_format.h; runtime/plan_read.c reads it back.
+ * plan/plan_format.h; plan/plan_read.c reads it back.
  *
  * Adding a section of an unknown kind or the same kind twice is a bug in the
  * compiler and dies; I/O failures are returned with a message.
  */
-#ifndef SMELT_CG_PLAN_WRITE_H
-#define SMELT_CG_PLAN_WRITE_H
+#ifndef SMELT_PLAN_PLAN_WRITE_H
+#define SMELT_PLAN_PLAN_WRITE_H
 
 #include <stdbool.h>
 #include <stddef.h>

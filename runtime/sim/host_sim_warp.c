@@ -11,6 +11,7 @@
  * before it is read.
  */
 #include "host_sim_block.h"
+#include "numeric.h"
 
 #include <string.h>
 
@@ -74,12 +75,8 @@ static void sim_resolve_vote(sim_block *block, unsigned warp_index, uint32_t lan
     }
 }
 
-static float sim_bf16_to_f32(uint32_t bits16) {
-    uint32_t bits = (bits16 & 0xffffu) << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
+/* The low 16 bits of a fragment register, as bf16, widened. */
+static float sim_bf16_to_f32(uint32_t bits16) { return plan_bf16_to_f32((uint16_t)(bits16 & 0xffffu)); }
 
 /* m16n8k16, A row-major 16x16, B 16x8 (column fragments), C/D 16x8 f32.
  * With g = lane / 4 and t = lane % 4, lane holds (PTX ISA):

@@ -1,5 +1,5 @@
 /* device.h - what the runtime needs from a device, as a small table of
- * functions (like a ggml backend), and the runtime's own error type.
+ * functions (like a ggml backend). Errors are rt_error (error.h).
  *
  * Two devices implement it: host (device_host.c: the plan's host kernels on
  * the simulator, GEMMs on OpenBLAS) and cuda (device_cuda.c: the CUDA driver
@@ -24,71 +24,13 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "error.h"
 #include "plan_format.h"
 #include "program.h"
 #include "smelt.h"
 
-/* ---- Errors ---------------------------------------------------------------- */
-
-enum { RT_ERROR_MESSAGE_SIZE = 1024 };
-
-typedef struct rt_error {
-    smelt_status status;
-    char message[RT_ERROR_MESSAGE_SIZE];
-} rt_error;
-
-/* Records status and message in e (when e is not NULL) and returns status, so
- * that `return rt_fail(e, SMELT_ERROR_DEVICE, "...")` reads as one step. */
-smelt_status rt_fail(rt_error *e, smelt_status status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* "%.*s%s" arguments for a name cut to 64 bytes, as in compiler messages. */
-#define RT_NAME(s) (int)(strlen(s) > 64 ? 64 : strlen(s)), (s), (strlen(s) > 64 ? "..." : "")
-
 static inline void *rt_address_at(void *base, uint64_t offset) {
     return (void *)((uintptr_t)base + (uintptr_t)offset);
-}
-
-/* ---- Number formats ---------------------------------------------------------- */
-
-/* The same bits as smelt_kernel.h's conversions, so host code and kernels
- * agree exactly. */
-static inline float rt_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* Round to nearest, ties to even; NaN stays a quiet NaN of the same sign. */
-static inline uint16_t rt_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-/* IEEE binary16 to float, exactly (subnormals, infinities, NaN). */
-static inline float rt_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu, u;
-    if (exponent == 0x1f) {
-        u = sign | 0x7f800000u | (mantissa << 13);
-    } else if (exponent != 0) {
-        u = sign | ((exponent + 112u) << 23) | (mantissa << 13);
-    } else if (mantissa == 0) {
-        u = sign;
-    } else { /* subnormal: normalise */
-        exponent = 113;
-        while (!(mantissa & 0x400u)) {
-            mantissa <<= 1;
-            exponent--;
-        }
-        u = sign | (exponent << 23) | ((mantissa & 0x3ffu) << 13);
-    }
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
 }
 
 /* ---- The table ------------------------------------------------------------- */

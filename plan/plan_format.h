@@ -1,8 +1,11 @@
 /* plan_format.h - the on-disk layout of a plan file, shared by the writer
- * (codegen/plan_write.c) and the reader (runtime/plan_read.c).
+ * (plan/plan_write.c, called by codegen) and the reader (plan/plan_read.c,
+ * called by the runtime).
  *
- * The runtime owns the format because it must read plans without any
- * compiler code; this header includes nothing from ir/ or codegen/.
+ * plan/ owns the format so that both sides share it without depending on
+ * each other: the runtime reads plans without any compiler code, and codegen
+ * writes them without linking the runtime. Nothing in plan/ includes a
+ * header from outside plan/.
  *
  * A plan is one little-endian file, made to be mmapped read-only:
  *

@@ -23,9 +23,9 @@
  * so opening a plan with 16 GB of weights takes a second or two.
  * A mapped plan must not be truncated by another process while open: the
  * kernel would then fault on access (SIGBUS); plans are replaced by rename,
- * never rewritten in place (codegen/plan_write.c), so that does not happen.
+ * never rewritten in place (plan/plan_write.c), so that does not happen.
  *
- * This is runtime code: it includes nothing from the compiler.
+ * plan/ code: it includes nothing from the compiler or the runtime.
  */
 #ifndef SMELT_PLAN_READ_H
 #define SMELT_PLAN_READ_H

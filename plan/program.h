@@ -1,8 +1,8 @@
 /* program.h - the launch program and memory plan of a plan file: what the
  * runtime executes for one step of T tokens (a prefill chunk or one decode
  * token). It is data, made by codegen (codegen/lower.c) and stored in the
- * plan's PROGRAM section; the runtime decodes it (program.c) and runs it on
- * a device (executor.c).
+ * plan's PROGRAM section (encoded by program_encode, program.c); the runtime
+ * decodes it (program_decode) and runs it on a device (runtime/executor.c).
  *
  * Memory. Every intermediate value lives in one activation arena per device,
  * at an offset chosen by liveness (values whose lifetimes do not overlap share

@@ -1,0 +1,203 @@
+/* weights.c - an engine's weights: the plan's own, put on the device when
+ * the engine is created, and those bound by the caller
+ * (smelt_engine_bind_weight), converted to the plan's storage dtype; a
+ * stacked weight (experts) may be bound part by part. Before every step all
+ * must be bound and the device is told which changed.
+ */
+#include "engine_internal.h"
+#include "error.h"
+#include "numeric.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool weight_complete(const smelt_engine *engine) {
+    for (uint32_t i = 0; i < engine->program->weight_count; i++)
+        if (engine->weights[i].state != WEIGHT_COMPLETE) return false;
+    return true;
+}
+
+smelt_status rt_weights_bind_plan(smelt_engine *engine, rt_error *e) {
+    const program *p = engine->program;
+    rt_device *d = engine->device;
+    for (uint32_t i = 0; i < p->weight_count; i++) {
+        const prog_weight *w = &p->weights[i];
+        engine_weight *ew = &engine->weights[i];
+        if (w->data_offset == UINT64_MAX) continue;
+        const uint8_t *data = engine->plan->weight_data + w->data_offset;
+        ew->address = w->bytes && d->ops->map_host ? d->ops->map_host(d, data, w->bytes) : NULL;
+        if (!ew->address && w->bytes) {
+            smelt_status s = d->ops->alloc(d, w->bytes, &ew->address, e);
+            if (s == SMELT_OK) ew->owned = true;
+            if (s == SMELT_OK) s = d->ops->copy_in(d, ew->address, data, w->bytes, e);
+            if (s != SMELT_OK) return s;
+        }
+        ew->state = WEIGHT_COMPLETE;
+        ew->dirty = true;
+    }
+    return SMELT_OK;
+}
+
+/* Part e of stacked weight w when `name` is w's template with a decimal in
+ * place of "{e}"; -1 otherwise. */
+static int64_t stacked_part(const prog_weight *w, const char *name) {
+    const char *hole = strstr(w->name, "{e}");
+    if (!w->stacked || !hole) return -1;
+    size_t prefix = (size_t)(hole - w->name), suffix = strlen(hole + 3), length = strlen(name);
+    if (length <= prefix + suffix || strncmp(name, w->name, prefix) != 0 ||
+        strcmp(name + length - suffix, hole + 3) != 0)
+        return -1;
+    const char *digits = name + prefix;
+    size_t count = length - prefix - suffix;
+    if (count > 9 || (digits[0] == '0' && count > 1)) return -1;
+    int64_t value = 0;
+    for (size_t i = 0; i < count; i++) {
+        if (digits[i] < '0' || digits[i] > '9') return -1;
+        value = value * 10 + (digits[i] - '0');
+    }
+    return value < w->shape[0] ? value : -1;
+}
+
+/* data (count elements of `from`) converted to the storage dtype, into dst. */
+static void convert(void *dst, smelt_dtype to, const void *src, smelt_dtype from, uint64_t count) {
+    for (uint64_t i = 0; i < count; i++) {
+        float v;
+        switch (from) {
+        case SMELT_DTYPE_F32: memcpy(&v, (const uint8_t *)src + 4 * i, 4); break;
+        case SMELT_DTYPE_BF16: v = plan_bf16_to_f32(((const uint16_t *)src)[i]); break;
+        default: v = plan_f16_to_f32(((const uint16_t *)src)[i]); break;
+        }
+        if (to == SMELT_DTYPE_F32)
+            memcpy((uint8_t *)dst + 4 * i, &v, 4);
+        else
+            ((uint16_t *)dst)[i] = plan_f32_to_bf16(v);
+    }
+}
+
+/* Makes the weight's device buffer the engine's own, keeping what it held. */
+static smelt_status own_weight(smelt_engine *engine, uint32_t index, rt_error *e) {
+    engine_weight *ew = &engine->weights[index];
+    const prog_weight *w = &engine->program->weights[index];
+    rt_device *d = engine->device;
+    if (ew->owned) return SMELT_OK;
+    void *address;
+    smelt_status s = d->ops->alloc(d, w->bytes, &address, e);
+    if (s != SMELT_OK) return s;
+    if (ew->address && (s = d->ops->copy_in(d, address, engine->plan->weight_data + w->data_offset, w->bytes,
+                                            e)) != SMELT_OK) {
+        d->ops->free(d, address);
+        return s;
+    }
+    ew->address = address;
+    ew->owned = true;
+    engine->weight_addresses[index] = address;
+    rt_executor_invalidate_graph(&engine->executor); /* launches captured the old address */
+    return SMELT_OK;
+}
+
+static bool valid_dtype(smelt_dtype t) {
+    return t == SMELT_DTYPE_F32 || t == SMELT_DTYPE_BF16 || t == SMELT_DTYPE_F16;
+}
+
+smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, smelt_dtype dtype,
+                                      const void *data, const int64_t *shape, uint32_t rank) {
+    if (!engine || !name || !data || (rank && !shape))
+        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "smelt_engine_bind_weight: a NULL argument");
+    if (!valid_dtype(dtype))
+        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "smelt_engine_bind_weight: unknown dtype %d", dtype);
+    const program *p = engine->program;
+    uint32_t index = UINT32_MAX;
+    int64_t part = -1;
+    for (uint32_t i = 0; i < p->weight_count && index == UINT32_MAX; i++) {
+        if (strcmp(p->weights[i].name, name) == 0)
+            index = i;
+        else if ((part = stacked_part(&p->weights[i], name)) >= 0)
+            index = i;
+    }
+    if (index == UINT32_MAX)
+        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "the plan has no weight '%.*s%s'", RT_NAME(name));
+    const prog_weight *w = &p->weights[index];
+    engine_weight *ew = &engine->weights[index];
+    /* A part is the stacked tensor without its dim 0. */
+    uint32_t skip = part >= 0 ? 1 : 0;
+    bool same = rank + skip == w->rank;
+    for (uint32_t k = 0; same && k < rank; k++)
+        same = shape[k] == w->shape[k + skip];
+    if (!same) {
+        char expected[160] = "", got[160] = "";
+        for (uint32_t k = skip; k < w->rank; k++)
+            snprintf(expected + strlen(expected), sizeof expected - strlen(expected), "%s%lld",
+                     k > skip ? ", " : "", (long long)w->shape[k]);
+        for (uint32_t k = 0; k < rank && k < 8; k++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", k ? ", " : "",
+                     (long long)shape[k]);
+        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT,
+                    "weight '%.*s%s' has shape [%s] in the plan but [%s%s] was given", RT_NAME(name),
+                    expected, got, rank > 8 ? ", ..." : "");
+    }
+    if (w->dtype == SMELT_DTYPE_I32)
+        return rt_last_error_set(SMELT_ERROR_UNSUPPORTED,
+                    "weight '%.*s%s' is stored as i32 and cannot be bound from floats", RT_NAME(name));
+    uint64_t part_bytes = part >= 0 ? w->bytes / (uint64_t)w->shape[0] : w->bytes;
+    uint64_t count = part_bytes / smelt_dtype_element_bytes(w->dtype);
+    rt_error e = {0};
+    smelt_status s = own_weight(engine, index, &e);
+    if (s != SMELT_OK) return rt_last_error_publish(&e);
+    void *converted = part_bytes ? malloc(part_bytes) : NULL;
+    if (part_bytes && !converted)
+        return rt_last_error_set(SMELT_ERROR_OUT_OF_MEMORY, "out of memory converting '%.*s%s'", RT_NAME(name));
+    convert(converted, (smelt_dtype)w->dtype, data, dtype, count);
+    uint64_t offset = part >= 0 ? (uint64_t)part * part_bytes : 0;
+    if (part_bytes)
+        s = engine->device->ops->copy_in(engine->device, rt_address_at(ew->address, offset), converted,
+                                         part_bytes, &e);
+    free(converted);
+    if (s != SMELT_OK) return rt_last_error_publish(&e);
+    ew->dirty = true;
+    engine->last_logits_valid = false;
+    if (part < 0 || ew->state == WEIGHT_COMPLETE) {
+        ew->state = WEIGHT_COMPLETE;
+        return SMELT_OK;
+    }
+    if (!ew->parts_bound && !(ew->parts_bound = calloc((size_t)w->shape[0], 1)))
+        return rt_last_error_set(SMELT_ERROR_OUT_OF_MEMORY, "out of memory tracking the parts of '%.*s%s'", RT_NAME(name));
+    ew->parts_bound[part] = 1;
+    ew->state = WEIGHT_COMPLETE;
+    for (int64_t i = 0; i < w->shape[0]; i++)
+        if (!ew->parts_bound[i]) ew->state = WEIGHT_PARTIAL;
+    if (ew->state == WEIGHT_COMPLETE) {
+        free(ew->parts_bound);
+        ew->parts_bound = NULL;
+    }
+    return SMELT_OK;
+}
+
+smelt_status rt_weights_prepare(smelt_engine *engine) {
+    const program *p = engine->program;
+    if (!weight_complete(engine)) {
+        uint32_t missing = 0, first = 0;
+        for (uint32_t i = 0; i < p->weight_count; i++)
+            if (engine->weights[i].state != WEIGHT_COMPLETE && missing++ == 0) first = i;
+        return rt_last_error_set(
+            SMELT_ERROR_MISSING_WEIGHT,
+            "weight '%.*s%s'%s is not bound (%u of %u weights are missing): the plan holds no data for it; "
+            "bind it with smelt_engine_bind_weight or compile the plan with --weights",
+            RT_NAME(p->weights[first].name),
+            engine->weights[first].state == WEIGHT_PARTIAL ? " (in part)" : "", missing, p->weight_count);
+    }
+    rt_device *d = engine->device;
+    for (uint32_t i = 0; i < p->weight_count; i++) {
+        engine_weight *ew = &engine->weights[i];
+        engine->weight_addresses[i] = ew->address;
+        if (!ew->dirty) continue;
+        if (d->ops->weight_bound) {
+            rt_error e = {0};
+            smelt_status s = d->ops->weight_bound(d, i, ew->address, p->weights[i].bytes,
+                                                  (smelt_dtype)p->weights[i].dtype, ew->gemm_operand, &e);
+            if (s != SMELT_OK) return rt_last_error_publish(&e);
+        }
+        ew->dirty = false;
+    }
+    return SMELT_OK;
+}
