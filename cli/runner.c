@@ -62,13 +62,15 @@ static bool compile_temporary_plan(const cli_runner_options *o, cli_runner *r, c
 
 /* Binds every checkpoint tensor the plan names (for a plan compiled
  * without weights), converted to f32 first whatever its dtype. */
-static bool bind_checkpoint(smelt_engine *engine, const char *weights_path, diag_engine *d) {
+static bool bind_checkpoint(const smelt_plan *plan, smelt_engine *engine, const char *weights_path,
+                            diag_engine *d) {
     st_checkpoint ck;
     if (!st_checkpoint_open(weights_path, &ck, d)) return false;
     bool ok = true;
     for (uint32_t i = 0; i < ck.tensor_count && ok; i++) {
         const st_tensor *t = ck.tensors[i];
-        if (!st_dtype_is_float(t->dtype)) continue;
+        /* A tensor the plan does not name is not used by the model. */
+        if (!st_dtype_is_float(t->dtype) || !smelt_plan_has_weight(plan, t->name)) continue;
         uint64_t count = t->byte_size / st_dtype_size(t->dtype);
         float *values = malloc(count * sizeof *values + 1);
         if (!values) SMELT_DIE("out of memory");
@@ -77,8 +79,7 @@ static bool bind_checkpoint(smelt_engine *engine, const char *weights_path, diag
         for (uint32_t k = 0; k < t->rank; k++) shape[k] = (int64_t)t->shape[k];
         smelt_status s = smelt_engine_bind_weight(engine, t->name, SMELT_DTYPE_F32, values, shape, t->rank);
         free(values);
-        /* A tensor the plan does not name is not used by the model. */
-        if (s != SMELT_OK && !strstr(smelt_last_error(), "has no weight")) {
+        if (s != SMELT_OK) {
             diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
             ok = false;
         }
@@ -150,8 +151,8 @@ static bool open_engine(cli_runner *r, const cli_runner_options *o, const char *
     options.device = o->backend;
     ok = smelt_engine_create(plan, &options, &r->engine) == SMELT_OK;
     if (!ok) diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
+    if (ok && weights_path) ok = bind_checkpoint(plan, r->engine, weights_path, d);
     smelt_plan_close(plan);
-    if (ok && weights_path) ok = bind_checkpoint(r->engine, weights_path, d);
     if (ok && o->random_weights) ok = bind_random_weights(r->engine, &p, o->random_seed, d);
     program_free(&p);
     r->name = ok ? smelt_engine_device_name(r->engine) : "engine";
