@@ -114,26 +114,27 @@ static void temporary_path(char *path, size_t size, const char *what) {
     close(fd);
 }
 
-static bool compile_fixture(const char *plan_path, const char *weights_path, captured_diag *c) {
+/* Compiles the fixture (f32, host kernels; weights inside unless
+ * weights_path is NULL) into a new temporary plan at path. */
+static void compile_fixture(char *path, size_t size, const char *what, const char *weights_path) {
+    temporary_path(path, size, what);
+    assert_false(drv_is_plan_file(path)); /* empty */
+    captured_diag c;
+    capture_init(&c);
     drv_source_options source = {.config_path = FIXTURE "/config.json"};
     drv_compile_options o = {.precision = DRV_PRECISION_F32, .host = true, .weights_path = weights_path};
     drv_compile_report report;
-    bool ok = drv_compile(MODEL, &source, &o, plan_path, &report, &c->d);
-    if (!ok) fprintf(stderr, "%s", capture_text(c));
-    if (ok) assert_true(report.kernel_count > 0 && report.file_size > 0);
-    return ok;
+    bool ok = drv_compile(MODEL, &source, &o, path, &report, &c.d);
+    if (!ok) fail_msg("%s", capture_text(&c));
+    assert_true(report.kernel_count > 0 && report.file_size > 0);
+    assert_true(drv_is_plan_file(path));
+    capture_free(&c);
 }
 
 static void test_plan_compiled_here(void **state) {
     (void)state;
     char plan[4096];
-    temporary_path(plan, sizeof plan, "plan");
-    captured_diag c;
-    capture_init(&c);
-    assert_false(drv_is_plan_file(plan)); /* empty */
-    assert_true(compile_fixture(plan, FIXTURE "/model.safetensors", &c));
-    assert_true(drv_is_plan_file(plan));
-    capture_free(&c);
+    compile_fixture(plan, sizeof plan, "plan", FIXTURE "/model.safetensors");
 
     drv_model_options o = fixture_options(plan, DRV_BACKEND_HOST);
     o.weights_path = NULL; /* the plan holds them */
@@ -142,6 +143,7 @@ static void test_plan_compiled_here(void **state) {
     assert_close_to(logits, reference);
 
     /* `smelt inspect` through the driver prints the plan. */
+    captured_diag c;
     capture_init(&c);
     char *printed = NULL;
     size_t printed_length = 0;
@@ -159,11 +161,7 @@ static void test_plan_compiled_here(void **state) {
 static void test_plan_bound_from_checkpoint(void **state) {
     (void)state;
     char plan[4096];
-    temporary_path(plan, sizeof plan, "unbound");
-    captured_diag c;
-    capture_init(&c);
-    assert_true(compile_fixture(plan, NULL, &c));
-    capture_free(&c);
+    compile_fixture(plan, sizeof plan, "unbound", NULL);
     drv_model_options o = fixture_options(plan, DRV_BACKEND_HOST);
     float logits[STEP * VOCAB];
     step_fixture(&o, logits);
@@ -215,11 +213,7 @@ static void test_refusals(void **state) {
 
     /* The ref backend interprets IR, not plans. */
     char plan[4096];
-    temporary_path(plan, sizeof plan, "ref");
-    captured_diag c;
-    capture_init(&c);
-    assert_true(compile_fixture(plan, NULL, &c));
-    capture_free(&c);
+    compile_fixture(plan, sizeof plan, "ref", NULL);
     o = fixture_options(plan, DRV_BACKEND_REF);
     assert_refused(&o, "the ref backend interprets a model's IR");
     unlink(plan);
