@@ -1,7 +1,5 @@
-/* args.c - scanning subcommand arguments, reading inputs, printing IR. */
+/* args.c - scanning subcommand arguments and reading inputs. */
 #include "cli.h"
-
-#include "ir_io.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -44,25 +42,21 @@ void cli_usage_error(const cli_args *a, const char *fmt, ...) {
     fprintf(stderr, " (see '%s --help')\n", a->command);
 }
 
-bool cli_parse_format(const cli_args *a, const char *text, cli_format *out) {
+bool cli_parse_format(const cli_args *a, const char *text, drv_ir_format *out) {
     static const char *const names[] = {"text", "json", "dot"};
     for (unsigned i = 0; i < 3; i++)
         if (strcmp(text, names[i]) == 0) {
-            *out = (cli_format)i;
+            *out = (drv_ir_format)i;
             return true;
         }
     cli_usage_error(a, "unknown format '%s' (text, json or dot)", text);
     return false;
 }
 
-bool cli_parse_precision(const cli_args *a, const char *text, const char **out) {
-    if (strcmp(text, "f32") == 0 || strcmp(text, "bf16") == 0) {
-        *out = text;
-    } else {
-        cli_usage_error(a, "unknown precision '%s' (f32 or bf16; fp8 and int4 come later)", text);
-        return false;
-    }
-    return true;
+bool cli_parse_precision(const cli_args *a, const char *text, drv_precision *out) {
+    if (drv_precision_from_name(text, out)) return true;
+    cli_usage_error(a, "unknown precision '%s' (f32 or bf16; fp8 and int4 come later)", text);
+    return false;
 }
 
 bool cli_parse_tokenizer(const cli_args *a, const char *text) {
@@ -86,12 +80,15 @@ bool cli_positional(cli_args *a, const char **slot, const char *what) {
     return true;
 }
 
-void cli_print_module(const ir_module *m, cli_format format, FILE *out) {
-    switch (format) {
-    case CLI_FORMAT_TEXT: ir_print_text(m, out); break;
-    case CLI_FORMAT_JSON: ir_print_json(m, out); break;
-    case CLI_FORMAT_DOT: ir_print_dot(m, out); break;
-    }
+void cli_out_of_memory(void) {
+    fputs("smelt: error: out of memory\n", stderr);
+    exit(CLI_INPUT_ERROR);
+}
+
+void *cli_alloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) cli_out_of_memory();
+    return p;
 }
 
 enum { CLI_MAX_INPUT_BYTES = 256 * 1024 * 1024 };
@@ -103,8 +100,7 @@ char *cli_read_file(const char *path, size_t *length, diag_engine *d) {
         return NULL;
     }
     size_t capacity = 1 << 16, n = 0;
-    char *text = malloc(capacity);
-    if (!text) SMELT_DIE("out of memory");
+    char *text = cli_alloc(capacity);
     for (;;) {
         size_t got = fread(text + n, 1, capacity - n, fp);
         n += got;
@@ -119,7 +115,7 @@ char *cli_read_file(const char *path, size_t *length, diag_engine *d) {
             }
             capacity *= 2;
             char *grown = realloc(text, capacity);
-            if (!grown) SMELT_DIE("out of memory");
+            if (!grown) cli_out_of_memory();
             text = grown;
         }
     }
@@ -134,7 +130,7 @@ char *cli_read_file(const char *path, size_t *length, diag_engine *d) {
     return text;
 }
 
-bool cli_add_setting(const cli_args *a, fe_options *o, const char *text) {
+bool cli_add_setting(const cli_args *a, drv_source_options *o, const char *text) {
     const char *equals = strchr(text, '=');
     if (!equals || equals == text) {
         cli_usage_error(a, "--set expects NAME=VALUE, got '%s'", text);
@@ -144,8 +140,8 @@ bool cli_add_setting(const cli_args *a, fe_options *o, const char *text) {
      * modify its argv strings), so nothing needs freeing. */
     char *name = (char *)text;
     name[equals - text] = '\0';
-    if (!fe_options_set(o, name, equals + 1)) {
-        cli_usage_error(a, "too many --set options (at most %d)", FE_MAX_SETTINGS);
+    if (!drv_source_options_set(o, name, equals + 1)) {
+        cli_usage_error(a, "too many --set options (at most %d)", DRV_MAX_SETTINGS);
         return false;
     }
     return true;
@@ -163,20 +159,29 @@ bool cli_parse_count(const cli_args *a, const char *text, unsigned *out) {
     return true;
 }
 
-bool cli_write_module(const ir_module *m, cli_format format, const char *path, diag_engine *d) {
-    if (!path || strcmp(path, "-") == 0) {
-        cli_print_module(m, format, stdout);
-        return fflush(stdout) == 0;
+int cli_model_option(cli_args *a, drv_model_options *o) {
+    const char *value;
+    if (cli_flag_value(a, "--config", &value)) {
+        if (!value) return CLI_USAGE_ERROR;
+        o->source.config_path = value;
+    } else if (cli_flag_value(a, "--set", &value)) {
+        if (!value || !cli_add_setting(a, &o->source, value)) return CLI_USAGE_ERROR;
+    } else if (cli_flag_value(a, "--weights", &value)) {
+        if (!value) return CLI_USAGE_ERROR;
+        o->weights_path = value;
+    } else if (cli_flag_value(a, "--backend", &value)) {
+        if (!value) return CLI_USAGE_ERROR;
+        if (!drv_backend_from_name(value, &o->backend)) {
+            cli_usage_error(a, "unknown backend '%s' (auto, host, cuda or ref)", value);
+            return CLI_USAGE_ERROR;
+        }
+    } else if (cli_flag_value(a, "--precision", &value)) {
+        if (!value || !cli_parse_precision(a, value, &o->precision)) return CLI_USAGE_ERROR;
+    } else if (cli_flag_value(a, "--tokenizer", &value)) {
+        if (!value || !cli_parse_tokenizer(a, value)) return CLI_USAGE_ERROR;
+        o->byte_tokenizer = true;
+    } else {
+        return CLI_NOT_MINE;
     }
-    FILE *out = fopen(path, "w");
-    if (!out) {
-        diag_error(d, ((smelt_loc){diag_file_id(d, path), 0, 0}), "cannot write: %s", strerror(errno));
-        return false;
-    }
-    cli_print_module(m, format, out);
-    if (fclose(out) != 0) {
-        diag_error(d, ((smelt_loc){diag_file_id(d, path), 0, 0}), "write failed");
-        return false;
-    }
-    return true;
+    return CLI_OK;
 }

@@ -1,10 +1,6 @@
 /* cmd_compile.c - `smelt compile`: a model to a plan file. */
 #include "cli.h"
 
-#include "compile_plan.h"
-#include "runner.h"
-
-#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -40,15 +36,14 @@ static const char usage[] =
 enum { DEFAULT_MAX_STEP_TOKENS = 512 };
 
 typedef struct compile_command {
-    const char *model_path, *weights_path, *output_path, *print_after, *tokenizer;
+    const char *model_path, *output_path;
     unsigned max_errors, jobs, max_step_tokens;
-    fe_options frontend;
-    cg_plan_options plan;
-    pass_options passes; /* --precision, --max-step-tokens */
+    drv_source_options source;
+    drv_compile_options plan;
 } compile_command;
 
 /* "sm_80,sm_90,host" into the plan options. */
-static bool parse_targets(const cli_args *a, const char *text, cg_plan_options *o) {
+static bool parse_targets(const cli_args *a, const char *text, drv_compile_options *o) {
     o->arch_count = 0;
     o->host = false;
     const char *p = text;
@@ -62,7 +57,7 @@ static bool parse_targets(const cli_args *a, const char *text, cg_plan_options *
         if (strcmp(item, "host") == 0) {
             o->host = true;
         } else if (sscanf(item, "sm_%d%c", &arch, &rest) == 1 && arch >= 50 && arch < 1000 &&
-                   o->arch_count < CG_MAX_ARCHS) {
+                   o->arch_count < DRV_MAX_ARCHS) {
             o->archs[o->arch_count++] = arch;
         } else {
             cli_usage_error(a, "unknown target '%s' (expected sm_XY or host, e.g. sm_80,sm_90,host)", item);
@@ -81,7 +76,7 @@ static int parse_arguments(int argc, char **argv, compile_command *c) {
     cli_args a = {argc, argv, 1, "smelt compile"};
     const char *value;
     c->max_errors = 20;
-    c->passes.precision = "bf16";
+    c->plan.precision = DRV_PRECISION_BF16;
     parse_targets(&a, "sm_80,sm_90,host", &c->plan);
     while (a.index < a.argc) {
         if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
@@ -89,19 +84,19 @@ static int parse_arguments(int argc, char **argv, compile_command *c) {
             return CLI_HELP_SHOWN;
         } else if (cli_flag_value(&a, "--config", &value)) {
             if (!value) return CLI_USAGE_ERROR;
-            c->frontend.config_path = value;
+            c->source.config_path = value;
         } else if (cli_flag_value(&a, "--set", &value)) {
-            if (!value || !cli_add_setting(&a, &c->frontend, value)) return CLI_USAGE_ERROR;
+            if (!value || !cli_add_setting(&a, &c->source, value)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "--weights", &value)) {
             if (!value) return CLI_USAGE_ERROR;
-            c->weights_path = value;
+            c->plan.weights_path = value;
         } else if (cli_flag_value(&a, "--target", &value)) {
             if (!value || !parse_targets(&a, value, &c->plan)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "--precision", &value)) {
-            if (!value || !cli_parse_precision(&a, value, &c->passes.precision)) return CLI_USAGE_ERROR;
+            if (!value || !cli_parse_precision(&a, value, &c->plan.precision)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "--tokenizer", &value)) {
             if (!value || !cli_parse_tokenizer(&a, value)) return CLI_USAGE_ERROR;
-            c->tokenizer = value;
+            c->plan.byte_tokenizer = true;
         } else if (cli_flag_value(&a, "--max-step-tokens", &value)) {
             if (!value || !cli_parse_count(&a, value, &c->max_step_tokens)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "-j", &value)) {
@@ -110,7 +105,7 @@ static int parse_arguments(int argc, char **argv, compile_command *c) {
             c->plan.no_cache = true;
         } else if (cli_flag_value(&a, "--print-ir-after", &value)) {
             if (!value) return CLI_USAGE_ERROR;
-            c->print_after = value;
+            c->plan.print_after = value;
         } else if (cli_flag_value(&a, "-o", &value)) {
             if (!value) return CLI_USAGE_ERROR;
             c->output_path = value;
@@ -142,22 +137,11 @@ int cmd_compile(int argc, char **argv) {
     diag_engine d;
     diag_init(&d, stderr);
     d.max_errors = c.max_errors;
-    ir_module m = {0};
-    cli_weights weights = {0};
-    c.passes.max_tokens = c.max_step_tokens ? c.max_step_tokens : DEFAULT_MAX_STEP_TOKENS;
-    bool ok = cli_compile_model(c.model_path, &c.frontend, &c.passes, c.print_after, &m, &d);
-    if (ok && c.weights_path) {
-        ok = cli_weights_open(&weights, c.weights_path, &m, &d);
-        c.plan.read_weight = cli_weights_read;
-        c.plan.weight_context = &weights;
-    }
     c.plan.jobs = c.jobs;
+    c.plan.max_step_tokens = c.max_step_tokens ? c.max_step_tokens : DEFAULT_MAX_STEP_TOKENS;
     if (isatty(STDERR_FILENO)) c.plan.progress = show_progress;
-    char *tokenizer = c.tokenizer ? cli_tokenizer_json(c.frontend.config_path) : NULL;
-    c.plan.tokenizer_json = tokenizer;
-    cg_plan_report report;
-    ok = ok && cg_compile_plan(&m, &c.plan, c.output_path, &report, &d);
-    free(tokenizer);
+    drv_compile_report report;
+    bool ok = drv_compile(c.model_path, &c.source, &c.plan, c.output_path, &report, &d);
     if (ok)
         fprintf(stderr,
                 "smelt: wrote %s: %u kernels (%u compile jobs, %u from the cache), %u launches per step, "
@@ -166,8 +150,6 @@ int cmd_compile(int argc, char **argv) {
                 c.output_path, report.kernel_count, report.compile_jobs, report.cache_hits, report.launches_per_step,
                 report.arena_bytes / 1048576.0, report.weight_bytes / 1048576.0, report.file_size / 1048576.0,
                 report.seconds, report.content_hash);
-    if (c.weights_path) cli_weights_close(&weights);
-    ir_module_free(&m);
     status = ok && !diag_has_errors(&d) ? CLI_OK : CLI_INPUT_ERROR;
     diag_free(&d);
     return status;

@@ -9,8 +9,6 @@
  * not scored. */
 #include "cli.h"
 
-#include "runner.h"
-
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +35,7 @@ static const char usage[] =
 typedef struct eval_command {
     const char *ids_path;
     unsigned context, stride, max_ids, max_errors;
-    cli_runner_options runner;
+    drv_model_options model;
 } eval_command;
 
 static int parse_arguments(int argc, char **argv, eval_command *c) {
@@ -45,12 +43,11 @@ static int parse_arguments(int argc, char **argv, eval_command *c) {
     const char *value;
     c->context = 256;
     c->max_errors = 20;
-    c->runner.backend = "auto";
-    c->runner.precision = "f32";
+    c->model = drv_model_options_default();
     while (a.index < a.argc) {
-        int runner_status = cli_runner_option(&a, &c->runner);
-        if (runner_status == CLI_USAGE_ERROR) return CLI_USAGE_ERROR;
-        if (runner_status == CLI_OK) continue;
+        int model_status = cli_model_option(&a, &c->model);
+        if (model_status == CLI_USAGE_ERROR) return CLI_USAGE_ERROR;
+        if (model_status == CLI_OK) continue;
         if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
             fputs(usage, stdout);
             return CLI_HELP_SHOWN;
@@ -65,12 +62,12 @@ static int parse_arguments(int argc, char **argv, eval_command *c) {
             if (!value || !cli_parse_count(&a, value, &c->max_ids)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "--max-errors", &value)) {
             if (!value || !cli_parse_count(&a, value, &c->max_errors)) return CLI_USAGE_ERROR;
-        } else if (!cli_positional(&a, &c->runner.model_path, "model or plan")) {
+        } else if (!cli_positional(&a, &c->model.model_path, "model or plan")) {
             return CLI_USAGE_ERROR;
         }
     }
     if (c->stride == 0) c->stride = c->context / 2 ? c->context / 2 : 1;
-    const char *problem = !c->runner.model_path ? "no model or plan given"
+    const char *problem = !c->model.model_path ? "no model or plan given"
                           : !c->ids_path        ? "no --ids given"
                           : c->context < 2      ? "--context must be at least 2"
                           : c->stride > c->context ? "--stride must not exceed --context"
@@ -91,8 +88,7 @@ static int32_t *read_ids(const char *path, size_t *count, diag_engine *d) {
     bool text = length > 0;
     for (size_t i = 0; i < length && text; i++)
         text = (bytes[i] >= '0' && bytes[i] <= '9') || strchr(", \t\r\n", bytes[i]) != NULL;
-    int32_t *ids = malloc((length / 2 + 1) * sizeof *ids + (text ? length * sizeof *ids : 0));
-    if (!ids) SMELT_DIE("out of memory");
+    int32_t *ids = cli_alloc((length / 2 + 1) * sizeof *ids + (text ? length * sizeof *ids : 0));
     size_t n = 0;
     if (text) {
         for (size_t i = 0; i < length;) {
@@ -135,15 +131,16 @@ static double negative_log_likelihood(const float *row, uint64_t vocab, int32_t 
 }
 
 /* Runs window [begin, end) from an empty cache in steps of at most the
- * runner's bound, adding the NLL of every token at index >= score_from. */
-static bool score_window(cli_runner *r, const int32_t *ids, size_t begin, size_t end, size_t score_from,
+ * model's bound, adding the NLL of every token at index >= score_from. */
+static bool score_window(drv_model *model, const int32_t *ids, size_t begin, size_t end, size_t score_from,
                          float *logits, int32_t *positions, double *nll, size_t *scored, diag_engine *d) {
-    cli_runner_reset(r);
+    const drv_model_info *r = drv_model_get_info(model);
+    drv_model_reset(model);
     size_t step = r->max_step_tokens ? r->max_step_tokens : end - begin;
     for (size_t at = begin; at < end; at += step) {
         uint32_t n = (uint32_t)(end - at < step ? end - at : step);
         for (uint32_t i = 0; i < n; i++) positions[i] = (int32_t)(at - begin + i);
-        if (!cli_runner_step(r, ids + at, positions, n, logits, d)) return false;
+        if (!drv_model_step(model, ids + at, positions, n, logits, d)) return false;
         /* logits row i predicts token at + i + 1 */
         for (uint32_t i = 0; i < n; i++) {
             size_t target = at + i + 1;
@@ -171,8 +168,9 @@ int cmd_eval(int argc, char **argv) {
     d.max_errors = c.max_errors;
     size_t count = 0;
     int32_t *ids = read_ids(c.ids_path, &count, &d);
-    cli_runner r;
-    bool ok = ids != NULL && cli_runner_open(&r, &c.runner, &d);
+    drv_model *model = NULL;
+    bool ok = ids != NULL && drv_model_open(&c.model, &model, &d);
+    const drv_model_info *r = ok ? drv_model_get_info(model) : NULL;
     if (ids && c.max_ids && c.max_ids < count) count = c.max_ids;
     if (ok && count < 2) {
         diag_error(&d, SMELT_NO_LOC, "'%s' holds %zu ids; perplexity needs at least 2", c.ids_path, count);
@@ -183,14 +181,13 @@ int cmd_eval(int argc, char **argv) {
     struct timespec start, stop;
     clock_gettime(CLOCK_MONOTONIC, &start);
     if (ok) {
-        size_t step = r.max_step_tokens && r.max_step_tokens < c.context ? r.max_step_tokens : c.context;
-        float *logits = malloc(step * r.vocab * sizeof *logits);
-        int32_t *positions = malloc(step * sizeof *positions);
-        if (!logits || !positions) SMELT_DIE("out of memory");
+        size_t step = r->max_step_tokens && r->max_step_tokens < c.context ? r->max_step_tokens : c.context;
+        float *logits = cli_alloc(step * r->vocab * sizeof *logits);
+        int32_t *positions = cli_alloc(step * sizeof *positions);
         size_t scored_until = 1; /* the first id has no prediction */
         for (size_t begin = 0; ok && scored_until < count; begin += c.stride) {
             size_t end = begin + c.context < count ? begin + c.context : count;
-            ok = score_window(&r, ids, begin, end, scored_until, logits, positions, &nll, &scored, &d);
+            ok = score_window(model, ids, begin, end, scored_until, logits, positions, &nll, &scored, &d);
             scored_until = end;
             if (isatty(fileno(stderr))) fprintf(stderr, "\rsmelt: eval: %zu of %zu ids", end, count);
         }
@@ -203,13 +200,11 @@ int cmd_eval(int argc, char **argv) {
         double mean = nll / (double)scored;
         double seconds = (double)(stop.tv_sec - start.tv_sec) + (double)(stop.tv_nsec - start.tv_nsec) * 1e-9;
         printf("perplexity %.4f over %zu tokens (mean NLL %.5f nats = %.5f bits per token; context %u, stride %u, %s)\n",
-               exp(mean), scored, mean, mean / log(2.0), c.context, c.stride, r.name);
+               exp(mean), scored, mean, mean / log(2.0), c.context, c.stride, r->name);
         fprintf(stderr, "smelt: eval: %.1f s, %.1f tokens/s\n", seconds, (double)scored / (seconds > 0 ? seconds : 1e-9));
     }
-    if (ids) { /* cli_runner_open ran: the runner is initialised */
-        cli_runner_close(&r);
-        free(ids);
-    }
+    drv_model_close(model);
+    free(ids);
     status = ok && !diag_has_errors(&d) ? CLI_OK : CLI_INPUT_ERROR;
     diag_free(&d);
     return status;

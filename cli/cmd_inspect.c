@@ -1,11 +1,6 @@
 /* cmd_inspect.c - `smelt inspect`: everything a plan holds, readable. */
 #include "cli.h"
 
-#include "plan_print.h"
-#include "plan_read.h"
-
-#include <string.h>
-
 static const char usage[] =
     "usage: smelt inspect model.plan [--source]\n"
     "\n"
@@ -21,13 +16,13 @@ static const char usage[] =
 int cmd_inspect(int argc, char **argv) {
     cli_args a = {argc, argv, 1, "smelt inspect"};
     const char *path = NULL;
-    plan_print_options options = {0};
+    bool kernel_source = false;
     while (a.index < a.argc) {
         if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
             fputs(usage, stdout);
             return CLI_OK;
         } else if (cli_flag(&a, "--source")) {
-            options.kernel_source = true;
+            kernel_source = true;
         } else if (!cli_positional(&a, &path, "plan")) {
             return CLI_USAGE_ERROR;
         }
@@ -36,14 +31,9 @@ int cmd_inspect(int argc, char **argv) {
         cli_usage_error(&a, "no plan given");
         return CLI_USAGE_ERROR;
     }
-    plan_file plan;
-    char error[1024];
-    if (!plan_open(path, &plan, error, sizeof error)) {
-        fprintf(stderr, "smelt: error: %s\n", error);
-        return CLI_INPUT_ERROR;
-    }
-    bool ok = plan_print(stdout, &plan, &options, error, sizeof error);
-    if (!ok) fprintf(stderr, "smelt: error: %s\n", error);
-    plan_close(&plan);
+    diag_engine d;
+    diag_init(&d, stderr);
+    bool ok = drv_plan_print(path, kernel_source, stdout, &d);
+    diag_free(&d);
     return ok ? CLI_OK : CLI_INPUT_ERROR;
 }

@@ -2,10 +2,6 @@
  * up to --after, printed as text IR, JSON or Graphviz. */
 #include "cli.h"
 
-#include "frontend.h"
-#include "pass.h"
-
-
 static const char usage[] =
     "usage: smelt ir MODEL [options]\n"
     "\n"
@@ -28,9 +24,9 @@ typedef struct ir_command {
     const char *after;
     const char *print_after;
     const char *output_path;
-    cli_format format;
+    drv_ir_format format;
     unsigned max_errors;
-    fe_options frontend;
+    drv_source_options source;
 } ir_command;
 
 /* Returns CLI_OK, or CLI_USAGE_ERROR after printing the problem. */
@@ -45,10 +41,10 @@ static int parse_arguments(int argc, char **argv, ir_command *c) {
             return CLI_HELP_SHOWN;
         } else if (cli_flag_value(&a, "--config", &value)) {
             if (!value) return CLI_USAGE_ERROR;
-            c->frontend.config_path = value;
+            c->source.config_path = value;
         } else if (cli_flag_value(&a, "--set", &value)) {
             if (!value) return CLI_USAGE_ERROR;
-            if (!cli_add_setting(&a, &c->frontend, value)) return CLI_USAGE_ERROR;
+            if (!cli_add_setting(&a, &c->source, value)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "--after", &value)) {
             if (!value) return CLI_USAGE_ERROR;
             c->after = value;
@@ -81,11 +77,7 @@ int cmd_ir(int argc, char **argv) {
     diag_engine d;
     diag_init(&d, stderr);
     d.max_errors = c.max_errors;
-    ir_module m = {0};
-    bool ok = fe_load_model(c.model_path, &c.frontend, &d, &m);
-    if (ok) ok = cli_run_passes(&m, c.after, NULL, c.print_after, &d);
-    if (ok) ok = cli_write_module(&m, c.format, c.output_path, &d);
-    ir_module_free(&m);
+    bool ok = drv_ir_print_model(c.model_path, &c.source, c.after, c.print_after, c.format, c.output_path, &d);
     status = ok && !diag_has_errors(&d) ? CLI_OK : CLI_INPUT_ERROR;
     diag_free(&d);
     return status;

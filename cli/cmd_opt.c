@@ -2,9 +2,6 @@
  * every pass test drives: `smelt opt --pass NAME in.ir | FileCheck in.ir`. */
 #include "cli.h"
 
-#include "ir_io.h"
-#include "pass.h"
-
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,16 +28,10 @@ typedef struct opt_command {
     const char *pass_list;
     const char *print_after;
     const char *output_path;
-    cli_format format;
+    drv_ir_format format;
     bool split_input;
     unsigned max_errors;
 } opt_command;
-
-static void list_passes(void) {
-    size_t count;
-    const pass_info *passes = pass_table(&count);
-    for (size_t i = 0; i < count; i++) printf("  %-14s %s\n", passes[i].name, passes[i].summary);
-}
 
 static int parse_arguments(int argc, char **argv, opt_command *c) {
     cli_args a = {argc, argv, 1, "smelt opt"};
@@ -51,7 +42,7 @@ static int parse_arguments(int argc, char **argv, opt_command *c) {
             fputs(usage, stdout);
             return CLI_HELP_SHOWN;
         } else if (cli_flag(&a, "--list-passes")) {
-            list_passes();
+            drv_print_pass_table(stdout);
             return CLI_HELP_SHOWN;
         } else if (cli_flag_value(&a, "--pass", &value)) {
             if (!value) return CLI_USAGE_ERROR;
@@ -82,12 +73,7 @@ static int parse_arguments(int argc, char **argv, opt_command *c) {
 /* One module: parse, run passes, print. The chunk text starts with as many
  * newlines as lines precede it in the file, so diagnostics keep their lines. */
 static bool run_one(const opt_command *c, const char *text, size_t length, FILE *out, diag_engine *d) {
-    ir_module m = {0};
-    bool ok = ir_parse_text(c->input_path, text, length, d, &m);
-    if (ok) ok = cli_run_pass_list(&m, c->pass_list, c->print_after, d);
-    if (ok) cli_print_module(&m, c->format, out);
-    ir_module_free(&m);
-    return ok;
+    return drv_ir_opt(c->input_path, text, length, c->pass_list, c->print_after, c->format, out, d);
 }
 
 /* True when the line at `p` is a chunk separator: `# -----` (and more dashes). */
@@ -108,8 +94,7 @@ static bool run_split(const opt_command *c, const char *text, size_t length, FIL
         if (is_separator(p, end) || last) {
             const char *chunk_end = is_separator(p, end) ? p : end;
             size_t padding = chunk_first_line - 1, n = (size_t)(chunk_end - chunk);
-            char *padded = malloc(padding + n + 1);
-            if (!padded) SMELT_DIE("out of memory");
+            char *padded = cli_alloc(padding + n + 1);
             memset(padded, '\n', padding);
             memcpy(padded + padding, chunk, n);
             if (!first) fputs("# -----\n", out);

@@ -1,7 +1,7 @@
 /* cmd_run.c - `smelt run`: greedy generation from a prompt.
  *
  * Steps a plan on the host or cuda device, or the reference interpreter on a
- * model source (runner.h). Prints the prompt, then each generated token as
+ * model source, through the driver (driver.h). Prints the prompt, then each generated token as
  * it is produced (decoded text when the plan has a byte tokenizer and the
  * prompt was --prompt TEXT), then the tokens/s of prefill and decode.
  * --dump-logits keeps every step's logits:
@@ -9,7 +9,6 @@
 #include "cli.h"
 
 #include "npy.h"
-#include "runner.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -50,7 +49,7 @@ enum { RUN_MAX_PROMPT = 1 << 20, RUN_MAX_TOKENS = 1 << 20 };
 typedef struct run_command {
     const char *prompt_ids, *prompt_text, *dump_path;
     unsigned max_tokens, max_errors;
-    cli_runner_options runner;
+    drv_model_options model;
 } run_command;
 
 static int parse_arguments(int argc, char **argv, run_command *c) {
@@ -58,12 +57,11 @@ static int parse_arguments(int argc, char **argv, run_command *c) {
     const char *value;
     c->max_tokens = 16;
     c->max_errors = 20;
-    c->runner.backend = "auto";
-    c->runner.precision = "f32";
+    c->model = drv_model_options_default();
     while (a.index < a.argc) {
-        int runner_status = cli_runner_option(&a, &c->runner);
-        if (runner_status == CLI_USAGE_ERROR) return CLI_USAGE_ERROR;
-        if (runner_status == CLI_OK) continue;
+        int model_status = cli_model_option(&a, &c->model);
+        if (model_status == CLI_USAGE_ERROR) return CLI_USAGE_ERROR;
+        if (model_status == CLI_OK) continue;
         if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
             fputs(usage, stdout);
             return CLI_HELP_SHOWN;
@@ -76,18 +74,18 @@ static int parse_arguments(int argc, char **argv, run_command *c) {
         } else if (cli_flag_value(&a, "--max-tokens", &value)) {
             if (!value || !cli_parse_count(&a, value, &c->max_tokens)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "--random-weights", &value)) {
-            if (!value || !cli_parse_count(&a, value, &c->runner.random_seed)) return CLI_USAGE_ERROR;
-            c->runner.random_weights = true;
+            if (!value || !cli_parse_count(&a, value, &c->model.random_seed)) return CLI_USAGE_ERROR;
+            c->model.random_weights = true;
         } else if (cli_flag_value(&a, "--dump-logits", &value)) {
             if (!value) return CLI_USAGE_ERROR;
             c->dump_path = value;
         } else if (cli_flag_value(&a, "--max-errors", &value)) {
             if (!value || !cli_parse_count(&a, value, &c->max_errors)) return CLI_USAGE_ERROR;
-        } else if (!cli_positional(&a, &c->runner.model_path, "model or plan")) {
+        } else if (!cli_positional(&a, &c->model.model_path, "model or plan")) {
             return CLI_USAGE_ERROR;
         }
     }
-    const char *problem = !c->runner.model_path                 ? "no model or plan given"
+    const char *problem = !c->model.model_path                   ? "no model or plan given"
                           : !c->prompt_ids && !c->prompt_text    ? "no --prompt-ids or --prompt given"
                           : c->prompt_ids && c->prompt_text      ? "give --prompt-ids or --prompt, not both"
                           : c->max_tokens > RUN_MAX_TOKENS       ? "--max-tokens is at most 1048576"
@@ -107,8 +105,7 @@ static bool parse_prompt_ids(const char *text, int32_t **ids, uint32_t *count, d
         diag_error(d, SMELT_NO_LOC, "--prompt-ids: more than %d ids", RUN_MAX_PROMPT);
         return false;
     }
-    *ids = malloc(capacity * sizeof **ids);
-    if (!*ids) SMELT_DIE("out of memory");
+    *ids = cli_alloc(capacity * sizeof **ids);
     *count = 0;
     const char *p = text;
     for (;;) {
@@ -126,7 +123,7 @@ static bool parse_prompt_ids(const char *text, int32_t **ids, uint32_t *count, d
 }
 
 /* Text -> BOS (when the tokenizer has one) and one id per byte. */
-static bool encode_prompt(const cli_tokenizer *t, const char *text, int32_t **ids, uint32_t *count, diag_engine *d) {
+static bool encode_prompt(const drv_tokenizer *t, const char *text, int32_t **ids, uint32_t *count, diag_engine *d) {
     if (!t->present) {
         diag_error(d, SMELT_NO_LOC, "--prompt needs a plan with a byte tokenizer (compile with --tokenizer bytes); "
                                     "use --prompt-ids otherwise");
@@ -137,11 +134,8 @@ static bool encode_prompt(const cli_tokenizer *t, const char *text, int32_t **id
         diag_error(d, SMELT_NO_LOC, "--prompt: longer than %d bytes", RUN_MAX_PROMPT - 1);
         return false;
     }
-    *ids = malloc((n + 1) * sizeof **ids);
-    if (!*ids) SMELT_DIE("out of memory");
-    *count = 0;
-    if (t->bos >= 0) (*ids)[(*count)++] = t->bos;
-    for (size_t i = 0; i < n; i++) (*ids)[(*count)++] = (unsigned char)text[i];
+    *ids = cli_alloc((n + 1) * sizeof **ids);
+    *count = (uint32_t)drv_tokenizer_encode(t, text, n, *ids);
     return true;
 }
 
@@ -159,32 +153,33 @@ static double seconds_now(void) {
 }
 
 /* Prints a generated token: its byte when decoding text, else its id. */
-static void print_token(int32_t token, bool as_text) {
+static void print_token(const drv_tokenizer *t, int32_t token, bool as_text) {
     if (as_text) {
-        if (token >= 0 && token < 256) putchar(token);
+        int byte = drv_tokenizer_byte(t, token);
+        if (byte >= 0) putchar(byte);
     } else {
         printf(" %d", token);
     }
     fflush(stdout);
 }
 
-/* Prefill (in chunks of the runner's step bound), then one token per step;
+/* Prefill (in chunks of the model's step bound), then one token per step;
  * rows[i * vocab] keeps the logits that choose token i+1. Returns the number
  * of tokens produced (EOS stops when decoding text), or -1. */
-static long generate(cli_runner *r, const int32_t *prompt, uint32_t prompt_length, uint32_t max_tokens, bool as_text,
-                     float *rows, diag_engine *d) {
+static long generate(drv_model *model, const int32_t *prompt, uint32_t prompt_length, uint32_t max_tokens,
+                     bool as_text, float *rows, diag_engine *d) {
+    const drv_model_info *r = drv_model_get_info(model);
     uint64_t vocab = r->vocab, chunk = r->max_step_tokens ? r->max_step_tokens : prompt_length;
     if (chunk > prompt_length) chunk = prompt_length;
-    float *logits = malloc(chunk * vocab * sizeof *logits);
-    int32_t *positions = malloc(prompt_length * sizeof *positions);
-    if (!logits || !positions) SMELT_DIE("out of memory");
+    float *logits = cli_alloc(chunk * vocab * sizeof *logits);
+    int32_t *positions = cli_alloc(prompt_length * sizeof *positions);
     for (uint32_t i = 0; i < prompt_length; i++) positions[i] = (int32_t)i;
 
     double start = seconds_now();
     bool ok = true;
     for (uint32_t at = 0; ok && at < prompt_length; at += (uint32_t)chunk) {
         uint32_t n = prompt_length - at < chunk ? prompt_length - at : (uint32_t)chunk;
-        ok = cli_runner_step(r, prompt + at, positions + at, n, logits, d);
+        ok = drv_model_step(model, prompt + at, positions + at, n, logits, d);
         if (ok && at + n == prompt_length) memcpy(rows, logits + (uint64_t)(n - 1) * vocab, vocab * sizeof *rows);
     }
     double prefill_seconds = seconds_now() - start;
@@ -196,10 +191,10 @@ static long generate(cli_runner *r, const int32_t *prompt, uint32_t prompt_lengt
         int32_t token = argmax(rows + (uint64_t)(i - 1) * vocab, vocab);
         produced++;
         if (as_text && token == r->tokenizer.eos) break;
-        print_token(token, as_text);
+        print_token(&r->tokenizer, token, as_text);
         if (i == max_tokens) break;
         int32_t position = (int32_t)(prompt_length + i - 1);
-        ok = cli_runner_step(r, &token, &position, 1, rows + (uint64_t)i * vocab, d);
+        ok = drv_model_step(model, &token, &position, 1, rows + (uint64_t)i * vocab, d);
         decoded += ok;
     }
     if (ok || decoded > 0) printf("\n");
@@ -222,21 +217,25 @@ int cmd_run(int argc, char **argv) {
     diag_engine d;
     diag_init(&d, stderr);
     d.max_errors = c.max_errors;
-    cli_runner r;
+    drv_model *model = NULL;
     int32_t *prompt = NULL;
     float *rows = NULL;
     uint32_t prompt_length = 0;
     bool as_text = c.prompt_text != NULL;
 
-    bool ok = cli_runner_open(&r, &c.runner, &d);
-    if (ok) ok = as_text ? encode_prompt(&r.tokenizer, c.prompt_text, &prompt, &prompt_length, &d)
+    bool ok = drv_model_open(&c.model, &model, &d);
+    const drv_model_info *r = ok ? drv_model_get_info(model) : NULL;
+    if (ok) ok = as_text ? encode_prompt(&r->tokenizer, c.prompt_text, &prompt, &prompt_length, &d)
                          : parse_prompt_ids(c.prompt_ids, &prompt, &prompt_length, &d);
+    uint64_t elements = 0;
+    bool too_many = ok && (__builtin_mul_overflow(r->vocab, c.max_tokens, &elements) || elements > (1ull << 32));
+    if (too_many) {
+        diag_error(&d, SMELT_NO_LOC, "logits of %u steps x %llu do not fit", c.max_tokens,
+                   (unsigned long long)r->vocab);
+        ok = false;
+    }
     if (ok && c.max_tokens > 0) {
-        uint64_t elements;
-        if (size_mul_overflow(r.vocab, c.max_tokens, &elements) || elements > (1ull << 32))
-            SMELT_DIE("logits of %u steps x %llu do not fit", c.max_tokens, (unsigned long long)r.vocab);
-        rows = malloc(elements * sizeof *rows);
-        if (!rows) SMELT_DIE("out of memory");
+        rows = cli_alloc(elements * sizeof *rows);
         if (as_text) {
             fputs(c.prompt_text, stdout);
         } else {
@@ -244,13 +243,13 @@ int cmd_run(int argc, char **argv) {
             for (uint32_t i = 0; i < prompt_length; i++) printf(" %d", prompt[i]);
             printf("\n");
         }
-        long produced = generate(&r, prompt, prompt_length, c.max_tokens, as_text, rows, &d);
+        long produced = generate(model, prompt, prompt_length, c.max_tokens, as_text, rows, &d);
         ok = produced >= 0;
-        if (ok && c.dump_path) ok = npy_write_f32(c.dump_path, rows, (uint64_t)produced, r.vocab, &d);
+        if (ok && c.dump_path) ok = npy_write_f32(c.dump_path, rows, (uint64_t)produced, r->vocab, &d);
     }
     free(rows);
     free(prompt);
-    cli_runner_close(&r);
+    drv_model_close(model);
     status = ok && !diag_has_errors(&d) ? CLI_OK : CLI_INPUT_ERROR;
     diag_free(&d);
     return status;

@@ -133,6 +133,14 @@ typedef struct smelt_plan_info {
 
 smelt_status smelt_plan_get_info(const smelt_plan *plan, smelt_plan_info *out);
 
+/* True when the plan's weight table has a weight that `name` binds (its
+ * Hugging Face name, or one part of a stacked weight such as an expert's
+ * "model.layers.0.mlp.experts.3.w1.weight"): exactly the names
+ * smelt_engine_bind_weight does not refuse as unknown. A loader binding a
+ * whole checkpoint asks this to skip the tensors the model does not use.
+ * False for a NULL plan or name. */
+bool smelt_plan_has_weight(const smelt_plan *plan, const char *name);
+
 /* ---- Engines --------------------------------------------------------------- */
 
 typedef struct smelt_engine smelt_engine;

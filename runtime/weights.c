@@ -59,6 +59,14 @@ static int64_t stacked_part(const prog_weight *w, const char *name) {
     return value < w->shape[0] ? value : -1;
 }
 
+bool smelt_plan_has_weight(const smelt_plan *plan, const char *name) {
+    if (!plan || !name) return false;
+    const program *p = &plan->program;
+    for (uint32_t i = 0; i < p->weight_count; i++)
+        if (strcmp(p->weights[i].name, name) == 0 || stacked_part(&p->weights[i], name) >= 0) return true;
+    return false;
+}
+
 /* data (count elements of `from`) converted to the storage dtype, into dst. */
 static void convert(void *dst, smelt_dtype to, const void *src, smelt_dtype from, uint64_t count) {
     for (uint64_t i = 0; i < count; i++) {

@@ -962,6 +962,25 @@ static void test_bind_stacked(void **state) {
     smelt_engine_destroy(engine);
 }
 
+/* smelt_plan_has_weight answers for exactly the names bind_weight does not
+ * refuse as unknown: whole names, and the parts a stacked template makes. */
+static void test_plan_has_weight(void **state) {
+    (void)state;
+    toy_plan_options o = {.rich = true, .host_kernels = true, .weights_in_plan = true};
+    smelt_plan *plan = open_toy_plan("rich.plan", &o);
+    assert_true(smelt_plan_has_weight(plan, "toy.embed_bias"));
+    assert_true(smelt_plan_has_weight(plan, "experts.{e}.w"));
+    assert_true(smelt_plan_has_weight(plan, "experts.0.w"));
+    assert_true(smelt_plan_has_weight(plan, "experts.1.w"));
+    assert_false(smelt_plan_has_weight(plan, "experts.2.w")); /* dim 0 is 2 */
+    assert_false(smelt_plan_has_weight(plan, "experts.01.w"));
+    assert_false(smelt_plan_has_weight(plan, "toy.nothing"));
+    assert_false(smelt_plan_has_weight(plan, ""));
+    assert_false(smelt_plan_has_weight(plan, NULL));
+    assert_false(smelt_plan_has_weight(NULL, "toy.embed_bias"));
+    smelt_plan_close(plan);
+}
+
 /* ---- The executor on a recording device ------------------------------------------------------ */
 
 /* A device that records what the executor asks of it, with graphs: while
@@ -1433,6 +1452,7 @@ int main(void) {
         cmocka_unit_test(test_host_forward_bf16),
         cmocka_unit_test(test_bind_and_generate),
         cmocka_unit_test(test_bind_stacked),
+        cmocka_unit_test(test_plan_has_weight),
         cmocka_unit_test(test_cuda_driver_overrides),
         cmocka_unit_test(test_cuda_without_driver),
         cmocka_unit_test(test_cuda_on_gpu),

@@ -1,0 +1,61 @@
+/* checkpoint_bind.c - weights into an engine for a plan compiled without
+ * them: a checkpoint's tensors by name, or noise for timing. */
+#include "driver_internal.h"
+
+#include <stdlib.h>
+
+bool drv_bind_checkpoint(const smelt_plan *plan, smelt_engine *engine, const char *weights_path,
+                         diag_engine *d) {
+    st_checkpoint ck;
+    if (!st_checkpoint_open(weights_path, &ck, d)) return false;
+    bool ok = true;
+    for (uint32_t i = 0; i < ck.tensor_count && ok; i++) {
+        const st_tensor *t = ck.tensors[i];
+        /* A tensor the plan does not name is not used by the model. */
+        if (!st_dtype_is_float(t->dtype) || !smelt_plan_has_weight(plan, t->name)) continue;
+        uint64_t count = t->byte_size / st_dtype_size(t->dtype);
+        float *values = malloc(count * sizeof *values + 1);
+        if (!values) {
+            diag_error(d, SMELT_NO_LOC, "out of memory converting '%.*s%s'", DIAG_NAME(t->name));
+            ok = false;
+            break;
+        }
+        st_convert_to_f32(t->dtype, t->data, values, count);
+        int64_t shape[ST_MAX_RANK];
+        for (uint32_t k = 0; k < t->rank; k++)
+            shape[k] = (int64_t)t->shape[k];
+        smelt_status s = smelt_engine_bind_weight(engine, t->name, SMELT_DTYPE_F32, values, shape, t->rank);
+        free(values);
+        if (s != SMELT_OK) {
+            diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
+            ok = false;
+        }
+    }
+    st_checkpoint_close(&ck);
+    return ok;
+}
+
+/* Uniform noise in [-0.05, 0.05) from a xorshift generator: enough to time
+ * a plan, meaningless as a model. */
+bool drv_bind_random_weights(smelt_engine *engine, const program *p, unsigned seed, diag_engine *d) {
+    uint64_t state = 0x9e3779b97f4a7c15ull ^ seed;
+    bool ok = true;
+    for (uint32_t i = 0; i < p->weight_count && ok; i++) {
+        const prog_weight *w = &p->weights[i];
+        uint64_t count = w->bytes / smelt_dtype_element_bytes(w->dtype);
+        float *values = malloc(count * sizeof *values + 1);
+        if (!values) {
+            diag_error(d, SMELT_NO_LOC, "out of memory making weight '%.*s%s'", DIAG_NAME(w->name));
+            return false;
+        }
+        for (uint64_t k = 0; k < count; k++) {
+            state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+            values[k] = (float)((double)(state >> 11) / 9007199254740992.0 - 0.5) * 0.1f;
+        }
+        ok =
+            smelt_engine_bind_weight(engine, w->name, SMELT_DTYPE_F32, values, w->shape, w->rank) == SMELT_OK;
+        if (!ok) diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
+        free(values);
+    }
+    return ok;
+}

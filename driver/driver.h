@@ -1,0 +1,225 @@
+/* driver.h - smelt as a library: open a model or a plan and step it, compile
+ * a model to a plan, print a model's IR. The `smelt` command parses its
+ * arguments and calls this; an HTTP server or a Python binding calls the
+ * same functions.
+ *
+ * ---- A tour --------------------------------------------------------------
+ *
+ * A model is a plan file from `smelt compile`, recognised by its magic, or a
+ * model source (.smelt DSL or .json) bound to a Hugging Face config.json,
+ * which is compiled in memory first. Opening one gives a drv_model that
+ * steps like an engine, whichever backend runs it:
+ *
+ *   #include "driver.h"
+ *
+ *   diag_engine d;
+ *   diag_init(&d, stderr);           // every error is reported here
+ *   drv_model_options o = drv_model_options_default();
+ *   o.model_path = "examples/llama.smelt";
+ *   o.source.config_path = "tests/fixtures/llama/config.json";
+ *   o.weights_path = "tests/fixtures/llama/model.safetensors";
+ *   o.backend = DRV_BACKEND_HOST;    // or REF: the fp32 interpreter of the IR
+ *   drv_model *model;
+ *   if (!drv_model_open(&o, &model, &d)) ...   // reported to d
+ *   const drv_model_info *info = drv_model_get_info(model);
+ *   int32_t ids[3] = {1, 2, 3}, pos[3] = {0, 1, 2};
+ *   float *logits = malloc(3 * info->vocab * sizeof *logits);
+ *   drv_model_step(model, ids, pos, 3, logits, &d);   // logits [3, vocab]
+ *   drv_model_reset(model);          // a new sequence
+ *   drv_model_close(model);
+ *
+ * Compiling to a file is one call, drv_compile; `smelt ir` and `smelt opt`
+ * are drv_ir_print_model and drv_ir_opt; `smelt inspect` is drv_plan_print.
+ *
+ * Errors. The driver drives the compiler, so it reports through the
+ * compiler's diagnostics engine (diag.h): located where the input has a
+ * location, "smelt: error: ..." otherwise; runtime failures arrive there
+ * with smelt_last_error()'s text. Every function that can fail returns
+ * false; nothing here exits or aborts on bad input.
+ *
+ * Threads. A drv_model is used by one thread at a time; a diag_engine too.
+ */
+#ifndef SMELT_DRIVER_H
+#define SMELT_DRIVER_H
+
+#include "diag.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---- Names of choices ----------------------------------------------------- */
+
+/* Storage of weights and activations in a compiled plan (arithmetic is f32
+ * either way). bf16: every float value bf16 except what an `output` op
+ * consumes. */
+typedef enum drv_precision { DRV_PRECISION_F32, DRV_PRECISION_BF16 } drv_precision;
+
+/* What steps a model: "auto" (cuda where a GPU is present, else host),
+ * "host" (the CPU simulator running the plan's kernels), "cuda", or "ref"
+ * (the fp32 reference interpreter; model sources only). */
+typedef enum drv_backend {
+    DRV_BACKEND_AUTO,
+    DRV_BACKEND_HOST,
+    DRV_BACKEND_CUDA,
+    DRV_BACKEND_REF
+} drv_backend;
+
+/* "f32", "bf16" -> *out; false (nothing reported) for another name. */
+bool drv_precision_from_name(const char *name, drv_precision *out);
+/* "auto", "host", "cuda", "ref" -> *out; false (nothing reported) otherwise. */
+bool drv_backend_from_name(const char *name, drv_backend *out);
+
+/* ---- Model sources ---------------------------------------------------------- */
+
+enum { DRV_MAX_SETTINGS = 64 };
+
+/* How a model source's params are bound: a `--set` value wins, then the
+ * config.json key of the same name, then the param's default. */
+typedef struct drv_source_options {
+    const char *config_path; /* Hugging Face config.json, or NULL */
+    struct {
+        const char *name;
+        const char *value; /* text as written: 2, 1e-5, true, qwen2 */
+    } settings[DRV_MAX_SETTINGS];
+    uint32_t setting_count;
+} drv_source_options;
+
+/* Adds a setting (the strings are not copied); false when there are
+ * DRV_MAX_SETTINGS already. */
+bool drv_source_options_set(drv_source_options *o, const char *name, const char *value);
+
+/* True when `path` is a plan file (starts with the plan magic). False for a
+ * source, a missing file and anything else. */
+bool drv_is_plan_file(const char *path);
+
+/* ---- Tokenizers --------------------------------------------------------------- */
+
+/* The tokenizer a plan carries (its TOKENIZER section, JSON
+ * {"type": "bytes", "bos": N, "eos": N}). "bytes": ids 0..255 are bytes. */
+typedef struct drv_tokenizer {
+    bool present;     /* a byte tokenizer */
+    int32_t bos, eos; /* -1: none */
+} drv_tokenizer;
+
+/* Text -> ids: BOS (when the tokenizer has one), then one id per byte.
+ * `ids` has room for length + 1; returns how many were written. */
+size_t drv_tokenizer_encode(const drv_tokenizer *t, const char *text, size_t length, int32_t *ids);
+
+/* The byte token `id` stands for, or -1 when it is no byte. */
+int drv_tokenizer_byte(const drv_tokenizer *t, int32_t id);
+
+/* ---- Models you can step -------------------------------------------------------- */
+
+typedef struct drv_model_options {
+    const char *model_path;   /* a plan, or a .smelt/.json source */
+    const char *weights_path; /* .safetensors, index.json or folder; NULL: the plan holds them */
+    drv_backend backend;
+    drv_precision precision; /* when compiling a source */
+    bool byte_tokenizer;     /* when compiling a source: ids 0..255 are bytes (BOS/EOS from config.json) */
+    bool random_weights;     /* bind every weight of the plan to noise (for timing) */
+    unsigned random_seed;
+    drv_source_options source; /* when compiling a source */
+} drv_model_options;
+
+/* Backend auto, precision f32, nothing else set. */
+static inline drv_model_options drv_model_options_default(void) {
+    drv_model_options o = {0};
+    o.backend = DRV_BACKEND_AUTO;
+    o.precision = DRV_PRECISION_F32;
+    return o;
+}
+
+typedef struct drv_model_info {
+    const char *name;         /* "ref", or the engine's device name */
+    uint64_t vocab;           /* logits per token */
+    uint64_t max_step_tokens; /* tokens per step at most; 0: no bound */
+    drv_tokenizer tokenizer;
+} drv_model_info;
+
+typedef struct drv_model drv_model;
+
+/* Opens o->model_path: a plan on the engine of o->backend (binding
+ * o->weights_path's tensors, or random weights, when asked); a source is
+ * compiled to a temporary plan first (weights inside), or interpreted by
+ * the reference backend. *out is NULL on failure. */
+bool drv_model_open(const drv_model_options *o, drv_model **out, diag_engine *d);
+
+const drv_model_info *drv_model_get_info(const drv_model *m);
+
+/* One step: n tokens (1 <= n <= max_step_tokens when bounded) with their ids
+ * and positions; writes logits [n, vocab] row-major. */
+bool drv_model_step(drv_model *m, const int32_t *ids, const int32_t *pos, uint32_t n, float *logits,
+                    diag_engine *d);
+
+/* Forgets the sequence: empty KV caches, position 0. */
+void drv_model_reset(drv_model *m);
+
+/* NULL is harmless. */
+void drv_model_close(drv_model *m);
+
+/* ---- Compiling to a plan file ----------------------------------------------------- */
+
+enum { DRV_MAX_ARCHS = 8 };
+
+typedef void (*drv_progress_fn)(size_t done, size_t total, void *user);
+
+typedef struct drv_compile_options {
+    drv_precision precision;
+    int archs[DRV_MAX_ARCHS]; /* CUDA targets: 80 = sm_80 */
+    uint32_t arch_count;
+    bool host;                /* build the host simulator's object */
+    int64_t max_step_tokens;  /* tokens per step the arena is sized for; 0: the model's bound */
+    unsigned jobs;            /* compile threads; 0: every core */
+    bool no_cache;            /* do not use the kernel cache */
+    const char *weights_path; /* NULL: weights are bound at run time */
+    bool byte_tokenizer;      /* store a byte tokenizer (BOS/EOS from config.json) */
+    const char *print_after;  /* NULL, a pass name or "all": IR after those passes to stderr */
+    drv_progress_fn progress; /* NULL: quiet */
+    void *progress_user;
+} drv_compile_options;
+
+typedef struct drv_compile_report {
+    uint32_t kernel_count;      /* distinct kernels */
+    uint32_t launches_per_step; /* kernel launches + GEMMs in one step */
+    uint32_t compile_jobs;      /* (kernel, arch) pairs */
+    uint32_t cache_hits;
+    uint64_t arena_bytes;
+    uint64_t weight_bytes;
+    uint64_t file_size;
+    char content_hash[33];
+    double seconds;
+} drv_compile_report;
+
+/* The model source through the frontend and every pass, then into a plan
+ * at plan_path (written atomically). */
+bool drv_compile(const char *model_path, const drv_source_options *source, const drv_compile_options *o,
+                 const char *plan_path, drv_compile_report *report, diag_engine *d);
+
+/* ---- IR and plans for people ------------------------------------------------------ */
+
+typedef enum drv_ir_format { DRV_IR_TEXT, DRV_IR_JSON, DRV_IR_DOT } drv_ir_format;
+
+/* `smelt ir`: the model source through the passes up to and including
+ * `after` ("all": every pass), printing the IR after the passes named by
+ * print_after (NULL, a name or "all") to stderr, then the result to
+ * output_path (NULL or "-": stdout; the file is written only on success). */
+bool drv_ir_print_model(const char *model_path, const drv_source_options *source, const char *after,
+                        const char *print_after, drv_ir_format format, const char *output_path,
+                        diag_engine *d);
+
+/* `smelt opt`: text IR (named `path` in diagnostics) parsed, the
+ * comma-separated `passes` run (NULL: none; the module is still verified),
+ * printing as above, the result to out. */
+bool drv_ir_opt(const char *path, const char *text, size_t length, const char *passes,
+                const char *print_after, drv_ir_format format, FILE *out, diag_engine *d);
+
+/* Every pass with its one-line summary, one a line. */
+void drv_print_pass_table(FILE *out);
+
+/* `smelt inspect`: everything a plan holds, readable, to out; with
+ * kernel_source every kernel's CUDA C source as well. */
+bool drv_plan_print(const char *plan_path, bool kernel_source, FILE *out, diag_engine *d);
+
+#endif

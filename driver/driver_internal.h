@@ -1,0 +1,90 @@
+/* driver_internal.h - what the files of driver/ share and the public header
+ * keeps out of sight: the IR module between frontend and codegen, a
+ * checkpoint bound to a module's weights, the plan's tables. */
+#ifndef SMELT_DRIVER_INTERNAL_H
+#define SMELT_DRIVER_INTERNAL_H
+
+#include "driver.h"
+
+#include "checkpoint.h"
+#include "ir.h"
+#include "program.h"
+#include "smelt.h"
+#include "weights.h"
+
+/* ---- pipeline.c: frontend and passes ---- */
+
+/* The model source through the frontend alone (.json -> JSON, else DSL).
+ * *m is initialised whatever the result: free it with ir_module_free. */
+bool drv_source_parse(const char *path, const drv_source_options *o, ir_module *m, diag_engine *d);
+
+/* What the lowering passes are told: --precision's policy and the tokens per
+ * step buffers are sized for (0: the model's bound). */
+typedef struct drv_lowering {
+    drv_precision precision;
+    int64_t max_step_tokens;
+} drv_lowering;
+
+/* The model source through the frontend and every pass, lowered with `l`:
+ * what compiling and running a source start from. *m is initialised
+ * whatever the result. */
+bool drv_source_load(const char *path, const drv_source_options *o, const drv_lowering *l, const char *print_after,
+                     ir_module *m, diag_engine *d);
+/* Runs the passes of the pipeline up to and including `after` ("all": every
+ * pass), or (after NULL) the comma-separated `names` (NULL: none), printing
+ * the IR after the passes named by print_after to stderr. The one place the
+ * driver calls the pass driver. */
+bool drv_run_passes(ir_module *m, const char *after, const char *names, const drv_lowering *l,
+                    const char *print_after, diag_engine *d);
+
+/* ---- source_weights.c: a checkpoint bound to a module's weights ---- */
+
+typedef struct drv_source_weights {
+    st_checkpoint checkpoint;
+    fe_weight_binding binding;
+} drv_source_weights;
+bool drv_source_weights_open(drv_source_weights *w, const char *path, const ir_module *m, diag_engine *d);
+/* A ref_weight_reader / cg_weight_reader over a drv_source_weights. */
+bool drv_source_weights_read(void *context, uint32_t op, float *dst, uint64_t count);
+/* Harmless on a zeroed drv_source_weights. */
+void drv_source_weights_close(drv_source_weights *w);
+
+/* ---- plan_compile.c: the one call into codegen ---- */
+
+/* What a plan holds besides its kernels. */
+typedef struct drv_plan_contents {
+    drv_source_weights *weights; /* NULL: weights bound at run time */
+    const char *tokenizer_json;  /* NULL, or the TOKENIZER section */
+} drv_plan_contents;
+
+/* Writes the plan of the inferred module m to `path`. */
+bool drv_write_plan(const ir_module *m, const drv_compile_options *o, const drv_plan_contents *contents,
+                    const char *path, drv_compile_report *report, diag_engine *d);
+
+/* ---- tokenizer.c ---- */
+
+/* The TOKENIZER section of a byte tokenizer, {"type": "bytes", "bos": N,
+ * "eos": N}, with config.json's bos_token_id and eos_token_id (-1 when
+ * absent); malloc'd, NULL when out of memory. */
+char *drv_tokenizer_json(const char *config_path);
+/* The section's JSON read into *out; a kind this smelt does not know is a
+ * warning and leaves out->present false. */
+void drv_tokenizer_parse(const char *json, size_t length, drv_tokenizer *out, diag_engine *d);
+
+/* ---- plan_tables.c ---- */
+
+/* Reads the plan's launch program (its weight table, which random weights
+ * need) and its TOKENIZER section into *tokenizer, if it has one. */
+bool drv_plan_tables_read(const char *plan_path, program *p, drv_tokenizer *tokenizer, diag_engine *d);
+
+/* ---- checkpoint_bind.c: weights into an engine ---- */
+
+/* Binds every float tensor of the checkpoint at weights_path that the plan
+ * names, converted to f32 first whatever its dtype; the others are not used
+ * by the model and are skipped. */
+bool drv_bind_checkpoint(const smelt_plan *plan, smelt_engine *engine, const char *weights_path,
+                         diag_engine *d);
+/* Binds every weight of the program to uniform noise in [-0.05, 0.05). */
+bool drv_bind_random_weights(smelt_engine *engine, const program *p, unsigned seed, diag_engine *d);
+
+#endif

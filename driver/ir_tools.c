@@ -1,0 +1,64 @@
+/* ir_tools.c - the IR for people: `smelt ir` (a model's IR after some
+ * passes), `smelt opt` (text IR through passes) and the pass table. */
+#include "driver_internal.h"
+
+#include "ir_io.h"
+#include "pass.h"
+
+#include <errno.h>
+#include <string.h>
+
+static void print_module(const ir_module *m, drv_ir_format format, FILE *out) {
+    switch (format) {
+    case DRV_IR_TEXT: ir_print_text(m, out); break;
+    case DRV_IR_JSON: ir_print_json(m, out); break;
+    case DRV_IR_DOT: ir_print_dot(m, out); break;
+    }
+}
+
+/* Writes m to `path` (NULL or "-": stdout). */
+static bool write_module(const ir_module *m, drv_ir_format format, const char *path, diag_engine *d) {
+    if (!path || strcmp(path, "-") == 0) {
+        print_module(m, format, stdout);
+        return fflush(stdout) == 0;
+    }
+    FILE *out = fopen(path, "w");
+    if (!out) {
+        diag_error(d, ((smelt_loc){diag_file_id(d, path), 0, 0}), "cannot write: %s", strerror(errno));
+        return false;
+    }
+    print_module(m, format, out);
+    if (fclose(out) != 0) {
+        diag_error(d, ((smelt_loc){diag_file_id(d, path), 0, 0}), "write failed");
+        return false;
+    }
+    return true;
+}
+
+bool drv_ir_print_model(const char *model_path, const drv_source_options *source, const char *after,
+                        const char *print_after, drv_ir_format format, const char *output_path,
+                        diag_engine *d) {
+    ir_module m = {0};
+    bool ok = drv_source_parse(model_path, source, &m, d);
+    if (ok) ok = drv_run_passes(&m, after, NULL, NULL, print_after, d);
+    if (ok) ok = write_module(&m, format, output_path, d);
+    ir_module_free(&m);
+    return ok;
+}
+
+bool drv_ir_opt(const char *path, const char *text, size_t length, const char *passes,
+                const char *print_after, drv_ir_format format, FILE *out, diag_engine *d) {
+    ir_module m = {0};
+    bool ok = ir_parse_text(path, text, length, d, &m);
+    if (ok) ok = drv_run_passes(&m, NULL, passes, NULL, print_after, d);
+    if (ok) print_module(&m, format, out);
+    ir_module_free(&m);
+    return ok;
+}
+
+void drv_print_pass_table(FILE *out) {
+    size_t count;
+    const pass_info *passes = pass_table(&count);
+    for (size_t i = 0; i < count; i++)
+        fprintf(out, "  %-14s %s\n", passes[i].name, passes[i].summary);
+}

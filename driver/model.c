@@ -1,0 +1,170 @@
+/* model.c - opening and stepping a model (driver.h): a plan on an engine,
+ * a model source compiled in memory to a temporary plan, or a model source
+ * interpreted by the reference backend. */
+#include "driver_internal.h"
+
+#include "reference.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct drv_model {
+    drv_model_info info;
+    ref_model *ref;       /* backend ref */
+    smelt_engine *engine; /* every other backend */
+    ir_module module;     /* a source: the module compiled or interpreted */
+    drv_source_weights weights;
+    bool weights_open;
+};
+
+bool drv_is_plan_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char magic[8] = {0};
+    bool plan = f && fread(magic, 1, sizeof magic, f) == sizeof magic && memcmp(magic, "SMELTPLN", 8) == 0;
+    if (f) fclose(f);
+    return plan;
+}
+
+static const char *device_name(drv_backend backend) {
+    switch (backend) {
+    case DRV_BACKEND_HOST: return "host";
+    case DRV_BACKEND_CUDA: return "cuda";
+    default: return "auto";
+    }
+}
+
+/* Compiles the model source into a temporary plan for this run: host
+ * kernels, and cubins when a GPU may be used; weights inside. */
+static bool compile_temporary_plan(const drv_model_options *o, drv_model *r, char *path, size_t size,
+                                   diag_engine *d) {
+    const char *folder = getenv("TMPDIR");
+    snprintf(path, size, "%s/smelt-run-XXXXXX", folder && *folder ? folder : "/tmp");
+    int fd = mkstemp(path);
+    if (fd < 0) {
+        diag_error(d, SMELT_NO_LOC, "cannot create a temporary plan in '%s': %s", folder ? folder : "/tmp",
+                   strerror(errno));
+        path[0] = '\0';
+        return false;
+    }
+    close(fd);
+    drv_compile_options c = {.host = true}; /* precision: the module is lowered already */
+    if (o->backend != DRV_BACKEND_HOST) {
+        c.archs[c.arch_count++] = 80;
+        c.archs[c.arch_count++] = 90;
+    }
+    char *tokenizer = o->byte_tokenizer ? drv_tokenizer_json(o->source.config_path) : NULL;
+    drv_plan_contents contents = {.weights = &r->weights, .tokenizer_json = tokenizer};
+    bool ok = drv_write_plan(&r->module, &c, &contents, path, NULL, d);
+    free(tokenizer);
+    return ok;
+}
+
+static bool open_engine(drv_model *r, const drv_model_options *o, const char *plan_path,
+                        const char *weights_path, diag_engine *d) {
+    program p = {0};
+    if (!drv_plan_tables_read(plan_path, &p, &r->info.tokenizer, d)) return false;
+    smelt_plan *plan;
+    bool ok = smelt_plan_open(plan_path, &plan) == SMELT_OK;
+    if (!ok) {
+        diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
+        program_free(&p);
+        return false;
+    }
+    smelt_plan_info info;
+    smelt_plan_get_info(plan, &info);
+    smelt_engine_options options = smelt_engine_options_default();
+    options.device = device_name(o->backend);
+    ok = smelt_engine_create(plan, &options, &r->engine) == SMELT_OK;
+    if (!ok) diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
+    if (ok && weights_path) ok = drv_bind_checkpoint(plan, r->engine, weights_path, d);
+    smelt_plan_close(plan);
+    if (ok && o->random_weights) ok = drv_bind_random_weights(r->engine, &p, o->random_seed, d);
+    program_free(&p);
+    r->info.name = ok ? smelt_engine_device_name(r->engine) : "engine";
+    r->info.vocab = info.vocab;
+    r->info.max_step_tokens = (uint64_t)info.max_tokens;
+    return ok;
+}
+
+/* A source on the reference interpreter. */
+static bool open_ref(drv_model *r, const drv_model_options *o, diag_engine *d) {
+    r->ref = ref_model_create(&r->module, drv_source_weights_read, &r->weights, d);
+    r->info.name = "ref";
+    r->info.vocab = r->ref ? ref_model_vocab(r->ref) : 0;
+    if (o->byte_tokenizer) {
+        char *text = drv_tokenizer_json(o->source.config_path);
+        if (text) drv_tokenizer_parse(text, strlen(text), &r->info.tokenizer, d);
+        free(text);
+    }
+    return r->ref != NULL;
+}
+
+static bool open_model(drv_model *r, const drv_model_options *o, diag_engine *d) {
+    bool is_plan = drv_is_plan_file(o->model_path), ref = o->backend == DRV_BACKEND_REF;
+    if (is_plan && ref) {
+        diag_error(d, SMELT_NO_LOC,
+                   "the ref backend interprets a model's IR: give it the model source, not a plan");
+        return false;
+    }
+    if (is_plan) return open_engine(r, o, o->model_path, o->weights_path, d);
+
+    /* the reference interprets in f32 whatever the policy; a plan gets it */
+    drv_lowering lowering = {.precision = ref ? DRV_PRECISION_F32 : o->precision};
+    bool ok = drv_source_load(o->model_path, &o->source, &lowering, NULL, &r->module, d);
+    if (ok && !o->weights_path) {
+        diag_error(d, SMELT_NO_LOC, "running a model source needs --weights");
+        ok = false;
+    }
+    if (ok) {
+        r->weights_open = true; /* closed later even when binding fails half way */
+        ok = drv_source_weights_open(&r->weights, o->weights_path, &r->module, d);
+    }
+    if (ok && ref) return open_ref(r, o, d);
+    char plan_path[4096] = "";
+    ok = ok && compile_temporary_plan(o, r, plan_path, sizeof plan_path, d);
+    ok = ok && open_engine(r, o, plan_path, NULL, d);
+    if (plan_path[0]) unlink(plan_path);
+    return ok;
+}
+
+bool drv_model_open(const drv_model_options *o, drv_model **out, diag_engine *d) {
+    *out = NULL;
+    drv_model *r = calloc(1, sizeof *r);
+    if (!r) {
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return false;
+    }
+    r->info.tokenizer = (drv_tokenizer){false, -1, -1};
+    if (!open_model(r, o, d)) {
+        drv_model_close(r);
+        return false;
+    }
+    *out = r;
+    return true;
+}
+
+const drv_model_info *drv_model_get_info(const drv_model *m) { return &m->info; }
+
+bool drv_model_step(drv_model *m, const int32_t *ids, const int32_t *pos, uint32_t n, float *logits,
+                    diag_engine *d) {
+    if (m->ref) return ref_model_step(m->ref, ids, pos, n, logits, (uint64_t)n * m->info.vocab, d);
+    smelt_status s = smelt_engine_forward(m->engine, ids, pos, n, logits, (size_t)n * m->info.vocab);
+    if (s != SMELT_OK) diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
+    return s == SMELT_OK;
+}
+
+void drv_model_reset(drv_model *m) {
+    if (m->ref) ref_model_reset(m->ref);
+    if (m->engine) smelt_engine_reset(m->engine);
+}
+
+void drv_model_close(drv_model *m) {
+    if (!m) return;
+    ref_model_free(m->ref);
+    smelt_engine_destroy(m->engine);
+    if (m->weights_open) drv_source_weights_close(&m->weights);
+    ir_module_free(&m->module);
+    free(m);
+}

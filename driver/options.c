@@ -1,0 +1,32 @@
+/* options.c - the names of the driver's choices, and source settings. */
+#include "driver.h"
+
+#include <string.h>
+
+bool drv_precision_from_name(const char *name, drv_precision *out) {
+    if (strcmp(name, "f32") == 0)
+        *out = DRV_PRECISION_F32;
+    else if (strcmp(name, "bf16") == 0)
+        *out = DRV_PRECISION_BF16;
+    else
+        return false;
+    return true;
+}
+
+bool drv_backend_from_name(const char *name, drv_backend *out) {
+    static const char *const names[] = {"auto", "host", "cuda", "ref"};
+    for (unsigned i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(name, names[i]) == 0) {
+            *out = (drv_backend)i;
+            return true;
+        }
+    return false;
+}
+
+bool drv_source_options_set(drv_source_options *o, const char *name, const char *value) {
+    if (o->setting_count >= DRV_MAX_SETTINGS) return false;
+    o->settings[o->setting_count].name = name;
+    o->settings[o->setting_count].value = value;
+    o->setting_count++;
+    return true;
+}

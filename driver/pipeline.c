@@ -1,0 +1,46 @@
+/* pipeline.c - a model source through the frontend and the passes: the
+ * driver's one door into each. */
+#include "driver_internal.h"
+
+#include "frontend.h"
+#include "pass.h"
+
+#include <string.h>
+
+_Static_assert((int)DRV_MAX_SETTINGS == (int)FE_MAX_SETTINGS,
+               "drv_source_options holds what fe_options holds");
+
+static void frontend_options(const drv_source_options *o, fe_options *out) {
+    memset(out, 0, sizeof *out);
+    out->config_path = o->config_path;
+    for (uint32_t i = 0; i < o->setting_count; i++)
+        fe_options_set(out, o->settings[i].name, o->settings[i].value);
+}
+
+bool drv_run_passes(ir_module *m, const char *after, const char *names, const drv_lowering *l,
+                    const char *print_after, diag_engine *d) {
+    pass_list list = {.count = 0};
+    if (after ? !pass_pipeline_until(after, &list, d) : names && !pass_parse_list(names, &list, d))
+        return false;
+    if (print_after && strcmp(print_after, "all") != 0) {
+        pass_list named; /* reports an unknown pass name */
+        if (!pass_parse_list(print_after, &named, d)) return false;
+    }
+    pass_driver_options o = {.print_after = print_after, .print_out = stderr};
+    if (l) {
+        o.pass.precision = l->precision == DRV_PRECISION_BF16 ? "bf16" : "f32";
+        o.pass.max_tokens = l->max_step_tokens;
+    }
+    return pass_run_list(m, list.items, list.count, &o, d);
+}
+
+bool drv_source_parse(const char *path, const drv_source_options *o, ir_module *m, diag_engine *d) {
+    fe_options options;
+    frontend_options(o, &options);
+    return fe_load_model(path, &options, d, m);
+}
+
+bool drv_source_load(const char *path, const drv_source_options *o, const drv_lowering *l, const char *print_after,
+                     ir_module *m, diag_engine *d) {
+    return drv_source_parse(path, o, m, d) && drv_run_passes(m, "all", NULL, l, print_after, d);
+}

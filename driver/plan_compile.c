@@ -1,0 +1,62 @@
+/* plan_compile.c - a model into a plan file. drv_write_plan is the driver's
+ * one call into codegen (compile_plan.h), on a module the passes have
+ * lowered (drv_source_load): the driver's options become the codegen's here
+ * and nowhere else. */
+#include "driver_internal.h"
+
+#include "compile_plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+_Static_assert((int)DRV_MAX_ARCHS == (int)CG_MAX_ARCHS,
+               "drv_compile_options holds what cg_plan_options holds");
+
+bool drv_write_plan(const ir_module *m, const drv_compile_options *o, const drv_plan_contents *contents,
+                    const char *path, drv_compile_report *report, diag_engine *d) {
+    cg_plan_options p = {0};
+    memcpy(p.archs, o->archs, sizeof p.archs);
+    p.arch_count = o->arch_count;
+    p.host = o->host;
+    p.jobs = o->jobs;
+    p.no_cache = o->no_cache;
+    if (contents->weights) {
+        p.read_weight = drv_source_weights_read;
+        p.weight_context = contents->weights;
+    }
+    p.tokenizer_json = contents->tokenizer_json;
+    p.progress = o->progress;
+    p.progress_user = o->progress_user;
+    cg_plan_report r;
+    bool ok = cg_compile_plan(m, &p, path, &r, d);
+    if (ok && report) {
+        *report = (drv_compile_report){
+            .kernel_count = r.kernel_count,
+            .launches_per_step = r.launches_per_step,
+            .compile_jobs = r.compile_jobs,
+            .cache_hits = r.cache_hits,
+            .arena_bytes = r.arena_bytes,
+            .weight_bytes = r.weight_bytes,
+            .file_size = r.file_size,
+            .seconds = r.seconds,
+        };
+        memcpy(report->content_hash, r.content_hash, sizeof report->content_hash);
+    }
+    return ok;
+}
+
+bool drv_compile(const char *model_path, const drv_source_options *source, const drv_compile_options *o,
+                 const char *plan_path, drv_compile_report *report, diag_engine *d) {
+    ir_module m = {0};
+    drv_source_weights weights = {0};
+    drv_lowering lowering = {.precision = o->precision, .max_step_tokens = o->max_step_tokens};
+    bool ok = drv_source_load(model_path, source, &lowering, o->print_after, &m, d);
+    if (ok && o->weights_path) ok = drv_source_weights_open(&weights, o->weights_path, &m, d);
+    char *tokenizer = o->byte_tokenizer ? drv_tokenizer_json(source->config_path) : NULL;
+    drv_plan_contents contents = {.weights = o->weights_path ? &weights : NULL, .tokenizer_json = tokenizer};
+    ok = ok && drv_write_plan(&m, o, &contents, plan_path, report, d);
+    free(tokenizer);
+    if (o->weights_path) drv_source_weights_close(&weights);
+    ir_module_free(&m);
+    return ok;
+}

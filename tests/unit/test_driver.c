@@ -1,0 +1,262 @@
+/* test_driver.c - the driver library (driver.h) on tests/fixtures/llama:
+ * a plan compiled here and opened on the host simulator, a model source
+ * compiled in memory, and a plan without weights bound from the checkpoint
+ * all step to the reference interpreter's logits; missing files, files that
+ * are neither a plan nor a source, and a plan given to the ref backend are
+ * refused with a message and no model. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "driver.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define FIXTURE SMELT_SOURCE_DIR "/tests/fixtures/llama"
+#define MODEL SMELT_SOURCE_DIR "/examples/llama.smelt"
+
+enum { VOCAB = 97, STEP = 5 };
+static const int32_t ids[STEP] = {12, 93, 25, 91, 78};
+static const int32_t pos[STEP] = {0, 1, 2, 3, 4};
+
+/* Diagnostics into memory, so that a test can read what was reported. */
+typedef struct captured_diag {
+    diag_engine d;
+    char *text;
+    size_t length;
+    FILE *out;
+} captured_diag;
+
+static void capture_init(captured_diag *c) {
+    c->text = NULL;
+    c->out = open_memstream(&c->text, &c->length);
+    assert_non_null(c->out);
+    diag_init(&c->d, c->out);
+}
+
+static const char *capture_text(captured_diag *c) {
+    fflush(c->out);
+    return c->text ? c->text : "";
+}
+
+static void capture_free(captured_diag *c) {
+    diag_free(&c->d);
+    fclose(c->out);
+    free(c->text);
+}
+
+static drv_model_options fixture_options(const char *model_path, drv_backend backend) {
+    drv_model_options o = drv_model_options_default();
+    o.model_path = model_path;
+    o.backend = backend;
+    o.source.config_path = FIXTURE "/config.json";
+    o.weights_path = FIXTURE "/model.safetensors";
+    return o;
+}
+
+/* Logits [STEP, VOCAB] of one prefill step of the fixture's prompt. */
+static void step_fixture(const drv_model_options *o, float *logits) {
+    captured_diag c;
+    capture_init(&c);
+    drv_model *model;
+    bool opened = drv_model_open(o, &model, &c.d);
+    if (!opened) fprintf(stderr, "%s", capture_text(&c));
+    assert_true(opened);
+    const drv_model_info *info = drv_model_get_info(model);
+    assert_int_equal(info->vocab, VOCAB);
+    assert_true(info->max_step_tokens == 0 || info->max_step_tokens >= STEP);
+    assert_true(drv_model_step(model, ids, pos, STEP, logits, &c.d));
+    /* A reset sequence gives the same logits again. */
+    float again[STEP * VOCAB];
+    drv_model_reset(model);
+    assert_true(drv_model_step(model, ids, pos, STEP, again, &c.d));
+    assert_memory_equal(logits, again, sizeof again);
+    assert_int_equal(c.d.error_count, 0);
+    drv_model_close(model);
+    capture_free(&c);
+}
+
+/* Within 1e-4 of the reference's logit range, the fp32 bound of DESIGN.md. */
+static void assert_close_to(const float *got, const float *expected) {
+    float lo = expected[0], hi = expected[0];
+    for (int i = 0; i < STEP * VOCAB; i++) {
+        lo = fminf(lo, expected[i]);
+        hi = fmaxf(hi, expected[i]);
+    }
+    float bound = 1e-4f * (hi - lo);
+    for (int i = 0; i < STEP * VOCAB; i++)
+        if (fabsf(got[i] - expected[i]) > bound)
+            fail_msg("logit %d: %g, the reference says %g (bound %g)", i, got[i], expected[i], bound);
+}
+
+static float reference[STEP * VOCAB];
+
+static int reference_setup(void **state) {
+    (void)state;
+    drv_model_options o = fixture_options(MODEL, DRV_BACKEND_REF);
+    step_fixture(&o, reference);
+    return 0;
+}
+
+/* A temporary file name in TMPDIR; the file exists (empty). */
+static void temporary_path(char *path, size_t size, const char *what) {
+    const char *folder = getenv("TMPDIR");
+    snprintf(path, size, "%s/smelt-test-driver-%s-XXXXXX", folder && *folder ? folder : "/tmp", what);
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+}
+
+/* Compiles the fixture (f32, host kernels; weights inside unless
+ * weights_path is NULL) into a new temporary plan at path. */
+static void compile_fixture(char *path, size_t size, const char *what, const char *weights_path) {
+    temporary_path(path, size, what);
+    assert_false(drv_is_plan_file(path)); /* empty */
+    captured_diag c;
+    capture_init(&c);
+    drv_source_options source = {.config_path = FIXTURE "/config.json"};
+    drv_compile_options o = {.precision = DRV_PRECISION_F32, .host = true, .weights_path = weights_path};
+    drv_compile_report report;
+    bool ok = drv_compile(MODEL, &source, &o, path, &report, &c.d);
+    if (!ok) fail_msg("%s", capture_text(&c));
+    assert_true(report.kernel_count > 0 && report.file_size > 0);
+    assert_true(drv_is_plan_file(path));
+    capture_free(&c);
+}
+
+static void test_plan_compiled_here(void **state) {
+    (void)state;
+    char plan[4096];
+    compile_fixture(plan, sizeof plan, "plan", FIXTURE "/model.safetensors");
+
+    drv_model_options o = fixture_options(plan, DRV_BACKEND_HOST);
+    o.weights_path = NULL; /* the plan holds them */
+    float logits[STEP * VOCAB];
+    step_fixture(&o, logits);
+    assert_close_to(logits, reference);
+
+    /* `smelt inspect` through the driver prints the plan. */
+    captured_diag c;
+    capture_init(&c);
+    char *printed = NULL;
+    size_t printed_length = 0;
+    FILE *out = open_memstream(&printed, &printed_length);
+    assert_true(drv_plan_print(plan, false, out, &c.d));
+    fclose(out);
+    assert_non_null(strstr(printed, "content hash"));
+    free(printed);
+    capture_free(&c);
+    unlink(plan);
+}
+
+/* A plan without weights, bound from the checkpoint when opened: every
+ * tensor the plan names, the others skipped (smelt_plan_has_weight). */
+static void test_plan_bound_from_checkpoint(void **state) {
+    (void)state;
+    char plan[4096];
+    compile_fixture(plan, sizeof plan, "unbound", NULL);
+    drv_model_options o = fixture_options(plan, DRV_BACKEND_HOST);
+    float logits[STEP * VOCAB];
+    step_fixture(&o, logits);
+    assert_close_to(logits, reference);
+    unlink(plan);
+}
+
+static void test_source_with_weights(void **state) {
+    (void)state;
+    drv_model_options o = fixture_options(MODEL, DRV_BACKEND_HOST);
+    o.byte_tokenizer = true;
+    float logits[STEP * VOCAB];
+    step_fixture(&o, logits);
+    assert_close_to(logits, reference);
+}
+
+/* Each refusal: false, no model, one error that says what went wrong. */
+static void assert_refused(const drv_model_options *o, const char *message) {
+    captured_diag c;
+    capture_init(&c);
+    drv_model *model = (drv_model *)&c; /* overwritten with NULL */
+    assert_false(drv_model_open(o, &model, &c.d));
+    assert_null(model);
+    assert_true(c.d.error_count > 0);
+    const char *text = capture_text(&c);
+    if (!strstr(text, message)) fail_msg("expected '%s' in: %s", message, text);
+    capture_free(&c);
+}
+
+static void test_refusals(void **state) {
+    (void)state;
+    drv_model_options o = fixture_options(FIXTURE "/no-such-model.smelt", DRV_BACKEND_HOST);
+    assert_false(drv_is_plan_file(o.model_path));
+    assert_refused(&o, "no-such-model.smelt");
+
+    /* Neither a plan nor a source: the checkpoint itself. */
+    o.model_path = FIXTURE "/model.safetensors";
+    assert_false(drv_is_plan_file(o.model_path));
+    assert_refused(&o, "model.safetensors");
+
+    /* A source needs weights. */
+    o = fixture_options(MODEL, DRV_BACKEND_HOST);
+    o.weights_path = NULL;
+    assert_refused(&o, "running a model source needs --weights");
+
+    /* A missing checkpoint. */
+    o.weights_path = FIXTURE "/no-such-weights.safetensors";
+    assert_refused(&o, "no-such-weights.safetensors");
+
+    /* The ref backend interprets IR, not plans. */
+    char plan[4096];
+    compile_fixture(plan, sizeof plan, "ref", NULL);
+    o = fixture_options(plan, DRV_BACKEND_REF);
+    assert_refused(&o, "the ref backend interprets a model's IR");
+    unlink(plan);
+
+    drv_model_close(NULL);
+}
+
+static void test_names_and_tokenizer(void **state) {
+    (void)state;
+    drv_precision p;
+    assert_true(drv_precision_from_name("bf16", &p) && p == DRV_PRECISION_BF16);
+    assert_true(drv_precision_from_name("f32", &p) && p == DRV_PRECISION_F32);
+    assert_false(drv_precision_from_name("fp8", &p));
+    drv_backend b;
+    assert_true(drv_backend_from_name("ref", &b) && b == DRV_BACKEND_REF);
+    assert_true(drv_backend_from_name("cuda", &b) && b == DRV_BACKEND_CUDA);
+    assert_false(drv_backend_from_name("tpu", &b));
+
+    drv_source_options s = {0};
+    for (int i = 0; i < DRV_MAX_SETTINGS; i++)
+        assert_true(drv_source_options_set(&s, "n", "1"));
+    assert_false(drv_source_options_set(&s, "n", "1"));
+
+    drv_tokenizer t = {true, 1, 2};
+    int32_t out[4];
+    assert_int_equal(drv_tokenizer_encode(&t, "hi\xff", 3, out), 4);
+    assert_int_equal(out[0], 1);
+    assert_int_equal(out[1], 'h');
+    assert_int_equal(out[3], 255);
+    t.bos = -1;
+    assert_int_equal(drv_tokenizer_encode(&t, "hi", 2, out), 2);
+    assert_int_equal(drv_tokenizer_byte(&t, 'A'), 'A');
+    assert_int_equal(drv_tokenizer_byte(&t, 256), -1);
+    assert_int_equal(drv_tokenizer_byte(&t, -1), -1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_names_and_tokenizer),
+        cmocka_unit_test(test_plan_compiled_here),
+        cmocka_unit_test(test_plan_bound_from_checkpoint),
+        cmocka_unit_test(test_source_with_weights),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, reference_setup, NULL);
+}
