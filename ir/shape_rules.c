@@ -98,27 +98,30 @@ static const ir_attr *attr_of_kind(rule_ctx *c, const char *name, ir_attr_kind k
     return a;
 }
 
+/* The helpers that return a value through `out` write it on every path (zero
+ * when they fail), so no caller holds an uninitialised local and gcc -O2 can
+ * see that none does (-Wmaybe-uninitialized). */
 static bool rule_attr_int(rule_ctx *c, const char *name, int64_t *out) {
     const ir_attr *a = attr_of_kind(c, name, IR_ATTR_INT);
-    if (a) *out = a->as.i;
+    *out = a ? a->as.i : 0;
     return a != NULL;
 }
 
 static bool rule_attr_float(rule_ctx *c, const char *name, double *out) {
     const ir_attr *a = attr_of_kind(c, name, IR_ATTR_FLOAT);
-    if (a) *out = a->as.f;
+    *out = a ? a->as.f : 0.0;
     return a != NULL;
 }
 
 static bool rule_attr_bool(rule_ctx *c, const char *name, bool *out) {
     const ir_attr *a = attr_of_kind(c, name, IR_ATTR_BOOL);
-    if (a) *out = a->as.b;
+    *out = a ? a->as.b : false;
     return a != NULL;
 }
 
 static bool rule_attr_string(rule_ctx *c, const char *name, const char **out) {
     const ir_attr *a = attr_of_kind(c, name, IR_ATTR_STRING);
-    if (a) *out = a->as.s;
+    *out = a ? a->as.s : NULL;
     return a != NULL;
 }
 
@@ -153,6 +156,7 @@ static bool rule_min_rank(const rule_ctx *c, const char *name, const ir_type *t,
 }
 
 static bool rule_axis(const rule_ctx *c, int64_t axis, unsigned rank, unsigned *out) {
+    *out = 0;
     if (rank == 0) return rule_fail(c, "axis %lld is out of range for a scalar", (long long)axis);
     if (axis < -(int64_t)rank || axis >= (int64_t)rank)
         return rule_fail(c, "axis %lld is out of range for rank %u (expected %d..%u)", (long long)axis, rank,
@@ -166,6 +170,7 @@ static bool rule_constant_dim(const rule_ctx *c, const char *what, ir_dim d, int
         *out = d.size;
         return true;
     }
+    *out = 0;
     return rule_fail(c, "%s must be a constant, found the symbol '%s'", what, DIM_TEXT(c, d));
 }
 

@@ -398,8 +398,10 @@ static bool read_u64(kernel_decoder *d, uint64_t *out, const char *what) {
     return plan_cursor_u64(&d->cursor, out) || cut_off(d, what);
 }
 
-/* A (u64 length, bytes) field; a length past the end says so. */
+/* A (u64 length, bytes) field; a length past the end says so. Like the cursor
+ * readers, it and read_text write `out` on every path ({NULL, 0} on failure). */
 static bool read_blob(kernel_decoder *d, plan_blob *out, const char *what) {
+    *out = (plan_blob){NULL, 0};
     uint64_t length;
     if (!read_u64(d, &length, what)) return false;
     if (length > plan_cursor_left(&d->cursor))
@@ -413,9 +415,9 @@ static bool read_blob(kernel_decoder *d, plan_blob *out, const char *what) {
 
 static bool read_text(kernel_decoder *d, plan_text *out, const char *what) {
     plan_blob blob;
-    if (!read_blob(d, &blob, what)) return false;
+    bool ok = read_blob(d, &blob, what);
     *out = (plan_text){(const char *)blob.data, blob.size};
-    return true;
+    return ok;
 }
 
 /* A count of items of at least `min_bytes` each, refused if they cannot fit. */

@@ -1,12 +1,13 @@
 #!/bin/sh
 # Installs the Debian packages smelt needs (when missing), then configures and
 # builds smelt in build/ (Debug). Run from anywhere; safe to run again.
-# SMELT_BUILD_DIR and SMELT_CMAKE_ARGS override the folder and add options.
+# SMELT_BUILD_DIR, SMELT_BUILD_TYPE and SMELT_CMAKE_ARGS override the folder
+# and the build type and add options.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${SMELT_BUILD_DIR:-$root/build}
 
-packages="build-essential cmake pkg-config flex bison libjansson-dev libcmocka-dev libxxhash-dev libopenblas-dev llvm-14-tools python3"
+packages="build-essential cmake pkg-config flex bison libjansson-dev libcmocka-dev libxxhash-dev libopenblas-dev llvm-14-tools clang-format python3"
 missing=""
 for p in $packages; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
