@@ -4,34 +4,33 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char usage[] =
-    "usage: smelt compile MODEL [options] -o model.plan\n"
-    "\n"
-    "Compiles MODEL (a .smelt or .json model description) into a plan file:\n"
-    "its kernels compiled by NVRTC for each CUDA target and built for the host\n"
-    "simulator, the launch program, the memory plan, and (with --weights) the\n"
-    "weights. A plan holds machine code: treat it like an executable, and pin\n"
-    "the content hash that `smelt inspect` prints.\n"
-    "\n"
-    "options:\n"
-    "  --config FILE             bind params from a Hugging Face config.json\n"
-    "  --set NAME=VALUE          set a param (wins over --config); may repeat\n"
-    "  --weights PATH            a .safetensors file, an index.json, or a folder;\n"
-    "                            without it weights are bound at `smelt run`\n"
-    "  --target LIST             sm_80,sm_90,host (default: all three)\n"
-    "  --precision f32|bf16      storage of weights and activations (default bf16;\n"
-    "                            arithmetic is f32 either way)\n"
-    "  --tokenizer bytes         store a byte tokenizer (ids 0..255 are bytes; BOS\n"
-    "                            and EOS from config.json) for `smelt run --prompt`\n"
-    "  --max-step-tokens N       tokens per step the memory plan is sized for\n"
-    "                            (default: the model's bound, at most 512)\n"
-    "  -j N                      compile threads (default: every core)\n"
-    "  --no-cache                do not read or write the kernel cache\n"
-    "                            (~/.cache/smelt; SMELT_CACHE_DIR overrides)\n"
-    "  --print-ir-after PASS|all print the IR after the named passes (stderr)\n"
-    "  -o FILE                   the plan to write (atomically)\n"
-    "  --max-errors N            stop after N errors (default 20, 0: no limit)\n"
-    "  -h, --help                show this help\n";
+static const char usage[] = "usage: smelt compile MODEL [options] -o model.plan\n"
+                            "\n"
+                            "Compiles MODEL (a .smelt or .json model description) into a plan file:\n"
+                            "its kernels compiled by NVRTC for each CUDA target and built for the host\n"
+                            "simulator, the launch program, the memory plan, and (with --weights) the\n"
+                            "weights. A plan holds machine code: treat it like an executable, and pin\n"
+                            "the content hash that `smelt inspect` prints.\n"
+                            "\n"
+                            "options:\n"
+                            "  --config FILE             bind params from a Hugging Face config.json\n"
+                            "  --set NAME=VALUE          set a param (wins over --config); may repeat\n"
+                            "  --weights PATH            a .safetensors file, an index.json, or a folder;\n"
+                            "                            without it weights are bound at `smelt run`\n"
+                            "  --target LIST             sm_80,sm_90,host (default: all three)\n"
+                            "  --precision f32|bf16      storage of weights and activations (default bf16;\n"
+                            "                            arithmetic is f32 either way)\n"
+                            "  --tokenizer bytes         store a byte tokenizer (ids 0..255 are bytes; BOS\n"
+                            "                            and EOS from config.json) for `smelt run --prompt`\n"
+                            "  --max-step-tokens N       tokens per step the memory plan is sized for\n"
+                            "                            (default: the model's bound, at most 512)\n"
+                            "  -j N                      compile threads (default: every core)\n"
+                            "  --no-cache                do not read or write the kernel cache\n"
+                            "                            (~/.cache/smelt; SMELT_CACHE_DIR overrides)\n"
+                            "  --print-ir-after PASS|all print the IR after the named passes (stderr)\n"
+                            "  -o FILE                   the plan to write (atomically)\n"
+                            "  --max-errors N            stop after N errors (default 20, 0: no limit)\n"
+                            "  -h, --help                show this help\n";
 
 enum { DEFAULT_MAX_STEP_TOKENS = 512 };
 
@@ -147,9 +146,9 @@ int cmd_compile(int argc, char **argv) {
                 "smelt: wrote %s: %u kernels (%u compile jobs, %u from the cache), %u launches per step, "
                 "arena %.1f MiB, weights %.1f MiB, %.1f MiB in all, %.2f s\n"
                 "smelt: content hash %s\n",
-                c.output_path, report.kernel_count, report.compile_jobs, report.cache_hits, report.launches_per_step,
-                report.arena_bytes / 1048576.0, report.weight_bytes / 1048576.0, report.file_size / 1048576.0,
-                report.seconds, report.content_hash);
+                c.output_path, report.kernel_count, report.compile_jobs, report.cache_hits,
+                report.launches_per_step, report.arena_bytes / 1048576.0, report.weight_bytes / 1048576.0,
+                report.file_size / 1048576.0, report.seconds, report.content_hash);
     status = ok && !diag_has_errors(&d) ? CLI_OK : CLI_INPUT_ERROR;
     diag_free(&d);
     return status;

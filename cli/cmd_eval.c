@@ -15,22 +15,21 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char usage[] =
-    "usage: smelt eval MODEL|PLAN --ids FILE [options]\n"
-    "\n"
-    "Prints the perplexity of the model over the token ids in FILE, with the\n"
-    "number of tokens scored. FILE holds little-endian uint16 ids (.bin, as\n"
-    "tests/fixtures/demo/heldout_ids.bin) or ids as text separated by commas,\n"
-    "spaces or newlines.\n"
-    "\n"
-    "options:\n"
-    "  --context N            tokens per window (default 256)\n"
-    "  --stride N             tokens between window starts (default context / 2)\n"
-    "  --max-ids N            use only the first N ids of FILE\n"
-    "  --backend auto|host|cuda|ref, --config, --set, --weights, --precision\n"
-    "                         as for `smelt run`\n"
-    "  --max-errors N         stop after N errors (default 20, 0: no limit)\n"
-    "  -h, --help             show this help\n";
+static const char usage[] = "usage: smelt eval MODEL|PLAN --ids FILE [options]\n"
+                            "\n"
+                            "Prints the perplexity of the model over the token ids in FILE, with the\n"
+                            "number of tokens scored. FILE holds little-endian uint16 ids (.bin, as\n"
+                            "tests/fixtures/demo/heldout_ids.bin) or ids as text separated by commas,\n"
+                            "spaces or newlines.\n"
+                            "\n"
+                            "options:\n"
+                            "  --context N            tokens per window (default 256)\n"
+                            "  --stride N             tokens between window starts (default context / 2)\n"
+                            "  --max-ids N            use only the first N ids of FILE\n"
+                            "  --backend auto|host|cuda|ref, --config, --set, --weights, --precision\n"
+                            "                         as for `smelt run`\n"
+                            "  --max-errors N         stop after N errors (default 20, 0: no limit)\n"
+                            "  -h, --help             show this help\n";
 
 typedef struct eval_command {
     const char *ids_path;
@@ -67,9 +66,9 @@ static int parse_arguments(int argc, char **argv, eval_command *c) {
         }
     }
     if (c->stride == 0) c->stride = c->context / 2 ? c->context / 2 : 1;
-    const char *problem = !c->model.model_path ? "no model or plan given"
-                          : !c->ids_path        ? "no --ids given"
-                          : c->context < 2      ? "--context must be at least 2"
+    const char *problem = !c->model.model_path     ? "no model or plan given"
+                          : !c->ids_path           ? "no --ids given"
+                          : c->context < 2         ? "--context must be at least 2"
                           : c->stride > c->context ? "--stride must not exceed --context"
                                                    : NULL;
     if (problem) {
@@ -97,7 +96,8 @@ static int32_t *read_ids(const char *path, size_t *count, diag_engine *d) {
                 continue;
             }
             long long v = 0;
-            while (i < length && bytes[i] >= '0' && bytes[i] <= '9' && v <= INT32_MAX) v = v * 10 + (bytes[i++] - '0');
+            while (i < length && bytes[i] >= '0' && bytes[i] <= '9' && v <= INT32_MAX)
+                v = v * 10 + (bytes[i++] - '0');
             if (v > INT32_MAX) {
                 diag_error(d, SMELT_NO_LOC, "'%s': id %zu does not fit in 32 bits", path, n + 1);
                 free(ids);
@@ -126,7 +126,8 @@ static double negative_log_likelihood(const float *row, uint64_t vocab, int32_t 
     for (uint64_t i = 1; i < vocab; i++)
         if (row[i] > max) max = row[i];
     double sum = 0;
-    for (uint64_t i = 0; i < vocab; i++) sum += exp((double)row[i] - max);
+    for (uint64_t i = 0; i < vocab; i++)
+        sum += exp((double)row[i] - max);
     return log(sum) + max - (double)row[target];
 }
 
@@ -139,7 +140,8 @@ static bool score_window(drv_model *model, const int32_t *ids, size_t begin, siz
     size_t step = r->max_step_tokens ? r->max_step_tokens : end - begin;
     for (size_t at = begin; at < end; at += step) {
         uint32_t n = (uint32_t)(end - at < step ? end - at : step);
-        for (uint32_t i = 0; i < n; i++) positions[i] = (int32_t)(at - begin + i);
+        for (uint32_t i = 0; i < n; i++)
+            positions[i] = (int32_t)(at - begin + i);
         if (!drv_model_step(model, ids + at, positions, n, logits, d)) return false;
         /* logits row i predicts token at + i + 1 */
         for (uint32_t i = 0; i < n; i++) {
@@ -147,8 +149,8 @@ static bool score_window(drv_model *model, const int32_t *ids, size_t begin, siz
             if (target >= end || target < score_from) continue;
             int32_t id = ids[target];
             if (id < 0 || (uint64_t)id >= r->vocab) {
-                diag_error(d, SMELT_NO_LOC, "id %d at index %zu is outside the vocabulary [0, %llu)", id, target,
-                           (unsigned long long)r->vocab);
+                diag_error(d, SMELT_NO_LOC, "id %d at index %zu is outside the vocabulary [0, %llu)", id,
+                           target, (unsigned long long)r->vocab);
                 return false;
             }
             *nll += negative_log_likelihood(logits + (uint64_t)i * r->vocab, r->vocab, id);
@@ -199,9 +201,11 @@ int cmd_eval(int argc, char **argv) {
     if (ok) {
         double mean = nll / (double)scored;
         double seconds = (double)(stop.tv_sec - start.tv_sec) + (double)(stop.tv_nsec - start.tv_nsec) * 1e-9;
-        printf("perplexity %.4f over %zu tokens (mean NLL %.5f nats = %.5f bits per token; context %u, stride %u, %s)\n",
+        printf("perplexity %.4f over %zu tokens (mean NLL %.5f nats = %.5f bits per token; context %u, "
+               "stride %u, %s)\n",
                exp(mean), scored, mean, mean / log(2.0), c.context, c.stride, r->name);
-        fprintf(stderr, "smelt: eval: %.1f s, %.1f tokens/s\n", seconds, (double)scored / (seconds > 0 ? seconds : 1e-9));
+        fprintf(stderr, "smelt: eval: %.1f s, %.1f tokens/s\n", seconds,
+                (double)scored / (seconds > 0 ? seconds : 1e-9));
     }
     drv_model_close(model);
     free(ids);

@@ -1,17 +1,16 @@
 /* cmd_inspect.c - `smelt inspect`: everything a plan holds, readable. */
 #include "cli.h"
 
-static const char usage[] =
-    "usage: smelt inspect model.plan [--source]\n"
-    "\n"
-    "Prints a plan: format and smelt versions, the content hash to pin, the\n"
-    "section table with checksums, the manifest, every kernel with its launch\n"
-    "rule and per-arch registers, shared memory and spills, the launch program\n"
-    "(launches per step), the memory plan and the weight table.\n"
-    "\n"
-    "options:\n"
-    "  --source    also print every kernel's CUDA C source\n"
-    "  -h, --help  show this help\n";
+static const char usage[] = "usage: smelt inspect model.plan [--source]\n"
+                            "\n"
+                            "Prints a plan: format and smelt versions, the content hash to pin, the\n"
+                            "section table with checksums, the manifest, every kernel with its launch\n"
+                            "rule and per-arch registers, shared memory and spills, the launch program\n"
+                            "(launches per step), the memory plan and the weight table.\n"
+                            "\n"
+                            "options:\n"
+                            "  --source    also print every kernel's CUDA C source\n"
+                            "  -h, --help  show this help\n";
 
 int cmd_inspect(int argc, char **argv) {
     cli_args a = {argc, argv, 1, "smelt inspect"};

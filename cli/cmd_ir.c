@@ -2,22 +2,21 @@
  * up to --after, printed as text IR, JSON or Graphviz. */
 #include "cli.h"
 
-static const char usage[] =
-    "usage: smelt ir MODEL [options]\n"
-    "\n"
-    "Prints the IR of MODEL (a .smelt DSL file or a .json model description).\n"
-    "\n"
-    "options:\n"
-    "  --config FILE          bind params from a Hugging Face config.json\n"
-    "  --set NAME=VALUE       set a param (wins over --config); may repeat\n"
-    "  --after PASS|all       run the pipeline up to and including PASS\n"
-    "                         (default: infer-shapes; `all`: every pass)\n"
-    "  --print-ir-after PASS|all\n"
-    "                         also print the IR after each named pass (to stderr)\n"
-    "  --format text|json|dot output format (default text)\n"
-    "  -o FILE                write to FILE instead of standard output\n"
-    "  --max-errors N         stop after N errors (default 20, 0: no limit)\n"
-    "  -h, --help             show this help\n";
+static const char usage[] = "usage: smelt ir MODEL [options]\n"
+                            "\n"
+                            "Prints the IR of MODEL (a .smelt DSL file or a .json model description).\n"
+                            "\n"
+                            "options:\n"
+                            "  --config FILE          bind params from a Hugging Face config.json\n"
+                            "  --set NAME=VALUE       set a param (wins over --config); may repeat\n"
+                            "  --after PASS|all       run the pipeline up to and including PASS\n"
+                            "                         (default: infer-shapes; `all`: every pass)\n"
+                            "  --print-ir-after PASS|all\n"
+                            "                         also print the IR after each named pass (to stderr)\n"
+                            "  --format text|json|dot output format (default text)\n"
+                            "  -o FILE                write to FILE instead of standard output\n"
+                            "  --max-errors N         stop after N errors (default 20, 0: no limit)\n"
+                            "  -h, --help             show this help\n";
 
 typedef struct ir_command {
     const char *model_path;
@@ -77,7 +76,8 @@ int cmd_ir(int argc, char **argv) {
     diag_engine d;
     diag_init(&d, stderr);
     d.max_errors = c.max_errors;
-    bool ok = drv_ir_print_model(c.model_path, &c.source, c.after, c.print_after, c.format, c.output_path, &d);
+    bool ok =
+        drv_ir_print_model(c.model_path, &c.source, c.after, c.print_after, c.format, c.output_path, &d);
     status = ok && !diag_has_errors(&d) ? CLI_OK : CLI_INPUT_ERROR;
     diag_free(&d);
     return status;

@@ -5,23 +5,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char usage[] =
-    "usage: smelt opt --pass NAME[,NAME...] [options] IN.ir\n"
-    "\n"
-    "Parses text IR (IN.ir, or - for standard input), runs the named passes in\n"
-    "order, verifying the IR after each, and prints the result.\n"
-    "\n"
-    "options:\n"
-    "  --pass NAME[,NAME...]   passes to run (none: parse, verify and print)\n"
-    "  --print-ir-after PASS|all\n"
-    "                          also print the IR after each named pass (to stderr)\n"
-    "  --split-input-file      treat each `# -----` separated chunk as its own\n"
-    "                          module; outputs are separated the same way\n"
-    "  --format text|json|dot  output format (default text)\n"
-    "  -o FILE                 write to FILE instead of standard output\n"
-    "  --max-errors N          stop after N errors (default 20, 0: no limit)\n"
-    "  --list-passes           print the known passes and exit\n"
-    "  -h, --help              show this help\n";
+static const char usage[] = "usage: smelt opt --pass NAME[,NAME...] [options] IN.ir\n"
+                            "\n"
+                            "Parses text IR (IN.ir, or - for standard input), runs the named passes in\n"
+                            "order, verifying the IR after each, and prints the result.\n"
+                            "\n"
+                            "options:\n"
+                            "  --pass NAME[,NAME...]   passes to run (none: parse, verify and print)\n"
+                            "  --print-ir-after PASS|all\n"
+                            "                          also print the IR after each named pass (to stderr)\n"
+                            "  --split-input-file      treat each `# -----` separated chunk as its own\n"
+                            "                          module; outputs are separated the same way\n"
+                            "  --format text|json|dot  output format (default text)\n"
+                            "  -o FILE                 write to FILE instead of standard output\n"
+                            "  --max-errors N          stop after N errors (default 20, 0: no limit)\n"
+                            "  --list-passes           print the known passes and exit\n"
+                            "  -h, --help              show this help\n";
 
 typedef struct opt_command {
     const char *input_path;

@@ -85,11 +85,11 @@ static int parse_arguments(int argc, char **argv, run_command *c) {
             return CLI_USAGE_ERROR;
         }
     }
-    const char *problem = !c->model.model_path                   ? "no model or plan given"
-                          : !c->prompt_ids && !c->prompt_text    ? "no --prompt-ids or --prompt given"
-                          : c->prompt_ids && c->prompt_text      ? "give --prompt-ids or --prompt, not both"
-                          : c->max_tokens > RUN_MAX_TOKENS       ? "--max-tokens is at most 1048576"
-                                                                 : NULL;
+    const char *problem = !c->model.model_path                ? "no model or plan given"
+                          : !c->prompt_ids && !c->prompt_text ? "no --prompt-ids or --prompt given"
+                          : c->prompt_ids && c->prompt_text   ? "give --prompt-ids or --prompt, not both"
+                          : c->max_tokens > RUN_MAX_TOKENS    ? "--max-tokens is at most 1048576"
+                                                              : NULL;
     if (problem) {
         cli_usage_error(&a, "%s", problem);
         return CLI_USAGE_ERROR;
@@ -100,7 +100,8 @@ static int parse_arguments(int argc, char **argv, run_command *c) {
 /* "1,2,3" -> ids; false with a message naming the bad entry. */
 static bool parse_prompt_ids(const char *text, int32_t **ids, uint32_t *count, diag_engine *d) {
     size_t capacity = 1;
-    for (const char *p = text; *p; p++) capacity += *p == ',';
+    for (const char *p = text; *p; p++)
+        capacity += *p == ',';
     if (capacity > RUN_MAX_PROMPT) {
         diag_error(d, SMELT_NO_LOC, "--prompt-ids: more than %d ids", RUN_MAX_PROMPT);
         return false;
@@ -113,7 +114,8 @@ static bool parse_prompt_ids(const char *text, int32_t **ids, uint32_t *count, d
         errno = 0;
         long long v = strtoll(p, &end, 10);
         if (end == p || errno || v < 0 || v > INT32_MAX || (*end != ',' && *end != '\0')) {
-            diag_error(d, SMELT_NO_LOC, "--prompt-ids: entry %u is not a token id (expected 1,2,3)", *count + 1);
+            diag_error(d, SMELT_NO_LOC, "--prompt-ids: entry %u is not a token id (expected 1,2,3)",
+                       *count + 1);
             return false;
         }
         (*ids)[(*count)++] = (int32_t)v;
@@ -123,10 +125,12 @@ static bool parse_prompt_ids(const char *text, int32_t **ids, uint32_t *count, d
 }
 
 /* Text -> BOS (when the tokenizer has one) and one id per byte. */
-static bool encode_prompt(const drv_tokenizer *t, const char *text, int32_t **ids, uint32_t *count, diag_engine *d) {
+static bool encode_prompt(const drv_tokenizer *t, const char *text, int32_t **ids, uint32_t *count,
+                          diag_engine *d) {
     if (!t->present) {
-        diag_error(d, SMELT_NO_LOC, "--prompt needs a plan with a byte tokenizer (compile with --tokenizer bytes); "
-                                    "use --prompt-ids otherwise");
+        diag_error(d, SMELT_NO_LOC,
+                   "--prompt needs a plan with a byte tokenizer (compile with --tokenizer bytes); "
+                   "use --prompt-ids otherwise");
         return false;
     }
     size_t n = strlen(text);
@@ -173,14 +177,16 @@ static long generate(drv_model *model, const int32_t *prompt, uint32_t prompt_le
     if (chunk > prompt_length) chunk = prompt_length;
     float *logits = cli_alloc(chunk * vocab * sizeof *logits);
     int32_t *positions = cli_alloc(prompt_length * sizeof *positions);
-    for (uint32_t i = 0; i < prompt_length; i++) positions[i] = (int32_t)i;
+    for (uint32_t i = 0; i < prompt_length; i++)
+        positions[i] = (int32_t)i;
 
     double start = seconds_now();
     bool ok = true;
     for (uint32_t at = 0; ok && at < prompt_length; at += (uint32_t)chunk) {
         uint32_t n = prompt_length - at < chunk ? prompt_length - at : (uint32_t)chunk;
         ok = drv_model_step(model, prompt + at, positions + at, n, logits, d);
-        if (ok && at + n == prompt_length) memcpy(rows, logits + (uint64_t)(n - 1) * vocab, vocab * sizeof *rows);
+        if (ok && at + n == prompt_length)
+            memcpy(rows, logits + (uint64_t)(n - 1) * vocab, vocab * sizeof *rows);
     }
     double prefill_seconds = seconds_now() - start;
 
@@ -201,9 +207,12 @@ static long generate(drv_model *model, const int32_t *prompt, uint32_t prompt_le
     fflush(stdout);
     double decode_seconds = seconds_now() - start;
     if (ok)
-        fprintf(stderr, "%s: prefill %u tokens in %.3f s (%.1f tokens/s), decode %u tokens in %.3f s (%.1f tokens/s)\n",
-                r->name, prompt_length, prefill_seconds, prompt_length / (prefill_seconds > 0 ? prefill_seconds : 1e-9),
-                decoded, decode_seconds, decoded / (decode_seconds > 0 ? decode_seconds : 1e-9));
+        fprintf(
+            stderr,
+            "%s: prefill %u tokens in %.3f s (%.1f tokens/s), decode %u tokens in %.3f s (%.1f tokens/s)\n",
+            r->name, prompt_length, prefill_seconds,
+            prompt_length / (prefill_seconds > 0 ? prefill_seconds : 1e-9), decoded, decode_seconds,
+            decoded / (decode_seconds > 0 ? decode_seconds : 1e-9));
     free(positions);
     free(logits);
     return ok ? (long)produced : -1;
@@ -225,10 +234,12 @@ int cmd_run(int argc, char **argv) {
 
     bool ok = drv_model_open(&c.model, &model, &d);
     const drv_model_info *r = ok ? drv_model_get_info(model) : NULL;
-    if (ok) ok = as_text ? encode_prompt(&r->tokenizer, c.prompt_text, &prompt, &prompt_length, &d)
-                         : parse_prompt_ids(c.prompt_ids, &prompt, &prompt_length, &d);
+    if (ok)
+        ok = as_text ? encode_prompt(&r->tokenizer, c.prompt_text, &prompt, &prompt_length, &d)
+                     : parse_prompt_ids(c.prompt_ids, &prompt, &prompt_length, &d);
     uint64_t elements = 0;
-    bool too_many = ok && (__builtin_mul_overflow(r->vocab, c.max_tokens, &elements) || elements > (1ull << 32));
+    bool too_many =
+        ok && (__builtin_mul_overflow(r->vocab, c.max_tokens, &elements) || elements > (1ull << 32));
     if (too_many) {
         diag_error(&d, SMELT_NO_LOC, "logits of %u steps x %llu do not fit", c.max_tokens,
                    (unsigned long long)r->vocab);
@@ -240,7 +251,8 @@ int cmd_run(int argc, char **argv) {
             fputs(c.prompt_text, stdout);
         } else {
             printf("prompt:");
-            for (uint32_t i = 0; i < prompt_length; i++) printf(" %d", prompt[i]);
+            for (uint32_t i = 0; i < prompt_length; i++)
+                printf(" %d", prompt[i]);
             printf("\n");
         }
         long produced = generate(model, prompt, prompt_length, c.max_tokens, as_text, rows, &d);

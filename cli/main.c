@@ -29,12 +29,8 @@ typedef struct command {
 } command;
 
 static const command commands[] = {
-    {"ir", cmd_ir},
-    {"opt", cmd_opt},
-    {"run", cmd_run},
-    {"compile", cmd_compile},
-    {"inspect", cmd_inspect},
-    {"eval", cmd_eval},
+    {"ir", cmd_ir},           {"opt", cmd_opt},         {"run", cmd_run},
+    {"compile", cmd_compile}, {"inspect", cmd_inspect}, {"eval", cmd_eval},
 };
 
 int main(int argc, char **argv) {

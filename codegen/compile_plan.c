@@ -32,8 +32,8 @@ typedef struct compiled_kernels {
     cg_host_object host;
 } compiled_kernels;
 
-static bool compile_for_cuda(const cg_lowered *l, const cg_plan_options *o, cg_cache *cache, compiled_kernels *c,
-                             cg_plan_report *report, diag_engine *d) {
+static bool compile_for_cuda(const cg_lowered *l, const cg_plan_options *o, cg_cache *cache,
+                             compiled_kernels *c, cg_plan_report *report, diag_engine *d) {
     c->job_count = (size_t)l->kernel_count * o->arch_count;
     if (c->job_count == 0) return true;
     c->jobs = calloc(c->job_count, sizeof *c->jobs);
@@ -53,10 +53,13 @@ static bool compile_for_cuda(const cg_lowered *l, const cg_plan_options *o, cg_c
                 .want_cubin = true,
                 .want_ptx = o->archs[j] == newest,
             };
-    size_t failed = cg_compile_all(c->jobs, c->job_count, o->jobs, cache, c->results, o->progress, o->progress_user);
+    size_t failed =
+        cg_compile_all(c->jobs, c->job_count, o->jobs, cache, c->results, o->progress, o->progress_user);
     for (size_t i = 0; i < c->job_count; i++) {
-        if (!c->results[i].ok) diag_error(d, SMELT_NO_LOC, "%s", c->results[i].error);
-        else report->cache_hits += c->results[i].from_cache;
+        if (!c->results[i].ok)
+            diag_error(d, SMELT_NO_LOC, "%s", c->results[i].error);
+        else
+            report->cache_hits += c->results[i].from_cache;
     }
     report->compile_jobs = (uint32_t)c->job_count;
     return failed == 0;
@@ -65,7 +68,8 @@ static bool compile_for_cuda(const cg_lowered *l, const cg_plan_options *o, cg_c
 static bool compile_for_host(const cg_lowered *l, cg_cache *cache, compiled_kernels *c, diag_engine *d) {
     cg_host_source *sources = calloc(l->kernel_count ? l->kernel_count : 1, sizeof *sources);
     if (!sources) SMELT_DIE("out of memory");
-    for (uint32_t i = 0; i < l->kernel_count; i++) sources[i] = (cg_host_source){l->kernels[i].name, l->kernels[i].source};
+    for (uint32_t i = 0; i < l->kernel_count; i++)
+        sources[i] = (cg_host_source){l->kernels[i].name, l->kernels[i].source};
     static const char *const link_flags[] = {"-lm"};
     cg_host_build_request req = {
         .sources = sources,
@@ -101,7 +105,8 @@ static void add_kernel_table(const cg_lowered *l, const cg_plan_options *o, cons
             p->launch.block[axis] = (plan_affine){0, k->rule.block[axis], 1};
         }
         p->launch.dynamic_shared_bytes = k->rule.dynamic_shared_bytes;
-        plan_kernel_resources *resources = arena_array(a, o->arch_count ? o->arch_count : 1, sizeof *resources);
+        plan_kernel_resources *resources =
+            arena_array(a, o->arch_count ? o->arch_count : 1, sizeof *resources);
         plan_kernel_binary *binaries = arena_array(a, o->arch_count + 1, sizeof *binaries);
         for (uint32_t j = 0; c->results && j < o->arch_count; j++) {
             const cg_compiled *compiled = &c->results[i * o->arch_count + j].compiled;
@@ -115,12 +120,13 @@ static void add_kernel_table(const cg_lowered *l, const cg_plan_options *o, cons
                 .spill_store_bytes = r ? r->spill_store_bytes : 0,
                 .spill_load_bytes = r ? r->spill_load_bytes : 0,
             };
-            binaries[p->binary_count++] = (plan_kernel_binary){plan_text_from(arch), PLAN_BINARY_CUBIN,
-                                                               {compiled->cubin, compiled->cubin_size}};
+            binaries[p->binary_count++] = (plan_kernel_binary){
+                plan_text_from(arch), PLAN_BINARY_CUBIN, {compiled->cubin, compiled->cubin_size}};
             if (compiled->ptx)
-                binaries[p->binary_count++] = (plan_kernel_binary){
-                    plan_text_from(arena_printf(a, "compute_%d", o->archs[j])), PLAN_BINARY_PTX,
-                    {(const uint8_t *)compiled->ptx, compiled->ptx_size}};
+                binaries[p->binary_count++] =
+                    (plan_kernel_binary){plan_text_from(arena_printf(a, "compute_%d", o->archs[j])),
+                                         PLAN_BINARY_PTX,
+                                         {(const uint8_t *)compiled->ptx, compiled->ptx_size}};
         }
         p->resources = resources;
         p->binaries = binaries;
@@ -155,7 +161,8 @@ static bool stream_weights(void *context, plan_sink *sink) {
         bool ok = s->o->read_weight(s->o->weight_context, op, values, count);
         if (!ok) plan_sink_fail(sink, "cannot read weight '%s'", w->name);
         if (ok && narrowed)
-            for (uint64_t i = 0; i < count; i++) narrowed[i] = plan_f32_to_bf16(values[i]);
+            for (uint64_t i = 0; i < count; i++)
+                narrowed[i] = plan_f32_to_bf16(values[i]);
         ok = ok && plan_sink_write(sink, narrowed ? (const void *)narrowed : (const void *)values, w->bytes);
         free(values);
         free(narrowed);
@@ -190,7 +197,8 @@ static char *manifest_json(const ir_module *m, const cg_plan_options *o, const c
     if (o->host) json_array_append_new(targets, json_string("host"));
     json_object_set_new(root, "targets", targets);
     json_object_set_new(root, "max_tokens", json_integer(l->program.max_tokens));
-    for (uint32_t i = 0; i < m->symbol_count; i++) json_object_set_new(dims, m->symbols[i].name, json_integer(m->symbols[i].bound));
+    for (uint32_t i = 0; i < m->symbol_count; i++)
+        json_object_set_new(dims, m->symbols[i].name, json_integer(m->symbols[i].bound));
     json_object_set_new(root, "dims", dims);
     for (uint32_t i = 0; i < m->param_count; i++) {
         const ir_param *p = &m->params[i];
@@ -225,11 +233,13 @@ static char *memory_table(const ir_module *m, const cg_lowered *l, size_t *size)
         for (uint32_t r = 0; r < o->result_count; r++) {
             ir_value_id v = o->results[r];
             /* the buffers plan-memory placed; a view shares its operand's */
-            if (m->values[v].buffer.kind != IR_BUFFER_ARENA || (ir_op_info_of(o->kind)->flags & IR_OPF_VIEW)) continue;
+            if (m->values[v].buffer.kind != IR_BUFFER_ARENA || (ir_op_info_of(o->kind)->flags & IR_OPF_VIEW))
+                continue;
             char type[IR_TYPE_TEXT_MAX], name[16];
             snprintf(name, sizeof name, "%%%u", numbers[v]);
             fprintf(f, "%-8s %-12s %-28s %14llu\n", name, ir_op_info_of(o->kind)->name,
-                    ir_format_type(m, &m->values[v].type, type, sizeof type), (unsigned long long)m->values[v].buffer.offset);
+                    ir_format_type(m, &m->values[v].type, type, sizeof type),
+                    (unsigned long long)m->values[v].buffer.offset);
         }
     }
     free(numbers);

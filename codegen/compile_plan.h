@@ -28,13 +28,13 @@ typedef bool (*cg_weight_reader)(void *context, uint32_t op, float *dst, uint64_
 typedef struct cg_plan_options {
     int archs[CG_MAX_ARCHS]; /* CUDA targets: 80 = sm_80 */
     uint32_t arch_count;
-    bool host;               /* build the host simulator's object */
-    unsigned jobs;           /* compile threads; 0: every core */
-    bool no_cache;           /* do not use the disk cache */
+    bool host;                    /* build the host simulator's object */
+    unsigned jobs;                /* compile threads; 0: every core */
+    bool no_cache;                /* do not use the disk cache */
     cg_weight_reader read_weight; /* NULL: a plan without weights (bound at run time) */
     void *weight_context;
     const char *tokenizer_json; /* NULL, or the TOKENIZER section: {"type": "bytes", "bos": N, "eos": N} */
-    cg_progress_fn progress; /* NULL: quiet */
+    cg_progress_fn progress;    /* NULL: quiet */
     void *progress_user;
 } cg_plan_options;
 

@@ -72,9 +72,9 @@ static int compare_keyed(const void *a, const void *b) {
 static void compile_one(pool *p, unique_compile *u) {
     char *error = allocate(ERROR_BUFFER, 1);
     error[0] = '\0';
-    u->result.ok = cg_compile_kernel_cached_with_key(p->cache, &p->jobs[u->job], &p->keys[u->job],
-                                                     &u->result.compiled, &u->result.from_cache, error,
-                                                     ERROR_BUFFER);
+    u->result.ok =
+        cg_compile_kernel_cached_with_key(p->cache, &p->jobs[u->job], &p->keys[u->job], &u->result.compiled,
+                                          &u->result.from_cache, error, ERROR_BUFFER);
     if (u->result.ok) {
         free(error);
     } else {
@@ -160,21 +160,24 @@ size_t cg_compile_all(const cg_compile_request *jobs, size_t count, unsigned thr
     unsigned wanted = worker_count(threads, p.unique_count);
     pthread_t *workers = allocate(wanted, sizeof *workers);
     unsigned started = 0;
-    while (started < wanted && pthread_create(&workers[started], NULL, worker, &p) == 0) started++;
+    while (started < wanted && pthread_create(&workers[started], NULL, worker, &p) == 0)
+        started++;
     if (started == 0) worker(&p); /* no threads to be had: compile here, in order */
 
     /* Report progress from this thread until every job is done. */
     size_t reported = 0;
     pthread_mutex_lock(&p.lock);
     while (reported < count) {
-        while (p.jobs_done == reported) pthread_cond_wait(&p.progressed, &p.lock);
+        while (p.jobs_done == reported)
+            pthread_cond_wait(&p.progressed, &p.lock);
         reported = p.jobs_done;
         pthread_mutex_unlock(&p.lock);
         if (progress) progress(reported, count, progress_user);
         pthread_mutex_lock(&p.lock);
     }
     pthread_mutex_unlock(&p.lock);
-    for (unsigned i = 0; i < started; i++) pthread_join(workers[i], NULL);
+    for (unsigned i = 0; i < started; i++)
+        pthread_join(workers[i], NULL);
     free(workers);
 
     /* Hand results out in job order: copies first, then the original. */
@@ -186,11 +189,15 @@ size_t cg_compile_all(const cg_compile_request *jobs, size_t count, unsigned thr
         r->ok = u->result.ok;
         r->from_cache = u->result.from_cache;
         r->deduplicated = true;
-        if (r->ok) copy_compiled(&u->result.compiled, &r->compiled);
-        else r->error = copy_string(u->result.error);
+        if (r->ok)
+            copy_compiled(&u->result.compiled, &r->compiled);
+        else
+            r->error = copy_string(u->result.error);
     }
-    for (size_t i = 0; i < p.unique_count; i++) results[p.uniques[i].job] = p.uniques[i].result;
-    for (size_t i = 0; i < count; i++) failed += !results[i].ok;
+    for (size_t i = 0; i < p.unique_count; i++)
+        results[p.uniques[i].job] = p.uniques[i].result;
+    for (size_t i = 0; i < count; i++)
+        failed += !results[i].ok;
 
     pthread_cond_destroy(&p.progressed);
     pthread_mutex_destroy(&p.lock);

@@ -26,8 +26,8 @@ typedef void (*cg_progress_fn)(size_t done, size_t total, void *user);
 
 typedef struct cg_compile_result {
     bool ok;
-    bool from_cache;   /* the disk cache had it */
-    bool deduplicated; /* an identical earlier job was compiled instead */
+    bool from_cache;      /* the disk cache had it */
+    bool deduplicated;    /* an identical earlier job was compiled instead */
     cg_compiled compiled; /* valid when ok; each result owns its copy */
     char *error;          /* when !ok: the message (malloc'd), else NULL */
 } cg_compile_result;

@@ -131,7 +131,8 @@ static bool has_kernels_for(smelt_dtype t) {
 smelt_dtype cg_storage_dtype(const ir_module *m, ir_value_id v) {
     if (v >= m->value_count) SMELT_DIE("value %u out of range", v);
     smelt_dtype t = m->values[v].type.dtype;
-    if (!has_kernels_for(t)) SMELT_DIE("value %u has dtype %s, which check_value refuses", v, smelt_dtype_name(t));
+    if (!has_kernels_for(t))
+        SMELT_DIE("value %u has dtype %s, which check_value refuses", v, smelt_dtype_name(t));
     return t;
 }
 
@@ -183,10 +184,11 @@ static bool check_value(cg_emit *e, ir_value_id v, const char *role, uint32_t in
     }
     const ir_type *t = &e->m->values[v].type;
     if (!has_kernels_for(t->dtype)) {
-        diag_error(e->d, e->ir->loc,
-                   "codegen has no kernels for %s values yet (%s %u of '%s'); kernels exist for f32, bf16 and "
-                   "i32",
-                   smelt_dtype_name(t->dtype), role, index, info->name);
+        diag_error(
+            e->d, e->ir->loc,
+            "codegen has no kernels for %s values yet (%s %u of '%s'); kernels exist for f32, bf16 and "
+            "i32",
+            smelt_dtype_name(t->dtype), role, index, info->name);
         return false;
     }
     for (unsigned i = 0; i < t->rank; i++) {
@@ -796,7 +798,12 @@ bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_low
 
 bool cg_emit_op(const ir_module *m, uint32_t op, arena *a, cg_group_lowering *out, diag_engine *d) {
     const ir_op *o = &m->ops[op];
-    cg_group g = {.id = o->group, .op_count = 1, .ops = &op, .input_count = o->operand_count,
-                  .inputs = o->operands, .output_count = o->result_count, .outputs = o->results};
+    cg_group g = {.id = o->group,
+                  .op_count = 1,
+                  .ops = &op,
+                  .input_count = o->operand_count,
+                  .inputs = o->operands,
+                  .output_count = o->result_count,
+                  .outputs = o->results};
     return cg_emit_group(m, &g, a, out, d);
 }

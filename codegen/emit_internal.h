@@ -136,9 +136,9 @@ const char *cg_dtype_tag(cg_emit *e, const ir_value_id *values, uint32_t count);
 /* ---- kernel builder ----------------------------------------------------------------- */
 
 typedef struct cg_kernel_param {
-    const char *name; /* C name of the argument */
+    const char *name;  /* C name of the argument */
     smelt_dtype dtype; /* element type (pointers) */
-    bool is_const;    /* read only */
+    bool is_const;     /* read only */
 } cg_kernel_param;
 
 typedef struct cg_kernel_builder {

@@ -22,10 +22,10 @@ extern char **environ;
 
 enum {
     MAX_COMPILER_WORDS = 16,
-    OUTPUT_KEEP = 64 * 1024,         /* compiler output kept for messages */
-    ERROR_OUTPUT_LINES = 30,         /* lines of it quoted in an error */
-    HASH_CHUNK = 64 * 1024,          /* include files are hashed in pieces this big */
-    FILE_NAME_MAX = 64,              /* kernel names in #line are cut to this */
+    OUTPUT_KEEP = 64 * 1024, /* compiler output kept for messages */
+    ERROR_OUTPUT_LINES = 30, /* lines of it quoted in an error */
+    HASH_CHUNK = 64 * 1024,  /* include files are hashed in pieces this big */
+    FILE_NAME_MAX = 64,      /* kernel names in #line are cut to this */
 };
 #define OBJECT_MAX_BYTES ((uint64_t)1 << 30)
 
@@ -55,7 +55,8 @@ static void append_lines(char *error, size_t error_size, const char *text, int l
         used += n;
         text += length;
     }
-    while (used > 0 && error[used - 1] == '\n') used--;
+    while (used > 0 && error[used - 1] == '\n')
+        used--;
     error[used] = '\0';
 }
 
@@ -116,7 +117,8 @@ static bool split_compiler(const cg_host_build_request *req, compiler_command *c
     memcpy(c->text, from, length + 1);
     c->count = 0;
     for (char *p = c->text; *p;) {
-        while (*p == ' ' || *p == '\t') *p++ = '\0';
+        while (*p == ' ' || *p == '\t')
+            *p++ = '\0';
         if (!*p) break;
         if (c->count == MAX_COMPILER_WORDS) {
             set_error(error, error_size, "host compiler command '%.*s%s' has more than %d words",
@@ -125,7 +127,8 @@ static bool split_compiler(const cg_host_build_request *req, compiler_command *c
             return false;
         }
         c->words[c->count++] = p;
-        while (*p && *p != ' ' && *p != '\t') p++;
+        while (*p && *p != ' ' && *p != '\t')
+            p++;
     }
     if (c->count == 0) {
         set_error(error, error_size, "host compiler command is blank");
@@ -183,10 +186,14 @@ static bool run_capture(const char *const *argv, char **output, int *status) {
 }
 
 static void describe_status(int status, char *out, size_t size) {
-    if (status == -1) snprintf(out, size, "its status was lost");
-    else if (WIFEXITED(status)) snprintf(out, size, "exit status %d", WEXITSTATUS(status));
-    else if (WIFSIGNALED(status)) snprintf(out, size, "killed by signal %d", WTERMSIG(status));
-    else snprintf(out, size, "wait status %d", status);
+    if (status == -1)
+        snprintf(out, size, "its status was lost");
+    else if (WIFEXITED(status))
+        snprintf(out, size, "exit status %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(out, size, "killed by signal %d", WTERMSIG(status));
+    else
+        snprintf(out, size, "wait status %d", status);
 }
 
 /* ---- the cache key ------------------------------------------------------- */
@@ -234,7 +241,8 @@ static void hash_include_dir(cg_cache_hasher *h, const char *folder) {
         /* in fixed chunks, each fed with its length: the same file always
          * gives the same sequence */
         size_t n;
-        while (f && (n = fread(buffer, 1, HASH_CHUNK, f)) > 0) cg_cache_hash_bytes(h, buffer, n);
+        while (f && (n = fread(buffer, 1, HASH_CHUNK, f)) > 0)
+            cg_cache_hash_bytes(h, buffer, n);
         cg_cache_hash_u64(h, UINT64_MAX); /* end of file */
         if (f) fclose(f);
         free(path);
@@ -248,15 +256,19 @@ static cg_cache_key host_key(const cg_host_build_request *req, const compiler_co
                              const char *compiler_version) {
     cg_cache_hasher *h = cg_cache_hasher_begin(CG_CACHE_HOST_OBJECT);
     cg_cache_hash_u64(h, compiler->count);
-    for (size_t i = 0; i < compiler->count; i++) cg_cache_hash_string(h, compiler->words[i]);
+    for (size_t i = 0; i < compiler->count; i++)
+        cg_cache_hash_string(h, compiler->words[i]);
     cg_cache_hash_string(h, compiler_version);
     cg_cache_hash_u64(h, COUNT_OF(fixed_flags));
-    for (size_t i = 0; i < COUNT_OF(fixed_flags); i++) cg_cache_hash_string(h, fixed_flags[i]);
+    for (size_t i = 0; i < COUNT_OF(fixed_flags); i++)
+        cg_cache_hash_string(h, fixed_flags[i]);
     cg_cache_hash_u64(h, req->sanitize_address);
     cg_cache_hash_u64(h, req->extra_flag_count);
-    for (size_t i = 0; i < req->extra_flag_count; i++) cg_cache_hash_string(h, req->extra_flags[i]);
+    for (size_t i = 0; i < req->extra_flag_count; i++)
+        cg_cache_hash_string(h, req->extra_flags[i]);
     cg_cache_hash_u64(h, req->link_flag_count);
-    for (size_t i = 0; i < req->link_flag_count; i++) cg_cache_hash_string(h, req->link_flags[i]);
+    for (size_t i = 0; i < req->link_flag_count; i++)
+        cg_cache_hash_string(h, req->link_flags[i]);
     hash_include_dir(h, req->include_dir);
     cg_cache_hash_u64(h, req->header_count);
     for (size_t i = 0; i < req->header_count; i++) {
@@ -397,13 +409,17 @@ static bool build_in(const char *folder, const cg_host_build_request *req, const
         free(path);
     }
 
-    for (size_t i = 0; i < compiler->count; i++) argv[argc++] = compiler->words[i];
-    for (size_t i = 0; i < COUNT_OF(fixed_flags); i++) argv[argc++] = fixed_flags[i];
+    for (size_t i = 0; i < compiler->count; i++)
+        argv[argc++] = compiler->words[i];
+    for (size_t i = 0; i < COUNT_OF(fixed_flags); i++)
+        argv[argc++] = fixed_flags[i];
     argv[argc++] = owned[owned_count++] = format("-I%s", folder);
     if (req->include_dir) argv[argc++] = owned[owned_count++] = format("-I%s", req->include_dir);
     if (req->sanitize_address)
-        for (size_t i = 0; i < COUNT_OF(sanitizer_flags); i++) argv[argc++] = sanitizer_flags[i];
-    for (size_t i = 0; i < req->extra_flag_count; i++) argv[argc++] = req->extra_flags[i];
+        for (size_t i = 0; i < COUNT_OF(sanitizer_flags); i++)
+            argv[argc++] = sanitizer_flags[i];
+    for (size_t i = 0; i < req->extra_flag_count; i++)
+        argv[argc++] = req->extra_flags[i];
     char *object_path = owned[owned_count++] = format("%s/kernels.so", folder);
     argv[argc++] = "-o";
     argv[argc++] = object_path;
@@ -417,7 +433,8 @@ static bool build_in(const char *folder, const cg_host_build_request *req, const
         if (!ok) set_error(error, error_size, "host build: cannot write '%s': %s", path, strerror(errno));
         argv[argc++] = path;
     }
-    for (size_t i = 0; i < req->link_flag_count; i++) argv[argc++] = req->link_flags[i];
+    for (size_t i = 0; i < req->link_flag_count; i++)
+        argv[argc++] = req->link_flags[i];
     argv[argc] = NULL;
 
     if (ok) {
@@ -442,7 +459,8 @@ static bool build_in(const char *folder, const cg_host_build_request *req, const
         }
         free(output);
     }
-    for (size_t i = 0; i < owned_count; i++) free(owned[i]);
+    for (size_t i = 0; i < owned_count; i++)
+        free(owned[i]);
     free(owned);
     free(argv);
     return ok;

@@ -44,19 +44,23 @@ static void *allocate(size_t size) {
 /* ---- little-endian fields ----------------------------------------------- */
 
 static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
 static void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
 static uint32_t get_u32(const uint8_t *p) {
     uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    for (int i = 0; i < 4; i++)
+        v |= (uint32_t)p[i] << (8 * i);
     return v;
 }
 static uint64_t get_u64(const uint8_t *p) {
     uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
     return v;
 }
 
@@ -124,7 +128,8 @@ cg_cache_key cg_kernel_cache_key(const cg_compile_request *req) {
     cg_fixed_options fixed;
     cg_nvrtc_fixed_options(req, &fixed);
     cg_cache_hash_u64(h, fixed.count + req->extra_option_count);
-    for (size_t i = 0; i < fixed.count; i++) cg_cache_hash_string(h, fixed.options[i]);
+    for (size_t i = 0; i < fixed.count; i++)
+        cg_cache_hash_string(h, fixed.options[i]);
     for (size_t i = 0; i < req->extra_option_count; i++)
         cg_cache_hash_string(h, req->extra_options ? req->extra_options[i] : NULL);
     /* With -lineinfo the program name ("<kernel>.cu") is written into the
@@ -317,8 +322,10 @@ static bool load_entry(cg_cache *cache, const cg_cache_key *key, cg_cache_kind k
 
 static void count_lookup(cg_cache *cache, bool hit, bool rejected) {
     pthread_mutex_lock(&cache->lock);
-    if (hit) cache->stats.hits++;
-    else cache->stats.misses++;
+    if (hit)
+        cache->stats.hits++;
+    else
+        cache->stats.misses++;
     if (rejected) cache->stats.rejected_entries++;
     pthread_mutex_unlock(&cache->lock);
 }

@@ -49,9 +49,9 @@ typedef struct cg_cache_key {
 typedef struct cg_cache_stats {
     uint64_t hits;
     uint64_t misses;
-    uint64_t stores;            /* entries written */
-    uint64_t store_failures;    /* entries that could not be written */
-    uint64_t rejected_entries;  /* corrupt, truncated or mismatched files ignored */
+    uint64_t stores;           /* entries written */
+    uint64_t store_failures;   /* entries that could not be written */
+    uint64_t rejected_entries; /* corrupt, truncated or mismatched files ignored */
 } cg_cache_stats;
 
 typedef struct cg_cache cg_cache;

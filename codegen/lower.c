@@ -32,10 +32,13 @@ static bool check_lowered(const ir_module *m, diag_engine *d) {
             scheduled = op->group != IR_NONE && op->step != IR_NONE;
     }
     if (m->precision && m->planned_tokens > 0 && scheduled) return true;
-    diag_error(d, SMELT_NO_LOC,
-               "codegen renders a lowered module: run the passes precision, fuse, schedule and plan-memory first "
-               "(the module lacks %s)",
-               !m->precision ? "storage dtypes" : !scheduled ? "kernel groups or launch steps" : "a memory plan");
+    diag_error(
+        d, SMELT_NO_LOC,
+        "codegen renders a lowered module: run the passes precision, fuse, schedule and plan-memory first "
+        "(the module lacks %s)",
+        !m->precision ? "storage dtypes"
+        : !scheduled  ? "kernel groups or launch steps"
+                      : "a memory plan");
     return false;
 }
 
@@ -66,7 +69,8 @@ static bool collect_groups(lowering_state *s) {
         const ir_op *op = &m->ops[i];
         if (op->dead) continue;
         for (uint32_t j = 0; j < op->operand_count; j++)
-            if (op->group == IR_NONE || group_of_value[op->operands[j]] != op->group) reads[op->operands[j]]++;
+            if (op->group == IR_NONE || group_of_value[op->operands[j]] != op->group)
+                reads[op->operands[j]]++;
     }
     for (uint32_t g = 0; g < s->step_count; g++) {
         cg_group *group = &s->groups[g];
@@ -102,7 +106,8 @@ static bool collect_groups(lowering_state *s) {
                 if (!seen) in[group->input_count++] = v;
             }
             for (uint32_t r = 0; r < op->result_count; r++)
-                if (reads[op->results[r]] > 0 || group->op_count == 1) out[group->output_count++] = op->results[r];
+                if (reads[op->results[r]] > 0 || group->op_count == 1)
+                    out[group->output_count++] = op->results[r];
         }
         group->inputs = in;
         group->outputs = out;
@@ -174,8 +179,10 @@ static prog_affine rows_of(int32_t token_symbol, const ir_type *t) {
     int64_t rows = 1;
     bool tokens = false;
     for (unsigned i = 0; i + 1 < t->rank; i++) {
-        if (t->dims[i].symbol == token_symbol) tokens = true;
-        else rows *= t->dims[i].size;
+        if (t->dims[i].symbol == token_symbol)
+            tokens = true;
+        else
+            rows *= t->dims[i].size;
     }
     return tokens ? (prog_affine){rows, 0, 1} : (prog_affine){0, rows, 1};
 }
@@ -201,7 +208,8 @@ static bool build_gemm(lowering_state *s, uint32_t i, prog_instr *instr) {
         g->dtype_bias = cg_storage_dtype(m, op->operands[2]);
         ok = ok && value_ref(s, op->operands[2], &g->bias);
     }
-    if (!ok) diag_error(s->d, op->loc, "matmul: an operand has no buffer (a constant cannot be a matmul operand)");
+    if (!ok)
+        diag_error(s->d, op->loc, "matmul: an operand has no buffer (a constant cannot be a matmul operand)");
     return ok;
 }
 
@@ -223,8 +231,8 @@ static bool build_launch(lowering_state *s, uint32_t g, const cg_kernel *k, prog
         case CG_PARAM_VALUE:
             arg->kind = PROG_ARG_POINTER;
             if (!value_ref(s, param->value, &arg->ref)) {
-                diag_error(s->d, s->m->ops[s->groups[g].ops[0]].loc, "%s: operand %%%u has no buffer", k->name,
-                           param->value);
+                diag_error(s->d, s->m->ops[s->groups[g].ops[0]].loc, "%s: operand %%%u has no buffer",
+                           k->name, param->value);
                 return false;
             }
             break;
@@ -320,7 +328,8 @@ static bool bind_interface(lowering_state *s) {
     ir_value_id ids = ir_role_value(m, IR_ROLE_IDS), pos = ir_role_value(m, IR_ROLE_POS);
     ir_value_id logits = ir_role_value(m, IR_ROLE_LOGITS);
     if (ids == IR_NO_VALUE || pos == IR_NO_VALUE || logits == IR_NO_VALUE) {
-        diag_error(s->d, SMELT_NO_LOC, "codegen needs inputs 'ids' and 'pos' and an output 'logits'; the model lacks %s",
+        diag_error(s->d, SMELT_NO_LOC,
+                   "codegen needs inputs 'ids' and 'pos' and an output 'logits'; the model lacks %s",
                    ir_role_info_of(ids == IR_NO_VALUE   ? IR_ROLE_IDS
                                    : pos == IR_NO_VALUE ? IR_ROLE_POS
                                                         : IR_ROLE_LOGITS)
@@ -340,7 +349,8 @@ static bool bind_interface(lowering_state *s) {
     }
     p->vocab = (uint64_t)out->dims[out->rank - 1].size;
     find_input_bounds(s, ids);
-    if (!value_ref(s, ids, &p->input_ids) || !value_ref(s, pos, &p->input_pos) || !value_ref(s, logits, &p->logits)) {
+    if (!value_ref(s, ids, &p->input_ids) || !value_ref(s, pos, &p->input_pos) ||
+        !value_ref(s, logits, &p->logits)) {
         diag_error(s->d, m->ops[logits_op].loc, "the model interface has a value without a buffer");
         return false;
     }

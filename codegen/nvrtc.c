@@ -32,7 +32,7 @@
 #endif
 
 enum {
-    ARCH_MIN = 10,            /* sm_10 .. sm_999: anything else is not an arch number */
+    ARCH_MIN = 10, /* sm_10 .. sm_999: anything else is not an arch number */
     ARCH_MAX = 999,
     ERROR_LOG_LINES = 24,     /* lines of NVRTC's log quoted in a compile error */
     MAX_EXTRA_OPTIONS = 1024, /* a sanity bound, far above any real use */
@@ -86,7 +86,8 @@ static uint32_t saturating_add(uint32_t a, uint32_t b) { return a > UINT32_MAX -
 
 /* The number that starts `s` (after blanks); *end is set past it. */
 static bool read_number(const char *s, const char **end, uint32_t *value) {
-    while (*s == ' ' || *s == '\t') s++;
+    while (*s == ' ' || *s == '\t')
+        s++;
     if (*s < '0' || *s > '9') return false;
     uint64_t v = 0;
     while (*s >= '0' && *s <= '9') {
@@ -109,19 +110,25 @@ typedef struct resource_sink {
 /* Applies one comma-separated item ("Used 40 registers", "1024 bytes smem",
  * "372 bytes cmem[0]", "0 bytes spill stores", ...) of the line [s, end). */
 static void apply_item(const char *s, const char *end, resource_sink sink) {
-    while (s < end && (*s == ' ' || *s == '\t')) s++;
-    if (starts_with(s, "Used ")) s += 5;
-    else if (starts_with(s, "used ")) s += 5;
+    while (s < end && (*s == ' ' || *s == '\t'))
+        s++;
+    if (starts_with(s, "Used "))
+        s += 5;
+    else if (starts_with(s, "used "))
+        s += 5;
     uint32_t value;
     const char *unit;
     if (!read_number(s, &unit, &value) || unit >= end) return;
-    while (unit < end && *unit == ' ') unit++;
+    while (unit < end && *unit == ' ')
+        unit++;
     size_t length = (size_t)(end - unit);
 #define UNIT_IS(text) (length >= sizeof(text) - 1 && strncmp(unit, text, sizeof(text) - 1) == 0)
     cg_kernel_resources *k = sink.kernel;
     if (UNIT_IS("bytes cmem[")) {
-        if (k) k->constant_bytes = saturating_add(k->constant_bytes, value);
-        else sink.report->module_constant_bytes = saturating_add(sink.report->module_constant_bytes, value);
+        if (k)
+            k->constant_bytes = saturating_add(k->constant_bytes, value);
+        else
+            sink.report->module_constant_bytes = saturating_add(sink.report->module_constant_bytes, value);
     } else if (UNIT_IS("bytes gmem")) {
         sink.report->global_bytes = saturating_add(sink.report->global_bytes, value);
     } else if (!k) {
@@ -191,7 +198,7 @@ static cg_kernel_resources *add_kernel(cg_resource_report *r, const char *name, 
 void cg_parse_ptxas_log(const char *log, cg_resource_report *out) {
     memset(out, 0, sizeof *out);
     if (!log) return;
-    size_t current = SIZE_MAX; /* kernel being compiled (an index: the array moves) */
+    size_t current = SIZE_MAX;           /* kernel being compiled (an index: the array moves) */
     bool properties_are_current = false; /* the next stack-frame line is that kernel's */
     for (const char *line = log; *line;) {
         const char *end = strchr(line, '\n');
@@ -211,7 +218,8 @@ void cg_parse_ptxas_log(const char *log, cg_resource_report *out) {
         } else if ((name = find_in_line(line, end, "Function properties for "))) {
             name += strlen("Function properties for ");
             size_t length = (size_t)(end - name);
-            while (length && (name[length - 1] == ' ' || name[length - 1] == '\r')) length--;
+            while (length && (name[length - 1] == ' ' || name[length - 1] == '\r'))
+                length--;
             properties_are_current = current != SIZE_MAX && strlen(out->kernels[current].name) == length &&
                                      memcmp(out->kernels[current].name, name, length) == 0;
         } else if (find_in_line(line, end, "bytes stack frame")) {
@@ -228,7 +236,8 @@ void cg_parse_ptxas_log(const char *log, cg_resource_report *out) {
 }
 
 void cg_resource_report_free(cg_resource_report *r) {
-    for (size_t i = 0; i < r->kernel_count; i++) free(r->kernels[i].name);
+    for (size_t i = 0; i < r->kernel_count; i++)
+        free(r->kernels[i].name);
     free(r->kernels);
     memset(r, 0, sizeof *r);
 }
@@ -361,7 +370,8 @@ static void set_compile_error(char *error, size_t error_size, const cg_compile_r
         used += n;
         p += length;
     }
-    while (used > 0 && error[used - 1] == '\n') used--;
+    while (used > 0 && error[used - 1] == '\n')
+        used--;
     error[used] = '\0';
 }
 
@@ -384,9 +394,8 @@ bool cg_compile_kernel(const cg_compile_request *req, cg_compiled *out, char *er
         describe_supported_archs(archs, sizeof archs);
         int major = 0, minor = 0;
         cg_nvrtc_version(&major, &minor);
-        set_error(error, error_size,
-                  "kernel '%.*s%s': NVRTC %d.%d cannot compile for sm_%d (it supports %s)", DIAG_NAME(label),
-                  major, minor, req->arch, archs);
+        set_error(error, error_size, "kernel '%.*s%s': NVRTC %d.%d cannot compile for sm_%d (it supports %s)",
+                  DIAG_NAME(label), major, minor, req->arch, archs);
         return false;
     }
 
@@ -417,7 +426,8 @@ bool cg_compile_kernel(const cg_compile_request *req, cg_compiled *out, char *er
     size_t option_count = fixed.count + req->extra_option_count;
     const char **options = allocate(option_count * sizeof *options);
     memcpy(options, fixed.options, fixed.count * sizeof *options);
-    for (size_t i = 0; i < req->extra_option_count; i++) options[fixed.count + i] = req->extra_options[i];
+    for (size_t i = 0; i < req->extra_option_count; i++)
+        options[fixed.count + i] = req->extra_options[i];
     result = nvrtcCompileProgram(program, (int)option_count, options);
     free(options);
 

@@ -38,10 +38,10 @@ typedef struct cg_compile_request {
     const char *kernel_name; /* for messages and the NVRTC program name; may be NULL */
     const cg_header *headers;
     size_t header_count;
-    int arch;        /* compute capability as one number: 80 = sm_80, 90 = sm_90 */
-    bool want_cubin; /* machine code for sm_<arch> */
-    bool want_ptx;   /* PTX; alone it compiles for the virtual compute_<arch> */
-    bool line_info;  /* -lineinfo (source lines in profilers); off by default */
+    int arch;                         /* compute capability as one number: 80 = sm_80, 90 = sm_90 */
+    bool want_cubin;                  /* machine code for sm_<arch> */
+    bool want_ptx;                    /* PTX; alone it compiles for the virtual compute_<arch> */
+    bool line_info;                   /* -lineinfo (source lines in profilers); off by default */
     const char *const *extra_options; /* appended after the fixed options */
     size_t extra_option_count;
 } cg_compile_request;
@@ -70,7 +70,7 @@ typedef struct cg_resource_report {
 typedef struct cg_compiled {
     uint8_t *cubin; /* NULL unless want_cubin */
     size_t cubin_size;
-    char *ptx; /* NUL-terminated; NULL unless want_ptx */
+    char *ptx;       /* NUL-terminated; NULL unless want_ptx */
     size_t ptx_size; /* without the NUL */
     char *log;       /* NVRTC's program log, NUL-terminated (may be "") */
     cg_resource_report resources;

@@ -28,8 +28,8 @@ typedef struct drv_lowering {
 /* The model source through the frontend and every pass, lowered with `l`:
  * what compiling and running a source start from. *m is initialised
  * whatever the result. */
-bool drv_source_load(const char *path, const drv_source_options *o, const drv_lowering *l, const char *print_after,
-                     ir_module *m, diag_engine *d);
+bool drv_source_load(const char *path, const drv_source_options *o, const drv_lowering *l,
+                     const char *print_after, ir_module *m, diag_engine *d);
 /* Runs the passes of the pipeline up to and including `after` ("all": every
  * pass), or (after NULL) the comma-separated `names` (NULL: none), printing
  * the IR after the passes named by print_after to stderr. The one place the

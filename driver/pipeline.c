@@ -40,7 +40,7 @@ bool drv_source_parse(const char *path, const drv_source_options *o, ir_module *
     return fe_load_model(path, &options, d, m);
 }
 
-bool drv_source_load(const char *path, const drv_source_options *o, const drv_lowering *l, const char *print_after,
-                     ir_module *m, diag_engine *d) {
+bool drv_source_load(const char *path, const drv_source_options *o, const drv_lowering *l,
+                     const char *print_after, ir_module *m, diag_engine *d) {
     return drv_source_parse(path, o, m, d) && drv_run_passes(m, "all", NULL, l, print_after, d);
 }

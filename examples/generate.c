@@ -69,8 +69,9 @@ int main(int argc, char **argv) {
     }
     smelt_stats stats;
     smelt_engine_stats(engine, &stats);
-    fprintf(stderr, "generate: %zu tokens on %s; prefill %.1f tokens/s, decode %.1f tokens/s\n", result.token_count,
-            smelt_engine_device_name(engine), stats.prefill_tokens_per_second, stats.decode_tokens_per_second);
+    fprintf(stderr, "generate: %zu tokens on %s; prefill %.1f tokens/s, decode %.1f tokens/s\n",
+            result.token_count, smelt_engine_device_name(engine), stats.prefill_tokens_per_second,
+            stats.decode_tokens_per_second);
     smelt_engine_destroy(engine);
     return 0;
 }

@@ -48,10 +48,21 @@ typedef enum ast_expr_kind {
 } ast_expr_kind;
 
 typedef enum ast_operator {
-    AST_OP_NEG, AST_OP_NOT,
-    AST_OP_ADD, AST_OP_SUB, AST_OP_MUL, AST_OP_DIV, AST_OP_MOD,
-    AST_OP_EQ, AST_OP_NE, AST_OP_LT, AST_OP_LE, AST_OP_GT, AST_OP_GE,
-    AST_OP_AND, AST_OP_OR,
+    AST_OP_NEG,
+    AST_OP_NOT,
+    AST_OP_ADD,
+    AST_OP_SUB,
+    AST_OP_MUL,
+    AST_OP_DIV,
+    AST_OP_MOD,
+    AST_OP_EQ,
+    AST_OP_NE,
+    AST_OP_LT,
+    AST_OP_LE,
+    AST_OP_GT,
+    AST_OP_GE,
+    AST_OP_AND,
+    AST_OP_OR,
 } ast_operator;
 
 /* Text of an operator as written in the DSL ("-", "!", "+", "==", "&&", ...). */
@@ -138,9 +149,9 @@ struct ast_stmt {
             ast_type type;
         } input;
         struct {
-            const char *name;      /* the variable */
+            const char *name; /* the variable */
             ast_type type;
-            const char *hf_name;   /* template: {var} is replaced by a loop variable's value */
+            const char *hf_name; /* template: {var} is replaced by a loop variable's value */
             smelt_loc hf_name_loc;
             const char *stack_var; /* NULL, or the template variable dim 0 indexes */
         } weight;
@@ -184,16 +195,13 @@ void ast_model_free(ast_model *model);
  * (the model may then be partly filled and must still be freed). */
 bool fe_parse_dsl(const char *path, diag_engine *d, ast_model *out);
 /* The same from text in memory; `path` is used for diagnostics. */
-bool fe_parse_dsl_text(const char *path, const char *text, size_t length, diag_engine *d,
-                       ast_model *out);
+bool fe_parse_dsl_text(const char *path, const char *text, size_t length, diag_engine *d, ast_model *out);
 /* Debugging aid (and the lexer's tests): writes the DSL token stream of
  * `text` to `out`, one token a line as the parser sees it ("2:3 name x",
  * "2:5 '='", "2:7 integer 42", "2:9 end of line"), up to "end of file".
  * Reports lexical errors to `d`; false on any. */
-bool fe_dump_dsl_tokens(const char *path, const char *text, size_t length, diag_engine *d,
-                        FILE *out);
+bool fe_dump_dsl_tokens(const char *path, const char *text, size_t length, diag_engine *d, FILE *out);
 bool fe_parse_json(const char *path, diag_engine *d, ast_model *out);
-bool fe_parse_json_text(const char *path, const char *text, size_t length, diag_engine *d,
-                        ast_model *out);
+bool fe_parse_json_text(const char *path, const char *text, size_t length, diag_engine *d, ast_model *out);
 
 #endif

@@ -19,7 +19,7 @@
 /* Guards against models that would hang or exhaust memory. */
 enum {
     FE_MAX_LOOP_ITERATIONS = 1000000,
-    FE_MAX_OPS = 1000000, /* Llama-3-70B has ~2,500; a runaway loop hits this in ~1 s */
+    FE_MAX_OPS = 1000000,  /* Llama-3-70B has ~2,500; a runaway loop hits this in ~1 s */
     FE_MAX_NESTING = 1000, /* statements and expressions, together */
 };
 /* Statements and expression nodes evaluated, over all loop iterations. */

@@ -329,7 +329,8 @@ static fe_value build_op(fe_elaborator *el, const ast_expr *call, const ir_op_in
             SMELT_DIE("op '%s' refused its attribute '%s'", info->name, info->attrs[slot].name);
     }
     ir_op_fill_defaults(m, op);
-    if (info->kind == IR_OP_CONST) m->values[ir_op_result(m, op, 0)].type = (ir_type){.dtype = SMELT_DTYPE_F32};
+    if (info->kind == IR_OP_CONST)
+        m->values[ir_op_result(m, op, 0)].type = (ir_type){.dtype = SMELT_DTYPE_F32};
 
     const ir_op *built = ir_op_at(m, op);
     if (built->result_count == 1) return (fe_value){.kind = FE_VALUE_TENSOR, .as.tensor = built->results[0]};

@@ -59,8 +59,7 @@ void *arena_array(arena *a, size_t count, size_t elem_size) {
     return arena_alloc(a, (size_t)bytes);
 }
 
-void *arena_grow(arena *a, const void *old, size_t old_count, size_t new_count,
-                 size_t elem_size) {
+void *arena_grow(arena *a, const void *old, size_t old_count, size_t new_count, size_t elem_size) {
     void *p = arena_array(a, new_count, elem_size);
     if (old && old_count) memcpy(p, old, old_count * elem_size);
     return p;

@@ -13,8 +13,8 @@
 typedef struct arena_chunk arena_chunk;
 
 typedef struct arena {
-    arena_chunk *head;   /* most recent chunk; older ones follow ->next */
-    size_t bytes_used;   /* total bytes handed out, for statistics */
+    arena_chunk *head; /* most recent chunk; older ones follow ->next */
+    size_t bytes_used; /* total bytes handed out, for statistics */
 } arena;
 
 void arena_init(arena *a);
@@ -26,12 +26,10 @@ void *arena_alloc(arena *a, size_t size);
 void *arena_array(arena *a, size_t count, size_t elem_size);
 /* Grows an arena array: returns a new array of new_count elements holding
  * the first old_count elements of old (which is left in place). */
-void *arena_grow(arena *a, const void *old, size_t old_count, size_t new_count,
-                 size_t elem_size);
+void *arena_grow(arena *a, const void *old, size_t old_count, size_t new_count, size_t elem_size);
 char *arena_strdup(arena *a, const char *s);
 char *arena_strndup(arena *a, const char *s, size_t n);
-char *arena_printf(arena *a, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+char *arena_printf(arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Broken invariant of our own: print file:line and message, abort. */
 _Noreturn void smelt_die(const char *file, int line, const char *fmt, ...)

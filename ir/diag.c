@@ -88,7 +88,11 @@ static void load_text(diag_file *f) {
     while ((n = fread(text + length, 1, capacity - length, fp)) > 0) {
         length += n;
         if (length == capacity) {
-            if (capacity >= DIAG_MAX_SOURCE_BYTES) { free(text); fclose(fp); return; }
+            if (capacity >= DIAG_MAX_SOURCE_BYTES) {
+                free(text);
+                fclose(fp);
+                return;
+            }
             capacity *= 2;
             char *grown = realloc(text, capacity);
             if (!grown) SMELT_DIE("out of memory");
@@ -118,8 +122,7 @@ static void print_caret(FILE *out, diag_file *f, uint32_t line, uint32_t col) {
     size_t caret = col > 0 ? col - 1 : 0;
     if (caret > length) caret = length;
     size_t start = 0;
-    if (caret > DIAG_LINE_WINDOW / 2 && length > DIAG_LINE_WINDOW)
-        start = caret - DIAG_LINE_WINDOW / 2;
+    if (caret > DIAG_LINE_WINDOW / 2 && length > DIAG_LINE_WINDOW) start = caret - DIAG_LINE_WINDOW / 2;
     size_t stop = start + DIAG_LINE_WINDOW < length ? start + DIAG_LINE_WINDOW : length;
     const char *lead = start > 0 ? "..." : "";
     fprintf(out, "%5u | %s", line, lead);
@@ -129,7 +132,8 @@ static void print_caret(FILE *out, diag_file *f, uint32_t line, uint32_t col) {
     }
     fprintf(out, "%s\n      | %s", stop < length ? "..." : "", lead);
     if (col > 0) {
-        for (size_t i = start; i < caret; i++) fputc(p[i] == '\t' ? '\t' : ' ', out);
+        for (size_t i = start; i < caret; i++)
+            fputc(p[i] == '\t' ? '\t' : ' ', out);
         fputc('^', out);
     }
     fputc('\n', out);

@@ -31,7 +31,7 @@ typedef enum diag_severity { DIAG_ERROR, DIAG_WARNING, DIAG_NOTE } diag_severity
 
 typedef struct diag_file {
     char *path;
-    char *text;   /* owned copy, or NULL when not (yet) loaded */
+    char *text; /* owned copy, or NULL when not (yet) loaded */
     size_t length;
     bool load_tried;
 } diag_file;
@@ -39,11 +39,11 @@ typedef struct diag_file {
 typedef struct diag_engine {
     diag_file *files;
     uint32_t file_count, file_capacity;
-    FILE *out;            /* where diagnostics go; stderr by default */
+    FILE *out; /* where diagnostics go; stderr by default */
     unsigned error_count;
     unsigned warning_count;
-    unsigned max_errors;  /* 0 = unlimited */
-    bool stopped;         /* max_errors reached */
+    unsigned max_errors; /* 0 = unlimited */
+    bool stopped;        /* max_errors reached */
 } diag_engine;
 
 void diag_init(diag_engine *d, FILE *out);

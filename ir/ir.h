@@ -232,8 +232,8 @@ int32_t ir_find_symbol(const ir_module *m, const char *name); /* -1: none */
 /* Appends an op with `result_count` fresh results of unknown type (pass
  * UINT32_MAX to take the count from the op table); returns its index.
  * Attributes start absent; see ir_op_fill_defaults. */
-uint32_t ir_append_op(ir_module *m, ir_op_kind kind, const ir_value_id *operands,
-                      uint32_t operand_count, uint32_t result_count, smelt_loc loc);
+uint32_t ir_append_op(ir_module *m, ir_op_kind kind, const ir_value_id *operands, uint32_t operand_count,
+                      uint32_t result_count, smelt_loc loc);
 /* Inserts before op index `before` (shifting later ops); returns its index. */
 uint32_t ir_insert_op(ir_module *m, uint32_t before, ir_op_kind kind, const ir_value_id *operands,
                       uint32_t operand_count, uint32_t result_count, smelt_loc loc);

@@ -17,13 +17,13 @@ void ir_module_free(ir_module *m) {
 }
 
 /* Grows an arena-held array to hold one more element. */
-#define GROW(m, array, count, capacity)                                                            \
-    do {                                                                                           \
-        if ((count) == (capacity)) {                                                               \
-            uint32_t grown = (capacity) ? (capacity) * 2 : 16;                                     \
-            (array) = arena_grow(&(m)->arena, (array), (count), grown, sizeof *(array));           \
-            (capacity) = grown;                                                                    \
-        }                                                                                          \
+#define GROW(m, array, count, capacity)                                                                      \
+    do {                                                                                                     \
+        if ((count) == (capacity)) {                                                                         \
+            uint32_t grown = (capacity) ? (capacity)*2 : 16;                                                 \
+            (array) = arena_grow(&(m)->arena, (array), (count), grown, sizeof *(array));                     \
+            (capacity) = grown;                                                                              \
+        }                                                                                                    \
     } while (0)
 
 ir_param *ir_add_param(ir_module *m, const char *name, ir_param_type type) {
@@ -49,9 +49,7 @@ int32_t ir_find_symbol(const ir_module *m, const char *name) {
     return -1;
 }
 
-const ir_op_info *ir_op_info_at(const ir_module *m, uint32_t op) {
-    return ir_op_info_of(m->ops[op].kind);
-}
+const ir_op_info *ir_op_info_at(const ir_module *m, uint32_t op) { return ir_op_info_of(m->ops[op].kind); }
 
 static ir_value_id new_value(ir_module *m, uint32_t def_op, uint32_t result_index) {
     GROW(m, m->values, m->value_count, m->value_capacity);
@@ -88,12 +86,13 @@ uint32_t ir_insert_op(ir_module *m, uint32_t before, ir_op_kind kind, const ir_v
     op->attrs = arena_array(&m->arena, info->attr_count ? info->attr_count : 1, sizeof(ir_attr));
     op->result_count = result_count;
     op->results = arena_array(&m->arena, result_count ? result_count : 1, sizeof(ir_value_id));
-    for (uint32_t i = 0; i < result_count; i++) op->results[i] = new_value(m, before, i);
+    for (uint32_t i = 0; i < result_count; i++)
+        op->results[i] = new_value(m, before, i);
     return before;
 }
 
-uint32_t ir_append_op(ir_module *m, ir_op_kind kind, const ir_value_id *operands,
-                      uint32_t operand_count, uint32_t result_count, smelt_loc loc) {
+uint32_t ir_append_op(ir_module *m, ir_op_kind kind, const ir_value_id *operands, uint32_t operand_count,
+                      uint32_t result_count, smelt_loc loc) {
     return ir_insert_op(m, m->op_count, kind, operands, operand_count, result_count, loc);
 }
 
@@ -142,8 +141,7 @@ bool ir_op_set_string(ir_module *m, uint32_t op, const char *name, const char *v
     return ir_op_set_attr(m, op, name, &(ir_attr){.kind = IR_ATTR_STRING, .as.s = v});
 }
 
-static const ir_attr *required_attr(const ir_module *m, uint32_t op, const char *name,
-                                    ir_attr_kind kind) {
+static const ir_attr *required_attr(const ir_module *m, uint32_t op, const char *name, ir_attr_kind kind) {
     const ir_attr *a = ir_op_attr(m, op, name);
     if (!a || a->kind != kind)
         SMELT_DIE("op %u (%s) has no %s attribute '%s'", op, ir_op_info_at(m, op)->name,
@@ -172,7 +170,8 @@ static ir_attr parse_default(const ir_attr_schema *s) {
     case IR_ATTR_FLOAT: a.as.f = strtod(t, NULL); break;
     case IR_ATTR_BOOL: a.as.b = strcmp(t, "true") == 0; break;
     case IR_ATTR_STRING: a.as.s = t; break; /* quotes stripped by the caller */
-    default: SMELT_DIE("attribute '%s' of kind %s cannot have a default", s->name, ir_attr_kind_name(s->kind));
+    default:
+        SMELT_DIE("attribute '%s' of kind %s cannot have a default", s->name, ir_attr_kind_name(s->kind));
     }
     return a;
 }
@@ -243,7 +242,8 @@ bool ir_type_max_elements(const ir_module *m, const ir_type *t, uint64_t *out) {
     uint64_t n = 1;
     for (unsigned i = 0; i < t->rank; i++) {
         ir_dim d = t->dims[i];
-        int64_t size = d.symbol >= 0 && (uint32_t)d.symbol < m->symbol_count ? m->symbols[d.symbol].bound : d.size;
+        int64_t size =
+            d.symbol >= 0 && (uint32_t)d.symbol < m->symbol_count ? m->symbols[d.symbol].bound : d.size;
         if (size < 0 || size_mul_overflow(n, (uint64_t)size, &n)) return false;
     }
     *out = n;

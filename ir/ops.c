@@ -5,15 +5,19 @@
 
 /* One attribute-schema array per op. */
 #define A(name, kind, def, choices) {#name, IR_ATTR_##kind, def, choices},
-#define ATTRS(...) {__VA_ARGS__ {NULL, IR_ATTR_NONE, NULL, NULL}}
+#define ATTRS(...)                                                                                           \
+    {                                                                                                        \
+        __VA_ARGS__ { NULL, IR_ATTR_NONE, NULL, NULL }                                                       \
+    }
 #define OP(e, name, mn, mx, nres, flags, family, attrs) static const ir_attr_schema attrs_##e[] = attrs;
 #include "ops.def"
 #undef OP
 #undef ATTRS
 
-#define OP(e, name, mn, mx, nres, flags, family, attrs)                                          \
-    {IR_OP_##e, #name, mn, mx, nres, flags, #family, attrs_##e,                                    \
-     (uint32_t)(sizeof attrs_##e / sizeof attrs_##e[0] - 1)},
+#define OP(e, name, mn, mx, nres, flags, family, attrs)                                                      \
+    {IR_OP_##e, #name,     mn,                                                                               \
+     mx,        nres,      flags,                                                                            \
+     #family,   attrs_##e, (uint32_t)(sizeof attrs_##e / sizeof attrs_##e[0] - 1)},
 static const ir_op_info op_table[] = {
 #include "ops.def"
 };

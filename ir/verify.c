@@ -368,7 +368,8 @@ static void check_lowering(verifier *v) {
     int32_t tokens = -1; /* the symbol sized at planned_tokens: dim 0 of the first symbolic input */
     for (uint32_t i = 0; i < m->op_count && tokens < 0; i++) {
         const ir_op *op = &m->ops[i];
-        if (!op->dead && op->kind == IR_OP_INPUT && op->result_count == 1 && op->results[0] < m->value_count) {
+        if (!op->dead && op->kind == IR_OP_INPUT && op->result_count == 1 &&
+            op->results[0] < m->value_count) {
             const ir_type *t = &m->values[op->results[0]].type;
             if (t->rank >= 1 && ir_dim_is_symbol(t->dims[0])) tokens = t->dims[0].symbol;
         }
@@ -376,7 +377,8 @@ static void check_lowering(verifier *v) {
     for (uint32_t i = 0; i < m->op_count && !diag_should_stop(v->d); i++) {
         const ir_op *op = &m->ops[i];
         if (op->dead) continue;
-        if (op->step != IR_NONE && op->group == IR_NONE) violation(v, op, "a launch step without a kernel group");
+        if (op->step != IR_NONE && op->group == IR_NONE)
+            violation(v, op, "a launch step without a kernel group");
         for (uint32_t r = 0; r < op->result_count; r++) {
             if (op->results[r] >= m->value_count) continue;
             const ir_value *value = &m->values[op->results[r]];
@@ -389,14 +391,15 @@ static void check_lowering(verifier *v) {
             bool sized = true;
             for (unsigned k = 0; k < value->type.rank && sized; k++) {
                 ir_dim dim = value->type.dims[k];
-                int64_t size = !ir_dim_is_symbol(dim)                      ? dim.size
-                               : dim.symbol == tokens                      ? m->planned_tokens
+                int64_t size = !ir_dim_is_symbol(dim)                   ? dim.size
+                               : dim.symbol == tokens                   ? m->planned_tokens
                                : (uint32_t)dim.symbol < m->symbol_count ? m->symbols[dim.symbol].bound
-                                                                            : -1;
+                                                                        : -1;
                 sized = size >= 0 && !size_mul_overflow(elements, (uint64_t)size, &elements);
             }
             sized = sized && smelt_dtype_storage_bytes(value->type.dtype, elements, &bytes);
-            if (sized && (value->buffer.offset > m->arena_bytes || bytes > m->arena_bytes - value->buffer.offset))
+            if (sized &&
+                (value->buffer.offset > m->arena_bytes || bytes > m->arena_bytes - value->buffer.offset))
                 violation(v, op, "result %u at arena(%llu), %llu bytes, ends past the arena's %llu bytes", r,
                           (unsigned long long)value->buffer.offset, (unsigned long long)bytes,
                           (unsigned long long)m->arena_bytes);

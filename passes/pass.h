@@ -75,9 +75,9 @@ bool pass_run_list(ir_module *m, const pass_info *const *passes, size_t count,
 /* The passes (one per file; each file opens with its contract). */
 bool pass_infer_shapes(ir_module *m, diag_engine *d);
 bool pass_canonicalize(ir_module *m, diag_engine *d);
-bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d); /* precision.c */
-bool pass_fuse(ir_module *m, const pass_options *o, diag_engine *d);      /* fuse.c */
-bool pass_schedule(ir_module *m, const pass_options *o, diag_engine *d);  /* schedule.c */
+bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d);   /* precision.c */
+bool pass_fuse(ir_module *m, const pass_options *o, diag_engine *d);        /* fuse.c */
+bool pass_schedule(ir_module *m, const pass_options *o, diag_engine *d);    /* schedule.c */
 bool pass_plan_memory(ir_module *m, const pass_options *o, diag_engine *d); /* plan_memory.c */
 
 /* Does op `op` do work on a device (a kernel or a GEMM), so that it belongs

@@ -82,7 +82,7 @@ typedef struct memory_state {
     ir_module *m;
     diag_engine *d;
     int32_t token_symbol;
-    ir_value_id *root;  /* [value_count] the value whose buffer it is (views share) */
+    ir_value_id *root;   /* [value_count] the value whose buffer it is (views share) */
     uint32_t *last_read; /* [value_count] by root: the last step that reads it */
     arena_plan arena;
 } memory_state;
@@ -94,7 +94,7 @@ static bool value_bytes(const memory_state *s, ir_value_id v, uint64_t *bytes) {
     uint64_t elements = 1;
     for (unsigned i = 0; i < t->rank; i++) {
         ir_dim dim = t->dims[i];
-        int64_t size = !ir_dim_is_symbol(dim)              ? dim.size
+        int64_t size = !ir_dim_is_symbol(dim)          ? dim.size
                        : dim.symbol == s->token_symbol ? m->planned_tokens
                                                        : m->symbols[dim.symbol].bound;
         if (size < 0 || size_mul_overflow(elements, (uint64_t)size, &elements)) return false;
@@ -161,7 +161,8 @@ static uint32_t *launch_order(const ir_module *m, uint32_t *count) {
 static bool check_scheduled(const ir_module *m, diag_engine *d) {
     for (uint32_t i = 0; i < m->op_count; i++)
         if (pass_op_does_work(m, i) && m->ops[i].step == IR_NONE) {
-            diag_error(d, m->ops[i].loc, "%s: op has no launch step; run fuse and schedule before plan-memory",
+            diag_error(d, m->ops[i].loc,
+                       "%s: op has no launch step; run fuse and schedule before plan-memory",
                        ir_op_info_of(m->ops[i].kind)->name);
             return false;
         }
@@ -195,7 +196,8 @@ static bool place_values(memory_state *s) {
         for (uint32_t r = 0; r < op->result_count; r++)
             m->values[op->results[r]].buffer = (ir_buffer){IR_BUFFER_NONE, 0};
         if (op->dead) continue;
-        if (op->kind == IR_OP_WEIGHT) m->values[op->results[0]].buffer = (ir_buffer){IR_BUFFER_WEIGHT, weights++};
+        if (op->kind == IR_OP_WEIGHT)
+            m->values[op->results[0]].buffer = (ir_buffer){IR_BUFFER_WEIGHT, weights++};
     }
     uint32_t count = 0;
     uint32_t *order = launch_order(m, &count);

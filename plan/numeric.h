@@ -45,7 +45,8 @@ static inline float plan_bf16_to_f32(uint16_t h) { return plan_f32_from_bits((ui
  * the low bits of `bits` (sign just above them) as f32. `has_inf`: the top
  * exponent means inf/NaN (IEEE style); otherwise only the all-ones pattern
  * is NaN and the top exponent holds ordinary numbers (f8e4m3fn). */
-static inline float plan_small_float_to_f32(uint32_t bits, unsigned exp_bits, unsigned mant_bits, int has_inf) {
+static inline float plan_small_float_to_f32(uint32_t bits, unsigned exp_bits, unsigned mant_bits,
+                                            int has_inf) {
     uint32_t sign = (bits >> (exp_bits + mant_bits)) & 1u;
     uint32_t exp = (bits >> mant_bits) & ((1u << exp_bits) - 1);
     uint32_t mant = bits & ((1u << mant_bits) - 1);

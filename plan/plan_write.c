@@ -76,7 +76,8 @@ static plan_writer_section *new_section(plan_writer *w, plan_section_kind kind) 
     if (!plan_section_kind_known((uint32_t)kind))
         PLAN_WRITE_DIE("plan writer: unknown section kind %d", (int)kind);
     plan_writer_section *s = &w->sections[kind];
-    if (s->present) PLAN_WRITE_DIE("plan writer: section %s added twice", plan_section_kind_name((uint32_t)kind));
+    if (s->present)
+        PLAN_WRITE_DIE("plan writer: section %s added twice", plan_section_kind_name((uint32_t)kind));
     s->present = true;
     return s;
 }
@@ -395,7 +396,7 @@ static void put_text(plan_buffer *b, plan_text text) {
 static void put_affine(plan_buffer *b, plan_affine rule, const plan_kernel *k) {
     if (rule.c < 1)
         PLAN_WRITE_DIE("kernel '%.*s': launch rule divides by %" PRId64,
-                  (int)(k->name.length < 64 ? k->name.length : 64), k->name.data, rule.c);
+                       (int)(k->name.length < 64 ? k->name.length : 64), k->name.data, rule.c);
     put_i64(b, rule.a);
     put_i64(b, rule.b);
     put_i64(b, rule.c);

@@ -399,8 +399,8 @@ static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
     int name_length = (int)(name.length > 64 ? 64 : name.length);
     const char *ellipsis = name.length > 64 ? "..." : "";
     if (!program_dtype_stored(w->dtype))
-        return fail(d, "weight '%.*s%s' has dtype %u (expected f32, bf16 or i32)", name_length, copy, ellipsis,
-                    w->dtype);
+        return fail(d, "weight '%.*s%s' has dtype %u (expected f32, bf16 or i32)", name_length, copy,
+                    ellipsis, w->dtype);
     if (stacked > 1)
         return fail(d, "weight '%.*s%s' has a stacked flag of %u", name_length, copy, ellipsis, stacked);
     w->stacked = stacked;
@@ -416,7 +416,8 @@ static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
     if (!plan_cursor_u64(c, &w->bytes) || !plan_cursor_u64(c, &w->data_offset))
         return truncated(d, "a weight");
     uint64_t expected;
-    if (__builtin_mul_overflow(elements, smelt_dtype_element_bytes(w->dtype), &expected) || expected != w->bytes)
+    if (__builtin_mul_overflow(elements, smelt_dtype_element_bytes(w->dtype), &expected) ||
+        expected != w->bytes)
         return fail(d, "weight '%.*s%s' says it has %llu bytes but its shape and dtype make %llu",
                     name_length, copy, ellipsis, (unsigned long long)w->bytes, (unsigned long long)expected);
     if (w->bytes == 0) return fail(d, "weight '%.*s%s' has no elements", name_length, copy, ellipsis);

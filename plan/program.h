@@ -47,8 +47,8 @@ typedef enum prog_buffer {
 } prog_buffer;
 
 typedef struct prog_ref {
-    uint8_t buffer; /* prog_buffer */
-    uint32_t index; /* weight or state index; 0 for the arena */
+    uint8_t buffer;  /* prog_buffer */
+    uint32_t index;  /* weight or state index; 0 for the arena */
     uint64_t offset; /* bytes */
 } prog_ref;
 
@@ -61,8 +61,8 @@ typedef enum prog_arg_kind {
 } prog_arg_kind;
 
 typedef struct prog_arg {
-    uint8_t kind; /* prog_arg_kind */
-    prog_ref ref; /* PROG_ARG_POINTER */
+    uint8_t kind;  /* prog_arg_kind */
+    prog_ref ref;  /* PROG_ARG_POINTER */
     int64_t value; /* PROG_ARG_INT */
 } prog_arg;
 
@@ -98,7 +98,7 @@ typedef struct prog_gemm {
 } prog_gemm;
 
 typedef struct prog_instr {
-    uint8_t op; /* prog_op */
+    uint8_t op;     /* prog_op */
     uint32_t ir_op; /* the IR op (index in the compiled module) it implements, for messages */
     union {
         prog_launch launch;
@@ -121,14 +121,15 @@ typedef struct prog_weight {
 
 typedef struct program {
     uint32_t format_version;
-    int64_t max_tokens;    /* T bound */
-    uint64_t arena_bytes;  /* at max_tokens */
-    uint64_t vocab;        /* last dim of logits */
-    prog_ref input_ids;    /* int32[T] */
-    prog_ref input_pos;    /* int32[T] */
-    prog_ref logits;       /* f32[T, vocab] */
-    int64_t max_positions; /* positions must lie in [0, max_positions) (the KV caches' length); 0: unchecked */
-    int64_t id_bound;      /* ids must lie in [0, id_bound) (rows of the embedding table); 0: [0, vocab) */
+    int64_t max_tokens;   /* T bound */
+    uint64_t arena_bytes; /* at max_tokens */
+    uint64_t vocab;       /* last dim of logits */
+    prog_ref input_ids;   /* int32[T] */
+    prog_ref input_pos;   /* int32[T] */
+    prog_ref logits;      /* f32[T, vocab] */
+    int64_t
+        max_positions; /* positions must lie in [0, max_positions) (the KV caches' length); 0: unchecked */
+    int64_t id_bound;  /* ids must lie in [0, id_bound) (rows of the embedding table); 0: [0, vocab) */
     uint32_t state_count;
     uint64_t *state_bytes; /* [state_count] */
     uint32_t weight_count;

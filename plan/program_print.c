@@ -38,11 +38,14 @@ static void print_weights(FILE *out, const program *p) {
         if (p->weights[i].data_offset != UINT64_MAX) in_plan += p->weights[i].bytes;
     }
     fprintf(out, "  weights: %" PRIu32 " tensors, %" PRIu64 " bytes (%s)\n", p->weight_count, total,
-            in_plan == total && total ? "in the plan" : in_plan ? "partly in the plan" : "bound at run time");
+            in_plan == total && total ? "in the plan"
+            : in_plan                 ? "partly in the plan"
+                                      : "bound at run time");
     for (uint32_t i = 0; i < p->weight_count; i++) {
         const prog_weight *w = &p->weights[i];
         fprintf(out, "    [%" PRIu32 "] %s %s[", i, w->name, dtype_name(w->dtype));
-        for (uint32_t d = 0; d < w->rank; d++) fprintf(out, "%s%" PRId64, d ? ", " : "", w->shape[d]);
+        for (uint32_t d = 0; d < w->rank; d++)
+            fprintf(out, "%s%" PRId64, d ? ", " : "", w->shape[d]);
         fprintf(out, "]%s %" PRIu64 " bytes", w->stacked ? " stacked" : "", w->bytes);
         if (w->data_offset != UINT64_MAX) fprintf(out, " at %" PRIu64, w->data_offset);
         fputc('\n', out);
@@ -62,15 +65,20 @@ bool plan_print_program(FILE *out, const plan_file *plan, const uint8_t *data, u
                       plan_kernel_table_decode(kernel_data, kernel_size, &kernels, ignored, sizeof ignored);
     uint32_t launches = 0, gemms = 0;
     for (uint32_t i = 0; i < p.instr_count; i++) {
-        if (p.instrs[i].op == PROG_OP_GEMM) gemms++;
-        else launches++;
+        if (p.instrs[i].op == PROG_OP_GEMM)
+            gemms++;
+        else
+            launches++;
     }
     fprintf(out, "  tokens per step: at most %" PRId64 "; vocab %" PRIu64 "\n", p.max_tokens, p.vocab);
-    fprintf(out, "  per step (prefill chunk or decode token): %" PRIu32 " kernel launches + %" PRIu32 " GEMMs\n",
+    fprintf(out,
+            "  per step (prefill chunk or decode token): %" PRIu32 " kernel launches + %" PRIu32 " GEMMs\n",
             launches, gemms);
-    fprintf(out, "  memory: arena %" PRIu64 " bytes; %" PRIu32 " state buffers", p.arena_bytes, p.state_count);
+    fprintf(out, "  memory: arena %" PRIu64 " bytes; %" PRIu32 " state buffers", p.arena_bytes,
+            p.state_count);
     uint64_t state_total = 0;
-    for (uint32_t i = 0; i < p.state_count; i++) state_total += p.state_bytes[i];
+    for (uint32_t i = 0; i < p.state_count; i++)
+        state_total += p.state_bytes[i];
     fprintf(out, " (%" PRIu64 " bytes: KV caches)\n", state_total);
     fprintf(out, "  inputs: ids at ");
     print_ref(out, p.input_ids);
@@ -101,23 +109,29 @@ bool plan_print_program(FILE *out, const plan_file *plan, const uint8_t *data, u
             print_ref(out, g->c);
         } else {
             const prog_launch *l = &instr->as.launch;
-            const plan_kernel *k = have_names && l->kernel < kernels.count ? &kernels.kernels[l->kernel] : NULL;
-            if (k) fprintf(out, "launch %.*s(", (int)k->name.length, k->name.data);
-            else fprintf(out, "launch kernel[%" PRIu32 "](", l->kernel);
+            const plan_kernel *k =
+                have_names && l->kernel < kernels.count ? &kernels.kernels[l->kernel] : NULL;
+            if (k)
+                fprintf(out, "launch %.*s(", (int)k->name.length, k->name.data);
+            else
+                fprintf(out, "launch kernel[%" PRIu32 "](", l->kernel);
             for (uint32_t a = 0; a < l->arg_count; a++) {
                 if (a) fputs(", ", out);
                 const prog_arg *arg = &l->args[a];
-                if (arg->kind == PROG_ARG_TOKENS) fputs("T", out);
-                else if (arg->kind == PROG_ARG_INT) fprintf(out, "%" PRId64, arg->value);
-                else print_ref(out, arg->ref);
+                if (arg->kind == PROG_ARG_TOKENS)
+                    fputs("T", out);
+                else if (arg->kind == PROG_ARG_INT)
+                    fprintf(out, "%" PRId64, arg->value);
+                else
+                    print_ref(out, arg->ref);
             }
             fprintf(out, ") grid (");
             for (int axis = 0; axis < 3; axis++) {
                 if (axis) fputs(", ", out);
                 print_affine(out, l->rule.grid[axis]);
             }
-            fprintf(out, ") block (%" PRIu32 ", %" PRIu32 ", %" PRIu32 ")", l->rule.block[0], l->rule.block[1],
-                    l->rule.block[2]);
+            fprintf(out, ") block (%" PRIu32 ", %" PRIu32 ", %" PRIu32 ")", l->rule.block[0],
+                    l->rule.block[1], l->rule.block[2]);
             if (l->rule.dynamic_shared_bytes) fprintf(out, " shared %" PRIu32, l->rule.dynamic_shared_bytes);
         }
         fputc('\n', out);

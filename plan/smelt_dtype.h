@@ -20,15 +20,15 @@
 #include <string.h>
 
 /* X(ENUM, name, bits, is_float) */
-#define SMELT_DTYPES(X)                \
-    X(F32, "f32", 32, true)            \
-    X(F16, "f16", 16, true)            \
-    X(BF16, "bf16", 16, true)          \
-    X(F8E4M3, "f8e4m3", 8, true)       \
-    X(F8E5M2, "f8e5m2", 8, true)       \
-    X(I8, "i8", 8, false)              \
-    X(I4, "i4", 4, false)              \
-    X(I32, "i32", 32, false)           \
+#define SMELT_DTYPES(X)                                                                                      \
+    X(F32, "f32", 32, true)                                                                                  \
+    X(F16, "f16", 16, true)                                                                                  \
+    X(BF16, "bf16", 16, true)                                                                                \
+    X(F8E4M3, "f8e4m3", 8, true)                                                                             \
+    X(F8E5M2, "f8e5m2", 8, true)                                                                             \
+    X(I8, "i8", 8, false)                                                                                    \
+    X(I4, "i4", 4, false)                                                                                    \
+    X(I32, "i32", 32, false)                                                                                 \
     X(I64, "i64", 64, false)
 
 typedef enum smelt_dtype {
@@ -36,13 +36,13 @@ typedef enum smelt_dtype {
 #define SMELT_DTYPE_ENUM(e, name, bits, is_float) SMELT_DTYPE_##e,
     SMELT_DTYPES(SMELT_DTYPE_ENUM)
 #undef SMELT_DTYPE_ENUM
-    SMELT_DTYPE_COUNT
+        SMELT_DTYPE_COUNT
 } smelt_dtype;
 
 /* "bf16"; "?" for SMELT_DTYPE_UNKNOWN or a value that is no dtype. */
 static inline const char *smelt_dtype_name(smelt_dtype t) {
     switch (t) {
-#define SMELT_DTYPE_NAME(e, name, bits, is_float) \
+#define SMELT_DTYPE_NAME(e, name, bits, is_float)                                                            \
     case SMELT_DTYPE_##e: return name;
         SMELT_DTYPES(SMELT_DTYPE_NAME)
 #undef SMELT_DTYPE_NAME
@@ -53,7 +53,7 @@ static inline const char *smelt_dtype_name(smelt_dtype t) {
 /* Bits of one element; 0 for SMELT_DTYPE_UNKNOWN or a value that is no dtype. */
 static inline unsigned smelt_dtype_bits(smelt_dtype t) {
     switch (t) {
-#define SMELT_DTYPE_BITS(e, name, bits, is_float) \
+#define SMELT_DTYPE_BITS(e, name, bits, is_float)                                                            \
     case SMELT_DTYPE_##e: return bits;
         SMELT_DTYPES(SMELT_DTYPE_BITS)
 #undef SMELT_DTYPE_BITS
@@ -63,7 +63,7 @@ static inline unsigned smelt_dtype_bits(smelt_dtype t) {
 
 static inline bool smelt_dtype_is_float(smelt_dtype t) {
     switch (t) {
-#define SMELT_DTYPE_FLOAT(e, name, bits, is_float) \
+#define SMELT_DTYPE_FLOAT(e, name, bits, is_float)                                                           \
     case SMELT_DTYPE_##e: return is_float;
         SMELT_DTYPES(SMELT_DTYPE_FLOAT)
 #undef SMELT_DTYPE_FLOAT

@@ -156,7 +156,8 @@ static bool find_interface(ref_model *r, diag_engine *d) {
             *slot = i;
         }
     }
-    const char *const needed[] = {ir_role_info_of(IR_ROLE_IDS)->summary, ir_role_info_of(IR_ROLE_POS)->summary,
+    const char *const needed[] = {ir_role_info_of(IR_ROLE_IDS)->summary,
+                                  ir_role_info_of(IR_ROLE_POS)->summary,
                                   ir_role_info_of(IR_ROLE_LOGITS)->summary};
     const uint32_t found[] = {r->ids_op, r->pos_op, r->logits_op};
     for (unsigned i = 0; i < 3; i++) {
@@ -191,7 +192,8 @@ static bool check_pos(const ref_model *r, diag_engine *d) {
     const ir_module *m = r->m;
     ir_value_id ids = ir_op_result(m, r->ids_op, 0), pos = ir_op_result(m, r->pos_op, 0);
     const ir_type *t = &m->values[pos].type;
-    if (t->rank == 1 && !smelt_dtype_is_float(t->dtype) && ir_dim_equal(t->dims[0], m->values[ids].type.dims[0]))
+    if (t->rank == 1 && !smelt_dtype_is_float(t->dtype) &&
+        ir_dim_equal(t->dims[0], m->values[ids].type.dims[0]))
         return true;
     diag_error(d, m->ops[r->pos_op].loc,
                "input 'pos' must be an integer vector shaped like 'ids' (%s), found %s",
@@ -290,7 +292,8 @@ static bool check_op(const ref_model *r, uint32_t op, diag_engine *d) {
     }
     for (uint32_t i = 0; i < o->operand_count; i++) {
         const ir_type *t = &m->values[o->operands[i]].type;
-        if (t->dtype == SMELT_DTYPE_UNKNOWN || smelt_dtype_is_float(t->dtype) || !operand_needs_float(o->kind, i))
+        if (t->dtype == SMELT_DTYPE_UNKNOWN || smelt_dtype_is_float(t->dtype) ||
+            !operand_needs_float(o->kind, i))
             continue;
         diag_error(d, o->loc, "%s: the reference backend computes only on float values, but operand %u is %s",
                    op_name(m, op), i, value_type_text(m, o->operands[i], text));

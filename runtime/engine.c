@@ -166,10 +166,11 @@ smelt_status smelt_engine_forward(smelt_engine *engine, const int32_t *ids, cons
     const program *p = engine->program;
     if (n < 1 || n > (uint64_t)p->max_tokens)
         return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "a step of %u tokens is outside [1, %lld]", n,
-                    (long long)p->max_tokens);
+                                 (long long)p->max_tokens);
     if (capacity / p->vocab < n)
-        return rt_last_error_set(SMELT_ERROR_CAPACITY, "logits of %u tokens need %llu floats but the buffer holds %zu", n,
-                    (unsigned long long)(n * p->vocab), capacity);
+        return rt_last_error_set(SMELT_ERROR_CAPACITY,
+                                 "logits of %u tokens need %llu floats but the buffer holds %zu", n,
+                                 (unsigned long long)(n * p->vocab), capacity);
     return run_step(engine, ids, pos, n, 0, logits);
 }
 
@@ -234,12 +235,14 @@ static smelt_status check_request(const smelt_engine *engine, const smelt_reques
             SMELT_ERROR_INVALID_ARGUMENT,
             "an empty prompt needs a sequence to continue, but the engine has no logits to continue from");
     if (p->max_positions && (uint64_t)r->prompt_length > (uint64_t)(p->max_positions - engine->position))
-        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT,
-                    "a prompt of %zu tokens at position %lld does not fit the plan's %lld positions",
-                    r->prompt_length, (long long)engine->position, (long long)p->max_positions);
+        return rt_last_error_set(
+            SMELT_ERROR_INVALID_ARGUMENT,
+            "a prompt of %zu tokens at position %lld does not fit the plan's %lld positions",
+            r->prompt_length, (long long)engine->position, (long long)p->max_positions);
     if (r->output && r->output_capacity < r->max_tokens)
-        return rt_last_error_set(SMELT_ERROR_CAPACITY, "the output holds %zu tokens but up to %u may be generated",
-                    r->output_capacity, r->max_tokens);
+        return rt_last_error_set(SMELT_ERROR_CAPACITY,
+                                 "the output holds %zu tokens but up to %u may be generated",
+                                 r->output_capacity, r->max_tokens);
     return SMELT_OK;
 }
 

@@ -31,7 +31,9 @@ struct smelt_plan {
 };
 
 /* Takes a reference (an engine holds one while it lives). */
-static inline void rt_plan_retain(smelt_plan *plan) { __atomic_add_fetch(&plan->references, 1, __ATOMIC_ACQ_REL); }
+static inline void rt_plan_retain(smelt_plan *plan) {
+    __atomic_add_fetch(&plan->references, 1, __ATOMIC_ACQ_REL);
+}
 
 /* Drops a reference; the last one unmaps the plan. NULL is ignored. */
 void rt_plan_release(smelt_plan *plan);

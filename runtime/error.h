@@ -34,7 +34,8 @@ smelt_status rt_fail(rt_error *e, smelt_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Sets the calling thread's last error (smelt_last_error) and returns status. */
-smelt_status rt_last_error_set(smelt_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+smelt_status rt_last_error_set(smelt_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* Makes e the calling thread's last error and returns its status. */
 smelt_status rt_last_error_publish(const rt_error *e);

@@ -30,9 +30,9 @@ static smelt_status plan_load(smelt_plan *plan, const char *name) {
     uint64_t size;
     if (!plan_section(&plan->file, PLAN_SECTION_PROGRAM, &data, &size))
         return rt_last_error_set(SMELT_ERROR_BAD_PLAN,
-                    "%s: the plan has no PROGRAM section: it cannot be run; rebuild it with "
-                    "`smelt compile`",
-                    name);
+                                 "%s: the plan has no PROGRAM section: it cannot be run; rebuild it with "
+                                 "`smelt compile`",
+                                 name);
     if (!program_decode(data, size, &plan->program, error, sizeof error))
         return rt_last_error_set(SMELT_ERROR_BAD_PLAN, "%s: %s", name, error);
     if (plan_section(&plan->file, PLAN_SECTION_KERNELS, &data, &size) &&
@@ -84,7 +84,8 @@ smelt_status smelt_plan_open(const char *path, smelt_plan **out) {
 smelt_status smelt_plan_open_memory(const void *bytes, size_t size, smelt_plan **out) {
     if (!out) return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "smelt_plan_open_memory: out is NULL");
     *out = NULL;
-    if (!bytes && size) return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "smelt_plan_open_memory: bytes is NULL");
+    if (!bytes && size)
+        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "smelt_plan_open_memory: bytes is NULL");
     smelt_plan *plan = calloc(1, sizeof *plan);
     if (!plan) return rt_last_error_set(SMELT_ERROR_OUT_OF_MEMORY, "out of memory opening a plan");
     plan->references = 1;
@@ -99,7 +100,8 @@ smelt_status smelt_plan_open_memory(const void *bytes, size_t size, smelt_plan *
 void smelt_plan_close(smelt_plan *plan) { rt_plan_release(plan); }
 
 smelt_status smelt_plan_get_info(const smelt_plan *plan, smelt_plan_info *out) {
-    if (!plan || !out) return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "smelt_plan_get_info: plan or out is NULL");
+    if (!plan || !out)
+        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "smelt_plan_get_info: plan or out is NULL");
     const program *p = &plan->program;
     memset(out, 0, sizeof *out);
     out->vocab = p->vocab;

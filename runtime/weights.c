@@ -113,7 +113,8 @@ smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, sm
     if (!engine || !name || !data || (rank && !shape))
         return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "smelt_engine_bind_weight: a NULL argument");
     if (!valid_dtype(dtype))
-        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "smelt_engine_bind_weight: unknown dtype %d", dtype);
+        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "smelt_engine_bind_weight: unknown dtype %d",
+                                 dtype);
     const program *p = engine->program;
     uint32_t index = UINT32_MAX;
     int64_t part = -1;
@@ -124,7 +125,8 @@ smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, sm
             index = i;
     }
     if (index == UINT32_MAX)
-        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "the plan has no weight '%.*s%s'", RT_NAME(name));
+        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "the plan has no weight '%.*s%s'",
+                                 RT_NAME(name));
     const prog_weight *w = &p->weights[index];
     engine_weight *ew = &engine->weights[index];
     /* A part is the stacked tensor without its dim 0. */
@@ -141,12 +143,13 @@ smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, sm
             snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", k ? ", " : "",
                      (long long)shape[k]);
         return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT,
-                    "weight '%.*s%s' has shape [%s] in the plan but [%s%s] was given", RT_NAME(name),
-                    expected, got, rank > 8 ? ", ..." : "");
+                                 "weight '%.*s%s' has shape [%s] in the plan but [%s%s] was given",
+                                 RT_NAME(name), expected, got, rank > 8 ? ", ..." : "");
     }
     if (w->dtype == SMELT_DTYPE_I32)
         return rt_last_error_set(SMELT_ERROR_UNSUPPORTED,
-                    "weight '%.*s%s' is stored as i32 and cannot be bound from floats", RT_NAME(name));
+                                 "weight '%.*s%s' is stored as i32 and cannot be bound from floats",
+                                 RT_NAME(name));
     uint64_t part_bytes = part >= 0 ? w->bytes / (uint64_t)w->shape[0] : w->bytes;
     uint64_t count = part_bytes / smelt_dtype_element_bytes(w->dtype);
     rt_error e = {0};
@@ -154,7 +157,8 @@ smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, sm
     if (s != SMELT_OK) return rt_last_error_publish(&e);
     void *converted = part_bytes ? malloc(part_bytes) : NULL;
     if (part_bytes && !converted)
-        return rt_last_error_set(SMELT_ERROR_OUT_OF_MEMORY, "out of memory converting '%.*s%s'", RT_NAME(name));
+        return rt_last_error_set(SMELT_ERROR_OUT_OF_MEMORY, "out of memory converting '%.*s%s'",
+                                 RT_NAME(name));
     convert(converted, (smelt_dtype)w->dtype, data, dtype, count);
     uint64_t offset = part >= 0 ? (uint64_t)part * part_bytes : 0;
     if (part_bytes)
@@ -169,7 +173,8 @@ smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, sm
         return SMELT_OK;
     }
     if (!ew->parts_bound && !(ew->parts_bound = calloc((size_t)w->shape[0], 1)))
-        return rt_last_error_set(SMELT_ERROR_OUT_OF_MEMORY, "out of memory tracking the parts of '%.*s%s'", RT_NAME(name));
+        return rt_last_error_set(SMELT_ERROR_OUT_OF_MEMORY, "out of memory tracking the parts of '%.*s%s'",
+                                 RT_NAME(name));
     ew->parts_bound[part] = 1;
     ew->state = WEIGHT_COMPLETE;
     for (int64_t i = 0; i < w->shape[0]; i++)

@@ -263,7 +263,7 @@ static smelt_status host_gemm(rt_device *device, const rt_gemm_args *g, rt_error
     if (g->has_bias) { /* C starts as the bias in every row; the product adds to it */
         for (int j = 0; j < n; j++)
             c[j] = g->dtype_bias == SMELT_DTYPE_F32 ? ((const float *)g->bias)[j]
-                                                   : plan_bf16_to_f32(((const uint16_t *)g->bias)[j]);
+                                                    : plan_bf16_to_f32(((const uint16_t *)g->bias)[j]);
         for (int i = 1; i < m; i++)
             memcpy(c + (size_t)i * n, c, (size_t)n * sizeof *c);
         beta = 1.0f;

@@ -14,7 +14,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint64_t section_size;
     if (plan_section(&plan, PLAN_SECTION_KERNELS, &section, &section_size)) {
         plan_kernel_table table;
-        if (plan_kernel_table_decode(section, section_size, &table, error, sizeof error)) plan_kernel_table_free(&table);
+        if (plan_kernel_table_decode(section, section_size, &table, error, sizeof error))
+            plan_kernel_table_free(&table);
     }
     if (plan_section(&plan, PLAN_SECTION_PROGRAM, &section, &section_size)) {
         program p;

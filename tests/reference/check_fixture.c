@@ -73,7 +73,8 @@ static int read_npy(const char *path, array2d *out) {
         sscanf(shape, "'shape': (%llu, %llu)", &rows, &cols) != 2)
         goto bad;
     size_t data_start = start + header_length;
-    if (rows * cols > (length - data_start) / sizeof(float) || rows * cols * sizeof(float) != length - data_start)
+    if (rows * cols > (length - data_start) / sizeof(float) ||
+        rows * cols * sizeof(float) != length - data_start)
         goto bad;
     out->rows = rows;
     out->cols = cols;
@@ -98,7 +99,8 @@ static size_t parse_ids(const char *text, const char *prefix, long *ids) {
     size_t n = 0;
     char *end;
     for (;;) {
-        while (*text == ',' || *text == ' ') text++;
+        while (*text == ',' || *text == ' ')
+            text++;
         long v = strtol(text, &end, 10);
         if (end == text || n == MAX_TOKENS) return n;
         ids[n++] = v;
@@ -136,7 +138,8 @@ int main(int argc, char **argv) {
     for (uint64_t r = 0; r < expected.rows; r++) {
         double row_worst = 0;
         for (uint64_t c = 0; c < expected.cols; c++) {
-            double e = fabs((double)produced.data[r * expected.cols + c] - expected.data[r * expected.cols + c]);
+            double e =
+                fabs((double)produced.data[r * expected.cols + c] - expected.data[r * expected.cols + c]);
             if (!(e <= row_worst)) row_worst = e; /* NaN counts as worst */
         }
         if (!(row_worst <= bound)) {
@@ -152,14 +155,16 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/tokens.txt", argv[1]);
     char *tokens_text = read_all(path, &length), *stdout_text = read_all(argv[3], &length);
     if (!tokens_text || !stdout_text) return 1;
-    size_t want_count = parse_ids(tokens_text, NULL, want), got_count = parse_ids(stdout_text, "tokens:", got);
+    size_t want_count = parse_ids(tokens_text, NULL, want),
+           got_count = parse_ids(stdout_text, "tokens:", got);
     if (want_count == 0 || got_count < want_count) {
         fprintf(stderr, "FAIL: %zu tokens printed; the fixture has %zu\n", got_count, want_count);
         failed = 1;
     }
     for (size_t i = 0; i < want_count && i < got_count; i++)
         if (want[i] != got[i]) {
-            fprintf(stderr, "FAIL: token %zu is %ld; the fixture's greedy token is %ld\n", i + 1, got[i], want[i]);
+            fprintf(stderr, "FAIL: token %zu is %ld; the fixture's greedy token is %ld\n", i + 1, got[i],
+                    want[i]);
             failed = 1;
         }
     printf("%s: %llu rows, max abs error %.3g = %.3g of the logit range (bound %g); %zu greedy tokens %s\n",

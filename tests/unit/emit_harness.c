@@ -539,7 +539,7 @@ static void compare_result(emit_case *c, ir_value_id v, const ref_tensor *want, 
     double allowed_relative = storage == SMELT_DTYPE_BF16 ? BF16_TOLERANCE : tolerance;
     for (uint64_t i = 0; i < want->count; i++) {
         double got = storage == SMELT_DTYPE_BF16 ? from_bf16(((const uint16_t *)d->buffer)[i])
-                                                : ((const float *)d->buffer)[i];
+                                                 : ((const float *)d->buffer)[i];
         double allowed = allowed_relative * fmax(fabs(want->f[i]), floor);
         double error = fabs(got - want->f[i]);
         if (!(error <= allowed))

@@ -133,8 +133,9 @@ static void test_config_binds_params(void **state) {
  * of the same name wins over it. */
 static void test_config_rope_parameters(void **state) {
     (void)state;
-    write_config("{\"hidden_size\": 64, \"rms_norm_eps\": 1e-6, \"layers\": 3,\n"
-                 " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 500000.0, \"layers\": 9}}\n");
+    write_config(
+        "{\"hidden_size\": 64, \"rms_norm_eps\": 1e-6, \"layers\": 3,\n"
+        " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 500000.0, \"layers\": 9}}\n");
     fe_options o = {.config_path = config_path};
     assert_true(elaborate("model m {\n  param hidden_size: int\n  param rms_norm_eps: float\n"
                           "  param layers: int\n  param rope_theta: float = 10000.0\n}\n",

@@ -391,8 +391,8 @@ static void test_kernels_are_named_by_specialisation(void **state) {
     assert_non_null(strstr(l1.kernels[0].ops_text, "= rms_norm(%2, %3) {eps = 1e-05} : bf16[tokens, 64]"));
     assert_string_equal(l3.kernels[0].name, "rms_norm_bf16_d64_eps1em06");
     /* The source names the op's signature and says how it is launched. */
-    assert_non_null(
-        strstr(l1.kernels[0].source, "rms_norm(bf16[tokens, 64], bf16[64]) {eps = 1e-05} : bf16[tokens, 64]"));
+    assert_non_null(strstr(l1.kernels[0].source,
+                           "rms_norm(bf16[tokens, 64], bf16[64]) {eps = 1e-05} : bf16[tokens, 64]"));
     assert_non_null(strstr(l1.kernels[0].source, "SMELT_KERNEL void rms_norm_bf16_d64_eps1em05("));
     assert_non_null(strstr(l1.kernels[0].source, "SMELT_HOST_ENTRY(rms_norm_bf16_d64_eps1em05)"));
     /* params x, weight, out; one block per token, 64 threads */

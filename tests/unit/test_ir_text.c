@@ -215,7 +215,8 @@ static void build_tiny(ir_module *m, diag_engine *d) {
     ir_op_set_int(m, split, "axis", 1);
     ir_op_set_attr(m, split, "sizes", &(ir_attr){.kind = IR_ATTR_INTS, .as.ints = {2, (int64_t[]){32, 32}}});
     for (uint32_t r = 0; r < 2; r++)
-        m->values[ir_op_result(m, split, r)].type = type_of(SMELT_DTYPE_F32, 2, (ir_dim[]){T, ir_dim_const(32)});
+        m->values[ir_op_result(m, split, r)].type =
+            type_of(SMELT_DTYPE_F32, 2, (ir_dim[]){T, ir_dim_const(32)});
 
     uint32_t w = ir_append_op(m, IR_OP_WEIGHT, NULL, 0, UINT32_MAX, SMELT_NO_LOC);
     ir_op_set_string(m, w, "name", "model.layers.{e}.w");
@@ -607,8 +608,9 @@ static void test_parse_errors(void **state) {
     assert_parse_error(HEAD, "t.ir:4:1: error: expected '}' at the end of module 'm', found end of input\n");
     assert_parse_error("module m {\n}\nmodule n {\n}\n",
                        "t.ir:3:1: error: expected end of input after the module's '}', found 'module'\n");
-    assert_parse_error("module m {\n  { }\n}\n",
-                       "t.ir:2:3: error: expected 'param', 'dim', 'source', 'precision', 'arena' or an op, found '{'\n");
+    assert_parse_error(
+        "module m {\n  { }\n}\n",
+        "t.ir:2:3: error: expected 'param', 'dim', 'source', 'precision', 'arena' or an op, found '{'\n");
 }
 
 /* Every bad line is reported, each once, and a line's failure does not
@@ -711,7 +713,9 @@ static void test_hostile_input(void **state) {
     assert_parse_error(text, "t.ir:4:13: error: expected a value, found '('\n");
     free(text);
     text = repeat("module m {\n", '{', 10000, "\n}\n", NULL);
-    assert_parse_error(text, "t.ir:2:1: error: expected 'param', 'dim', 'source', 'precision', 'arena' or an op, found '{'\n");
+    assert_parse_error(
+        text,
+        "t.ir:2:1: error: expected 'param', 'dim', 'source', 'precision', 'arena' or an op, found '{'\n");
     free(text);
 
     /* A 1 MB string value is fine. */

@@ -77,8 +77,10 @@ static int setup(void **state) {
 static int teardown(void **state) {
     (void)state;
     for (int i = 0; i < SAVED_COUNT; i++) {
-        if (saved_values[i]) setenv(saved_names[i], saved_values[i], 1);
-        else unsetenv(saved_names[i]);
+        if (saved_values[i])
+            setenv(saved_names[i], saved_values[i], 1);
+        else
+            unsetenv(saved_names[i]);
         free(saved_values[i]);
         saved_values[i] = NULL;
     }
@@ -258,7 +260,8 @@ static void test_blobs_round_trip(void **state) {
     (void)state;
     cg_cache_key key = key_of("round trip");
     uint8_t binary[300];
-    for (int i = 0; i < 300; i++) binary[i] = (uint8_t)(i * 7);
+    for (int i = 0; i < 300; i++)
+        binary[i] = (uint8_t)(i * 7);
     cg_cache_blob blobs[3] = {{binary, sizeof binary}, {NULL, 0}, {"text", 4}};
     cg_cache_entry entry;
     assert_false(cg_cache_load(cache, &key, CG_CACHE_HOST_OBJECT, &entry));
@@ -397,7 +400,10 @@ static void test_unwritable_folder_is_a_warning(void **state) {
         char error[4096];
         if (!cg_compile_kernel_cached(c, &req, &out, &from_cache, error, sizeof error)) fail_msg("%s", error);
         assert_false(from_cache);
-        assert_memory_equal(out.cubin, "\x7f" "ELF", 4);
+        assert_memory_equal(out.cubin,
+                            "\x7f"
+                            "ELF",
+                            4);
         cg_compiled_free(&out);
     }
     cg_cache_close(c);
@@ -532,11 +538,12 @@ static const char add_one_source[] = "#include \"smelt_kernel.h\"\n"
 static void test_pool_through_cache(void **state) {
     (void)state;
     if (!have_nvrtc()) skip();
-    const char *sources[8] = {scale_source, add_one_source, scale_source, scale_source,
+    const char *sources[8] = {scale_source,   add_one_source, scale_source, scale_source,
                               add_one_source, add_one_source, scale_source, add_one_source};
     int archs[8] = {80, 90, 80, 90, 80, 90, 90, 80};
     cg_compile_request jobs[8];
-    for (int i = 0; i < 8; i++) jobs[i] = request(sources[i], archs[i]);
+    for (int i = 0; i < 8; i++)
+        jobs[i] = request(sources[i], archs[i]);
     cg_compile_result first[8], second[8];
     assert_int_equal(cg_compile_all(jobs, 8, 2, cache, first, NULL, NULL), 0);
     cg_cache_stats s = cg_cache_get_stats(cache);
@@ -599,7 +606,10 @@ static void test_host_build_loads_and_runs(void **state) {
     if (!cg_host_build(&req, cache, &object, error, sizeof error)) fail_msg("%s", error);
     double cold = seconds_now() - start;
     assert_false(object.from_cache);
-    assert_memory_equal(object.bytes, "\x7f" "ELF", 4);
+    assert_memory_equal(object.bytes,
+                        "\x7f"
+                        "ELF",
+                        4);
     assert_int_equal(call_from_object(&object, "answer", 2), 42);
     assert_int_equal(call_from_object(&object, "twice", 21), 42);
 
@@ -655,7 +665,9 @@ static void test_host_build_keys_on_include_dir(void **state) {
     assert_int_equal(mkdir(include, 0700), 0);
     write_header(header, "#define VALUE 1\n");
     cg_host_source source = {"value", "#include \"value.h\"\nint value(int x) { return VALUE + x; }\n"};
-    cg_host_build_request req = {.sources = &source, .source_count = 1, .include_dir = include,
+    cg_host_build_request req = {.sources = &source,
+                                 .source_count = 1,
+                                 .include_dir = include,
                                  .sanitize_address = cg_host_build_process_is_sanitized()};
     cg_host_object object;
     char error[4096];
@@ -702,8 +714,8 @@ static void test_host_build_errors(void **state) {
     /* $SMELT_HOST_CC may carry flags */
     setenv("SMELT_HOST_CC", "cc -DANSWER_OFFSET=5", 1);
     cg_host_source offset = {"offset", "int answer(int x) { return x + ANSWER_OFFSET; }\n"};
-    req = (cg_host_build_request){.sources = &offset, .source_count = 1,
-                                  .sanitize_address = cg_host_build_process_is_sanitized()};
+    req = (cg_host_build_request){
+        .sources = &offset, .source_count = 1, .sanitize_address = cg_host_build_process_is_sanitized()};
     if (!cg_host_build(&req, NULL, &object, error, sizeof error)) fail_msg("%s", error);
     assert_int_equal(call_from_object(&object, "answer", 37), 42);
     cg_host_object_free(&object);
@@ -735,13 +747,18 @@ static void test_host_build_with_kernel_header(void **state) {
                              "              SMELT_ARG(float, 2), SMELT_ARG(int, 3));\n"
                              "}\n"};
     const char *link[] = {"-lm"};
-    cg_host_build_request req = {.sources = &kernel, .source_count = 1,
-                                 .include_dir = SMELT_SOURCE_DIR "/runtime", .link_flags = link,
+    cg_host_build_request req = {.sources = &kernel,
+                                 .source_count = 1,
+                                 .include_dir = SMELT_SOURCE_DIR "/runtime",
+                                 .link_flags = link,
                                  .link_flag_count = 1};
     cg_host_object object;
     char error[4096];
     if (!cg_host_build(&req, cache, &object, error, sizeof error)) fail_msg("%s", error);
-    assert_memory_equal(object.bytes, "\x7f" "ELF", 4);
+    assert_memory_equal(object.bytes,
+                        "\x7f"
+                        "ELF",
+                        4);
     static const char entry[] = "scale_f32__host_entry";
     bool found = false;
     for (size_t i = 0; i + sizeof entry <= object.size && !found; i++)

@@ -127,7 +127,10 @@ static void check_small_kernel(int arch) {
     if (!ok) fail_msg("%s", error);
     print_message("NVRTC sm_%d: scale_f32 compiled in %.1f ms\n", arch, elapsed * 1e3);
     assert_true(out.cubin_size > 4);
-    assert_memory_equal(out.cubin, "\x7f" "ELF", 4);
+    assert_memory_equal(out.cubin,
+                        "\x7f"
+                        "ELF",
+                        4);
     char target[32];
     snprintf(target, sizeof target, ".target sm_%d", arch);
     assert_non_null(out.ptx);
@@ -336,8 +339,10 @@ static void test_version(void **state) {
     int major = -1, minor = -1;
     bool ok = cg_nvrtc_version(&major, &minor);
     assert_int_equal(ok, have_nvrtc());
-    if (ok) assert_true(major >= 12);
-    else assert_int_equal(major, 0);
+    if (ok)
+        assert_true(major >= 12);
+    else
+        assert_int_equal(major, 0);
     assert_int_equal(cg_nvrtc_supports_arch(90), have_nvrtc());
     assert_false(cg_nvrtc_supports_arch(12));
 }
@@ -524,7 +529,8 @@ static void test_pool_dedupes_and_keeps_order(void **state) {
                  {second_source, "add_one", 80},  {second_source, "add_one", 90},
                  {scale_source, "scale_f32", 90}, {second_source, "add_one", 80}};
     cg_compile_request jobs[8];
-    for (int i = 0; i < 8; i++) jobs[i] = request(plan[i].source, plan[i].name, plan[i].arch);
+    for (int i = 0; i < 8; i++)
+        jobs[i] = request(plan[i].source, plan[i].name, plan[i].arch);
     cg_compile_result results[8];
     progress_record progress = {.increasing = true};
     size_t failed = cg_compile_all(jobs, 8, 2, NULL, results, record_progress, &progress);
@@ -539,7 +545,10 @@ static void test_pool_dedupes_and_keeps_order(void **state) {
         snprintf(target, sizeof target, ".target sm_%d", plan[i].arch);
         assert_non_null(strstr(results[i].compiled.ptx, target));
         assert_non_null(cg_resource_find(&results[i].compiled.resources, plan[i].name));
-        assert_memory_equal(results[i].compiled.cubin, "\x7f" "ELF", 4);
+        assert_memory_equal(results[i].compiled.cubin,
+                            "\x7f"
+                            "ELF",
+                            4);
     }
     assert_int_equal(deduplicated, 4);
     /* the first of each group is the one compiled; later ones are copies */

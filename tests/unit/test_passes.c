@@ -164,9 +164,10 @@ static void test_parse_list(void **state) {
     assert_string_equal(log_of(f), "");
 
     assert_false(pass_parse_list("infer-shapes,decompose,cse", &list, &f->d));
-    assert_string_equal(log_of(f),
-                        "smelt: error: unknown pass 'decompose'; known passes: infer-shapes, canonicalize, precision, fuse, schedule, plan-memory\n"
-                        "smelt: error: unknown pass 'cse'; known passes: infer-shapes, canonicalize, precision, fuse, schedule, plan-memory\n");
+    assert_string_equal(log_of(f), "smelt: error: unknown pass 'decompose'; known passes: infer-shapes, "
+                                   "canonicalize, precision, fuse, schedule, plan-memory\n"
+                                   "smelt: error: unknown pass 'cse'; known passes: infer-shapes, "
+                                   "canonicalize, precision, fuse, schedule, plan-memory\n");
     assert_false(pass_parse_list("infer-shapes,,canonicalize", &list, &f->d));
     assert_log_has(f,
                    "expected a pass name in the pass list 'infer-shapes,,canonicalize', found an empty one");
@@ -188,7 +189,8 @@ static void test_pipeline_until(void **state) {
     assert_true(pass_pipeline_until("fuse", &list, &f->d));
     assert_int_equal(list.count, 4);
     assert_false(pass_pipeline_until("partition", &list, &f->d));
-    assert_log_has(f, "unknown pass 'partition'; known passes: infer-shapes, canonicalize, precision, fuse, schedule, plan-memory");
+    assert_log_has(f, "unknown pass 'partition'; known passes: infer-shapes, canonicalize, precision, fuse, "
+                      "schedule, plan-memory");
 }
 
 /* ---- infer-shapes ------------------------------------------------------------------ */
@@ -508,7 +510,8 @@ static void test_driver_refuses_an_unknown_print_after(void **state) {
     bool ok;
     char *text = run_printing(f, "infer-shapes", "kv-paging", &ok);
     assert_false(ok);
-    assert_log_has(f, "cannot print the IR after unknown pass 'kv-paging'; known passes: infer-shapes, canonicalize, precision, fuse, schedule, plan-memory");
+    assert_log_has(f, "cannot print the IR after unknown pass 'kv-paging'; known passes: infer-shapes, "
+                      "canonicalize, precision, fuse, schedule, plan-memory");
     free(text);
 }
 

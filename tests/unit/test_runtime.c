@@ -113,8 +113,8 @@ static prog_instr toy_launch(uint32_t kernel) {
     return in;
 }
 
-static prog_instr toy_gemm(prog_ref a, smelt_dtype ta, prog_ref b, smelt_dtype tb, bool transposed, prog_ref c,
-                           smelt_dtype tc, bool has_bias, prog_ref bias, smelt_dtype tbias) {
+static prog_instr toy_gemm(prog_ref a, smelt_dtype ta, prog_ref b, smelt_dtype tb, bool transposed,
+                           prog_ref c, smelt_dtype tc, bool has_bias, prog_ref bias, smelt_dtype tbias) {
     prog_instr in = {.op = PROG_OP_GEMM, .ir_op = 7};
     in.as.gemm = (prog_gemm){.m = {1, 0, 1},
                              .n = VOCAB,
@@ -646,7 +646,8 @@ static void test_program_decode_fuzz(void **state) {
             int64_t m = program_affine_max(g->m, d.max_tokens);
             assert_true(m >= 0);
             if (g->c.buffer == PROG_BUFFER_ARENA)
-                assert_true(g->c.offset + (uint64_t)m * g->n * smelt_dtype_element_bytes(g->dtype_c) <= d.arena_bytes);
+                assert_true(g->c.offset + (uint64_t)m * g->n * smelt_dtype_element_bytes(g->dtype_c) <=
+                            d.arena_bytes);
         }
         program_free(&d);
     }

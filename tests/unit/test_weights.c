@@ -108,7 +108,8 @@ static void test_binds_and_reads_plain_weights(void **state) {
         {"scale", ST_DTYPE_F8_E4M3, 1, shape_fp8, fp8},
     };
     write_checkpoint(tensors, 3);
-    uint32_t w_embed = add_weight("model.embed_tokens.weight", NULL, SMELT_DTYPE_F32, 2, (int64_t[]){2, 3}, 1);
+    uint32_t w_embed =
+        add_weight("model.embed_tokens.weight", NULL, SMELT_DTYPE_F32, 2, (int64_t[]){2, 3}, 1);
     uint32_t w_norm = add_weight("model.norm.weight", NULL, SMELT_DTYPE_BF16, 1, (int64_t[]){4}, 2);
     uint32_t w_tied = add_weight("model.embed_tokens.weight", NULL, SMELT_DTYPE_F32, 2, (int64_t[]){2, 3}, 3);
     uint32_t w_fp8 = add_weight("scale", NULL, SMELT_DTYPE_F32, 1, (int64_t[]){2}, 4);
@@ -171,7 +172,8 @@ static void test_stacked_parts_in_order(void **state) {
         {"model.experts.1.w1.weight", ST_DTYPE_F16, 2, shape, parts[1]},
     };
     write_checkpoint(tensors, 3);
-    uint32_t op = add_weight("model.experts.{e}.w1.weight", "e", SMELT_DTYPE_BF16, 3, (int64_t[]){3, 2, 2}, 1);
+    uint32_t op =
+        add_weight("model.experts.{e}.w1.weight", "e", SMELT_DTYPE_BF16, 3, (int64_t[]){3, 2, 2}, 1);
     assert_true(fe_bind_weights(&module, &checkpoint, &diag, &binding));
     assert_int_equal(diag.error_count + diag.warning_count, 0);
     const fe_bound_weight *w = fe_weight_binding_get(&binding, op);
