@@ -13,6 +13,9 @@ static const char usage[] = "usage: smelt ir MODEL [options]\n"
                             "                         (default: infer-shapes; `all`: every pass)\n"
                             "  --print-ir-after PASS|all\n"
                             "                         also print the IR after each named pass (to stderr)\n"
+"  --precision f32|bf16   the precision pass's policy (default f32)\n"
+                            "  --max-step-tokens N    tokens per step plan-memory sizes buffers for\n"
+                            "                         (default: the token dim's bound)\n"
                             "  --format text|json|dot output format (default text)\n"
                             "  -o FILE                write to FILE instead of standard output\n"
                             "  --max-errors N         stop after N errors (default 20, 0: no limit)\n"
@@ -24,7 +27,8 @@ typedef struct ir_command {
     const char *print_after;
     const char *output_path;
     drv_ir_format format;
-    unsigned max_errors;
+    unsigned max_errors, max_step_tokens;
+    drv_lowering lowering;
     drv_source_options source;
 } ir_command;
 
@@ -50,6 +54,11 @@ static int parse_arguments(int argc, char **argv, ir_command *c) {
         } else if (cli_flag_value(&a, "--print-ir-after", &value)) {
             if (!value) return CLI_USAGE_ERROR;
             c->print_after = value;
+        } else if (cli_flag_value(&a, "--precision", &value)) {
+            if (!value || !cli_parse_precision(&a, value, &c->lowering.precision)) return CLI_USAGE_ERROR;
+        } else if (cli_flag_value(&a, "--max-step-tokens", &value)) {
+            if (!value || !cli_parse_count(&a, value, &c->max_step_tokens)) return CLI_USAGE_ERROR;
+            c->lowering.max_step_tokens = c->max_step_tokens;
         } else if (cli_flag_value(&a, "--format", &value)) {
             if (!value || !cli_parse_format(&a, value, &c->format)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "-o", &value)) {
@@ -77,7 +86,8 @@ int cmd_ir(int argc, char **argv) {
     diag_init(&d, stderr);
     d.max_errors = c.max_errors;
     bool ok =
-        drv_ir_print_model(c.model_path, &c.source, c.after, c.print_after, c.format, c.output_path, &d);
+        drv_ir_print_model(c.model_path, &c.source, c.after, &c.lowering, c.print_after, c.format,
+                           c.output_path, &d);
     status = ok && !diag_has_errors(&d) ? CLI_OK : CLI_INPUT_ERROR;
     diag_free(&d);
     return status;

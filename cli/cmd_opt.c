@@ -16,6 +16,9 @@ static const char usage[] = "usage: smelt opt --pass NAME[,NAME...] [options] IN
                             "                          also print the IR after each named pass (to stderr)\n"
                             "  --split-input-file      treat each `# -----` separated chunk as its own\n"
                             "                          module; outputs are separated the same way\n"
+                            "  --precision f32|bf16    the precision pass's policy (default f32)\n"
+                            "  --max-step-tokens N     tokens per step plan-memory sizes buffers for\n"
+                            "                          (default: the token dim's bound)\n"
                             "  --format text|json|dot  output format (default text)\n"
                             "  -o FILE                 write to FILE instead of standard output\n"
                             "  --max-errors N          stop after N errors (default 20, 0: no limit)\n"
@@ -29,7 +32,8 @@ typedef struct opt_command {
     const char *output_path;
     drv_ir_format format;
     bool split_input;
-    unsigned max_errors;
+    unsigned max_errors, max_step_tokens;
+    drv_lowering lowering;
 } opt_command;
 
 static int parse_arguments(int argc, char **argv, opt_command *c) {
@@ -49,6 +53,11 @@ static int parse_arguments(int argc, char **argv, opt_command *c) {
         } else if (cli_flag_value(&a, "--print-ir-after", &value)) {
             if (!value) return CLI_USAGE_ERROR;
             c->print_after = value;
+        } else if (cli_flag_value(&a, "--precision", &value)) {
+            if (!value || !cli_parse_precision(&a, value, &c->lowering.precision)) return CLI_USAGE_ERROR;
+        } else if (cli_flag_value(&a, "--max-step-tokens", &value)) {
+            if (!value || !cli_parse_count(&a, value, &c->max_step_tokens)) return CLI_USAGE_ERROR;
+            c->lowering.max_step_tokens = c->max_step_tokens;
         } else if (cli_flag(&a, "--split-input-file")) {
             c->split_input = true;
         } else if (cli_flag_value(&a, "--format", &value)) {
@@ -72,7 +81,7 @@ static int parse_arguments(int argc, char **argv, opt_command *c) {
 /* One module: parse, run passes, print. The chunk text starts with as many
  * newlines as lines precede it in the file, so diagnostics keep their lines. */
 static bool run_one(const opt_command *c, const char *text, size_t length, FILE *out, diag_engine *d) {
-    return drv_ir_opt(c->input_path, text, length, c->pass_list, c->print_after, c->format, out, d);
+    return drv_ir_opt(c->input_path, text, length, c->pass_list, &c->lowering, c->print_after, c->format, out, d);
 }
 
 /* True when the line at `p` is a chunk separator: `# -----` (and more dashes). */

@@ -5,7 +5,7 @@
  *
  * Each compute or layout op is lowered by the emitter of its family
  * (ops.def's family column; one file per family, emit_<family>.c) into one
- * or more CUDA C kernels in the C-compatible subset of DESIGN.md §4: the
+ * or more CUDA C kernels in the C-compatible subset of docs/design.md §4: the
  * same text that NVRTC compiles for a GPU and the host C compiler builds for
  * the simulator. A kernel comes with its parameter list (which buffers, in
  * which order) and its launch rule (grid affine in the token count T, block,

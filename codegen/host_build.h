@@ -1,7 +1,7 @@
 /* host_build.h - building the host simulator's shared object from kernel
  * sources with the host C compiler.
  *
- * The host backend runs the very text NVRTC compiles (DESIGN.md §4): the
+ * The host backend runs the very text NVRTC compiles (docs/design.md §4): the
  * kernels are compiled as C11 against the host half of smelt_kernel.h into
  * one shared object, which the plan stores as bytes and the runtime
  * dlopen()s. cg_host_build() writes the sources into a fresh temporary

@@ -205,15 +205,23 @@ typedef enum drv_ir_format { DRV_IR_TEXT, DRV_IR_JSON, DRV_IR_DOT } drv_ir_forma
  * `after` ("all": every pass), printing the IR after the passes named by
  * print_after (NULL, a name or "all") to stderr, then the result to
  * output_path (NULL or "-": stdout; the file is written only on success). */
+/* What the lowering passes are told: --precision's policy and the tokens per
+ * step buffers are sized for (0: the model's bound). */
+typedef struct drv_lowering {
+    drv_precision precision;
+    int64_t max_step_tokens;
+} drv_lowering;
+
 bool drv_ir_print_model(const char *model_path, const drv_source_options *source, const char *after,
-                        const char *print_after, drv_ir_format format, const char *output_path,
-                        diag_engine *d);
+                        const drv_lowering *lowering, const char *print_after, drv_ir_format format,
+                        const char *output_path, diag_engine *d);
 
 /* `smelt opt`: text IR (named `path` in diagnostics) parsed, the
  * comma-separated `passes` run (NULL: none; the module is still verified),
  * printing as above, the result to out. */
 bool drv_ir_opt(const char *path, const char *text, size_t length, const char *passes,
-                const char *print_after, drv_ir_format format, FILE *out, diag_engine *d);
+                const drv_lowering *lowering, const char *print_after, drv_ir_format format, FILE *out,
+                diag_engine *d);
 
 /* Every pass with its one-line summary, one a line. */
 void drv_print_pass_table(FILE *out);

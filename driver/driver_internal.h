@@ -18,13 +18,6 @@
  * *m is initialised whatever the result: free it with ir_module_free. */
 bool drv_source_parse(const char *path, const drv_source_options *o, ir_module *m, diag_engine *d);
 
-/* What the lowering passes are told: --precision's policy and the tokens per
- * step buffers are sized for (0: the model's bound). */
-typedef struct drv_lowering {
-    drv_precision precision;
-    int64_t max_step_tokens;
-} drv_lowering;
-
 /* The model source through the frontend and every pass, lowered with `l`:
  * what compiling and running a source start from. *m is initialised
  * whatever the result. */

@@ -36,21 +36,22 @@ static bool write_module(const ir_module *m, drv_ir_format format, const char *p
 }
 
 bool drv_ir_print_model(const char *model_path, const drv_source_options *source, const char *after,
-                        const char *print_after, drv_ir_format format, const char *output_path,
-                        diag_engine *d) {
+                        const drv_lowering *lowering, const char *print_after, drv_ir_format format,
+                        const char *output_path, diag_engine *d) {
     ir_module m = {0};
     bool ok = drv_source_parse(model_path, source, &m, d);
-    if (ok) ok = drv_run_passes(&m, after, NULL, NULL, print_after, d);
+    if (ok) ok = drv_run_passes(&m, after, NULL, lowering, print_after, d);
     if (ok) ok = write_module(&m, format, output_path, d);
     ir_module_free(&m);
     return ok;
 }
 
 bool drv_ir_opt(const char *path, const char *text, size_t length, const char *passes,
-                const char *print_after, drv_ir_format format, FILE *out, diag_engine *d) {
+                const drv_lowering *lowering, const char *print_after, drv_ir_format format, FILE *out,
+                diag_engine *d) {
     ir_module m = {0};
     bool ok = ir_parse_text(path, text, length, d, &m);
-    if (ok) ok = drv_run_passes(&m, NULL, passes, NULL, print_after, d);
+    if (ok) ok = drv_run_passes(&m, NULL, passes, lowering, print_after, d);
     if (ok) print_module(&m, format, out);
     ir_module_free(&m);
     return ok;

@@ -1,4 +1,4 @@
-/* ir.h - smelt's intermediate representation (DESIGN.md §3).
+/* ir.h - smelt's intermediate representation (docs/design.md §3).
  *
  * A module is a straight-line list of ops; every tensor is the result of an
  * op (inputs, weights and constants are ops too), so a pass that inserts or

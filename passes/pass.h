@@ -2,7 +2,7 @@
  *
  * Every pass lives in its own file (passes/<name>.c) that opens with its
  * contract: what it requires, what it guarantees, what it may break. The
- * table lists them in pipeline order (DESIGN.md §2); the driver runs a list
+ * table lists them in pipeline order (docs/design.md §2); the driver runs a list
  * of them, verifies the module after each, and prints it on request:
  *
  *   pass_list list;

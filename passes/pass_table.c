@@ -1,6 +1,6 @@
 /* pass_table.c - the passes in pipeline order, and lists of them by name.
  *
- * DESIGN.md §2 fixes the order: infer-shapes, canonicalize, decompose,
+ * docs/design.md §2 fixes the order: infer-shapes, canonicalize, decompose,
  * precision, partition, kv-paging, fuse, schedule, plan-memory. A pass is
  * listed here once its file exists.
  */

@@ -60,7 +60,7 @@
  *     string name                 the extern "C" entry point, non-empty
  *     string family               emitter family, e.g. "rmsnorm"
  *     string ops                  the IR ops it implements, as text
- *     string source               CUDA C text (C-compatible subset, DESIGN.md §4)
+ *     string source               CUDA C text (C-compatible subset, docs/design.md §4)
  *     6 x affine {i64 a, i64 b, i64 c}   grid x, y, z, then block x, y, z
  *     u64 dynamic_shared_bytes
  *     u32 resource_count, then per arch:

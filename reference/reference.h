@@ -1,6 +1,6 @@
 /* reference.h - the fp32 reference backend: the IR interpreted on the CPU.
  *
- * `ref` is smelt's numeric oracle (DESIGN.md §6, §7): every other backend
+ * `ref` is smelt's numeric oracle (docs/design.md §6, §7): every other backend
  * and every PyTorch fixture is compared against it. It runs the ops of an
  * inferred module in program order, one plain C function per op, in fp32
  * with double accumulation, whatever dtypes the IR names. It is written for

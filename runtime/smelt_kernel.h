@@ -2,7 +2,7 @@
  *
  * A smelt kernel is written once, in a C-compatible subset of CUDA (no
  * templates, references, overloading or classes), and this header gives that
- * text two meanings (DESIGN.md §4):
+ * text two meanings (docs/design.md §4):
  *
  *   - under NVRTC (__CUDACC_RTC__) it maps to CUDA itself: SMELT_KERNEL is
  *     `extern "C" __global__`, the intrinsics are CUDA's own, tensor cores

@@ -6,7 +6,7 @@
  * Passes when the logits have the fixture's shape, every row is within
  * TOLERANCE x (max - min of the fixture's logits) of the fixture's row, and
  * the tokens printed on the "tokens:" line start with the fixture's greedy
- * tokens (tokens.txt). TOLERANCE is DESIGN.md §7's bound for the plan's
+ * tokens (tokens.txt). TOLERANCE is docs/design.md §7's bound for the plan's
  * precision: 1e-4 (the default) for fp32, 2e-2 for bf16. Prints the worst
  * error found either way. */
 #include <errno.h>

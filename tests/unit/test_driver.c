@@ -83,7 +83,7 @@ static void step_fixture(const drv_model_options *o, float *logits) {
     capture_free(&c);
 }
 
-/* Within 1e-4 of the reference's logit range, the fp32 bound of DESIGN.md. */
+/* Within 1e-4 of the reference's logit range, the fp32 bound of docs/design.md. */
 static void assert_close_to(const float *got, const float *expected) {
     float lo = expected[0], hi = expected[0];
     for (int i = 0; i < STEP * VOCAB; i++) {

@@ -5,7 +5,7 @@ Loads tests/fixtures/demo with transformers' LlamaForCausalLM (fp32), runs
 BOS + "In the beginning" and N greedy tokens through one full forward pass,
 and compares every row with what `smelt run --dump-logits` computes for the
 same prompt: max abs error <= 1e-4 of the logit range at every row (the
-reference backend's bound, DESIGN.md section 7) and the same greedy tokens.
+reference backend's bound, docs/design.md section 7) and the same greedy tokens.
 
     python3 tools/train/check_demo.py [--smelt build/cli/smelt] [--backend ref] [--tokens 64]
 
