@@ -13,7 +13,7 @@ static const char usage[] = "usage: smelt ir MODEL [options]\n"
                             "                         (default: infer-shapes; `all`: every pass)\n"
                             "  --print-ir-after PASS|all\n"
                             "                         also print the IR after each named pass (to stderr)\n"
-"  --precision f32|bf16   the precision pass's policy (default f32)\n"
+                            "  --precision f32|bf16   the precision pass's policy (default f32)\n"
                             "  --max-step-tokens N    tokens per step plan-memory sizes buffers for\n"
                             "                         (default: the token dim's bound)\n"
                             "  --format text|json|dot output format (default text)\n"
@@ -85,9 +85,8 @@ int cmd_ir(int argc, char **argv) {
     diag_engine d;
     diag_init(&d, stderr);
     d.max_errors = c.max_errors;
-    bool ok =
-        drv_ir_print_model(c.model_path, &c.source, c.after, &c.lowering, c.print_after, c.format,
-                           c.output_path, &d);
+    bool ok = drv_ir_print_model(c.model_path, &c.source, c.after, &c.lowering, c.print_after, c.format,
+                                 c.output_path, &d);
     status = ok && !diag_has_errors(&d) ? CLI_OK : CLI_INPUT_ERROR;
     diag_free(&d);
     return status;

@@ -81,7 +81,8 @@ static int parse_arguments(int argc, char **argv, opt_command *c) {
 /* One module: parse, run passes, print. The chunk text starts with as many
  * newlines as lines precede it in the file, so diagnostics keep their lines. */
 static bool run_one(const opt_command *c, const char *text, size_t length, FILE *out, diag_engine *d) {
-    return drv_ir_opt(c->input_path, text, length, c->pass_list, &c->lowering, c->print_after, c->format, out, d);
+    return drv_ir_opt(c->input_path, text, length, c->pass_list, &c->lowering, c->print_after, c->format, out,
+                      d);
 }
 
 /* True when the line at `p` is a chunk separator: `# -----` (and more dashes). */
