@@ -540,6 +540,48 @@ static void test_bad_attributes_are_errors(void **state) {
     case_free(c);
 }
 
+/* A storage dtype without kernels (f8 today) is refused at the op, never
+ * sized or loaded as if it were another. */
+static void test_dtype_without_kernels_is_refused(void **state) {
+    (void)state;
+    emit_case *c = case_new("bf16");
+    ir_value_id x = case_input(c, "x", "f32[tokens, 8]");
+    uint32_t silu = case_op(c, IR_OP_SILU, &x, 1);
+    case_infer(c);
+    c->m.values[x].type.dtype = SMELT_DTYPE_F8E4M3; /* as a future precision policy would */
+    c->m.values[case_result(c, silu)].type.dtype = SMELT_DTYPE_F8E4M3;
+    assert_emit_fails(
+        c, silu,
+        "error: codegen has no kernels for f8e4m3 values yet (operand 0 of 'silu'); kernels exist "
+        "for f32, bf16 and i32");
+    case_free(c);
+}
+
+/* A group of several ops (a fusion rule's) without an emitter for it is an
+ * error at its first op, not one kernel per op behind the IR's back. */
+static void test_group_without_emitter_is_refused(void **state) {
+    (void)state;
+    emit_case *c = case_new("f32");
+    ir_value_id x = case_input(c, "x", "f32[tokens, 8]");
+    uint32_t first = case_op(c, IR_OP_SILU, &x, 1);
+    ir_value_id y = case_result(c, first);
+    uint32_t second = case_op(c, IR_OP_SILU, &y, 1);
+    case_infer(c);
+    const uint32_t ops[] = {first, second};
+    ir_value_id z = case_result(c, second);
+    cg_group g = {
+        .id = 0, .op_count = 2, .ops = ops, .input_count = 1, .inputs = &x, .output_count = 1, .outputs = &z};
+    arena a;
+    arena_init(&a);
+    cg_group_lowering l;
+    assert_false(cg_emit_group(&c->m, &g, &a, &l, &c->d));
+    assert_non_null(strstr(case_log(c),
+                           "codegen has no emitter for a kernel group of 2 ops (group 0 starts with "
+                           "'silu'): the fusion rule that made it needs one"));
+    arena_free(&a);
+    case_free(c);
+}
+
 /* Rows that int indices cannot hold, and grids a GPU cannot launch, are
  * errors at compile time, not faults at run time. */
 static void test_sizes_beyond_kernel_limits(void **state) {
@@ -584,6 +626,8 @@ int main(void) {
         cmocka_unit_test(test_long_symbol_name_is_cut),
         cmocka_unit_test(test_bad_attributes_are_errors),
         cmocka_unit_test(test_sizes_beyond_kernel_limits),
+        cmocka_unit_test(test_dtype_without_kernels_is_refused),
+        cmocka_unit_test(test_group_without_emitter_is_refused),
     };
     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
 }
