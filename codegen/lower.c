@@ -25,12 +25,8 @@ typedef struct lowering_state {
 
 static bool check_lowered(const ir_module *m, diag_engine *d) {
     bool scheduled = true;
-    for (uint32_t i = 0; i < m->op_count && scheduled; i++) {
-        const ir_op *op = &m->ops[i];
-        const ir_op_info *info = ir_op_info_of(op->kind);
-        if (!op->dead && strcmp(info->family, "decl") != 0 && !(info->flags & IR_OPF_VIEW))
-            scheduled = op->group != IR_NONE && op->step != IR_NONE;
-    }
+    for (uint32_t i = 0; i < m->op_count && scheduled; i++)
+        if (ir_op_launches(m, i)) scheduled = m->ops[i].group != IR_NONE && m->ops[i].step != IR_NONE;
     if (m->precision && m->planned_tokens > 0 && scheduled) return true;
     diag_error(
         d, SMELT_NO_LOC,
@@ -165,16 +161,6 @@ static bool value_ref(const lowering_state *s, ir_value_id v, prog_ref *ref) {
     return true;
 }
 
-/* Bytes of a weight (no symbolic dims: the verifier and the frontend see to it). */
-static bool weight_bytes(const ir_type *t, uint64_t *bytes) {
-    uint64_t elements = 1;
-    for (unsigned i = 0; i < t->rank; i++)
-        if (ir_dim_is_symbol(t->dims[i]) || t->dims[i].size < 0 ||
-            size_mul_overflow(elements, (uint64_t)t->dims[i].size, &elements))
-            return false;
-    return smelt_dtype_storage_bytes(t->dtype, elements, bytes);
-}
-
 static prog_affine rows_of(int32_t token_symbol, const ir_type *t) {
     int64_t rows = 1;
     bool tokens = false;
@@ -261,7 +247,7 @@ static bool build_weight_table(lowering_state *s) {
         w->rank = value->type.rank;
         for (unsigned d = 0; d < value->type.rank; d++)
             w->shape[d] = value->type.dims[d].size;
-        if (!weight_bytes(&value->type, &w->bytes)) {
+        if (!ir_type_bytes(m, &value->type, -1, 0, &w->bytes)) {
             diag_error(s->d, op->loc, "weight '%.*s%s' has no size in bytes", DIAG_NAME(w->name));
             ok = false;
         }

@@ -277,6 +277,16 @@ uint32_t *ir_use_counts(const ir_module *m);
 bool ir_infer_op_types(const ir_module *m, uint32_t op, ir_type *out, diag_engine *d);
 /* Element count of `t` with symbols at their bounds; false on overflow. */
 bool ir_type_max_elements(const ir_module *m, const ir_type *t, uint64_t *out);
+/* Bytes of a value of type `t` in its storage dtype (sub-byte dtypes
+ * packed), with symbol `token_symbol` at `tokens` and any other symbol at its
+ * bound: what plan-memory allocates and what a kernel may touch. False on
+ * overflow, a negative dim or an unknown dtype. */
+bool ir_type_bytes(const ir_module *m, const ir_type *t, int32_t token_symbol, int64_t tokens, uint64_t *out);
+/* Does op `op` launch work on a device (a kernel or a GEMM), so that it
+ * belongs to a kernel group? Declarations (ops.def family "decl": input,
+ * weight, const, output) and views (IR_OPF_VIEW: reshape) do not; nor do
+ * dead ops. */
+bool ir_op_launches(const ir_module *m, uint32_t op);
 
 /* Checks the invariants of the module; reports every violation. */
 bool ir_verify(const ir_module *m, diag_engine *d);

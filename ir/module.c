@@ -238,6 +238,27 @@ bool ir_type_matches(const ir_module *m, const ir_type *actual, const ir_type *i
     return ir_type_equal(&same, inferred);
 }
 
+bool ir_type_bytes(const ir_module *m, const ir_type *t, int32_t token_symbol, int64_t tokens,
+                   uint64_t *out) {
+    uint64_t elements = 1;
+    for (unsigned i = 0; i < t->rank; i++) {
+        ir_dim d = t->dims[i];
+        int64_t size = !ir_dim_is_symbol(d)                   ? d.size
+                       : d.symbol == token_symbol             ? tokens
+                       : (uint32_t)d.symbol < m->symbol_count ? m->symbols[d.symbol].bound
+                                                              : -1;
+        if (size < 0 || size_mul_overflow(elements, (uint64_t)size, &elements)) return false;
+    }
+    return smelt_dtype_storage_bytes(t->dtype, elements, out);
+}
+
+bool ir_op_launches(const ir_module *m, uint32_t op) {
+    const ir_op *o = &m->ops[op];
+    if (o->dead || (unsigned)o->kind >= IR_OP_COUNT) return false;
+    const ir_op_info *info = ir_op_info_of(o->kind);
+    return strcmp(info->family, "decl") != 0 && !(info->flags & IR_OPF_VIEW);
+}
+
 bool ir_type_max_elements(const ir_module *m, const ir_type *t, uint64_t *out) {
     uint64_t n = 1;
     for (unsigned i = 0; i < t->rank; i++) {

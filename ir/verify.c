@@ -16,6 +16,7 @@
  *     result types back.
  * Unknown result types are allowed: a module is valid before infer-shapes.
  */
+#include "interface.h"
 #include "ir.h"
 
 #include <stdarg.h>
@@ -365,14 +366,13 @@ static void check_group_steps(verifier *v) {
 static void check_lowering(verifier *v) {
     const ir_module *m = v->m;
     check_group_steps(v);
-    int32_t tokens = -1; /* the symbol sized at planned_tokens: dim 0 of the first symbolic input */
-    for (uint32_t i = 0; i < m->op_count && tokens < 0; i++) {
-        const ir_op *op = &m->ops[i];
-        if (!op->dead && op->kind == IR_OP_INPUT && op->result_count == 1 &&
-            op->results[0] < m->value_count) {
-            const ir_type *t = &m->values[op->results[0]].type;
-            if (t->rank >= 1 && ir_dim_is_symbol(t->dims[0])) tokens = t->dims[0].symbol;
-        }
+    /* The symbol sized at planned_tokens: dim 0 of the ids input (ir/interface.h),
+     * read with the bounds checks a module that may be malformed needs. */
+    int32_t tokens = -1;
+    uint32_t ids = ir_role_op(m, IR_ROLE_IDS);
+    if (ids != IR_NONE && m->ops[ids].result_count == 1 && m->ops[ids].results[0] < m->value_count) {
+        const ir_type *t = &m->values[m->ops[ids].results[0]].type;
+        if (t->rank >= 1 && ir_dim_is_symbol(t->dims[0])) tokens = t->dims[0].symbol;
     }
     for (uint32_t i = 0; i < m->op_count && !diag_should_stop(v->d); i++) {
         const ir_op *op = &m->ops[i];
@@ -387,17 +387,8 @@ static void check_lowering(verifier *v) {
                 violation(v, op, "an arena buffer in a module without an 'arena' line");
                 continue;
             }
-            uint64_t elements = 1, bytes = 0;
-            bool sized = true;
-            for (unsigned k = 0; k < value->type.rank && sized; k++) {
-                ir_dim dim = value->type.dims[k];
-                int64_t size = !ir_dim_is_symbol(dim)                   ? dim.size
-                               : dim.symbol == tokens                   ? m->planned_tokens
-                               : (uint32_t)dim.symbol < m->symbol_count ? m->symbols[dim.symbol].bound
-                                                                        : -1;
-                sized = size >= 0 && !size_mul_overflow(elements, (uint64_t)size, &elements);
-            }
-            sized = sized && smelt_dtype_storage_bytes(value->type.dtype, elements, &bytes);
+            uint64_t bytes = 0;
+            bool sized = ir_type_bytes(m, &value->type, tokens, m->planned_tokens, &bytes);
             if (sized &&
                 (value->buffer.offset > m->arena_bytes || bytes > m->arena_bytes - value->buffer.offset))
                 violation(v, op, "result %u at arena(%llu), %llu bytes, ends past the arena's %llu bytes", r,

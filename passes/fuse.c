@@ -1,7 +1,7 @@
 /* fuse.c - the fuse pass: which ops run together as one kernel.
  *
  * Requires: a verified module.
- * Guarantees: every op that does work on a device (pass_op_does_work: not a
+ * Guarantees: every op that does work on a device (ir_op_launches: not a
  *   declaration — input, weight, const, output — and not a view such as
  *   reshape) belongs to exactly one kernel group, op.group; groups are
  *   numbered 0, 1, ... in program order of their first op; declarations and
@@ -15,22 +15,13 @@
  */
 #include "pass.h"
 
-#include <string.h>
-
-bool pass_op_does_work(const ir_module *m, uint32_t op) {
-    const ir_op *o = &m->ops[op];
-    if (o->dead) return false;
-    const ir_op_info *info = ir_op_info_of(o->kind);
-    return strcmp(info->family, "decl") != 0 && !(info->flags & IR_OPF_VIEW);
-}
-
 bool pass_fuse(ir_module *m, const pass_options *o, diag_engine *d) {
     (void)o;
     (void)d;
     uint32_t groups = 0;
     for (uint32_t i = 0; i < m->op_count; i++) {
         ir_op *op = &m->ops[i];
-        op->group = pass_op_does_work(m, i) ? groups++ : IR_NONE;
+        op->group = ir_op_launches(m, i) ? groups++ : IR_NONE;
         op->step = IR_NONE;
     }
     for (ir_value_id v = 0; v < m->value_count; v++)

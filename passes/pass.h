@@ -80,9 +80,4 @@ bool pass_fuse(ir_module *m, const pass_options *o, diag_engine *d);        /* f
 bool pass_schedule(ir_module *m, const pass_options *o, diag_engine *d);    /* schedule.c */
 bool pass_plan_memory(ir_module *m, const pass_options *o, diag_engine *d); /* plan_memory.c */
 
-/* Does op `op` do work on a device (a kernel or a GEMM), so that it belongs
- * to a kernel group? Declarations (input, weight, const, output) and views
- * (reshape) do not. */
-bool pass_op_does_work(const ir_module *m, uint32_t op);
-
 #endif

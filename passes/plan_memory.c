@@ -87,19 +87,8 @@ typedef struct memory_state {
     arena_plan arena;
 } memory_state;
 
-/* Bytes of value v, the token dim at planned_tokens, other symbols at their bound. */
 static bool value_bytes(const memory_state *s, ir_value_id v, uint64_t *bytes) {
-    const ir_module *m = s->m;
-    const ir_type *t = &m->values[v].type;
-    uint64_t elements = 1;
-    for (unsigned i = 0; i < t->rank; i++) {
-        ir_dim dim = t->dims[i];
-        int64_t size = !ir_dim_is_symbol(dim)          ? dim.size
-                       : dim.symbol == s->token_symbol ? m->planned_tokens
-                                                       : m->symbols[dim.symbol].bound;
-        if (size < 0 || size_mul_overflow(elements, (uint64_t)size, &elements)) return false;
-    }
-    return smelt_dtype_storage_bytes(t->dtype, elements, bytes);
+    return ir_type_bytes(s->m, &s->m->values[v].type, s->token_symbol, s->m->planned_tokens, bytes);
 }
 
 static bool allocate_results(memory_state *s, uint32_t op) {
@@ -160,7 +149,7 @@ static uint32_t *launch_order(const ir_module *m, uint32_t *count) {
 
 static bool check_scheduled(const ir_module *m, diag_engine *d) {
     for (uint32_t i = 0; i < m->op_count; i++)
-        if (pass_op_does_work(m, i) && m->ops[i].step == IR_NONE) {
+        if (ir_op_launches(m, i) && m->ops[i].step == IR_NONE) {
             diag_error(d, m->ops[i].loc,
                        "%s: op has no launch step; run fuse and schedule before plan-memory",
                        ir_op_info_of(m->ops[i].kind)->name);

@@ -17,7 +17,7 @@ bool pass_schedule(ir_module *m, const pass_options *o, diag_engine *d) {
     uint32_t group_count = 0;
     for (uint32_t i = 0; i < m->op_count; i++) {
         const ir_op *op = &m->ops[i];
-        if (pass_op_does_work(m, i) && op->group == IR_NONE) {
+        if (ir_op_launches(m, i) && op->group == IR_NONE) {
             diag_error(d, op->loc, "%s: op has no kernel group; run the fuse pass before schedule",
                        ir_op_info_of(op->kind)->name);
             return false;
