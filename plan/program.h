@@ -28,7 +28,7 @@
 
 #include "smelt_dtype.h"
 
-enum { PROGRAM_FORMAT_VERSION = 2, PROG_MAX_ARGS = 32 };
+enum { PROGRAM_FORMAT_VERSION = 3, PROG_MAX_ARGS = 32 };
 
 /* ceil((a * T + b) / c) with c >= 1; a constant is {0, value, 1}. */
 typedef struct prog_affine {
@@ -53,7 +53,10 @@ typedef struct prog_ref {
 } prog_ref;
 
 /* One kernel argument: a pointer to a buffer, the token count T as an int,
- * or an integer constant. */
+ * or an integer constant (codegen makes none today; the decoder refuses
+ * them). A pointer carries what the kernel may touch through it: `extent`
+ * bytes from ref (affine in T, as codegen derives it from the parameter's
+ * type and storage dtype, or a state buffer's size), and whether it writes. */
 typedef enum prog_arg_kind {
     PROG_ARG_POINTER = 0,
     PROG_ARG_TOKENS = 1, /* int: T of this step */
@@ -61,9 +64,11 @@ typedef enum prog_arg_kind {
 } prog_arg_kind;
 
 typedef struct prog_arg {
-    uint8_t kind;  /* prog_arg_kind */
-    prog_ref ref;  /* PROG_ARG_POINTER */
-    int64_t value; /* PROG_ARG_INT */
+    uint8_t kind;       /* prog_arg_kind */
+    prog_ref ref;       /* PROG_ARG_POINTER */
+    prog_affine extent; /* PROG_ARG_POINTER: bytes from ref the kernel may touch at T tokens */
+    bool writes;        /* PROG_ARG_POINTER: the kernel stores through it */
+    int64_t value;      /* PROG_ARG_INT */
 } prog_arg;
 
 typedef enum prog_op {
@@ -130,8 +135,10 @@ typedef struct program {
     int64_t
         max_positions; /* positions must lie in [0, max_positions) (the KV caches' length); 0: unchecked */
     int64_t id_bound;  /* ids must lie in [0, id_bound) (rows of the embedding table); 0: [0, vocab) */
+    uint32_t id_table; /* weight index of the embedding table the ids index; UINT32_MAX: none */
     uint32_t state_count;
     uint64_t *state_bytes; /* [state_count] */
+    uint64_t *state_rows;  /* [state_count] positions (max_seq) of a KV cache; 0: not indexed by position */
     uint32_t weight_count;
     prog_weight *weights; /* [weight_count] */
     uint32_t instr_count;
@@ -160,12 +167,18 @@ bool program_encode(const program *p, uint8_t **bytes, size_t *size);
  * saying what is wrong and where into error. */
 bool program_decode(const uint8_t *bytes, size_t size, program *out, char *error, size_t error_size);
 
+struct plan_kernel;
+
 /* Checks what the program says about the rest of its plan: every launched
- * kernel exists (kernel_count entries in the kernel table) and every weight
- * stored in the plan lies inside the WEIGHT_DATA section (weight_data_size
- * bytes) at an offset aligned to its element size. */
-bool program_check_plan(const program *p, uint32_t kernel_count, uint64_t weight_data_size, char *error,
-                        size_t error_size);
+ * kernel exists (kernel_count entries of `kernels`, the plan's kernel table),
+ * each launch's grid, block and dynamic shared memory are the kernel table's
+ * launch rule for that kernel (the kernel is generated to be safe for exactly
+ * that rule), all launches of one kernel pass the same kinds of arguments
+ * with the same extents, and every weight stored in the plan lies inside the
+ * WEIGHT_DATA section (weight_data_size bytes) at an offset aligned to its
+ * element size. */
+bool program_check_plan(const program *p, const struct plan_kernel *kernels, uint32_t kernel_count,
+                        uint64_t weight_data_size, char *error, size_t error_size);
 
 /* Frees what program_decode allocated and zeroes *p. */
 void program_free(program *p);
