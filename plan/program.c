@@ -577,10 +577,10 @@ static bool decode_launch(decoder *d, uint32_t i, prog_launch *l) {
                     d, "%s: extent rule ceil((%lld * T + %lld) / %lld) is invalid or empty for T <= %lld",
                     what, (long long)arg->extent.a, (long long)arg->extent.b, (long long)arg->extent.c,
                     (long long)d->out->max_tokens);
-            /* Everything the kernel may touch through it, at the token bound. */
-            if (!check_region(d, arg->ref, (uint64_t)extent, 1, what)) return false;
             if (arg->writes && arg->ref.buffer == PROG_BUFFER_WEIGHT)
                 return fail(d, "%s: the kernel writes weight %u", what, arg->ref.index);
+            /* Everything the kernel may touch through it, at the token bound. */
+            if (!check_region(d, arg->ref, (uint64_t)extent, 1, what)) return false;
             break;
         }
         case PROG_ARG_TOKENS: break;
