@@ -18,6 +18,7 @@
 #include "host_build.h"
 #include "nvrtc.h"
 #include "numeric.h"
+#include "plan_print.h"
 #include "plan_read.h"
 #include "plan_write.h"
 #include "program.h"
@@ -708,6 +709,77 @@ static void test_program_decode_fuzz(void **state) {
     assert_true(accepted > 0);   /* and some damage (a weight value, an INT) is harmless */
     free(mutated);
     free(bytes);
+}
+
+/* Names in the kernel table and the weight table of a program that decodes:
+ * the program printer escapes their control bytes too. */
+static void assert_contains(const char *text, const char *needle) {
+    if (!strstr(text, needle)) fail_msg("expected '%s' in:\n%s", needle, text);
+}
+
+static void test_print_escapes_kernel_and_weight_names(void **state) {
+    (void)state;
+    program p = {.format_version = PROGRAM_FORMAT_VERSION,
+                 .max_tokens = 1,
+                 .arena_bytes = 16,
+                 .vocab = 1,
+                 .input_ids = {PROG_BUFFER_ARENA, 0, 0},
+                 .input_pos = {PROG_BUFFER_ARENA, 0, 4},
+                 .logits = {PROG_BUFFER_ARENA, 0, 8},
+                 .id_table = UINT32_MAX};
+    prog_weight weight = {
+        .name = "w\x1b]0;x\x07", .dtype = SMELT_DTYPE_F32, .rank = 1, .bytes = 4, .data_offset = UINT64_MAX};
+    weight.shape[0] = 1;
+    prog_instr instrs[2] = {{.op = PROG_OP_LAUNCH}, {.op = PROG_OP_GEMM}};
+    prog_launch *l = &instrs[0].as.launch;
+    for (int d = 0; d < 3; d++)
+        l->rule.grid[d] = (prog_affine){0, 1, 1}, l->rule.block[d] = 1;
+    l->arg_count = 1;
+    l->args[0] = (prog_arg){
+        .kind = PROG_ARG_POINTER, .ref = {PROG_BUFFER_ARENA, 0, 12}, .extent = {0, 4, 1}, .writes = true};
+    instrs[1].as.gemm = (prog_gemm){.m = {1, 0, 1},
+                                    .n = 1,
+                                    .k = 1,
+                                    .dtype_a = SMELT_DTYPE_F32,
+                                    .dtype_b = SMELT_DTYPE_F32,
+                                    .dtype_c = SMELT_DTYPE_F32,
+                                    .a = {PROG_BUFFER_ARENA, 0, 12},
+                                    .b = {PROG_BUFFER_WEIGHT, 0, 0},
+                                    .c = {PROG_BUFFER_ARENA, 0, 8}};
+    p.weight_count = 1, p.weights = &weight, p.instr_count = 2, p.instrs = instrs;
+    uint8_t *encoded;
+    size_t encoded_size;
+    assert_true(program_encode(&p, &encoded, &encoded_size));
+    plan_kernel kernel = {.name = plan_text_from("k\x1b[31m"), .family = plan_text_from("f\x9b")};
+    for (int d = 0; d < 3; d++)
+        kernel.launch.grid[d] = kernel.launch.block[d] = (plan_affine){0, 1, 1};
+
+    plan_writer w;
+    plan_writer_init(&w, "0.1.0");
+    plan_writer_add_kernels(&w, &kernel, 1);
+    plan_writer_add_section(&w, PLAN_SECTION_PROGRAM, encoded, encoded_size);
+    char error[512] = "";
+    char written[256];
+    snprintf(written, sizeof written, "%s/escaped.plan", folder);
+    assert_true(plan_write_file(&w, written, NULL, error, sizeof error));
+    plan_writer_free(&w);
+    free(encoded);
+    plan_file plan;
+    char path[256];
+    snprintf(path, sizeof path, "%s/escaped.plan", folder);
+    assert_true(plan_open(path, &plan, error, sizeof error));
+    char *text = NULL;
+    size_t length = 0;
+    FILE *out = open_memstream(&text, &length);
+    assert_non_null(out);
+    if (!plan_print(out, &plan, &(plan_print_options){0}, error, sizeof error)) fail_msg("%s", error);
+    fclose(out);
+    assert_contains(text, "kernel 0: k\\x1b[31m\n");
+    assert_contains(text, "launch k\\x1b[31m(");
+    assert_contains(text, "[0] w\\x1b]0;x\\x07 f32[1]");
+    assert_true(strchr(text, 0x1b) == NULL && strchr(text, 0x07) == NULL);
+    free(text);
+    plan_close(&plan);
 }
 
 /* ---- Sampler ------------------------------------------------------------------------ */
@@ -1500,6 +1572,7 @@ int main(void) {
         cmocka_unit_test(test_program_decode_refuses_truncation),
         cmocka_unit_test(test_program_decode_refuses_lies),
         cmocka_unit_test(test_program_decode_fuzz),
+        cmocka_unit_test(test_print_escapes_kernel_and_weight_names),
         cmocka_unit_test(test_sampler),
         cmocka_unit_test(test_executor_graphs),
         cmocka_unit_test(test_host_forward_f32),
