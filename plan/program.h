@@ -151,10 +151,12 @@ typedef struct program {
  * a plan (plan_format.h); the layout is written out in program.c. The decoder
  * is the runtime's gate: after program_decode succeeds, every count, index,
  * dtype, affine rule and buffer reference has been checked, and every region
- * a GEMM or the runtime itself reads or writes lies inside its buffer at
- * max_tokens (overflow-safe arithmetic), so the executor needs no checks of
- * its own beyond the token count. Kernel indices and weight data offsets are
- * checked against the rest of the plan by program_check_plan.
+ * a GEMM, a kernel (its arguments' extents) or the runtime itself reads or
+ * writes lies inside its buffer at max_tokens (overflow-safe arithmetic), so
+ * the executor needs no checks of its own beyond the token count. Kernel
+ * indices, launch rules (equal to the kernel table's) and weight data
+ * offsets are checked against the rest of the plan by program_check_plan;
+ * the plan opener (runtime/plan_open.c) runs both.
  */
 
 /* Encodes p into a malloc'ed buffer (*bytes, *size); false only when out of

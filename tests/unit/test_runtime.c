@@ -695,6 +695,21 @@ static void test_program_decode_fuzz(void **state) {
         }
         accepted++;
         for (uint32_t i = 0; i < d.instr_count; i++) {
+            if (d.instrs[i].op == PROG_OP_LAUNCH) { /* every pointer's extent inside its buffer */
+                const prog_launch *l = &d.instrs[i].as.launch;
+                for (uint32_t a = 0; a < l->arg_count; a++) {
+                    const prog_arg *arg = &l->args[a];
+                    assert_true(arg->kind != PROG_ARG_INT);
+                    if (arg->kind != PROG_ARG_POINTER) continue;
+                    int64_t extent = program_affine_max(arg->extent, d.max_tokens);
+                    uint64_t buffer_bytes = arg->ref.buffer == PROG_BUFFER_ARENA ? d.arena_bytes
+                                            : arg->ref.buffer == PROG_BUFFER_WEIGHT
+                                                ? d.weights[arg->ref.index].bytes
+                                                : d.state_bytes[arg->ref.index];
+                    assert_true(extent >= 1 && arg->ref.offset + (uint64_t)extent <= buffer_bytes);
+                    assert_false(arg->writes && arg->ref.buffer == PROG_BUFFER_WEIGHT);
+                }
+            }
             if (d.instrs[i].op != PROG_OP_GEMM) continue;
             const prog_gemm *g = &d.instrs[i].as.gemm;
             int64_t m = program_affine_max(g->m, d.max_tokens);
