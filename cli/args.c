@@ -177,6 +177,9 @@ int cli_model_option(cli_args *a, drv_model_options *o) {
         }
     } else if (cli_flag_value(a, "--precision", &value)) {
         if (!value || !cli_parse_precision(a, value, &o->precision)) return CLI_USAGE_ERROR;
+    } else if (cli_flag_value(a, "--expect-hash", &value)) {
+        if (!value) return CLI_USAGE_ERROR;
+        o->expected_hash = value;
     } else if (cli_flag_value(a, "--tokenizer", &value)) {
         if (!value || !cli_parse_tokenizer(a, value)) return CLI_USAGE_ERROR;
         o->byte_tokenizer = true;

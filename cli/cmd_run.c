@@ -33,6 +33,8 @@ static const char usage[] =
     "                         or a folder; needed unless the plan holds weights\n"
     "  --precision f32|bf16   storage when compiling MODEL in memory (default f32)\n"
     "  --tokenizer bytes      MODEL: ids 0..255 are bytes (BOS/EOS from config.json)\n"
+    "  --expect-hash H        refuse a plan whose content hash (`smelt inspect`)\n"
+    "                         is not H, before any of its code is loaded\n"
     "  --prompt-ids 1,2,3     the prompt's token ids\n"
     "  --prompt TEXT          the prompt as text (needs a byte tokenizer); the\n"
     "                         output is decoded and streamed as text\n"

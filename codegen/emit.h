@@ -50,8 +50,10 @@ typedef enum cg_param_kind {
 
 typedef struct cg_param {
     cg_param_kind kind;
-    ir_value_id value; /* CG_PARAM_VALUE */
-    uint32_t state;    /* CG_PARAM_STATE */
+    ir_value_id value;  /* CG_PARAM_VALUE */
+    uint32_t state;     /* CG_PARAM_STATE */
+    prog_affine extent; /* CG_PARAM_VALUE: the value's bytes at T tokens (its type, storage dtype) */
+    bool writes;        /* the kernel stores through this pointer */
 } cg_param;
 
 typedef struct cg_kernel {
@@ -85,6 +87,7 @@ typedef struct cg_group_lowering {
     cg_kernel kernels[CG_MAX_KERNELS]; /* launched in this order */
     uint32_t state_count;
     uint64_t state_bytes[CG_MAX_STATES];
+    uint64_t state_rows[CG_MAX_STATES]; /* positions (max_seq) each holds; 0: not indexed by position */
 } cg_group_lowering;
 
 /* A kernel group, as the fuse pass made it (op.group): the ops of one

@@ -279,8 +279,10 @@ bool cg_emit_attention(cg_emit *e) {
     }
     e->out->kind = CG_LOWER_KERNELS;
     e->out->state_count = CG_MAX_STATES;
-    for (int i = 0; i < CG_MAX_STATES; i++)
+    for (int i = 0; i < CG_MAX_STATES; i++) {
         e->out->state_bytes[i] = bytes[i];
+        e->out->state_rows[i] = (uint64_t)s.max_seq;
+    }
     emit_kv_write(e, &s);
     emit_attend(e, &s);
     return true;

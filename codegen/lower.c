@@ -213,9 +213,14 @@ static bool build_launch(lowering_state *s, uint32_t g, const cg_kernel *k, prog
         case CG_PARAM_STATE:
             arg->kind = PROG_ARG_POINTER;
             arg->ref = (prog_ref){PROG_BUFFER_STATE, s->state_base[g] + param->state, 0};
+            /* A state is the kernel's own: it may touch all of it. */
+            arg->extent = (prog_affine){0, (int64_t)s->lowerings[g].state_bytes[param->state], 1};
+            arg->writes = param->writes;
             break;
         case CG_PARAM_VALUE:
             arg->kind = PROG_ARG_POINTER;
+            arg->extent = param->extent;
+            arg->writes = param->writes;
             if (!value_ref(s, param->value, &arg->ref)) {
                 diag_error(s->d, s->m->ops[s->groups[g].ops[0]].loc, "%s: operand %%%u has no buffer",
                            k->name, param->value);
@@ -265,12 +270,15 @@ static bool build_program(lowering_state *s) {
         count += s->lowerings[g].kind == CG_LOWER_GEMM ? 1 : s->lowerings[g].kernel_count;
     p->instrs = arena_array(&l->arena, count ? count : 1, sizeof *p->instrs);
     p->state_bytes = arena_array(&l->arena, p->state_count ? p->state_count : 1, sizeof *p->state_bytes);
+    p->state_rows = arena_array(&l->arena, p->state_count ? p->state_count : 1, sizeof *p->state_rows);
     bool ok = true;
     for (uint32_t g = 0; g < s->step_count; g++) {
         const cg_group_lowering *lo = &s->lowerings[g];
         uint32_t first = s->groups[g].ops[0];
-        for (uint32_t st = 0; st < lo->state_count; st++)
+        for (uint32_t st = 0; st < lo->state_count; st++) {
             p->state_bytes[s->state_base[g] + st] = lo->state_bytes[st];
+            p->state_rows[s->state_base[g] + st] = lo->state_rows[st];
+        }
         if (lo->kind == CG_LOWER_GEMM) {
             p->instrs[p->instr_count].ir_op = first;
             ok = build_gemm(s, first, &p->instrs[p->instr_count++]) && ok;
@@ -300,8 +308,13 @@ static void find_input_bounds(const lowering_state *s, ir_value_id ids) {
             int64_t max_seq = ir_op_int(m, i, "max_seq");
             if (p->max_positions == 0 || max_seq < p->max_positions) p->max_positions = max_seq;
         } else if (op->kind == IR_OP_EMBEDDING && op->operands[1] == ids) {
-            int64_t rows = m->values[op->operands[0]].type.dims[0].size;
-            if (p->id_bound == 0 || rows < p->id_bound) p->id_bound = rows;
+            const ir_value *table = &m->values[op->operands[0]];
+            int64_t rows = table->type.dims[0].size;
+            if (p->id_bound == 0 || rows < p->id_bound) {
+                p->id_bound = rows;
+                p->id_table =
+                    table->buffer.kind == IR_BUFFER_WEIGHT ? (uint32_t)table->buffer.offset : UINT32_MAX;
+            }
         }
     }
 }
@@ -355,6 +368,7 @@ bool cg_lower_module(const ir_module *m, cg_lowered *out, diag_engine *d) {
     out->program.format_version = PROGRAM_FORMAT_VERSION;
     out->program.max_tokens = m->planned_tokens;
     out->program.arena_bytes = m->arena_bytes;
+    out->program.id_table = UINT32_MAX;
     bool ok = collect_groups(&s) && bind_interface(&s) && emit_groups(&s) && build_weight_table(&s) &&
               build_program(&s);
     free(s.lowerings);

@@ -120,6 +120,7 @@ typedef struct drv_model_options {
     bool byte_tokenizer;     /* when compiling a source: ids 0..255 are bytes (BOS/EOS from config.json) */
     bool random_weights;     /* bind every weight of the plan to noise (for timing) */
     unsigned random_seed;
+    const char *expected_hash; /* a plan's content hash to require (smelt_engine_options); NULL: any */
     drv_source_options source; /* when compiling a source */
 } drv_model_options;
 

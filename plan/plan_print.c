@@ -29,7 +29,7 @@ static const struct {
 
 /* Writes text from the plan; `newlines` keeps line breaks (else they are
  * escaped too, for one-line fields). */
-static void print_escaped(FILE *out, const char *data, uint64_t length, bool newlines) {
+void plan_print_escaped(FILE *out, const char *data, uint64_t length, bool newlines) {
     for (uint64_t i = 0; i < length; i++) {
         unsigned char c = (unsigned char)data[i];
         if ((c == '\n' && newlines) || c == '\t' || (c >= 0x20 && c != 0x7f))
@@ -37,6 +37,10 @@ static void print_escaped(FILE *out, const char *data, uint64_t length, bool new
         else
             fprintf(out, "\\x%02x", c);
     }
+}
+
+static void print_escaped(FILE *out, const char *data, uint64_t length, bool newlines) {
+    plan_print_escaped(out, data, length, newlines);
 }
 
 static void print_inline(FILE *out, plan_text text) { print_escaped(out, text.data, text.length, false); }

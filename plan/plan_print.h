@@ -32,6 +32,12 @@ typedef bool (*plan_section_printer)(FILE *out, const plan_file *plan, const uin
 /* The whole plan: header, section table, every section in kind order. False
  * when some section could not be decoded (error holds the first such
  * message) or the output could not be written; the rest is still printed. */
+/* Text from a plan as the printers write it: control bytes (and DEL) as
+ * \xNN, so that a hostile name cannot drive the terminal; line breaks kept
+ * only when `newlines`. Every name or text a printer takes from a plan goes
+ * through it. */
+void plan_print_escaped(FILE *out, const char *data, uint64_t length, bool newlines);
+
 bool plan_print(FILE *out, const plan_file *plan, const plan_print_options *options, char *error,
                 size_t error_size);
 

@@ -7,19 +7,25 @@
  *   u32 format_version            PROGRAM_FORMAT_VERSION
  *   i64 max_tokens, u64 arena_bytes, u64 vocab
  *   ref input_ids, ref input_pos, ref logits
- *   i64 max_positions, i64 id_bound
- *   u32 state_count,  state_count  x u64 bytes
+ *   i64 max_positions, i64 id_bound, u32 id_table (weight index; ~0: none)
+ *   u32 state_count,  state_count  x {u64 bytes, u64 rows}
  *   u32 weight_count, weight_count x {string name, u8 dtype, u8 stacked,
  *                                     u32 rank, rank x i64 dim, u64 bytes,
  *                                     u64 data_offset}
  *   u32 instr_count,  instr_count  x {u8 op, u32 ir_op, then
  *     LAUNCH: u32 kernel, 3 x affine grid, 3 x u32 block, u32 dynamic_shared,
  *             u32 arg_count, arg_count x {u8 kind, then POINTER: ref,
- *                                         INT: i64 value, TOKENS: nothing}
+ *                                         affine extent, u8 writes;
+ *                                         INT: i64 value; TOKENS: nothing}
  *     GEMM:   affine m, i64 n, i64 k, u8 dtype_a, dtype_b, dtype_c,
  *             dtype_bias, u8 b_transposed, u8 has_bias, ref a, b, c, bias}
  *
- * Nothing may follow the last instruction.
+ * Nothing may follow the last instruction. A pointer's extent is the bytes
+ * from its ref that the kernel may read or write at T tokens, as codegen
+ * derived it from the parameter's type and storage dtype (a state buffer:
+ * its whole size); `writes` says whether the kernel stores through it. A
+ * state's rows are the positions of a KV cache (0: not indexed by position).
+ * Version 3 added extents, writes, state rows and id_table.
  *
  * What decoding checks (the executor relies on every item):
  *   - counts against the bytes left (no allocation a short section cannot
@@ -27,11 +33,19 @@
  *   - weight names non-empty, without NUL, unique (binding is by name);
  *   - affine rules: c >= 1 and no int64 overflow for T in [1, max_tokens];
  *     grids <= 2^31 - 1 (x) and 65535 (y, z); blocks 1..1024 threads;
- *   - every reference: buffer kind and index exist; a kernel pointer starts
- *     inside its buffer; ids, positions and logits lie in the arena at
- *     max_tokens; each GEMM operand's whole extent (rows at max_tokens x
- *     columns x element size) lies inside its buffer, aligned to its element,
- *     and the GEMM writes only the arena or a state buffer.
+ *   - every reference: buffer kind and index exist; a kernel pointer's whole
+ *     extent at max_tokens lies inside its buffer and a kernel writes only
+ *     the arena or a state buffer; integer constants (PROG_ARG_INT, which
+ *     codegen never makes) are refused; ids, positions and logits lie in the
+ *     arena at max_tokens, and some instruction writes logits as max_tokens
+ *     rows of vocab floats; each GEMM operand's whole extent (rows at
+ *     max_tokens x columns x element size) lies inside its buffer, aligned to
+ *     its element, and the GEMM writes only the arena or a state buffer;
+ *   - bounds against what they size: id_bound >= 1 and at most the rows of
+ *     the id_table weight (when there is one); max_positions in [1, rows] of
+ *     every state indexed by position, whose bytes are a whole number of rows.
+ * program_check_plan adds what needs the rest of the plan: kernel indices,
+ * launch rules equal to the kernel table's, and weight data offsets.
  */
 #include "program.h"
 
@@ -49,7 +63,7 @@ enum {
     PROGRAM_MAX_DYNAMIC_SHARED = 227 * 1024,
     /* The fewest bytes each element of a counted list takes, so that a count
      * can be checked against the bytes left before anything is allocated. */
-    ENCODED_STATE_MIN = 8,
+    ENCODED_STATE_MIN = 16,
     ENCODED_WEIGHT_MIN = 8 + 1 + 1 + 4 + 8 + 8,
     ENCODED_INSTR_MIN = 1 + 4 + 4,
 };
@@ -135,7 +149,11 @@ static void put_launch(byte_writer *w, const prog_launch *l) {
     for (uint32_t i = 0; i < l->arg_count && i < PROG_MAX_ARGS; i++) {
         const prog_arg *arg = &l->args[i];
         put_u8(w, arg->kind);
-        if (arg->kind == PROG_ARG_POINTER) put_ref(w, arg->ref);
+        if (arg->kind == PROG_ARG_POINTER) {
+            put_ref(w, arg->ref);
+            put_affine(w, arg->extent);
+            put_u8(w, arg->writes);
+        }
         if (arg->kind == PROG_ARG_INT) put_i64(w, arg->value);
     }
 }
@@ -167,9 +185,12 @@ bool program_encode(const program *p, uint8_t **bytes, size_t *size) {
     put_ref(&w, p->logits);
     put_i64(&w, p->max_positions);
     put_i64(&w, p->id_bound);
+    put_u32(&w, p->id_table);
     put_u32(&w, p->state_count);
-    for (uint32_t i = 0; i < p->state_count; i++)
+    for (uint32_t i = 0; i < p->state_count; i++) {
         put_u64(&w, p->state_bytes[i]);
+        put_u64(&w, p->state_rows ? p->state_rows[i] : 0);
+    }
     put_u32(&w, p->weight_count);
     for (uint32_t i = 0; i < p->weight_count; i++) {
         const prog_weight *wt = &p->weights[i];
@@ -336,7 +357,7 @@ static bool decode_header(decoder *d) {
     bool ok = plan_cursor_i64(c, &p->max_tokens) && plan_cursor_u64(c, &p->arena_bytes) &&
               plan_cursor_u64(c, &p->vocab) && get_ref(d, &p->input_ids) && get_ref(d, &p->input_pos) &&
               get_ref(d, &p->logits) && plan_cursor_i64(c, &p->max_positions) &&
-              plan_cursor_i64(c, &p->id_bound);
+              plan_cursor_i64(c, &p->id_bound) && plan_cursor_u32(c, &p->id_table);
     if (!ok) return truncated(d, "the header");
     if (p->max_tokens < 1 || p->max_tokens > PROGRAM_MAX_TOKENS_LIMIT)
         return fail(d, "max_tokens %lld is outside [1, %d]", (long long)p->max_tokens,
@@ -375,9 +396,46 @@ static bool decode_states(decoder *d) {
     if (!get_count(d, &p->state_count, ENCODED_STATE_MIN, "state")) return false;
     if (p->state_count == 0) return true;
     p->state_bytes = calloc(p->state_count, sizeof *p->state_bytes);
-    if (!p->state_bytes) return fail(d, "out of memory for %u state sizes", p->state_count);
+    p->state_rows = calloc(p->state_count, sizeof *p->state_rows);
+    if (!p->state_bytes || !p->state_rows) return fail(d, "out of memory for %u state sizes", p->state_count);
     for (uint32_t i = 0; i < p->state_count; i++)
-        if (!plan_cursor_u64(&d->cursor, &p->state_bytes[i])) return truncated(d, "state sizes");
+        if (!plan_cursor_u64(&d->cursor, &p->state_bytes[i]) ||
+            !plan_cursor_u64(&d->cursor, &p->state_rows[i]))
+            return truncated(d, "state sizes");
+    return true;
+}
+
+/* Positions index every state that has rows (the KV caches): max_positions
+ * must lie in [1, rows] of each, and each is a whole number of rows. */
+static bool check_positions(decoder *d) {
+    const program *p = d->out;
+    for (uint32_t i = 0; i < p->state_count; i++) {
+        uint64_t rows = p->state_rows[i];
+        if (rows == 0) continue;
+        if (p->state_bytes[i] % rows != 0)
+            return fail(d, "state %u of %llu bytes is not a whole number of its %llu rows", i,
+                        (unsigned long long)p->state_bytes[i], (unsigned long long)rows);
+        if (p->max_positions < 1 || (uint64_t)p->max_positions > rows)
+            return fail(d, "max_positions %lld disagrees with state %u, which holds %llu positions",
+                        (long long)p->max_positions, i, (unsigned long long)rows);
+    }
+    return true;
+}
+
+/* The ids index the rows of the embedding table (id_table): id_bound must
+ * lie in [1, rows]. */
+static bool check_id_bound(decoder *d) {
+    const program *p = d->out;
+    if (p->id_table == UINT32_MAX) return true;
+    if (p->id_table >= p->weight_count)
+        return fail(d, "id_table names weight %u, which does not exist", p->id_table);
+    const prog_weight *w = &p->weights[p->id_table];
+    if (w->rank < 1 || p->id_bound < 1 || p->id_bound > w->shape[0])
+        return fail(d,
+                    "id_bound %lld disagrees with the %lld rows of the embedding table '%.*s%s' (weight %u)",
+                    (long long)p->id_bound, (long long)(w->rank ? w->shape[0] : 0),
+                    (int)(strlen(w->name) > 64 ? 64 : strlen(w->name)), w->name,
+                    strlen(w->name) > 64 ? "..." : "", p->id_table);
     return true;
 }
 
@@ -504,20 +562,32 @@ static bool decode_launch(decoder *d, uint32_t i, prog_launch *l) {
     for (uint32_t a = 0; a < l->arg_count; a++) {
         prog_arg *arg = &l->args[a];
         if (!get_u8(d, &arg->kind)) return truncated(d, "a launch argument");
-        char what[64];
-        snprintf(what, sizeof what, "instruction %u argument %u", i, a);
+        char what[96];
+        snprintf(what, sizeof what, "instruction %u (kernel %u) argument %u", i, l->kernel, a);
         switch (arg->kind) {
-        case PROG_ARG_POINTER:
-            if (!get_ref(d, &arg->ref)) return truncated(d, "a launch argument");
-            /* A kernel's extent is its own business; its start must be inside. */
-            if (!check_region(d, arg->ref, 1, 1, what)) return false;
+        case PROG_ARG_POINTER: {
+            uint8_t writes;
+            if (!get_ref(d, &arg->ref) || !get_affine(d, &arg->extent) || !get_u8(d, &writes))
+                return truncated(d, "a launch argument");
+            if (writes > 1) return fail(d, "%s has a writes flag of %u", what, writes);
+            arg->writes = writes;
+            int64_t extent = program_affine_max(arg->extent, d->out->max_tokens);
+            if (extent < 1)
+                return fail(
+                    d, "%s: extent rule ceil((%lld * T + %lld) / %lld) is invalid or empty for T <= %lld",
+                    what, (long long)arg->extent.a, (long long)arg->extent.b, (long long)arg->extent.c,
+                    (long long)d->out->max_tokens);
+            if (arg->writes && arg->ref.buffer == PROG_BUFFER_WEIGHT)
+                return fail(d, "%s: the kernel writes weight %u", what, arg->ref.index);
+            /* Everything the kernel may touch through it, at the token bound. */
+            if (!check_region(d, arg->ref, (uint64_t)extent, 1, what)) return false;
             break;
+        }
         case PROG_ARG_TOKENS: break;
         case PROG_ARG_INT:
-            if (!plan_cursor_i64(c, &arg->value)) return truncated(d, "a launch argument");
-            if (arg->value < INT32_MIN || arg->value > INT32_MAX)
-                return fail(d, "%s: constant %lld does not fit an int", what, (long long)arg->value);
-            break;
+            /* Codegen passes no integer constants (they are baked into the
+             * source): one here can only be an edit, and nothing bounds it. */
+            return fail(d, "%s is an integer constant, which no kernel takes", what);
         default: return fail(d, "%s has unknown kind %u", what, arg->kind);
         }
     }
@@ -593,13 +663,44 @@ static bool decode_instrs(decoder *d) {
     return true;
 }
 
+static bool same_ref(prog_ref a, prog_ref b) {
+    return a.buffer == b.buffer && a.index == b.index && a.offset == b.offset;
+}
+
+/* vocab sizes the logits the runtime reads: some instruction must write
+ * exactly max_tokens rows of vocab floats there. */
+static bool check_logits_written(decoder *d) {
+    const program *p = d->out;
+    uint64_t expected = (uint64_t)p->max_tokens * p->vocab * 4; /* check_io bounded it */
+    for (uint32_t i = 0; i < p->instr_count; i++) {
+        const prog_instr *in = &p->instrs[i];
+        if (in->op == PROG_OP_GEMM) {
+            const prog_gemm *g = &in->as.gemm;
+            uint64_t rows = (uint64_t)program_affine_max(g->m, p->max_tokens);
+            if (same_ref(g->c, p->logits) && g->dtype_c == SMELT_DTYPE_F32 && (uint64_t)g->n == p->vocab &&
+                rows == (uint64_t)p->max_tokens)
+                return true;
+            continue;
+        }
+        const prog_launch *l = &in->as.launch;
+        for (uint32_t a = 0; a < l->arg_count; a++) {
+            const prog_arg *arg = &l->args[a];
+            if (arg->kind == PROG_ARG_POINTER && arg->writes && same_ref(arg->ref, p->logits) &&
+                (uint64_t)program_affine_max(arg->extent, p->max_tokens) == expected)
+                return true;
+        }
+    }
+    return fail(d, "no instruction writes the logits as max_tokens (%lld) rows of vocab (%llu) floats",
+                (long long)p->max_tokens, (unsigned long long)p->vocab);
+}
+
 bool program_decode(const uint8_t *bytes, size_t size, program *out, char *error, size_t error_size) {
     memset(out, 0, sizeof *out);
     decoder d = {.out = out, .error = error, .error_size = error_size};
     if (error_size) error[0] = '\0';
     plan_cursor_init(&d.cursor, bytes, size);
-    bool ok =
-        decode_header(&d) && decode_states(&d) && check_io(&d) && decode_weights(&d) && decode_instrs(&d);
+    bool ok = decode_header(&d) && decode_states(&d) && check_positions(&d) && check_io(&d) &&
+              decode_weights(&d) && check_id_bound(&d) && decode_instrs(&d) && check_logits_written(&d);
     if (ok && plan_cursor_left(&d.cursor) != 0)
         ok = fail(&d, "%llu unexpected bytes after the last instruction",
                   (unsigned long long)plan_cursor_left(&d.cursor));
@@ -610,17 +711,72 @@ bool program_decode(const uint8_t *bytes, size_t size, program *out, char *error
     return ok;
 }
 
-bool program_check_plan(const program *p, uint32_t kernel_count, uint64_t weight_data_size, char *error,
-                        size_t error_size) {
-    for (uint32_t i = 0; i < p->instr_count; i++) {
+static bool same_affine(prog_affine a, plan_affine b) { return a.a == b.a && a.b == b.b && a.c == b.c; }
+
+/* The launch rule of instruction i equals the kernel table's rule for its
+ * kernel: the kernel is generated to be safe for that rule alone. */
+static bool check_rule_matches(const prog_launch *l, const plan_kernel *k, uint32_t i, char *error,
+                               size_t error_size) {
+    bool same = l->rule.dynamic_shared_bytes == k->launch.dynamic_shared_bytes;
+    for (int d = 0; d < 3; d++)
+        same = same && same_affine(l->rule.grid[d], k->launch.grid[d]) &&
+               same_affine((prog_affine){0, l->rule.block[d], 1}, k->launch.block[d]);
+    if (same) return true;
+    snprintf(error, error_size,
+             "program: instruction %u launches kernel %u '%.*s%s' with a grid, block or shared memory that "
+             "is not the kernel table's launch rule for it",
+             i, l->kernel, (int)(k->name.length > 64 ? 64 : k->name.length), k->name.data,
+             k->name.length > 64 ? "..." : "");
+    return false;
+}
+
+/* Every launch of one kernel passes arguments of the same kinds, extents and
+ * access: they are facts of the kernel's source, not of the launch. */
+static bool check_same_arguments(const prog_launch *l, const prog_launch *first, uint32_t i, char *error,
+                                 size_t error_size) {
+    bool same = l->arg_count == first->arg_count;
+    uint32_t a = 0;
+    for (; same && a < l->arg_count; a++) {
+        const prog_arg *x = &l->args[a], *y = &first->args[a];
+        same = x->kind == y->kind &&
+               (x->kind != PROG_ARG_POINTER || (x->writes == y->writes && x->extent.a == y->extent.a &&
+                                                x->extent.b == y->extent.b && x->extent.c == y->extent.c));
+    }
+    if (same) return true;
+    snprintf(error, error_size,
+             "program: instruction %u launches kernel %u with argument %u unlike its other launches (kind, "
+             "extent or access differ)",
+             i, l->kernel, a ? a - 1 : 0);
+    return false;
+}
+
+bool program_check_plan(const program *p, const plan_kernel *kernels, uint32_t kernel_count,
+                        uint64_t weight_data_size, char *error, size_t error_size) {
+    const prog_launch **first = calloc(kernel_count ? kernel_count : 1, sizeof *first);
+    if (!first) {
+        snprintf(error, error_size, "program: out of memory checking launches");
+        return false;
+    }
+    bool ok = true;
+    for (uint32_t i = 0; i < p->instr_count && ok; i++) {
         const prog_instr *in = &p->instrs[i];
-        if (in->op == PROG_OP_LAUNCH && in->as.launch.kernel >= kernel_count) {
+        if (in->op != PROG_OP_LAUNCH) continue;
+        const prog_launch *l = &in->as.launch;
+        if (l->kernel >= kernel_count) {
             snprintf(error, error_size,
-                     "program: instruction %u launches kernel %u but the plan has %u kernels", i,
-                     in->as.launch.kernel, kernel_count);
-            return false;
+                     "program: instruction %u launches kernel %u but the plan has %u kernels", i, l->kernel,
+                     kernel_count);
+            ok = false;
+        } else if (!first[l->kernel]) {
+            first[l->kernel] = l;
+            ok = check_rule_matches(l, &kernels[l->kernel], i, error, error_size);
+        } else {
+            ok = check_rule_matches(l, &kernels[l->kernel], i, error, error_size) &&
+                 check_same_arguments(l, first[l->kernel], i, error, error_size);
         }
     }
+    free(first);
+    if (!ok) return false;
     for (uint32_t i = 0; i < p->weight_count; i++) {
         const prog_weight *w = &p->weights[i];
         uint64_t end;
@@ -629,8 +785,7 @@ bool program_check_plan(const program *p, uint32_t kernel_count, uint64_t weight
             w->data_offset % smelt_dtype_element_bytes(w->dtype) != 0) {
             snprintf(error, error_size,
                      "program: weight '%.*s%s' (%llu bytes at offset %llu) lies outside the %llu bytes of "
-                     "weight data "
-                     "or is misaligned",
+                     "weight data or is misaligned",
                      (int)(strlen(w->name) > 64 ? 64 : strlen(w->name)), w->name,
                      strlen(w->name) > 64 ? "..." : "", (unsigned long long)w->bytes,
                      (unsigned long long)w->data_offset, (unsigned long long)weight_data_size);
@@ -645,6 +800,7 @@ void program_free(program *p) {
         free((char *)p->weights[i].name);
     free(p->weights);
     free(p->state_bytes);
+    free(p->state_rows);
     free(p->instrs);
     memset(p, 0, sizeof *p);
 }

@@ -28,7 +28,7 @@
 
 #include "smelt_dtype.h"
 
-enum { PROGRAM_FORMAT_VERSION = 2, PROG_MAX_ARGS = 32 };
+enum { PROGRAM_FORMAT_VERSION = 3, PROG_MAX_ARGS = 32 };
 
 /* ceil((a * T + b) / c) with c >= 1; a constant is {0, value, 1}. */
 typedef struct prog_affine {
@@ -53,7 +53,10 @@ typedef struct prog_ref {
 } prog_ref;
 
 /* One kernel argument: a pointer to a buffer, the token count T as an int,
- * or an integer constant. */
+ * or an integer constant (codegen makes none today; the decoder refuses
+ * them). A pointer carries what the kernel may touch through it: `extent`
+ * bytes from ref (affine in T, as codegen derives it from the parameter's
+ * type and storage dtype, or a state buffer's size), and whether it writes. */
 typedef enum prog_arg_kind {
     PROG_ARG_POINTER = 0,
     PROG_ARG_TOKENS = 1, /* int: T of this step */
@@ -61,9 +64,11 @@ typedef enum prog_arg_kind {
 } prog_arg_kind;
 
 typedef struct prog_arg {
-    uint8_t kind;  /* prog_arg_kind */
-    prog_ref ref;  /* PROG_ARG_POINTER */
-    int64_t value; /* PROG_ARG_INT */
+    uint8_t kind;       /* prog_arg_kind */
+    prog_ref ref;       /* PROG_ARG_POINTER */
+    prog_affine extent; /* PROG_ARG_POINTER: bytes from ref the kernel may touch at T tokens */
+    bool writes;        /* PROG_ARG_POINTER: the kernel stores through it */
+    int64_t value;      /* PROG_ARG_INT */
 } prog_arg;
 
 typedef enum prog_op {
@@ -130,8 +135,10 @@ typedef struct program {
     int64_t
         max_positions; /* positions must lie in [0, max_positions) (the KV caches' length); 0: unchecked */
     int64_t id_bound;  /* ids must lie in [0, id_bound) (rows of the embedding table); 0: [0, vocab) */
+    uint32_t id_table; /* weight index of the embedding table the ids index; UINT32_MAX: none */
     uint32_t state_count;
     uint64_t *state_bytes; /* [state_count] */
+    uint64_t *state_rows;  /* [state_count] positions (max_seq) of a KV cache; 0: not indexed by position */
     uint32_t weight_count;
     prog_weight *weights; /* [weight_count] */
     uint32_t instr_count;
@@ -144,10 +151,12 @@ typedef struct program {
  * a plan (plan_format.h); the layout is written out in program.c. The decoder
  * is the runtime's gate: after program_decode succeeds, every count, index,
  * dtype, affine rule and buffer reference has been checked, and every region
- * a GEMM or the runtime itself reads or writes lies inside its buffer at
- * max_tokens (overflow-safe arithmetic), so the executor needs no checks of
- * its own beyond the token count. Kernel indices and weight data offsets are
- * checked against the rest of the plan by program_check_plan.
+ * a GEMM, a kernel (its arguments' extents) or the runtime itself reads or
+ * writes lies inside its buffer at max_tokens (overflow-safe arithmetic), so
+ * the executor needs no checks of its own beyond the token count. Kernel
+ * indices, launch rules (equal to the kernel table's) and weight data
+ * offsets are checked against the rest of the plan by program_check_plan;
+ * the plan opener (runtime/plan_open.c) runs both.
  */
 
 /* Encodes p into a malloc'ed buffer (*bytes, *size); false only when out of
@@ -160,12 +169,18 @@ bool program_encode(const program *p, uint8_t **bytes, size_t *size);
  * saying what is wrong and where into error. */
 bool program_decode(const uint8_t *bytes, size_t size, program *out, char *error, size_t error_size);
 
+struct plan_kernel;
+
 /* Checks what the program says about the rest of its plan: every launched
- * kernel exists (kernel_count entries in the kernel table) and every weight
- * stored in the plan lies inside the WEIGHT_DATA section (weight_data_size
- * bytes) at an offset aligned to its element size. */
-bool program_check_plan(const program *p, uint32_t kernel_count, uint64_t weight_data_size, char *error,
-                        size_t error_size);
+ * kernel exists (kernel_count entries of `kernels`, the plan's kernel table),
+ * each launch's grid, block and dynamic shared memory are the kernel table's
+ * launch rule for that kernel (the kernel is generated to be safe for exactly
+ * that rule), all launches of one kernel pass the same kinds of arguments
+ * with the same extents, and every weight stored in the plan lies inside the
+ * WEIGHT_DATA section (weight_data_size bytes) at an offset aligned to its
+ * element size. */
+bool program_check_plan(const program *p, const struct plan_kernel *kernels, uint32_t kernel_count,
+                        uint64_t weight_data_size, char *error, size_t error_size);
 
 /* Frees what program_decode allocated and zeroes *p. */
 void program_free(program *p);

@@ -43,7 +43,9 @@ static void print_weights(FILE *out, const program *p) {
                                       : "bound at run time");
     for (uint32_t i = 0; i < p->weight_count; i++) {
         const prog_weight *w = &p->weights[i];
-        fprintf(out, "    [%" PRIu32 "] %s %s[", i, w->name, dtype_name(w->dtype));
+        fprintf(out, "    [%" PRIu32 "] ", i);
+        plan_print_escaped(out, w->name, strlen(w->name), false);
+        fprintf(out, " %s[", dtype_name(w->dtype));
         for (uint32_t d = 0; d < w->rank; d++)
             fprintf(out, "%s%" PRId64, d ? ", " : "", w->shape[d]);
         fprintf(out, "]%s %" PRIu64 " bytes", w->stacked ? " stacked" : "", w->bytes);
@@ -111,9 +113,11 @@ bool plan_print_program(FILE *out, const plan_file *plan, const uint8_t *data, u
             const prog_launch *l = &instr->as.launch;
             const plan_kernel *k =
                 have_names && l->kernel < kernels.count ? &kernels.kernels[l->kernel] : NULL;
-            if (k)
-                fprintf(out, "launch %.*s(", (int)k->name.length, k->name.data);
-            else
+            if (k) {
+                fputs("launch ", out);
+                plan_print_escaped(out, k->name.data, k->name.length, false);
+                fputs("(", out);
+            } else
                 fprintf(out, "launch kernel[%" PRIu32 "](", l->kernel);
             for (uint32_t a = 0; a < l->arg_count; a++) {
                 if (a) fputs(", ", out);
@@ -152,7 +156,7 @@ bool plan_print_memory(FILE *out, const plan_file *plan, const uint8_t *data, ui
     fputs("  ", out);
     for (uint64_t i = 0; i < size; i++) {
         unsigned char c = data[i];
-        fputc(c == '\n' || c >= 0x20 ? c : '?', out);
+        fputc(c == '\n' || (c >= 0x20 && c != 0x7f) ? c : '?', out);
         if (c == '\n' && i + 1 < size) fputs("  ", out);
     }
     if (size && data[size - 1] != '\n') fputc('\n', out);

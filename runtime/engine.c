@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 /* ---- Engines ------------------------------------------------------------------- */
@@ -60,12 +61,26 @@ static smelt_status choose_device(smelt_plan *plan, const smelt_engine_options *
     return open_device(plan, "host", o, out, e);
 }
 
+/* The pinned content hash, checked before any of the plan's code is loaded. */
+static smelt_status check_expected_hash(const smelt_plan *plan, const char *expected) {
+    if (!expected || !*expected) return SMELT_OK;
+    char actual[33];
+    plan_content_hash_hex(&plan->file, actual);
+    if (strlen(expected) == 32 && strncasecmp(expected, actual, 32) == 0) return SMELT_OK;
+    return rt_last_error_set(
+        SMELT_ERROR_BAD_PLAN,
+        "the plan's content hash %s is not the expected %.*s%s: refusing to load its code", actual,
+        RT_NAME(expected));
+}
+
 smelt_status smelt_engine_create(smelt_plan *plan, const smelt_engine_options *options, smelt_engine **out) {
     if (!out) return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "smelt_engine_create: out is NULL");
     *out = NULL;
     if (!plan) return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "smelt_engine_create: plan is NULL");
     smelt_engine_options defaults = smelt_engine_options_default();
     const smelt_engine_options *o = options ? options : &defaults;
+    smelt_status hash = check_expected_hash(plan, o->expected_content_hash);
+    if (hash != SMELT_OK) return hash;
     smelt_engine *engine = calloc(1, sizeof *engine);
     if (!engine) return rt_last_error_set(SMELT_ERROR_OUT_OF_MEMORY, "out of memory for an engine");
     rt_plan_retain(plan);

@@ -46,7 +46,8 @@ static smelt_status plan_load(smelt_plan *plan, const char *name) {
         plan->weight_data = data;
         plan->weight_data_size = size;
     }
-    if (!program_check_plan(&plan->program, plan->kernels.count, plan->weight_data_size, error, sizeof error))
+    if (!program_check_plan(&plan->program, plan->kernels.kernels, plan->kernels.count,
+                            plan->weight_data_size, error, sizeof error))
         return rt_last_error_set(SMELT_ERROR_BAD_PLAN, "%s: %s", name, error);
     for (uint32_t i = 0; i < plan->kernels.count; i++)
         if (plan->kernels.kernels[i].binary_count > 0) plan->has_cuda_kernels = true;

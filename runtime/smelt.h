@@ -150,10 +150,15 @@ typedef struct smelt_engine_options {
     int cuda_device;       /* ordinal for "cuda" and "auto" */
     unsigned host_threads; /* simulator workers on "host"; 0: one per core */
     bool cuda_graphs;      /* replay a captured CUDA graph for decode steps (default true) */
+    /* The plan's content hash as `smelt inspect` prints it (32 hex digits,
+     * any case). When set, a plan whose hash differs is refused
+     * (SMELT_ERROR_BAD_PLAN) before any of its code is loaded: a plan
+     * carries machine code, so pin the plans you trust. NULL or "": any. */
+    const char *expected_content_hash;
 } smelt_engine_options;
 
 static inline smelt_engine_options smelt_engine_options_default(void) {
-    smelt_engine_options o = {"auto", 0, 0, true};
+    smelt_engine_options o = {"auto", 0, 0, true, NULL};
     return o;
 }
 

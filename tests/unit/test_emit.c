@@ -395,10 +395,23 @@ static void test_kernels_are_named_by_specialisation(void **state) {
                            "rms_norm(bf16[tokens, 64], bf16[64]) {eps = 1e-05} : bf16[tokens, 64]"));
     assert_non_null(strstr(l1.kernels[0].source, "SMELT_KERNEL void rms_norm_bf16_d64_eps1em05("));
     assert_non_null(strstr(l1.kernels[0].source, "SMELT_HOST_ENTRY(rms_norm_bf16_d64_eps1em05)"));
-    /* params x, weight, out; one block per token, 64 threads */
-    assert_int_equal(l1.kernels[0].param_count, 3);
+    /* params x, weight, out, tokens; one block per token, 64 threads */
+    assert_int_equal(l1.kernels[0].param_count, 4);
     assert_int_equal(l1.kernels[0].params[0].value, x);
     assert_int_equal(l1.kernels[0].params[2].value, case_result(c, first));
+    assert_int_equal(l1.kernels[0].params[3].kind, CG_PARAM_TOKENS);
+    /* What each pointer may touch: x and out are T rows of 64 bf16, the
+     * weight 64 bf16; only out is written. */
+    assert_int_equal(l1.kernels[0].params[0].extent.a, 64 * 2);
+    assert_int_equal(l1.kernels[0].params[0].extent.b, 0);
+    assert_int_equal(l1.kernels[0].params[1].extent.a, 0);
+    assert_int_equal(l1.kernels[0].params[1].extent.b, 64 * 2);
+    assert_false(l1.kernels[0].params[0].writes);
+    assert_false(l1.kernels[0].params[1].writes);
+    assert_true(l1.kernels[0].params[2].writes);
+    /* Blocks past the rule at this T do nothing: the bound is `tokens`, not gridDim. */
+    assert_non_null(
+        strstr(l1.kernels[0].source, "    if ((long long)blockIdx.x >= tokens)\n        return;"));
     assert_int_equal(l1.kernels[0].rule.grid[0].a, 1);
     assert_int_equal(l1.kernels[0].rule.grid[0].b, 0);
     assert_int_equal(l1.kernels[0].rule.block[0], 64);
@@ -468,9 +481,15 @@ static void test_lowering_kinds_and_attention_state(void **state) {
     assert_int_equal(l.state_bytes[CG_STATE_KEYS], 40 * 2 * 16 * 2); /* bf16 */
     assert_int_equal(l.state_bytes[CG_STATE_VALUES], 40 * 2 * 16 * 2);
     assert_int_equal(l.state_bytes[CG_STATE_WRITTEN], 40 * 4);
-    /* the attention kernel: grid (T, Hq), parameters q, pos, caches, flags, out, no T */
+    for (int i = 0; i < CG_MAX_STATES; i++)
+        assert_int_equal(l.state_rows[i], 40); /* max_seq positions */
+    /* the attention kernel: grid (T, Hq), parameters q, pos, caches, flags, out, T for the guard */
     assert_int_equal(l.kernels[1].rule.grid[1].b, 4);
-    assert_int_equal(l.kernels[1].param_count, 6);
+    assert_int_equal(l.kernels[1].param_count, 7);
+    assert_int_equal(l.kernels[1].params[6].kind, CG_PARAM_TOKENS);
+    assert_false(l.kernels[1].params[2].writes); /* attend reads the caches */
+    assert_true(l.kernels[1].params[5].writes);
+    assert_non_null(strstr(l.kernels[1].source, "if ((long long)blockIdx.y >= 4)"));
     assert_int_equal(l.kernels[1].params[2].kind, CG_PARAM_STATE);
     assert_int_equal(l.kernels[1].params[2].state, CG_STATE_KEYS);
     arena_free(&a);

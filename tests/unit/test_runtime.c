@@ -18,6 +18,7 @@
 #include "host_build.h"
 #include "nvrtc.h"
 #include "numeric.h"
+#include "plan_print.h"
 #include "plan_read.h"
 #include "plan_write.h"
 #include "program.h"
@@ -83,6 +84,7 @@ typedef struct toy_program {
     prog_weight weights[5];
     prog_instr instrs[3];
     uint64_t state_bytes[1];
+    uint64_t state_rows[1];
 } toy_program;
 
 static prog_ref arena_at(uint64_t offset) { return (prog_ref){PROG_BUFFER_ARENA, 0, offset}; }
@@ -106,9 +108,11 @@ static prog_instr toy_launch(uint32_t kernel) {
     l->rule.block[0] = 32;
     l->rule.block[1] = l->rule.block[2] = 1;
     l->arg_count = 4;
-    l->args[0] = (prog_arg){.kind = PROG_ARG_POINTER, .ref = arena_at(AT_IDS)};
-    l->args[1] = (prog_arg){.kind = PROG_ARG_POINTER, .ref = weight_at(0)};
-    l->args[2] = (prog_arg){.kind = PROG_ARG_POINTER, .ref = arena_at(AT_H)};
+    int64_t h_element = kernel == 0 ? 4 : 2; /* toy_embed stores f32, toy_embed_bf16 bf16 */
+    l->args[0] = (prog_arg){.kind = PROG_ARG_POINTER, .ref = arena_at(AT_IDS), .extent = {4, 0, 1}};
+    l->args[1] = (prog_arg){.kind = PROG_ARG_POINTER, .ref = weight_at(0), .extent = {0, WIDTH * 4, 1}};
+    l->args[2] = (prog_arg){
+        .kind = PROG_ARG_POINTER, .ref = arena_at(AT_H), .extent = {WIDTH * h_element, 0, 1}, .writes = true};
     l->args[3] = (prog_arg){.kind = PROG_ARG_TOKENS};
     return in;
 }
@@ -146,6 +150,7 @@ static void toy_program_make(toy_program *t, bool bf16, bool in_plan, int64_t ma
     p->input_pos = arena_at(AT_POS);
     p->logits = arena_at(AT_LOGITS);
     p->max_positions = max_positions;
+    p->id_table = UINT32_MAX;
     uint64_t none = UINT64_MAX;
     t->weights[0] = toy_weight("toy.embed_bias", SMELT_DTYPE_F32, WIDTH, 0, in_plan ? 0 : none);
     if (!bf16) {
@@ -380,20 +385,22 @@ static smelt_engine *host_engine(smelt_plan *plan) {
 
 /* ---- Program encoding -------------------------------------------------------------- */
 
-/* The toy program plus what it lacks: a state buffer, a stacked weight, an
- * INT argument, a pointer into a state. */
+/* The toy program plus what it lacks: a state buffer, a stacked weight, a
+ * pointer into a state. */
 static void rich_program(toy_program *t) {
     toy_program_make(t, true, true, 512);
     t->state_bytes[0] = 96;
+    t->state_rows[0] = 0;
     t->p.state_count = 1;
     t->p.state_bytes = t->state_bytes;
+    t->p.state_rows = t->state_rows;
     t->p.id_bound = 3;
     prog_weight stacked = toy_weight("experts.{e}.w", SMELT_DTYPE_F32, 2, 3, UINT64_MAX);
     stacked.stacked = true;
     t->weights[t->p.weight_count++] = stacked;
     prog_launch *l = &t->instrs[0].as.launch;
-    l->args[l->arg_count++] = (prog_arg){.kind = PROG_ARG_INT, .value = -7};
-    l->args[l->arg_count++] = (prog_arg){.kind = PROG_ARG_POINTER, .ref = {PROG_BUFFER_STATE, 0, 40}};
+    l->args[l->arg_count++] =
+        (prog_arg){.kind = PROG_ARG_POINTER, .ref = {PROG_BUFFER_STATE, 0, 40}, .extent = {0, 56, 1}};
 }
 
 static void assert_refs_equal(prog_ref a, prog_ref b) {
@@ -438,10 +445,13 @@ static void test_program_round_trip(void **state) {
     assert_int_equal(l->rule.grid[0].a, WIDTH);
     assert_int_equal(l->rule.grid[0].c, 32);
     assert_int_equal(l->rule.block[0], 32);
-    assert_int_equal(l->arg_count, 6);
+    assert_int_equal(l->arg_count, 5);
     assert_int_equal(l->args[3].kind, PROG_ARG_TOKENS);
-    assert_int_equal(l->args[4].value, -7);
-    assert_refs_equal(l->args[5].ref, (prog_ref){PROG_BUFFER_STATE, 0, 40});
+    assert_refs_equal(l->args[4].ref, (prog_ref){PROG_BUFFER_STATE, 0, 40});
+    assert_int_equal(l->args[4].extent.b, 56);
+    assert_false(l->args[4].writes);
+    assert_true(l->args[2].writes);
+    assert_int_equal(l->args[2].extent.a, WIDTH * 2);
     const prog_gemm *g = &d.instrs[1].as.gemm;
     assert_int_equal(d.instrs[1].op, PROG_OP_GEMM);
     assert_false(g->b_transposed);
@@ -507,7 +517,7 @@ static void test_program_decode_refuses_lies(void **state) {
 
     toy_program_make(&t, false, true, 0);
     t.p.format_version = 9;
-    expect_refused(&t, "format version 9 is not the version 2 this smelt reads: rebuild the plan");
+    expect_refused(&t, "format version 9 is not the version 3 this smelt reads: rebuild the plan");
 
     toy_program_make(&t, false, true, 0);
     t.weights[1].bytes = 60;
@@ -525,11 +535,38 @@ static void test_program_decode_refuses_lies(void **state) {
 
     toy_program_make(&t, false, true, 0);
     t.instrs[0].as.launch.args[1].ref.index = 9;
-    expect_refused(&t, "instruction 0 argument 1 names weight 9, which does not exist");
+    expect_refused(&t, "instruction 0 (kernel 0) argument 1 names weight 9, which does not exist");
 
     toy_program_make(&t, false, true, 0);
     t.instrs[0].as.launch.args[2].ref.offset = ARENA_BYTES;
-    expect_refused(&t, "instruction 0 argument 2 needs 1 bytes at arena 0 offset 320");
+    expect_refused(&t, "instruction 0 (kernel 0) argument 2 needs 128 bytes at arena 0 offset 320");
+
+    toy_program_make(&t, false, true, 0); /* the start is inside, the end is not */
+    t.instrs[0].as.launch.args[2].ref.offset = ARENA_BYTES - 4;
+    expect_refused(&t, "instruction 0 (kernel 0) argument 2 needs 128 bytes at arena 0 offset 316");
+
+    toy_program_make(&t, false, true, 0);
+    t.instrs[0].as.launch.args[2].ref = weight_at(1);
+    t.instrs[0].as.launch.args[2].extent = (prog_affine){0, 16, 1};
+    expect_refused(&t, "instruction 0 (kernel 0) argument 2: the kernel writes weight 1");
+
+    toy_program_make(&t, false, true, 0);
+    t.instrs[0].as.launch.args[1].extent = (prog_affine){1, 0, 0};
+    expect_refused(&t, "instruction 0 (kernel 0) argument 1: extent rule ceil((1 * T + 0) / 0) is invalid");
+
+    toy_program_make(&t, false, true, 0); /* positions past the KV cache */
+    t.state_bytes[0] = 64, t.state_rows[0] = 16;
+    t.p.state_count = 1, t.p.state_bytes = t.state_bytes, t.p.state_rows = t.state_rows;
+    t.p.max_positions = 17;
+    expect_refused(&t, "max_positions 17 disagrees with state 0, which holds 16 positions");
+
+    toy_program_make(&t, false, true, 0); /* ids past the embedding table */
+    t.p.id_table = 1, t.p.id_bound = 5;
+    expect_refused(&t, "id_bound 5 disagrees with the 4 rows of the embedding table 'toy.head.weight'");
+
+    toy_program_make(&t, false, true, 0); /* vocab larger than what the head writes */
+    t.p.vocab = 2;
+    expect_refused(&t, "no instruction writes the logits as max_tokens (8) rows of vocab (2) floats");
 
     toy_program_make(&t, false, true, 0);
     t.instrs[0].as.launch.rule.grid[0] = (prog_affine){INT64_MAX / 2, 0, 1};
@@ -544,8 +581,8 @@ static void test_program_decode_refuses_lies(void **state) {
     expect_refused(&t, "a block of 2048 threads exceeds 1024");
 
     toy_program_make(&t, false, true, 0);
-    t.instrs[0].as.launch.args[0] = (prog_arg){.kind = PROG_ARG_INT, .value = 1ll << 40};
-    expect_refused(&t, "constant 1099511627776 does not fit an int");
+    t.instrs[0].as.launch.args[0] = (prog_arg){.kind = PROG_ARG_INT, .value = 7};
+    expect_refused(&t, "instruction 0 (kernel 0) argument 0 is an integer constant, which no kernel takes");
 
     toy_program_make(&t, false, true, 0);
     t.weights[2].name = "toy.head.weight";
@@ -588,7 +625,7 @@ static void test_program_decode_refuses_lies(void **state) {
     uint8_t *bytes;
     size_t size;
     assert_true(program_encode(&t.p, &bytes, &size));
-    size_t at_state_count = 4 + 8 + 8 + 8 + 3 * 13 + 8 + 8;
+    size_t at_state_count = 4 + 8 + 8 + 8 + 3 * 13 + 8 + 8 + 4;
     plan_put_u32(bytes + at_state_count, 0xffffffffu);
     program d;
     char error[512];
@@ -598,12 +635,29 @@ static void test_program_decode_refuses_lies(void **state) {
 
     /* The plan-level checks: kernels and weight data. */
     toy_program_make(&t, false, true, 0);
-    assert_true(program_check_plan(&t.p, 1, 192, error, sizeof error));
-    assert_false(program_check_plan(&t.p, 0, 192, error, sizeof error));
+    plan_kernel kernel = {.name = plan_text_from("toy_embed")};
+    kernel.launch.grid[0] = (plan_affine){WIDTH, 0, 32};
+    kernel.launch.grid[1] = kernel.launch.grid[2] = (plan_affine){0, 1, 1};
+    kernel.launch.block[0] = (plan_affine){0, 32, 1};
+    kernel.launch.block[1] = kernel.launch.block[2] = (plan_affine){0, 1, 1};
+    assert_true(program_check_plan(&t.p, &kernel, 1, 192, error, sizeof error));
+    assert_false(program_check_plan(&t.p, &kernel, 0, 192, error, sizeof error));
     assert_non_null(strstr(error, "instruction 0 launches kernel 0 but the plan has 0 kernels"));
-    assert_false(program_check_plan(&t.p, 1, 143, error, sizeof error));
+    assert_false(program_check_plan(&t.p, &kernel, 1, 143, error, sizeof error));
     assert_non_null(
         strstr(error, "weight 'toy.head.bias' (16 bytes at offset 128) lies outside the 143 bytes"));
+    /* A grid other than the kernel table's rule for the kernel. */
+    t.instrs[0].as.launch.rule.grid[0] = (prog_affine){0, 1000000, 1};
+    assert_false(program_check_plan(&t.p, &kernel, 1, 192, error, sizeof error));
+    assert_non_null(strstr(error, "instruction 0 launches kernel 0 'toy_embed' with a grid, block or shared "
+                                  "memory that is not the kernel table's launch rule"));
+    /* Two launches of one kernel whose arguments differ. */
+    toy_program_make(&t, false, true, 0);
+    t.instrs[1] = toy_launch(0);
+    t.instrs[1].as.launch.args[1].extent.b = 8;
+    assert_false(program_check_plan(&t.p, &kernel, 1, 192, error, sizeof error));
+    assert_non_null(
+        strstr(error, "instruction 1 launches kernel 0 with argument 1 unlike its other launches"));
 }
 
 static uint64_t next_random(uint64_t *s) {
@@ -641,6 +695,21 @@ static void test_program_decode_fuzz(void **state) {
         }
         accepted++;
         for (uint32_t i = 0; i < d.instr_count; i++) {
+            if (d.instrs[i].op == PROG_OP_LAUNCH) { /* every pointer's extent inside its buffer */
+                const prog_launch *l = &d.instrs[i].as.launch;
+                for (uint32_t a = 0; a < l->arg_count; a++) {
+                    const prog_arg *arg = &l->args[a];
+                    assert_true(arg->kind != PROG_ARG_INT);
+                    if (arg->kind != PROG_ARG_POINTER) continue;
+                    int64_t extent = program_affine_max(arg->extent, d.max_tokens);
+                    uint64_t buffer_bytes = arg->ref.buffer == PROG_BUFFER_ARENA ? d.arena_bytes
+                                            : arg->ref.buffer == PROG_BUFFER_WEIGHT
+                                                ? d.weights[arg->ref.index].bytes
+                                                : d.state_bytes[arg->ref.index];
+                    assert_true(extent >= 1 && arg->ref.offset + (uint64_t)extent <= buffer_bytes);
+                    assert_false(arg->writes && arg->ref.buffer == PROG_BUFFER_WEIGHT);
+                }
+            }
             if (d.instrs[i].op != PROG_OP_GEMM) continue;
             const prog_gemm *g = &d.instrs[i].as.gemm;
             int64_t m = program_affine_max(g->m, d.max_tokens);
@@ -655,6 +724,77 @@ static void test_program_decode_fuzz(void **state) {
     assert_true(accepted > 0);   /* and some damage (a weight value, an INT) is harmless */
     free(mutated);
     free(bytes);
+}
+
+/* Names in the kernel table and the weight table of a program that decodes:
+ * the program printer escapes their control bytes too. */
+static void assert_contains(const char *text, const char *needle) {
+    if (!strstr(text, needle)) fail_msg("expected '%s' in:\n%s", needle, text);
+}
+
+static void test_print_escapes_kernel_and_weight_names(void **state) {
+    (void)state;
+    program p = {.format_version = PROGRAM_FORMAT_VERSION,
+                 .max_tokens = 1,
+                 .arena_bytes = 16,
+                 .vocab = 1,
+                 .input_ids = {PROG_BUFFER_ARENA, 0, 0},
+                 .input_pos = {PROG_BUFFER_ARENA, 0, 4},
+                 .logits = {PROG_BUFFER_ARENA, 0, 8},
+                 .id_table = UINT32_MAX};
+    prog_weight weight = {
+        .name = "w\x1b]0;x\x07", .dtype = SMELT_DTYPE_F32, .rank = 1, .bytes = 4, .data_offset = UINT64_MAX};
+    weight.shape[0] = 1;
+    prog_instr instrs[2] = {{.op = PROG_OP_LAUNCH}, {.op = PROG_OP_GEMM}};
+    prog_launch *l = &instrs[0].as.launch;
+    for (int d = 0; d < 3; d++)
+        l->rule.grid[d] = (prog_affine){0, 1, 1}, l->rule.block[d] = 1;
+    l->arg_count = 1;
+    l->args[0] = (prog_arg){
+        .kind = PROG_ARG_POINTER, .ref = {PROG_BUFFER_ARENA, 0, 12}, .extent = {0, 4, 1}, .writes = true};
+    instrs[1].as.gemm = (prog_gemm){.m = {1, 0, 1},
+                                    .n = 1,
+                                    .k = 1,
+                                    .dtype_a = SMELT_DTYPE_F32,
+                                    .dtype_b = SMELT_DTYPE_F32,
+                                    .dtype_c = SMELT_DTYPE_F32,
+                                    .a = {PROG_BUFFER_ARENA, 0, 12},
+                                    .b = {PROG_BUFFER_WEIGHT, 0, 0},
+                                    .c = {PROG_BUFFER_ARENA, 0, 8}};
+    p.weight_count = 1, p.weights = &weight, p.instr_count = 2, p.instrs = instrs;
+    uint8_t *encoded;
+    size_t encoded_size;
+    assert_true(program_encode(&p, &encoded, &encoded_size));
+    plan_kernel kernel = {.name = plan_text_from("k\x1b[31m"), .family = plan_text_from("f\x9b")};
+    for (int d = 0; d < 3; d++)
+        kernel.launch.grid[d] = kernel.launch.block[d] = (plan_affine){0, 1, 1};
+
+    plan_writer w;
+    plan_writer_init(&w, "0.1.0");
+    plan_writer_add_kernels(&w, &kernel, 1);
+    plan_writer_add_section(&w, PLAN_SECTION_PROGRAM, encoded, encoded_size);
+    char error[512] = "";
+    char written[256];
+    snprintf(written, sizeof written, "%s/escaped.plan", folder);
+    assert_true(plan_write_file(&w, written, NULL, error, sizeof error));
+    plan_writer_free(&w);
+    free(encoded);
+    plan_file plan;
+    char path[256];
+    snprintf(path, sizeof path, "%s/escaped.plan", folder);
+    assert_true(plan_open(path, &plan, error, sizeof error));
+    char *text = NULL;
+    size_t length = 0;
+    FILE *out = open_memstream(&text, &length);
+    assert_non_null(out);
+    if (!plan_print(out, &plan, &(plan_print_options){0}, error, sizeof error)) fail_msg("%s", error);
+    fclose(out);
+    assert_contains(text, "kernel 0: k\\x1b[31m\n");
+    assert_contains(text, "launch k\\x1b[31m(");
+    assert_contains(text, "[0] w\\x1b]0;x\\x07 f32[1]");
+    assert_true(strchr(text, 0x1b) == NULL && strchr(text, 0x07) == NULL);
+    free(text);
+    plan_close(&plan);
 }
 
 /* ---- Sampler ------------------------------------------------------------------------ */
@@ -1447,6 +1587,7 @@ int main(void) {
         cmocka_unit_test(test_program_decode_refuses_truncation),
         cmocka_unit_test(test_program_decode_refuses_lies),
         cmocka_unit_test(test_program_decode_fuzz),
+        cmocka_unit_test(test_print_escapes_kernel_and_weight_names),
         cmocka_unit_test(test_sampler),
         cmocka_unit_test(test_executor_graphs),
         cmocka_unit_test(test_host_forward_f32),
