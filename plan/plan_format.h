@@ -63,6 +63,10 @@
  *     string source               CUDA C text (C-compatible subset, docs/design.md §4)
  *     6 x affine {i64 a, i64 b, i64 c}   grid x, y, z, then block x, y, z
  *     u64 dynamic_shared_bytes
+ *     u32 param_count (<= PLAN_MAX_KERNEL_PARAMS), then per parameter, in
+ *       argument order: u32 kind (0: a pointer, 1: the step's token count),
+ *       affine extent (a pointer: the bytes the kernel may touch through it
+ *       at T tokens; {0, 0, 1} otherwise), u32 writes (1: it stores through it)
  *     u32 resource_count, then per arch:
  *       string arch ("sm_90"), u32 registers, u64 shared_bytes,
  *       u64 stack_bytes, u64 spill_store_bytes, u64 spill_load_bytes
@@ -82,7 +86,8 @@
 #define PLAN_MAGIC "SMELTPLN"
 enum {
     PLAN_MAGIC_SIZE = 8,
-    PLAN_FORMAT_VERSION = 1,
+    PLAN_FORMAT_VERSION = 2,
+    PLAN_MAX_KERNEL_PARAMS = 32,
     PLAN_SMELT_VERSION_SIZE = 16,
     PLAN_HEADER_SIZE = 64,
     PLAN_DIRECTORY_ENTRY_SIZE = 32,
@@ -215,6 +220,16 @@ typedef struct plan_launch_rule {
     uint64_t dynamic_shared_bytes;
 } plan_launch_rule;
 
+/* What a kernel's source touches through one of its parameters: a fact of
+ * the code, declared beside it, which every launch of the kernel must match
+ * (program_check_plan), so that no edit of the launch program alone can
+ * make a kernel reach outside its buffers. */
+typedef struct plan_kernel_param {
+    uint32_t kind;      /* 0: a pointer, 1: the step's token count (prog_arg_kind) */
+    plan_affine extent; /* a pointer: bytes it may touch at T tokens */
+    uint32_t writes;    /* a pointer: 1 when the kernel stores through it */
+} plan_kernel_param;
+
 /* What ptxas reported for the kernel compiled for one architecture. */
 typedef struct plan_kernel_resources {
     plan_text arch;             /* "sm_90" */
@@ -237,6 +252,8 @@ typedef struct plan_kernel {
     plan_text ops;    /* the IR ops it implements, as text */
     plan_text source; /* CUDA C (C-compatible subset) */
     plan_launch_rule launch;
+    uint32_t param_count;
+    plan_kernel_param params[PLAN_MAX_KERNEL_PARAMS];
     uint32_t resource_count;
     const plan_kernel_resources *resources; /* [resource_count] */
     uint32_t binary_count;

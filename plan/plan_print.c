@@ -116,6 +116,23 @@ static void print_launch(FILE *out, const plan_launch_rule *launch) {
             text[2], text[3], text[4], text[5], launch->dynamic_shared_bytes);
 }
 
+/* "0: reads T*256 B, 1: tokens, 2: writes T*256 B": what the kernel declares
+ * it touches through each parameter. */
+static void print_params(FILE *out, const plan_kernel *k) {
+    if (k->param_count == 0) fprintf(out, "none");
+    for (uint32_t p = 0; p < k->param_count; p++) {
+        const plan_kernel_param *param = &k->params[p];
+        char extent[128];
+        plan_affine_format(param->extent, extent, sizeof extent);
+        if (param->kind == 1)
+            fprintf(out, "%s%" PRIu32 ": tokens", p ? ", " : "", p);
+        else
+            fprintf(out, "%s%" PRIu32 ": %s %s B", p ? ", " : "", p, param->writes ? "writes" : "reads",
+                    extent);
+    }
+    fputc('\n', out);
+}
+
 static uint64_t count_lines(plan_text text) {
     uint64_t lines = 0;
     for (uint64_t i = 0; i < text.length; i++)
@@ -132,6 +149,8 @@ static void print_kernel(FILE *out, uint32_t index, const plan_kernel *k, const 
     print_block(out, k->ops, 15);
     fprintf(out, "    launch:    ");
     print_launch(out, &k->launch);
+    fprintf(out, "    params:    ");
+    print_params(out, k);
     fprintf(out, "    resources:%s", k->resource_count ? "" : " none reported\n");
     for (uint32_t i = 0; i < k->resource_count; i++) {
         const plan_kernel_resources *r = &k->resources[i];

@@ -360,7 +360,7 @@ bool plan_cursor_text(plan_cursor *c, plan_text *out) {
 /* The fewest bytes each encoded item can take, to refuse counts that cannot
  * fit before looping over them. */
 enum {
-    MIN_KERNEL_BYTES = 4 * 8 + 6 * 3 * 8 + 8 + 4 + 4,
+    MIN_KERNEL_BYTES = 4 * 8 + 6 * 3 * 8 + 8 + 4 + 4 + 4,
     MIN_RESOURCE_BYTES = 8 + 4 + 4 * 8,
     MIN_BINARY_BYTES = 8 + 4 + 8,
 };
@@ -447,6 +447,26 @@ static bool read_launch(kernel_decoder *d, plan_launch_rule *launch) {
     return read_u64(d, &launch->dynamic_shared_bytes, "dynamic shared bytes");
 }
 
+/* The parameters the kernel declares: how many, their kinds, extents, access. */
+static bool read_params(kernel_decoder *d, plan_kernel *k) {
+    if (!read_u32(d, &k->param_count, "parameter count")) return false;
+    if (k->param_count > PLAN_MAX_KERNEL_PARAMS)
+        return decode_fail(d, "declares %" PRIu32 " parameters (at most %d)", k->param_count,
+                           PLAN_MAX_KERNEL_PARAMS);
+    for (uint32_t p = 0; p < k->param_count; p++) {
+        plan_kernel_param *param = &k->params[p];
+        if (!read_u32(d, &param->kind, "parameter kind") ||
+            !read_affine(d, &param->extent, "parameter extent") ||
+            !read_u32(d, &param->writes, "parameter access"))
+            return false;
+        if (param->kind > 1 || param->writes > 1)
+            return decode_fail(
+                d, "parameter %" PRIu32 " has kind %" PRIu32 " and access %" PRIu32 " (expected 0 or 1 each)",
+                p, param->kind, param->writes);
+    }
+    return true;
+}
+
 static bool read_resources(kernel_decoder *d, plan_kernel_resources *r) {
     return read_text(d, &r->arch, "resource arch") && read_u32(d, &r->registers, "registers") &&
            read_u64(d, &r->shared_bytes, "shared bytes") && read_u64(d, &r->stack_bytes, "stack bytes") &&
@@ -469,7 +489,7 @@ static bool read_kernel(kernel_decoder *d, plan_kernel *k, plan_kernel_resources
     if (!read_text(d, &k->name, "name")) return false;
     if (k->name.length == 0) return decode_fail(d, "has an empty name");
     if (!read_text(d, &k->family, "family") || !read_text(d, &k->ops, "ops") ||
-        !read_text(d, &k->source, "source") || !read_launch(d, &k->launch) ||
+        !read_text(d, &k->source, "source") || !read_launch(d, &k->launch) || !read_params(d, k) ||
         !read_count(d, &k->resource_count, MIN_RESOURCE_BYTES, "resource count"))
         return false;
     for (uint32_t i = 0; i < k->resource_count; i++) {

@@ -416,6 +416,14 @@ void plan_kernels_encode(const plan_kernel *kernels, uint32_t count, plan_buffer
         for (int d = 0; d < 3; d++)
             put_affine(out, k->launch.block[d], k);
         put_u64(out, k->launch.dynamic_shared_bytes);
+        if (k->param_count > PLAN_MAX_KERNEL_PARAMS)
+            PLAN_WRITE_DIE("kernel %" PRIu32 " has %" PRIu32 " parameters", i, k->param_count);
+        put_u32(out, k->param_count);
+        for (uint32_t p = 0; p < k->param_count; p++) {
+            put_u32(out, k->params[p].kind);
+            put_affine(out, k->params[p].extent, k);
+            put_u32(out, k->params[p].writes);
+        }
         put_u32(out, k->resource_count);
         for (uint32_t r = 0; r < k->resource_count; r++) {
             const plan_kernel_resources *res = &k->resources[r];

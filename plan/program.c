@@ -730,33 +730,39 @@ static bool check_rule_matches(const prog_launch *l, const plan_kernel *k, uint3
     return false;
 }
 
-/* Every launch of one kernel passes arguments of the same kinds, extents and
- * access: they are facts of the kernel's source, not of the launch. */
-static bool check_same_arguments(const prog_launch *l, const prog_launch *first, uint32_t i, char *error,
-                                 size_t error_size) {
-    bool same = l->arg_count == first->arg_count;
-    uint32_t a = 0;
-    for (; same && a < l->arg_count; a++) {
-        const prog_arg *x = &l->args[a], *y = &first->args[a];
-        same = x->kind == y->kind &&
-               (x->kind != PROG_ARG_POINTER || (x->writes == y->writes && x->extent.a == y->extent.a &&
-                                                x->extent.b == y->extent.b && x->extent.c == y->extent.c));
+/* Every launch of a kernel passes what the kernel table declares for it:
+ * the same arguments, each of the declared kind, extent and access. Those
+ * are facts of the kernel's code, stored beside it; the launch program
+ * cannot widen them. */
+static bool check_declared_arguments(const prog_launch *l, const plan_kernel *k, uint32_t i, char *error,
+                                     size_t error_size) {
+    if (l->arg_count != k->param_count) {
+        snprintf(error, error_size,
+                 "program: instruction %u launches kernel %u '%.*s%s' with %u arguments, but it declares %u",
+                 i, l->kernel, (int)(k->name.length > 64 ? 64 : k->name.length), k->name.data,
+                 k->name.length > 64 ? "..." : "", l->arg_count, k->param_count);
+        return false;
     }
-    if (same) return true;
-    snprintf(error, error_size,
-             "program: instruction %u launches kernel %u with argument %u unlike its other launches (kind, "
-             "extent or access differ)",
-             i, l->kernel, a ? a - 1 : 0);
-    return false;
+    for (uint32_t a = 0; a < l->arg_count; a++) {
+        const prog_arg *x = &l->args[a];
+        const plan_kernel_param *declared = &k->params[a];
+        bool same = x->kind == declared->kind &&
+                    (x->kind != PROG_ARG_POINTER ||
+                     ((uint32_t)x->writes == declared->writes && same_affine(x->extent, declared->extent)));
+        if (same) continue;
+        snprintf(
+            error, error_size,
+            "program: instruction %u (kernel %u '%.*s%s') argument %u is not what the kernel table declares "
+            "for it (kind, extent or access differ)",
+            i, l->kernel, (int)(k->name.length > 64 ? 64 : k->name.length), k->name.data,
+            k->name.length > 64 ? "..." : "", a);
+        return false;
+    }
+    return true;
 }
 
 bool program_check_plan(const program *p, const plan_kernel *kernels, uint32_t kernel_count,
                         uint64_t weight_data_size, char *error, size_t error_size) {
-    const prog_launch **first = calloc(kernel_count ? kernel_count : 1, sizeof *first);
-    if (!first) {
-        snprintf(error, error_size, "program: out of memory checking launches");
-        return false;
-    }
     bool ok = true;
     for (uint32_t i = 0; i < p->instr_count && ok; i++) {
         const prog_instr *in = &p->instrs[i];
@@ -767,15 +773,11 @@ bool program_check_plan(const program *p, const plan_kernel *kernels, uint32_t k
                      "program: instruction %u launches kernel %u but the plan has %u kernels", i, l->kernel,
                      kernel_count);
             ok = false;
-        } else if (!first[l->kernel]) {
-            first[l->kernel] = l;
-            ok = check_rule_matches(l, &kernels[l->kernel], i, error, error_size);
         } else {
             ok = check_rule_matches(l, &kernels[l->kernel], i, error, error_size) &&
-                 check_same_arguments(l, first[l->kernel], i, error, error_size);
+                 check_declared_arguments(l, &kernels[l->kernel], i, error, error_size);
         }
     }
-    free(first);
     if (!ok) return false;
     for (uint32_t i = 0; i < p->weight_count; i++) {
         const prog_weight *w = &p->weights[i];

@@ -105,6 +105,9 @@ static void make_kernels(void) {
         .launch = {.grid = {{4, 0, 1}, {0, 1, 1}, {0, 1, 1}},
                    .block = {{0, 256, 1}, {0, 1, 1}, {0, 1, 1}},
                    .dynamic_shared_bytes = 0},
+        .param_count = 2,
+        .params = {{.kind = 0, .extent = {256, 0, 1}, .writes = 0},
+                   {.kind = 1, .extent = {0, 0, 1}, .writes = 0}},
         .resource_count = 2,
         .resources = rms_resources,
         .binary_count = 3,
@@ -233,7 +236,7 @@ static void test_round_trip_every_section(void **state) {
     char error[512] = "";
     if (!plan_open(plan_path, &plan, error, sizeof error)) fail_msg("open failed: %s", error);
     assert_true(plan.mapped);
-    assert_int_equal(plan.format_version, 1);
+    assert_int_equal(plan.format_version, 2);
     assert_string_equal(plan.smelt_version, "0.1.0");
     assert_int_equal(plan.section_count, PLAN_SECTION_KIND_COUNT);
     assert_int_equal(plan.size, summary.file_size);
@@ -286,7 +289,7 @@ static void test_layout_matches_documentation(void **state) {
     size_t size;
     uint8_t *bytes = good_plan(&size);
     assert_memory_equal(bytes, "SMELTPLN", 8);
-    assert_int_equal(plan_get_u32(bytes + 8), 1);
+    assert_int_equal(plan_get_u32(bytes + 8), 2);
     assert_int_equal(plan_get_u32(bytes + 12), 8);
     assert_memory_equal(bytes + 16, "0.1.0\0\0\0\0\0\0\0\0\0\0\0", 16);
     assert_int_equal(plan_get_u64(bytes + 32), size);
@@ -595,11 +598,11 @@ static void test_other_format_version(void **state) {
     uint8_t *bytes = good_plan(&size);
     plan_put_u32(bytes + PLAN_AT_FORMAT_VERSION, 3);
     assert_refused(bytes, size,
-                   "model.plan: this plan has format version 3 but this smelt reads version 1: "
+                   "model.plan: this plan has format version 3 but this smelt reads version 2: "
                    "rebuild the plan with `smelt compile`");
     /* The version is read before anything else of the header: a 12-byte
      * stub of a future plan still gets the rebuild advice. */
-    assert_refused(bytes, 12, "format version 3 but this smelt reads version 1");
+    assert_refused(bytes, 12, "format version 3 but this smelt reads version 2");
     plan_put_u32(bytes + PLAN_AT_FORMAT_VERSION, 0);
     assert_refused(bytes, size, "format version 0");
     free(bytes);
@@ -845,6 +848,13 @@ static void test_kernel_table_round_trip(void **state) {
         assert_text(got->ops, want->ops.data);
         assert_text(got->source, want->source.data);
         assert_memory_equal(&got->launch, &want->launch, sizeof got->launch);
+        assert_int_equal(got->param_count, want->param_count);
+        for (uint32_t p = 0; p < got->param_count; p++) {
+            assert_int_equal(got->params[p].kind, want->params[p].kind);
+            assert_memory_equal(&got->params[p].extent, &want->params[p].extent,
+                                sizeof got->params[p].extent);
+            assert_int_equal(got->params[p].writes, want->params[p].writes);
+        }
         assert_int_equal(got->resource_count, want->resource_count);
         assert_int_equal(got->binary_count, want->binary_count);
         for (uint32_t r = 0; r < got->resource_count; r++) {
@@ -941,8 +951,22 @@ static void test_kernel_table_lying_fields(void **state) {
     plan_put_u64(copy + strings + 16, (uint64_t)-5);
     assert_decode_refused(copy, buffer.size, "divides by -5");
 
+    /* The parameters of kernel 0: a count, then {u32 kind, affine, u32 writes} each. */
+    size_t params_at = strings + 6 * 24 + 8;
+    assert_int_equal(plan_get_u32(buffer.data + params_at), 2);
+    memcpy(copy, buffer.data, buffer.size);
+    plan_put_u32(copy + params_at, 33);
+    assert_decode_refused(copy, buffer.size, "kernel 0: declares 33 parameters (at most 32)");
+    memcpy(copy, buffer.data, buffer.size);
+    plan_put_u32(copy + params_at + 4, 2);
+    assert_decode_refused(copy, buffer.size,
+                          "kernel 0: parameter 0 has kind 2 and access 0 (expected 0 or 1 each)");
+    memcpy(copy, buffer.data, buffer.size);
+    plan_put_u64(copy + params_at + 4 + 4 + 16, 0);
+    assert_decode_refused(copy, buffer.size, "kernel 0: parameter extent divides by 0");
+
     /* resource count of kernel 0 */
-    size_t resources_at = strings + 6 * 24 + 8;
+    size_t resources_at = params_at + 4 + 2 * (4 + 24 + 4);
     assert_int_equal(plan_get_u32(buffer.data + resources_at), 2);
     memcpy(copy, buffer.data, buffer.size);
     plan_put_u32(copy + resources_at, 0xffffffffu);
@@ -1071,7 +1095,7 @@ static void test_print_plan(void **state) {
     snprintf(line, sizeof line, "content hash:  xxh3-128:%016" PRIx64 "%016" PRIx64 "\n",
              summary.content_hash_high, summary.content_hash_low);
     assert_contains(text, line);
-    assert_contains(text, "plan format:   1\nsmelt version: 0.1.0\n");
+    assert_contains(text, "plan format:   2\nsmelt version: 0.1.0\n");
     snprintf(line, sizeof line, "file size:     %" PRIu64 " bytes\nsections:      8\n", summary.file_size);
     assert_contains(text, line);
     snprintf(line, sizeof line, "  %-14s %14" PRIu64 " %14" PRIu64 "  %016" PRIx64 "\n", "WEIGHT_DATA",

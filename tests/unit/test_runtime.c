@@ -305,6 +305,26 @@ typedef struct toy_plan_options {
     int64_t max_positions;
 } toy_plan_options;
 
+/* What kernel `index` declares in the kernel table: its first launch's
+ * arguments, as codegen/compile_plan.c declares them. */
+static void declare_params(plan_kernel *k, uint32_t index, const program *p) {
+    k->param_count = 0;
+    for (uint32_t i = 0; i < p->instr_count; i++) {
+        const prog_instr *in = &p->instrs[i];
+        if (in->op != PROG_OP_LAUNCH || in->as.launch.kernel != index) continue;
+        k->param_count = in->as.launch.arg_count;
+        for (uint32_t a = 0; a < k->param_count; a++) {
+            const prog_arg *arg = &in->as.launch.args[a];
+            bool pointer = arg->kind == PROG_ARG_POINTER;
+            k->params[a] = (plan_kernel_param){
+                arg->kind,
+                pointer ? (plan_affine){arg->extent.a, arg->extent.b, arg->extent.c} : (plan_affine){0, 0, 1},
+                pointer && arg->writes};
+        }
+        return;
+    }
+}
+
 static void write_toy_plan(const char *path, const toy_plan_options *o) {
     toy_program t;
     if (o->rich)
@@ -330,6 +350,7 @@ static void write_toy_plan(const char *path, const toy_plan_options *o) {
         kernels[k].launch.grid[1] = kernels[k].launch.grid[2] = (plan_affine){0, 1, 1};
         kernels[k].launch.block[0] = (plan_affine){0, 32, 1};
         kernels[k].launch.block[1] = kernels[k].launch.block[2] = (plan_affine){0, 1, 1};
+        declare_params(&kernels[k], (uint32_t)k, &t.p);
         memset(&ptx[k], 0, sizeof ptx[k]);
         if (o->cuda_binaries) {
             toy_ptx_make(&ptx[k], sources[k], names[k]);
@@ -640,6 +661,7 @@ static void test_program_decode_refuses_lies(void **state) {
     kernel.launch.grid[1] = kernel.launch.grid[2] = (plan_affine){0, 1, 1};
     kernel.launch.block[0] = (plan_affine){0, 32, 1};
     kernel.launch.block[1] = kernel.launch.block[2] = (plan_affine){0, 1, 1};
+    declare_params(&kernel, 0, &t.p);
     assert_true(program_check_plan(&t.p, &kernel, 1, 192, error, sizeof error));
     assert_false(program_check_plan(&t.p, &kernel, 0, 192, error, sizeof error));
     assert_non_null(strstr(error, "instruction 0 launches kernel 0 but the plan has 0 kernels"));
@@ -651,13 +673,24 @@ static void test_program_decode_refuses_lies(void **state) {
     assert_false(program_check_plan(&t.p, &kernel, 1, 192, error, sizeof error));
     assert_non_null(strstr(error, "instruction 0 launches kernel 0 'toy_embed' with a grid, block or shared "
                                   "memory that is not the kernel table's launch rule"));
-    /* Two launches of one kernel whose arguments differ. */
+    /* A launch whose argument is not what the kernel table declares: another
+     * extent (as a program rewritten with its buffers would have), another
+     * access, or another count. */
     toy_program_make(&t, false, true, 0);
     t.instrs[1] = toy_launch(0);
     t.instrs[1].as.launch.args[1].extent.b = 8;
     assert_false(program_check_plan(&t.p, &kernel, 1, 192, error, sizeof error));
-    assert_non_null(
-        strstr(error, "instruction 1 launches kernel 0 with argument 1 unlike its other launches"));
+    assert_non_null(strstr(error,
+                           "instruction 1 (kernel 0 'toy_embed') argument 1 is not what the kernel table "
+                           "declares for it (kind, extent or access differ)"));
+    toy_program_make(&t, false, true, 0);
+    kernel.params[2].writes = !kernel.params[2].writes;
+    assert_false(program_check_plan(&t.p, &kernel, 1, 192, error, sizeof error));
+    assert_non_null(strstr(error, "instruction 0 (kernel 0 'toy_embed') argument 2 is not what"));
+    kernel.params[2].writes = !kernel.params[2].writes;
+    kernel.param_count--;
+    assert_false(program_check_plan(&t.p, &kernel, 1, 192, error, sizeof error));
+    assert_non_null(strstr(error, "launches kernel 0 'toy_embed' with 4 arguments, but it declares 3"));
 }
 
 static uint64_t next_random(uint64_t *s) {
