@@ -237,6 +237,12 @@ int cmd_run(int argc, char **argv) {
     if (ok)
         ok = as_text ? encode_prompt(&r->tokenizer, c.prompt_text, &prompt, &prompt_length, &d)
                      : parse_prompt_ids(c.prompt_ids, &prompt, &prompt_length, &d);
+    /* Nothing to step: no logits would exist to choose the first token from. */
+    if (ok && prompt_length == 0) {
+        diag_error(&d, SMELT_NO_LOC,
+                   "--prompt is empty and the plan's tokenizer adds no BOS token: give at least one byte");
+        ok = false;
+    }
     uint64_t elements = 0;
     bool too_many =
         ok && (__builtin_mul_overflow(r->vocab, c.max_tokens, &elements) || elements > (1ull << 32));
