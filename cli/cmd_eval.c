@@ -38,7 +38,7 @@ typedef struct eval_command {
 } eval_command;
 
 static int parse_arguments(int argc, char **argv, eval_command *c) {
-    cli_args a = {argc, argv, 1, "smelt eval"};
+    cli_args a = {argc, argv, 1, "smelt eval", NULL};
     const char *value;
     c->context = 256;
     c->max_errors = 20;
@@ -75,7 +75,7 @@ static int parse_arguments(int argc, char **argv, eval_command *c) {
         cli_usage_error(&a, "%s", problem);
         return CLI_USAGE_ERROR;
     }
-    return CLI_OK;
+    return cli_check_plan_options(&a, &c->model) ? CLI_OK : CLI_USAGE_ERROR;
 }
 
 /* Text ("1, 2 3\n4") when every byte is a digit, separator or blank; else

@@ -53,7 +53,7 @@ typedef struct run_command {
 } run_command;
 
 static int parse_arguments(int argc, char **argv, run_command *c) {
-    cli_args a = {argc, argv, 1, "smelt run"};
+    cli_args a = {argc, argv, 1, "smelt run", NULL};
     const char *value;
     c->max_tokens = 16;
     c->max_errors = 20;
@@ -94,7 +94,7 @@ static int parse_arguments(int argc, char **argv, run_command *c) {
         cli_usage_error(&a, "%s", problem);
         return CLI_USAGE_ERROR;
     }
-    return CLI_OK;
+    return cli_check_plan_options(&a, &c->model) ? CLI_OK : CLI_USAGE_ERROR;
 }
 
 /* "1,2,3" -> ids; false with a message naming the bad entry. */
