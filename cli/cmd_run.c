@@ -36,7 +36,8 @@ static const char usage[] =
     "  --prompt-ids 1,2,3     the prompt's token ids\n"
     "  --prompt TEXT          the prompt as text (needs a byte tokenizer); the\n"
     "                         output is decoded and streamed as text\n"
-    "  --max-tokens N         tokens to generate (default 16); EOS stops early\n"
+    "  --max-tokens N         tokens to generate, at least 1 (default 16); EOS\n"
+    "                         stops early\n"
     "  --dump-logits F.npy    write float32 logits [N, vocab]: row 0 after the\n"
     "                         prompt, row i after the i-th generated token\n"
     "  --random-weights SEED  bind every weight of PLAN to random values (for\n"
@@ -88,6 +89,7 @@ static int parse_arguments(int argc, char **argv, run_command *c) {
     const char *problem = !c->model.model_path                ? "no model or plan given"
                           : !c->prompt_ids && !c->prompt_text ? "no --prompt-ids or --prompt given"
                           : c->prompt_ids && c->prompt_text   ? "give --prompt-ids or --prompt, not both"
+                          : c->max_tokens == 0                ? "--max-tokens must be at least 1"
                           : c->max_tokens > RUN_MAX_TOKENS    ? "--max-tokens is at most 1048576"
                                                               : NULL;
     if (problem) {
