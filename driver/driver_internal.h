@@ -58,8 +58,9 @@ bool drv_write_plan(const ir_module *m, const drv_compile_options *o, const drv_
 
 /* The TOKENIZER section of a byte tokenizer, {"type": "bytes", "bos": N,
  * "eos": N}, with config.json's bos_token_id and eos_token_id (-1 when
- * absent); malloc'd, NULL when out of memory. */
-char *drv_tokenizer_json(const char *config_path);
+ * absent) into *out (malloc'd). False after an error when an id lies outside
+ * the vocabulary of m (the last dim of its logits) or memory runs out. */
+bool drv_tokenizer_json(const char *config_path, const ir_module *m, char **out, diag_engine *d);
 /* The section's JSON read into *out; a kind this smelt does not know is a
  * warning and leaves out->present false. */
 void drv_tokenizer_parse(const char *json, size_t length, drv_tokenizer *out, diag_engine *d);

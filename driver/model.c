@@ -54,7 +54,9 @@ static bool compile_temporary_plan(const drv_model_options *o, drv_model *r, cha
         c.archs[c.arch_count++] = 80;
         c.archs[c.arch_count++] = 90;
     }
-    char *tokenizer = o->byte_tokenizer ? drv_tokenizer_json(o->source.config_path) : NULL;
+    char *tokenizer = NULL;
+    if (o->byte_tokenizer && !drv_tokenizer_json(o->source.config_path, &r->module, &tokenizer, d))
+        return false;
     drv_plan_contents contents = {.weights = &r->weights, .tokenizer_json = tokenizer};
     bool ok = drv_write_plan(&r->module, &c, &contents, path, NULL, d);
     free(tokenizer);
@@ -93,12 +95,14 @@ static bool open_ref(drv_model *r, const drv_model_options *o, diag_engine *d) {
     r->ref = ref_model_create(&r->module, drv_source_weights_read, &r->weights, d);
     r->info.name = "ref";
     r->info.vocab = r->ref ? ref_model_vocab(r->ref) : 0;
-    if (o->byte_tokenizer) {
-        char *text = drv_tokenizer_json(o->source.config_path);
-        if (text) drv_tokenizer_parse(text, strlen(text), &r->info.tokenizer, d);
+    bool ok = r->ref != NULL;
+    if (ok && o->byte_tokenizer) {
+        char *text = NULL;
+        ok = drv_tokenizer_json(o->source.config_path, &r->module, &text, d);
+        if (ok) drv_tokenizer_parse(text, strlen(text), &r->info.tokenizer, d);
         free(text);
     }
-    return r->ref != NULL;
+    return ok;
 }
 
 static bool open_model(drv_model *r, const drv_model_options *o, diag_engine *d) {
