@@ -20,7 +20,11 @@ bool drv_bind_checkpoint(const smelt_plan *plan, smelt_engine *engine, const cha
             ok = false;
             break;
         }
-        st_convert_to_f32(t->dtype, t->data, values, count);
+        if (!st_tensor_read_f32(t, values, d)) {
+            free(values);
+            ok = false;
+            break;
+        }
         int64_t shape[ST_MAX_RANK];
         for (uint32_t k = 0; k < t->rank; k++)
             shape[k] = (int64_t)t->shape[k];
