@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 struct drv_model {
@@ -105,8 +106,29 @@ static bool open_ref(drv_model *r, const drv_model_options *o, diag_engine *d) {
     return ok;
 }
 
+/* A file named *.plan is a plan or nothing: never read as a model source
+ * (a file too short for the magic used to be parsed as DSL). */
+static bool check_plan_name(const char *path, diag_engine *d) {
+    size_t n = strlen(path);
+    if (n < 5 || strcmp(path + n - 5, ".plan") != 0) return true;
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        diag_error(d, SMELT_NO_LOC, "cannot read '%s': %s", path, strerror(errno));
+        return false;
+    }
+    smelt_loc loc = {diag_file_id(d, path), 0, 0};
+    if (S_ISREG(st.st_mode) && st.st_size < 8)
+        diag_error(d, loc, "not a plan: %lld bytes, too short for its 8-byte magic", (long long)st.st_size);
+    else
+        diag_error(
+            d, loc,
+            "not a plan: it does not start with 'SMELTPLN' (a model source is named *.smelt or *.json)");
+    return false;
+}
+
 static bool open_model(drv_model *r, const drv_model_options *o, diag_engine *d) {
     bool is_plan = drv_is_plan_file(o->model_path), ref = o->backend == DRV_BACKEND_REF;
+    if (!is_plan && !check_plan_name(o->model_path, d)) return false;
     if (is_plan && ref) {
         diag_error(d, SMELT_NO_LOC,
                    "the ref backend interprets a model's IR: give it the model source, not a plan");
