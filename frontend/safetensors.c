@@ -391,8 +391,8 @@ static int compare_spans(const void *a, const void *b) {
 }
 
 /* The entries, sorted by offset, must cover [0, data_size) exactly once.
- * An entry past the end is reported once and then counts as reaching the
- * end, so that one truncation gives one message. */
+ * The first entry past the end is reported with a count of the others and
+ * ends the check, so that one truncation gives one message. */
 static bool check_tiling(st_reader *r) {
     st_file *f = r->f;
     uint32_t count = f->tensor_count;
@@ -409,14 +409,26 @@ static bool check_tiling(st_reader *r) {
         const char *name = f->tensors[s->tensor].name;
         uint64_t begin = s->begin, end = s->end;
         if (end > r->data_size) {
+            /* A truncated file: every later tensor is cut off too. One
+             * message for all of them, then stop. */
+            uint32_t more = 0;
+            uint64_t needed = end;
+            for (uint32_t j = k + 1; j < count; j++)
+                if (spans[j].end > r->data_size) {
+                    more++;
+                    if (spans[j].end > needed) needed = spans[j].end;
+                }
+            char also[160] = "";
+            if (more)
+                snprintf(also, sizeof also,
+                         "; so do %u more tensor%s after it (a truncated file? its tensors need %llu bytes)",
+                         more, more == 1 ? "" : "s", (unsigned long long)needed);
             diag_error(r->d, r->loc,
                        "tensor '%.*s%s': data_offsets [%llu, %llu] run past the end of the data section, "
-                       "which holds %llu bytes",
+                       "which holds %llu bytes%s",
                        DIAG_NAME(name), (unsigned long long)begin, (unsigned long long)end,
-                       (unsigned long long)r->data_size);
-            ok = false;
-            end = r->data_size;
-            if (begin > end) begin = end;
+                       (unsigned long long)r->data_size, also);
+            return false;
         }
         if (begin > covered) {
             diag_error(

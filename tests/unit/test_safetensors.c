@@ -482,6 +482,21 @@ static void test_refuses_offsets_past_the_end(void **state) {
     assert_int_equal(diag.error_count, 1); /* one truncation, one message */
 }
 
+/* A file cut short in its data: the first tensor cut off is named, the
+ * others counted, in one message (there used to be one per tensor, up to
+ * the error limit). */
+static void test_truncated_data_is_one_error(void **state) {
+    (void)state;
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                   "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]},"
+                   "\"c\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[16,24]},"
+                   "\"d\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[24,32]}}",
+                   10,
+                   "tensor 'b': data_offsets [8, 16] run past the end of the data section, which holds 10 "
+                   "bytes; so do 2 more tensors after it (a truncated file? its tensors need 32 bytes)\n");
+    assert_int_equal(diag.error_count, 1);
+}
+
 static void test_refuses_size_mismatch(void **state) {
     (void)state;
     expect_refused(
@@ -946,6 +961,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_refuses_gap, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_trailing_bytes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_offsets_past_the_end, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_truncated_data_is_one_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_size_mismatch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_size_overflow, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_dtypes, setup, teardown),
