@@ -73,11 +73,13 @@ bool drv_plan_tables_read(const char *plan_path, program *p, drv_tokenizer *toke
 
 /* ---- checkpoint_bind.c: weights into an engine ---- */
 
-/* Binds every float tensor of the checkpoint at weights_path that the plan
- * names, converted to f32 first whatever its dtype; the others are not used
- * by the model and are skipped. */
-bool drv_bind_checkpoint(const smelt_plan *plan, smelt_engine *engine, const char *weights_path,
-                         diag_engine *d);
+/* Binds every tensor of the checkpoint at weights_path that the plan names,
+ * converted to f32 first whatever its float dtype; the others are not used
+ * by the model and are skipped. Every error names the checkpoint: an integer
+ * tensor the plan names, a binding the engine refuses, and (unless p is
+ * NULL) each weight the plan holds no data for that the checkpoint lacks. */
+bool drv_bind_checkpoint(const smelt_plan *plan, const program *p, smelt_engine *engine,
+                         const char *weights_path, diag_engine *d);
 /* Binds every weight of the program to uniform noise in [-0.05, 0.05). */
 bool drv_bind_random_weights(smelt_engine *engine, const program *p, unsigned seed, diag_engine *d);
 

@@ -81,7 +81,8 @@ static bool open_engine(drv_model *r, const drv_model_options *o, const char *pl
     options.device = device_name(o->backend);
     ok = smelt_engine_create(plan, &options, &r->engine) == SMELT_OK;
     if (!ok) diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
-    if (ok && weights_path) ok = drv_bind_checkpoint(plan, r->engine, weights_path, d);
+    if (ok && weights_path)
+        ok = drv_bind_checkpoint(plan, o->random_weights ? NULL : &p, r->engine, weights_path, d);
     smelt_plan_close(plan);
     if (ok && o->random_weights) ok = drv_bind_random_weights(r->engine, &p, o->random_seed, d);
     program_free(&p);
