@@ -164,8 +164,10 @@ int cli_model_option(cli_args *a, drv_model_options *o) {
     if (cli_flag_value(a, "--config", &value)) {
         if (!value) return CLI_USAGE_ERROR;
         o->source.config_path = value;
+        if (!a->source_option) a->source_option = "--config";
     } else if (cli_flag_value(a, "--set", &value)) {
         if (!value || !cli_add_setting(a, &o->source, value)) return CLI_USAGE_ERROR;
+        if (!a->source_option) a->source_option = "--set";
     } else if (cli_flag_value(a, "--weights", &value)) {
         if (!value) return CLI_USAGE_ERROR;
         o->weights_path = value;
@@ -177,14 +179,25 @@ int cli_model_option(cli_args *a, drv_model_options *o) {
         }
     } else if (cli_flag_value(a, "--precision", &value)) {
         if (!value || !cli_parse_precision(a, value, &o->precision)) return CLI_USAGE_ERROR;
+        if (!a->source_option) a->source_option = "--precision";
     } else if (cli_flag_value(a, "--expect-hash", &value)) {
         if (!value) return CLI_USAGE_ERROR;
         o->expected_hash = value;
     } else if (cli_flag_value(a, "--tokenizer", &value)) {
         if (!value || !cli_parse_tokenizer(a, value)) return CLI_USAGE_ERROR;
+        if (!a->source_option) a->source_option = "--tokenizer";
         o->byte_tokenizer = true;
     } else {
         return CLI_NOT_MINE;
     }
     return CLI_OK;
+}
+
+bool cli_check_plan_options(const cli_args *a, const drv_model_options *o) {
+    if (!a->source_option || !drv_is_plan_file(o->model_path)) return true;
+    cli_usage_error(a,
+                    "%s applies only to a model source; '%s' is a plan, whose params, precision and "
+                    "tokenizer were fixed when it was compiled",
+                    a->source_option, o->model_path);
+    return false;
 }

@@ -21,7 +21,8 @@ typedef struct cli_args {
     int argc;
     char **argv;
     int index;
-    const char *command; /* for messages: "smelt ir" */
+    const char *command;       /* for messages: "smelt ir" */
+    const char *source_option; /* first option seen that applies only to a model source, or NULL */
 } cli_args;
 
 /* True if argv[index] is the flag `name` (a value then follows, via *value). */
@@ -50,6 +51,10 @@ bool cli_parse_count(const cli_args *a, const char *text, unsigned *out);
  * or CLI_USAGE_ERROR after a message, or CLI_NOT_MINE. */
 enum { CLI_NOT_MINE = -2 };
 int cli_model_option(cli_args *a, drv_model_options *o);
+/* A plan's params, precision and tokenizer were fixed when it was compiled:
+ * false (after a usage message) when o->model_path is a plan and one of
+ * --config, --set, --precision or --tokenizer was given. */
+bool cli_check_plan_options(const cli_args *a, const drv_model_options *o);
 
 /* Reads a whole file ("-": stdin), at most 256 MiB; reports failure to d. */
 char *cli_read_file(const char *path, size_t *length, diag_engine *d);

@@ -72,7 +72,7 @@ static bool parse_targets(const cli_args *a, const char *text, drv_compile_optio
 }
 
 static int parse_arguments(int argc, char **argv, compile_command *c) {
-    cli_args a = {argc, argv, 1, "smelt compile"};
+    cli_args a = {argc, argv, 1, "smelt compile", NULL};
     const char *value;
     c->max_errors = 20;
     c->plan.precision = DRV_PRECISION_BF16;

@@ -18,9 +18,10 @@
 static const char usage[] = "usage: smelt eval MODEL|PLAN --ids FILE [options]\n"
                             "\n"
                             "Prints the perplexity of the model over the token ids in FILE, with the\n"
-                            "number of tokens scored. FILE holds little-endian uint16 ids (.bin, as\n"
-                            "tests/fixtures/demo/heldout_ids.bin) or ids as text separated by commas,\n"
-                            "spaces or newlines.\n"
+                            "number of tokens scored. The name decides the format: FILE.bin holds\n"
+                            "little-endian uint16 ids (as tests/fixtures/demo/heldout_ids.bin); any\n"
+                            "other FILE holds decimal ids as text, separated by commas, spaces or\n"
+                            "newlines, and nothing else.\n"
                             "\n"
                             "options:\n"
                             "  --context N            tokens per window (default 256)\n"
@@ -39,7 +40,7 @@ typedef struct eval_command {
 } eval_command;
 
 static int parse_arguments(int argc, char **argv, eval_command *c) {
-    cli_args a = {argc, argv, 1, "smelt eval"};
+    cli_args a = {argc, argv, 1, "smelt eval", NULL};
     const char *value;
     c->context = 256;
     c->max_errors = 20;
@@ -76,25 +77,36 @@ static int parse_arguments(int argc, char **argv, eval_command *c) {
         cli_usage_error(&a, "%s", problem);
         return CLI_USAGE_ERROR;
     }
-    return CLI_OK;
+    return cli_check_plan_options(&a, &c->model) ? CLI_OK : CLI_USAGE_ERROR;
 }
 
-/* Text ("1, 2 3\n4") when every byte is a digit, separator or blank; else
- * little-endian uint16. */
+static bool is_id_separator(char c) { return c != '\0' && strchr(", \t\r\n", c) != NULL; }
+
+/* The format is chosen by the name, never guessed from the bytes (a binary
+ * file can consist of digits): FILE.bin holds little-endian uint16 ids (an
+ * even number of bytes); any other name holds decimal ids as text, separated
+ * by commas, spaces or newlines, and any other byte is an error. */
 static int32_t *read_ids(const char *path, size_t *count, diag_engine *d) {
-    size_t length;
+    size_t length, name_length = strlen(path);
     char *bytes = cli_read_file(path, &length, d);
     if (!bytes) return NULL;
-    bool text = length > 0;
-    for (size_t i = 0; i < length && text; i++)
-        text = (bytes[i] >= '0' && bytes[i] <= '9') || strchr(", \t\r\n", bytes[i]) != NULL;
-    int32_t *ids = cli_alloc((length / 2 + 1) * sizeof *ids + (text ? length * sizeof *ids : 0));
+    bool text = !(name_length >= 4 && strcmp(path + name_length - 4, ".bin") == 0);
+    int32_t *ids = cli_alloc((length / 2 + 1) * sizeof *ids); /* an id and a separator take 2 bytes */
     size_t n = 0;
     if (text) {
         for (size_t i = 0; i < length;) {
-            if (bytes[i] < '0' || bytes[i] > '9') {
+            if (is_id_separator(bytes[i])) {
                 i++;
                 continue;
+            }
+            if (bytes[i] < '0' || bytes[i] > '9') {
+                diag_error(d, SMELT_NO_LOC,
+                           "'%s': byte %zu (0x%02x) is not a digit, comma, space or newline; text ids are "
+                           "decimal (a file of uint16 ids must be named *.bin)",
+                           path, i, (unsigned char)bytes[i]);
+                free(ids);
+                free(bytes);
+                return NULL;
             }
             long long v = 0;
             while (i < length && bytes[i] >= '0' && bytes[i] <= '9' && v <= INT32_MAX)

@@ -13,7 +13,7 @@ static const char usage[] = "usage: smelt inspect model.plan [--source]\n"
                             "  -h, --help  show this help\n";
 
 int cmd_inspect(int argc, char **argv) {
-    cli_args a = {argc, argv, 1, "smelt inspect"};
+    cli_args a = {argc, argv, 1, "smelt inspect", NULL};
     const char *path = NULL;
     bool kernel_source = false;
     while (a.index < a.argc) {

@@ -34,7 +34,7 @@ typedef struct ir_command {
 
 /* Returns CLI_OK, or CLI_USAGE_ERROR after printing the problem. */
 static int parse_arguments(int argc, char **argv, ir_command *c) {
-    cli_args a = {argc, argv, 1, "smelt ir"};
+    cli_args a = {argc, argv, 1, "smelt ir", NULL};
     const char *value;
     c->after = "infer-shapes";
     c->max_errors = 20;

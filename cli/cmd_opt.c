@@ -37,7 +37,7 @@ typedef struct opt_command {
 } opt_command;
 
 static int parse_arguments(int argc, char **argv, opt_command *c) {
-    cli_args a = {argc, argv, 1, "smelt opt"};
+    cli_args a = {argc, argv, 1, "smelt opt", NULL};
     const char *value;
     c->max_errors = 20;
     while (a.index < a.argc) {

@@ -38,7 +38,8 @@ static const char usage[] =
     "  --prompt-ids 1,2,3     the prompt's token ids\n"
     "  --prompt TEXT          the prompt as text (needs a byte tokenizer); the\n"
     "                         output is decoded and streamed as text\n"
-    "  --max-tokens N         tokens to generate (default 16); EOS stops early\n"
+    "  --max-tokens N         tokens to generate, at least 1 (default 16); EOS\n"
+    "                         stops early\n"
     "  --dump-logits F.npy    write float32 logits [N, vocab]: row 0 after the\n"
     "                         prompt, row i after the i-th generated token\n"
     "  --random-weights SEED  bind every weight of PLAN to random values (for\n"
@@ -55,7 +56,7 @@ typedef struct run_command {
 } run_command;
 
 static int parse_arguments(int argc, char **argv, run_command *c) {
-    cli_args a = {argc, argv, 1, "smelt run"};
+    cli_args a = {argc, argv, 1, "smelt run", NULL};
     const char *value;
     c->max_tokens = 16;
     c->max_errors = 20;
@@ -90,13 +91,14 @@ static int parse_arguments(int argc, char **argv, run_command *c) {
     const char *problem = !c->model.model_path                ? "no model or plan given"
                           : !c->prompt_ids && !c->prompt_text ? "no --prompt-ids or --prompt given"
                           : c->prompt_ids && c->prompt_text   ? "give --prompt-ids or --prompt, not both"
+                          : c->max_tokens == 0                ? "--max-tokens must be at least 1"
                           : c->max_tokens > RUN_MAX_TOKENS    ? "--max-tokens is at most 1048576"
                                                               : NULL;
     if (problem) {
         cli_usage_error(&a, "%s", problem);
         return CLI_USAGE_ERROR;
     }
-    return CLI_OK;
+    return cli_check_plan_options(&a, &c->model) ? CLI_OK : CLI_USAGE_ERROR;
 }
 
 /* "1,2,3" -> ids; false with a message naming the bad entry. */
@@ -239,6 +241,12 @@ int cmd_run(int argc, char **argv) {
     if (ok)
         ok = as_text ? encode_prompt(&r->tokenizer, c.prompt_text, &prompt, &prompt_length, &d)
                      : parse_prompt_ids(c.prompt_ids, &prompt, &prompt_length, &d);
+    /* Nothing to step: no logits would exist to choose the first token from. */
+    if (ok && prompt_length == 0) {
+        diag_error(&d, SMELT_NO_LOC,
+                   "--prompt is empty and the plan's tokenizer adds no BOS token: give at least one byte");
+        ok = false;
+    }
     uint64_t elements = 0;
     bool too_many =
         ok && (__builtin_mul_overflow(r->vocab, c.max_tokens, &elements) || elements > (1ull << 32));

@@ -4,32 +4,65 @@
 
 #include <stdlib.h>
 
-bool drv_bind_checkpoint(const smelt_plan *plan, smelt_engine *engine, const char *weights_path,
-                         diag_engine *d) {
+bool drv_bind_checkpoint(const smelt_plan *plan, const program *p, smelt_engine *engine,
+                         const char *weights_path, diag_engine *d) {
     st_checkpoint ck;
     if (!st_checkpoint_open(weights_path, &ck, d)) return false;
+    smelt_loc loc = {ck.diag_file, 0, 0}; /* every message names the checkpoint */
     bool ok = true;
-    for (uint32_t i = 0; i < ck.tensor_count && ok; i++) {
+    for (uint32_t i = 0; i < ck.tensor_count && !diag_should_stop(d); i++) {
         const st_tensor *t = ck.tensors[i];
         /* A tensor the plan does not name is not used by the model. */
-        if (!st_dtype_is_float(t->dtype) || !smelt_plan_has_weight(plan, t->name)) continue;
+        if (!smelt_plan_has_weight(plan, t->name)) continue;
+        if (!st_dtype_is_float(t->dtype)) {
+            diag_error(
+                d, loc,
+                "tensor '%.*s%s' is %s, but the plan's weight of that name takes floating-point values; "
+                "integer tensors are not converted",
+                DIAG_NAME(t->name), st_dtype_name(t->dtype));
+            ok = false;
+            continue;
+        }
         uint64_t count = t->byte_size / st_dtype_size(t->dtype);
         float *values = malloc(count * sizeof *values + 1);
         if (!values) {
-            diag_error(d, SMELT_NO_LOC, "out of memory converting '%.*s%s'", DIAG_NAME(t->name));
+            diag_error(d, loc, "out of memory converting '%.*s%s'", DIAG_NAME(t->name));
             ok = false;
             break;
         }
-        st_convert_to_f32(t->dtype, t->data, values, count);
+        if (!st_tensor_read_f32(t, values, d)) {
+            free(values);
+            ok = false;
+            break;
+        }
         int64_t shape[ST_MAX_RANK];
         for (uint32_t k = 0; k < t->rank; k++)
             shape[k] = (int64_t)t->shape[k];
         smelt_status s = smelt_engine_bind_weight(engine, t->name, SMELT_DTYPE_F32, values, shape, t->rank);
         free(values);
         if (s != SMELT_OK) {
-            diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
+            diag_error(d, loc, "%s", smelt_last_error());
             ok = false;
         }
+    }
+    /* Weights the plan has no data for and the checkpoint does not hold:
+     * named here, with the checkpoint, rather than at the first step. */
+    const char *first_missing = NULL;
+    uint32_t missing = 0;
+    for (uint32_t i = 0; p && i < p->weight_count; i++) {
+        const prog_weight *w = &p->weights[i];
+        if (w->data_offset != UINT64_MAX || st_checkpoint_find(&ck, w->name)) continue;
+        if (!first_missing) first_missing = w->name;
+        missing++;
+    }
+    if (missing) {
+        char more[96] = "";
+        if (missing > 1)
+            snprintf(more, sizeof more, ", nor are %u more of its %u weights (the wrong checkpoint?)",
+                     missing - 1, p->weight_count);
+        diag_error(d, loc, "the plan's weight '%.*s%s' is not in the checkpoint%s", DIAG_NAME(first_missing),
+                   more);
+        ok = false;
     }
     st_checkpoint_close(&ck);
     return ok;

@@ -58,8 +58,9 @@ bool drv_write_plan(const ir_module *m, const drv_compile_options *o, const drv_
 
 /* The TOKENIZER section of a byte tokenizer, {"type": "bytes", "bos": N,
  * "eos": N}, with config.json's bos_token_id and eos_token_id (-1 when
- * absent); malloc'd, NULL when out of memory. */
-char *drv_tokenizer_json(const char *config_path);
+ * absent) into *out (malloc'd). False after an error when an id lies outside
+ * the vocabulary of m (the last dim of its logits) or memory runs out. */
+bool drv_tokenizer_json(const char *config_path, const ir_module *m, char **out, diag_engine *d);
 /* The section's JSON read into *out; a kind this smelt does not know is a
  * warning and leaves out->present false. */
 void drv_tokenizer_parse(const char *json, size_t length, drv_tokenizer *out, diag_engine *d);
@@ -72,11 +73,13 @@ bool drv_plan_tables_read(const char *plan_path, program *p, drv_tokenizer *toke
 
 /* ---- checkpoint_bind.c: weights into an engine ---- */
 
-/* Binds every float tensor of the checkpoint at weights_path that the plan
- * names, converted to f32 first whatever its dtype; the others are not used
- * by the model and are skipped. */
-bool drv_bind_checkpoint(const smelt_plan *plan, smelt_engine *engine, const char *weights_path,
-                         diag_engine *d);
+/* Binds every tensor of the checkpoint at weights_path that the plan names,
+ * converted to f32 first whatever its float dtype; the others are not used
+ * by the model and are skipped. Every error names the checkpoint: an integer
+ * tensor the plan names, a binding the engine refuses, and (unless p is
+ * NULL) each weight the plan holds no data for that the checkpoint lacks. */
+bool drv_bind_checkpoint(const smelt_plan *plan, const program *p, smelt_engine *engine,
+                         const char *weights_path, diag_engine *d);
 /* Binds every weight of the program to uniform noise in [-0.05, 0.05). */
 bool drv_bind_random_weights(smelt_engine *engine, const program *p, unsigned seed, diag_engine *d);
 

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 struct drv_model {
@@ -54,7 +55,9 @@ static bool compile_temporary_plan(const drv_model_options *o, drv_model *r, cha
         c.archs[c.arch_count++] = 80;
         c.archs[c.arch_count++] = 90;
     }
-    char *tokenizer = o->byte_tokenizer ? drv_tokenizer_json(o->source.config_path) : NULL;
+    char *tokenizer = NULL;
+    if (o->byte_tokenizer && !drv_tokenizer_json(o->source.config_path, &r->module, &tokenizer, d))
+        return false;
     drv_plan_contents contents = {.weights = &r->weights, .tokenizer_json = tokenizer};
     bool ok = drv_write_plan(&r->module, &c, &contents, path, NULL, d);
     free(tokenizer);
@@ -79,7 +82,8 @@ static bool open_engine(drv_model *r, const drv_model_options *o, const char *pl
     options.expected_content_hash = o->expected_hash;
     ok = smelt_engine_create(plan, &options, &r->engine) == SMELT_OK;
     if (!ok) diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
-    if (ok && weights_path) ok = drv_bind_checkpoint(plan, r->engine, weights_path, d);
+    if (ok && weights_path)
+        ok = drv_bind_checkpoint(plan, o->random_weights ? NULL : &p, r->engine, weights_path, d);
     smelt_plan_close(plan);
     if (ok && o->random_weights) ok = drv_bind_random_weights(r->engine, &p, o->random_seed, d);
     program_free(&p);
@@ -94,16 +98,39 @@ static bool open_ref(drv_model *r, const drv_model_options *o, diag_engine *d) {
     r->ref = ref_model_create(&r->module, drv_source_weights_read, &r->weights, d);
     r->info.name = "ref";
     r->info.vocab = r->ref ? ref_model_vocab(r->ref) : 0;
-    if (o->byte_tokenizer) {
-        char *text = drv_tokenizer_json(o->source.config_path);
-        if (text) drv_tokenizer_parse(text, strlen(text), &r->info.tokenizer, d);
+    bool ok = r->ref != NULL;
+    if (ok && o->byte_tokenizer) {
+        char *text = NULL;
+        ok = drv_tokenizer_json(o->source.config_path, &r->module, &text, d);
+        if (ok) drv_tokenizer_parse(text, strlen(text), &r->info.tokenizer, d);
         free(text);
     }
-    return r->ref != NULL;
+    return ok;
+}
+
+/* A file named *.plan is a plan or nothing: never read as a model source
+ * (a file too short for the magic used to be parsed as DSL). */
+static bool check_plan_name(const char *path, diag_engine *d) {
+    size_t n = strlen(path);
+    if (n < 5 || strcmp(path + n - 5, ".plan") != 0) return true;
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        diag_error(d, SMELT_NO_LOC, "cannot read '%s': %s", path, strerror(errno));
+        return false;
+    }
+    smelt_loc loc = {diag_file_id(d, path), 0, 0};
+    if (S_ISREG(st.st_mode) && st.st_size < 8)
+        diag_error(d, loc, "not a plan: %lld bytes, too short for its 8-byte magic", (long long)st.st_size);
+    else
+        diag_error(
+            d, loc,
+            "not a plan: it does not start with 'SMELTPLN' (a model source is named *.smelt or *.json)");
+    return false;
 }
 
 static bool open_model(drv_model *r, const drv_model_options *o, diag_engine *d) {
     bool is_plan = drv_is_plan_file(o->model_path), ref = o->backend == DRV_BACKEND_REF;
+    if (!is_plan && !check_plan_name(o->model_path, d)) return false;
     if (is_plan && ref) {
         diag_error(d, SMELT_NO_LOC,
                    "the ref backend interprets a model's IR: give it the model source, not a plan");

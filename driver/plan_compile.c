@@ -52,7 +52,8 @@ bool drv_compile(const char *model_path, const drv_source_options *source, const
     drv_lowering lowering = {.precision = o->precision, .max_step_tokens = o->max_step_tokens};
     bool ok = drv_source_load(model_path, source, &lowering, o->print_after, &m, d);
     if (ok && o->weights_path) ok = drv_source_weights_open(&weights, o->weights_path, &m, d);
-    char *tokenizer = o->byte_tokenizer ? drv_tokenizer_json(source->config_path) : NULL;
+    char *tokenizer = NULL;
+    if (ok && o->byte_tokenizer) ok = drv_tokenizer_json(source->config_path, &m, &tokenizer, d);
     drv_plan_contents contents = {.weights = o->weights_path ? &weights : NULL, .tokenizer_json = tokenizer};
     ok = ok && drv_write_plan(&m, o, &contents, plan_path, report, d);
     free(tokenizer);

@@ -4,19 +4,59 @@
  * bos_token_id and eos_token_id. */
 #include "driver_internal.h"
 
+#include "interface.h"
+
 #include <jansson.h>
+#include <stdint.h>
 #include <string.h>
 
-char *drv_tokenizer_json(const char *config_path) {
+/* The vocabulary of m: the last dim of its logits, or 0 when unknown. */
+static uint64_t module_vocab(const ir_module *m) {
+    ir_value_id logits = ir_role_value(m, IR_ROLE_LOGITS);
+    if (logits == IR_NO_VALUE) return 0;
+    const ir_type *t = &m->values[logits].type;
+    return t->rank > 0 && t->dims[t->rank - 1].symbol < 0 ? (uint64_t)t->dims[t->rank - 1].size : 0;
+}
+
+/* config.json's `key` as a token id: -1 when absent, null or not an
+ * integer (eos_token_id may be a list); false after an error when it lies
+ * outside [0, vocab). */
+static bool token_id(const json_t *config, const char *key, uint64_t vocab, smelt_loc loc, int32_t *out,
+                     diag_engine *d) {
+    const json_t *v = json_object_get(config, key);
+    *out = -1;
+    if (!json_is_integer(v)) return true;
+    json_int_t id = json_integer_value(v);
+    if (id < 0 || (vocab > 0 && (uint64_t)id >= vocab) || id > INT32_MAX) {
+        diag_error(
+            d, loc,
+            "%s is %lld, outside the model's vocabulary [0, %llu): the byte tokenizer needs a token id", key,
+            (long long)id, (unsigned long long)vocab);
+        return false;
+    }
+    *out = (int32_t)id;
+    return true;
+}
+
+bool drv_tokenizer_json(const char *config_path, const ir_module *m, char **out, diag_engine *d) {
+    *out = NULL;
     json_t *config = config_path ? json_load_file(config_path, 0, NULL) : NULL;
-    json_t *bos = json_object_get(config, "bos_token_id"), *eos = json_object_get(config, "eos_token_id");
-    json_t *t = json_pack("{s:s, s:I, s:I}", "type", "bytes", "bos",
-                          json_is_integer(bos) ? json_integer_value(bos) : -1, "eos",
-                          json_is_integer(eos) ? json_integer_value(eos) : -1);
-    char *text = t ? json_dumps(t, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    smelt_loc loc = {config_path ? diag_file_id(d, config_path) : -1, 0, 0};
+    uint64_t vocab = module_vocab(m);
+    int32_t bos, eos;
+    bool ok = token_id(config, "bos_token_id", vocab, loc, &bos, d);
+    ok &= token_id(config, "eos_token_id", vocab, loc, &eos, d);
+    json_t *t =
+        ok ? json_pack("{s:s, s:I, s:I}", "type", "bytes", "bos", (json_int_t)bos, "eos", (json_int_t)eos)
+           : NULL;
+    *out = t ? json_dumps(t, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    if (ok && !*out) {
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        ok = false;
+    }
     json_decref(t);
     json_decref(config);
-    return text;
+    return ok;
 }
 
 void drv_tokenizer_parse(const char *json, size_t length, drv_tokenizer *out, diag_engine *d) {

@@ -152,16 +152,33 @@ typedef struct ck_index {
     uint32_t file_count;
 } ck_index;
 
-/* Why a shard name may not be used, or NULL when it may. */
-static const char *shard_name_problem(const char *name) {
+/* `name` with "." and empty components dropped and each ".." taking back
+ * the component before it ("sub/../b.safetensors" -> "b.safetensors") into
+ * *normalised; why the name may not be used, or NULL when it may. */
+static const char *shard_name_problem(arena *a, const char *name, const char **normalised) {
     if (!*name) return "is empty";
     if (name[0] == '/') return "is an absolute path; shard names must be relative to the index's folder";
+    size_t length = strlen(name);
+    char *out = arena_alloc(a, length + 1);
+    size_t used = 0;
     for (const char *p = name; *p;) {
         const char *slash = strchr(p, '/');
-        size_t length = slash ? (size_t)(slash - p) : strlen(p);
-        if (length == 2 && p[0] == '.' && p[1] == '.') return "leaves the index's folder through '..'";
-        p += length + (slash != NULL);
+        size_t n = slash ? (size_t)(slash - p) : strlen(p);
+        if (n == 2 && p[0] == '.' && p[1] == '.') {
+            if (used == 0) return "leaves the index's folder through '..'";
+            while (used > 0 && out[used - 1] != '/')
+                used--;
+            if (used > 0) used--; /* the slash before the component taken back */
+        } else if (n > 0 && !(n == 1 && p[0] == '.')) {
+            if (used > 0) out[used++] = '/';
+            memcpy(out + used, p, n);
+            used += n;
+        }
+        p += n + (slash != NULL);
     }
+    out[used] = '\0';
+    if (used == 0) return "names the index's folder itself, not a file";
+    *normalised = out;
     return NULL;
 }
 
@@ -174,23 +191,32 @@ static const ck_shard_name *shard_name_entry(ck_index *x, const char *name, cons
     arena *a = &x->ck->arena;
     entry->name = arena_strdup(a, name);
     entry->file = UINT32_MAX;
-    const char *problem = shard_name_problem(name);
+    const char *normalised = NULL;
+    const char *problem = shard_name_problem(a, name, &normalised);
     if (problem) {
         diag_error(x->d, x->loc, "shard '%.*s%s' (of tensor '%.*s%s') %s", DIAG_NAME(name), DIAG_NAME(tensor),
                    problem);
         return entry;
     }
-    const char *path = join_path(a, x->folder, name);
+    /* The folders on the way must stay inside (a symbolic link among them
+     * may not lead out); the last component may be a symbolic link anywhere,
+     * as in a Hugging Face hub cache, whose snapshot links into ../../blobs. */
+    const char *path = join_path(a, x->folder, normalised);
+    const char *inner = folder_of(a, normalised);
+    if (*inner) {
+        const char *inner_real = real_path(a, join_path(a, x->folder, inner));
+        const char *with_slash = inner_real ? arena_printf(a, "%s/", inner_real) : NULL;
+        if (with_slash && strncmp(with_slash, x->folder_real, strlen(x->folder_real)) != 0) {
+            diag_error(x->d, x->loc,
+                       "shard '%.*s%s' (of tensor '%.*s%s') lies in '%.*s%s', outside the index's folder",
+                       DIAG_NAME(name), DIAG_NAME(tensor), DIAG_NAME(inner_real));
+            return entry;
+        }
+    }
     const char *resolved = real_path(a, path);
     if (!resolved) {
         diag_error(x->d, x->loc, "cannot open shard '%.*s%s' (of tensor '%.*s%s'): %s", DIAG_NAME(name),
                    DIAG_NAME(tensor), strerror(errno));
-        return entry;
-    }
-    if (strncmp(resolved, x->folder_real, strlen(x->folder_real)) != 0) {
-        diag_error(x->d, x->loc,
-                   "shard '%.*s%s' (of tensor '%.*s%s') resolves to '%.*s%s', outside the index's folder",
-                   DIAG_NAME(name), DIAG_NAME(tensor), DIAG_NAME(resolved));
         return entry;
     }
     for (uint32_t f = 0; f < x->file_count; f++)

@@ -16,9 +16,14 @@
  *     (in name order; at least one).
  *
  * Rules for an index. A shard name is a relative path that stays inside the
- * index's folder: absolute paths and ".." components are refused, and so is
- * a name whose real path (symbolic links resolved) lies outside the folder's
- * real path. Each shard is opened once however many tensors name it. The
+ * index's folder: it is normalised first ("sub/../b.safetensors" is
+ * "b.safetensors"), then absolute paths and names that leave the folder
+ * through ".." are refused, and so is a name whose folders (symbolic links
+ * resolved) lie outside the folder's real path. The last component may be a
+ * symbolic link to anywhere, as a single file and the files of a folder
+ * may: a Hugging Face hub cache snapshot links every shard (and the index)
+ * into ../../blobs. Each shard is opened once however many tensors name it
+ * (or link to the same file). The
  * index and its shards must agree exactly: a tensor the index lists must be
  * in that shard, and a tensor a shard holds must be listed for that shard.
  * Both mismatches are errors, not warnings: they mean a mixed or partial

@@ -29,6 +29,8 @@ int fe_options_find(const fe_options *o, const char *name) {
 
 /* ---- config.json ------------------------------------------------------- */
 
+enum { FE_CONFIG_MAX_BYTES = 64 * 1024 * 1024 };
+
 bool fe_config_open(fe_config *c, const char *path, diag_engine *d) {
     memset(c, 0, sizeof *c);
     c->file = -1;
@@ -43,19 +45,53 @@ bool fe_config_open(fe_config *c, const char *path, diag_engine *d) {
         c->broken = true;
         return false;
     }
-    json_error_t error;
-    json_t *root = json_loadf(fp, JSON_REJECT_DUPLICATES, &error);
-    bool read_failed = ferror(fp) != 0;
-    int read_errno = errno;
-    fclose(fp);
-    if (!root) {
-        if (read_failed)
-            diag_error(d, whole_file, "cannot read the config: %s", strerror(read_errno));
-        else {
-            smelt_loc at = {c->file, error.line > 0 ? (uint32_t)error.line : 0,
-                            error.column > 0 ? (uint32_t)error.column : 0};
-            diag_error(d, at, "config is not valid JSON: %s", error.text);
+    /* Read whole, so that a value's line and column can be found again for
+     * messages (jansson keeps no positions of values). */
+    size_t capacity = 1 << 14, length = 0;
+    char *text = malloc(capacity);
+    bool read_failed = false, too_large = false;
+    int read_errno = 0;
+    while (text) {
+        length += fread(text + length, 1, capacity - length, fp);
+        if (ferror(fp)) {
+            read_failed = true;
+            read_errno = errno;
+            break;
         }
+        if (length < capacity) break;
+        if (capacity >= FE_CONFIG_MAX_BYTES) {
+            too_large = true;
+            break;
+        }
+        char *grown = realloc(text, capacity * 2);
+        if (!grown) {
+            free(text);
+            text = NULL;
+            break;
+        }
+        text = grown;
+        capacity *= 2;
+    }
+    fclose(fp);
+    if (!text || read_failed || too_large) {
+        if (!text)
+            diag_error(d, whole_file, "out of memory reading the config");
+        else if (too_large)
+            diag_error(d, whole_file, "the config is larger than %d MiB", FE_CONFIG_MAX_BYTES >> 20);
+        else
+            diag_error(d, whole_file, "cannot read the config: %s", strerror(read_errno));
+        free(text);
+        c->broken = true;
+        return false;
+    }
+    c->text = text;
+    c->length = length;
+    json_error_t error;
+    json_t *root = json_loadb(text, length, JSON_REJECT_DUPLICATES, &error);
+    if (!root) {
+        smelt_loc at = {c->file, error.line > 0 ? (uint32_t)error.line : 0,
+                        error.column > 0 ? (uint32_t)error.column : 0};
+        diag_error(d, at, "config is not valid JSON: %s", error.text);
         c->broken = true;
         return false;
     }
@@ -72,6 +108,7 @@ bool fe_config_open(fe_config *c, const char *path, diag_engine *d) {
 
 void fe_config_close(fe_config *c) {
     if (c->root) json_decref(c->root);
+    free(c->text);
     memset(c, 0, sizeof *c);
     c->file = -1;
 }
@@ -110,11 +147,101 @@ static json_t *config_value(const fe_config *c, const char *name) {
     return v && !json_is_null(v) ? v : NULL;
 }
 
+/* ---- where a value is ---------------------------------------------------
+ *
+ * A scan of the text jansson has already accepted, so it only needs to step
+ * over well-formed JSON: strings (with escapes), nested objects and lists,
+ * and scalars. Keys are compared as written (a key with escapes is not
+ * found, and the message falls back to the whole file). */
+
+static bool is_json_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+static size_t skip_space(const char *t, size_t n, size_t i) {
+    while (i < n && is_json_space(t[i]))
+        i++;
+    return i;
+}
+
+/* i at '"': the index past the closing quote. */
+static size_t skip_string(const char *t, size_t n, size_t i) {
+    for (i++; i < n; i++) {
+        if (t[i] == '\\')
+            i++;
+        else if (t[i] == '"')
+            return i + 1;
+    }
+    return n;
+}
+
+/* i at a value's first byte: the index past the value. */
+static size_t skip_value(const char *t, size_t n, size_t i) {
+    if (i >= n) return n;
+    if (t[i] == '"') return skip_string(t, n, i);
+    if (t[i] == '{' || t[i] == '[') {
+        size_t depth = 0;
+        while (i < n) {
+            char ch = t[i];
+            if (ch == '"') {
+                i = skip_string(t, n, i);
+                continue;
+            }
+            if (ch == '{' || ch == '[') depth++;
+            if ((ch == '}' || ch == ']') && --depth == 0) return i + 1;
+            i++;
+        }
+        return n;
+    }
+    while (i < n && t[i] != ',' && t[i] != '}' && t[i] != ']' && !is_json_space(t[i]))
+        i++;
+    return i;
+}
+
+/* The offset of the value of member `key` of the object at i ('{'), or
+ * SIZE_MAX. */
+static size_t member_offset(const char *t, size_t n, size_t i, const char *key) {
+    size_t k = strlen(key);
+    if (i >= n || t[i] != '{') return SIZE_MAX;
+    i = skip_space(t, n, i + 1);
+    while (i < n && t[i] == '"') {
+        size_t end = skip_string(t, n, i);
+        bool match = end >= i + 2 && end - i - 2 == k && memcmp(t + i + 1, key, k) == 0;
+        i = skip_space(t, n, end);
+        if (i >= n || t[i] != ':') return SIZE_MAX;
+        i = skip_space(t, n, i + 1);
+        if (match) return i;
+        i = skip_space(t, n, skip_value(t, n, i));
+        if (i < n && t[i] == ',') i = skip_space(t, n, i + 1);
+    }
+    return SIZE_MAX;
+}
+
+/* Where config_value(c, name) is in the file: line and column of its first
+ * byte, or the whole file when it cannot be found. */
+static smelt_loc value_loc(const fe_config *c, const char *name) {
+    const char *t = c->text;
+    size_t n = c->length, top = skip_space(t, n, 0);
+    size_t at = member_offset(t, n, top, name);
+    if (at == SIZE_MAX || (n - at >= 4 && memcmp(t + at, "null", 4) == 0)) {
+        size_t rope = member_offset(t, n, top, "rope_parameters");
+        at = rope == SIZE_MAX ? SIZE_MAX : member_offset(t, n, rope, name);
+    }
+    if (at == SIZE_MAX) return (smelt_loc){c->file, 0, 0};
+    uint32_t line = 1, col = 1;
+    for (size_t i = 0; i < at; i++) {
+        if (t[i] == '\n') {
+            line++;
+            col = 1;
+        } else {
+            col++;
+        }
+    }
+    return (smelt_loc){c->file, line, col};
+}
+
 fe_binding fe_config_lookup(const fe_config *c, ir_param *param, arena *a, diag_engine *d) {
     if (!c->root) return FE_BINDING_ABSENT;
     json_t *v = config_value(c, param->name);
     if (!v) return FE_BINDING_ABSENT;
-    smelt_loc whole_file = {c->file, 0, 0};
     switch (param->type) {
     case IR_PARAM_INT:
         if (json_is_integer(v)) {
@@ -123,8 +250,9 @@ fe_binding fe_config_lookup(const fe_config *c, ir_param *param, arena *a, diag_
         }
         if (json_is_real(v)) {
             if (real_to_int(json_real_value(v), &param->value.i)) return FE_BINDING_FOUND;
-            diag_error(d, whole_file, "param '%.*s%s' is int but the config gives the float %g",
-                       DIAG_NAME(param->name), json_real_value(v));
+            diag_error(d, value_loc(c, param->name),
+                       "param '%.*s%s' is int but the config gives the float %g", DIAG_NAME(param->name),
+                       json_real_value(v));
             return FE_BINDING_INVALID;
         }
         break;
@@ -147,8 +275,8 @@ fe_binding fe_config_lookup(const fe_config *c, ir_param *param, arena *a, diag_
         }
         break;
     }
-    diag_error(d, whole_file, "param '%.*s%s' is %s but the config gives %s", DIAG_NAME(param->name),
-               ir_param_type_name(param->type), json_kind_name(v));
+    diag_error(d, value_loc(c, param->name), "param '%.*s%s' is %s but the config gives %s",
+               DIAG_NAME(param->name), ir_param_type_name(param->type), json_kind_name(v));
     return FE_BINDING_INVALID;
 }
 

@@ -25,6 +25,8 @@ typedef struct fe_config {
     const char *path;    /* as given; NULL when no config */
     int32_t file;        /* diag file id of path, or -1 */
     bool broken;         /* given but unreadable or malformed (already reported) */
+    char *text;          /* the file's bytes (malloc'd), to locate values in messages */
+    size_t length;
 } fe_config;
 
 /* Reads `path` (NULL: no config, always succeeds). On failure reports the

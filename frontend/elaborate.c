@@ -390,6 +390,14 @@ static void elaborate_for(fe_elaborator *el, const ast_stmt *s) {
         el->skipped_code = true;
         return;
     }
+    /* A range that ends before it begins (`0..num_hidden_layers` with -1)
+     * would run no times and silently build a model without its layers. */
+    if (to.as.i < from.as.i) {
+        fe_error(el, s->as.loop.to->loc, "the for loop's range %lld..%lld ends before it begins",
+                 (long long)from.as.i, (long long)to.as.i);
+        el->skipped_code = true;
+        return;
+    }
     /* to > from: the difference fits in uint64 even when int64 would overflow. */
     uint64_t iterations = to.as.i > from.as.i ? (uint64_t)to.as.i - (uint64_t)from.as.i : 0;
     if (iterations > FE_MAX_LOOP_ITERATIONS) {

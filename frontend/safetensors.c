@@ -185,12 +185,13 @@ static bool map_file(st_file *f, smelt_loc loc, diag_engine *d) {
     }
     void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
     int map_errno = errno;
-    close(fd);
     if (map == MAP_FAILED) {
+        close(fd);
         diag_error(d, loc, "cannot map the file: %s", strerror(map_errno));
         return false;
     }
     f->map = map;
+    f->fd = fd; /* kept for st_tensor_read_f32 */
     f->map_size = size;
     return true;
 }
@@ -390,8 +391,8 @@ static int compare_spans(const void *a, const void *b) {
 }
 
 /* The entries, sorted by offset, must cover [0, data_size) exactly once.
- * An entry past the end is reported once and then counts as reaching the
- * end, so that one truncation gives one message. */
+ * The first entry past the end is reported with a count of the others and
+ * ends the check, so that one truncation gives one message. */
 static bool check_tiling(st_reader *r) {
     st_file *f = r->f;
     uint32_t count = f->tensor_count;
@@ -408,14 +409,26 @@ static bool check_tiling(st_reader *r) {
         const char *name = f->tensors[s->tensor].name;
         uint64_t begin = s->begin, end = s->end;
         if (end > r->data_size) {
+            /* A truncated file: every later tensor is cut off too. One
+             * message for all of them, then stop. */
+            uint32_t more = 0;
+            uint64_t needed = end;
+            for (uint32_t j = k + 1; j < count; j++)
+                if (spans[j].end > r->data_size) {
+                    more++;
+                    if (spans[j].end > needed) needed = spans[j].end;
+                }
+            char also[160] = "";
+            if (more)
+                snprintf(also, sizeof also,
+                         "; so do %u more tensor%s after it (a truncated file? its tensors need %llu bytes)",
+                         more, more == 1 ? "" : "s", (unsigned long long)needed);
             diag_error(r->d, r->loc,
                        "tensor '%.*s%s': data_offsets [%llu, %llu] run past the end of the data section, "
-                       "which holds %llu bytes",
+                       "which holds %llu bytes%s",
                        DIAG_NAME(name), (unsigned long long)begin, (unsigned long long)end,
-                       (unsigned long long)r->data_size);
-            ok = false;
-            end = r->data_size;
-            if (begin > end) begin = end;
+                       (unsigned long long)r->data_size, also);
+            return false;
         }
         if (begin > covered) {
             diag_error(
@@ -544,14 +557,22 @@ bool st_file_open(const char *path, st_file *out, diag_engine *d) {
         st_file_close(out);
         return false;
     }
-    for (uint32_t i = 0; i < out->tensor_count; i++)
-        out->tensors[i].data = r.data + out->tensors[i].offset;
+    for (uint32_t i = 0; i < out->tensor_count; i++) {
+        st_tensor *t = &out->tensors[i];
+        t->data = r.data + t->offset;
+        t->fd = out->fd;
+        t->diag_file = out->diag_file;
+        t->file_offset = 8 + header_length + t->offset;
+    }
     build_name_table(out);
     return true;
 }
 
 void st_file_close(st_file *f) {
-    if (f->map) munmap(f->map, (size_t)f->map_size);
+    if (f->map) {
+        munmap(f->map, (size_t)f->map_size);
+        close(f->fd);
+    }
     arena_free(&f->arena);
     memset(f, 0, sizeof *f);
 }
@@ -573,6 +594,49 @@ const char *st_file_metadata(const st_file *f, const char *key) {
 }
 
 /* ---- conversion ------------------------------------------------------------ */
+
+/* Reads `size` bytes at `offset` of the tensor's file; false after an error
+ * when the file ends early or the read fails. */
+static bool read_tensor_bytes(const st_tensor *t, void *dst, uint64_t size, uint64_t offset, diag_engine *d) {
+    smelt_loc loc = {t->diag_file, 0, 0};
+    uint8_t *p = dst;
+    while (size > 0) {
+        size_t want = size > (1u << 30) ? (size_t)1 << 30 : (size_t)size;
+        ssize_t got = pread(t->fd, p, want, (off_t)offset);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            if (got < 0)
+                diag_error(d, loc, "tensor '%.*s%s': cannot read its data: %s", DIAG_NAME(t->name),
+                           strerror(errno));
+            else
+                diag_error(d, loc,
+                           "tensor '%.*s%s': the file ends at byte %llu, before the tensor's data; it was "
+                           "truncated after it was opened",
+                           DIAG_NAME(t->name), (unsigned long long)offset);
+            return false;
+        }
+        p += got;
+        offset += (uint64_t)got;
+        size -= (uint64_t)got;
+    }
+    return true;
+}
+
+bool st_tensor_read_f32(const st_tensor *t, float *dst, diag_engine *d) {
+    uint64_t count = t->byte_size / st_dtype_size(t->dtype);
+    if (t->dtype == ST_DTYPE_F32) return read_tensor_bytes(t, dst, t->byte_size, t->file_offset, d);
+    /* Other float dtypes go through a bounce buffer, a chunk at a time. */
+    enum { CHUNK_BYTES = 1 << 16 };
+    _Alignas(8) unsigned char chunk[CHUNK_BYTES];
+    unsigned size = st_dtype_size(t->dtype);
+    uint64_t per_chunk = CHUNK_BYTES / size;
+    for (uint64_t done = 0; done < count; done += per_chunk) {
+        uint64_t n = count - done < per_chunk ? count - done : per_chunk;
+        if (!read_tensor_bytes(t, chunk, n * size, t->file_offset + done * size, d)) return false;
+        st_convert_to_f32(t->dtype, chunk, dst + done, n);
+    }
+    return true;
+}
 
 void st_convert_to_f32(st_dtype dtype, const void *src, float *dst, uint64_t count) {
     const unsigned char *p = src;

@@ -76,9 +76,12 @@ typedef struct st_tensor {
     st_dtype dtype;
     uint32_t rank;
     uint64_t shape[ST_MAX_RANK];
-    const void *data;   /* into the mapping; unaligned; byte_size bytes */
-    uint64_t byte_size; /* product(shape) * st_dtype_size(dtype) */
-    uint64_t offset;    /* of data within the data section */
+    const void *data;     /* into the mapping; unaligned; byte_size bytes (see "Truncation") */
+    uint64_t byte_size;   /* product(shape) * st_dtype_size(dtype) */
+    uint64_t offset;      /* of data within the data section */
+    uint64_t file_offset; /* of data within the file */
+    int fd;               /* of its st_file, open while the file is, for st_tensor_read_f32 */
+    int32_t diag_file;    /* diag file id of its file */
 } st_tensor;
 
 typedef struct st_metadata_entry {
@@ -90,6 +93,7 @@ typedef struct st_file {
     const char *path;   /* as given to st_file_open */
     int32_t diag_file;  /* diag file id of path */
     void *map;          /* the whole file, read-only; NULL when closed */
+    int fd;             /* the file, open while map is not NULL */
     uint64_t map_size;  /* bytes */
     st_tensor *tensors; /* in header order */
     uint32_t tensor_count;
@@ -140,6 +144,18 @@ bool st_write_file(const char *path, const st_write_tensor *tensors, size_t coun
                    diag_engine *d);
 
 /* ---- converting to f32 -------------------------------------------------- */
+
+/* Truncation. A file shortened by another process after st_file_open would
+ * kill a reader of the mapping with SIGBUS. st_tensor_read_f32 therefore
+ * reads tensor data with pread from the descriptor kept open, so that a
+ * short file is an error, not a signal; everything that loads weights for a
+ * run or a plan goes through it. t->data (the mapping) is for callers that
+ * hold the file still, such as tests. */
+
+/* Tensor t (a float dtype) as f32 into dst (byte_size / dtype size values).
+ * False after an error naming the file and the tensor when its data can no
+ * longer be read (the file was truncated after it was opened). */
+bool st_tensor_read_f32(const st_tensor *t, float *dst, diag_engine *d);
 
 /* Converts `count` elements of a float dtype at `src` (unaligned, little-
  * endian) to f32, exactly. Dies on a non-float dtype (callers check). */

@@ -194,6 +194,7 @@ bool fe_bind_weights(const ir_module *m, const st_checkpoint *ck, diag_engine *d
     arena_init(&out->arena);
     out->module = m;
     out->checkpoint = ck;
+    out->diag = d;
     out->op_count = m->op_count;
     out->weights = arena_array(&out->arena, m->op_count ? m->op_count : 1, sizeof *out->weights);
     fe_binder b = {.m = m, .ck = ck, .d = d, .out = out};
@@ -225,6 +226,8 @@ bool fe_weight_read_f32(const fe_weight_binding *b, uint32_t op, float *dst, uin
     if (!w || count != w->element_count) return false;
     uint64_t per_part = w->part_count ? count / w->part_count : 0;
     for (uint32_t i = 0; i < w->part_count; i++)
-        st_convert_to_f32(w->parts[i]->dtype, w->parts[i]->data, dst + (uint64_t)i * per_part, per_part);
+        if (w->parts[i]->byte_size / st_dtype_size(w->parts[i]->dtype) != per_part) return false;
+    for (uint32_t i = 0; i < w->part_count; i++)
+        if (!st_tensor_read_f32(w->parts[i], dst + (uint64_t)i * per_part, b->diag)) return false;
     return true;
 }

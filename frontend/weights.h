@@ -39,6 +39,7 @@ typedef struct fe_weight_binding {
     arena arena;
     const ir_module *module;
     const st_checkpoint *checkpoint;
+    diag_engine *diag;        /* fe_bind_weights's: fe_weight_read_f32 reports there */
     fe_bound_weight *weights; /* one per op of the module, by op index */
     uint32_t op_count;
     uint32_t unused_count; /* checkpoint tensors no weight uses */
@@ -54,7 +55,9 @@ const fe_bound_weight *fe_weight_binding_get(const fe_weight_binding *b, uint32_
 
 /* Writes the weight of op `op` as `count` f32 values in the row-major layout
  * of its IR type (parts one after the other when stacked). False, writing
- * nothing, when the op is not bound or `count` is not its element count. */
+ * nothing, when the op is not bound or `count` is not its element count;
+ * false after an error (to the binding's diag engine) when the checkpoint
+ * was truncated after it was opened (st_tensor_read_f32). */
 bool fe_weight_read_f32(const fe_weight_binding *b, uint32_t op, float *dst, uint64_t count);
 
 #endif

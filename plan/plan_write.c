@@ -12,7 +12,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -314,6 +316,74 @@ static bool write_plan(const plan_writer *w, int fd, uint32_t section_count, pla
     return ok;
 }
 
+/* ---- Interruption ---------------------------------------------------------
+ *
+ * SIGINT or SIGTERM while a plan is being written would leave the temporary
+ * file behind (up to the plan's full size). While plan_write_file runs, a
+ * handler unlinks it and then re-raises the signal under the disposition it
+ * had before, so the process still ends (or its own handler still runs) as
+ * it would have. Only async-signal-safe calls run in the handler: the path
+ * sits in a static buffer, and one plan at a time is guarded (a second
+ * concurrent writer, or a path too long for the buffer, is written without
+ * the guard). A signal ignored before stays ignored. */
+
+enum { PLAN_GUARD_PATH_MAX = 4096 };
+static const int guarded_signals[] = {SIGINT, SIGTERM};
+#define GUARDED_SIGNAL_COUNT (sizeof guarded_signals / sizeof guarded_signals[0])
+
+static atomic_flag guard_taken = ATOMIC_FLAG_INIT;
+static volatile sig_atomic_t guard_armed;
+static char guard_path[PLAN_GUARD_PATH_MAX];
+static struct sigaction guard_previous[GUARDED_SIGNAL_COUNT];
+static bool guard_installed[GUARDED_SIGNAL_COUNT];
+
+static void guard_handler(int signal_number) {
+    int saved = errno;
+    if (guard_armed) unlink(guard_path);
+    guard_armed = 0;
+    for (size_t i = 0; i < GUARDED_SIGNAL_COUNT; i++)
+        if (guarded_signals[i] == signal_number) sigaction(signal_number, &guard_previous[i], NULL);
+    errno = saved;
+    raise(signal_number); /* delivered under the previous disposition once this returns */
+}
+
+/* Arms the guard for `temp`; false (nothing armed) when another writer holds it. */
+static bool guard_arm(const char *temp) {
+    if (strlen(temp) >= sizeof guard_path || atomic_flag_test_and_set(&guard_taken)) return false;
+    memcpy(guard_path, temp, strlen(temp) + 1);
+    guard_armed = 1;
+    for (size_t i = 0; i < GUARDED_SIGNAL_COUNT; i++) {
+        guard_installed[i] = false;
+        if (sigaction(guarded_signals[i], NULL, &guard_previous[i]) != 0) continue;
+        if (!(guard_previous[i].sa_flags & SA_SIGINFO) && guard_previous[i].sa_handler == SIG_IGN) continue;
+        struct sigaction action = {0};
+        action.sa_handler = guard_handler;
+        sigemptyset(&action.sa_mask);
+        for (size_t k = 0; k < GUARDED_SIGNAL_COUNT; k++)
+            sigaddset(&action.sa_mask, guarded_signals[k]);
+        guard_installed[i] = sigaction(guarded_signals[i], &action, NULL) == 0;
+    }
+    return true;
+}
+
+/* After the rename (or the unlink after a failure): the previous handlers
+ * return. */
+static void guard_disarm(void) {
+    guard_armed = 0;
+    for (size_t i = 0; i < GUARDED_SIGNAL_COUNT; i++)
+        if (guard_installed[i]) sigaction(guarded_signals[i], &guard_previous[i], NULL);
+    atomic_flag_clear(&guard_taken);
+}
+
+/* Test hook: SMELT_PLAN_WRITE_TEST_PAUSE=SECONDS waits that long once the
+ * temporary is written, so that a test can interrupt the write
+ * (tests/cli/compile_interrupted.test). */
+static void test_pause(void) {
+    const char *text = getenv("SMELT_PLAN_WRITE_TEST_PAUSE");
+    unsigned seconds = text ? (unsigned)strtoul(text, NULL, 10) : 0;
+    if (seconds > 0) sleep(seconds);
+}
+
 bool plan_write_file(const plan_writer *w, const char *path, plan_write_summary *summary, char *error,
                      size_t error_size) {
     uint32_t section_count = 0;
@@ -328,12 +398,17 @@ bool plan_write_file(const plan_writer *w, const char *path, plan_write_summary 
         free(temp);
         return false;
     }
+    bool guarded = guard_arm(temp);
     bool ok = write_plan(w, fd, section_count, summary, path, error, error_size);
     if (ok && fsync(fd) != 0) ok = write_fail(error, error_size, path, "cannot sync: %s", strerror(errno));
     if (close(fd) != 0 && ok) ok = write_fail(error, error_size, path, "cannot write: %s", strerror(errno));
+    if (ok) test_pause();
     if (ok && rename(temp, path) != 0)
         ok = write_fail(error, error_size, path, "cannot rename '%s' to it: %s", temp, strerror(errno));
     if (!ok) unlink(temp);
+    /* Only now: a signal after the rename unlinks a name that no longer
+     * exists, which is harmless; one before it must remove the temporary. */
+    if (guarded) guard_disarm();
     free(temp);
     int io_error = 0;
     if (ok && !sync_folder(path, &io_error))

@@ -15,7 +15,9 @@
  *
  * plan_write_file writes a temporary file in the destination's folder,
  * fsyncs it, renames it over the destination and fsyncs the folder: a reader
- * sees the old plan or the new one, never half of one. Section checksums and
+ * sees the old plan or the new one, never half of one. SIGINT or SIGTERM
+ * during the write removes the temporary before the signal takes its usual
+ * effect (plan_write.c, "Interruption"). Section checksums and
  * the content hash are computed as the bytes go out. The layout is in
  * plan/plan_format.h; plan/plan_read.c reads it back.
  *

@@ -186,13 +186,14 @@ static void test_config_type_mismatch(void **state) {
                  " \"model_type\": 7, \"layers\": 2.5, \"head\": 1e300, \"rope_scaling\": [1]}\n");
     fe_options o = {.config_path = config_path};
     assert_false(elaborate(model_text, &o));
-    expect_diag("config.json: error: param 'hidden_size' is int but the config gives a string\n");
-    expect_diag("config.json: error: param 'rms_norm_eps' is float but the config gives a string\n");
-    expect_diag("config.json: error: param 'tie' is bool but the config gives an int\n");
-    expect_diag("config.json: error: param 'model_type' is string but the config gives an int\n");
-    expect_diag("config.json: error: param 'rope_scaling' is float but the config gives a list\n");
-    expect_diag("config.json: error: param 'layers' is int but the config gives the float 2.5\n");
-    expect_diag("config.json: error: param 'head' is int but the config gives the float 1e+300\n");
+    /* Each at the line and column of the offending value. */
+    expect_diag("config.json:1:17: error: param 'hidden_size' is int but the config gives a string\n");
+    expect_diag("config.json:1:39: error: param 'rms_norm_eps' is float but the config gives a string\n");
+    expect_diag("config.json:1:55: error: param 'tie' is bool but the config gives an int\n");
+    expect_diag("config.json:2:16: error: param 'model_type' is string but the config gives an int\n");
+    expect_diag("config.json:2:65: error: param 'rope_scaling' is float but the config gives a list\n");
+    expect_diag("config.json:2:29: error: param 'layers' is int but the config gives the float 2.5\n");
+    expect_diag("config.json:2:42: error: param 'head' is int but the config gives the float 1e+300\n");
     assert_int_equal(diag.error_count, 7); /* no cascade from the invalid values */
     assert_int_equal(module.param_count, 0);
 }

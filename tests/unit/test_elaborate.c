@@ -435,7 +435,7 @@ static void test_loop_unrolls(void **state) {
 static void test_empty_loop_and_unbound_variable(void **state) {
     (void)state;
     declare_x();
-    AT(3), begin_for("i", I(5), I(2));
+    AT(3), begin_for("i", I(2), I(2));
     AT(4), output("never", N("x"));
     end();
     AT(5), begin_for("j", I(0), I(2));
@@ -444,6 +444,20 @@ static void test_empty_loop_and_unbound_variable(void **state) {
     assert_false(elaborate());
     assert_int_equal(count_ops(IR_OP_OUTPUT), 0);
     expect_error(6, "'j' is not defined");
+    assert_int_equal(diag.error_count, 1);
+}
+
+/* for i in 5..2 { ... }: a range that ends before it begins (a negative
+ * count such as num_hidden_layers = -1) is an error, not an empty loop. */
+static void test_loop_range_ending_before_it_begins(void **state) {
+    (void)state;
+    declare_x();
+    AT(3), begin_for("i", I(5), I(2));
+    AT(4), output("never", N("x"));
+    end();
+    assert_false(elaborate());
+    assert_int_equal(count_ops(IR_OP_OUTPUT), 0);
+    expect_error(3, "the for loop's range 5..2 ends before it begins");
     assert_int_equal(diag.error_count, 1);
 }
 
@@ -1108,6 +1122,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_param_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_loop_unrolls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_empty_loop_and_unbound_variable, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_loop_range_ending_before_it_begins, setup, teardown),
         cmocka_unit_test_setup_teardown(test_if_picks_branches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_if_condition_must_be_bool, setup, teardown),
         cmocka_unit_test_setup_teardown(test_loop_errors, setup, teardown),

@@ -482,6 +482,21 @@ static void test_refuses_offsets_past_the_end(void **state) {
     assert_int_equal(diag.error_count, 1); /* one truncation, one message */
 }
 
+/* A file cut short in its data: the first tensor cut off is named, the
+ * others counted, in one message (there used to be one per tensor, up to
+ * the error limit). */
+static void test_truncated_data_is_one_error(void **state) {
+    (void)state;
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                   "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]},"
+                   "\"c\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[16,24]},"
+                   "\"d\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[24,32]}}",
+                   10,
+                   "tensor 'b': data_offsets [8, 16] run past the end of the data section, which holds 10 "
+                   "bytes; so do 2 more tensors after it (a truncated file? its tensors need 32 bytes)\n");
+    assert_int_equal(diag.error_count, 1);
+}
+
 static void test_refuses_size_mismatch(void **state) {
     (void)state;
     expect_refused(
@@ -843,26 +858,63 @@ static void test_checkpoint_index_refuses_escapes(void **state) {
     /* A sibling folder whose name starts with the index folder's name. */
     mkdir(path_in("model2"), 0755);
     write_shard(path_in("model2/near.safetensors"), (const char *const[]){"j", NULL}, 1);
-    assert_int_equal(symlink("../model2/near.safetensors", path_in("model/near.safetensors")), 0);
+    /* A folder on the way that is a symbolic link out of the index's folder
+     * (only the last component may be a link). */
+    assert_int_equal(symlink("../model2", path_in("model/sub")), 0);
     write_text(path_in("model/model.safetensors.index.json"),
                "{\"weight_map\": {\"a\": \"in.safetensors\", \"b\": \"../outside.safetensors\","
                "\"c\": \"/etc/passwd\", \"d\": \"link.safetensors\", \"e\": \"in.safetensors/../../x\","
                "\"f\": \"missing.safetensors\", \"g\": \"\", \"h\": 3, \"i\": \"/etc/passwd\","
-               "\"j\": \"near.safetensors\"}}");
+               "\"j\": \"sub/near.safetensors\", \"k\": \"sub/..\"}}");
     st_checkpoint ck;
     assert_false(st_checkpoint_open(path_in("model"), &ck, &diag));
     expect_diag("shard '../outside.safetensors' (of tensor 'b') leaves the index's folder through '..'");
     expect_diag("shard '/etc/passwd' (of tensor 'c') is an absolute path");
-    expect_diag("shard 'link.safetensors' (of tensor 'd') resolves to '");
-    expect_diag("outside.safetensors', outside the index's folder");
-    expect_diag("shard 'in.safetensors/../../x' (of tensor 'e') leaves the index's folder");
+    expect_diag("shard 'in.safetensors/../../x' (of tensor 'e') leaves the index's folder through '..'");
     expect_diag("cannot open shard 'missing.safetensors' (of tensor 'f'): No such file or directory");
     expect_diag("shard '' (of tensor 'g') is empty");
     expect_diag("tensor 'h' maps to no string");
-    expect_diag("shard 'near.safetensors' (of tensor 'j') resolves to '");
-    expect_diag("model2/near.safetensors', outside the index's folder");
+    expect_diag("shard 'sub/near.safetensors' (of tensor 'j') lies in '");
+    expect_diag("model2', outside the index's folder");
+    expect_diag("shard 'sub/..' (of tensor 'k') names the index's folder itself, not a file");
+    /* 'link.safetensors', a link as the last component, is allowed */
+    assert_int_equal(occurrences_of("'link.safetensors'"), 0);
     assert_int_equal(diag.error_count, 8); /* '/etc/passwd' reported once */
     assert_int_equal(ck.shard_count, 0);
+}
+
+/* A Hugging Face hub cache: the snapshot's index and shards are symbolic
+ * links into ../../blobs. The index, its folder and a single shard all open
+ * it alike; a shard name with a '..' that stays inside is normalised. */
+static void test_checkpoint_hub_cache_snapshot(void **state) {
+    (void)state;
+    mkdir(path_in("blobs"), 0755);
+    mkdir(path_in("snapshots"), 0755);
+    mkdir(path_in("snapshots/abc"), 0755);
+    mkdir(path_in("snapshots/abc/sub"), 0755);
+    write_shard(path_in("blobs/1111"), (const char *const[]){"a", NULL}, 10);
+    write_shard(path_in("blobs/2222"), (const char *const[]){"b", NULL}, 20);
+    write_text(path_in("blobs/3333"), "{\"weight_map\": {\"a\": \"model-00001-of-00002.safetensors\", "
+                                      "\"b\": \"sub/../model-00002-of-00002.safetensors\"}}");
+    assert_int_equal(symlink("../../blobs/1111", path_in("snapshots/abc/model-00001-of-00002.safetensors")),
+                     0);
+    assert_int_equal(symlink("../../blobs/2222", path_in("snapshots/abc/model-00002-of-00002.safetensors")),
+                     0);
+    assert_int_equal(symlink("../../blobs/3333", path_in("snapshots/abc/model.safetensors.index.json")), 0);
+    const char *forms[] = {path_in("snapshots/abc/model.safetensors.index.json"), path_in("snapshots/abc")};
+    for (size_t i = 0; i < 2; i++) {
+        st_checkpoint ck;
+        if (!st_checkpoint_open(forms[i], &ck, &diag)) fail_msg("%s:\n%s", forms[i], diagnostics());
+        assert_int_equal(ck.shard_count, 2);
+        assert_int_equal(value_of(&ck, "a"), 10);
+        assert_int_equal(value_of(&ck, "b"), 20);
+        st_checkpoint_close(&ck);
+    }
+    st_checkpoint ck;
+    assert_true(st_checkpoint_open(path_in("snapshots/abc/model-00002-of-00002.safetensors"), &ck, &diag));
+    assert_int_equal(value_of(&ck, "b"), 20);
+    st_checkpoint_close(&ck);
+    assert_int_equal(diag.error_count, 0);
 }
 
 static void test_checkpoint_index_bad_json(void **state) {
@@ -909,6 +961,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_refuses_gap, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_trailing_bytes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_offsets_past_the_end, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_truncated_data_is_one_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_size_mismatch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_size_overflow, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_dtypes, setup, teardown),
@@ -929,6 +982,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_checkpoint_index, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_index_mismatch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_index_refuses_escapes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_checkpoint_hub_cache_snapshot, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_index_bad_json, setup, teardown),
         cmocka_unit_test_setup_teardown(test_checkpoint_broken_shard, setup, teardown),
     };

@@ -138,6 +138,32 @@ static void test_binds_and_reads_plain_weights(void **state) {
     assert_true(got[0] == 42);
 }
 
+/* A checkpoint shortened after it was opened (another process rewriting
+ * it): reading a weight is an error naming the tensor, not SIGBUS from the
+ * mapping. 32 KiB per tensor, so that the data lies on pages past the new end. */
+static void test_truncated_after_open_is_an_error(void **state) {
+    (void)state;
+    enum { N = 8192 };
+    static float values[N];
+    static uint16_t halves[N];
+    uint64_t shape[] = {N};
+    st_write_tensor tensors[] = {
+        {"a", ST_DTYPE_F32, 1, shape, values},
+        {"b", ST_DTYPE_BF16, 1, shape, halves},
+    };
+    write_checkpoint(tensors, 2);
+    uint32_t wa = add_weight("a", NULL, SMELT_DTYPE_F32, 1, (int64_t[]){N}, 1);
+    uint32_t wb = add_weight("b", NULL, SMELT_DTYPE_F32, 1, (int64_t[]){N}, 2);
+    assert_true(fe_bind_weights(&module, &checkpoint, &diag, &binding));
+    assert_int_equal(truncate(checkpoint_path, 0), 0);
+    static float got[N];
+    assert_false(fe_weight_read_f32(&binding, wa, got, N));
+    expect_diag("model.safetensors: error: tensor 'a': the file ends at byte");
+    expect_diag("it was truncated after it was opened\n");
+    assert_false(fe_weight_read_f32(&binding, wb, got, N));
+    expect_diag("model.safetensors: error: tensor 'b': the file ends at byte");
+}
+
 /* Every "{e}" of the template is replaced; "{ex}" names another variable
  * and stays as it is. */
 static void test_stack_variable_replaced_everywhere(void **state) {
@@ -356,6 +382,7 @@ static void test_binds_an_elaborated_model(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_binds_and_reads_plain_weights, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_truncated_after_open_is_an_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stack_variable_replaced_everywhere, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stacked_parts_in_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reports_every_binding_error, setup, teardown),
