@@ -137,6 +137,12 @@ static bool open_model(drv_model *r, const drv_model_options *o, diag_engine *d)
         return false;
     }
     if (is_plan) return open_engine(r, o, o->model_path, o->weights_path, d);
+    if (o->expected_hash) {
+        diag_error(d, SMELT_NO_LOC,
+                   "--expect-hash pins a plan file's content; '%.*s%s' is a model source, compiled in memory",
+                   DIAG_NAME(o->model_path));
+        return false;
+    }
 
     /* the reference interprets in f32 whatever the policy; a plan gets it */
     drv_lowering lowering = {.precision = ref ? DRV_PRECISION_F32 : o->precision};
