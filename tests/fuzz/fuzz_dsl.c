@@ -1,4 +1,6 @@
-/* fuzz_dsl.c - the DSL parser and the elaborator on arbitrary bytes. */
+/* fuzz_dsl.c - the DSL parser, the elaborator (with the tiny config of
+ * fuzz.h, so that the example models and their mutants elaborate) and the
+ * whole pass pipeline on arbitrary bytes. */
 #include "frontend.h"
 #include "fuzz.h"
 #include "pass.h"
@@ -10,11 +12,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ast_model_init(&ast);
     ir_module m = {0};
     if (fe_parse_dsl_text("fuzz.smelt", (const char *)data, size, &d, &ast)) {
-        fe_options o = {0};
-        if (fe_elaborate(&ast, &o, &d, &m)) {
-            pass_list list;
-            if (pass_pipeline_until("all", &list, &d)) pass_run_list(&m, list.items, list.count, NULL, &d);
-        }
+        fe_options o = fuzz_tiny_options();
+        if (fe_elaborate(&ast, &o, &d, &m)) fuzz_run_pipeline(&m, size, &d);
     }
     ir_module_free(&m);
     ast_model_free(&ast);
