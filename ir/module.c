@@ -7,7 +7,7 @@
 void ir_module_init(ir_module *m, const char *name) {
     memset(m, 0, sizeof *m);
     arena_init(&m->arena);
-    m->name = arena_strdup(&m->arena, name ? name : "model");
+    m->name = name ? arena_strdup(&m->arena, name) : "model"; /* a name needs a recovery point */
     m->source_file = -1;
 }
 
