@@ -7,6 +7,7 @@
  * the param's type. See config.h for the conversion table.
  */
 #include "config.h"
+#include "json_memory.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -44,6 +45,7 @@ bool fe_config_open(fe_config *c, const char *path, diag_engine *d) {
         return false;
     }
     json_error_t error;
+    fe_json_memory_begin();
     json_t *root = json_loadf(fp, JSON_REJECT_DUPLICATES, &error);
     bool read_failed = ferror(fp) != 0;
     int read_errno = errno;
@@ -51,6 +53,8 @@ bool fe_config_open(fe_config *c, const char *path, diag_engine *d) {
     if (!root) {
         if (read_failed)
             diag_error(d, whole_file, "cannot read the config: %s", strerror(read_errno));
+        else if (fe_json_out_of_memory(&error))
+            diag_error(d, whole_file, "out of memory reading the config");
         else {
             smelt_loc at = {c->file, error.line > 0 ? (uint32_t)error.line : 0,
                             error.column > 0 ? (uint32_t)error.column : 0};

@@ -1,0 +1,24 @@
+/* json_memory.h - telling jansson's out of memory apart from bad JSON.
+ *
+ * jansson reports a failed allocation while parsing as a parse error whose
+ * text depends on where it happened. Its allocations go through our own
+ * functions (json_set_alloc_funcs, installed once, process-wide), which note
+ * a failure for the calling thread:
+ *
+ *     fe_json_memory_begin();
+ *     json_t *root = json_loadb(text, length, 0, &error);
+ *     if (!root && fe_json_out_of_memory(&error)) ... "out of memory" ...
+ */
+#ifndef SMELT_JSON_MEMORY_H
+#define SMELT_JSON_MEMORY_H
+
+#include <jansson.h>
+#include <stdbool.h>
+
+/* Installs the allocation functions (once) and clears this thread's flag. */
+void fe_json_memory_begin(void);
+/* Whether an allocation inside jansson failed since fe_json_memory_begin(),
+ * or `error` (may be NULL) says so. */
+bool fe_json_out_of_memory(const json_error_t *error);
+
+#endif
