@@ -253,7 +253,8 @@ static json_t *load_index(const char *path, smelt_loc loc, diag_engine *d) {
     json_error_t error;
     fe_json_memory_begin();
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &error);
-    if (!root && fe_json_out_of_memory(&error)) {
+    if (fe_json_out_of_memory(&error)) {
+        if (root) json_decref(root);
         diag_error(d, loc, "out of memory reading the index");
         return NULL;
     }

@@ -50,10 +50,15 @@ bool fe_config_open(fe_config *c, const char *path, diag_engine *d) {
     bool read_failed = ferror(fp) != 0;
     int read_errno = errno;
     fclose(fp);
+    bool out_of_memory = fe_json_out_of_memory(&error);
+    if (root && out_of_memory) {
+        json_decref(root);
+        root = NULL;
+    }
     if (!root) {
         if (read_failed)
             diag_error(d, whole_file, "cannot read the config: %s", strerror(read_errno));
-        else if (fe_json_out_of_memory(&error))
+        else if (out_of_memory)
             diag_error(d, whole_file, "out of memory reading the config");
         else {
             smelt_loc at = {c->file, error.line > 0 ? (uint32_t)error.line : 0,

@@ -7,7 +7,10 @@
  *
  *     fe_json_memory_begin();
  *     json_t *root = json_loadb(text, length, 0, &error);
- *     if (!root && fe_json_out_of_memory(&error)) ... "out of memory" ...
+ *     if (fe_json_out_of_memory(&error)) ... free root (if any): "out of memory" ...
+ *
+ * A parse that ran out of memory may still return a tree (see json_memory.c):
+ * check the flag whatever json_load* returned.
  */
 #ifndef SMELT_JSON_MEMORY_H
 #define SMELT_JSON_MEMORY_H
@@ -18,7 +21,7 @@
 /* Installs the allocation functions (once) and clears this thread's flag. */
 void fe_json_memory_begin(void);
 /* Whether an allocation inside jansson failed since fe_json_memory_begin(),
- * or `error` (may be NULL) says so. */
+ * or `error` (may be NULL) says so. Ends the parse: call it right after. */
 bool fe_json_out_of_memory(const json_error_t *error);
 
 #endif

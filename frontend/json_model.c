@@ -756,7 +756,8 @@ static bool parse_document(const char *path, int32_t file, const char *text, siz
     json_error_t error;
     fe_json_memory_begin();
     json_t *root = json_loadb(text, length, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &error);
-    if (!root && fe_json_out_of_memory(&error)) {
+    if (fe_json_out_of_memory(&error)) {
+        if (root) json_decref(root);
         diag_error(d, whole_file, "out of memory reading the JSON model");
         return false;
     }

@@ -468,7 +468,8 @@ static bool read_header(st_reader *r, const char *text, uint64_t length) {
     json_error_t error;
     fe_json_memory_begin();
     json_t *root = json_loadb(text, (size_t)length, JSON_REJECT_DUPLICATES, &error);
-    if (!root && fe_json_out_of_memory(&error)) {
+    if (fe_json_out_of_memory(&error)) {
+        if (root) json_decref(root);
         diag_error(r->d, r->loc, "out of memory reading the header");
         return false;
     }

@@ -153,7 +153,8 @@ static bool append_metadata(st_text *t, const char *metadata_json, smelt_loc loc
     json_error_t error;
     fe_json_memory_begin();
     json_t *root = json_loads(metadata_json, JSON_REJECT_DUPLICATES, &error);
-    if (!root && fe_json_out_of_memory(&error)) {
+    if (fe_json_out_of_memory(&error)) {
+        if (root) json_decref(root);
         diag_error(d, loc, "out of memory reading the metadata");
         return false;
     }
