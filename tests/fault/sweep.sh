@@ -6,10 +6,13 @@
 # exit 0 with output that differs from an undisturbed run.
 #   sweep.sh SMELT FAILMALLOC_SO WORK_DIR [EVERY]
 # A counting pass with the shim (tests/fault/failmalloc.c) lists the distinct
-# call sites (return addresses in smelt's own code); then each site's first
-# allocation is failed in its own run. EVERY=K tests only every K-th site
-# (ctest's sample; tools/faultsweep.sh runs them all). FAULT_JOBS runs that
-# many at once (default 2). Under an ASan build leak checking is on.
+# call sites (return addresses in smelt's own code) and counts allocations.
+# Then, each in its own run: the first allocation at every site is failed,
+# and the N-th allocation for N = 1, 1+EVERY, 1+2*EVERY, ... (EVERY=1: every
+# allocation of the run; ctest samples, tools/faultsweep.sh runs them all).
+# A run that still exits 0 must give the same tokens as an undisturbed one
+# (a compile: its plan must run to them). FAULT_JOBS runs that many at once
+# (default 2). Under an ASan build leak checking is on.
 set -eu
 smelt=$1 shim=$2 work=$3 every=${4:-1}
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -43,19 +46,21 @@ FAILMALLOC_LIST="$work/compile.sites" LD_PRELOAD="$shim" "$smelt" $compile_args 
 # shellcheck disable=SC2086
 FAILMALLOC_LIST="$work/run.sites" LD_PRELOAD="$shim" "$smelt" run "$work/expected.plan" $run_args >/dev/null 2>&1
 
-# One run: MODE (compile|run) and SITE; prints a line per failure to failures.
+# One run: MODE (compile|run), KIND (site|nth) and WHICH (a site's offset,
+# or N); prints a line per failure to failures.
 one() {
-    mode=$1 site=$2 name=$1-$2
+    mode=$1 kind=$2 which=$3 name=$1-$2-$3
     report="$work/$name.report"
     rm -f "$report"
+    if [ "$kind" = site ]; then select="FAILMALLOC_SITE=$which"; else select="FAILMALLOC_NTH=$which"; fi
     set +e
     if [ "$mode" = compile ]; then
         # shellcheck disable=SC2086
-        FAILMALLOC_SITE=$site FAILMALLOC_REPORT="$report" LD_PRELOAD="$shim" \
+        env "$select" FAILMALLOC_REPORT="$report" LD_PRELOAD="$shim" \
             timeout -k 5 "$limit" "$smelt" $compile_args -o "$work/$name.plan" >"$work/$name.out" 2>"$work/$name.err"
     else
         # shellcheck disable=SC2086
-        FAILMALLOC_SITE=$site FAILMALLOC_REPORT="$report" LD_PRELOAD="$shim" \
+        env "$select" FAILMALLOC_REPORT="$report" LD_PRELOAD="$shim" \
             timeout -k 5 "$limit" "$smelt" run "$work/expected.plan" $run_args >"$work/$name.out" 2>"$work/$name.err"
     fi
     rc=$?
@@ -67,7 +72,11 @@ one() {
         why="hang (no exit in ${limit}s)"
     elif [ $rc -eq 0 ]; then
         if [ "$mode" = compile ]; then
-            cmp -s "$work/$name.plan" "$work/expected.plan" || why="exit 0 with a different plan"
+            # A plan may differ in bytes (a host object built afresh); it must run the same.
+            # shellcheck disable=SC2086
+            cmp -s "$work/$name.plan" "$work/expected.plan" ||
+                { "$smelt" run "$work/$name.plan" $run_args 2>/dev/null | cmp -s - "$work/expected.out"; } ||
+                why="exit 0 with a plan that runs differently"
         else
             cmp -s "$work/$name.out" "$work/expected.out" || why="exit 0 with different output"
         fi
@@ -77,8 +86,10 @@ one() {
         why="exit 1 without a message"
     fi
     if [ -n "$why" ]; then
-        where=$(addr2line -f -i -p -e "$smelt" "0x$site" 2>/dev/null | head -1 || true)
-        echo "$mode site $site ($where): $why; stderr: $(head -c 300 "$work/$name.err" | tr '\n' ' ')" >>"$work/failures"
+        where=""
+        site=$(cat "$report" 2>/dev/null | cut -d' ' -f2)
+        [ -n "$site" ] && where=$(addr2line -f -i -p -e "$smelt" "0x$site" 2>/dev/null | head -1 || true)
+        echo "$mode $kind $which ($where): $why; stderr: $(head -c 300 "$work/$name.err" | tr '\n' ' ')" >>"$work/failures"
     else
         rm -f "$work/$name.plan" "$work/$name.out" "$work/$name.err"
     fi
@@ -88,21 +99,26 @@ one() {
 }
 
 for mode in compile run; do
-    n=0
+    allocations=0
     while read -r site count; do
-        n=$((n + 1))
-        [ $(((n - 1) % every)) -eq 0 ] || continue
-        echo "$mode $site"
+        echo "$mode site $site"
+        allocations=$((allocations + count))
     done <"$work/$mode.sites"
+    echo "$allocations" >"$work/$mode.allocations"
+    n=1
+    while [ $n -le $allocations ]; do
+        echo "$mode nth $n"
+        n=$((n + every))
+    done
 done >"$work/todo"
 total=$(wc -l <"$work/todo")
-sites_compile=$(wc -l <"$work/compile.sites")
-sites_run=$(wc -l <"$work/run.sites")
-echo "fault sweep: $sites_compile compile sites, $sites_run run sites; testing $total (every $every), $jobs at a time"
+echo "fault sweep: compile: $(wc -l <"$work/compile.sites") sites, $(cat "$work/compile.allocations") allocations;" \
+    "run: $(wc -l <"$work/run.sites") sites, $(cat "$work/run.allocations") allocations;" \
+    "$total runs (every site, every ${every}th allocation), $jobs at a time"
 
 i=0
-while read -r mode site; do
-    one "$mode" "$site" &
+while read -r mode kind which; do
+    one "$mode" "$kind" "$which" &
     i=$((i + 1))
     if [ $((i % jobs)) -eq 0 ]; then wait; fi
 done <"$work/todo"
