@@ -276,32 +276,31 @@ static void open_blas(void) {
     if (!blas.sgemm) snprintf(blas.why, sizeof blas.why, "%s lacks cblas_sgemm", tried);
 }
 
-/* OpenBLAS maps a buffer per thread for a product and, when the mapping
- * fails, retries forever instead of failing (and its shutdown at exit then
- * waits for that thread). Under an address-space limit (ulimit -v) the room
- * is probed first, so that running out is an error, not a hang. */
-enum {
-    BLAS_FIRST_ROOM_BYTES = 128u << 20, /* before loading: the library, its threads, two buffers */
-    BLAS_ROOM_BYTES = 64u << 20,        /* before each product: another buffer (32 MiB) */
-};
-
-static bool blas_room(size_t bytes) {
+/* Under an address-space limit (ulimit -v) OpenBLAS is not used: when one of
+ * its mappings fails it retries forever instead of failing, and its shutdown
+ * at exit then waits for that thread. The host device multiplies with
+ * plain_sgemm there instead: slower, but it fails only where malloc does. */
+static bool address_space_limited(void) {
     struct rlimit limit;
-    if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return true;
-    void *p = mmap(NULL, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) return false;
-    munmap(p, bytes);
-    return true;
+    return getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY;
+}
+
+/* C[m x n] = A[m x k] B + beta C, row-major; B is [k x n], or [n x k] when
+ * transposed. Sums in double, like the reference interpreter. */
+static void plain_sgemm(int m, int n, int k, const float *a, const float *b, bool b_transposed, float beta,
+                        float *c) {
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double sum = 0.0;
+            for (int p = 0; p < k; p++)
+                sum += (double)a[(size_t)i * k + p] *
+                       (b_transposed ? b[(size_t)j * k + p] : b[(size_t)p * n + j]);
+            float *out = &c[(size_t)i * n + j];
+            *out = (float)sum + (beta != 0.0f ? beta * *out : 0.0f);
+        }
 }
 
 static smelt_status load_blas(rt_error *e) {
-    static _Atomic bool used; /* a product has run: the library and its first buffers are mapped */
-    size_t room = used ? BLAS_ROOM_BYTES : BLAS_FIRST_ROOM_BYTES;
-    if (!blas_room(room))
-        return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY,
-                       "out of memory: no room in the address space for OpenBLAS's buffers (%zu MiB)",
-                       room >> 20);
-    used = true;
     pthread_once(&blas.once, open_blas);
     if (blas.sgemm) return SMELT_OK;
     return rt_fail(e, SMELT_ERROR_UNSUPPORTED,
@@ -312,7 +311,8 @@ static smelt_status load_blas(rt_error *e) {
 
 static smelt_status host_gemm(rt_device *device, const rt_gemm_args *g, rt_error *e) {
     host_device *d = as_host(device);
-    smelt_status loaded = load_blas(e);
+    bool plain = address_space_limited();
+    smelt_status loaded = plain ? SMELT_OK : load_blas(e);
     if (loaded != SMELT_OK) return loaded;
     if (g->m > INT_MAX || g->n > INT_MAX || g->k > INT_MAX)
         return rt_fail(e, SMELT_ERROR_UNSUPPORTED, "a %lld x %lld x %lld product exceeds BLAS's int dims",
@@ -338,8 +338,11 @@ static smelt_status host_gemm(rt_device *device, const rt_gemm_args *g, rt_error
             memcpy(c + (size_t)i * n, c, (size_t)n * sizeof *c);
         beta = 1.0f;
     }
-    blas.sgemm(CblasRowMajor, CblasNoTrans, g->b_transposed ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, k,
-               b, g->b_transposed ? k : n, beta, c, n);
+    if (plain)
+        plain_sgemm(m, n, k, a, b, g->b_transposed, beta, c);
+    else
+        blas.sgemm(CblasRowMajor, CblasNoTrans, g->b_transposed ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a,
+                   k, b, g->b_transposed ? k : n, beta, c, n);
     if (g->dtype_c == SMELT_DTYPE_BF16) {
         uint16_t *out = g->c;
         for (uint64_t i = 0; i < mn; i++)
