@@ -912,6 +912,10 @@ bool ir_parse_text(const char *path, const char *text, size_t length, diag_engin
         length = 0;
     }
     int32_t file = diag_add_source(d, path ? path : "<input>", text, length);
+    if (file < 0) { /* out of memory: without it, locations would be lost */
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return false;
+    }
     ir_module_init(out, NULL);
     parser *p = calloc(1, sizeof *p);
     if (!p) {
