@@ -90,6 +90,10 @@ bool fe_parse_dsl_text(const char *path, const char *text, size_t length, diag_e
         return false;
     }
     int32_t file = diag_add_source(d, path, text, length);
+    if (file < 0) { /* out of memory: without it, locations would be lost */
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return false;
+    }
     fe_parse_state st;
     state_init(&st, d, file, out, text, length);
     arena_recovery recovery;
@@ -150,6 +154,10 @@ bool fe_dump_dsl_tokens(const char *path, const char *text, size_t length, diag_
     ast_model scratch; /* holds the names and strings of the tokens */
     ast_model_init(&scratch);
     int32_t file = diag_add_source(d, path, text, length);
+    if (file < 0) { /* out of memory: without it, locations would be lost */
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return false;
+    }
     fe_parse_state st;
     state_init(&st, d, file, &scratch, text, length);
     arena_recovery recovery;

@@ -846,6 +846,10 @@ static bool read_file(const char *path, int32_t file, diag_engine *d, char **tex
 bool fe_parse_json(const char *path, diag_engine *d, ast_model *out) {
     ast_model_init(out);
     int32_t file = diag_file_id(d, path);
+    if (file < 0) { /* out of memory: without it, locations would be lost */
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return false;
+    }
     char *text;
     size_t length;
     if (!read_file(path, file, d, &text, &length)) return false;
@@ -861,5 +865,9 @@ bool fe_parse_json_text(const char *path, const char *text, size_t length, diag_
         return false;
     }
     int32_t file = diag_add_source(d, path, text, length);
+    if (file < 0) { /* out of memory: without it, locations would be lost */
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return false;
+    }
     return parse_document(path, file, text, length, d, out);
 }
