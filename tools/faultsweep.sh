@@ -1,7 +1,7 @@
 #!/bin/sh
 # The fault-injection sweep (tests/fault/sweep.sh) on an ASan build with leak
 # checking: every allocation site and every allocation of a small `smelt
-# compile --target host` and `smelt run --backend host` failed in turn, each
+# compile --target host`, `smelt run --backend host` and `smelt ir` failed in turn, each
 # run required to end with exit status 1 and a message (no signal, abort,
 # sanitizer report, leak or hang). ctest runs the same as fault/sweep.
 #   tools/faultsweep.sh [EVERY]     EVERY=K: only every K-th allocation

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Fault-injection sweep: fails each allocation site of a small `smelt compile`
-# (--target host) and a small `smelt run --backend host` in turn, and requires
+# (--target host), a small `smelt run --backend host` and `smelt ir --after
+# all` (the printers) in turn, and requires
 # every run to end with exit status 1 and a message on stderr: never a signal,
 # an abort (134), a sanitizer report (ASan, LSan leaks, UBSan), a hang, or
 # exit 0 with output that differs from an undisturbed run.
@@ -19,7 +20,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 jobs=${FAULT_JOBS:-2}
 limit=${FAULT_TIMEOUT:-120}
 mkdir -p "$work"
-rm -f "$work"/*.sites "$work"/*.err "$work"/*.out "$work"/*.report "$work"/*.plan "$work"/*.injected "$work"/failures
+rm -f "$work"/*.ir "$work"/*.sites "$work"/*.err "$work"/*.out "$work"/*.report "$work"/*.plan "$work"/*.injected "$work"/failures
 
 # Sanitizer reports get exit statuses of their own, never 1.
 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}:verify_asan_link_order=0:exitcode=86:abort_on_error=0
@@ -33,18 +34,23 @@ export FAILMALLOC_EXE
 compile_args="compile $root/examples/llama.smelt --config $root/tests/fixtures/llama/config.json
  --weights $root/tests/fixtures/llama/model.safetensors --target host"
 run_args="--backend host --prompt-ids 1,2,3 --max-tokens 3"
+ir_args="ir $root/examples/llama.smelt --config $root/tests/fixtures/llama/config.json --after all"
 
 # Undisturbed runs give the expected plan and tokens.
 # shellcheck disable=SC2086
 "$smelt" $compile_args -o "$work/expected.plan" 2>"$work/expected.err"
 # shellcheck disable=SC2086
 "$smelt" run "$work/expected.plan" $run_args >"$work/expected.out" 2>>"$work/expected.err"
+# shellcheck disable=SC2086
+"$smelt" $ir_args >"$work/expected.ir" 2>>"$work/expected.err"
 
 # Counting passes.
 # shellcheck disable=SC2086
 FAILMALLOC_LIST="$work/compile.sites" LD_PRELOAD="$shim" "$smelt" $compile_args -o "$work/count.plan" 2>/dev/null
 # shellcheck disable=SC2086
 FAILMALLOC_LIST="$work/run.sites" LD_PRELOAD="$shim" "$smelt" run "$work/expected.plan" $run_args >/dev/null 2>&1
+# shellcheck disable=SC2086
+FAILMALLOC_LIST="$work/ir.sites" LD_PRELOAD="$shim" "$smelt" $ir_args >/dev/null 2>&1
 
 # One run: MODE (compile|run), KIND (site|nth) and WHICH (a site's offset,
 # or N); prints a line per failure to failures.
@@ -58,10 +64,14 @@ one() {
         # shellcheck disable=SC2086
         env "$select" FAILMALLOC_REPORT="$report" LD_PRELOAD="$shim" \
             timeout -k 5 "$limit" "$smelt" $compile_args -o "$work/$name.plan" >"$work/$name.out" 2>"$work/$name.err"
-    else
+    elif [ "$mode" = run ]; then
         # shellcheck disable=SC2086
         env "$select" FAILMALLOC_REPORT="$report" LD_PRELOAD="$shim" \
             timeout -k 5 "$limit" "$smelt" run "$work/expected.plan" $run_args >"$work/$name.out" 2>"$work/$name.err"
+    else
+        # shellcheck disable=SC2086
+        env "$select" FAILMALLOC_REPORT="$report" LD_PRELOAD="$shim" \
+            timeout -k 5 "$limit" "$smelt" $ir_args >"$work/$name.out" 2>"$work/$name.err"
     fi
     rc=$?
     set -e
@@ -77,8 +87,10 @@ one() {
             cmp -s "$work/$name.plan" "$work/expected.plan" ||
                 { "$smelt" run "$work/$name.plan" $run_args 2>/dev/null | cmp -s - "$work/expected.out"; } ||
                 why="exit 0 with a plan that runs differently"
-        else
+        elif [ "$mode" = run ]; then
             cmp -s "$work/$name.out" "$work/expected.out" || why="exit 0 with different output"
+        else
+            cmp -s "$work/$name.out" "$work/expected.ir" || why="exit 0 with different IR"
         fi
     elif [ $rc -ne 1 ]; then
         why="exit status $rc"
@@ -98,7 +110,7 @@ one() {
     return 0
 }
 
-for mode in compile run; do
+for mode in compile run ir; do
     allocations=0
     while read -r site count; do
         echo "$mode site $site"
@@ -114,6 +126,7 @@ done >"$work/todo"
 total=$(wc -l <"$work/todo")
 echo "fault sweep: compile: $(wc -l <"$work/compile.sites") sites, $(cat "$work/compile.allocations") allocations;" \
     "run: $(wc -l <"$work/run.sites") sites, $(cat "$work/run.allocations") allocations;" \
+    "ir: $(wc -l <"$work/ir.sites") sites, $(cat "$work/ir.allocations") allocations;" \
     "$total runs (every site, every ${every}th allocation), $jobs at a time"
 
 i=0
