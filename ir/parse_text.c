@@ -925,13 +925,13 @@ bool ir_parse_text(const char *path, const char *text, size_t length, diag_engin
     p->m = out;
     p->diag = d;
     arena_init(&p->scratch);
+    ir_lexer_init(&p->lexer, text, length, file, d); /* allocates nothing */
     bool ok = false;
     arena_recovery recovery;
     if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
         diag_error(d, SMELT_NO_LOC, "out of memory");
     } else {
         out->name = arena_strdup(&out->arena, "module");
-        ir_lexer_init(&p->lexer, text, length, file, d);
         advance(p);
         parse_module(p);
         ok = !p->failed && p->lexer.error_count == 0;
