@@ -477,7 +477,7 @@ bool fe_elaborate(const ast_model *model, const fe_options *o, diag_engine *d, i
     arena_init(&el.scratch);
     unsigned errors_before = d->error_count;
     arena_recovery recovery;
-    bool ok = false;
+    volatile bool ok = false; /* set after the recovery point, read after a jump */
     if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
         diag_error(d, SMELT_NO_LOC, "out of memory");
     } else {
