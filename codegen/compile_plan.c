@@ -38,7 +38,10 @@ static bool compile_for_cuda(const cg_lowered *l, const cg_plan_options *o, cg_c
     if (c->job_count == 0) return true;
     c->jobs = calloc(c->job_count, sizeof *c->jobs);
     c->results = calloc(c->job_count, sizeof *c->results);
-    if (!c->jobs || !c->results) SMELT_DIE("out of memory");
+    if (!c->jobs || !c->results) {
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return false; /* cg_compile_plan frees them */
+    }
     int newest = 0;
     for (uint32_t j = 0; j < o->arch_count; j++)
         if (o->archs[j] > newest) newest = o->archs[j];
@@ -67,7 +70,10 @@ static bool compile_for_cuda(const cg_lowered *l, const cg_plan_options *o, cg_c
 
 static bool compile_for_host(const cg_lowered *l, cg_cache *cache, compiled_kernels *c, diag_engine *d) {
     cg_host_source *sources = calloc(l->kernel_count ? l->kernel_count : 1, sizeof *sources);
-    if (!sources) SMELT_DIE("out of memory");
+    if (!sources) {
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return false;
+    }
     for (uint32_t i = 0; i < l->kernel_count; i++)
         sources[i] = (cg_host_source){l->kernels[i].name, l->kernels[i].source};
     static const char *const link_flags[] = {"-lm"};
@@ -180,8 +186,12 @@ static bool stream_weights(void *context, plan_sink *sink) {
         uint64_t count = w->bytes / smelt_dtype_element_bytes(w->dtype);
         float *values = malloc(count * sizeof *values + 1);
         uint16_t *narrowed = w->dtype == SMELT_DTYPE_BF16 ? malloc(count * sizeof *narrowed + 1) : NULL;
-        if (!values || (w->dtype == SMELT_DTYPE_BF16 && !narrowed))
-            SMELT_DIE("out of memory converting weight '%s'", w->name);
+        if (!values || (w->dtype == SMELT_DTYPE_BF16 && !narrowed)) {
+            free(values);
+            free(narrowed);
+            plan_sink_fail(sink, "out of memory converting weight '%s'", w->name);
+            return false;
+        }
         bool ok = s->o->read_weight(s->o->weight_context, op, values, count);
         if (!ok) plan_sink_fail(sink, "cannot read weight '%s'", w->name);
         if (ok && narrowed)
@@ -208,6 +218,7 @@ static uint64_t place_weights(program *p) {
 
 /* ---- manifest and memory plan ------------------------------------------------ */
 
+/* The manifest as JSON text (malloc'd); NULL when out of memory. */
 static char *manifest_json(const ir_module *m, const cg_plan_options *o, const cg_lowered *l) {
     json_t *root = json_object(), *targets = json_array(), *dims = json_object(), *params = json_object();
     json_object_set_new(root, "model", json_string(m->name));
@@ -236,16 +247,19 @@ static char *manifest_json(const ir_module *m, const cg_plan_options *o, const c
     json_object_set_new(root, "weights_in_plan", json_boolean(o->read_weight != NULL));
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(root);
-    if (!text) SMELT_DIE("out of memory writing the manifest");
     return text;
 }
 
-/* The memory plan as a table people read (smelt inspect prints it). */
+/* The memory plan as a table people read (smelt inspect prints it);
+ * malloc'd, NULL when out of memory. */
 static char *memory_table(const ir_module *m, const cg_lowered *l, size_t *size) {
+    uint32_t *numbers = ir_value_numbers(m); /* first: it may unwind (arena.h) */
     char *text = NULL;
     FILE *f = open_memstream(&text, size);
-    if (!f) SMELT_DIE("out of memory");
-    uint32_t *numbers = ir_value_numbers(m);
+    if (!f) {
+        free(numbers);
+        return NULL;
+    }
     fprintf(f, "arena: %llu bytes for %lld tokens per step\n", (unsigned long long)l->program.arena_bytes,
             (long long)l->program.max_tokens);
     for (uint32_t i = 0; i < l->program.state_count; i++)
@@ -267,7 +281,11 @@ static char *memory_table(const ir_module *m, const cg_lowered *l, size_t *size)
         }
     }
     free(numbers);
-    fclose(f);
+    /* fclose makes the buffer, and may run out of memory doing so */
+    if (fclose(f) != 0) {
+        free(text);
+        return NULL;
+    }
     return text;
 }
 
@@ -278,25 +296,40 @@ bool cg_compile_plan(const ir_module *m, const cg_plan_options *o, const char *p
     double start = seconds_now();
     memset(report, 0, sizeof *report);
     cg_lowered l;
+    memset(&l, 0, sizeof l);
     compiled_kernels c = {0};
     plan_writer w;
     plan_writer_init(&w, SMELT_VERSION_TEXT);
     arena scratch;
     arena_init(&scratch);
     cg_cache *cache = o->no_cache ? NULL : cg_cache_open(NULL);
-    uint8_t *program_bytes = NULL;
-    char *manifest = NULL, *memory = NULL;
+    /* Set after the recovery point and freed after it: volatile (arena.h). */
+    uint8_t *volatile program_bytes = NULL;
+    char *volatile manifest = NULL, *volatile memory = NULL;
 
-    bool ok = cg_lower_module(m, &l, d);
+    size_t program_size = 0, memory_size = 0;
+    volatile bool ok = false;
+    arena_recovery recovery;
+    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        goto done;
+    }
+    ok = cg_lower_module(m, &l, d);
     ok = ok && compile_for_cuda(&l, o, cache, &c, report, d);
     ok = ok && (!o->host || compile_for_host(&l, cache, &c, d));
     if (ok) {
         if (o->read_weight) report->weight_bytes = place_weights(&l.program);
-        size_t program_size, memory_size;
-        if (!program_encode(&l.program, &program_bytes, &program_size))
-            SMELT_DIE("the program of '%s' does not encode", m->name);
-        manifest = manifest_json(m, o, &l);
-        memory = memory_table(m, &l, &memory_size);
+        uint8_t *encoded = NULL;
+        ok = program_encode(&l.program, &encoded, &program_size);
+        program_bytes = encoded; /* the program is valid: only memory can fail */
+        if (ok) manifest = manifest_json(m, o, &l);
+        if (manifest) memory = memory_table(m, &l, &memory_size);
+        if (!memory) {
+            diag_error(d, SMELT_NO_LOC, "out of memory");
+            ok = false;
+        }
+    }
+    if (ok) {
         plan_writer_add_section(&w, PLAN_SECTION_MANIFEST, manifest, strlen(manifest));
         add_kernel_table(&l, o, &c, &w, &scratch);
         if (o->host) plan_writer_add_section(&w, PLAN_SECTION_HOST_KERNELS, c.host.bytes, c.host.size);
@@ -314,6 +347,8 @@ bool cg_compile_plan(const ir_module *m, const cg_plan_options *o, const char *p
         snprintf(report->content_hash, sizeof report->content_hash, "%016llx%016llx",
                  (unsigned long long)summary.content_hash_high, (unsigned long long)summary.content_hash_low);
     }
+    arena_recovery_leave(&recovery);
+done:
     report->kernel_count = l.kernel_count;
     report->launches_per_step = l.launches_per_step;
     report->arena_bytes = l.program.arena_bytes;

@@ -45,10 +45,16 @@
 
 /* ---- text builder ------------------------------------------------------------------ */
 
-void cg_text_init(cg_text *t) { memset(t, 0, sizeof *t); }
+/* The scratch arena of the cg_emit_group running on this thread, or NULL. */
+static _Thread_local arena *text_arena;
+
+void cg_text_init(cg_text *t) {
+    memset(t, 0, sizeof *t);
+    t->arena = text_arena;
+}
 
 void cg_text_free(cg_text *t) {
-    free(t->data);
+    if (!t->arena) free(t->data);
     memset(t, 0, sizeof *t);
 }
 
@@ -62,8 +68,9 @@ static void text_reserve(cg_text *t, size_t more) {
         if (capacity > SIZE_MAX / 2) SMELT_DIE("generated text too large");
         capacity *= 2;
     }
-    char *grown = realloc(t->data, capacity);
-    if (!grown) SMELT_DIE("out of memory");
+    char *grown = t->arena ? arena_grow(t->arena, t->data, t->data ? t->length + 1 : 0, capacity, 1)
+                           : realloc(t->data, capacity);
+    if (!grown) arena_out_of_memory();
     t->data = grown;
     t->capacity = capacity;
 }
@@ -562,11 +569,16 @@ void cg_kernel_open(cg_kernel_builder *b) {
     char *signature = NULL;
     size_t signature_size = 0;
     FILE *memory = open_memstream(&signature, &signature_size);
-    if (!memory) SMELT_DIE("out of memory");
-    ir_print_op_signature(e->m, e->op, memory);
-    fclose(memory);
-    cg_text_comment_safe(t, signature);
+    if (!memory) arena_out_of_memory();
+    ir_print_op_signature(e->m, e->op, memory); /* allocates nothing */
+    /* fclose makes the buffer, and may run out of memory doing so */
+    if (fclose(memory) != 0 || !signature) {
+        free(signature);
+        arena_out_of_memory();
+    }
+    const char *kept = arena_strdup(&e->scratch, signature);
     free(signature);
+    cg_text_comment_safe(t, kept);
     cg_text_printf(t, "\n *\n");
     write_wrapped_comment(t, b->summary);
     cg_text_printf(t, " * Arguments:");
@@ -791,14 +803,27 @@ static const cg_op_rule op_rules[] = {
 };
 _Static_assert(sizeof op_rules / sizeof op_rules[0] == IR_OP_COUNT, "one lowering rule per op kind");
 
-static char *op_text(const ir_module *m, uint32_t op) {
+/* The op as text, in arena a. */
+static const char *op_text(const ir_module *m, uint32_t op, arena *a) {
     char *text = NULL;
     size_t size = 0;
-    FILE *memory = open_memstream(&text, &size);
-    if (!memory) SMELT_DIE("out of memory");
+    FILE *volatile memory = open_memstream(&text, &size);
+    if (!memory) arena_out_of_memory();
+    arena_recovery recovery; /* the stream and its buffer, then cg_emit_group's */
+    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
+        if (memory) fclose(memory);
+        free(text);
+        arena_out_of_memory();
+    }
     ir_print_op(m, op, memory);
-    fclose(memory);
-    return text;
+    /* fclose makes the buffer, and may run out of memory doing so */
+    int closed = fclose(memory);
+    memory = NULL;
+    if (closed != 0 || !text) arena_out_of_memory();
+    const char *copy = arena_strdup(a, text);
+    arena_recovery_leave(&recovery);
+    free(text);
+    return copy;
 }
 
 bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_lowering *out, diag_engine *d) {
@@ -818,20 +843,34 @@ bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_low
     e.token_symbol = ir_token_symbol(m);
     out->kind = rule->kind;
     if (rule->kind == CG_LOWER_NONE) return true;
-    if (!check_values(&e)) return false;
-    if (rule->kind != CG_LOWER_KERNELS) return true;
-    if (!check_rows_fit_int(&e)) return false;
 
+    /* Texts grow in the scratch arena; out of memory anywhere below frees it. */
     arena_init(&e.scratch);
-    bool ok = rule->emit(&e) && check_grids(&e);
+    arena_recovery recovery;
+    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
+        text_arena = NULL;
+        arena_free(&e.scratch);
+        out->kernel_count = 0;
+        diag_error(d, m->ops[op].loc, "out of memory emitting '%s'", ir_op_info_at(m, op)->name);
+        return false;
+    }
+    text_arena = &e.scratch;
+    bool ok = check_values(&e);
+    if (ok && rule->kind == CG_LOWER_KERNELS)
+        ok = check_rows_fit_int(&e) && rule->emit(&e) && check_grids(&e);
+    text_arena = NULL;
     arena_free(&e.scratch);
     if (!ok) {
+        arena_recovery_leave(&recovery);
         out->kernel_count = 0;
         return false;
     }
-    char *text = op_text(m, op);
-    const char *ops_text = arena_strdup(a, text);
-    free(text);
+    if (rule->kind != CG_LOWER_KERNELS) {
+        arena_recovery_leave(&recovery);
+        return true;
+    }
+    const char *ops_text = op_text(m, op, a);
+    arena_recovery_leave(&recovery);
     for (uint32_t i = 0; i < out->kernel_count; i++)
         out->kernels[i].ops_text = ops_text;
     return true;

@@ -19,7 +19,10 @@
 typedef struct cg_text {
     char *data;
     size_t length, capacity;
-    int indent; /* levels of 4 spaces */
+    int indent;   /* levels of 4 spaces */
+    arena *arena; /* where data grows: the emitter's scratch arena while
+                     cg_emit_group runs (so that out of memory, which unwinds
+                     past every text, leaks none), else NULL: malloc */
 } cg_text;
 
 void cg_text_init(cg_text *t);

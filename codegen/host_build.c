@@ -8,6 +8,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <spawn.h>
 #include <stdarg.h>
@@ -16,6 +17,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -60,11 +62,9 @@ static void append_lines(char *error, size_t error_size, const char *text, int l
     error[used] = '\0';
 }
 
-static void *allocate(size_t size) {
-    void *p = malloc(size ? size : 1);
-    if (!p) SMELT_DIE("out of memory (%zu bytes)", size);
-    return p;
-}
+/* NULL when out of memory; each caller fails its build (or, for the cache
+ * key, makes a key no entry matches). */
+static void *allocate(size_t size) { return malloc(size ? size : 1); }
 
 static char *format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static char *format(const char *fmt, ...) {
@@ -74,6 +74,7 @@ static char *format(const char *fmt, ...) {
     va_end(args);
     if (n < 0) SMELT_DIE("bad format '%s'", fmt);
     char *s = allocate((size_t)n + 1);
+    if (!s) return NULL;
     va_start(args, fmt);
     vsnprintf(s, (size_t)n + 1, fmt, args);
     va_end(args);
@@ -114,6 +115,10 @@ static bool split_compiler(const cg_host_build_request *req, compiler_command *c
     if (!from || !from[0]) from = "cc";
     size_t length = strlen(from);
     c->text = allocate(length + 1);
+    if (!c->text) {
+        set_error(error, error_size, "host build: out of memory");
+        return false;
+    }
     memcpy(c->text, from, length + 1);
     c->count = 0;
     for (char *p = c->text; *p;) {
@@ -144,8 +149,16 @@ static bool split_compiler(const cg_host_build_request *req, compiler_command *c
  * when the program could not be started. */
 static bool run_capture(const char *const *argv, char **output, int *status) {
     *output = NULL;
+    char *text = allocate(OUTPUT_KEEP + 1);
+    if (!text) {
+        errno = ENOMEM;
+        return false;
+    }
     int fds[2];
-    if (pipe(fds) != 0) return false;
+    if (pipe(fds) != 0) {
+        free(text);
+        return false;
+    }
     fcntl(fds[0], F_SETFD, FD_CLOEXEC);
     fcntl(fds[1], F_SETFD, FD_CLOEXEC);
     posix_spawn_file_actions_t actions;
@@ -159,10 +172,10 @@ static bool run_capture(const char *const *argv, char **output, int *status) {
     close(fds[1]);
     if (spawn_error != 0) {
         close(fds[0]);
+        free(text);
         errno = spawn_error;
         return false;
     }
-    char *text = allocate(OUTPUT_KEEP + 1);
     size_t kept = 0;
     char drain[4096];
     for (;;) {
@@ -218,23 +231,42 @@ static void hash_include_dir(cg_cache_hasher *h, const char *folder) {
     }
     size_t count = 0, capacity = 16;
     char **names = allocate(capacity * sizeof *names);
+    bool out_of_memory = !names;
     struct dirent *entry;
-    while ((entry = readdir(dir))) {
+    while (!out_of_memory && (entry = readdir(dir))) {
         if (!ends_with_h(entry->d_name)) continue;
         if (count == capacity) {
             capacity *= 2;
             char **grown = realloc(names, capacity * sizeof *grown);
-            if (!grown) SMELT_DIE("out of memory");
+            if (!grown) {
+                out_of_memory = true;
+                break;
+            }
             names = grown;
         }
-        names[count++] = format("%s", entry->d_name);
+        names[count] = format("%s", entry->d_name);
+        if (!names[count])
+            out_of_memory = true;
+        else
+            count++;
     }
     closedir(dir);
+    char *buffer = out_of_memory ? NULL : allocate(HASH_CHUNK);
+    if (!buffer) {
+        /* Out of memory: the key is made unlike any other (the address of
+         * the hasher and the clock), so no cache entry can match it. */
+        cg_cache_hash_string(h, "(out of memory)");
+        cg_cache_hash_u64(h, (uint64_t)(uintptr_t)h ^ (uint64_t)clock());
+        for (size_t i = 0; i < count; i++)
+            free(names[i]);
+        free(names);
+        return;
+    }
     qsort(names, count, sizeof *names, compare_names);
     cg_cache_hash_u64(h, count);
-    char *buffer = allocate(HASH_CHUNK);
     for (size_t i = 0; i < count; i++) {
-        char *path = format("%s/%s", folder, names[i]);
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", folder, names[i]);
         FILE *f = fopen(path, "rb");
         cg_cache_hash_string(h, names[i]);
         cg_cache_hash_u64(h, f != NULL);
@@ -245,7 +277,6 @@ static void hash_include_dir(cg_cache_hasher *h, const char *folder) {
             cg_cache_hash_bytes(h, buffer, n);
         cg_cache_hash_u64(h, UINT64_MAX); /* end of file */
         if (f) fclose(f);
-        free(path);
         free(names[i]);
     }
     free(buffer);
@@ -359,6 +390,11 @@ static bool read_object(const char *path, cg_host_object *out) {
     }
     size_t size = (size_t)st.st_size, done = 0;
     uint8_t *bytes = allocate(size);
+    if (!bytes) {
+        close(fd);
+        errno = ENOMEM;
+        return false;
+    }
     while (done < size) {
         ssize_t n = read(fd, bytes + done, size - done);
         if (n < 0 && errno == EINTR) continue;
@@ -383,9 +419,9 @@ static void remove_folder(const char *folder) {
         struct dirent *entry;
         while ((entry = readdir(dir))) {
             if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0) continue;
-            char *path = format("%s/%s", folder, entry->d_name);
+            char path[PATH_MAX];
+            snprintf(path, sizeof path, "%s/%s", folder, entry->d_name);
             unlink(path);
-            free(path);
         }
         closedir(dir);
     }
@@ -399,11 +435,22 @@ static bool build_in(const char *folder, const cg_host_build_request *req, const
                             req->extra_flag_count + 2 + req->source_count + req->link_flag_count + 1;
     const char **argv = allocate(argument_count * sizeof *argv);
     char **owned = allocate((req->source_count + 4) * sizeof *owned); /* strings argv points to */
+    if (!argv || !owned) {
+        free(argv);
+        free(owned);
+        set_error(error, error_size, "host build: out of memory");
+        return false;
+    }
     size_t argc = 0, owned_count = 0;
     bool ok = true;
 
     for (size_t i = 0; i < req->header_count && ok; i++) {
         char *path = format("%s/%s", folder, req->headers[i].name);
+        if (!path) {
+            set_error(error, error_size, "host build: out of memory");
+            ok = false;
+            break;
+        }
         ok = write_file(path, "", req->headers[i].text);
         if (!ok) set_error(error, error_size, "host build: cannot write '%s': %s", path, strerror(errno));
         free(path);
@@ -425,6 +472,7 @@ static bool build_in(const char *folder, const cg_host_build_request *req, const
     argv[argc++] = object_path;
     for (size_t i = 0; i < req->source_count && ok; i++) {
         char *path = owned[owned_count++] = format("%s/kernel_%04zu.c", folder, i);
+        if (!path) break; /* reported below */
         char name[FILE_NAME_MAX + 8];
         line_name(req->sources[i].name, i, name, sizeof name);
         char prefix[FILE_NAME_MAX + 32];
@@ -436,6 +484,11 @@ static bool build_in(const char *folder, const cg_host_build_request *req, const
     for (size_t i = 0; i < req->link_flag_count; i++)
         argv[argc++] = req->link_flags[i];
     argv[argc] = NULL;
+    for (size_t i = 0; i < owned_count && ok; i++)
+        if (!owned[i]) {
+            set_error(error, error_size, "host build: out of memory");
+            ok = false;
+        }
 
     if (ok) {
         char *output = NULL;
@@ -495,16 +548,20 @@ bool cg_host_build(const cg_host_build_request *req, cg_cache *cache, cg_host_ob
         if (entry.blob_count == 1 && entry.blobs[0].size > 0) {
             out->size = entry.blobs[0].size;
             out->bytes = allocate(out->size);
-            memcpy(out->bytes, entry.blobs[0].data, out->size);
-            out->from_cache = true;
-            ok = true;
+            if (out->bytes) { /* else built again */
+                memcpy(out->bytes, entry.blobs[0].data, out->size);
+                out->from_cache = true;
+                ok = true;
+            }
         }
         cg_cache_entry_free(&entry);
     }
     if (!ok) {
         const char *tmp = getenv("TMPDIR");
         char *folder = format("%s/smelt-host-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-        if (!mkdtemp(folder)) {
+        if (!folder) {
+            set_error(error, error_size, "host build: out of memory");
+        } else if (!mkdtemp(folder)) {
             set_error(error, error_size, "host build: cannot make a temporary folder '%s': %s", folder,
                       strerror(errno));
         } else {

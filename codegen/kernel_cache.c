@@ -35,11 +35,9 @@ struct cg_cache {
     cg_cache_stats stats;
 };
 
-static void *allocate(size_t size) {
-    void *p = malloc(size ? size : 1);
-    if (!p) SMELT_DIE("out of memory (%zu bytes)", size);
-    return p;
-}
+/* NULL when out of memory: every caller has a way to fail (a miss, a failed
+ * store, a key no entry matches). */
+static void *allocate(size_t size) { return malloc(size ? size : 1); }
 
 /* ---- little-endian fields ----------------------------------------------- */
 
@@ -67,13 +65,27 @@ static uint64_t get_u64(const uint8_t *p) {
 /* ---- keys ---------------------------------------------------------------- */
 
 struct cg_cache_hasher {
-    XXH3_state_t *state;
+    XXH3_state_t *state; /* NULL: out of memory, the key will be unusable */
 };
+
+/* The hasher handed out when there is no memory for one; its key is
+ * unusable_key, which the cache neither loads nor stores. */
+static cg_cache_hasher no_memory_hasher;
+static const cg_cache_key unusable_key = {
+    {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}};
+
+static bool key_usable(const cg_cache_key *key) {
+    return memcmp(key->bytes, unusable_key.bytes, sizeof key->bytes) != 0;
+}
 
 cg_cache_hasher *cg_cache_hasher_begin(cg_cache_kind kind) {
     cg_cache_hasher *h = allocate(sizeof *h);
+    if (!h) return &no_memory_hasher;
     h->state = XXH3_createState();
-    if (!h->state) SMELT_DIE("out of memory (XXH3 state)");
+    if (!h->state) {
+        free(h);
+        return &no_memory_hasher;
+    }
     XXH3_128bits_reset(h->state);
     cg_cache_hash_u64(h, CG_CACHE_FORMAT_VERSION);
     cg_cache_hash_u64(h, (uint64_t)kind);
@@ -82,13 +94,13 @@ cg_cache_hasher *cg_cache_hasher_begin(cg_cache_kind kind) {
 
 void cg_cache_hash_bytes(cg_cache_hasher *h, const void *data, size_t size) {
     cg_cache_hash_u64(h, size);
-    if (size) XXH3_128bits_update(h->state, data, size);
+    if (size && h->state) XXH3_128bits_update(h->state, data, size);
 }
 
 void cg_cache_hash_u64(cg_cache_hasher *h, uint64_t value) {
     uint8_t bytes[8];
     put_u64(bytes, value);
-    XXH3_128bits_update(h->state, bytes, sizeof bytes);
+    if (h->state) XXH3_128bits_update(h->state, bytes, sizeof bytes);
 }
 
 void cg_cache_hash_string(cg_cache_hasher *h, const char *s) {
@@ -97,6 +109,7 @@ void cg_cache_hash_string(cg_cache_hasher *h, const char *s) {
 }
 
 cg_cache_key cg_cache_hasher_finish(cg_cache_hasher *h) {
+    if (!h->state) return unusable_key;
     XXH128_canonical_t canonical;
     XXH128_canonicalFromHash(&canonical, XXH3_128bits_digest(h->state));
     XXH3_freeState(h->state);
@@ -104,6 +117,7 @@ cg_cache_key cg_cache_hasher_finish(cg_cache_hasher *h) {
     cg_cache_key key;
     _Static_assert(sizeof canonical.digest == sizeof key.bytes, "XXH3-128 is 16 bytes");
     memcpy(key.bytes, canonical.digest, sizeof key.bytes);
+    if (!key_usable(&key)) key.bytes[15] = 0xfe; /* one in 2^128: keep the sentinel unique */
     return key;
 }
 
@@ -176,6 +190,7 @@ static void warn_once(cg_cache *cache, const char *fmt, ...) {
 
 cg_cache *cg_cache_open(const char *folder) {
     cg_cache *cache = allocate(sizeof *cache);
+    if (!cache) return NULL; /* compiling without a cache, as with --no-cache */
     memset(cache, 0, sizeof *cache);
     pthread_mutex_init(&cache->lock, NULL);
     cache->writable = true;
@@ -257,6 +272,10 @@ static uint8_t *read_entry_file(const char *path, size_t *size) {
     }
     size_t total = (size_t)st.st_size;
     uint8_t *bytes = allocate(total);
+    if (!bytes) {
+        close(fd);
+        return NULL;
+    }
     size_t done = 0;
     while (done < total) {
         ssize_t n = read(fd, bytes + done, total - done);
@@ -306,7 +325,7 @@ static bool load_entry(cg_cache *cache, const cg_cache_key *key, cg_cache_kind k
     memset(out, 0, sizeof *out);
     *present = false;
     char path[FOLDER_MAX + 64];
-    if (!cache->folder[0] || !entry_path(cache, key, path, sizeof path)) return false;
+    if (!cache->folder[0] || !key_usable(key) || !entry_path(cache, key, path, sizeof path)) return false;
     *present = access(path, F_OK) == 0;
     size_t size = 0;
     uint8_t *bytes = *present ? read_entry_file(path, &size) : NULL;
@@ -382,6 +401,10 @@ static bool write_entry(const cg_cache *cache, const cg_cache_key *key, cg_cache
     }
     /* The payload is built in memory once: the checksum needs all of it. */
     uint8_t *file = allocate(HEADER_SIZE + (size_t)payload_size);
+    if (!file) {
+        errno = ENOMEM;
+        return false;
+    }
     uint8_t *payload = file + HEADER_SIZE;
     size_t offset = 0;
     for (uint32_t i = 0; i < blob_count; i++) {
@@ -421,6 +444,7 @@ static bool write_entry(const cg_cache *cache, const cg_cache_key *key, cg_cache
 bool cg_cache_store(cg_cache *cache, const cg_cache_key *key, cg_cache_kind kind, const cg_cache_blob *blobs,
                     uint32_t blob_count) {
     if (blob_count > CG_CACHE_MAX_BLOBS) SMELT_DIE("cache entry with %u blobs", blob_count);
+    if (!key_usable(key)) return false;
     pthread_mutex_lock(&cache->lock);
     bool writable = cache->writable;
     if (writable && !cache->folder_created) {
@@ -456,6 +480,7 @@ enum { KERNEL_BLOB_CUBIN, KERNEL_BLOB_PTX, KERNEL_BLOB_LOG, KERNEL_BLOB_COUNT };
 
 static char *text_from_blob(const cg_cache_blob *blob) {
     char *text = allocate(blob->size + 1);
+    if (!text) return NULL;
     if (blob->size) memcpy(text, blob->data, blob->size);
     text[blob->size] = '\0';
     return text;
@@ -469,16 +494,26 @@ static bool compiled_from_entry(const cg_compile_request *req, const cg_cache_en
     if (entry->blob_count != KERNEL_BLOB_COUNT) return false;
     const cg_cache_blob *cubin = &entry->blobs[KERNEL_BLOB_CUBIN], *ptx = &entry->blobs[KERNEL_BLOB_PTX];
     if ((cubin->size > 0) != req->want_cubin || (ptx->size > 0) != req->want_ptx) return false;
+    /* Out of memory here is a miss: the kernel is compiled again. */
     if (req->want_cubin) {
         out->cubin = allocate(cubin->size);
+        if (!out->cubin) return false;
         memcpy(out->cubin, cubin->data, cubin->size);
         out->cubin_size = cubin->size;
     }
     if (req->want_ptx) {
         out->ptx = text_from_blob(ptx);
+        if (!out->ptx) {
+            cg_compiled_free(out);
+            return false;
+        }
         out->ptx_size = strlen(out->ptx);
     }
     out->log = text_from_blob(&entry->blobs[KERNEL_BLOB_LOG]);
+    if (!out->log) {
+        cg_compiled_free(out);
+        return false;
+    }
     cg_parse_ptxas_log(out->log, &out->resources);
     return true;
 }

@@ -47,11 +47,12 @@ static bool collect_groups(lowering_state *s) {
             s->step_count = m->ops[i].step + 1;
     uint32_t n = s->step_count ? s->step_count : 1;
     s->groups = arena_array(a, n, sizeof *s->groups);
-    s->lowerings = calloc(n, sizeof *s->lowerings);
-    s->state_base = calloc(n, sizeof *s->state_base);
-    uint32_t *group_of_value = malloc((m->value_count ? m->value_count : 1) * sizeof *group_of_value);
-    uint32_t *reads = calloc(m->value_count ? m->value_count : 1, sizeof *reads); /* readers outside */
-    if (!s->lowerings || !s->state_base || !group_of_value || !reads) SMELT_DIE("out of memory");
+    /* All in the lowering's arena, so that out of memory leaks nothing (arena.h). */
+    s->lowerings = arena_array(a, n, sizeof *s->lowerings);
+    s->state_base = arena_array(a, n, sizeof *s->state_base);
+    uint32_t *group_of_value = arena_array(a, m->value_count ? m->value_count : 1, sizeof *group_of_value);
+    uint32_t *reads =
+        arena_array(a, m->value_count ? m->value_count : 1, sizeof *reads); /* readers outside */
     for (ir_value_id v = 0; v < m->value_count; v++)
         group_of_value[v] = IR_NONE;
     for (uint32_t i = 0; i < m->op_count; i++) {
@@ -108,8 +109,6 @@ static bool collect_groups(lowering_state *s) {
         group->inputs = in;
         group->outputs = out;
     }
-    free(group_of_value);
-    free(reads);
     return true;
 }
 
@@ -369,11 +368,8 @@ bool cg_lower_module(const ir_module *m, cg_lowered *out, diag_engine *d) {
     out->program.max_tokens = m->planned_tokens;
     out->program.arena_bytes = m->arena_bytes;
     out->program.id_table = UINT32_MAX;
-    bool ok = collect_groups(&s) && bind_interface(&s) && emit_groups(&s) && build_weight_table(&s) &&
-              build_program(&s);
-    free(s.lowerings);
-    free(s.state_base);
-    return ok;
+    return collect_groups(&s) && bind_interface(&s) && emit_groups(&s) && build_weight_table(&s) &&
+           build_program(&s);
 }
 
 void cg_lowered_free(cg_lowered *l) {

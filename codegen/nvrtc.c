@@ -28,6 +28,7 @@
 #ifdef SMELT_HAVE_NVRTC
 /* The toolkit's header by full path: "nvrtc.h" here is our own. */
 #include SMELT_NVRTC_HEADER
+#include <dlfcn.h>
 #include <pthread.h>
 #endif
 
@@ -306,9 +307,85 @@ static bool check_request(const cg_compile_request *req, char *error, size_t err
 
 #ifdef SMELT_HAVE_NVRTC
 
+/* NVRTC is opened with dlopen the first time a CUDA target needs it, never
+ * linked: commands that compile no CUDA (smelt inspect, ir, opt, run, a host
+ * compile) never load it. The toolkit's header gives the types; the calls
+ * below go through this table (the names are macros for its members).
+ * SMELT_NVRTC names another library. Once per process, never closed. */
+#define NVRTC_FUNCTIONS(X)                                                                                   \
+    X(nvrtcVersion)                                                                                          \
+    X(nvrtcGetNumSupportedArchs)                                                                             \
+    X(nvrtcGetSupportedArchs)                                                                                \
+    X(nvrtcGetErrorString)                                                                                   \
+    X(nvrtcCreateProgram)                                                                                    \
+    X(nvrtcCompileProgram)                                                                                   \
+    X(nvrtcGetProgramLogSize)                                                                                \
+    X(nvrtcGetProgramLog)                                                                                    \
+    X(nvrtcGetCUBINSize)                                                                                     \
+    X(nvrtcGetCUBIN)                                                                                         \
+    X(nvrtcGetPTXSize)                                                                                       \
+    X(nvrtcGetPTX)                                                                                           \
+    X(nvrtcDestroyProgram)
+
+static struct {
+    pthread_once_t once;
+    bool ready;    /* every function resolved */
+    char why[256]; /* else: what went wrong */
+#define NVRTC_MEMBER(name) __typeof__(&name) name;
+    NVRTC_FUNCTIONS(NVRTC_MEMBER)
+#undef NVRTC_MEMBER
+} nvrtc = {.once = PTHREAD_ONCE_INIT};
+
+static void open_nvrtc(void) {
+    const char *override = getenv("SMELT_NVRTC");
+    const char *names[] = {SMELT_NVRTC_LIBRARY, "libnvrtc.so"};
+    const char *tried = override && *override ? override : names[0];
+    void *library = NULL;
+    if (override && *override)
+        library = dlopen(override, RTLD_NOW | RTLD_LOCAL);
+    else
+        for (size_t i = 0; i < sizeof names / sizeof names[0] && !library; i++)
+            library = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!library) {
+        const char *why = dlerror();
+        snprintf(nvrtc.why, sizeof nvrtc.why, "cannot load NVRTC (%s: %s)", tried, why ? why : "not found");
+        return;
+    }
+#define NVRTC_RESOLVE(name)                                                                                  \
+    *(void **)&nvrtc.name = dlsym(library, #name);                                                           \
+    if (!nvrtc.name) {                                                                                       \
+        snprintf(nvrtc.why, sizeof nvrtc.why, "NVRTC %s lacks %s: it is too old for this smelt", tried,      \
+                 #name);                                                                                     \
+        return;                                                                                              \
+    }
+    NVRTC_FUNCTIONS(NVRTC_RESOLVE)
+#undef NVRTC_RESOLVE
+    nvrtc.ready = true;
+}
+
+static bool nvrtc_loaded(void) {
+    pthread_once(&nvrtc.once, open_nvrtc);
+    return nvrtc.ready;
+}
+
+/* From here on the NVRTC names are the table's functions. */
+#define nvrtcVersion nvrtc.nvrtcVersion
+#define nvrtcGetNumSupportedArchs nvrtc.nvrtcGetNumSupportedArchs
+#define nvrtcGetSupportedArchs nvrtc.nvrtcGetSupportedArchs
+#define nvrtcGetErrorString nvrtc.nvrtcGetErrorString
+#define nvrtcCreateProgram nvrtc.nvrtcCreateProgram
+#define nvrtcCompileProgram nvrtc.nvrtcCompileProgram
+#define nvrtcGetProgramLogSize nvrtc.nvrtcGetProgramLogSize
+#define nvrtcGetProgramLog nvrtc.nvrtcGetProgramLog
+#define nvrtcGetCUBINSize nvrtc.nvrtcGetCUBINSize
+#define nvrtcGetCUBIN nvrtc.nvrtcGetCUBIN
+#define nvrtcGetPTXSize nvrtc.nvrtcGetPTXSize
+#define nvrtcGetPTX nvrtc.nvrtcGetPTX
+#define nvrtcDestroyProgram nvrtc.nvrtcDestroyProgram
+
 bool cg_nvrtc_version(int *major, int *minor) {
     int a = 0, b = 0;
-    bool ok = nvrtcVersion(&a, &b) == NVRTC_SUCCESS;
+    bool ok = nvrtc_loaded() && nvrtcVersion(&a, &b) == NVRTC_SUCCESS;
     if (major) *major = ok ? a : 0;
     if (minor) *minor = ok ? b : 0;
     return ok;
@@ -322,7 +399,7 @@ static struct {
 
 static void load_supported_archs(void) {
     int count = 0;
-    if (nvrtcGetNumSupportedArchs(&count) != NVRTC_SUCCESS || count <= 0) return;
+    if (!nvrtc_loaded() || nvrtcGetNumSupportedArchs(&count) != NVRTC_SUCCESS || count <= 0) return;
     int *archs = allocate((size_t)count * sizeof *archs);
     if (nvrtcGetSupportedArchs(archs) == NVRTC_SUCCESS) {
         int kept = count < 64 ? count : 64;
@@ -389,6 +466,13 @@ bool cg_compile_kernel(const cg_compile_request *req, cg_compiled *out, char *er
     memset(out, 0, sizeof *out);
     if (!check_request(req, error, error_size)) return false;
     const char *label = kernel_label(req);
+    if (!nvrtc_loaded()) {
+        set_error(error, error_size,
+                  "kernel '%.*s%s': %s; compiling for a CUDA target needs NVRTC: install the CUDA "
+                  "toolkit or add its lib folder to LD_LIBRARY_PATH",
+                  DIAG_NAME(label), nvrtc.why);
+        return false;
+    }
     if (!cg_nvrtc_supports_arch(req->arch)) {
         char archs[256];
         describe_supported_archs(archs, sizeof archs);

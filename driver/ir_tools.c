@@ -8,26 +8,34 @@
 #include <errno.h>
 #include <string.h>
 
-static void print_module(const ir_module *m, drv_ir_format format, FILE *out) {
+/* False when out of memory (the printers number values: arena.h). */
+static bool print_module(const ir_module *m, drv_ir_format format, FILE *out, diag_engine *d) {
+    arena_recovery recovery;
+    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
+        diag_error(d, SMELT_NO_LOC, "out of memory printing the IR");
+        return false;
+    }
     switch (format) {
     case DRV_IR_TEXT: ir_print_text(m, out); break;
     case DRV_IR_JSON: ir_print_json(m, out); break;
     case DRV_IR_DOT: ir_print_dot(m, out); break;
     }
+    arena_recovery_leave(&recovery);
+    return true;
 }
 
 /* Writes m to `path` (NULL or "-": stdout). */
 static bool write_module(const ir_module *m, drv_ir_format format, const char *path, diag_engine *d) {
-    if (!path || strcmp(path, "-") == 0) {
-        print_module(m, format, stdout);
-        return fflush(stdout) == 0;
-    }
+    if (!path || strcmp(path, "-") == 0) return print_module(m, format, stdout, d) && fflush(stdout) == 0;
     FILE *out = fopen(path, "w");
     if (!out) {
         diag_error(d, ((smelt_loc){diag_file_id(d, path), 0, 0}), "cannot write: %s", strerror(errno));
         return false;
     }
-    print_module(m, format, out);
+    if (!print_module(m, format, out, d)) {
+        fclose(out);
+        return false;
+    }
     if (fclose(out) != 0) {
         diag_error(d, ((smelt_loc){diag_file_id(d, path), 0, 0}), "write failed");
         return false;
@@ -52,7 +60,7 @@ bool drv_ir_opt(const char *path, const char *text, size_t length, const char *p
     ir_module m = {0};
     bool ok = ir_parse_text(path, text, length, d, &m);
     if (ok) ok = drv_run_passes(&m, NULL, passes, lowering, print_after, d);
-    if (ok) print_module(&m, format, out);
+    if (ok) ok = print_module(&m, format, out, d);
     ir_module_free(&m);
     return ok;
 }

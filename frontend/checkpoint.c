@@ -11,6 +11,7 @@
 #define _XOPEN_SOURCE 700
 
 #include "checkpoint.h"
+#include "json_memory.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -114,11 +115,8 @@ static char *folder_of(arena *a, const char *path) {
 }
 
 static char *real_path(arena *a, const char *path) {
-    char *resolved = realpath(*path ? path : ".", NULL);
-    if (!resolved) return NULL;
-    char *copy = arena_strdup(a, resolved);
-    free(resolved);
-    return copy;
+    char *resolved = arena_alloc(a, PATH_MAX); /* first: nothing to free if it fails */
+    return realpath(*path ? path : ".", resolved);
 }
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -278,8 +276,14 @@ static json_t *load_index(const char *path, smelt_loc loc, diag_engine *d) {
                    S_ISREG(st.st_mode) ? "a larger file" : "something that is not a regular file");
         return NULL;
     }
-    json_error_t error;
+    json_error_t error = {0}; /* jansson leaves its code byte unset on success */
+    fe_json_memory_begin();
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &error);
+    if (fe_json_out_of_memory(&error)) {
+        if (root) json_decref(root);
+        diag_error(d, loc, "out of memory reading the index");
+        return NULL;
+    }
     if (!root) {
         smelt_loc at = {loc.file, error.line > 0 ? (uint32_t)error.line : 0,
                         error.line > 0 && error.column > 0 ? (uint32_t)error.column : 0};
@@ -307,6 +311,11 @@ static bool open_index(st_checkpoint *ck, const char *path, diag_engine *d) {
     smelt_loc loc = {diag_file_id(d, path), 0, 0};
     json_t *root = load_index(path, loc, d);
     if (!root) return false;
+    arena_recovery recovery; /* the tree is freed, then st_checkpoint_open's handler runs */
+    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
+        json_decref(root);
+        arena_out_of_memory();
+    }
     const json_t *weight_map = json_object_get(root, "weight_map");
     size_t entries = json_object_size(weight_map);
     arena *a = &ck->arena;
@@ -314,6 +323,7 @@ static bool open_index(st_checkpoint *ck, const char *path, diag_engine *d) {
     const char *folder_real = real_path(a, x.folder);
     if (!folder_real) {
         diag_error(d, loc, "cannot resolve the index's folder: %s", strerror(errno));
+        arena_recovery_leave(&recovery);
         json_decref(root);
         return false;
     }
@@ -342,6 +352,7 @@ static bool open_index(st_checkpoint *ck, const char *path, diag_engine *d) {
     ok = ok && !diag_should_stop(d) && open_shards(ck, x.files, x.file_count, d);
     ok = ok && build_name_table(ck, loc, d);
     ok = ok && check_index_agrees(&x, weight_map, listed_file);
+    arena_recovery_leave(&recovery);
     json_decref(root);
     return ok;
 }
@@ -393,6 +404,12 @@ static bool open_single(st_checkpoint *ck, const char *path, smelt_loc loc, diag
 bool st_checkpoint_open(const char *path, st_checkpoint *out, diag_engine *d) {
     memset(out, 0, sizeof *out);
     arena_init(&out->arena);
+    arena_recovery recovery;
+    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
+        st_checkpoint_close(out);
+        diag_error(d, SMELT_NO_LOC, "out of memory opening the checkpoint");
+        return false;
+    }
     out->path = arena_strdup(&out->arena, path);
     out->diag_file = diag_file_id(d, path);
     smelt_loc loc = {out->diag_file, 0, 0};
@@ -415,6 +432,7 @@ bool st_checkpoint_open(const char *path, st_checkpoint *out, diag_engine *d) {
     } else {
         ok = open_single(out, path, loc, d);
     }
+    arena_recovery_leave(&recovery);
     if (!ok) st_checkpoint_close(out);
     return ok;
 }

@@ -7,6 +7,7 @@
  * the param's type. See config.h for the conversion table.
  */
 #include "config.h"
+#include "json_memory.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -86,12 +87,22 @@ bool fe_config_open(fe_config *c, const char *path, diag_engine *d) {
     }
     c->text = text;
     c->length = length;
-    json_error_t error;
+    json_error_t error = {0}; /* jansson leaves its code byte unset on success */
+    fe_json_memory_begin();
     json_t *root = json_loadb(text, length, JSON_REJECT_DUPLICATES, &error);
+    bool out_of_memory = fe_json_out_of_memory(&error);
+    if (root && out_of_memory) {
+        json_decref(root);
+        root = NULL;
+    }
     if (!root) {
-        smelt_loc at = {c->file, error.line > 0 ? (uint32_t)error.line : 0,
-                        error.column > 0 ? (uint32_t)error.column : 0};
-        diag_error(d, at, "config is not valid JSON: %s", error.text);
+        if (out_of_memory) {
+            diag_error(d, whole_file, "out of memory reading the config");
+        } else {
+            smelt_loc at = {c->file, error.line > 0 ? (uint32_t)error.line : 0,
+                            error.column > 0 ? (uint32_t)error.column : 0};
+            diag_error(d, at, "config is not valid JSON: %s", error.text);
+        }
         c->broken = true;
         return false;
     }

@@ -30,7 +30,11 @@ static bool read_file(const char *path, diag_engine *d, char **text, size_t *len
     /* Reads at most one byte more than the limit, to tell that it is over. */
     size_t capacity = 64 * 1024, used = 0;
     char *buffer = malloc(capacity);
-    if (!buffer) SMELT_DIE("out of memory");
+    if (!buffer) {
+        fclose(in);
+        diag_error(d, SMELT_NO_LOC, "out of memory reading '%.*s%s'", DIAG_NAME(path));
+        return false;
+    }
     bool ok = true;
     for (;;) {
         if (used == capacity) {
@@ -41,7 +45,11 @@ static bool read_file(const char *path, diag_engine *d, char **text, size_t *len
             }
             capacity = capacity * 2 > FE_DSL_MAX_BYTES ? FE_DSL_MAX_BYTES + 1 : capacity * 2;
             char *grown = realloc(buffer, capacity);
-            if (!grown) SMELT_DIE("out of memory");
+            if (!grown) {
+                diag_error(d, SMELT_NO_LOC, "out of memory reading '%.*s%s'", DIAG_NAME(path));
+                ok = false;
+                break;
+            }
             buffer = grown;
         }
         size_t n = fread(buffer + used, 1, capacity - used, in);
@@ -82,13 +90,24 @@ bool fe_parse_dsl_text(const char *path, const char *text, size_t length, diag_e
         return false;
     }
     int32_t file = diag_add_source(d, path, text, length);
-    out->source_path = arena_strdup(&out->arena, path);
-    out->source_file = file;
+    if (file < 0) { /* out of memory: without it, locations would be lost */
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return false;
+    }
     fe_parse_state st;
     state_init(&st, d, file, out, text, length);
-    if (!fe_lexer_open(&st)) SMELT_DIE("cannot create the DSL scanner");
+    arena_recovery recovery;
+    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
+        fe_lexer_close(&st);
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return false;
+    }
+    out->source_path = arena_strdup(&out->arena, path);
+    out->source_file = file;
+    if (!fe_lexer_open(&st)) arena_out_of_memory();
     int status = fe_yyparse(&st);
     fe_lexer_close(&st);
+    arena_recovery_leave(&recovery);
     /* A parse that failed without a message can only follow a stopped diag
      * engine; it is a failure all the same. */
     return status == 0 && !st.failed && !st.stopped;
@@ -135,9 +154,20 @@ bool fe_dump_dsl_tokens(const char *path, const char *text, size_t length, diag_
     ast_model scratch; /* holds the names and strings of the tokens */
     ast_model_init(&scratch);
     int32_t file = diag_add_source(d, path, text, length);
+    if (file < 0) { /* out of memory: without it, locations would be lost */
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return false;
+    }
     fe_parse_state st;
     state_init(&st, d, file, &scratch, text, length);
-    if (!fe_lexer_open(&st)) SMELT_DIE("cannot create the DSL scanner");
+    arena_recovery recovery;
+    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
+        fe_lexer_close(&st);
+        ast_model_free(&scratch);
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return false;
+    }
+    if (!fe_lexer_open(&st)) arena_out_of_memory();
     FE_YYSTYPE value;
     fe_location loc;
     int kind;
@@ -149,6 +179,7 @@ bool fe_dump_dsl_tokens(const char *path, const char *text, size_t length, diag_
         fputc('\n', out);
     } while (kind != TOK_YYEOF);
     fe_lexer_close(&st);
+    arena_recovery_leave(&recovery);
     ast_model_free(&scratch);
     return !st.failed && !st.stopped;
 }

@@ -214,7 +214,7 @@ static void elaborate_input(fe_elaborator *el, const ast_stmt *s) {
 
 /* The Hugging Face name of a weight: each {x} of the template replaced by the
  * decimal value of int x, except {e} of `stacked e`, which stays. NULL after
- * an error (reported unless poison). Free the result. */
+ * an error (reported unless poison). In the scratch arena. */
 static char *expand_weight_name(fe_elaborator *el, const ast_stmt *s, bool *has_stack_var) {
     const char *template = s->as.weight.hf_name, *stack_var = s->as.weight.stack_var;
     smelt_loc loc = s->as.weight.hf_name_loc;
@@ -224,8 +224,7 @@ static char *expand_weight_name(fe_elaborator *el, const ast_stmt *s, bool *has_
     uint64_t capacity;
     if (size_mul_overflow(length, 8, &capacity) || size_add_overflow(capacity, 32, &capacity))
         SMELT_DIE("weight name of %zu bytes", length);
-    char *out = malloc((size_t)capacity);
-    if (!out) SMELT_DIE("out of memory for a weight name of %zu bytes", length);
+    char *out = arena_alloc(&el->scratch, (size_t)capacity);
     size_t used = 0;
     *has_stack_var = false;
     for (const char *p = template; *p;) {
@@ -237,7 +236,6 @@ static char *expand_weight_name(fe_elaborator *el, const ast_stmt *s, bool *has_
         if (!close) {
             fe_error(el, loc,
                      "unterminated '{' in the weight name; write {name} with a loop variable or int param");
-            free(out);
             return NULL;
         }
         const char *var = p + 1;
@@ -268,7 +266,6 @@ static char *expand_weight_name(fe_elaborator *el, const ast_stmt *s, bool *has_
             fe_error(el, loc, "'{%.*s%s}' in the weight name needs an int, but '%.*s%s' is %s", shown, var,
                      cut, shown, var, cut, fe_value_kind_text(b->value.kind));
         }
-        free(out);
         return NULL;
     }
     out[used] = '\0';
@@ -319,7 +316,6 @@ static void elaborate_weight(fe_elaborator *el, const ast_stmt *s) {
         m->values[id].type = t;
         value = (fe_value){.kind = FE_VALUE_TENSOR, .as.tensor = id};
     }
-    free(hf_name);
     bind(el, name, value, FE_ORIGIN_WEIGHT, s->loc);
 }
 
@@ -474,17 +470,31 @@ static void check_settings(fe_elaborator *el) {
 }
 
 bool fe_elaborate(const ast_model *model, const fe_options *o, diag_engine *d, ir_module *out) {
-    ir_module_init(out, model->name);
+    ir_module_init(out, NULL);
+    arena_recovery start;
+    if (arena_recovery_enter(&start, setjmp(start.where))) {
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return false;
+    }
+    if (model->name) out->name = arena_strdup(&out->arena, model->name);
     if (model->source_path) out->source_path = arena_strdup(&out->arena, model->source_path);
     out->source_file = model->source_file;
+    arena_recovery_leave(&start);
 
     fe_elaborator el = {.model = model, .options = o, .diag = d, .module = out};
     arena_init(&el.scratch);
     unsigned errors_before = d->error_count;
-    check_settings(&el);
-    fe_config_open(&el.config, o ? o->config_path : NULL, d);
-    elaborate_block(&el, &model->body, true);
-    bool ok = !el.failed && !el.config.broken && d->error_count == errors_before;
+    arena_recovery recovery;
+    volatile bool ok = false; /* set after the recovery point, read after a jump */
+    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+    } else {
+        check_settings(&el);
+        fe_config_open(&el.config, o ? o->config_path : NULL, d);
+        elaborate_block(&el, &model->body, true);
+        ok = !el.failed && !el.config.broken && d->error_count == errors_before;
+        arena_recovery_leave(&recovery);
+    }
     fe_config_close(&el.config);
     fe_name_map_free(&el.names);
     fe_name_map_free(&el.outputs);

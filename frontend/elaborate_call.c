@@ -352,7 +352,13 @@ fe_value fe_eval_op_call(fe_elaborator *el, const ast_expr *call) {
 
     arena temp; /* freed here: a model may make millions of calls */
     arena_init(&temp);
+    arena_recovery recovery;
+    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
+        arena_free(&temp);
+        arena_out_of_memory();
+    }
     fe_value v = build_op(el, call, info, &temp);
+    arena_recovery_leave(&recovery);
     arena_free(&temp);
     return v;
 }

@@ -60,7 +60,7 @@ static void grow(fe_name_map *map) {
     uint32_t capacity = map->capacity ? map->capacity * 2 : 64;
     if (capacity < map->capacity) SMELT_DIE("name map of %u slots overflows", map->capacity);
     fe_name_map grown = {calloc(capacity, sizeof(fe_binding_entry)), capacity, map->used};
-    if (!grown.slots) SMELT_DIE("out of memory growing the name map to %u slots", capacity);
+    if (!grown.slots) arena_out_of_memory(); /* the map is freed with its elaboration */
     for (uint32_t i = 0; i < map->capacity; i++)
         if (map->slots[i].name) {
             const fe_binding_entry *e = &map->slots[i];

@@ -17,6 +17,7 @@
  * {JSON file, line 0}, which names the file in messages.
  */
 #include "ast.h"
+#include "json_memory.h"
 
 #include <jansson.h>
 
@@ -111,13 +112,19 @@ static void report(json_reader *r, const json_path *at, const char *fmt, ...) {
     char *pointer = NULL;
     size_t pointer_length = 0;
     FILE *out = open_memstream(&pointer, &pointer_length);
-    if (!out) SMELT_DIE("out of memory");
-    if (at)
-        write_pointer(out, at);
-    else
-        fputs("top level", out);
-    fclose(out);
-    diag_error(r->d, ((smelt_loc){r->json_file, 0, 0}), "%s: %s", pointer, message);
+    if (out) {
+        if (at)
+            write_pointer(out, at);
+        else
+            fputs("top level", out);
+        /* fclose may fail to make the buffer: then the message has no place */
+        if (fclose(out) != 0) {
+            free(pointer);
+            pointer = NULL;
+        }
+    }
+    diag_error(r->d, ((smelt_loc){r->json_file, 0, 0}), "%s: %s", pointer ? pointer : "(out of memory)",
+               message);
     free(pointer);
 }
 
@@ -746,14 +753,27 @@ static bool parse_document(const char *path, int32_t file, const char *text, siz
                    "empty input: expected a JSON object with the keys 'smelt', 'model' and 'body'");
         return false;
     }
-    json_error_t error;
+    json_error_t error = {0}; /* jansson leaves its code byte unset on success */
+    fe_json_memory_begin();
     json_t *root = json_loadb(text, length, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &error);
+    if (fe_json_out_of_memory(&error)) {
+        if (root) json_decref(root);
+        diag_error(d, whole_file, "out of memory reading the JSON model");
+        return false;
+    }
     if (!root) {
         report_syntax_error(d, file, text, length, &error);
         return false;
     }
     json_reader r = {.d = d, .model = out, .json_file = file, .loc_file = file, .ok = true};
+    arena_recovery recovery;
+    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
+        json_decref(root);
+        diag_error(d, whole_file, "out of memory");
+        return false;
+    }
     read_document(&r, path, root);
+    arena_recovery_leave(&recovery);
     json_decref(root);
     return r.ok;
 }
@@ -781,13 +801,21 @@ static bool read_file(const char *path, int32_t file, diag_engine *d, char **tex
     /* The size is checked again while reading: pipes and devices have none. */
     size_t capacity = 64 * 1024, used = 0;
     char *buffer = malloc(capacity);
-    if (!buffer) SMELT_DIE("out of memory");
+    if (!buffer) {
+        fclose(in);
+        diag_error(d, whole_file, "out of memory reading the file");
+        return false;
+    }
     bool ok = true;
     for (;;) {
         if (used == capacity) {
             capacity *= 2; /* at most 128 MiB: reading stops past 64 MiB */
             char *grown = realloc(buffer, capacity);
-            if (!grown) SMELT_DIE("out of memory");
+            if (!grown) {
+                diag_error(d, whole_file, "out of memory reading the file");
+                ok = false;
+                break;
+            }
             buffer = grown;
         }
         size_t n = fread(buffer + used, 1, capacity - used, in);
@@ -818,6 +846,10 @@ static bool read_file(const char *path, int32_t file, diag_engine *d, char **tex
 bool fe_parse_json(const char *path, diag_engine *d, ast_model *out) {
     ast_model_init(out);
     int32_t file = diag_file_id(d, path);
+    if (file < 0) { /* out of memory: without it, locations would be lost */
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return false;
+    }
     char *text;
     size_t length;
     if (!read_file(path, file, d, &text, &length)) return false;
@@ -833,5 +865,9 @@ bool fe_parse_json_text(const char *path, const char *text, size_t length, diag_
         return false;
     }
     int32_t file = diag_add_source(d, path, text, length);
+    if (file < 0) { /* out of memory: without it, locations would be lost */
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return false;
+    }
     return parse_document(path, file, text, length, d, out);
 }

@@ -17,7 +17,7 @@ bool fe_load_model(const char *path, const fe_options *o, diag_engine *d, ir_mod
     if (parsed)
         ok = fe_elaborate(&model, o, d, out);
     else /* a partial tree would only add confusing errors: stop at the parse errors */
-        ir_module_init(out, model.name);
+        ir_module_init(out, NULL);
     ast_model_free(&model);
     return ok;
 }

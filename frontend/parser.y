@@ -115,6 +115,7 @@ struct fe_parse_state {
     size_t bad_run_end;       /* end offset of the last bad byte reported, or 0 */
     fe_location string_start; /* the opening quote of the string being read */
     char *string_buffer;      /* its text so far, escapes resolved (malloc'ed) */
+    char *scan_copy;          /* the text as the scanner reads it (malloc'ed; two NULs end it) */
     size_t string_length, string_capacity;
 
     /* Token stream shaping (fe_yylex). */

@@ -8,6 +8,7 @@
  * is binary), each naming the tensor it is about.
  */
 #include "safetensors.h"
+#include "json_memory.h"
 
 #include "ir_io.h"
 #include "numeric.h"
@@ -477,8 +478,14 @@ static void build_name_table(st_file *f) {
 }
 
 static bool read_header(st_reader *r, const char *text, uint64_t length) {
-    json_error_t error;
+    json_error_t error = {0}; /* jansson leaves its code byte unset on success */
+    fe_json_memory_begin();
     json_t *root = json_loadb(text, (size_t)length, JSON_REJECT_DUPLICATES, &error);
+    if (fe_json_out_of_memory(&error)) {
+        if (root) json_decref(root);
+        diag_error(r->d, r->loc, "out of memory reading the header");
+        return false;
+    }
     if (!root) {
         diag_error(r->d, r->loc, "header is not valid JSON: %s (at byte %d of the header)", error.text,
                    error.position);
@@ -488,6 +495,11 @@ static bool read_header(st_reader *r, const char *text, uint64_t length) {
         diag_error(r->d, r->loc, "header is %s; expected a JSON object of tensors", json_kind_text(root));
         json_decref(root);
         return false;
+    }
+    arena_recovery recovery; /* the tree is freed, then st_file_open's handler runs */
+    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
+        json_decref(root);
+        arena_out_of_memory();
     }
     st_file *f = r->f;
     size_t entries = json_object_size(root);
@@ -514,6 +526,7 @@ static bool read_header(st_reader *r, const char *text, uint64_t length) {
         t->name = arena_strdup(&f->arena, key);
         f->tensor_count++;
     }
+    arena_recovery_leave(&recovery);
     json_decref(root);
     /* Offsets we could not read would turn into gaps: only check the tiling
      * when every entry has them. */
@@ -524,6 +537,12 @@ static bool read_header(st_reader *r, const char *text, uint64_t length) {
 bool st_file_open(const char *path, st_file *out, diag_engine *d) {
     memset(out, 0, sizeof *out);
     arena_init(&out->arena);
+    arena_recovery recovery;
+    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
+        st_file_close(out);
+        diag_error(d, SMELT_NO_LOC, "out of memory opening '%.*s%s'", DIAG_NAME(path));
+        return false;
+    }
     out->path = arena_strdup(&out->arena, path);
     out->diag_file = diag_file_id(d, path);
     smelt_loc loc = {out->diag_file, 0, 0};
@@ -554,6 +573,7 @@ bool st_file_open(const char *path, st_file *out, diag_engine *d) {
         ok = read_header(&r, (const char *)bytes + 8, header_length);
     }
     if (!ok) {
+        arena_recovery_leave(&recovery);
         st_file_close(out);
         return false;
     }
@@ -565,6 +585,7 @@ bool st_file_open(const char *path, st_file *out, diag_engine *d) {
         t->file_offset = 8 + header_length + t->offset;
     }
     build_name_table(out);
+    arena_recovery_leave(&recovery);
     return true;
 }
 

@@ -9,6 +9,7 @@
  * sees the old file or the new one, never half of one.
  */
 #include "safetensors.h"
+#include "json_memory.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -71,7 +72,10 @@ static bool check_tensors(const st_write_tensor *tensors, size_t count, uint64_t
     }
     if (!ok || count < 2) return ok;
     const char **names = malloc(count * sizeof *names);
-    if (!names) SMELT_DIE("out of memory sorting %zu tensor names", count);
+    if (!names) {
+        diag_error(d, loc, "out of memory sorting %zu tensor names", count);
+        return false;
+    }
     for (size_t i = 0; i < count; i++)
         names[i] = tensors[i].name;
     qsort(names, count, sizeof *names, compare_names);
@@ -86,13 +90,16 @@ static bool check_tensors(const st_write_tensor *tensors, size_t count, uint64_t
 
 /* ---- the header text ------------------------------------------------------------ */
 
-/* A growing text buffer (malloc'd; the header can be megabytes). */
+/* A growing text buffer (malloc'd; the header can be megabytes). Out of
+ * memory is sticky: later appends do nothing and `failed` is reported. */
 typedef struct st_text {
     char *bytes;
     size_t length, capacity;
+    bool failed;
 } st_text;
 
 static void text_append(st_text *t, const char *s, size_t n) {
+    if (t->failed) return;
     if (t->capacity - t->length <= n) {
         size_t capacity = t->capacity ? t->capacity : 4096;
         while (capacity - t->length <= n) {
@@ -100,7 +107,10 @@ static void text_append(st_text *t, const char *s, size_t n) {
             capacity *= 2;
         }
         char *grown = realloc(t->bytes, capacity);
-        if (!grown) SMELT_DIE("out of memory for a safetensors header of %zu bytes", capacity);
+        if (!grown) {
+            t->failed = true;
+            return;
+        }
         t->bytes = grown;
         t->capacity = capacity;
     }
@@ -140,8 +150,14 @@ static void text_json_string(st_text *t, const char *s) {
 /* "__metadata__" from the caller's JSON text, which must be an object of
  * strings; written compactly in its own key order. */
 static bool append_metadata(st_text *t, const char *metadata_json, smelt_loc loc, diag_engine *d) {
-    json_error_t error;
+    json_error_t error = {0}; /* jansson leaves its code byte unset on success */
+    fe_json_memory_begin();
     json_t *root = json_loads(metadata_json, JSON_REJECT_DUPLICATES, &error);
+    if (fe_json_out_of_memory(&error)) {
+        if (root) json_decref(root);
+        diag_error(d, loc, "out of memory reading the metadata");
+        return false;
+    }
     if (!root) {
         diag_error(d, loc, "metadata is not valid JSON: %s", error.text);
         return false;
@@ -202,7 +218,7 @@ static bool write_all(int fd, const void *bytes, uint64_t length) {
 static void sync_folder_of(const char *path) {
     const char *slash = strrchr(path, '/');
     char *folder = slash ? strndup(path, (size_t)(slash - path) + 1) : strdup(".");
-    if (!folder) SMELT_DIE("out of memory");
+    if (!folder) return; /* best effort, as above */
     int fd = open(folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd >= 0) {
         (void)fsync(fd);
@@ -216,7 +232,10 @@ static bool write_atomically(const char *path, const st_text *header, const st_w
                              const uint64_t *sizes, size_t count, smelt_loc loc, diag_engine *d) {
     size_t path_length = strlen(path);
     char *temporary = malloc(path_length + sizeof ".tmp.XXXXXX");
-    if (!temporary) SMELT_DIE("out of memory");
+    if (!temporary) {
+        diag_error(d, loc, "out of memory");
+        return false;
+    }
     memcpy(temporary, path, path_length);
     memcpy(temporary + path_length, ".tmp.XXXXXX", sizeof ".tmp.XXXXXX");
     int fd = mkstemp(temporary);
@@ -263,7 +282,10 @@ bool st_write_file(const char *path, const st_write_tensor *tensors, size_t coun
         return false;
     }
     uint64_t *sizes = calloc(count ? count : 1, sizeof *sizes);
-    if (!sizes) SMELT_DIE("out of memory");
+    if (!sizes) {
+        diag_error(d, loc, "out of memory");
+        return false;
+    }
     bool ok = check_tensors(tensors, count, sizes, loc, d);
     st_text header = {0};
     text_append(&header, "{", 1);
@@ -284,6 +306,10 @@ bool st_write_file(const char *path, const st_write_tensor *tensors, size_t coun
     text_append(&header, "}", 1);
     while (header.length % 8 != 0)
         text_append(&header, " ", 1);
+    if (ok && header.failed) {
+        diag_error(d, loc, "out of memory building the header");
+        ok = false;
+    }
     if (ok && header.length > ST_MAX_HEADER_BYTES) {
         diag_error(d, loc, "the header would be %zu bytes, over the limit of %d", header.length,
                    ST_MAX_HEADER_BYTES);

@@ -17,16 +17,15 @@ typedef struct fe_binder {
     uint8_t *used; /* per checkpoint tensor */
 } fe_binder;
 
-/* `template` with every "{var}" replaced by `index`. Free the result. */
-static char *expand_part_name(const char *template, const char *var, uint64_t index) {
+/* `template` with every "{var}" replaced by `index`, in arena a. */
+static char *expand_part_name(arena *a, const char *template, const char *var, uint64_t index) {
     size_t var_length = strlen(var), length = strlen(template), count = 0;
     for (const char *p = template; (p = strchr(p, '{')) != NULL; p++)
         if (strncmp(p + 1, var, var_length) == 0 && p[1 + var_length] == '}') count++;
     uint64_t capacity; /* each replacement adds at most 20 digits */
     if (size_mul_overflow(count, 20, &capacity) || size_add_overflow(capacity, length + 1, &capacity))
         SMELT_DIE("weight name of %zu bytes", length);
-    char *out = malloc((size_t)capacity);
-    if (!out) SMELT_DIE("out of memory for a weight name of %zu bytes", length);
+    char *out = arena_alloc(a, (size_t)capacity);
     size_t used = 0;
     for (const char *p = template; *p;) {
         if (p[0] == '{' && strncmp(p + 1, var, var_length) == 0 && p[1 + var_length] == '}') {
@@ -132,9 +131,8 @@ static void bind_weight(fe_binder *b, uint32_t op_index) {
                    DIAG_NAME(name));
         return;
     }
-    char *first_part = expand_part_name(name, stack, 0);
+    char *first_part = expand_part_name(&b->out->arena, name, stack, 0);
     bool has_stack_var = strcmp(first_part, name) != 0;
-    free(first_part);
     if (!has_stack_var) {
         diag_error(b->d, op->loc, "the name of stacked weight '%.*s%s' must contain '{%.*s%s}'",
                    DIAG_NAME(name), DIAG_NAME(stack));
@@ -151,10 +149,9 @@ static void bind_weight(fe_binder *b, uint32_t op_index) {
     w->parts = arena_array(&b->out->arena, parts ? parts : 1, sizeof *w->parts);
     bool ok = true;
     for (uint32_t i = 0; i < parts && !diag_should_stop(b->d); i++) {
-        char *part_name = expand_part_name(name, stack, i);
+        char *part_name = expand_part_name(&b->out->arena, name, stack, i);
         w->parts[i] = find_part(b, op, part_name, shape + 1, type->rank - 1u);
         ok &= w->parts[i] != NULL;
-        free(part_name);
     }
     if (!ok || diag_should_stop(b->d)) return;
     w->part_count = parts;
@@ -171,9 +168,7 @@ static void warn_unused(fe_binder *b) {
     b->out->unused_count = unused;
     if (!unused) return;
     size_t capacity = 128 + FE_UNUSED_NAMES_SHOWN * (DIAG_NAME_MAX + 8), length = 0;
-    char *names = malloc(capacity);
-    if (!names) SMELT_DIE("out of memory");
-    names[0] = '\0';
+    char *names = arena_alloc(&b->out->arena, capacity);
     uint32_t shown = 0;
     for (uint32_t i = 0; i < ck->tensor_count && shown < FE_UNUSED_NAMES_SHOWN; i++) {
         if (b->used[i]) continue;
@@ -186,12 +181,16 @@ static void warn_unused(fe_binder *b) {
     diag_warning(b->d, loc, "%u %s of the checkpoint %s used by no weight: %s%s", unused,
                  unused == 1 ? "tensor" : "tensors", unused == 1 ? "is" : "are", names,
                  unused > shown ? ", ..." : "");
-    free(names);
 }
 
 bool fe_bind_weights(const ir_module *m, const st_checkpoint *ck, diag_engine *d, fe_weight_binding *out) {
     memset(out, 0, sizeof *out);
     arena_init(&out->arena);
+    arena_recovery recovery;
+    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
+        diag_error(d, SMELT_NO_LOC, "out of memory binding the weights");
+        return false; /* fe_weight_binding_free frees what was bound */
+    }
     out->module = m;
     out->checkpoint = ck;
     out->diag = d;
@@ -208,6 +207,7 @@ bool fe_bind_weights(const ir_module *m, const st_checkpoint *ck, diag_engine *d
         ok &= out->weights[i].bound;
     }
     warn_unused(&b);
+    arena_recovery_leave(&recovery);
     return ok && d->error_count == errors_before && !diag_should_stop(d);
 }
 

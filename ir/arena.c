@@ -15,9 +15,36 @@ struct arena_chunk {
     _Alignas(16) unsigned char data[];
 };
 
+static _Thread_local arena_recovery *innermost;
+
+bool arena_recovery_enter(arena_recovery *r, int jumped) {
+    if (jumped) return true;
+    r->outer = innermost;
+    innermost = r;
+    return false;
+}
+
+void arena_recovery_leave(arena_recovery *r) {
+    if (innermost != r) SMELT_DIE("arena recovery points left out of order");
+    innermost = r->outer;
+}
+
+_Noreturn void arena_out_of_memory(void) {
+    arena_recovery *r = innermost;
+    if (!r) SMELT_DIE("out of memory with no recovery point set (see arena.h)");
+    innermost = r->outer;
+    longjmp(r->where, 1);
+}
+
+static _Noreturn void fail(arena *a) {
+    a->out_of_memory = true;
+    arena_out_of_memory();
+}
+
 void arena_init(arena *a) {
     a->head = NULL;
     a->bytes_used = 0;
+    a->out_of_memory = false;
 }
 
 void arena_free(arena *a) {
@@ -29,17 +56,19 @@ void arena_free(arena *a) {
     }
     a->head = NULL;
     a->bytes_used = 0;
+    a->out_of_memory = false;
 }
 
 void *arena_alloc(arena *a, size_t size) {
     size_t rounded = (size + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
-    if (rounded < size) SMELT_DIE("arena allocation of %zu bytes overflows", size);
+    if (rounded < size) fail(a);
     if (rounded == 0) rounded = ARENA_ALIGN;
     arena_chunk *c = a->head;
     if (!c || c->capacity - c->used < rounded) {
         size_t capacity = rounded > ARENA_CHUNK_MIN ? rounded : ARENA_CHUNK_MIN;
+        if (capacity > SIZE_MAX - sizeof(arena_chunk)) fail(a);
         c = malloc(sizeof(arena_chunk) + capacity);
-        if (!c) SMELT_DIE("out of memory allocating %zu bytes", capacity);
+        if (!c) fail(a);
         c->capacity = capacity;
         c->used = 0;
         c->next = a->head;
@@ -54,8 +83,7 @@ void *arena_alloc(arena *a, size_t size) {
 
 void *arena_array(arena *a, size_t count, size_t elem_size) {
     uint64_t bytes;
-    if (size_mul_overflow(count, elem_size, &bytes) || bytes > SIZE_MAX / 2)
-        SMELT_DIE("arena array of %zu x %zu bytes overflows", count, elem_size);
+    if (size_mul_overflow(count, elem_size, &bytes) || bytes > SIZE_MAX / 2) fail(a);
     return arena_alloc(a, (size_t)bytes);
 }
 

@@ -31,31 +31,36 @@ void diag_free(diag_engine *d) {
 
 static char *copy_bytes(const char *s, size_t n) {
     char *p = malloc(n + 1);
-    if (!p) SMELT_DIE("out of memory");
+    if (!p) return NULL;
     memcpy(p, s, n);
     p[n] = '\0';
     return p;
 }
 
+/* Out of memory here costs only the place of later messages: the file is
+ * not registered (-1, which diagnostics print without a location), or its
+ * text is not kept (no caret). */
 static int32_t add_file(diag_engine *d, const char *path) {
     if (d->file_count == d->file_capacity) {
         uint32_t capacity = d->file_capacity ? d->file_capacity * 2 : 8;
         diag_file *files = realloc(d->files, capacity * sizeof *files);
-        if (!files) SMELT_DIE("out of memory");
+        if (!files) return -1;
         d->files = files;
         d->file_capacity = capacity;
     }
     diag_file *f = &d->files[d->file_count];
     memset(f, 0, sizeof *f);
     f->path = copy_bytes(path, strlen(path));
+    if (!f->path) return -1;
     return (int32_t)d->file_count++;
 }
 
 int32_t diag_add_source(diag_engine *d, const char *path, const char *text, size_t length) {
     int32_t id = add_file(d, path);
+    if (id < 0) return id;
     diag_file *f = &d->files[id];
     f->text = copy_bytes(text, length);
-    f->length = length;
+    f->length = f->text ? length : 0;
     f->load_tried = true;
     return id;
 }
@@ -83,7 +88,10 @@ static void load_text(diag_file *f) {
     if (!fp) return;
     size_t capacity = 4096, length = 0;
     char *text = malloc(capacity);
-    if (!text) SMELT_DIE("out of memory");
+    if (!text) {
+        fclose(fp);
+        return;
+    }
     size_t n;
     while ((n = fread(text + length, 1, capacity - length, fp)) > 0) {
         length += n;
@@ -95,7 +103,11 @@ static void load_text(diag_file *f) {
             }
             capacity *= 2;
             char *grown = realloc(text, capacity);
-            if (!grown) SMELT_DIE("out of memory");
+            if (!grown) {
+                free(text);
+                fclose(fp);
+                return;
+            }
             text = grown;
         }
     }

@@ -221,6 +221,7 @@ typedef struct ir_module {
     uint64_t arena_bytes;   /* plan-memory: bytes of the activation arena at planned_tokens */
 } ir_module;
 
+/* With a name, allocates: under a recovery point (arena.h); NULL: "model". */
 void ir_module_init(ir_module *m, const char *name);
 void ir_module_free(ir_module *m);
 

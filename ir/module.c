@@ -7,7 +7,7 @@
 void ir_module_init(ir_module *m, const char *name) {
     memset(m, 0, sizeof *m);
     arena_init(&m->arena);
-    m->name = arena_strdup(&m->arena, name ? name : "model");
+    m->name = name ? arena_strdup(&m->arena, name) : "model"; /* a name needs a recovery point */
     m->source_file = -1;
 }
 
@@ -212,7 +212,7 @@ void ir_module_compact(ir_module *m) {
 
 uint32_t *ir_use_counts(const ir_module *m) {
     uint32_t *counts = calloc(m->value_count ? m->value_count : 1, sizeof *counts);
-    if (!counts) SMELT_DIE("out of memory");
+    if (!counts) arena_out_of_memory();
     for (uint32_t i = 0; i < m->op_count; i++) {
         const ir_op *op = &m->ops[i];
         if (op->dead) continue;

@@ -65,7 +65,7 @@ static name_entry *name_table_add(name_table *t, const char *name, size_t length
         name_table grown = {.capacity = t->capacity ? 2 * t->capacity : 64};
         if (grown.capacity < t->capacity) SMELT_DIE("name table overflow");
         grown.slots = calloc(grown.capacity, sizeof *grown.slots);
-        if (!grown.slots) SMELT_DIE("out of memory for %zu names", grown.capacity);
+        if (!grown.slots) arena_out_of_memory(); /* ir_parse_text frees the tables */
         for (size_t i = 0; i < t->capacity; i++)
             if (t->slots[i].name)
                 *name_table_slot(&grown, t->slots[i].name, t->slots[i].length) = t->slots[i];
@@ -376,7 +376,7 @@ static bool parse_ints(parser *p, ir_attr *out) {
                     return false;
                 }
                 int64_t *grown = realloc(p->ints, capacity * sizeof *grown);
-                if (!grown) SMELT_DIE("out of memory for a list of %zu ints", capacity);
+                if (!grown) arena_out_of_memory(); /* ir_parse_text frees p->ints */
                 p->ints = grown;
                 p->ints_capacity = capacity;
             }
@@ -912,17 +912,31 @@ bool ir_parse_text(const char *path, const char *text, size_t length, diag_engin
         length = 0;
     }
     int32_t file = diag_add_source(d, path ? path : "<input>", text, length);
+    if (file < 0) { /* out of memory: without it, locations would be lost */
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return false;
+    }
+    ir_module_init(out, NULL);
     parser *p = calloc(1, sizeof *p);
-    if (!p) SMELT_DIE("out of memory");
-    ir_module_init(out, "module");
+    if (!p) {
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return false;
+    }
     p->m = out;
     p->diag = d;
     arena_init(&p->scratch);
-    ir_lexer_init(&p->lexer, text, length, file, d);
-    advance(p);
-    parse_module(p);
-
-    bool ok = !p->failed && p->lexer.error_count == 0;
+    ir_lexer_init(&p->lexer, text, length, file, d); /* allocates nothing */
+    bool ok = false;
+    arena_recovery recovery;
+    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+    } else {
+        out->name = arena_strdup(&out->arena, "module");
+        advance(p);
+        parse_module(p);
+        ok = !p->failed && p->lexer.error_count == 0;
+        arena_recovery_leave(&recovery);
+    }
     free(p->values.slots);
     free(p->symbols.slots);
     free(p->params.slots);

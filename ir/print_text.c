@@ -61,7 +61,7 @@ const char *ir_format_float(double v, char *buffer, size_t size) {
 
 uint32_t *ir_value_numbers(const ir_module *m) {
     uint32_t *numbers = malloc((m->value_count ? m->value_count : 1) * sizeof *numbers);
-    if (!numbers) SMELT_DIE("out of memory numbering %u values", m->value_count);
+    if (!numbers) arena_out_of_memory(); /* printers run under a recovery point */
     for (uint32_t i = 0; i < m->value_count; i++)
         numbers[i] = UINT32_MAX;
     uint32_t next = 0;

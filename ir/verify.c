@@ -278,6 +278,12 @@ typedef struct named_output {
     uint32_t op;
 } named_output;
 
+/* The module is not known to be valid: a status, like any violation. */
+static void out_of_memory(verifier *v) {
+    diag_error(v->d, SMELT_NO_LOC, "out of memory verifying the module");
+    v->ok = false;
+}
+
 static int compare_outputs(const void *a, const void *b) {
     const named_output *x = a, *y = b;
     int c = strcmp(x->name, y->name);
@@ -287,7 +293,10 @@ static int compare_outputs(const void *a, const void *b) {
 static void check_output_names(verifier *v) {
     const ir_module *m = v->m;
     named_output *outputs = calloc(m->op_count ? m->op_count : 1, sizeof *outputs);
-    if (!outputs) SMELT_DIE("out of memory");
+    if (!outputs) {
+        out_of_memory(v);
+        return;
+    }
     uint32_t count = 0;
     for (uint32_t i = 0; i < m->op_count; i++) {
         const ir_op *op = &m->ops[i];
@@ -351,7 +360,10 @@ static int compare_group_steps(const void *a, const void *b) {
 static void check_group_steps(verifier *v) {
     const ir_module *m = v->m;
     group_step *pairs = malloc((m->op_count ? m->op_count : 1) * sizeof *pairs);
-    if (!pairs) SMELT_DIE("out of memory");
+    if (!pairs) {
+        out_of_memory(v);
+        return;
+    }
     uint32_t count = 0;
     for (uint32_t i = 0; i < m->op_count; i++)
         if (!m->ops[i].dead && m->ops[i].group != IR_NONE)
@@ -402,7 +414,12 @@ bool ir_verify(const ir_module *m, diag_engine *d) {
     verifier v = {.m = m, .d = d, .ok = true};
     v.state = calloc(m->value_count ? m->value_count : 1, sizeof *v.state);
     ir_type *scratch = calloc(IR_MAX_RESULTS, sizeof *scratch);
-    if (!v.state || !scratch) SMELT_DIE("out of memory");
+    if (!v.state || !scratch) {
+        out_of_memory(&v);
+        free(scratch);
+        free(v.state);
+        return false;
+    }
     for (uint32_t i = 0; i < m->op_count && !diag_should_stop(d); i++)
         if (!m->ops[i].dead) verify_op(&v, i, scratch);
     if (!diag_should_stop(d)) check_output_names(&v);

@@ -363,7 +363,18 @@ bool pass_canonicalize(ir_module *m, diag_engine *d) {
     canonicalizer c = {.m = m, .table_mask = capacity - 1};
     c.forward = malloc((m->value_count ? m->value_count : 1) * sizeof *c.forward);
     c.table = malloc(capacity * sizeof *c.table);
-    if (!c.forward || !c.table) SMELT_DIE("out of memory");
+    if (!c.forward || !c.table) {
+        free(c.forward);
+        free(c.table);
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return false;
+    }
+    arena_recovery recovery; /* rewrites allocate: free the tables, then fail the pass */
+    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
+        free(c.forward);
+        free(c.table);
+        arena_out_of_memory();
+    }
     for (ir_value_id v = 0; v < m->value_count; v++)
         c.forward[v] = v;
     for (unsigned round = 0; round < CANONICALIZE_MAX_ROUNDS; round++) {
@@ -373,6 +384,7 @@ bool pass_canonicalize(ir_module *m, diag_engine *d) {
         ir_module_compact(m);
         if (!c.changed) break;
     }
+    arena_recovery_leave(&recovery);
     free(c.forward);
     free(c.table);
     return true;

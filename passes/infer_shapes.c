@@ -47,7 +47,10 @@ static bool store_types(ir_module *m, const ir_op *op, const ir_type *inferred, 
 
 bool pass_infer_shapes(ir_module *m, diag_engine *d) {
     ir_type *inferred = calloc(IR_MAX_RESULTS, sizeof *inferred);
-    if (!inferred) SMELT_DIE("out of memory");
+    if (!inferred) {
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return false;
+    }
     bool ok = true;
     for (uint32_t i = 0; i < m->op_count && !diag_should_stop(d); i++) {
         const ir_op *op = &m->ops[i];

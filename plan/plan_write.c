@@ -23,8 +23,9 @@
 #include <xxhash.h>
 
 /* A broken invariant of the compiler writing the plan (an unknown section
- * kind, a section added twice, a kernel without a name) or memory running
- * out: print file:line and abort, as ir/'s smelt_die does. plan/ depends on
+ * kind, a section added twice, a kernel without a name): print file:line and
+ * abort (memory running out is a status: plan_writer.out_of_memory,
+ * plan_buffer.failed, or an error from plan_write_file), as ir/'s smelt_die does. plan/ depends on
  * nothing of smelt's, so it cannot call smelt_die; the runtime never writes
  * plans, so this never runs inside the runtime. */
 _Noreturn static void plan_write_die(const char *file, int line, const char *fmt, ...)
@@ -89,7 +90,10 @@ void plan_writer_add_section(plan_writer *w, plan_section_kind kind, const void 
     if (size > SIZE_MAX) PLAN_WRITE_DIE("plan writer: section of %" PRIu64 " bytes", size);
     if (size > 0) {
         s->bytes = malloc((size_t)size);
-        if (!s->bytes) PLAN_WRITE_DIE("out of memory");
+        if (!s->bytes) {
+            w->out_of_memory = true;
+            return;
+        }
         memcpy(s->bytes, bytes, (size_t)size);
     }
     s->size = size;
@@ -105,6 +109,11 @@ void plan_writer_add_kernels(plan_writer *w, const plan_kernel *kernels, uint32_
     plan_buffer encoded = {0};
     plan_kernels_encode(kernels, count, &encoded);
     plan_writer_section *s = new_section(w, PLAN_SECTION_KERNELS);
+    if (encoded.failed) {
+        plan_buffer_free(&encoded);
+        w->out_of_memory = true;
+        return;
+    }
     s->bytes = encoded.data; /* ownership moves to the writer */
     s->size = encoded.size;
 }
@@ -210,7 +219,11 @@ static bool write_fail(char *error, size_t error_size, const char *path, const c
 static int create_temp(const char *path, char **temp_out) {
     size_t size = strlen(path) + 48;
     char *temp = malloc(size);
-    if (!temp) PLAN_WRITE_DIE("out of memory");
+    *temp_out = NULL;
+    if (!temp) {
+        errno = ENOMEM;
+        return -1;
+    }
     for (unsigned attempt = 0; attempt < PLAN_TEMP_ATTEMPTS; attempt++) {
         snprintf(temp, size, "%s.tmp-%ld-%u", path, (long)getpid(), attempt);
         int fd = open(temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
@@ -229,7 +242,10 @@ static int create_temp(const char *path, char **temp_out) {
 static bool sync_folder(const char *path, int *error_out) {
     const char *slash = strrchr(path, '/');
     char *folder = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    if (!folder) PLAN_WRITE_DIE("out of memory");
+    if (!folder) {
+        *error_out = ENOMEM;
+        return false;
+    }
     int fd = open(folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     free(folder);
     if (fd < 0) {
@@ -288,7 +304,12 @@ static bool write_plan(const plan_writer *w, int fd, uint32_t section_count, pla
     sink.buffer = malloc(PLAN_WRITE_BUFFER);
     sink.section_hash = XXH64_createState();
     sink.content_hash = XXH3_createState();
-    if (!sink.buffer || !sink.section_hash || !sink.content_hash) PLAN_WRITE_DIE("out of memory");
+    if (!sink.buffer || !sink.section_hash || !sink.content_hash) {
+        free(sink.buffer);
+        XXH64_freeState(sink.section_hash);
+        XXH3_freeState(sink.content_hash);
+        return write_fail(error, error_size, path, "out of memory");
+    }
     XXH3_128bits_reset(sink.content_hash);
 
     bool ok = sink_zeros(&sink, header_bytes) &&
@@ -390,11 +411,13 @@ bool plan_write_file(const plan_writer *w, const char *path, plan_write_summary 
     for (int kind = 1; kind <= PLAN_SECTION_KIND_COUNT; kind++)
         section_count += w->sections[kind].present;
 
+    if (w->out_of_memory) return write_fail(error, error_size, path, "out of memory");
     char *temp = NULL;
     int fd = create_temp(path, &temp);
     if (fd < 0) {
         int saved = errno;
-        write_fail(error, error_size, path, "cannot create a temporary file '%s': %s", temp, strerror(saved));
+        write_fail(error, error_size, path, "cannot create a temporary file '%s': %s", temp ? temp : "",
+                   strerror(saved));
         free(temp);
         return false;
     }
@@ -424,6 +447,7 @@ void plan_buffer_free(plan_buffer *b) {
 }
 
 static void buffer_put(plan_buffer *b, const void *bytes, uint64_t size) {
+    if (b->failed) return;
     uint64_t needed;
     if (__builtin_add_overflow(b->size, size, &needed) || needed > SIZE_MAX)
         PLAN_WRITE_DIE("plan buffer: size overflow");
@@ -437,7 +461,10 @@ static void buffer_put(plan_buffer *b, const void *bytes, uint64_t size) {
             capacity *= 2;
         }
         uint8_t *grown = realloc(b->data, capacity);
-        if (!grown) PLAN_WRITE_DIE("out of memory");
+        if (!grown) {
+            b->failed = true;
+            return;
+        }
         b->data = grown;
         b->capacity = capacity;
     }

@@ -59,6 +59,7 @@ typedef struct plan_writer_section {
 typedef struct plan_writer {
     char smelt_version[PLAN_SMELT_VERSION_SIZE];               /* NUL-padded */
     plan_writer_section sections[PLAN_SECTION_KIND_COUNT + 1]; /* by kind; [0] unused */
+    bool out_of_memory; /* a section could not be copied: plan_write_file refuses */
 } plan_writer;
 
 /* What a written plan is; the same values `smelt inspect` prints. */
@@ -87,13 +88,14 @@ bool plan_write_file(const plan_writer *w, const char *path, plan_write_summary 
 typedef struct plan_buffer {
     uint8_t *data;
     size_t size, capacity;
+    bool failed; /* out of memory: later puts do nothing */
 } plan_buffer;
 
 void plan_buffer_free(plan_buffer *b);
 
 /* Appends the KERNELS encoding of kernels[count] to out. A kernel with an
  * empty name, a launch rule dividing by less than 1 or an unknown binary kind
- * is a compiler bug and dies. */
+ * is a compiler bug and dies; out of memory sets out->failed. */
 void plan_kernels_encode(const plan_kernel *kernels, uint32_t count, plan_buffer *out);
 
 #endif

@@ -438,7 +438,10 @@ ref_model *ref_model_create(const ir_module *m, ref_weight_reader read_weight, v
                             diag_engine *d) {
     if (!ir_verify(m, d)) return NULL;
     ref_model *r = calloc(1, sizeof *r);
-    if (!r) SMELT_DIE("out of memory");
+    if (!r) {
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return NULL;
+    }
     r->m = m;
     uint32_t ops = m->op_count ? m->op_count : 1, values = m->value_count ? m->value_count : 1;
     r->attrs = calloc(ops, sizeof *r->attrs);
@@ -446,7 +449,16 @@ ref_model *ref_model_create(const ir_module *m, ref_weight_reader read_weight, v
     r->tensors = calloc(values, sizeof *r->tensors);
     r->persistent = calloc(values, sizeof *r->persistent);
     r->last_use = malloc(values * sizeof *r->last_use);
-    if (!r->attrs || !r->caches || !r->tensors || !r->persistent || !r->last_use) SMELT_DIE("out of memory");
+    if (!r->attrs || !r->caches || !r->tensors || !r->persistent || !r->last_use) {
+        free(r->attrs);
+        free(r->caches);
+        free(r->tensors);
+        free(r->persistent);
+        free(r->last_use);
+        free(r);
+        diag_error(d, SMELT_NO_LOC, "out of memory");
+        return NULL;
+    }
     memset(r->last_use, 0xff, values * sizeof *r->last_use); /* UINT32_MAX: unused */
 
     /* Every check first, reporting every problem; the op checks need the token symbol. */
@@ -543,7 +555,10 @@ static bool run_compute(ref_model *r, uint32_t op, uint32_t n, diag_engine *d) {
         operands[i] = &r->tensors[o->operands[i]];
     /* The op fills an array of results; they are then kept by value id. */
     ref_tensor *results = calloc(o->result_count ? o->result_count : 1, sizeof *results);
-    if (!results) SMELT_DIE("out of memory");
+    if (!results) {
+        diag_error(d, o->loc, "%s: out of memory", op_name(m, op));
+        return false;
+    }
     bool ok = true;
     for (uint32_t i = 0; ok && i < o->result_count; i++)
         ok = tensor_alloc(&results[i], &m->values[o->results[i]].type, n, op_name(m, op), o->loc, d);

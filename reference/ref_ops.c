@@ -82,7 +82,10 @@ bool ref_op_matmul(const ref_call *c) {
     uint64_t inner = x->dims[x->rank - 1], columns = y->dims[y->rank - 1];
     uint64_t rows = inner ? x->count / inner : y->count / (columns ? columns : 1);
     double *sums = malloc((columns ? columns : 1) * sizeof *sums); /* [N], one row of y */
-    if (!sums) SMELT_DIE("out of memory");
+    if (!sums) {
+        diag_error(c->d, c->loc, "matmul: out of memory");
+        return false;
+    }
     for (uint64_t r = 0; r < rows; r++) {
         const float *xr = x->f + r * inner; /* [K] */
         for (uint64_t n = 0; n < columns; n++)

@@ -28,7 +28,10 @@ bool ref_op_rope(const ref_call *c) {
     uint64_t tokens = x->dims[0], heads = x->dims[1], head_dim = x->dims[2];
     uint64_t rotary = c->attrs->rotary_dim ? (uint64_t)c->attrs->rotary_dim : head_dim, half = rotary / 2;
     float *inv_freq = malloc((half ? half : 1) * sizeof *inv_freq); /* [r/2] */
-    if (!inv_freq) SMELT_DIE("out of memory");
+    if (!inv_freq) {
+        diag_error(c->d, c->loc, "rope: out of memory");
+        return false;
+    }
     for (uint64_t i = 0; i < half; i++)
         inv_freq[i] = 1.0f / powf((float)c->attrs->theta, (float)(2 * i) / (float)rotary);
     memcpy(out, x->f, x->count * sizeof(float)); /* the dims >= r */
@@ -174,7 +177,15 @@ bool ref_op_moe(const ref_call *c) {
     bool *taken = calloc(experts ? experts : 1, sizeof(bool));             /* [E] */
     double *hidden = calloc(ffn ? ffn : 1, sizeof(double));                /* [F] */
     double *mixed = calloc(model_dim ? model_dim : 1, sizeof(double));     /* [D] */
-    if (!probabilities || !chosen || !taken || !hidden || !mixed) SMELT_DIE("out of memory");
+    if (!probabilities || !chosen || !taken || !hidden || !mixed) {
+        free(probabilities);
+        free(chosen);
+        free(taken);
+        free(hidden);
+        free(mixed);
+        diag_error(c->d, c->loc, "moe: out of memory");
+        return false;
+    }
 
     for (uint64_t t = 0; t < tokens; t++) {
         const float *xt = x->f + t * model_dim; /* [D] */

@@ -18,3 +18,7 @@ config.environment["SMELT_CACHE_DIR"] = os.path.join(config.test_exec_root, "ker
 config.substitutions.append(("%examples", os.path.join(config.smelt_source_dir, "examples")))
 config.substitutions.append(("%smelt_root", config.smelt_source_dir))
 config.substitutions.append(("%fixtures", os.path.join(config.smelt_test_source_dir, "fixtures")))
+# Sanitized builds (SMELT_SANITIZE) reserve terabytes of shadow memory: tests
+# that run smelt under an address-space limit (ulimit -v) are UNSUPPORTED there.
+if str(getattr(config, "smelt_sanitize", "")).upper() in ("ON", "1", "TRUE", "YES"):
+    config.available_features.add("asan")

@@ -25,14 +25,16 @@
 #include "host_sim.h"
 #include "numeric.h"
 
-#include <cblas.h>
+#include <cblas.h> /* types and constants only: OpenBLAS itself is opened with dlopen */
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 typedef struct host_device {
@@ -242,8 +244,76 @@ static const float *operand_f32(host_device *d, const void *data, smelt_dtype dt
     return f;
 }
 
+/* OpenBLAS, opened when the first GEMM needs it, never linked: commands and
+ * plans without host GEMMs (smelt inspect, a CUDA run) never load it and its
+ * threads. Once per process, and never closed: OpenBLAS starts worker
+ * threads when it loads and does not survive being unloaded and loaded
+ * again. SMELT_OPENBLAS names another library with cblas_sgemm. */
+typedef __typeof__(&cblas_sgemm) sgemm_fn;
+static struct {
+    pthread_once_t once;
+    sgemm_fn sgemm; /* NULL when the library or the symbol is missing */
+    char why[256];  /* then: what went wrong */
+} blas = {.once = PTHREAD_ONCE_INIT};
+
+static void open_blas(void) {
+    const char *override = getenv("SMELT_OPENBLAS");
+    const char *names[] = {"libopenblas.so.0", "libopenblas.so"};
+    void *library = NULL;
+    const char *tried = override && *override ? override : names[0];
+    if (override && *override)
+        library = dlopen(override, RTLD_NOW | RTLD_LOCAL);
+    else
+        for (size_t i = 0; i < sizeof names / sizeof names[0] && !library; i++)
+            library = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!library) {
+        const char *error = dlerror();
+        snprintf(blas.why, sizeof blas.why, "cannot load OpenBLAS (%s: %s)", tried,
+                 error ? error : "not found");
+        return;
+    }
+    *(void **)&blas.sgemm = dlsym(library, "cblas_sgemm");
+    if (!blas.sgemm) snprintf(blas.why, sizeof blas.why, "%s lacks cblas_sgemm", tried);
+}
+
+/* Under an address-space limit (ulimit -v) OpenBLAS is not used: when one of
+ * its mappings fails it retries forever instead of failing, and its shutdown
+ * at exit then waits for that thread. The host device multiplies with
+ * plain_sgemm there instead: slower, but it fails only where malloc does. */
+static bool address_space_limited(void) {
+    struct rlimit limit;
+    return getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY;
+}
+
+/* C[m x n] = A[m x k] B + beta C, row-major; B is [k x n], or [n x k] when
+ * transposed. Sums in double, like the reference interpreter. */
+static void plain_sgemm(int m, int n, int k, const float *a, const float *b, bool b_transposed, float beta,
+                        float *c) {
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double sum = 0.0;
+            for (int p = 0; p < k; p++)
+                sum += (double)a[(size_t)i * k + p] *
+                       (b_transposed ? b[(size_t)j * k + p] : b[(size_t)p * n + j]);
+            float *out = &c[(size_t)i * n + j];
+            *out = (float)sum + (beta != 0.0f ? beta * *out : 0.0f);
+        }
+}
+
+static smelt_status load_blas(rt_error *e) {
+    pthread_once(&blas.once, open_blas);
+    if (blas.sgemm) return SMELT_OK;
+    return rt_fail(e, SMELT_ERROR_UNSUPPORTED,
+                   "%s: the plan's matrix products on the host need it; install OpenBLAS (Debian: "
+                   "libopenblas0) or add its folder to LD_LIBRARY_PATH",
+                   blas.why);
+}
+
 static smelt_status host_gemm(rt_device *device, const rt_gemm_args *g, rt_error *e) {
     host_device *d = as_host(device);
+    bool plain = address_space_limited();
+    smelt_status loaded = plain ? SMELT_OK : load_blas(e);
+    if (loaded != SMELT_OK) return loaded;
     if (g->m > INT_MAX || g->n > INT_MAX || g->k > INT_MAX)
         return rt_fail(e, SMELT_ERROR_UNSUPPORTED, "a %lld x %lld x %lld product exceeds BLAS's int dims",
                        (long long)g->m, (long long)g->n, (long long)g->k);
@@ -268,8 +338,11 @@ static smelt_status host_gemm(rt_device *device, const rt_gemm_args *g, rt_error
             memcpy(c + (size_t)i * n, c, (size_t)n * sizeof *c);
         beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, g->b_transposed ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, k,
-                b, g->b_transposed ? k : n, beta, c, n);
+    if (plain)
+        plain_sgemm(m, n, k, a, b, g->b_transposed, beta, c);
+    else
+        blas.sgemm(CblasRowMajor, CblasNoTrans, g->b_transposed ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a,
+                   k, b, g->b_transposed ? k : n, beta, c, n);
     if (g->dtype_c == SMELT_DTYPE_BF16) {
         uint16_t *out = g->c;
         for (uint64_t i = 0; i < mn; i++)
