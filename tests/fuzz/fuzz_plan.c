@@ -1,7 +1,7 @@
 /* fuzz_plan.c - the plan reader on arbitrary bytes: the container checks,
  * then the kernel table and the launch program of whatever passes them (and
- * the program against the kernel table), the runtime's whole gate (smelt_plan_open_memory), then the `smelt inspect`
- * printout.
+ * the program against the kernel table), the runtime's whole gate (smelt_plan_open_memory), then the `smelt
+ * inspect` printout.
  *
  * A random edit of a section would never get past its checksum, so each
  * input is read twice: as it is (the container checks themselves), then
