@@ -56,8 +56,13 @@ static bool compile_for_cuda(const cg_lowered *l, const cg_plan_options *o, cg_c
                 .want_cubin = true,
                 .want_ptx = o->archs[j] == newest,
             };
-    size_t failed =
-        cg_compile_all(c->jobs, c->job_count, o->jobs, cache, c->results, o->progress, o->progress_user);
+    size_t failed;
+    char error[256];
+    if (!cg_compile_all(c->jobs, c->job_count, o->jobs, cache, c->results, o->progress, o->progress_user,
+                        &failed, error, sizeof error)) {
+        diag_error(d, SMELT_NO_LOC, "compiling the kernels: %s", error);
+        return false;
+    }
     for (size_t i = 0; i < c->job_count; i++) {
         if (!c->results[i].ok)
             diag_error(d, SMELT_NO_LOC, "%s", c->results[i].error);

@@ -46,18 +46,28 @@ typedef struct pool {
     size_t jobs_done;   /* jobs whose group has finished */
 } pool;
 
+/* A job that could not allocate gets this as its error (not malloc'd:
+ * cg_compile_results_free knows it). */
+static char out_of_memory_message[] = "out of memory";
+
+/* Out of memory is a status, never an abort: the workers have no arena
+ * recovery point (arena.h), so this returns NULL and callers report it. A
+ * size that overflows is out of memory too (no real count gets there). */
 static void *allocate(size_t count, size_t size) {
     uint64_t bytes;
-    if (size_mul_overflow(count, size, &bytes)) SMELT_DIE("allocation of %zu x %zu", count, size);
-    void *p = malloc(bytes ? (size_t)bytes : 1);
-    if (!p) SMELT_DIE("out of memory (%zu x %zu bytes)", count, size);
-    return p;
+    if (size_mul_overflow(count, size, &bytes) || bytes > SIZE_MAX) return NULL;
+    return malloc(bytes ? (size_t)bytes : 1);
 }
 
-static char *copy_string(const char *s) {
+/* A copy of s (NULL for NULL); *ok is cleared when out of memory. */
+static char *copy_string(const char *s, bool *ok) {
     if (!s) return NULL;
     size_t n = strlen(s);
     char *p = allocate(n + 1, 1);
+    if (!p) {
+        *ok = false;
+        return NULL;
+    }
     memcpy(p, s, n + 1);
     return p;
 }
@@ -70,7 +80,14 @@ static int compare_keyed(const void *a, const void *b) {
 }
 
 static void compile_one(pool *p, unique_compile *u) {
-    char *error = allocate(ERROR_BUFFER, 1);
+    /* An unusable key means hashing this job ran out of memory; every job
+     * with that key did (so grouping them together is right). */
+    char *error = cg_cache_key_usable(&p->keys[u->job]) ? allocate(ERROR_BUFFER, 1) : NULL;
+    if (!error) {
+        u->result.ok = false;
+        u->result.error = out_of_memory_message;
+        return;
+    }
     error[0] = '\0';
     u->result.ok =
         cg_compile_kernel_cached_with_key(p->cache, &p->jobs[u->job], &p->keys[u->job], &u->result.compiled,
@@ -98,18 +115,25 @@ static void *worker(void *arg) {
     }
 }
 
-/* A deep copy of a successful compile (resources re-parsed from the log). */
-static void copy_compiled(const cg_compiled *from, cg_compiled *to) {
+/* A deep copy of a successful compile (resources re-parsed from the log);
+ * false (and *to empty) when out of memory. */
+static bool copy_compiled(const cg_compiled *from, cg_compiled *to) {
     memset(to, 0, sizeof *to);
+    bool ok = true;
     if (from->cubin) {
         to->cubin = allocate(from->cubin_size, 1);
-        memcpy(to->cubin, from->cubin, from->cubin_size);
-        to->cubin_size = from->cubin_size;
+        ok = to->cubin != NULL;
+        if (ok) {
+            memcpy(to->cubin, from->cubin, from->cubin_size);
+            to->cubin_size = from->cubin_size;
+        }
     }
-    to->ptx = copy_string(from->ptx);
+    to->ptx = copy_string(from->ptx, &ok);
     to->ptx_size = from->ptx_size;
-    to->log = copy_string(from->log);
-    cg_parse_ptxas_log(to->log, &to->resources);
+    to->log = copy_string(from->log, &ok);
+    ok = ok && cg_parse_ptxas_log(to->log, &to->resources);
+    if (!ok) cg_compiled_free(to);
+    return ok;
 }
 
 static unsigned worker_count(unsigned threads, size_t unique_count) {
@@ -122,15 +146,22 @@ static unsigned worker_count(unsigned threads, size_t unique_count) {
     return threads;
 }
 
-/* Groups jobs by key: fills p->keys and p->uniques; group_of[job] = unique index. */
-static void group_jobs(pool *p, size_t count, cg_cache_key *keys, size_t *group_of) {
+/* Groups jobs by key: fills p->keys and p->uniques; group_of[job] = unique
+ * index. False when out of memory (p->uniques is then NULL). */
+static bool group_jobs(pool *p, size_t count, cg_cache_key *keys, size_t *group_of) {
     keyed_job *sorted = allocate(count, sizeof *sorted);
+    p->uniques = allocate(count, sizeof *p->uniques);
+    if (!sorted || !p->uniques) {
+        free(sorted);
+        free(p->uniques);
+        p->uniques = NULL;
+        return false;
+    }
     for (size_t i = 0; i < count; i++) {
         keys[i] = cg_kernel_cache_key(&p->jobs[i]);
         sorted[i] = (keyed_job){keys[i], i};
     }
     qsort(sorted, count, sizeof *sorted, compare_keyed);
-    p->uniques = allocate(count, sizeof *p->uniques);
     p->unique_count = 0;
     for (size_t i = 0; i < count; i++) {
         bool same =
@@ -144,21 +175,36 @@ static void group_jobs(pool *p, size_t count, cg_cache_key *keys, size_t *group_
         group_of[sorted[i].job] = p->unique_count - 1;
     }
     free(sorted);
+    return true;
 }
 
-size_t cg_compile_all(const cg_compile_request *jobs, size_t count, unsigned threads, cg_cache *cache,
-                      cg_compile_result *results, cg_progress_fn progress, void *progress_user) {
-    if (count == 0) return 0;
+bool cg_compile_all(const cg_compile_request *jobs, size_t count, unsigned threads, cg_cache *cache,
+                    cg_compile_result *results, cg_progress_fn progress, void *progress_user,
+                    size_t *failed_out, char *error, size_t error_size) {
+    *failed_out = 0;
+    if (count == 0) return true;
     memset(results, 0, count * sizeof *results);
     cg_cache_key *keys = allocate(count, sizeof *keys);
     size_t *group_of = allocate(count, sizeof *group_of);
     pool p = {.jobs = jobs, .cache = cache, .keys = keys};
-    group_jobs(&p, count, keys, group_of);
+    pthread_t *workers = NULL;
+    unsigned wanted = 0;
+    bool set_up = keys && group_of && group_jobs(&p, count, keys, group_of);
+    if (set_up) {
+        wanted = worker_count(threads, p.unique_count);
+        workers = allocate(wanted, sizeof *workers);
+        set_up = workers != NULL;
+    }
+    if (!set_up) {
+        free(p.uniques);
+        free(group_of);
+        free(keys);
+        if (error && error_size) snprintf(error, error_size, "out of memory");
+        return false;
+    }
     pthread_mutex_init(&p.lock, NULL);
     pthread_cond_init(&p.progressed, NULL);
 
-    unsigned wanted = worker_count(threads, p.unique_count);
-    pthread_t *workers = allocate(wanted, sizeof *workers);
     unsigned started = 0;
     while (started < wanted && pthread_create(&workers[started], NULL, worker, &p) == 0)
         started++;
@@ -189,10 +235,15 @@ size_t cg_compile_all(const cg_compile_request *jobs, size_t count, unsigned thr
         r->ok = u->result.ok;
         r->from_cache = u->result.from_cache;
         r->deduplicated = true;
+        bool copied = true;
         if (r->ok)
-            copy_compiled(&u->result.compiled, &r->compiled);
-        else
-            r->error = copy_string(u->result.error);
+            copied = copy_compiled(&u->result.compiled, &r->compiled);
+        else if (u->result.error != out_of_memory_message)
+            r->error = copy_string(u->result.error, &copied);
+        if (!copied || u->result.error == out_of_memory_message) {
+            r->ok = false;
+            r->error = out_of_memory_message;
+        }
     }
     for (size_t i = 0; i < p.unique_count; i++)
         results[p.uniques[i].job] = p.uniques[i].result;
@@ -204,13 +255,14 @@ size_t cg_compile_all(const cg_compile_request *jobs, size_t count, unsigned thr
     free(p.uniques);
     free(group_of);
     free(keys);
-    return failed;
+    *failed_out = failed;
+    return true;
 }
 
 void cg_compile_results_free(cg_compile_result *results, size_t count) {
     for (size_t i = 0; i < count; i++) {
         cg_compiled_free(&results[i].compiled);
-        free(results[i].error);
+        if (results[i].error != out_of_memory_message) free(results[i].error);
         memset(&results[i], 0, sizeof results[i]);
     }
 }

@@ -4,10 +4,13 @@
  * runs them on `threads` workers, compiles identical jobs (same source,
  * headers, arch and options: the disk cache's key) once, goes through the
  * disk cache when one is given, and returns the results in job order. Every
- * failing job gets its own error; the count of failures is returned.
+ * failing job gets its own error (a job that runs out of memory: "out of
+ * memory"); the count of failures is returned.
  *
  *   cg_compile_result results[n];
- *   size_t failed = cg_compile_all(requests, n, 0, cache, results, print_progress, NULL);
+ *   size_t failed;
+ *   if (!cg_compile_all(requests, n, 0, cache, results, print_progress, NULL, &failed, error, size))
+ *       ... error: the pool could not be set up (out of memory) ...
  *   for (i ...) if (!results[i].ok) fprintf(stderr, "%s\n", results[i].error);
  *   cg_compile_results_free(results, n);
  */
@@ -29,14 +32,17 @@ typedef struct cg_compile_result {
     bool from_cache;      /* the disk cache had it */
     bool deduplicated;    /* an identical earlier job was compiled instead */
     cg_compiled compiled; /* valid when ok; each result owns its copy */
-    char *error;          /* when !ok: the message (malloc'd), else NULL */
+    char *error;          /* when !ok: the message, else NULL (free with cg_compile_results_free) */
 } cg_compile_result;
 
 /* Compiles jobs[0..count) into results[0..count) (job order) on `threads`
- * workers (0: one per online core) and returns how many jobs failed. cache
- * and progress may be NULL. */
-size_t cg_compile_all(const cg_compile_request *jobs, size_t count, unsigned threads, cg_cache *cache,
-                      cg_compile_result *results, cg_progress_fn progress, void *progress_user);
+ * workers (0: one per online core), sets *failed to how many jobs failed and
+ * returns true. cache and progress may be NULL. When the pool itself cannot
+ * be set up (out of memory) it compiles nothing, returns false with a
+ * message in error (may be NULL) and leaves results zeroed (none ok). */
+bool cg_compile_all(const cg_compile_request *jobs, size_t count, unsigned threads, cg_cache *cache,
+                    cg_compile_result *results, cg_progress_fn progress, void *progress_user, size_t *failed,
+                    char *error, size_t error_size);
 void cg_compile_results_free(cg_compile_result *results, size_t count);
 
 #endif

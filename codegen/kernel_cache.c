@@ -78,6 +78,8 @@ static bool key_usable(const cg_cache_key *key) {
     return memcmp(key->bytes, unusable_key.bytes, sizeof key->bytes) != 0;
 }
 
+bool cg_cache_key_usable(const cg_cache_key *key) { return key_usable(key); }
+
 cg_cache_hasher *cg_cache_hasher_begin(cg_cache_kind kind) {
     cg_cache_hasher *h = allocate(sizeof *h);
     if (!h) return &no_memory_hasher;
@@ -514,7 +516,10 @@ static bool compiled_from_entry(const cg_compile_request *req, const cg_cache_en
         cg_compiled_free(out);
         return false;
     }
-    cg_parse_ptxas_log(out->log, &out->resources);
+    if (!cg_parse_ptxas_log(out->log, &out->resources)) {
+        cg_compiled_free(out);
+        return false;
+    }
     return true;
 }
 

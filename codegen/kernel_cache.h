@@ -78,6 +78,9 @@ void cg_cache_hash_bytes(cg_cache_hasher *h, const void *data, size_t size);
 void cg_cache_hash_string(cg_cache_hasher *h, const char *s);
 void cg_cache_hash_u64(cg_cache_hasher *h, uint64_t value);
 cg_cache_key cg_cache_hasher_finish(cg_cache_hasher *h); /* frees h */
+/* False for the key a hasher that ran out of memory gives (the cache
+ * neither loads nor stores it; all such keys are equal). */
+bool cg_cache_key_usable(const cg_cache_key *key);
 
 /* "0f3a..." (32 hex digits and a NUL). */
 void cg_cache_key_hex(const cg_cache_key *key, char out[33]);

@@ -49,14 +49,14 @@ static void set_error(char *error, size_t error_size, const char *fmt, ...) {
     va_end(args);
 }
 
-static void *allocate(size_t size) {
-    void *p = malloc(size ? size : 1);
-    if (!p) SMELT_DIE("out of memory (%zu bytes)", size);
-    return p;
-}
+/* Out of memory is a status here, never an abort: compiles run on the
+ * compile pool's worker threads, which have no arena recovery point (see
+ * arena.h), so these return NULL and every caller reports "out of memory". */
+static void *allocate(size_t size) { return malloc(size ? size : 1); }
 
 static char *copy_text(const char *s, size_t n) {
     char *p = allocate(n + 1);
+    if (!p) return NULL;
     memcpy(p, s, n);
     p[n] = '\0';
     return p;
@@ -182,23 +182,31 @@ static const char *find_in_line(const char *s, const char *end, const char *need
     return NULL;
 }
 
+/* The kernel named [name, name + length), added if new; NULL when out of
+ * memory (the report stays well-formed: every counted kernel has a name). */
 static cg_kernel_resources *add_kernel(cg_resource_report *r, const char *name, size_t length) {
     for (size_t i = 0; i < r->kernel_count; i++)
         if (strlen(r->kernels[i].name) == length && memcmp(r->kernels[i].name, name, length) == 0)
             return &r->kernels[i];
+    /* No overflow: one kernel per line of a log that is in memory. */
     size_t count = r->kernel_count + 1;
+    char *copy = copy_text(name, length);
+    if (!copy) return NULL;
     cg_kernel_resources *grown = realloc(r->kernels, count * sizeof *grown);
-    if (!grown) SMELT_DIE("out of memory");
+    if (!grown) {
+        free(copy);
+        return NULL;
+    }
     r->kernels = grown;
     cg_kernel_resources *k = &r->kernels[r->kernel_count++];
     memset(k, 0, sizeof *k);
-    k->name = copy_text(name, length);
+    k->name = copy;
     return k;
 }
 
-void cg_parse_ptxas_log(const char *log, cg_resource_report *out) {
+bool cg_parse_ptxas_log(const char *log, cg_resource_report *out) {
     memset(out, 0, sizeof *out);
-    if (!log) return;
+    if (!log) return true;
     size_t current = SIZE_MAX;           /* kernel being compiled (an index: the array moves) */
     bool properties_are_current = false; /* the next stack-frame line is that kernel's */
     for (const char *line = log; *line;) {
@@ -214,7 +222,12 @@ void cg_parse_ptxas_log(const char *log, cg_resource_report *out) {
         if (!from_ptxas) {
             /* skipped */
         } else if ((name = quoted_after(line, end, "Compiling entry function ", &name_length))) {
-            current = (size_t)(add_kernel(out, name, name_length) - out->kernels);
+            cg_kernel_resources *k = add_kernel(out, name, name_length);
+            if (!k) {
+                cg_resource_report_free(out);
+                return false;
+            }
+            current = (size_t)(k - out->kernels);
             properties_are_current = false;
         } else if ((name = find_in_line(line, end, "Function properties for "))) {
             name += strlen("Function properties for ");
@@ -234,6 +247,7 @@ void cg_parse_ptxas_log(const char *log, cg_resource_report *out) {
         }
         line = next;
     }
+    return true;
 }
 
 void cg_resource_report_free(cg_resource_report *r) {
@@ -395,12 +409,17 @@ static struct {
     pthread_once_t once;
     int archs[64];
     int count;
-} supported = {PTHREAD_ONCE_INIT, {0}, 0};
+    bool out_of_memory; /* the list could not be read: every compile says so */
+} supported = {PTHREAD_ONCE_INIT, {0}, 0, false};
 
 static void load_supported_archs(void) {
     int count = 0;
     if (!nvrtc_loaded() || nvrtcGetNumSupportedArchs(&count) != NVRTC_SUCCESS || count <= 0) return;
     int *archs = allocate((size_t)count * sizeof *archs);
+    if (!archs) {
+        supported.out_of_memory = true;
+        return;
+    }
     if (nvrtcGetSupportedArchs(archs) == NVRTC_SUCCESS) {
         int kept = count < 64 ? count : 64;
         memcpy(supported.archs, archs, (size_t)kept * sizeof *archs);
@@ -452,11 +471,13 @@ static void set_compile_error(char *error, size_t error_size, const cg_compile_r
     error[used] = '\0';
 }
 
-/* The program log, as a malloc'd string ("" when NVRTC has none). */
+/* The program log, as a malloc'd string ("" when NVRTC has none); NULL
+ * when out of memory. */
 static char *program_log(nvrtcProgram program) {
     size_t size = 0;
     if (nvrtcGetProgramLogSize(program, &size) != NVRTC_SUCCESS || size == 0) return copy_text("", 0);
-    char *log = allocate(size + 1);
+    char *log = size < SIZE_MAX ? allocate(size + 1) : NULL;
+    if (!log) return NULL;
     if (nvrtcGetProgramLog(program, log) != NVRTC_SUCCESS) log[0] = '\0';
     log[size] = '\0';
     return log;
@@ -474,6 +495,10 @@ bool cg_compile_kernel(const cg_compile_request *req, cg_compiled *out, char *er
         return false;
     }
     if (!cg_nvrtc_supports_arch(req->arch)) {
+        if (supported.out_of_memory) {
+            set_error(error, error_size, "kernel '%.*s%s': out of memory", DIAG_NAME(label));
+            return false;
+        }
         char archs[256];
         describe_supported_archs(archs, sizeof archs);
         int major = 0, minor = 0;
@@ -487,6 +512,12 @@ bool cg_compile_kernel(const cg_compile_request *req, cg_compiled *out, char *er
     size_t header_count = req->header_count;
     const char **header_texts = allocate(header_count * sizeof *header_texts);
     const char **header_names = allocate(header_count * sizeof *header_names);
+    if (!header_texts || !header_names) {
+        free(header_texts);
+        free(header_names);
+        set_error(error, error_size, "kernel '%.*s%s': out of memory", DIAG_NAME(label));
+        return false;
+    }
     for (size_t i = 0; i < header_count; i++) {
         header_texts[i] = req->headers[i].text;
         header_names[i] = req->headers[i].name;
@@ -509,6 +540,11 @@ bool cg_compile_kernel(const cg_compile_request *req, cg_compiled *out, char *er
     cg_nvrtc_fixed_options(req, &fixed);
     size_t option_count = fixed.count + req->extra_option_count;
     const char **options = allocate(option_count * sizeof *options);
+    if (!options) {
+        nvrtcDestroyProgram(&program);
+        set_error(error, error_size, "kernel '%.*s%s': out of memory", DIAG_NAME(label));
+        return false;
+    }
     memcpy(options, fixed.options, fixed.count * sizeof *options);
     for (size_t i = 0; i < req->extra_option_count; i++)
         options[fixed.count + i] = req->extra_options[i];
@@ -516,6 +552,11 @@ bool cg_compile_kernel(const cg_compile_request *req, cg_compiled *out, char *er
     free(options);
 
     char *log = program_log(program);
+    if (!log) {
+        nvrtcDestroyProgram(&program);
+        set_error(error, error_size, "kernel '%.*s%s': out of memory", DIAG_NAME(label));
+        return false;
+    }
     if (result != NVRTC_SUCCESS) {
         set_compile_error(error, error_size, req, result, log);
         free(log);
@@ -524,12 +565,16 @@ bool cg_compile_kernel(const cg_compile_request *req, cg_compiled *out, char *er
     }
     out->log = log;
 
-    bool ok = true;
+    bool ok = true, out_of_memory = false;
     if (req->want_cubin) {
         size_t size = 0;
         ok = nvrtcGetCUBINSize(program, &size) == NVRTC_SUCCESS && size > 0;
         if (ok) {
             out->cubin = allocate(size);
+            out_of_memory = !out->cubin;
+            ok = !out_of_memory;
+        }
+        if (ok) {
             out->cubin_size = size;
             ok = nvrtcGetCUBIN(program, (char *)out->cubin) == NVRTC_SUCCESS;
         }
@@ -539,19 +584,27 @@ bool cg_compile_kernel(const cg_compile_request *req, cg_compiled *out, char *er
         ok = nvrtcGetPTXSize(program, &size) == NVRTC_SUCCESS && size > 1;
         if (ok) {
             out->ptx = allocate(size);
+            out_of_memory = !out->ptx;
+            ok = !out_of_memory;
+        }
+        if (ok) {
             ok = nvrtcGetPTX(program, out->ptx) == NVRTC_SUCCESS;
             out->ptx[size - 1] = '\0';
             out->ptx_size = strlen(out->ptx);
         }
     }
     nvrtcDestroyProgram(&program);
+    if (out_of_memory || (ok && !cg_parse_ptxas_log(out->log, &out->resources))) {
+        set_error(error, error_size, "kernel '%.*s%s': out of memory", DIAG_NAME(label));
+        cg_compiled_free(out);
+        return false;
+    }
     if (!ok) {
         set_error(error, error_size, "kernel '%.*s%s': NVRTC compiled it but returned no %s",
                   DIAG_NAME(label), req->want_cubin && !out->cubin_size ? "cubin" : "PTX");
         cg_compiled_free(out);
         return false;
     }
-    cg_parse_ptxas_log(out->log, &out->resources);
     return true;
 }
 

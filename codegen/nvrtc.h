@@ -78,7 +78,7 @@ typedef struct cg_compiled {
 
 /* Compiles req->source. On success fills *out and returns true; on failure
  * returns false with a message in error (naming the kernel and holding the
- * first lines of NVRTC's log) and *out zeroed. */
+ * first lines of NVRTC's log, or saying "out of memory") and *out zeroed. */
 bool cg_compile_kernel(const cg_compile_request *req, cg_compiled *out, char *error, size_t error_size);
 void cg_compiled_free(cg_compiled *c);
 
@@ -101,8 +101,8 @@ void cg_nvrtc_fixed_options(const cg_compile_request *req, cg_fixed_options *out
 
 /* Parses a ptxas -v log ("ptxas info : Used 10 registers, ..."). Lines that
  * are not understood are skipped; a log without ptxas lines gives an empty
- * report. */
-void cg_parse_ptxas_log(const char *log, cg_resource_report *out);
+ * report. Returns false when out of memory (then *out is empty). */
+bool cg_parse_ptxas_log(const char *log, cg_resource_report *out);
 void cg_resource_report_free(cg_resource_report *r);
 /* The report's entry for a kernel name, or NULL. */
 const cg_kernel_resources *cg_resource_find(const cg_resource_report *r, const char *name);
