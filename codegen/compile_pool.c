@@ -46,6 +46,11 @@ typedef struct pool {
     size_t jobs_done;   /* jobs whose group has finished */
 } pool;
 
+/* The allocation helpers are always inlined, so that each call site is a
+ * site of its own to the fault-injection sweep (tools/faultsweep.sh --cuda),
+ * which fails the first allocation at each return address. */
+#define ALWAYS_INLINE __attribute__((always_inline))
+
 /* A job that could not allocate gets this as its error (not malloc'd:
  * cg_compile_results_free knows it). */
 static char out_of_memory_message[] = "out of memory";
@@ -53,14 +58,14 @@ static char out_of_memory_message[] = "out of memory";
 /* Out of memory is a status, never an abort: the workers have no arena
  * recovery point (arena.h), so this returns NULL and callers report it. A
  * size that overflows is out of memory too (no real count gets there). */
-static void *allocate(size_t count, size_t size) {
+static inline ALWAYS_INLINE void *allocate(size_t count, size_t size) {
     uint64_t bytes;
     if (size_mul_overflow(count, size, &bytes) || bytes > SIZE_MAX) return NULL;
     return malloc(bytes ? (size_t)bytes : 1);
 }
 
 /* A copy of s (NULL for NULL); *ok is cleared when out of memory. */
-static char *copy_string(const char *s, bool *ok) {
+static inline ALWAYS_INLINE char *copy_string(const char *s, bool *ok) {
     if (!s) return NULL;
     size_t n = strlen(s);
     char *p = allocate(n + 1, 1);

@@ -49,12 +49,17 @@ static void set_error(char *error, size_t error_size, const char *fmt, ...) {
     va_end(args);
 }
 
+/* The allocation helpers are always inlined, so that each call site is a
+ * site of its own to the fault-injection sweep (tools/faultsweep.sh --cuda),
+ * which fails the first allocation at each return address. */
+#define ALWAYS_INLINE __attribute__((always_inline))
+
 /* Out of memory is a status here, never an abort: compiles run on the
  * compile pool's worker threads, which have no arena recovery point (see
  * arena.h), so these return NULL and every caller reports "out of memory". */
-static void *allocate(size_t size) { return malloc(size ? size : 1); }
+static inline ALWAYS_INLINE void *allocate(size_t size) { return malloc(size ? size : 1); }
 
-static char *copy_text(const char *s, size_t n) {
+static inline ALWAYS_INLINE char *copy_text(const char *s, size_t n) {
     char *p = allocate(n + 1);
     if (!p) return NULL;
     memcpy(p, s, n);
