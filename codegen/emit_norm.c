@@ -41,6 +41,19 @@ static bool require_float_values(cg_emit *e) {
     return true;
 }
 
+/* The rows a norm kernel runs over, as a name part: "" for the usual
+ * [tokens, D] (one row per token), else "_rows" and the leading dims
+ * ("_rowstx8" for Qwen3's q_norm over [tokens, 8, D], "_rows4" for [4, D]).
+ * The kernel's source depends on them (its grid and its comment), so its
+ * name must too: two norms of one width and eps over other rows are two
+ * kernels. */
+static const char *rows_tag(cg_emit *e, const cg_shape *x) {
+    cg_shape rows = *x;
+    rows.rank = (uint8_t)(x->rank - 1);
+    if (rows.rank == 1 && rows.token0) return "";
+    return arena_printf(&e->scratch, "_rows%s", rows.rank == 0 ? "1" : cg_shape_tag(e, &rows));
+}
+
 /* The part every norm kernel shares: parameters, launch, constants and
  * signature. Returns the row width. */
 static int64_t open_norm_kernel(cg_kernel_builder *b, cg_emit *e, const char *name, const char *summary,
@@ -71,8 +84,8 @@ bool cg_emit_rms_norm(cg_emit *e) {
     ir_value_id stored[3] = {cg_operand(e, 0), cg_operand(e, 1), cg_result(e, 0)};
     cg_shape x = cg_shape_of(e, stored[0]);
     double eps = cg_attr_float(e, "eps", 1e-5);
-    const char *name = arena_printf(&e->scratch, "rms_norm_%s_d%lld_eps%s", cg_dtype_tag(e, stored, 3),
-                                    (long long)x.dims[x.rank - 1], cg_float_name(e, eps));
+    const char *name = arena_printf(&e->scratch, "rms_norm_%s_d%lld_eps%s%s", cg_dtype_tag(e, stored, 3),
+                                    (long long)x.dims[x.rank - 1], cg_float_name(e, eps), rows_tag(e, &x));
     cg_kernel_builder b;
     uint32_t p[4];
     open_norm_kernel(&b, e, name,
@@ -105,9 +118,9 @@ bool cg_emit_layer_norm(cg_emit *e) {
                              with_bias ? cg_operand(e, 2) : cg_result(e, 0), cg_result(e, 0)};
     cg_shape x = cg_shape_of(e, stored[0]);
     double eps = cg_attr_float(e, "eps", 1e-5);
-    const char *name =
-        arena_printf(&e->scratch, "layer_norm_%s_d%lld_eps%s%s", cg_dtype_tag(e, stored, with_bias ? 4 : 3),
-                     (long long)x.dims[x.rank - 1], cg_float_name(e, eps), with_bias ? "_bias" : "");
+    const char *name = arena_printf(&e->scratch, "layer_norm_%s_d%lld_eps%s%s%s",
+                                    cg_dtype_tag(e, stored, with_bias ? 4 : 3), (long long)x.dims[x.rank - 1],
+                                    cg_float_name(e, eps), with_bias ? "_bias" : "", rows_tag(e, &x));
     cg_kernel_builder b;
     uint32_t p[4];
     open_norm_kernel(&b, e, name,

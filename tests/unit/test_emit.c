@@ -363,6 +363,43 @@ static void test_concat_split_slice(void **state) {
 
 /* ---- names, storage, lowering kinds, errors ------------------------------------------------ */
 
+/* Norms of one width and eps over other rows (Qwen3's q_norm/k_norm over
+ * [tokens, heads, D] beside the model's [tokens, D] norms) are other kernels:
+ * their sources differ, so their names must. Each runs right. */
+static void test_norms_over_other_rows_are_other_kernels(void **state) {
+    (void)state;
+    emit_case *c = case_new("f32");
+    ir_value_id rows[3] = {case_input(c, "x", "f32[tokens, 32]"), case_input(c, "q", "f32[tokens, 8, 32]"),
+                           case_input(c, "k", "f32[4, 32]")};
+    uint32_t rms[3], layer[3];
+    for (int i = 0; i < 3; i++) {
+        rms[i] = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){rows[i], case_weight(c, "f32[32]")}, 2);
+        assert_true(ir_op_set_float(&c->m, rms[i], "eps", 1e-6));
+        layer[i] = case_op(c, IR_OP_LAYER_NORM, (ir_value_id[]){rows[i], case_weight(c, "f32[32]")}, 2);
+        assert_true(ir_op_set_float(&c->m, layer[i], "eps", 1e-6));
+    }
+    case_infer(c);
+    arena a;
+    arena_init(&a);
+    static const char *const rms_names[3] = {"rms_norm_f32_d32_eps1em06", "rms_norm_f32_d32_eps1em06_rowstx8",
+                                             "rms_norm_f32_d32_eps1em06_rows4"};
+    static const char *const layer_names[3] = {"layer_norm_f32_d32_eps1em06",
+                                               "layer_norm_f32_d32_eps1em06_rowstx8",
+                                               "layer_norm_f32_d32_eps1em06_rows4"};
+    for (int i = 0; i < 3; i++) {
+        cg_group_lowering l;
+        assert_true(case_emit(c, rms[i], &a, &l));
+        assert_string_equal(l.kernels[0].name, rms_names[i]);
+        assert_true(case_emit(c, layer[i], &a, &l));
+        assert_string_equal(l.kernels[0].name, layer_names[i]);
+    }
+    arena_free(&a);
+    case_run(c, rms[1], 3, F32_TOLERANCE);
+    case_run(c, rms[2], 1, F32_TOLERANCE);
+    case_run(c, layer[1], 2, F32_TOLERANCE);
+    case_free(c);
+}
+
 /* Two identical layers give one name and byte-identical sources; their ops
  * texts differ. Another eps is another kernel. */
 static void test_kernels_are_named_by_specialisation(void **state) {
@@ -646,6 +683,7 @@ int main(void) {
         cmocka_unit_test(test_bad_attributes_are_errors),
         cmocka_unit_test(test_sizes_beyond_kernel_limits),
         cmocka_unit_test(test_dtype_without_kernels_is_refused),
+        cmocka_unit_test(test_norms_over_other_rows_are_other_kernels),
         cmocka_unit_test(test_group_without_emitter_is_refused),
     };
     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
