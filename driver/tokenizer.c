@@ -46,6 +46,18 @@ bool drv_tokenizer_json(const char *config_path, const ir_module *m, char **out,
     int32_t bos, eos;
     bool ok = token_id(config, "bos_token_id", vocab, loc, &bos, d);
     ok &= token_id(config, "eos_token_id", vocab, loc, &eos, d);
+    /* The byte tokenizer makes ids 0..255 and BOS/EOS: a vocabulary with more
+     * ids than those belongs to a tokenizer of its own, whose ids bytes would
+     * be read as (a 49,152-token model printed garbage). */
+    uint64_t covered = 256 + (bos >= 256) + (eos >= 256 && eos != bos);
+    if (ok && vocab > covered) {
+        diag_error(
+            d, SMELT_NO_LOC,
+            "--tokenizer bytes covers ids 0..255 and BOS/EOS, %llu ids, but this model's vocabulary has "
+            "%llu: it needs its own tokenizer, which smelt cannot read yet",
+            (unsigned long long)covered, (unsigned long long)vocab);
+        ok = false;
+    }
     json_t *t =
         ok ? json_pack("{s:s, s:I, s:I}", "type", "bytes", "bos", (json_int_t)bos, "eos", (json_int_t)eos)
            : NULL;
