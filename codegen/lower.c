@@ -69,19 +69,19 @@ static bool collect_groups(lowering_state *s) {
             if (op->group == IR_NONE || group_of_value[op->operands[j]] != op->group)
                 reads[op->operands[j]]++;
     }
+    uint32_t **ops = arena_array(a, n, sizeof *ops); /* each group's ops, filled below */
     for (uint32_t g = 0; g < s->step_count; g++) {
         cg_group *group = &s->groups[g];
-        group->ops = arena_array(a, group->op_count ? group->op_count : 1, sizeof *group->ops);
+        ops[g] = arena_array(a, group->op_count ? group->op_count : 1, sizeof *ops[g]);
+        group->ops = ops[g];
         group->op_count = 0;
     }
-    uint32_t *ops; /* writable views of the arrays just made */
     for (uint32_t i = 0; i < m->op_count; i++) {
         const ir_op *op = &m->ops[i];
         if (op->dead || op->step == IR_NONE) continue;
         cg_group *group = &s->groups[op->step];
         group->id = op->group;
-        ops = (uint32_t *)group->ops;
-        ops[group->op_count++] = i;
+        ops[op->step][group->op_count++] = i;
     }
     for (uint32_t g = 0; g < s->step_count; g++) {
         cg_group *group = &s->groups[g];
