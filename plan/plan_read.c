@@ -13,6 +13,8 @@
  */
 #include "plan_read.h"
 
+#include "plan_error.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -32,38 +34,25 @@
  * it is in cache. */
 enum { PLAN_HASH_CHUNK = 1 << 20 };
 
-static bool fail(char *error, size_t error_size, const char *name, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-/* Writes "NAME: message" into error; returns false for `return fail(...)`. */
-static bool fail(char *error, size_t error_size, const char *name, const char *fmt, ...) {
-    if (!error || error_size == 0) return false;
-    int used = snprintf(error, error_size, "%s: ", name ? name : "plan");
-    if (used < 0 || (size_t)used >= error_size) return false;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(error + used, error_size - (size_t)used, fmt, ap);
-    va_end(ap);
-    return false;
-}
-
 /* ---- Header and directory ------------------------------------------------ */
 
 /* Step 1: magic and version, which are at the same place in every version. */
 static bool check_identity(const uint8_t *bytes, size_t size, const char *name, char *error,
                            size_t error_size) {
-    if (size == 0) return fail(error, error_size, name, "empty file: not a smelt plan");
+    if (size == 0) return plan_error(error, error_size, name, "empty file: not a smelt plan");
     size_t magic_bytes = size < PLAN_MAGIC_SIZE ? size : PLAN_MAGIC_SIZE;
     if (memcmp(bytes, PLAN_MAGIC, magic_bytes) != 0)
-        return fail(error, error_size, name, "not a smelt plan (it does not start with '%s')", PLAN_MAGIC);
+        return plan_error(error, error_size, name, "not a smelt plan (it does not start with '%s')",
+                          PLAN_MAGIC);
     if (size < PLAN_AT_FORMAT_VERSION + 4)
-        return fail(error, error_size, name, "truncated (only %zu bytes, less than a plan header): " DAMAGED,
-                    size);
+        return plan_error(error, error_size, name,
+                          "truncated (only %zu bytes, less than a plan header): " DAMAGED, size);
     uint32_t version = plan_get_u32(bytes + PLAN_AT_FORMAT_VERSION);
     if (version != PLAN_FORMAT_VERSION)
-        return fail(error, error_size, name,
-                    "this plan has format version %" PRIu32 " but this smelt reads version %d: " REBUILD,
-                    version, PLAN_FORMAT_VERSION);
+        return plan_error(error, error_size, name,
+                          "this plan has format version %" PRIu32
+                          " but this smelt reads version %d: " REBUILD,
+                          version, PLAN_FORMAT_VERSION);
     return true;
 }
 
@@ -71,23 +60,24 @@ static bool check_identity(const uint8_t *bytes, size_t size, const char *name, 
 static bool check_header(const uint8_t *bytes, size_t size, const char *name, char *error,
                          size_t error_size) {
     if (size < PLAN_HEADER_SIZE)
-        return fail(error, error_size, name, "truncated (only %zu bytes, less than a plan header): " DAMAGED,
-                    size);
+        return plan_error(error, error_size, name,
+                          "truncated (only %zu bytes, less than a plan header): " DAMAGED, size);
     uint32_t count = plan_get_u32(bytes + PLAN_AT_SECTION_COUNT);
     if (count > PLAN_SECTION_KIND_COUNT)
-        return fail(error, error_size, name,
-                    "the header is corrupt (it lists %" PRIu32
-                    " sections; there are only %d kinds): " DAMAGED,
-                    count, PLAN_SECTION_KIND_COUNT);
+        return plan_error(error, error_size, name,
+                          "the header is corrupt (it lists %" PRIu32
+                          " sections; there are only %d kinds): " DAMAGED,
+                          count, PLAN_SECTION_KIND_COUNT);
     size_t header_bytes = PLAN_HEADER_SIZE + (size_t)count * PLAN_DIRECTORY_ENTRY_SIZE;
     if (size < header_bytes)
-        return fail(error, error_size, name,
-                    "truncated (only %zu bytes, less than its header and section directory): " DAMAGED, size);
+        return plan_error(error, error_size, name,
+                          "truncated (only %zu bytes, less than its header and section directory): " DAMAGED,
+                          size);
     uint8_t copy[PLAN_HEADER_SIZE + PLAN_SECTION_KIND_COUNT * PLAN_DIRECTORY_ENTRY_SIZE];
     memcpy(copy, bytes, header_bytes);
     memset(copy + PLAN_AT_HEADER_CHECKSUM, 0, 8);
     if (XXH64(copy, header_bytes, 0) != plan_get_u64(bytes + PLAN_AT_HEADER_CHECKSUM))
-        return fail(error, error_size, name, "the header is corrupt (checksum mismatch): " DAMAGED);
+        return plan_error(error, error_size, name, "the header is corrupt (checksum mismatch): " DAMAGED);
     return true;
 }
 
@@ -95,26 +85,27 @@ static bool check_header(const uint8_t *bytes, size_t size, const char *name, ch
 static bool check_entry(const plan_section_entry *e, uint64_t directory_end, uint64_t file_size,
                         const char *name, char *error, size_t error_size) {
     if (!plan_section_kind_known(e->kind))
-        return fail(error, error_size, name, "has a section of unknown kind %" PRIu32 ": " REBUILD, e->kind);
+        return plan_error(error, error_size, name, "has a section of unknown kind %" PRIu32 ": " REBUILD,
+                          e->kind);
     const char *kind = plan_section_kind_name(e->kind);
     if (e->flags != 0)
-        return fail(error, error_size, name, "section %s has unknown flags 0x%" PRIx32 ": " REBUILD, kind,
-                    e->flags);
+        return plan_error(error, error_size, name, "section %s has unknown flags 0x%" PRIx32 ": " REBUILD,
+                          kind, e->flags);
     uint64_t alignment = plan_section_alignment(e->kind);
     if (e->offset % alignment != 0)
-        return fail(error, error_size, name,
-                    "section %s at offset %" PRIu64 " is not aligned to %" PRIu64 " bytes: " DAMAGED, kind,
-                    e->offset, alignment);
+        return plan_error(error, error_size, name,
+                          "section %s at offset %" PRIu64 " is not aligned to %" PRIu64 " bytes: " DAMAGED,
+                          kind, e->offset, alignment);
     if (e->offset < directory_end)
-        return fail(error, error_size, name,
-                    "section %s at offset %" PRIu64 " overlaps the header and directory: " DAMAGED, kind,
-                    e->offset);
+        return plan_error(error, error_size, name,
+                          "section %s at offset %" PRIu64 " overlaps the header and directory: " DAMAGED,
+                          kind, e->offset);
     uint64_t end;
     if (__builtin_add_overflow(e->offset, e->size, &end) || end > file_size)
-        return fail(error, error_size, name,
-                    "section %s (offset %" PRIu64 ", %" PRIu64
-                    " bytes) runs past the end of the file (%" PRIu64 " bytes): " DAMAGED,
-                    kind, e->offset, e->size, file_size);
+        return plan_error(error, error_size, name,
+                          "section %s (offset %" PRIu64 ", %" PRIu64
+                          " bytes) runs past the end of the file (%" PRIu64 " bytes): " DAMAGED,
+                          kind, e->offset, e->size, file_size);
     return true;
 }
 
@@ -133,8 +124,8 @@ static bool check_layout(const plan_file *plan, uint64_t directory_end, const ch
         const plan_section_entry *e = &plan->sections[i];
         for (uint32_t j = 0; j < i; j++)
             if (plan->sections[j].kind == e->kind)
-                return fail(error, error_size, name, "section %s appears twice: " DAMAGED,
-                            plan_section_kind_name(e->kind));
+                return plan_error(error, error_size, name, "section %s appears twice: " DAMAGED,
+                                  plan_section_kind_name(e->kind));
         uint32_t at = i; /* insertion sort by offset: at most 8 entries */
         while (at > 0 && sorted[at - 1]->offset > e->offset) {
             sorted[at] = sorted[at - 1];
@@ -146,15 +137,16 @@ static bool check_layout(const plan_file *plan, uint64_t directory_end, const ch
     for (uint32_t i = 0; i < n; i++) {
         const plan_section_entry *e = sorted[i];
         if (e->offset < covered)
-            return fail(error, error_size, name, "sections %s and %s overlap: " DAMAGED,
-                        plan_section_kind_name(sorted[i - 1]->kind), plan_section_kind_name(e->kind));
+            return plan_error(error, error_size, name, "sections %s and %s overlap: " DAMAGED,
+                              plan_section_kind_name(sorted[i - 1]->kind), plan_section_kind_name(e->kind));
         if (!zero_bytes(plan->bytes + covered, e->offset - covered))
-            return fail(error, error_size, name, "the padding before section %s is not zero: " DAMAGED,
-                        plan_section_kind_name(e->kind));
+            return plan_error(error, error_size, name, "the padding before section %s is not zero: " DAMAGED,
+                              plan_section_kind_name(e->kind));
         covered = e->offset + e->size;
     }
     if (!zero_bytes(plan->bytes + covered, plan->size - covered))
-        return fail(error, error_size, name, "the padding after the last section is not zero: " DAMAGED);
+        return plan_error(error, error_size, name,
+                          "the padding after the last section is not zero: " DAMAGED);
     return true;
 }
 
@@ -163,7 +155,7 @@ static bool check_contents(const plan_file *plan, const char *name, char *error,
     XXH64_state_t *section_hash = XXH64_createState();
     XXH3_state_t *content_hash = XXH3_createState();
     bool ok = section_hash && content_hash && XXH3_128bits_reset(content_hash) == XXH_OK;
-    if (!ok) fail(error, error_size, name, "out of memory while checking the plan");
+    if (!ok) plan_error(error, error_size, name, "out of memory while checking the plan");
     for (uint32_t i = 0; ok && i < plan->section_count; i++) {
         const plan_section_entry *e = &plan->sections[i];
         const uint8_t *data = plan->bytes + e->offset;
@@ -179,13 +171,14 @@ static bool check_contents(const plan_file *plan, const char *name, char *error,
         plan_put_u64(framing + 4, e->size);
         XXH3_128bits_update(content_hash, framing, sizeof framing);
         if (XXH64_digest(section_hash) != e->checksum)
-            ok = fail(error, error_size, name, "section %s is corrupt (checksum mismatch): " DAMAGED,
-                      plan_section_kind_name(e->kind));
+            ok = plan_error(error, error_size, name, "section %s is corrupt (checksum mismatch): " DAMAGED,
+                            plan_section_kind_name(e->kind));
     }
     if (ok) {
         XXH128_hash_t hash = XXH3_128bits_digest(content_hash);
         if (hash.low64 != plan->content_hash_low || hash.high64 != plan->content_hash_high)
-            ok = fail(error, error_size, name, "the content hash does not match the sections: " DAMAGED);
+            ok =
+                plan_error(error, error_size, name, "the content hash does not match the sections: " DAMAGED);
     }
     XXH64_freeState(section_hash);
     XXH3_freeState(content_hash);
@@ -210,13 +203,14 @@ bool plan_open_bytes(const void *bytes_in, size_t size, const char *name, plan_f
 
     uint64_t file_size = plan_get_u64(bytes + PLAN_AT_FILE_SIZE);
     if (file_size > size)
-        return fail(error, error_size, name,
-                    "truncated (it has %zu bytes but its header says %" PRIu64 "): " DAMAGED, size,
-                    file_size);
+        return plan_error(error, error_size, name,
+                          "truncated (it has %zu bytes but its header says %" PRIu64 "): " DAMAGED, size,
+                          file_size);
     if (file_size < size)
-        return fail(error, error_size, name,
-                    "has %" PRIu64 " bytes after the end its header gives (%" PRIu64 " bytes): " DAMAGED,
-                    (uint64_t)size - file_size, file_size);
+        return plan_error(error, error_size, name,
+                          "has %" PRIu64 " bytes after the end its header gives (%" PRIu64
+                          " bytes): " DAMAGED,
+                          (uint64_t)size - file_size, file_size);
 
     uint64_t directory_end = PLAN_HEADER_SIZE + (uint64_t)plan.section_count * PLAN_DIRECTORY_ENTRY_SIZE;
     for (uint32_t i = 0; i < plan.section_count; i++) {
@@ -241,16 +235,16 @@ bool plan_open(const char *path, plan_file *out, char *error, size_t error_size)
     /* O_NONBLOCK: opening a FIFO must not wait for a writer; it is then
      * refused as not a regular file. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return fail(error, error_size, path, "cannot open: %s", strerror(errno));
+    if (fd < 0) return plan_error(error, error_size, path, "cannot open: %s", strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int saved = errno;
         close(fd);
-        return fail(error, error_size, path, "cannot stat: %s", strerror(saved));
+        return plan_error(error, error_size, path, "cannot stat: %s", strerror(saved));
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return fail(error, error_size, path, "not a regular file: not a smelt plan");
+        return plan_error(error, error_size, path, "not a regular file: not a smelt plan");
     }
     if (st.st_size == 0) {
         close(fd);
@@ -258,13 +252,13 @@ bool plan_open(const char *path, plan_file *out, char *error, size_t error_size)
     }
     if ((uint64_t)st.st_size > SIZE_MAX) {
         close(fd);
-        return fail(error, error_size, path, "too large to map on this machine");
+        return plan_error(error, error_size, path, "too large to map on this machine");
     }
     size_t size = (size_t)st.st_size;
     void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     int saved = errno;
     close(fd); /* the mapping keeps the file */
-    if (map == MAP_FAILED) return fail(error, error_size, path, "cannot map: %s", strerror(saved));
+    if (map == MAP_FAILED) return plan_error(error, error_size, path, "cannot map: %s", strerror(saved));
     if (!plan_open_bytes(map, size, path, out, error, error_size)) {
         munmap(map, size);
         return false;

@@ -9,6 +9,8 @@
  */
 #include "plan_write.h"
 
+#include "plan_error.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -200,20 +202,6 @@ void plan_sink_fail(plan_sink *s, const char *fmt, ...) {
 
 /* ---- Writing the file ---------------------------------------------------- */
 
-static bool write_fail(char *error, size_t error_size, const char *path, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static bool write_fail(char *error, size_t error_size, const char *path, const char *fmt, ...) {
-    if (!error || error_size == 0) return false;
-    int used = snprintf(error, error_size, "%s: ", path);
-    if (used < 0 || (size_t)used >= error_size) return false;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(error + used, error_size - (size_t)used, fmt, ap);
-    va_end(ap);
-    return false;
-}
-
 /* Creates "PATH.tmp-PID-N" beside the destination, so that rename() stays
  * within one file system. Mode 0666 less the umask, like any new file. */
 static int create_temp(const char *path, char **temp_out) {
@@ -275,7 +263,7 @@ static bool write_sections(const plan_writer *w, plan_sink *s, uint8_t *director
                                         : plan_sink_write(s, section->bytes, (size_t)section->size);
         if (s->io_errno) break;
         if (!produced || s->producer_failed)
-            return write_fail(error, error_size, path, "cannot produce section %s: %s",
+            return plan_error(error, error_size, path, "cannot produce section %s: %s",
                               plan_section_kind_name(kind),
                               s->producer_failed ? s->producer_message : "its producer failed");
         uint8_t framing[12];
@@ -291,7 +279,7 @@ static bool write_sections(const plan_writer *w, plan_sink *s, uint8_t *director
         plan_put_u64(entry + PLAN_ENTRY_AT_CHECKSUM, XXH64_digest(s->section_hash));
     }
     if (s->io_errno || !sink_flush(s))
-        return write_fail(error, error_size, path, "cannot write: %s", strerror(s->io_errno));
+        return plan_error(error, error_size, path, "cannot write: %s", strerror(s->io_errno));
     return true;
 }
 
@@ -308,7 +296,7 @@ static bool write_plan(const plan_writer *w, int fd, uint32_t section_count, pla
         free(sink.buffer);
         XXH64_freeState(sink.section_hash);
         XXH3_freeState(sink.content_hash);
-        return write_fail(error, error_size, path, "out of memory");
+        return plan_error(error, error_size, path, "out of memory");
     }
     XXH3_128bits_reset(sink.content_hash);
 
@@ -326,10 +314,10 @@ static bool write_plan(const plan_writer *w, int fd, uint32_t section_count, pla
         plan_put_u64(header + PLAN_AT_HEADER_CHECKSUM, XXH64(header, header_bytes, 0));
         int io_error = 0;
         ok = pwrite_all(fd, header, header_bytes, 0, &io_error);
-        if (!ok) write_fail(error, error_size, path, "cannot write: %s", strerror(io_error));
+        if (!ok) plan_error(error, error_size, path, "cannot write: %s", strerror(io_error));
         if (ok && summary) *summary = (plan_write_summary){sink.file_offset, hash.low64, hash.high64};
     } else if (sink.io_errno) {
-        write_fail(error, error_size, path, "cannot write: %s", strerror(sink.io_errno));
+        plan_error(error, error_size, path, "cannot write: %s", strerror(sink.io_errno));
     }
     free(sink.buffer);
     XXH64_freeState(sink.section_hash);
@@ -411,23 +399,23 @@ bool plan_write_file(const plan_writer *w, const char *path, plan_write_summary 
     for (int kind = 1; kind <= PLAN_SECTION_KIND_COUNT; kind++)
         section_count += w->sections[kind].present;
 
-    if (w->out_of_memory) return write_fail(error, error_size, path, "out of memory");
+    if (w->out_of_memory) return plan_error(error, error_size, path, "out of memory");
     char *temp = NULL;
     int fd = create_temp(path, &temp);
     if (fd < 0) {
         int saved = errno;
-        write_fail(error, error_size, path, "cannot create a temporary file '%s': %s", temp ? temp : "",
+        plan_error(error, error_size, path, "cannot create a temporary file '%s': %s", temp ? temp : "",
                    strerror(saved));
         free(temp);
         return false;
     }
     bool guarded = guard_arm(temp);
     bool ok = write_plan(w, fd, section_count, summary, path, error, error_size);
-    if (ok && fsync(fd) != 0) ok = write_fail(error, error_size, path, "cannot sync: %s", strerror(errno));
-    if (close(fd) != 0 && ok) ok = write_fail(error, error_size, path, "cannot write: %s", strerror(errno));
+    if (ok && fsync(fd) != 0) ok = plan_error(error, error_size, path, "cannot sync: %s", strerror(errno));
+    if (close(fd) != 0 && ok) ok = plan_error(error, error_size, path, "cannot write: %s", strerror(errno));
     if (ok) test_pause();
     if (ok && rename(temp, path) != 0)
-        ok = write_fail(error, error_size, path, "cannot rename '%s' to it: %s", temp, strerror(errno));
+        ok = plan_error(error, error_size, path, "cannot rename '%s' to it: %s", temp, strerror(errno));
     if (!ok) unlink(temp);
     /* Only now: a signal after the rename unlinks a name that no longer
      * exists, which is harmless; one before it must remove the temporary. */
@@ -435,7 +423,7 @@ bool plan_write_file(const plan_writer *w, const char *path, plan_write_summary 
     free(temp);
     int io_error = 0;
     if (ok && !sync_folder(path, &io_error))
-        ok = write_fail(error, error_size, path, "cannot sync its folder: %s", strerror(io_error));
+        ok = plan_error(error, error_size, path, "cannot sync its folder: %s", strerror(io_error));
     return ok;
 }
 
