@@ -101,29 +101,6 @@ static bool compile_for_host(const cg_lowered *l, cg_cache *cache, compiled_kern
 static plan_affine affine_of(prog_affine f) { return (plan_affine){f.a, f.b, f.c}; }
 
 /* The kernel table: sources, launch rules, per-arch resources and binaries. */
-/* What kernel `kernel` touches through each parameter, as the kernel table
- * declares it: the arguments of its first launch (lower.c gives every launch
- * of one kernel the same, since they follow from the kernel's source). */
-static void declare_params(const program *p, uint32_t kernel, plan_kernel *out) {
-    for (uint32_t i = 0; i < p->instr_count; i++) {
-        const prog_instr *in = &p->instrs[i];
-        if (in->op != PROG_OP_LAUNCH || in->as.launch.kernel != kernel) continue;
-        const prog_launch *l = &in->as.launch;
-        out->param_count = l->arg_count;
-        for (uint32_t a = 0; a < l->arg_count; a++) {
-            const prog_arg *arg = &l->args[a];
-            bool pointer = arg->kind == PROG_ARG_POINTER;
-            out->params[a] = (plan_kernel_param){
-                .kind = arg->kind,
-                .extent = pointer ? (plan_affine){arg->extent.a, arg->extent.b, arg->extent.c}
-                                  : (plan_affine){0, 0, 1},
-                .writes = pointer && arg->writes,
-            };
-        }
-        return;
-    }
-}
-
 static void add_kernel_table(const cg_lowered *l, const cg_plan_options *o, const compiled_kernels *c,
                              plan_writer *w, arena *a) {
     plan_kernel *kernels = arena_array(a, l->kernel_count ? l->kernel_count : 1, sizeof *kernels);
@@ -139,7 +116,7 @@ static void add_kernel_table(const cg_lowered *l, const cg_plan_options *o, cons
             p->launch.block[axis] = (plan_affine){0, k->rule.block[axis], 1};
         }
         p->launch.dynamic_shared_bytes = k->rule.dynamic_shared_bytes;
-        declare_params(&l->program, i, p);
+        program_declare_params(&l->program, i, p);
         plan_kernel_resources *resources =
             arena_array(a, o->arch_count ? o->arch_count : 1, sizeof *resources);
         plan_kernel_binary *binaries = arena_array(a, o->arch_count + 1, sizeof *binaries);

@@ -761,6 +761,27 @@ static bool check_declared_arguments(const prog_launch *l, const plan_kernel *k,
     return true;
 }
 
+void program_declare_params(const program *p, uint32_t kernel, plan_kernel *out) {
+    out->param_count = 0;
+    for (uint32_t i = 0; i < p->instr_count; i++) {
+        const prog_instr *in = &p->instrs[i];
+        if (in->op != PROG_OP_LAUNCH || in->as.launch.kernel != kernel) continue;
+        const prog_launch *l = &in->as.launch;
+        out->param_count = l->arg_count;
+        for (uint32_t a = 0; a < l->arg_count; a++) {
+            const prog_arg *arg = &l->args[a];
+            bool pointer = arg->kind == PROG_ARG_POINTER;
+            out->params[a] = (plan_kernel_param){
+                .kind = arg->kind,
+                .extent = pointer ? (plan_affine){arg->extent.a, arg->extent.b, arg->extent.c}
+                                  : (plan_affine){0, 0, 1},
+                .writes = pointer && arg->writes,
+            };
+        }
+        return;
+    }
+}
+
 bool program_check_plan(const program *p, const plan_kernel *kernels, uint32_t kernel_count,
                         uint64_t weight_data_size, char *error, size_t error_size) {
     bool ok = true;

@@ -175,12 +175,19 @@ struct plan_kernel;
  * kernel exists (kernel_count entries of `kernels`, the plan's kernel table),
  * each launch's grid, block and dynamic shared memory are the kernel table's
  * launch rule for that kernel (the kernel is generated to be safe for exactly
- * that rule), all launches of one kernel pass the same kinds of arguments
- * with the same extents, and every weight stored in the plan lies inside the
+ * that rule), every launch passes exactly the parameters its kernel declares
+ * (kind, extent, access: plan_kernel.params), and every weight stored in the plan lies inside the
  * WEIGHT_DATA section (weight_data_size bytes) at an offset aligned to its
  * element size. */
 bool program_check_plan(const program *p, const struct plan_kernel *kernels, uint32_t kernel_count,
                         uint64_t weight_data_size, char *error, size_t error_size);
+
+/* Fills out->param_count and out->params with what kernel `kernel` touches
+ * through each parameter, as its first launch in p passes it: what the
+ * writer of a plan declares in the kernel table (every launch of a kernel
+ * passes the same, since it follows from the kernel's source). Leaves no
+ * parameters when p never launches the kernel. */
+void program_declare_params(const program *p, uint32_t kernel, struct plan_kernel *out);
 
 /* Frees what program_decode allocated and zeroes *p. */
 void program_free(program *p);

@@ -305,26 +305,6 @@ typedef struct toy_plan_options {
     int64_t max_positions;
 } toy_plan_options;
 
-/* What kernel `index` declares in the kernel table: its first launch's
- * arguments, as codegen/compile_plan.c declares them. */
-static void declare_params(plan_kernel *k, uint32_t index, const program *p) {
-    k->param_count = 0;
-    for (uint32_t i = 0; i < p->instr_count; i++) {
-        const prog_instr *in = &p->instrs[i];
-        if (in->op != PROG_OP_LAUNCH || in->as.launch.kernel != index) continue;
-        k->param_count = in->as.launch.arg_count;
-        for (uint32_t a = 0; a < k->param_count; a++) {
-            const prog_arg *arg = &in->as.launch.args[a];
-            bool pointer = arg->kind == PROG_ARG_POINTER;
-            k->params[a] = (plan_kernel_param){
-                arg->kind,
-                pointer ? (plan_affine){arg->extent.a, arg->extent.b, arg->extent.c} : (plan_affine){0, 0, 1},
-                pointer && arg->writes};
-        }
-        return;
-    }
-}
-
 static void write_toy_plan(const char *path, const toy_plan_options *o) {
     toy_program t;
     if (o->rich)
@@ -350,7 +330,7 @@ static void write_toy_plan(const char *path, const toy_plan_options *o) {
         kernels[k].launch.grid[1] = kernels[k].launch.grid[2] = (plan_affine){0, 1, 1};
         kernels[k].launch.block[0] = (plan_affine){0, 32, 1};
         kernels[k].launch.block[1] = kernels[k].launch.block[2] = (plan_affine){0, 1, 1};
-        declare_params(&kernels[k], (uint32_t)k, &t.p);
+        program_declare_params(&t.p, (uint32_t)k, &kernels[k]);
         memset(&ptx[k], 0, sizeof ptx[k]);
         if (o->cuda_binaries) {
             toy_ptx_make(&ptx[k], sources[k], names[k]);
@@ -661,7 +641,7 @@ static void test_program_decode_refuses_lies(void **state) {
     kernel.launch.grid[1] = kernel.launch.grid[2] = (plan_affine){0, 1, 1};
     kernel.launch.block[0] = (plan_affine){0, 32, 1};
     kernel.launch.block[1] = kernel.launch.block[2] = (plan_affine){0, 1, 1};
-    declare_params(&kernel, 0, &t.p);
+    program_declare_params(&t.p, 0, &kernel);
     assert_true(program_check_plan(&t.p, &kernel, 1, 192, error, sizeof error));
     assert_false(program_check_plan(&t.p, &kernel, 0, 192, error, sizeof error));
     assert_non_null(strstr(error, "instruction 0 launches kernel 0 but the plan has 0 kernels"));
