@@ -159,6 +159,20 @@ bool cli_parse_count(const cli_args *a, const char *text, unsigned *out) {
     return true;
 }
 
+int cli_lowering_option(cli_args *a, drv_lowering *o) {
+    const char *value;
+    unsigned tokens;
+    if (cli_flag_value(a, "--precision", &value)) {
+        if (!value || !cli_parse_precision(a, value, &o->precision)) return CLI_USAGE_ERROR;
+    } else if (cli_flag_value(a, "--max-step-tokens", &value)) {
+        if (!value || !cli_parse_count(a, value, &tokens)) return CLI_USAGE_ERROR;
+        o->max_step_tokens = tokens;
+    } else {
+        return CLI_NOT_MINE;
+    }
+    return CLI_OK;
+}
+
 int cli_model_option(cli_args *a, drv_model_options *o) {
     const char *value;
     if (cli_flag_value(a, "--config", &value)) {

@@ -51,6 +51,10 @@ bool cli_parse_count(const cli_args *a, const char *text, unsigned *out);
  * or CLI_USAGE_ERROR after a message, or CLI_NOT_MINE. */
 enum { CLI_NOT_MINE = -2 };
 int cli_model_option(cli_args *a, drv_model_options *o);
+/* Consumes one of the lowering passes' options that `smelt ir` and `smelt opt`
+ * take (--precision, --max-step-tokens): CLI_OK, CLI_USAGE_ERROR after a
+ * message, or CLI_NOT_MINE. */
+int cli_lowering_option(cli_args *a, drv_lowering *o);
 /* A plan's params, precision and tokenizer were fixed when it was compiled:
  * false (after a usage message) when o->model_path is a plan and one of
  * --config, --set, --precision or --tokenizer was given. */

@@ -27,7 +27,7 @@ typedef struct ir_command {
     const char *print_after;
     const char *output_path;
     drv_ir_format format;
-    unsigned max_errors, max_step_tokens;
+    unsigned max_errors;
     drv_lowering lowering;
     drv_source_options source;
 } ir_command;
@@ -39,6 +39,9 @@ static int parse_arguments(int argc, char **argv, ir_command *c) {
     c->after = "infer-shapes";
     c->max_errors = 20;
     while (a.index < a.argc) {
+        int lowering_status = cli_lowering_option(&a, &c->lowering);
+        if (lowering_status == CLI_USAGE_ERROR) return CLI_USAGE_ERROR;
+        if (lowering_status == CLI_OK) continue;
         if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
             fputs(usage, stdout);
             return CLI_HELP_SHOWN;
@@ -54,11 +57,6 @@ static int parse_arguments(int argc, char **argv, ir_command *c) {
         } else if (cli_flag_value(&a, "--print-ir-after", &value)) {
             if (!value) return CLI_USAGE_ERROR;
             c->print_after = value;
-        } else if (cli_flag_value(&a, "--precision", &value)) {
-            if (!value || !cli_parse_precision(&a, value, &c->lowering.precision)) return CLI_USAGE_ERROR;
-        } else if (cli_flag_value(&a, "--max-step-tokens", &value)) {
-            if (!value || !cli_parse_count(&a, value, &c->max_step_tokens)) return CLI_USAGE_ERROR;
-            c->lowering.max_step_tokens = c->max_step_tokens;
         } else if (cli_flag_value(&a, "--format", &value)) {
             if (!value || !cli_parse_format(&a, value, &c->format)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "-o", &value)) {
