@@ -22,14 +22,8 @@ limit=${FAULT_TIMEOUT:-120}
 mkdir -p "$work"
 rm -f "$work"/*.ir "$work"/*.sites "$work"/*.err "$work"/*.out "$work"/*.report "$work"/*.plan "$work"/*.injected "$work"/failures
 
-# Sanitizer reports get exit statuses of their own, never 1.
-ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}:verify_asan_link_order=0:exitcode=86:abort_on_error=0
-LSAN_OPTIONS=exitcode=87
-UBSAN_OPTIONS=exitcode=88:halt_on_error=1:print_stacktrace=1
-export ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS
-export SMELT_CACHE_DIR="$work/kernel-cache"
-FAILMALLOC_EXE=$smelt
-export FAILMALLOC_EXE
+# shellcheck source=environment.sh
+. "$root/tests/fault/environment.sh"
 
 compile_args="compile $root/examples/llama.smelt --config $root/tests/fixtures/llama/config.json
  --weights $root/tests/fixtures/llama/model.safetensors --target host"
