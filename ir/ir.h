@@ -288,6 +288,11 @@ bool ir_type_bytes(const ir_module *m, const ir_type *t, int32_t token_symbol, i
  * weight, const, output) and views (IR_OPF_VIEW: reshape) do not; nor do
  * dead ops. */
 bool ir_op_launches(const ir_module *m, uint32_t op);
+/* The view root of every value: the value whose buffer it is — itself, or
+ * the operand at the end of the chain of views (IR_OPF_VIEW: reshape) that
+ * defines it. value_count entries, malloc'd (the caller frees); NULL when
+ * out of memory. */
+ir_value_id *ir_view_roots(const ir_module *m);
 
 /* Checks the invariants of the module; reports every violation. */
 bool ir_verify(const ir_module *m, diag_engine *d);

@@ -259,6 +259,19 @@ bool ir_op_launches(const ir_module *m, uint32_t op) {
     return strcmp(info->family, "decl") != 0 && !(info->flags & IR_OPF_VIEW);
 }
 
+ir_value_id *ir_view_roots(const ir_module *m) {
+    ir_value_id *root = malloc((m->value_count ? m->value_count : 1) * sizeof *root);
+    if (!root) return NULL;
+    for (ir_value_id v = 0; v < m->value_count; v++)
+        root[v] = v;
+    for (uint32_t i = 0; i < m->op_count; i++) { /* operands are defined before their users */
+        const ir_op *op = &m->ops[i];
+        if (!op->dead && (ir_op_info_of(op->kind)->flags & IR_OPF_VIEW) && op->operand_count >= 1)
+            root[op->results[0]] = root[op->operands[0]];
+    }
+    return root;
+}
+
 bool ir_type_max_elements(const ir_module *m, const ir_type *t, uint64_t *out) {
     uint64_t n = 1;
     for (unsigned i = 0; i < t->rank; i++) {

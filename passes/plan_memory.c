@@ -160,14 +160,11 @@ static bool check_scheduled(const ir_module *m, diag_engine *d) {
 
 static void compute_liveness(memory_state *s) {
     const ir_module *m = s->m;
-    for (ir_value_id v = 0; v < m->value_count; v++) {
-        s->root[v] = v;
+    for (ir_value_id v = 0; v < m->value_count; v++)
         s->last_read[v] = NEVER_READ;
-    }
     for (uint32_t i = 0; i < m->op_count; i++) {
         const ir_op *op = &m->ops[i];
         if (op->dead) continue;
-        if (ir_op_info_of(op->kind)->flags & IR_OPF_VIEW) s->root[op->results[0]] = s->root[op->operands[0]];
         uint32_t when = op->kind == IR_OP_OUTPUT ? READ_UNTIL_END : op->step;
         if (when == IR_NONE) continue; /* views and declarations read nothing at run time */
         for (uint32_t j = 0; j < op->operand_count; j++) {
@@ -222,7 +219,7 @@ bool pass_plan_memory(ir_module *m, const pass_options *o, diag_engine *d) {
     }
     int64_t bound = m->symbols[s.token_symbol].bound, wanted = o ? o->max_tokens : 0;
     m->planned_tokens = wanted <= 0 || wanted > bound ? bound : wanted;
-    s.root = malloc((m->value_count ? m->value_count : 1) * sizeof *s.root);
+    s.root = ir_view_roots(m);
     s.last_read = malloc((m->value_count ? m->value_count : 1) * sizeof *s.last_read);
     bool ok = s.root && s.last_read;
     if (!ok) diag_error(d, SMELT_NO_LOC, "out of memory planning %u values", m->value_count);

@@ -23,21 +23,6 @@
 
 static const char *const policies[] = {"f32", "bf16"};
 
-/* The view root of every value: the value whose buffer it is (itself, or
- * the operand of the chain of reshapes that defines it). Caller frees. */
-static ir_value_id *view_roots(const ir_module *m) {
-    ir_value_id *root = malloc((m->value_count ? m->value_count : 1) * sizeof *root);
-    if (!root) return NULL;
-    for (ir_value_id v = 0; v < m->value_count; v++)
-        root[v] = v;
-    for (uint32_t i = 0; i < m->op_count; i++) { /* operands are defined before their users */
-        const ir_op *op = &m->ops[i];
-        if (!op->dead && (ir_op_info_of(op->kind)->flags & IR_OPF_VIEW) && op->operand_count >= 1)
-            root[op->results[0]] = root[op->operands[0]];
-    }
-    return root;
-}
-
 bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
     const char *policy = o && o->precision ? o->precision : "f32";
     bool bf16 = strcmp(policy, "bf16") == 0;
@@ -46,7 +31,7 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
                    policies[0], policies[1]);
         return false;
     }
-    ir_value_id *root = view_roots(m);
+    ir_value_id *root = ir_view_roots(m);
     bool *read_by_output = calloc(m->value_count ? m->value_count : 1, sizeof *read_by_output);
     if (!root || !read_by_output) {
         free(root);
