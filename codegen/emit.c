@@ -130,15 +130,10 @@ void cg_text_comment_safe(cg_text *t, const char *s) {
 
 /* ---- storage dtypes ------------------------------------------------------------------ */
 
-/* The dtypes kernels can load and store today. */
-static bool has_kernels_for(smelt_dtype t) {
-    return t == SMELT_DTYPE_F32 || t == SMELT_DTYPE_BF16 || t == SMELT_DTYPE_I32;
-}
-
 smelt_dtype cg_storage_dtype(const ir_module *m, ir_value_id v) {
     if (v >= m->value_count) SMELT_DIE("value %u out of range", v);
     smelt_dtype t = m->values[v].type.dtype;
-    if (!has_kernels_for(t))
+    if (!program_dtype_stored(t))
         SMELT_DIE("value %u has dtype %s, which check_value refuses", v, smelt_dtype_name(t));
     return t;
 }
@@ -190,7 +185,7 @@ static bool check_value(cg_emit *e, ir_value_id v, const char *role, uint32_t in
         return false;
     }
     const ir_type *t = &e->m->values[v].type;
-    if (!has_kernels_for(t->dtype)) {
+    if (!program_dtype_stored(t->dtype)) {
         diag_error(
             e->d, e->ir->loc,
             "codegen has no kernels for %s values yet (%s %u of '%s'); kernels exist for f32, bf16 and "

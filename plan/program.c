@@ -68,8 +68,7 @@ enum {
     ENCODED_INSTR_MIN = 1 + 4 + 4,
 };
 
-/* The dtypes a program may store in a buffer today. */
-static bool program_dtype_stored(uint8_t dtype) {
+bool program_dtype_stored(uint8_t dtype) {
     return dtype == SMELT_DTYPE_F32 || dtype == SMELT_DTYPE_BF16 || dtype == SMELT_DTYPE_I32;
 }
 
