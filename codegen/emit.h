@@ -64,6 +64,14 @@ typedef struct cg_kernel {
     uint32_t param_count;
     cg_param params[PROG_MAX_ARGS]; /* in the order of the kernel's arguments */
     prog_launch_rule rule;          /* grid affine in T, block, dynamic shared bytes */
+    /* The modeled DRAM traffic and flops of one launch (program.h, "The cost
+     * model"). NULL: codegen/lower.c derives it from the parameters
+     * (program_launch_cost: each extent once, KV caches by rows), which is
+     * right for a kernel that touches each byte of its arguments once. An
+     * emitter whose kernel does otherwise (gathers rows, re-reads a buffer
+     * per block) or computes much (attention) points this at its own cost,
+     * in the arena of the kernel's strings, after cg_kernel_end. */
+    const prog_cost *cost;
 } cg_kernel;
 
 typedef enum cg_lowering_kind {

@@ -266,6 +266,55 @@ static void emit_attend(cg_emit *e, const attention_shape *s) {
     cg_kernel_end(&b);
 }
 
+static prog_poly poly_scaled(prog_poly f, double k) {
+    return (prog_poly){f.constant * k, f.per_token * k, f.per_context * k, f.per_token_context * k,
+                       f.per_token_squared * k};
+}
+
+static prog_poly poly_sum(prog_poly f, prog_poly g) {
+    return (prog_poly){f.constant + g.constant, f.per_token + g.per_token, f.per_context + g.per_context,
+                       f.per_token_context + g.per_token_context, f.per_token_squared + g.per_token_squared};
+}
+
+/* The modeled cost of one launch of the attention kernel (program.h, "The
+ * cost model"; the default would read each KV row once). Each (token, query
+ * head) block reads its query row and pos, the written flag of every
+ * position it scans and the key and value rows of its kv head at each
+ * position it attends, and writes its output row: a KV head is read once per
+ * query head of its group, nothing is shared. Causal: the q rows R = aT + b
+ * (tokens at positions C ...) attend R C + R (R + 1) / 2 positions in all;
+ * not causal: every written position, R (C + R), while scanning all MAX_SEQ
+ * flags. A window only shortens this, which the model ignores (an upper
+ * bound). Flops: 2 (D + Dv) per (query head, position), on CUDA cores. */
+static const prog_cost *attend_cost(cg_emit *e, const attention_shape *s) {
+    double a = (double)s->tokens.per_token, b = (double)s->tokens.constant;
+    double heads = (double)s->query_heads, d = (double)s->head_dim, dv = (double)s->value_dim;
+    prog_poly attended = s->causal ? (prog_poly){.constant = (b * b + b) / 2,
+                                                 .per_token = a * b + a / 2,
+                                                 .per_context = b,
+                                                 .per_token_context = a,
+                                                 .per_token_squared = a * a / 2}
+                                   : (prog_poly){.constant = b * b,
+                                                 .per_token = 2 * a * b,
+                                                 .per_context = b,
+                                                 .per_token_context = a,
+                                                 .per_token_squared = a * a};
+    prog_poly scanned =
+        s->causal ? attended : (prog_poly){.constant = b * s->max_seq, .per_token = a * s->max_seq};
+    double kv_row =
+        d * smelt_dtype_element_bytes(s->key_dtype) + dv * smelt_dtype_element_bytes(s->value_dtype);
+    double flag = smelt_dtype_element_bytes(SMELT_DTYPE_I32);
+    double q_row = heads * (d * smelt_dtype_element_bytes(cg_storage_dtype(e->m, cg_operand(e, 0))) +
+                            smelt_dtype_element_bytes(cg_storage_dtype(e->m, cg_operand(e, 3))));
+    double out_row = heads * dv * smelt_dtype_element_bytes(cg_storage_dtype(e->m, cg_result(e, 0)));
+    prog_cost *cost = arena_alloc(e->a, sizeof *cost);
+    cost->read = poly_sum(poly_sum(poly_scaled(attended, heads * kv_row), poly_scaled(scanned, heads * flag)),
+                          (prog_poly){.constant = b * q_row, .per_token = a * q_row});
+    cost->written = (prog_poly){.constant = b * out_row, .per_token = a * out_row};
+    cost->flops = poly_scaled(attended, heads * 2 * (d + dv));
+    return cost;
+}
+
 bool cg_emit_attention(cg_emit *e) {
     attention_shape s;
     if (!read_shape(e, &s)) return false;
@@ -285,5 +334,6 @@ bool cg_emit_attention(cg_emit *e) {
     }
     emit_kv_write(e, &s);
     emit_attend(e, &s);
+    e->out->kernels[e->out->kernel_count - 1].cost = attend_cost(e, &s);
     return true;
 }

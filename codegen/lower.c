@@ -279,12 +279,18 @@ static bool build_program(lowering_state *s) {
             p->state_rows[s->state_base[g] + st] = lo->state_rows[st];
         }
         if (lo->kind == CG_LOWER_GEMM) {
-            p->instrs[p->instr_count].ir_op = first;
-            ok = build_gemm(s, first, &p->instrs[p->instr_count++]) && ok;
+            prog_instr *instr = &p->instrs[p->instr_count++];
+            instr->ir_op = first;
+            ok = build_gemm(s, first, instr) && ok;
+            instr->cost = program_gemm_cost(&instr->as.gemm);
         } else if (lo->kind == CG_LOWER_KERNELS) {
             for (uint32_t k = 0; k < lo->kernel_count; k++) {
-                p->instrs[p->instr_count].ir_op = first;
-                ok = build_launch(s, g, &lo->kernels[k], &p->instrs[p->instr_count++]) && ok;
+                prog_instr *instr = &p->instrs[p->instr_count++];
+                instr->ir_op = first;
+                ok = build_launch(s, g, &lo->kernels[k], instr) && ok;
+                /* The emitter's own model, or each byte of each argument once. */
+                instr->cost =
+                    lo->kernels[k].cost ? *lo->kernels[k].cost : program_launch_cost(p, &instr->as.launch);
             }
         }
     }

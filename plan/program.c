@@ -18,14 +18,18 @@
  *                                         affine extent, u8 writes;
  *                                         INT: i64 value; TOKENS: nothing}
  *     GEMM:   affine m, i64 n, i64 k, u8 dtype_a, dtype_b, dtype_c,
- *             dtype_bias, u8 b_transposed, u8 has_bias, ref a, b, c, bias}
+ *             dtype_bias, u8 b_transposed, u8 has_bias, ref a, b, c, bias;
+ *     then the cost: 3 x poly (read, written, flops), u8 tensor_cores}
+ *   a poly: 5 x f64 {constant, per_token, per_context, per_token_context,
+ *           per_token_squared}, each as the u64 of its IEEE-754 bits
  *
  * Nothing may follow the last instruction. A pointer's extent is the bytes
  * from its ref that the kernel may read or write at T tokens, as codegen
  * derived it from the parameter's type and storage dtype (a state buffer:
  * its whole size); `writes` says whether the kernel stores through it. A
  * state's rows are the positions of a KV cache (0: not indexed by position).
- * Version 3 added extents, writes, state rows and id_table.
+ * Version 3 added extents, writes, state rows and id_table; version 4 the
+ * modeled cost of each instruction (program.h, "The cost model").
  *
  * What decoding checks (the executor relies on every item):
  *   - counts against the bytes left (no allocation a short section cannot
@@ -43,7 +47,9 @@
  *     its element, and the GEMM writes only the arena or a state buffer;
  *   - bounds against what they size: id_bound >= 1 and at most the rows of
  *     the id_table weight (when there is one); max_positions in [1, rows] of
- *     every state indexed by position, whose bytes are a whole number of rows.
+ *     every state indexed by position, whose bytes are a whole number of rows;
+ *   - every cost coefficient finite, >= 0 and <= PROGRAM_COST_COEFFICIENT_LIMIT
+ *     (no NaN, no negative cost, no overflow), the tensor-core flag 0 or 1.
  * program_check_plan adds what needs the rest of the plan: kernel indices,
  * launch rules equal to the kernel table's, and weight data offsets.
  */
@@ -65,7 +71,8 @@ enum {
      * can be checked against the bytes left before anything is allocated. */
     ENCODED_STATE_MIN = 16,
     ENCODED_WEIGHT_MIN = 8 + 1 + 1 + 4 + 8 + 8,
-    ENCODED_INSTR_MIN = 1 + 4 + 4,
+    ENCODED_COST = 3 * 5 * 8 + 1,
+    ENCODED_INSTR_MIN = 1 + 4 + 4 + ENCODED_COST,
 };
 
 bool program_dtype_stored(uint8_t dtype) {
@@ -173,6 +180,27 @@ static void put_gemm(byte_writer *w, const prog_gemm *g) {
     put_ref(w, g->bias);
 }
 
+static void put_f64(byte_writer *w, double v) {
+    uint64_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    put_u64(w, bits);
+}
+
+static void put_poly(byte_writer *w, prog_poly f) {
+    put_f64(w, f.constant);
+    put_f64(w, f.per_token);
+    put_f64(w, f.per_context);
+    put_f64(w, f.per_token_context);
+    put_f64(w, f.per_token_squared);
+}
+
+static void put_cost(byte_writer *w, const prog_cost *cost) {
+    put_poly(w, cost->read);
+    put_poly(w, cost->written);
+    put_poly(w, cost->flops);
+    put_u8(w, cost->tensor_cores);
+}
+
 bool program_encode(const program *p, uint8_t **bytes, size_t *size) {
     byte_writer w = {0};
     put_u32(&w, p->format_version);
@@ -211,6 +239,7 @@ bool program_encode(const program *p, uint8_t **bytes, size_t *size) {
             put_launch(&w, &in->as.launch);
         else
             put_gemm(&w, &in->as.gemm);
+        put_cost(&w, &in->cost);
     }
     if (w.failed) {
         free(w.data);
@@ -641,6 +670,34 @@ static bool decode_gemm(decoder *d, uint32_t i, prog_gemm *g) {
     return check_gemm(d, i, g);
 }
 
+static bool get_poly(decoder *d, uint32_t i, const char *what, prog_poly *f) {
+    double *terms[5] = {&f->constant, &f->per_token, &f->per_context, &f->per_token_context,
+                        &f->per_token_squared};
+    static const char *const names[5] = {"constant", "per-token", "per-context", "per-token-context",
+                                         "per-token-squared"};
+    for (int t = 0; t < 5; t++) {
+        uint64_t bits;
+        if (!plan_cursor_u64(&d->cursor, &bits)) return truncated(d, "a cost");
+        memcpy(terms[t], &bits, sizeof bits);
+        /* !(x >= 0) also catches NaN */
+        if (!(*terms[t] >= 0.0) || *terms[t] > PROGRAM_COST_COEFFICIENT_LIMIT)
+            return fail(d, "instruction %u: the %s term of its modeled %s is %g (expected 0 .. %g)", i,
+                        names[t], what, *terms[t], PROGRAM_COST_COEFFICIENT_LIMIT);
+    }
+    return true;
+}
+
+static bool decode_cost(decoder *d, uint32_t i, prog_cost *cost) {
+    uint8_t tensor;
+    if (!get_poly(d, i, "bytes read", &cost->read) || !get_poly(d, i, "bytes written", &cost->written) ||
+        !get_poly(d, i, "flops", &cost->flops))
+        return false;
+    if (!get_u8(d, &tensor)) return truncated(d, "a cost");
+    if (tensor > 1) return fail(d, "instruction %u: its cost's tensor-core flag is %u", i, tensor);
+    cost->tensor_cores = tensor;
+    return true;
+}
+
 static bool decode_instrs(decoder *d) {
     program *p = d->out;
     if (!get_count(d, &p->instr_count, ENCODED_INSTR_MIN, "instruction")) return false;
@@ -657,7 +714,7 @@ static bool decode_instrs(decoder *d) {
         case PROG_OP_GEMM: ok = decode_gemm(d, i, &in->as.gemm); break;
         default: return fail(d, "instruction %u has unknown op %u", i, in->op);
         }
-        if (!ok) return false;
+        if (!ok || !decode_cost(d, i, &in->cost)) return false;
     }
     return true;
 }

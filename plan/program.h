@@ -28,7 +28,7 @@
 
 #include "smelt_dtype.h"
 
-enum { PROGRAM_FORMAT_VERSION = 3, PROG_MAX_ARGS = 32 };
+enum { PROGRAM_FORMAT_VERSION = 4, PROG_MAX_ARGS = 32 };
 
 /* ceil((a * T + b) / c) with c >= 1; a constant is {0, value, 1}. */
 typedef struct prog_affine {
@@ -102,6 +102,45 @@ typedef struct prog_gemm {
     prog_ref a, b, c, bias;
 } prog_gemm;
 
+/* ---- The cost model ------------------------------------------------------
+ *
+ * What one instruction costs, modeled: the DRAM bytes it reads and writes
+ * and the floating-point operations it does (a multiply-add is 2), each a
+ * polynomial in the step's token count T and its context C, the positions
+ * already in the KV cache when the step starts (its tokens then sit at
+ * positions C .. C+T-1):
+ *
+ *   constant + per_token T + per_context C + per_token_context T C + per_token_squared T^2
+ *
+ * A decode step at context C is (T = 1, C); a prefill of N tokens (T = N,
+ * C = 0). Causal attention over the step's own tokens is where T^2 comes in
+ * (T C + T (T + 1) / 2 positions attended). Coefficients are finite, >= 0
+ * and at most PROGRAM_COST_COEFFICIENT_LIMIT (the decoder checks), so a cost
+ * is never negative and never overflows a double for any T and C.
+ *
+ * Nothing executes on it: `smelt inspect` reads it (driver/inspect.c) to
+ * print what a step moves and how long that takes at a GPU's peaks. Codegen
+ * derives it for every instruction (program_launch_cost, program_gemm_cost
+ * below: each byte an argument may touch, once), unless the kernel's
+ * emitter knows its traffic better (cg_kernel.cost, codegen/emit.h). */
+typedef struct prog_poly {
+    double constant, per_token, per_context, per_token_context, per_token_squared;
+} prog_poly;
+
+typedef struct prog_cost {
+    prog_poly read;    /* DRAM bytes read */
+    prog_poly written; /* DRAM bytes written */
+    prog_poly flops;   /* floating-point operations */
+    bool tensor_cores; /* the flops run on tensor cores (else on CUDA cores, at the f32 rate) */
+} prog_cost;
+
+#define PROGRAM_COST_COEFFICIENT_LIMIT 1e18
+
+static inline double prog_poly_eval(prog_poly f, double tokens, double context) {
+    return f.constant + f.per_token * tokens + f.per_context * context +
+           f.per_token_context * tokens * context + f.per_token_squared * tokens * tokens;
+}
+
 typedef struct prog_instr {
     uint8_t op;     /* prog_op */
     uint32_t ir_op; /* the IR op (index in the compiled module) it implements, for messages */
@@ -109,6 +148,7 @@ typedef struct prog_instr {
         prog_launch launch;
         prog_gemm gemm;
     } as;
+    prog_cost cost; /* modeled; not used to execute */
 } prog_instr;
 
 /* A weight-table entry: the tensor(s) of one IR weight op as the plan stores
@@ -192,6 +232,20 @@ void program_declare_params(const program *p, uint32_t kernel, struct plan_kerne
 /* The dtypes a program may store in a buffer today (f32, bf16, i32): what
  * the decoder accepts, so what codegen may emit kernels for. */
 bool program_dtype_stored(uint8_t dtype);
+
+/* The cost of launch l of p when nothing better is known: every byte each
+ * pointer argument may touch (its extent at T), once — read, or written when
+ * the kernel stores through it. A state buffer indexed by position (a KV
+ * cache, state_rows > 0) counts by rows: a kernel that writes it writes the
+ * step's T rows, one that reads it reads the C + T rows written so far. No
+ * flops (the plan does not say what a kernel computes); an emitter that
+ * knows better gives its own (cg_kernel.cost). Arguments that name no valid
+ * buffer count nothing. */
+prog_cost program_launch_cost(const program *p, const prog_launch *l);
+
+/* The cost of a GEMM: A, B and the bias read once, C written once, 2 M N K
+ * flops (+ M N for the bias), on tensor cores when A and B are bf16. */
+prog_cost program_gemm_cost(const prog_gemm *g);
 
 /* Frees what program_decode allocated and zeroes *p. */
 void program_free(program *p);

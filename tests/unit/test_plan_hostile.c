@@ -18,6 +18,7 @@
 #include "program.h"
 #include "smelt.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -224,6 +225,11 @@ static void swap_whole_arguments(program *p) {
     fail_msg("no launch to swap whole arguments of");
 }
 
+/* Costs: coefficients that are negative, NaN or past the limit. */
+static void read_cost_negative(program *p) { p->instrs[0].cost.read.constant = -1.0; }
+static void flops_not_a_number(program *p) { p->instrs[2].cost.flops.per_token = NAN; }
+static void written_cost_huge(program *p) { p->instrs[1].cost.written.per_token_context = 1e300; }
+
 static void no_edit(program *p) { (void)p; }
 
 /* The compiled plan, and the plan resealed without an edit, open. */
@@ -265,6 +271,71 @@ static void test_edited_weights_and_bounds_are_refused(void **state) {
     expect_refused(vocab_shrunk, "rows of vocab (96) floats");
     expect_refused(id_bound_grown, "id_bound 98 disagrees with the 97 rows of the embedding table");
     expect_refused(positions_grown, "max_positions 129 disagrees with state");
+}
+
+/* The cost of an instruction is data the decoder checks like the rest: a
+ * negative, NaN or overflowing coefficient, or a tensor-core flag that is
+ * not 0 or 1 (the last byte of the section: the last instruction's), is
+ * refused. */
+static void test_edited_costs_are_refused(void **state) {
+    (void)state;
+    expect_refused(read_cost_negative,
+                   "instruction 0: the constant term of its modeled bytes read is -1 (expected 0 .. 1e+18)");
+    expect_refused(flops_not_a_number, "instruction 2: the per-token term of its modeled flops is nan");
+    expect_refused(written_cost_huge,
+                   "instruction 1: the per-token-context term of its modeled bytes written");
+    uint8_t *bytes = malloc(plan_size);
+    assert_non_null(bytes);
+    memcpy(bytes, plan_bytes, plan_size);
+    uint8_t *entry = plan_edit_entry(bytes, PLAN_SECTION_PROGRAM);
+    uint64_t end = plan_get_u64(entry + PLAN_ENTRY_AT_OFFSET) + plan_get_u64(entry + PLAN_ENTRY_AT_SIZE);
+    bytes[end - 1] = 2;
+    plan_edit_reseal(bytes);
+    smelt_plan *plan = NULL;
+    assert_int_equal(smelt_plan_open_memory(bytes, plan_size, &plan), SMELT_ERROR_BAD_PLAN);
+    if (!strstr(smelt_last_error(), "its cost's tensor-core flag is 2")) fail_msg("%s", smelt_last_error());
+    free(bytes);
+}
+
+/* What the compiled fixture (f32; hidden 64, 4 query heads and 2 KV heads
+ * of 16 dims, 128 positions, vocab 97) carries, worked out by hand: */
+static void test_the_compiled_plan_carries_costs(void **state) {
+    (void)state;
+    program p;
+    decode_program(plan_bytes, &p);
+    /* 0: the embedding gathers T rows of 64 f32 (+ the 4-byte id), not its 97 x 64 table */
+    assert_true(p.instrs[0].op == PROG_OP_LAUNCH);
+    assert_true(prog_poly_eval(p.instrs[0].cost.read, 1, 0) == 64 * 4 + 4);
+    assert_true(prog_poly_eval(p.instrs[0].cost.read, 8, 100) == 8 * (64 * 4 + 4));
+    assert_true(prog_poly_eval(p.instrs[0].cost.written, 8, 100) == 8 * 64 * 4);
+    /* 2: q_proj, a GEMM [T, 64] x [64, 64]^T: A and B read, C written, 2 M N K flops, f32 on CUDA cores */
+    const prog_instr *q = &p.instrs[2];
+    assert_true(q->op == PROG_OP_GEMM && q->as.gemm.n == 64 && q->as.gemm.k == 64);
+    assert_true(prog_poly_eval(q->cost.read, 8, 0) == (8 * 64 + 64 * 64) * 4);
+    assert_true(prog_poly_eval(q->cost.written, 8, 0) == 8 * 64 * 4);
+    assert_true(prog_poly_eval(q->cost.flops, 8, 0) == 2.0 * 8 * 64 * 64);
+    assert_false(q->cost.tensor_cores);
+    /* The kv_write launch (derived): k and v rows of 2 x 16 f32 and the 4-byte pos read per
+     * token; the caches' new rows (128 + 128 bytes) and written flag (4) written. The
+     * attention launch after it: each of 4 query heads reads its 16-float q row and pos,
+     * and for every position attended (causal: T C + T (T + 1) / 2) a key and a value row
+     * of 16 f32 and the written flag; 2 (16 + 16) flops per head and position. */
+    for (uint32_t i = 0; i + 1 < p.instr_count; i++) {
+        const prog_instr *kv = &p.instrs[i], *attend = &p.instrs[i + 1];
+        if (kv->op != PROG_OP_LAUNCH || kv->as.launch.arg_count < 4 ||
+            kv->as.launch.args[3].ref.buffer != PROG_BUFFER_STATE)
+            continue;
+        assert_true(prog_poly_eval(kv->cost.read, 3, 50) == 3 * (128 + 128 + 4));
+        assert_true(prog_poly_eval(kv->cost.written, 3, 50) == 3 * (128 + 128 + 4));
+        double positions = 3 * 50 + 3 * 4 / 2;
+        assert_true(prog_poly_eval(attend->cost.read, 3, 50) ==
+                    4 * (3 * (16 * 4 + 4) + positions * (2 * 16 * 4 + 4)));
+        assert_true(prog_poly_eval(attend->cost.written, 3, 50) == 4 * 3 * 16 * 4);
+        assert_true(prog_poly_eval(attend->cost.flops, 3, 50) == 4 * positions * 2 * (16 + 16));
+        program_free(&p);
+        return;
+    }
+    fail_msg("no kv_write launch in the compiled fixture");
 }
 
 /* ---- a pinned hash ------------------------------------------------------------ */
@@ -312,6 +383,8 @@ int main(void) {
         cmocka_unit_test(test_edited_buffers_are_refused),
         cmocka_unit_test(test_edited_launches_are_refused),
         cmocka_unit_test(test_edited_weights_and_bounds_are_refused),
+        cmocka_unit_test(test_edited_costs_are_refused),
+        cmocka_unit_test(test_the_compiled_plan_carries_costs),
         cmocka_unit_test(test_expected_hash),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -518,7 +518,7 @@ static void test_program_decode_refuses_lies(void **state) {
 
     toy_program_make(&t, false, true, 0);
     t.p.format_version = 9;
-    expect_refused(&t, "format version 9 is not the version 3 this smelt reads: rebuild the plan");
+    expect_refused(&t, "format version 9 is not the version 4 this smelt reads: rebuild the plan");
 
     toy_program_make(&t, false, true, 0);
     t.weights[1].bytes = 60;

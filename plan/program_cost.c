@@ -1,0 +1,81 @@
+/* program_cost.c - the default cost of an instruction (program.h, "The cost
+ * model"), derived from what the launch program already says about it.
+ *
+ * A launch: each pointer argument's extent (the bytes the kernel may touch
+ * through it at T tokens, affine in T) counted once, as bytes written when
+ * the kernel stores through it and as bytes read otherwise; so a weight is
+ * read once and an activation of T rows costs its T rows. A state buffer
+ * indexed by position (a KV cache: state_rows > 0) is counted by rows
+ * instead of its whole size: a kernel that writes it writes the step's T
+ * rows (the new keys and values), one that reads it reads the C + T rows
+ * that are written once the step's own are (attention). This is exact for a
+ * kernel that touches each byte of its arguments once, which is what most
+ * kernels do; an emitter whose kernel reads less (an embedding gathers T
+ * rows of its table) or more (a block per query head re-reading a KV head)
+ * gives its own cost (cg_kernel.cost, codegen/emit.h).
+ *
+ * A GEMM: A, B and the bias read once, C written once, 2 M N K flops.
+ */
+#include "program.h"
+
+/* A coefficient as the decoder accepts it: finite, >= 0, within the limit. */
+static double coefficient(double v) {
+    if (!(v > 0.0)) return 0.0;
+    return v > PROGRAM_COST_COEFFICIENT_LIMIT ? PROGRAM_COST_COEFFICIENT_LIMIT : v;
+}
+
+static prog_poly poly_checked(prog_poly f) {
+    return (prog_poly){coefficient(f.constant), coefficient(f.per_token), coefficient(f.per_context),
+                       coefficient(f.per_token_context), coefficient(f.per_token_squared)};
+}
+
+static void poly_add(prog_poly *sum, prog_poly f) {
+    sum->constant += f.constant;
+    sum->per_token += f.per_token;
+    sum->per_context += f.per_context;
+    sum->per_token_context += f.per_token_context;
+    sum->per_token_squared += f.per_token_squared;
+}
+
+/* ceil((a T + b) / c) as a polynomial (without the ceiling) times `scale`. */
+static prog_poly affine_poly(prog_affine f, double scale) {
+    double c = f.c >= 1 ? (double)f.c : 1.0;
+    return (prog_poly){.constant = (double)f.b / c * scale, .per_token = (double)f.a / c * scale};
+}
+
+prog_cost program_launch_cost(const program *p, const prog_launch *l) {
+    prog_cost cost = {0};
+    for (uint32_t i = 0; i < l->arg_count && i < PROG_MAX_ARGS; i++) {
+        const prog_arg *arg = &l->args[i];
+        if (arg->kind != PROG_ARG_POINTER) continue;
+        prog_poly bytes = affine_poly(arg->extent, 1.0);
+        if (arg->ref.buffer == PROG_BUFFER_STATE) {
+            if (arg->ref.index >= p->state_count) continue;
+            uint64_t rows = p->state_rows ? p->state_rows[arg->ref.index] : 0;
+            if (rows > 0) {
+                double row_bytes = (double)p->state_bytes[arg->ref.index] / (double)rows;
+                bytes = arg->writes ? (prog_poly){.per_token = row_bytes}
+                                    : (prog_poly){.per_token = row_bytes, .per_context = row_bytes};
+            }
+        }
+        poly_add(arg->writes ? &cost.written : &cost.read, bytes);
+    }
+    cost.read = poly_checked(cost.read);
+    cost.written = poly_checked(cost.written);
+    return cost;
+}
+
+prog_cost program_gemm_cost(const prog_gemm *g) {
+    double n = (double)g->n, k = (double)g->k;
+    prog_cost cost = {0};
+    poly_add(&cost.read, affine_poly(g->m, k * (double)smelt_dtype_element_bytes(g->dtype_a)));
+    cost.read.constant += n * k * (double)smelt_dtype_element_bytes(g->dtype_b);
+    if (g->has_bias) cost.read.constant += n * (double)smelt_dtype_element_bytes(g->dtype_bias);
+    cost.written = affine_poly(g->m, n * (double)smelt_dtype_element_bytes(g->dtype_c));
+    cost.flops = affine_poly(g->m, 2.0 * n * k + (g->has_bias ? n : 0.0));
+    cost.tensor_cores = g->dtype_a == SMELT_DTYPE_BF16 && g->dtype_b == SMELT_DTYPE_BF16;
+    cost.read = poly_checked(cost.read);
+    cost.written = poly_checked(cost.written);
+    cost.flops = poly_checked(cost.flops);
+    return cost;
+}
