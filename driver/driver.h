@@ -227,8 +227,21 @@ bool drv_ir_opt(const char *path, const char *text, size_t length, const char *p
 /* Every pass with its one-line summary, one a line. */
 void drv_print_pass_table(FILE *out);
 
-/* `smelt inspect`: everything a plan holds, readable, to out; with
- * kernel_source every kernel's CUDA C source as well. */
-bool drv_plan_print(const char *plan_path, bool kernel_source, FILE *out, diag_engine *d);
+/* What `smelt inspect` prints besides the plan itself: its performance
+ * model (driver/inspect.c) for the step kinds given. */
+typedef struct drv_inspect_options {
+    bool kernel_source;              /* every kernel's CUDA C source as well */
+    bool json;                       /* the performance model alone, as JSON */
+    uint32_t prefill_count;          /* prefills of prefill_tokens[i] tokens; none: one of 512 */
+    const unsigned *prefill_tokens;  /*   (or the plan's token bound, when lower) */
+    uint32_t decode_count;           /* decode steps at context decode_contexts[i]; none: one at */
+    const unsigned *decode_contexts; /*   1024 (or the longest the plan's KV caches allow) */
+} drv_inspect_options;
+
+/* `smelt inspect`: everything a plan holds, readable, then its performance
+ * model, to out; or (o->json) the model alone as JSON. o may be NULL (the
+ * defaults). A step the plan cannot run (more tokens than its bound, a
+ * context beyond its KV caches) is an error. */
+bool drv_plan_print(const char *plan_path, const drv_inspect_options *o, FILE *out, diag_engine *d);
 
 #endif

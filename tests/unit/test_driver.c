@@ -148,7 +148,7 @@ static void test_plan_compiled_here(void **state) {
     char *printed = NULL;
     size_t printed_length = 0;
     FILE *out = open_memstream(&printed, &printed_length);
-    assert_true(drv_plan_print(plan, false, out, &c.d));
+    assert_true(drv_plan_print(plan, NULL, out, &c.d));
     fclose(out);
     assert_non_null(strstr(printed, "content hash"));
     free(printed);
