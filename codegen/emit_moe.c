@@ -184,6 +184,24 @@ bool cg_emit_moe(cg_emit *e) {
     cg_line(t, "    %s", cg_store(&b, p_out, "token * MODEL_DIM + d", "accumulator[j]"));
     cg_line(t, "}");
     cg_kernel_end(&b);
+    /* Modeled cost (emit.h): each token's block reads its row, the whole
+     * router and its top_k experts' gate, up and down matrices, and writes
+     * its row; flops 2 E D for the router and 6 F D per chosen expert. */
+    double element[6];
+    for (uint32_t i = 0; i < 5; i++)
+        element[i] = (double)smelt_dtype_element_bytes(cg_storage_dtype(e->m, cg_operand(e, i)));
+    element[5] = (double)smelt_dtype_element_bytes(cg_storage_dtype(e->m, result));
+    double d = (double)model_dim, f = (double)ffn, k = (double)top_k, expert_count = (double)experts;
+    double read =
+        d * element[0] + expert_count * d * element[1] + k * f * d * (element[2] + element[3] + element[4]);
+    double written = d * element[5], flops = 2 * expert_count * d + k * 6 * f * d;
+    cg_count tokens = cg_shape_count(&xs, 0, 1);
+    double a = (double)tokens.per_token, c = (double)tokens.constant;
+    prog_cost *cost = arena_alloc(e->a, sizeof *cost);
+    cost->read = (prog_poly){.constant = c * read, .per_token = a * read};
+    cost->written = (prog_poly){.constant = c * written, .per_token = a * written};
+    cost->flops = (prog_poly){.constant = c * flops, .per_token = a * flops};
+    e->out->kernels[e->out->kernel_count - 1].cost = cost;
     e->out->kind = CG_LOWER_KERNELS;
     return true;
 }
