@@ -1594,6 +1594,45 @@ static void test_plan_errors(void **state) {
     assert_non_null(strstr(smelt_last_error(), "instruction 0 launches kernel 5 but the plan has 0 kernels"));
 }
 
+/* The default costs (plan/program_cost.c), against values worked out by
+ * hand: an activation read by its extent, a KV cache (10 rows of 100
+ * bytes) read as C + T rows and written as T rows, the token argument
+ * nothing; a GEMM [T, 5] x [3, 5]^T in bf16 with an f32 bias and output. */
+static void test_default_costs(void **state) {
+    (void)state;
+    uint64_t state_bytes[1] = {1000}, state_rows[1] = {10};
+    program p = {.max_tokens = 8, .state_count = 1, .state_bytes = state_bytes, .state_rows = state_rows};
+    prog_launch l = {.arg_count = 4};
+    l.args[0] = (prog_arg){.kind = PROG_ARG_POINTER, .ref = {PROG_BUFFER_ARENA, 0, 64}, .extent = {4, 8, 1}};
+    l.args[1] =
+        (prog_arg){.kind = PROG_ARG_POINTER, .ref = {PROG_BUFFER_STATE, 0, 0}, .extent = {0, 1000, 1}};
+    l.args[2] = (prog_arg){
+        .kind = PROG_ARG_POINTER, .ref = {PROG_BUFFER_STATE, 0, 0}, .extent = {0, 1000, 1}, .writes = true};
+    l.args[3] = (prog_arg){.kind = PROG_ARG_TOKENS};
+    prog_cost c = program_launch_cost(&p, &l);
+    assert_true(prog_poly_eval(c.read, 3, 5) == 4 * 3 + 8 + 100 * (5 + 3));
+    assert_true(prog_poly_eval(c.written, 3, 5) == 100 * 3);
+    assert_true(prog_poly_eval(c.flops, 3, 5) == 0);
+    l.args[1].ref.index = 7; /* no such state: counts nothing */
+    assert_true(prog_poly_eval(program_launch_cost(&p, &l).read, 3, 5) == 4 * 3 + 8);
+
+    prog_gemm g = {.m = {1, 0, 1},
+                   .n = 3,
+                   .k = 5,
+                   .dtype_a = SMELT_DTYPE_BF16,
+                   .dtype_b = SMELT_DTYPE_BF16,
+                   .dtype_c = SMELT_DTYPE_F32,
+                   .dtype_bias = SMELT_DTYPE_F32,
+                   .has_bias = true};
+    c = program_gemm_cost(&g);
+    assert_true(prog_poly_eval(c.read, 7, 100) == 7 * 5 * 2 + 3 * 5 * 2 + 3 * 4);
+    assert_true(prog_poly_eval(c.written, 7, 100) == 7 * 3 * 4);
+    assert_true(prog_poly_eval(c.flops, 7, 100) == 7 * (2 * 3 * 5 + 3));
+    assert_true(c.tensor_cores);
+    g.dtype_a = SMELT_DTYPE_F32;
+    assert_false(program_gemm_cost(&g).tensor_cores);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_program_round_trip),
@@ -1613,6 +1652,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_on_gpu),
         cmocka_unit_test(test_cuda_on_fake_driver),
         cmocka_unit_test(test_plan_errors),
+        cmocka_unit_test(test_default_costs),
     };
     int failures = cmocka_run_group_tests(tests, setup_folder, remove_folder);
     cg_host_object_free(&host_object);
