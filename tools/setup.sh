@@ -7,7 +7,7 @@ set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${SMELT_BUILD_DIR:-$root/build}
 
-packages="build-essential cmake pkg-config flex bison libjansson-dev libcmocka-dev libxxhash-dev libopenblas-dev llvm-14-tools clang-format python3"
+packages="build-essential cmake pkg-config flex bison libjansson-dev libcmocka-dev libxxhash-dev libopenblas-dev llvm-14-tools clang-format python3 jq"
 missing=""
 for p in $packages; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
