@@ -127,15 +127,14 @@ static uint32_t instr_refs(const prog_instr *in, prog_ref *refs) {
 static bool count_layers(plan_facts *f) {
     const program *p = f->p;
     if (p->state_count == 0) return true;
-    uint32_t *parent = malloc(sizeof *parent * p->state_count);
-    uint32_t *first = malloc(sizeof *first * p->state_count); /* per root: its first instruction */
-    if (!parent || !first) {
-        free(parent);
-        free(first);
-        return false;
-    }
+    /* Per state: its root in the union-find, the first instruction that
+     * touches it, and (for a root) its layer's first instruction. */
+    uint32_t *scratch = malloc(3 * sizeof *scratch * p->state_count);
+    if (!scratch) return false;
+    uint32_t *parent = scratch, *first = scratch + p->state_count,
+             *layer_first = scratch + 2 * p->state_count;
     for (uint32_t s = 0; s < p->state_count; s++)
-        parent[s] = s, first[s] = UINT32_MAX;
+        parent[s] = s, first[s] = layer_first[s] = UINT32_MAX;
     prog_ref refs[PROG_MAX_ARGS];
     for (uint32_t i = 0; i < p->instr_count; i++) {
         uint32_t n = instr_refs(&p->instrs[i], refs), joined = UINT32_MAX;
@@ -150,14 +149,6 @@ static bool count_layers(plan_facts *f) {
         }
     }
     /* Each layer's first instruction: the earliest over its caches. */
-    uint32_t *layer_first = malloc(sizeof *layer_first * p->state_count);
-    if (!layer_first) {
-        free(parent);
-        free(first);
-        return false;
-    }
-    for (uint32_t s = 0; s < p->state_count; s++)
-        layer_first[s] = UINT32_MAX;
     for (uint32_t s = 0; s < p->state_count; s++) {
         if (first[s] == UINT32_MAX) continue; /* untouched, or not a cache */
         uint32_t root = find_root(parent, s);
@@ -172,9 +163,7 @@ static bool count_layers(plan_facts *f) {
     }
     if (f->layers == 1) f->launches_per_layer = p->instr_count;
     if (f->layers > 1) f->launches_per_layer = (double)(highest - lowest) / (f->layers - 1);
-    free(parent);
-    free(first);
-    free(layer_first);
+    free(scratch);
     return true;
 }
 
