@@ -31,6 +31,35 @@ static void print_affine(FILE *out, prog_affine f) {
     fputs(text, out);
 }
 
+/* "256 T + 16384", "132 T C + 66 T^2 + 33 T", "0": a cost polynomial. */
+static void print_poly(FILE *out, prog_poly f) {
+    const struct {
+        double coefficient;
+        const char *term;
+    } terms[5] = {{f.per_token_context, " T C"},
+                  {f.per_token_squared, " T^2"},
+                  {f.per_context, " C"},
+                  {f.per_token, " T"},
+                  {f.constant, ""}};
+    bool any = false;
+    for (int i = 0; i < 5; i++) {
+        if (terms[i].coefficient == 0) continue;
+        fprintf(out, "%s%.10g%s", any ? " + " : "", terms[i].coefficient, terms[i].term);
+        any = true;
+    }
+    if (!any) fputc('0', out);
+}
+
+static void print_cost(FILE *out, const prog_cost *cost) {
+    fputs("\n          cost: reads ", out);
+    print_poly(out, cost->read);
+    fputs(" B, writes ", out);
+    print_poly(out, cost->written);
+    fputs(" B, ", out);
+    print_poly(out, cost->flops);
+    fprintf(out, " flops%s", cost->tensor_cores ? " on tensor cores" : "");
+}
+
 static void print_weights(FILE *out, const program *p) {
     uint64_t in_plan = 0, total = 0;
     for (uint32_t i = 0; i < p->weight_count; i++) {
@@ -90,7 +119,7 @@ bool plan_print_program(FILE *out, const plan_file *plan, const uint8_t *data, u
     print_ref(out, p.logits);
     fputc('\n', out);
     print_weights(out, &p);
-    fprintf(out, "  instructions:\n");
+    fprintf(out, "  instructions (cost: modeled DRAM bytes and flops at T tokens, context C):\n");
     for (uint32_t i = 0; i < p.instr_count; i++) {
         const prog_instr *instr = &p.instrs[i];
         fprintf(out, "    %4" PRIu32 "  ", i);
@@ -138,6 +167,7 @@ bool plan_print_program(FILE *out, const plan_file *plan, const uint8_t *data, u
                     l->rule.block[1], l->rule.block[2]);
             if (l->rule.dynamic_shared_bytes) fprintf(out, " shared %" PRIu32, l->rule.dynamic_shared_bytes);
         }
+        print_cost(out, &instr->cost);
         fputc('\n', out);
     }
     plan_kernel_table_free(&kernels);
