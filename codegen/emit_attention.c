@@ -266,16 +266,6 @@ static void emit_attend(cg_emit *e, const attention_shape *s) {
     cg_kernel_end(&b);
 }
 
-static prog_poly poly_scaled(prog_poly f, double k) {
-    return (prog_poly){f.constant * k, f.per_token * k, f.per_context * k, f.per_token_context * k,
-                       f.per_token_squared * k};
-}
-
-static prog_poly poly_sum(prog_poly f, prog_poly g) {
-    return (prog_poly){f.constant + g.constant, f.per_token + g.per_token, f.per_context + g.per_context,
-                       f.per_token_context + g.per_token_context, f.per_token_squared + g.per_token_squared};
-}
-
 /* The modeled cost of one launch of the attention kernel (program.h, "The
  * cost model"; the default would read each KV row once). Each (token, query
  * head) block reads its query row and pos, the written flag of every
@@ -307,11 +297,13 @@ static const prog_cost *attend_cost(cg_emit *e, const attention_shape *s) {
     double q_row = heads * (d * smelt_dtype_element_bytes(cg_storage_dtype(e->m, cg_operand(e, 0))) +
                             smelt_dtype_element_bytes(cg_storage_dtype(e->m, cg_operand(e, 3))));
     double out_row = heads * dv * smelt_dtype_element_bytes(cg_storage_dtype(e->m, cg_result(e, 0)));
+    prog_poly rows = {.constant = b, .per_token = a};
     prog_cost *cost = arena_alloc(e->a, sizeof *cost);
-    cost->read = poly_sum(poly_sum(poly_scaled(attended, heads * kv_row), poly_scaled(scanned, heads * flag)),
-                          (prog_poly){.constant = b * q_row, .per_token = a * q_row});
-    cost->written = (prog_poly){.constant = b * out_row, .per_token = a * out_row};
-    cost->flops = poly_scaled(attended, heads * 2 * (d + dv));
+    cost->read = prog_poly_sum(
+        prog_poly_sum(prog_poly_scaled(attended, heads * kv_row), prog_poly_scaled(scanned, heads * flag)),
+        prog_poly_scaled(rows, q_row));
+    cost->written = prog_poly_scaled(rows, out_row);
+    cost->flops = prog_poly_scaled(attended, heads * 2 * (d + dv));
     return cost;
 }
 

@@ -62,11 +62,10 @@ bool cg_emit_embedding(cg_emit *e) {
     double ids_row = (double)smelt_dtype_element_bytes(cg_storage_dtype(e->m, ids));
     double table_row = (double)width * (double)smelt_dtype_element_bytes(cg_storage_dtype(e->m, table));
     double out_row = (double)width * (double)smelt_dtype_element_bytes(cg_storage_dtype(e->m, result));
+    prog_poly ids_poly = {.constant = (double)rows.constant, .per_token = (double)rows.per_token};
     prog_cost *cost = arena_alloc(e->a, sizeof *cost);
-    cost->read = (prog_poly){.constant = (double)rows.constant * (table_row + ids_row),
-                             .per_token = (double)rows.per_token * (table_row + ids_row)};
-    cost->written = (prog_poly){.constant = (double)rows.constant * out_row,
-                                .per_token = (double)rows.per_token * out_row};
+    cost->read = prog_poly_scaled(ids_poly, table_row + ids_row);
+    cost->written = prog_poly_scaled(ids_poly, out_row);
     e->out->kernels[e->out->kernel_count - 1].cost = cost;
     e->out->kind = CG_LOWER_KERNELS;
     return true;

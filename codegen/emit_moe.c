@@ -196,11 +196,11 @@ bool cg_emit_moe(cg_emit *e) {
         d * element[0] + expert_count * d * element[1] + k * f * d * (element[2] + element[3] + element[4]);
     double written = d * element[5], flops = 2 * expert_count * d + k * 6 * f * d;
     cg_count tokens = cg_shape_count(&xs, 0, 1);
-    double a = (double)tokens.per_token, c = (double)tokens.constant;
+    prog_poly token_poly = {.constant = (double)tokens.constant, .per_token = (double)tokens.per_token};
     prog_cost *cost = arena_alloc(e->a, sizeof *cost);
-    cost->read = (prog_poly){.constant = c * read, .per_token = a * read};
-    cost->written = (prog_poly){.constant = c * written, .per_token = a * written};
-    cost->flops = (prog_poly){.constant = c * flops, .per_token = a * flops};
+    cost->read = prog_poly_scaled(token_poly, read);
+    cost->written = prog_poly_scaled(token_poly, written);
+    cost->flops = prog_poly_scaled(token_poly, flops);
     e->out->kernels[e->out->kernel_count - 1].cost = cost;
     e->out->kind = CG_LOWER_KERNELS;
     return true;

@@ -141,6 +141,16 @@ static inline double prog_poly_eval(prog_poly f, double tokens, double context) 
            f.per_token_context * tokens * context + f.per_token_squared * tokens * tokens;
 }
 
+static inline prog_poly prog_poly_scaled(prog_poly f, double k) {
+    return (prog_poly){f.constant * k, f.per_token * k, f.per_context * k, f.per_token_context * k,
+                       f.per_token_squared * k};
+}
+
+static inline prog_poly prog_poly_sum(prog_poly f, prog_poly g) {
+    return (prog_poly){f.constant + g.constant, f.per_token + g.per_token, f.per_context + g.per_context,
+                       f.per_token_context + g.per_token_context, f.per_token_squared + g.per_token_squared};
+}
+
 typedef struct prog_instr {
     uint8_t op;     /* prog_op */
     uint32_t ir_op; /* the IR op (index in the compiled module) it implements, for messages */

@@ -29,14 +29,6 @@ static prog_poly poly_checked(prog_poly f) {
                        coefficient(f.per_token_context), coefficient(f.per_token_squared)};
 }
 
-static void poly_add(prog_poly *sum, prog_poly f) {
-    sum->constant += f.constant;
-    sum->per_token += f.per_token;
-    sum->per_context += f.per_context;
-    sum->per_token_context += f.per_token_context;
-    sum->per_token_squared += f.per_token_squared;
-}
-
 /* ceil((a T + b) / c) as a polynomial (without the ceiling) times `scale`. */
 static prog_poly affine_poly(prog_affine f, double scale) {
     double c = f.c >= 1 ? (double)f.c : 1.0;
@@ -58,7 +50,10 @@ prog_cost program_launch_cost(const program *p, const prog_launch *l) {
                                     : (prog_poly){.per_token = row_bytes, .per_context = row_bytes};
             }
         }
-        poly_add(arg->writes ? &cost.written : &cost.read, bytes);
+        if (arg->writes)
+            cost.written = prog_poly_sum(cost.written, bytes);
+        else
+            cost.read = prog_poly_sum(cost.read, bytes);
     }
     cost.read = poly_checked(cost.read);
     cost.written = poly_checked(cost.written);
@@ -68,7 +63,7 @@ prog_cost program_launch_cost(const program *p, const prog_launch *l) {
 prog_cost program_gemm_cost(const prog_gemm *g) {
     double n = (double)g->n, k = (double)g->k;
     prog_cost cost = {0};
-    poly_add(&cost.read, affine_poly(g->m, k * (double)smelt_dtype_element_bytes(g->dtype_a)));
+    cost.read = affine_poly(g->m, k * (double)smelt_dtype_element_bytes(g->dtype_a));
     cost.read.constant += n * k * (double)smelt_dtype_element_bytes(g->dtype_b);
     if (g->has_bias) cost.read.constant += n * (double)smelt_dtype_element_bytes(g->dtype_bias);
     cost.written = affine_poly(g->m, n * (double)smelt_dtype_element_bytes(g->dtype_c));
