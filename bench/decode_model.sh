@@ -9,8 +9,9 @@
 #     against the unavoidable bytes                            (target <= 1.05x)
 #   - modeled H200 time of that step against unavoidable
 #     bytes / 4.8 TB/s                                         (target <= 1.15x)
-#   - modeled H200 time of an N-token prefill against its
-#     flops / 989 TFLOP/s                                      (target <= 1.4x)
+#   - modeled H200 time of an N-token prefill against its flop
+#     floor (its flops, the output head's on the sampled row
+#     alone) / 989 TFLOP/s                                     (target <= 1.4x)
 #   - `smelt compile` wall time, cold (an empty kernel cache)
 #     and warm (the same compile again)                        (<= 5 s, <= 0.5 s)
 #
