@@ -11,7 +11,8 @@
  * every kernel reaches its GPU's peak. It does not model occupancy (a grid of
  * 32 blocks on 132 SMs), latency-bound loops or caches (a re-read that hits
  * L2 is counted as DRAM traffic), so it bounds what a plan can do from
- * below; tests/gpu/run.sh measures what it does.
+ * below; tests/gpu/run.sh measures what it does. Each kernel's blocks per
+ * launch are printed beside it, which shows where occupancy will bite.
  *
  * Decoder layers: the plan does not name them, so they are counted from its
  * KV caches (state buffers indexed by position). The caches one instruction
@@ -81,6 +82,7 @@ typedef struct step_kind {
 typedef struct kernel_row {
     char name[NAME_LIMIT + 1]; /* a kernel's name, or "gemm N=.. K=.. ..." */
     uint32_t launches;
+    double blocks; /* of a launch at this step (its grid); 0 for a GEMM (cuBLASLt chooses) */
     double read, written, flops, seconds[GPU_COUNT];
 } kernel_row;
 
@@ -257,6 +259,10 @@ static bool model_step(const plan_facts *f, step_kind s, step_model *out) {
             memcpy(row->name, name, sizeof name);
         }
         row->launches++;
+        if (in->op == PROG_OP_LAUNCH)
+            row->blocks = (double)prog_affine_eval(in->as.launch.rule.grid[0], s.tokens) *
+                          (double)prog_affine_eval(in->as.launch.rule.grid[1], s.tokens) *
+                          (double)prog_affine_eval(in->as.launch.rule.grid[2], s.tokens);
         row->read += read;
         row->written += written;
         row->flops += flops;
@@ -355,12 +361,14 @@ static void print_step(FILE *out, const plan_facts *f, const step_model *m) {
         print_seconds(out, floor_flops);
         fprintf(out, ": %.3fx)\n", floor_flops > 0 ? m->seconds[g] / floor_flops : 0.0);
     }
-    fprintf(out, "    %-56s %8s %14s %14s %16s %12s\n", "kernel", "launches", "bytes read", "bytes written",
-            "flops", "h200 time");
+    fprintf(out, "    %-56s %8s %8s %14s %14s %16s %12s\n", "kernel", "launches", "blocks", "bytes read",
+            "bytes written", "flops", "h200 time");
     for (uint32_t r = 0; r < m->row_count; r++) {
         const kernel_row *row = &m->rows[r];
-        fprintf(out, "    %-56s %8" PRIu32 " %14.0f %14.0f %16.0f %9.1f us\n", row->name, row->launches,
-                row->read, row->written, row->flops, row->seconds[GPU_H200] * 1e6);
+        char blocks[24] = "-";
+        if (row->blocks > 0) snprintf(blocks, sizeof blocks, "%.0f", row->blocks);
+        fprintf(out, "    %-56s %8" PRIu32 " %8s %14.0f %14.0f %16.0f %9.1f us\n", row->name, row->launches,
+                blocks, row->read, row->written, row->flops, row->seconds[GPU_H200] * 1e6);
     }
 }
 
@@ -422,6 +430,7 @@ static json_t *step_json(const plan_facts *f, const step_model *m) {
         json_t *k = json_object();
         json_object_set_new(k, "name", json_string(row->name));
         json_object_set_new(k, "launches", json_integer(row->launches));
+        json_object_set_new(k, "blocks", row->blocks > 0 ? json_count(row->blocks) : json_null());
         json_object_set_new(k, "read_bytes", json_count(row->read));
         json_object_set_new(k, "written_bytes", json_count(row->written));
         json_object_set_new(k, "flops", json_count(row->flops));
