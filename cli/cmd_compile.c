@@ -15,6 +15,13 @@ static const char usage[] = "usage: smelt compile MODEL [options] -o model.plan\
                             "options:\n"
                             "  --config FILE             bind params from a Hugging Face config.json\n"
                             "  --set NAME=VALUE          set a param (wins over --config); may repeat\n"
+                            "  --allow-config-key KEY    ignore config key KEY, which no param binds,\n"
+                            "                            knowing it does not change the computation (an\n"
+                            "                            unbound key is an error otherwise); may repeat\n"
+                            "  --allow-unused-tensor GLOB\n"
+                            "                            leave checkpoint tensors matching GLOB unused ('*':\n"
+                            "                            a run of characters without '.'; an unused tensor\n"
+                            "                            is an error otherwise); may repeat\n"
                             "  --weights PATH            a .safetensors file, an index.json, or a folder;\n"
                             "                            without it weights are bound at `smelt run`\n"
                             "  --target LIST             sm_80,sm_90,host (default: all three)\n"
@@ -78,6 +85,9 @@ static int parse_arguments(int argc, char **argv, compile_command *c) {
     c->plan.precision = DRV_PRECISION_BF16;
     parse_targets(&a, "sm_80,sm_90,host", &c->plan);
     while (a.index < a.argc) {
+        int allowance = cli_allowance_option(&a, &c->source);
+        if (allowance == CLI_USAGE_ERROR) return CLI_USAGE_ERROR;
+        if (allowance == CLI_OK) continue;
         if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
             fputs(usage, stdout);
             return CLI_HELP_SHOWN;
