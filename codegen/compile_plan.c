@@ -297,6 +297,15 @@ bool cg_compile_plan(const ir_module *m, const cg_plan_options *o, const char *p
         goto done;
     }
     ok = cg_lower_module(m, &l, d);
+    if (ok && o->eos_token_count > PROG_MAX_EOS) {
+        diag_error(d, SMELT_NO_LOC, "%u EOS ids; a plan keeps at most %d", o->eos_token_count, PROG_MAX_EOS);
+        ok = false;
+    }
+    if (ok) {
+        l.program.eos_count = o->eos_token_count;
+        for (uint32_t i = 0; i < o->eos_token_count; i++)
+            l.program.eos[i] = o->eos_tokens[i];
+    }
     ok = ok && compile_for_cuda(&l, o, cache, &c, report, d);
     ok = ok && (!o->host || compile_for_host(&l, cache, &c, d));
     if (ok) {

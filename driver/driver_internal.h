@@ -48,6 +48,7 @@ void drv_source_weights_close(drv_source_weights *w);
 typedef struct drv_plan_contents {
     drv_source_weights *weights; /* NULL: weights bound at run time */
     const char *tokenizer_json;  /* NULL, or the TOKENIZER section */
+    const drv_eos *eos;          /* NULL, or the model's EOS ids */
 } drv_plan_contents;
 
 /* Writes the plan of the inferred module m to `path`. */
@@ -56,19 +57,42 @@ bool drv_write_plan(const ir_module *m, const drv_compile_options *o, const drv_
 
 /* ---- tokenizer.c ---- */
 
+/* The vocabulary of m: the last dim of its logits, or 0 when unknown. */
+uint64_t drv_module_vocab(const ir_module *m);
+
 /* The TOKENIZER section of a byte tokenizer, {"type": "bytes", "bos": N,
  * "eos": N}, with config.json's bos_token_id and eos_token_id (-1 when
  * absent) into *out (malloc'd). False after an error when an id lies outside
  * the vocabulary of m (the last dim of its logits) or memory runs out. */
 bool drv_tokenizer_json(const char *config_path, const ir_module *m, char **out, diag_engine *d);
+/* False after an error naming `what` when the byte tokenizer t (with the
+ * model's EOS ids, when given) does not cover a vocabulary of `vocab` ids. */
+bool drv_tokenizer_fits(const drv_tokenizer *t, const drv_eos *eos, uint64_t vocab, const char *what,
+                        diag_engine *d);
 /* The section's JSON read into *out; a kind this smelt does not know is a
  * warning and leaves out->present false. */
 void drv_tokenizer_parse(const char *json, size_t length, drv_tokenizer *out, diag_engine *d);
 
+/* ---- model_folder.c: config.json, generation_config.json, a model's folder ---- */
+
+/* The config.json to bind: config_path when it is a file, config_path's
+ * config.json when it is a folder (an error when it has none), else the
+ * config.json of a weights_path folder when there is one, else none. *out
+ * is malloc'd (NULL: no config); false after an error. */
+bool drv_find_config(const char *config_path, const char *weights_path, char **out, diag_engine *d);
+/* *o with its config_path found by drv_find_config (kept in *config_storage,
+ * which the caller frees). */
+bool drv_source_with_folder(const drv_source_options *o, const char *weights_path, drv_source_options *out,
+                            char **config_storage, diag_engine *d);
+/* The EOS ids of the model whose config.json is config_path (NULL: none),
+ * each checked to lie in [0, vocab) (vocab 0: unchecked). */
+bool drv_eos_tokens(const char *config_path, uint64_t vocab, drv_eos *out, diag_engine *d);
+
 /* ---- plan_tables.c ---- */
 
 /* Reads the plan's launch program (its weight table, which random weights
- * need) and its TOKENIZER section into *tokenizer, if it has one. */
+ * need) and its TOKENIZER section into *tokenizer, if it has one; a byte
+ * tokenizer that does not cover the plan's vocabulary is an error. */
 bool drv_plan_tables_read(const char *plan_path, program *p, drv_tokenizer *tokenizer, diag_engine *d);
 
 /* ---- checkpoint_bind.c: weights into an engine ---- */

@@ -19,5 +19,12 @@ bool drv_plan_tables_read(const char *plan_path, program *p, drv_tokenizer *toke
     if (plan_section(&file, PLAN_SECTION_TOKENIZER, &data, &size))
         drv_tokenizer_parse((const char *)data, size, tokenizer, d);
     plan_close(&file);
+    drv_eos eos = {.count = p->eos_count};
+    for (uint32_t i = 0; i < p->eos_count; i++)
+        eos.ids[i] = p->eos[i];
+    if (tokenizer->present && !drv_tokenizer_fits(tokenizer, &eos, p->vocab, "the plan's byte tokenizer", d)) {
+        program_free(p);
+        return false;
+    }
     return true;
 }
