@@ -103,7 +103,7 @@ static bool read_eos(const json_t *root, const char *path, uint64_t vocab, drv_e
         json_int_t id = json_is_integer(items[i]) ? json_integer_value(items[i]) : -1;
         if (!json_is_integer(items[i]) || id < 0 || id > INT32_MAX || (vocab > 0 && (uint64_t)id >= vocab)) {
             if (json_is_integer(items[i]))
-                diag_error(d, loc, "eos_token_id %lld lies outside the model's vocabulary [0, %llu)",
+                diag_error(d, loc, "eos_token_id is %lld, outside the model's vocabulary [0, %llu)",
                            (long long)id, (unsigned long long)vocab);
             else
                 diag_error(d, loc, "eos_token_id must be a token id or a list of them");
