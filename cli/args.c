@@ -157,7 +157,7 @@ int cli_allowance_option(cli_args *a, drv_source_options *o) {
             return CLI_USAGE_ERROR;
         }
     } else if (cli_flag_value(a, "--allow-unused-tensor", &value)) {
-        flag = "--allow-unused-tensor";
+        /* not a source option: binding a plan's weights at run time takes it too */
         if (!value) return CLI_USAGE_ERROR;
         if (!drv_source_options_allow_unused_tensor(o, value)) {
             cli_usage_error(a, "too many --allow-unused-tensor options (at most %d)", DRV_MAX_SETTINGS);
@@ -166,7 +166,7 @@ int cli_allowance_option(cli_args *a, drv_source_options *o) {
     } else {
         return CLI_NOT_MINE;
     }
-    if (!a->source_option) a->source_option = flag;
+    if (flag && !a->source_option) a->source_option = flag;
     return CLI_OK;
 }
 

@@ -226,6 +226,11 @@ static char *manifest_json(const ir_module *m, const cg_plan_options *o, const c
         json_object_set_new(params, p->name, v);
     }
     json_object_set_new(root, "params", params);
+    /* What binding a checkpoint at run time may leave unused (`ignore`). */
+    json_t *ignored = json_array();
+    for (uint32_t i = 0; i < m->ignored_tensor_count; i++)
+        json_array_append_new(ignored, json_string(m->ignored_tensors[i]));
+    json_object_set_new(root, "ignored_tensors", ignored);
     json_object_set_new(root, "weights_in_plan", json_boolean(o->read_weight != NULL));
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(root);

@@ -90,20 +90,33 @@ bool drv_eos_tokens(const char *config_path, uint64_t vocab, drv_eos *out, diag_
 
 /* ---- plan_tables.c ---- */
 
+/* The checkpoint tensors a plan's model leaves unused knowingly: the
+ * manifest's "ignored_tensors" (its `ignore` patterns). */
+typedef struct drv_ignored_tensors {
+    char **patterns;
+    uint32_t count;
+} drv_ignored_tensors;
+void drv_ignored_tensors_free(drv_ignored_tensors *t);
+
 /* Reads the plan's launch program (its weight table, which random weights
- * need) and its TOKENIZER section into *tokenizer, if it has one; a byte
- * tokenizer that does not cover the plan's vocabulary is an error. */
-bool drv_plan_tables_read(const char *plan_path, program *p, drv_tokenizer *tokenizer, diag_engine *d);
+ * need), its TOKENIZER section into *tokenizer, if it has one, and (unless
+ * ignored is NULL) the manifest's ignored tensors; a byte tokenizer that
+ * does not cover the plan's vocabulary is an error. */
+bool drv_plan_tables_read(const char *plan_path, program *p, drv_tokenizer *tokenizer,
+                          drv_ignored_tensors *ignored, diag_engine *d);
 
 /* ---- checkpoint_bind.c: weights into an engine ---- */
 
 /* Binds every tensor of the checkpoint at weights_path that the plan names,
- * converted to f32 first whatever its float dtype; the others are not used
- * by the model and are skipped. Every error names the checkpoint: an integer
- * tensor the plan names, a binding the engine refuses, and (unless p is
- * NULL) each weight the plan holds no data for that the checkpoint lacks. */
+ * converted to f32 first whatever its float dtype. Every error names the
+ * checkpoint: an integer tensor the plan names, a binding the engine
+ * refuses, (unless p is NULL) each weight the plan holds no data for that
+ * the checkpoint lacks, and (unless ignored is NULL) the tensors the plan
+ * does not name that match neither the model's ignored patterns nor
+ * `allowed` (--allow-unused-tensor). */
 bool drv_bind_checkpoint(const smelt_plan *plan, const program *p, smelt_engine *engine,
-                         const char *weights_path, diag_engine *d);
+                         const char *weights_path, const drv_ignored_tensors *ignored,
+                         const drv_source_options *allowed, diag_engine *d);
 /* Binds every weight of the program to uniform noise in [-0.05, 0.05). */
 bool drv_bind_random_weights(smelt_engine *engine, const program *p, unsigned seed, diag_engine *d);
 

@@ -69,12 +69,14 @@ static bool compile_temporary_plan(const drv_model_options *o, drv_model *r, cha
 static bool open_engine(drv_model *r, const drv_model_options *o, const char *plan_path,
                         const char *weights_path, diag_engine *d) {
     program p = {0};
-    if (!drv_plan_tables_read(plan_path, &p, &r->info.tokenizer, d)) return false;
+    drv_ignored_tensors ignored = {0};
+    if (!drv_plan_tables_read(plan_path, &p, &r->info.tokenizer, &ignored, d)) return false;
     smelt_plan *plan;
     bool ok = smelt_plan_open(plan_path, &plan) == SMELT_OK;
     if (!ok) {
         diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
         program_free(&p);
+        drv_ignored_tensors_free(&ignored);
         return false;
     }
     smelt_plan_info info;
@@ -85,7 +87,9 @@ static bool open_engine(drv_model *r, const drv_model_options *o, const char *pl
     ok = smelt_engine_create(plan, &options, &r->engine) == SMELT_OK;
     if (!ok) diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
     if (ok && weights_path)
-        ok = drv_bind_checkpoint(plan, o->random_weights ? NULL : &p, r->engine, weights_path, d);
+        ok = drv_bind_checkpoint(plan, o->random_weights ? NULL : &p, r->engine, weights_path, &ignored,
+                                 &o->source, d);
+    drv_ignored_tensors_free(&ignored);
     smelt_plan_close(plan);
     if (ok && o->random_weights) ok = drv_bind_random_weights(r->engine, &p, o->random_seed, d);
     program_free(&p);

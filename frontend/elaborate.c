@@ -618,7 +618,7 @@ bool fe_elaborate(const ast_model *model, const fe_options *o, diag_engine *d, i
         check_settings(&el);
         fe_config_open(&el.config, o ? o->config_path : NULL, d);
         elaborate_block(&el, &model->body, true);
-        if (!el.failed && !el.stopped) check_config_keys(&el);
+        if (!el.stopped) check_config_keys(&el);
         for (uint32_t i = 0; o && i < o->allowed_unused_tensor_count; i++)
             ir_add_ignored_tensor(out, o->allowed_unused_tensors[i]);
         ok = !el.failed && !el.config.broken && d->error_count == errors_before;

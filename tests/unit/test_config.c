@@ -180,7 +180,7 @@ static void test_unbound_key_refused(void **state) {
     fe_options o = {.config_path = config_path};
     assert_false(elaborate("model m {\n  param hidden_size: int\n}\n", &o));
     assert_int_equal(diag.error_count, 2);
-    expect_diag("config.json:3:15: error: config key 'mlp_bias' (true) is bound by no param of model.smelt");
+    expect_diag("config.json:3:15: error: config key 'mlp_bias' (true) is bound by no param of model.smelt and is not known to be harmless");
     expect_diag("config.json:4:19: error: config key 'rope_scaling' (an object) is bound by no param");
     expect_diag("--allow-config-key mlp_bias");
 }
