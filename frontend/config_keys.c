@@ -23,6 +23,7 @@
 typedef enum harmless_when {
     HARMLESS_ALWAYS,
     HARMLESS_WHEN_STRING, /* the value is `string`, or a list of nothing but `string` */
+    HARMLESS_WHEN_FALSE,  /* the value is false */
 } harmless_when;
 
 typedef struct harmless_key {
@@ -42,6 +43,8 @@ static const harmless_key harmless_keys[] = {
     {"torch_dtype", HARMLESS_ALWAYS, NULL, "the checkpoint's storage dtype; --precision decides smelt's"},
     {"dtype", HARMLESS_ALWAYS, NULL, "transformers 5's name of torch_dtype"},
     {"tokenizer_class", HARMLESS_ALWAYS, NULL, "the tokenizer, not the network"},
+    {"is_llama_config", HARMLESS_ALWAYS, NULL, "nanotron's marker (SmolLM2), read by no model code"},
+    {"transformers.js_config", HARMLESS_ALWAYS, NULL, "settings of transformers.js's ONNX export"},
     /* Training only: initialisation, dropout (off at inference), auxiliary
      * losses and noise applied in training mode only. */
     {"initializer_range", HARMLESS_ALWAYS, NULL, "initialisation of training"},
@@ -77,6 +80,8 @@ static const harmless_key harmless_keys[] = {
     /* Values that mean what a spec computes when it does not bind the key. */
     {"rope_parameters.rope_type", HARMLESS_WHEN_STRING, "default",
      "plain rotary positions, what the rope op computes without scaling"},
+    {"rope_interleaved", HARMLESS_WHEN_FALSE, NULL,
+     "nanotron's rope layout (SmolLM2): false is rotate-half, what the rope op computes"},
     {"layer_types", HARMLESS_WHEN_STRING, "full_attention",
      "every layer attends to every position before it (a spec's sliding window binds its own keys)"},
 };
@@ -96,7 +101,9 @@ const char *fe_config_key_harmless(const char *key, const json_t *value) {
     for (size_t i = 0; i < sizeof harmless_keys / sizeof harmless_keys[0]; i++) {
         const harmless_key *h = &harmless_keys[i];
         if (strcmp(h->key, key) != 0) continue;
-        if (h->when == HARMLESS_ALWAYS || is_only_string(value, h->string)) return h->reason;
+        if (h->when == HARMLESS_ALWAYS || (h->when == HARMLESS_WHEN_FALSE && json_is_false(value)) ||
+            (h->when == HARMLESS_WHEN_STRING && is_only_string(value, h->string)))
+            return h->reason;
     }
     return NULL;
 }

@@ -221,6 +221,8 @@ static void test_harmless_table(void **state) {
     assert_non_null(fe_config_key_harmless("use_cache", one));
     assert_null(fe_config_key_harmless("mlp_bias", one));
     assert_null(fe_config_key_harmless("rope_scaling", one));
+    assert_non_null(fe_config_key_harmless("rope_interleaved", json_false()));
+    assert_null(fe_config_key_harmless("rope_interleaved", json_true()));
     json_decref(full);
     json_decref(mixed);
     json_decref(one);
