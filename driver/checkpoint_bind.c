@@ -4,7 +4,8 @@
 
 #include <stdlib.h>
 
-static bool is_ignored(const char *name, const drv_ignored_tensors *ignored, const drv_source_options *allowed) {
+static bool is_ignored(const char *name, const drv_ignored_tensors *ignored,
+                       const drv_source_options *allowed) {
     for (uint32_t i = 0; i < ignored->count; i++)
         if (ir_tensor_pattern_matches(ignored->patterns[i], name)) return true;
     for (uint32_t i = 0; allowed && i < allowed->allowed_unused_tensor_count; i++)
@@ -66,8 +67,8 @@ bool drv_bind_checkpoint(const smelt_plan *plan, const program *p, smelt_engine 
     if (unused) {
         char more[64] = "";
         if (unused > 1) snprintf(more, sizeof more, " (and %u more)", unused - 1);
-        diag_error(d, loc, "tensor '%.*s%s'%s of the checkpoint is used by no weight of the plan", DIAG_NAME(first_unused),
-                   more);
+        diag_error(d, loc, "tensor '%.*s%s'%s of the checkpoint is used by no weight of the plan",
+                   DIAG_NAME(first_unused), more);
         diag_note(d, SMELT_NO_LOC,
                   "a model that leaves a tensor out does not compute what the checkpoint holds; pass "
                   "--allow-unused-tensor NAME if it is knowingly unused");

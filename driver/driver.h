@@ -164,7 +164,7 @@ typedef struct drv_model_info {
     uint64_t max_step_tokens; /* tokens per step at most; 0: no bound */
     uint64_t max_positions;   /* positions of one sequence at most; 0: no bound */
     drv_tokenizer tokenizer;
-    drv_eos eos;              /* where generation stops */
+    drv_eos eos; /* where generation stops */
 } drv_model_info;
 
 typedef struct drv_model drv_model;

@@ -15,9 +15,9 @@ struct drv_model {
     drv_model_info info;
     drv_source_options source; /* a source: the options with the config found (model_folder.c) */
     char *config_path;         /* source.config_path's storage */
-    ref_model *ref;       /* backend ref */
-    smelt_engine *engine; /* every other backend */
-    ir_module module;     /* a source: the module compiled or interpreted */
+    ref_model *ref;            /* backend ref */
+    smelt_engine *engine;      /* every other backend */
+    ir_module module;          /* a source: the module compiled or interpreted */
     drv_source_weights weights;
     bool weights_open;
 };

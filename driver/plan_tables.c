@@ -49,7 +49,8 @@ bool drv_plan_tables_read(const char *plan_path, program *p, drv_tokenizer *toke
     }
     if (plan_section(&file, PLAN_SECTION_TOKENIZER, &data, &size))
         drv_tokenizer_parse((const char *)data, size, tokenizer, d);
-    if (ignored && plan_section(&file, PLAN_SECTION_MANIFEST, &data, &size) && !read_ignored(data, size, ignored)) {
+    if (ignored && plan_section(&file, PLAN_SECTION_MANIFEST, &data, &size) &&
+        !read_ignored(data, size, ignored)) {
         diag_error(d, SMELT_NO_LOC, "out of memory");
         plan_close(&file);
         program_free(p);
@@ -60,7 +61,8 @@ bool drv_plan_tables_read(const char *plan_path, program *p, drv_tokenizer *toke
     drv_eos eos = {.count = p->eos_count};
     for (uint32_t i = 0; i < p->eos_count; i++)
         eos.ids[i] = p->eos[i];
-    if (tokenizer->present && !drv_tokenizer_fits(tokenizer, &eos, p->vocab, "the plan's byte tokenizer", d)) {
+    if (tokenizer->present &&
+        !drv_tokenizer_fits(tokenizer, &eos, p->vocab, "the plan's byte tokenizer", d)) {
         program_free(p);
         if (ignored) drv_ignored_tensors_free(ignored);
         return false;

@@ -122,15 +122,15 @@ typedef struct ast_block {
 } ast_block;
 
 typedef enum ast_stmt_kind {
-    AST_STMT_PARAM,  /* param NAME: TYPE [= expr] */
-    AST_STMT_DIM,    /* dim NAME <= expr */
-    AST_STMT_INPUT,  /* input NAME: dtype[dims] */
-    AST_STMT_WEIGHT, /* weight NAME: [dtype][dims] = "hf.{l}.name" [stacked VAR] */
-    AST_STMT_LET,    /* let a[, b...] = expr */
-    AST_STMT_ASSIGN, /* a[, b...] = expr   (names must exist) */
-    AST_STMT_FOR,    /* for VAR in expr..expr { body } */
-    AST_STMT_IF,     /* if expr { then } [else { else } | else if ...] */
-    AST_STMT_OUTPUT, /* output NAME = expr */
+    AST_STMT_PARAM,   /* param NAME: TYPE [= expr] */
+    AST_STMT_DIM,     /* dim NAME <= expr */
+    AST_STMT_INPUT,   /* input NAME: dtype[dims] */
+    AST_STMT_WEIGHT,  /* weight NAME: [dtype][dims] = "hf.{l}.name" [stacked VAR] */
+    AST_STMT_LET,     /* let a[, b...] = expr */
+    AST_STMT_ASSIGN,  /* a[, b...] = expr   (names must exist) */
+    AST_STMT_FOR,     /* for VAR in expr..expr { body } */
+    AST_STMT_IF,      /* if expr { then } [else { else } | else if ...] */
+    AST_STMT_OUTPUT,  /* output NAME = expr */
     AST_STMT_REQUIRE, /* require expr [, "message"]   (a condition the bound params must meet) */
     AST_STMT_IGNORE,  /* ignore "glob"   (checkpoint tensors the model knowingly does not use) */
 } ast_stmt_kind;

@@ -59,10 +59,10 @@ bool fe_config_value_loc(const fe_config *c, const char *name, smelt_loc *loc);
 
 /* A key as a config source gives it. */
 typedef struct fe_config_key {
-    const char *name;            /* the name params bind: "rope_theta" */
-    const char *shown;           /* as the source writes it: "rope_parameters.rope_theta" */
-    const struct json_t *value;  /* its value (null counts as absent and is always allowed) */
-    smelt_loc loc;               /* the key in the source */
+    const char *name;           /* the name params bind: "rope_theta" */
+    const char *shown;          /* as the source writes it: "rope_parameters.rope_theta" */
+    const struct json_t *value; /* its value (null counts as absent and is always allowed) */
+    smelt_loc loc;              /* the key in the source */
 } fe_config_key;
 
 /* The object whose members bind params as if they were top-level keys
@@ -75,10 +75,10 @@ extern const char *const fe_config_nested_object;
 uint32_t fe_config_keys(const fe_config *c, arena *a, fe_config_key **out);
 
 typedef struct fe_config_key_check {
-    const char *spec_path;              /* for messages: the model source */
-    const char *const *params;          /* the spec's param names */
+    const char *spec_path;     /* for messages: the model source */
+    const char *const *params; /* the spec's param names */
     uint32_t param_count;
-    const char *const *allowed;         /* --allow-config-key: names (or shown names) allowed anyway */
+    const char *const *allowed; /* --allow-config-key: names (or shown names) allowed anyway */
     uint32_t allowed_count;
 } fe_config_key_check;
 

@@ -146,10 +146,11 @@ bool fe_check_config_keys(const fe_config_key *keys, uint32_t count, const fe_co
                    "config key '%.*s%s' (%s) is bound by no param of %.*s%s and is not known to be "
                    "harmless: ignoring it could compute another model",
                    DIAG_NAME(k->shown), value, DIAG_NAME(spec));
-        diag_note(d, SMELT_NO_LOC,
-                  "declare a param '%.*s%s' in the spec (with a require for the values it implements), or pass "
-                  "--allow-config-key %.*s%s if it does not change the computation",
-                  DIAG_NAME(k->name), DIAG_NAME(k->shown));
+        diag_note(
+            d, SMELT_NO_LOC,
+            "declare a param '%.*s%s' in the spec (with a require for the values it implements), or pass "
+            "--allow-config-key %.*s%s if it does not change the computation",
+            DIAG_NAME(k->name), DIAG_NAME(k->shown));
         ok = false;
     }
     return ok;

@@ -387,8 +387,8 @@ static const char *blamed_param(const fe_elaborator *el, const ast_expr *e, bool
         const fe_binding_entry *b = fe_name_map_get(&el->names, e->as.s);
         if (!b || b->origin != FE_ORIGIN_PARAM) return NULL;
         smelt_loc unused;
-        *from_input = fe_options_find(el->options, e->as.s) >= 0 ||
-                      fe_config_value_loc(&el->config, e->as.s, &unused);
+        *from_input =
+            fe_options_find(el->options, e->as.s) >= 0 || fe_config_value_loc(&el->config, e->as.s, &unused);
         return e->as.s;
     }
     case AST_EXPR_UNARY: return blamed_param(el, e->as.unary.operand, from_input);
@@ -446,8 +446,8 @@ static void elaborate_require(fe_elaborator *el, const ast_stmt *s) {
     if (name) param_value_text(&fe_name_map_get(&el->names, name)->value, value, sizeof value);
     smelt_loc at;
     if (name && from_input && fe_options_find(el->options, name) >= 0) {
-        fe_error(el, SMELT_NO_LOC, "--set %.*s%s=%s: %.*s%s does not support it%s%.*s%s", DIAG_NAME(name), value,
-                 DIAG_NAME(spec), message ? ": " : "", DIAG_NAME(message ? message : ""));
+        fe_error(el, SMELT_NO_LOC, "--set %.*s%s=%s: %.*s%s does not support it%s%.*s%s", DIAG_NAME(name),
+                 value, DIAG_NAME(spec), message ? ": " : "", DIAG_NAME(message ? message : ""));
     } else if (name && from_input && fe_config_value_loc(&el->config, name, &at)) {
         fe_error(el, at, "'%.*s%s' is %s, which %.*s%s does not support%s%.*s%s", DIAG_NAME(name), value,
                  DIAG_NAME(spec), message ? ": " : "", DIAG_NAME(message ? message : ""));

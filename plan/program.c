@@ -379,7 +379,8 @@ static bool decode_header(decoder *d) {
         uint32_t id;
         if (!plan_cursor_u32(c, &id)) return truncated(d, "the EOS ids");
         if ((uint64_t)id >= p->vocab)
-            return fail(d, "EOS id %u lies outside the vocabulary [0, %llu)", id, (unsigned long long)p->vocab);
+            return fail(d, "EOS id %u lies outside the vocabulary [0, %llu)", id,
+                        (unsigned long long)p->vocab);
         for (uint32_t k = 0; k < i; k++)
             if (p->eos[k] == (int32_t)id) return fail(d, "EOS id %u is listed twice", id);
         p->eos[i] = (int32_t)id;

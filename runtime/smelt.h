@@ -213,7 +213,7 @@ typedef struct smelt_request {
     uint64_t seed;              /* of the sampler; equal seeds give equal samples */
     const int32_t *stop_tokens; /* generation ends at any of these (not reported as output) */
     size_t stop_token_count;
-    bool ignore_eos;            /* true: do not stop at the plan's EOS ids (smelt_plan_info) */
+    bool ignore_eos;               /* true: do not stop at the plan's EOS ids (smelt_plan_info) */
     smelt_token_callback on_token; /* may be NULL */
     void *user;
     int32_t *output; /* may be NULL; else receives up to output_capacity new tokens */

@@ -180,7 +180,8 @@ static void test_unbound_key_refused(void **state) {
     fe_options o = {.config_path = config_path};
     assert_false(elaborate("model m {\n  param hidden_size: int\n}\n", &o));
     assert_int_equal(diag.error_count, 2);
-    expect_diag("config.json:3:15: error: config key 'mlp_bias' (true) is bound by no param of model.smelt and is not known to be harmless");
+    expect_diag("config.json:3:15: error: config key 'mlp_bias' (true) is bound by no param of model.smelt "
+                "and is not known to be harmless");
     expect_diag("config.json:4:19: error: config key 'rope_scaling' (an object) is bound by no param");
     expect_diag("--allow-config-key mlp_bias");
 }
@@ -198,7 +199,8 @@ static void test_allowed_key(void **state) {
  * is what the rope op computes, any other type needs a param. */
 static void test_nested_keys(void **state) {
     (void)state;
-    write_config("{\"hidden_size\": 64, \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1e4}}\n");
+    write_config(
+        "{\"hidden_size\": 64, \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1e4}}\n");
     fe_options o = {.config_path = config_path};
     assert_true(elaborate("model m {\n  param hidden_size: int\n  param rope_theta: float\n}\n", &o));
     ir_module_free(&module);
@@ -238,7 +240,8 @@ static void test_require(void **state) {
     write_config("{\n  \"hidden_act\": \"gelu\"\n}\n");
     fe_options o = {.config_path = config_path};
     assert_false(elaborate(spec, &o));
-    expect_diag("config.json:2:17: error: 'hidden_act' is \"gelu\", which model.smelt does not support: only silu");
+    expect_diag(
+        "config.json:2:17: error: 'hidden_act' is \"gelu\", which model.smelt does not support: only silu");
     expect_diag("model.smelt:3:3: note: required here");
     ir_module_free(&module);
     fe_options set = {0};

@@ -297,8 +297,9 @@ static void test_plan_tokenizer_must_fit(void **state) {
     drv_model *model;
     assert_false(drv_model_open(&m, &model, &c.d));
     assert_null(model);
-    assert_non_null(strstr(capture_text(&c), "the plan's byte tokenizer covers ids 0..255 and BOS/EOS, 257 ids, "
-                                             "but this model's vocabulary has 258"));
+    assert_non_null(strstr(capture_text(&c),
+                           "the plan's byte tokenizer covers ids 0..255 and BOS/EOS, 257 ids, "
+                           "but this model's vocabulary has 258"));
     unlink(path);
     capture_free(&c);
 }

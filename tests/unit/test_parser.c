@@ -292,7 +292,8 @@ static void test_weight(void **state) {
 static void test_require_and_ignore(void **state) {
     expect_stmt("require hidden_act == \"silu\"", "(require (== hidden_act \"silu\"))");
     expect_stmt("require !mlp_bias, \"no MLP biases\"", "(require (! mlp_bias) \"no MLP biases\")");
-    expect_stmt("ignore \"model.layers.*.rotary_emb.inv_freq\"", "(ignore \"model.layers.*.rotary_emb.inv_freq\")");
+    expect_stmt("ignore \"model.layers.*.rotary_emb.inv_freq\"",
+                "(ignore \"model.layers.*.rotary_emb.inv_freq\")");
 }
 
 static void test_let_and_assign(void **state) {
