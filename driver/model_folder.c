@@ -57,9 +57,9 @@ bool drv_find_config(const char *config_path, const char *weights_path, char **o
     free(path);
     if (config_path) {
         diag_error(d, SMELT_NO_LOC,
-                   "--config %.*s%s is a folder without a config.json: give the config file, or the folder "
+                   "--config %s is a folder without a config.json: give the config file, or the folder "
                    "of a model saved by Hugging Face",
-                   DIAG_NAME(config_path));
+                   config_path);
         return false;
     }
     return true; /* a folder of weights alone: the params come from --set and defaults */

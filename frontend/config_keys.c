@@ -143,9 +143,9 @@ bool fe_check_config_keys(const fe_config_key *keys, uint32_t count, const fe_co
         else
             snprintf(value, sizeof value, "%s", json_is_object(k->value) ? "an object" : "a list");
         diag_error(d, k->loc,
-                   "config key '%.*s%s' (%s) is bound by no param of %.*s%s and is not known to be "
+                   "config key '%.*s%s' (%s) is bound by no param of %s and is not known to be "
                    "harmless: ignoring it could compute another model",
-                   DIAG_NAME(k->shown), value, DIAG_NAME(spec));
+                   DIAG_NAME(k->shown), value, spec);
         diag_note(
             d, SMELT_NO_LOC,
             "declare a param '%.*s%s' in the spec (with a require for the values it implements), or pass "

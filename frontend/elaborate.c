@@ -438,7 +438,9 @@ static void elaborate_require(fe_elaborator *el, const ast_stmt *s) {
         return;
     }
     if (cond.as.b) return;
-    const char *message = s->as.require.message;
+    /* ": message", cut at a few lines' worth (a message may be any length). */
+    char message[256] = "";
+    if (s->as.require.message) snprintf(message, sizeof message, ": %s", s->as.require.message);
     const char *spec = el->model->source_path ? el->model->source_path : "the model";
     bool from_input = false;
     const char *name = blamed_param(el, s->as.require.cond, &from_input);
@@ -446,16 +448,15 @@ static void elaborate_require(fe_elaborator *el, const ast_stmt *s) {
     if (name) param_value_text(&fe_name_map_get(&el->names, name)->value, value, sizeof value);
     smelt_loc at;
     if (name && from_input && fe_options_find(el->options, name) >= 0) {
-        fe_error(el, SMELT_NO_LOC, "--set %.*s%s=%s: %.*s%s does not support it%s%.*s%s", DIAG_NAME(name),
-                 value, DIAG_NAME(spec), message ? ": " : "", DIAG_NAME(message ? message : ""));
+        fe_error(el, SMELT_NO_LOC, "--set %.*s%s=%s: %s does not support it%s", DIAG_NAME(name), value, spec,
+                 message);
     } else if (name && from_input && fe_config_value_loc(&el->config, name, &at)) {
-        fe_error(el, at, "'%.*s%s' is %s, which %.*s%s does not support%s%.*s%s", DIAG_NAME(name), value,
-                 DIAG_NAME(spec), message ? ": " : "", DIAG_NAME(message ? message : ""));
+        fe_error(el, at, "'%.*s%s' is %s, which %s does not support%s", DIAG_NAME(name), value, spec,
+                 message);
     } else {
         char blame[160] = "";
         if (name) snprintf(blame, sizeof blame, " ('%.*s%s' is %s)", DIAG_NAME(name), value);
-        fe_error(el, s->loc, "the model's requirement is not met%s%s%.*s%s", blame, message ? ": " : "",
-                 DIAG_NAME(message ? message : ""));
+        fe_error(el, s->loc, "the model's requirement is not met%s%s", blame, message);
         el->failed = true;
         return;
     }

@@ -26,7 +26,7 @@
  *   smelt_request req = smelt_request_default();
  *   req.prompt = prompt;
  *   req.prompt_length = 3;
- *   req.max_tokens = 64;              // new tokens at most
+ *   req.max_tokens = 64;              // new tokens at most; the model's EOS stops it sooner
  *   req.output = out;                 // optional; or a token callback:
  *   req.output_capacity = 64;
  *   smelt_generation result;
@@ -125,16 +125,16 @@ typedef struct smelt_plan_info {
     uint64_t vocab;        /* logits per token */
     int64_t max_tokens;    /* tokens per step at most (longer prompts run in chunks) */
     int64_t max_positions; /* sequence length bound; 0 when the plan sets none */
-    /* The model's end-of-sequence ids (eos_token_id of its config.json, or of
-     * generation_config.json beside it): smelt_engine_generate stops at them. */
-    uint32_t eos_token_count;
-    int32_t eos_tokens[SMELT_MAX_EOS_TOKENS];
     uint32_t kernel_count;
     uint32_t weight_count;
     uint32_t unbound_weight_count; /* weights the plan does not hold */
     bool has_host_kernels;         /* runs on "host" */
     bool has_cuda_kernels;         /* holds cubins or PTX */
     char content_hash[33];         /* hex, as `smelt inspect` prints it */
+    /* The model's end-of-sequence ids (eos_token_id of its config.json, or of
+     * generation_config.json beside it): smelt_engine_generate stops at them. */
+    uint32_t eos_token_count;
+    int32_t eos_tokens[SMELT_MAX_EOS_TOKENS];
 } smelt_plan_info;
 
 smelt_status smelt_plan_get_info(const smelt_plan *plan, smelt_plan_info *out);
@@ -213,11 +213,11 @@ typedef struct smelt_request {
     uint64_t seed;              /* of the sampler; equal seeds give equal samples */
     const int32_t *stop_tokens; /* generation ends at any of these (not reported as output) */
     size_t stop_token_count;
-    bool ignore_eos;               /* true: do not stop at the plan's EOS ids (smelt_plan_info) */
     smelt_token_callback on_token; /* may be NULL */
     void *user;
     int32_t *output; /* may be NULL; else receives up to output_capacity new tokens */
     size_t output_capacity;
+    bool ignore_eos; /* true: do not stop at the plan's EOS ids (smelt_plan_info) */
 } smelt_request;
 
 static inline smelt_request smelt_request_default(void) {
