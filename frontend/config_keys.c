@@ -108,6 +108,12 @@ const char *fe_config_key_harmless(const char *key, const json_t *value) {
     return NULL;
 }
 
+/* Equal JSON values, numbers by value (10000 and 1e4 are the same). */
+static bool same_value(const json_t *a, const json_t *b) {
+    if (json_is_number(a) && json_is_number(b)) return json_number_value(a) == json_number_value(b);
+    return json_equal(a, b);
+}
+
 static bool name_in(const char *name, const char *const *names, uint32_t count) {
     for (uint32_t i = 0; i < count; i++)
         if (strcmp(names[i], name) == 0) return true;
@@ -126,7 +132,21 @@ bool fe_check_config_keys(const fe_config_key *keys, uint32_t count, const fe_co
         if (nested && nested_bound) continue; /* the spec binds the whole object */
         /* The nested object itself: its members are checked one by one. */
         if (!nested && strcmp(k->name, fe_config_nested_object) == 0 && json_is_object(k->value)) continue;
-        if (name_in(k->name, check->params, check->param_count)) continue;
+        if (name_in(k->name, check->params, check->param_count)) {
+            /* A member the top-level key of the same name shadows must agree
+             * with it: the param takes the top-level value. */
+            for (uint32_t j = 0; nested && j < count; j++) {
+                const fe_config_key *top = &keys[j];
+                if (strcmp(top->name, top->shown) != 0 || strcmp(top->name, k->name) != 0) continue;
+                if (!top->value || json_is_null(top->value) || same_value(top->value, k->value)) continue;
+                diag_error(d, k->loc,
+                           "config key '%.*s%s' differs from the top-level '%.*s%s', which param '%.*s%s' "
+                           "of %s binds: the config contradicts itself",
+                           DIAG_NAME(k->shown), DIAG_NAME(top->name), DIAG_NAME(k->name), spec);
+                ok = false;
+            }
+            continue;
+        }
         if (fe_config_key_harmless(k->shown, k->value)) continue;
         if (name_in(k->shown, check->allowed, check->allowed_count) ||
             name_in(k->name, check->allowed, check->allowed_count))

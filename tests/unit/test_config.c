@@ -133,12 +133,12 @@ static void test_config_binds_params(void **state) {
 }
 
 /* transformers 5 keeps rope_theta under "rope_parameters"; a top-level key
- * of the same name wins over it. */
+ * of the same name binds the param (and must agree, test_nested_keys). */
 static void test_config_rope_parameters(void **state) {
     (void)state;
     write_config(
         "{\"hidden_size\": 64, \"rms_norm_eps\": 1e-6, \"layers\": 3,\n"
-        " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 500000.0, \"layers\": 9}}\n");
+        " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 500000.0, \"layers\": 3}}\n");
     fe_options o = {.config_path = config_path};
     assert_true(elaborate("model m {\n  param hidden_size: int\n  param rms_norm_eps: float\n"
                           "  param layers: int\n  param rope_theta: float = 10000.0\n}\n",
@@ -210,6 +210,17 @@ static void test_nested_keys(void **state) {
     expect_diag("config key 'rope_parameters.rope_type' (\"llama3\") is bound by no param");
     expect_diag("config key 'rope_parameters.factor' (8) is bound by no param");
     assert_int_equal(diag.error_count, 2);
+    ir_module_free(&module);
+
+    /* Both layouts at once must agree (the top-level key binds the param). */
+    write_config("{\"hidden_size\": 64, \"rope_theta\": 1e4, \"rope_parameters\": {\"rope_theta\": 5e5}}\n");
+    assert_false(elaborate("model m {\n  param hidden_size: int\n  param rope_theta: float\n}\n", &o));
+    expect_diag("config.json:1:74: error: config key 'rope_parameters.rope_theta' differs from the top-level "
+                "'rope_theta', which param 'rope_theta' of model.smelt binds");
+    ir_module_free(&module);
+    write_config(
+        "{\"hidden_size\": 64, \"rope_theta\": 1e4, \"rope_parameters\": {\"rope_theta\": 10000}}\n");
+    assert_true(elaborate("model m {\n  param hidden_size: int\n  param rope_theta: float\n}\n", &o));
 }
 
 /* The harmless table: each entry's condition. */
