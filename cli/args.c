@@ -147,6 +147,29 @@ bool cli_add_setting(const cli_args *a, drv_source_options *o, const char *text)
     return true;
 }
 
+int cli_allowance_option(cli_args *a, drv_source_options *o) {
+    const char *value, *flag = NULL;
+    if (cli_flag_value(a, "--allow-config-key", &value)) {
+        flag = "--allow-config-key";
+        if (!value) return CLI_USAGE_ERROR;
+        if (!drv_source_options_allow_key(o, value)) {
+            cli_usage_error(a, "too many --allow-config-key options (at most %d)", DRV_MAX_SETTINGS);
+            return CLI_USAGE_ERROR;
+        }
+    } else if (cli_flag_value(a, "--allow-unused-tensor", &value)) {
+        /* not a source option: binding a plan's weights at run time takes it too */
+        if (!value) return CLI_USAGE_ERROR;
+        if (!drv_source_options_allow_unused_tensor(o, value)) {
+            cli_usage_error(a, "too many --allow-unused-tensor options (at most %d)", DRV_MAX_SETTINGS);
+            return CLI_USAGE_ERROR;
+        }
+    } else {
+        return CLI_NOT_MINE;
+    }
+    if (flag && !a->source_option) a->source_option = flag;
+    return CLI_OK;
+}
+
 bool cli_parse_count(const cli_args *a, const char *text, unsigned *out) {
     char *end;
     errno = 0;
@@ -175,6 +198,8 @@ int cli_lowering_option(cli_args *a, drv_lowering *o) {
 
 int cli_model_option(cli_args *a, drv_model_options *o) {
     const char *value;
+    int allowance = cli_allowance_option(a, &o->source);
+    if (allowance != CLI_NOT_MINE) return allowance;
     if (cli_flag_value(a, "--config", &value)) {
         if (!value) return CLI_USAGE_ERROR;
         o->source.config_path = value;

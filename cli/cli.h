@@ -43,6 +43,10 @@ bool cli_positional(cli_args *a, const char **slot, const char *what);
 
 /* --set NAME=VALUE into o; false (after a usage message) when malformed. */
 bool cli_add_setting(const cli_args *a, drv_source_options *o, const char *text);
+/* --allow-config-key KEY and --allow-unused-tensor GLOB, which every command
+ * that reads a model source takes: CLI_OK, CLI_USAGE_ERROR after a message,
+ * or CLI_NOT_MINE. */
+int cli_allowance_option(cli_args *a, drv_source_options *o);
 /* A non-negative decimal count; false (after a usage message) otherwise. */
 bool cli_parse_count(const cli_args *a, const char *text, unsigned *out);
 

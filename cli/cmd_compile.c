@@ -13,15 +13,25 @@ static const char usage[] = "usage: smelt compile MODEL [options] -o model.plan\
                             "the content hash that `smelt inspect` prints.\n"
                             "\n"
                             "options:\n"
-                            "  --config FILE             bind params from a Hugging Face config.json\n"
+                            "  --config PATH             bind params from a Hugging Face config.json, or\n"
+                            "                            the folder holding it (default: the --weights\n"
+                            "                            folder's config.json, if it has one)\n"
                             "  --set NAME=VALUE          set a param (wins over --config); may repeat\n"
-                            "  --weights PATH            a .safetensors file, an index.json, or a folder;\n"
-                            "                            without it weights are bound at `smelt run`\n"
+                            "  --allow-config-key KEY    ignore config key KEY, which no param binds,\n"
+                            "                            knowing it does not change the computation (an\n"
+                            "                            unbound key is an error otherwise); may repeat\n"
+                            "  --allow-unused-tensor GLOB\n"
+                            "                            leave checkpoint tensors matching GLOB unused\n"
+                            "                            ('*': a run of characters without '.'; an unused\n"
+                            "                            tensor is an error otherwise); may repeat\n"
+                            "  --weights PATH            a .safetensors file, an index.json, or a model's\n"
+                            "                            folder; without it weights are bound at run time\n"
                             "  --target LIST             sm_80,sm_90,host (default: all three)\n"
                             "  --precision f32|bf16      storage of weights and activations (default bf16;\n"
                             "                            arithmetic is f32 either way)\n"
                             "  --tokenizer bytes         store a byte tokenizer (ids 0..255 are bytes; BOS\n"
                             "                            and EOS from config.json) for `smelt run --prompt`\n"
+                            "                            (the plan keeps the model's EOS ids either way)\n"
                             "  --max-step-tokens N       tokens per step the memory plan is sized for\n"
                             "                            (default: the model's bound, at most 512)\n"
                             "  -j N                      compile threads (default: every core)\n"
@@ -78,6 +88,9 @@ static int parse_arguments(int argc, char **argv, compile_command *c) {
     c->plan.precision = DRV_PRECISION_BF16;
     parse_targets(&a, "sm_80,sm_90,host", &c->plan);
     while (a.index < a.argc) {
+        int allowance = cli_allowance_option(&a, &c->source);
+        if (allowance == CLI_USAGE_ERROR) return CLI_USAGE_ERROR;
+        if (allowance == CLI_OK) continue;
         if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
             fputs(usage, stdout);
             return CLI_HELP_SHOWN;

@@ -7,8 +7,16 @@ static const char usage[] = "usage: smelt ir MODEL [options]\n"
                             "Prints the IR of MODEL (a .smelt DSL file or a .json model description).\n"
                             "\n"
                             "options:\n"
-                            "  --config FILE          bind params from a Hugging Face config.json\n"
+                            "  --config PATH          bind params from a Hugging Face config.json, or\n"
+                            "                         the folder holding it\n"
                             "  --set NAME=VALUE       set a param (wins over --config); may repeat\n"
+                            "  --allow-config-key KEY ignore config key KEY, which no param binds,\n"
+                            "                         knowing it does not change the computation (an\n"
+                            "                         unbound key is an error otherwise); may repeat\n"
+                            "  --allow-unused-tensor GLOB\n"
+                            "                         leave checkpoint tensors matching GLOB unused ('*':\n"
+                            "                         a run of characters without '.'; an unused tensor\n"
+                            "                         is an error otherwise); may repeat\n"
                             "  --after PASS|all       run the pipeline up to and including PASS\n"
                             "                         (default: infer-shapes; `all`: every pass)\n"
                             "  --print-ir-after PASS|all\n"
@@ -42,6 +50,9 @@ static int parse_arguments(int argc, char **argv, ir_command *c) {
         int lowering_status = cli_lowering_option(&a, &c->lowering);
         if (lowering_status == CLI_USAGE_ERROR) return CLI_USAGE_ERROR;
         if (lowering_status == CLI_OK) continue;
+        int allowance = cli_allowance_option(&a, &c->source);
+        if (allowance == CLI_USAGE_ERROR) return CLI_USAGE_ERROR;
+        if (allowance == CLI_OK) continue;
         if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
             fputs(usage, stdout);
             return CLI_HELP_SHOWN;

@@ -3,7 +3,9 @@
  * Steps a plan on the host or cuda device, or the reference interpreter on a
  * model source, through the driver (driver.h). Prints the prompt, then each generated token as
  * it is produced (decoded text when the plan has a byte tokenizer and the
- * prompt was --prompt TEXT), then the tokens/s of prefill and decode.
+ * prompt was --prompt TEXT), then why it stopped (the model's EOS, the
+ * token limit, or the end of its positions) and the tokens/s of prefill and
+ * decode.
  * --dump-logits keeps every step's logits:
  *   row 0: after the prompt; row i: after feeding the i-th generated token. */
 #include "cli.h"
@@ -19,18 +21,31 @@ static const char usage[] =
     "usage: smelt run MODEL|PLAN (--prompt-ids IDS | --prompt TEXT) [options]\n"
     "\n"
     "Generates greedily from a prompt and prints the tokens as they are\n"
-    "produced, then the tokens/s of prefill and decode. PLAN is a file from\n"
-    "`smelt compile`; a MODEL source is compiled in memory first.\n"
+    "produced, then why it stopped (stop: eos, max-tokens, or length when\n"
+    "the model's positions are used up) and the tokens/s of prefill and\n"
+    "decode. PLAN is a file from `smelt compile`; a MODEL source is compiled\n"
+    "in memory first.\n"
     "\n"
     "options:\n"
     "  --backend auto|host|cuda|ref\n"
     "                         auto (default): cuda where a GPU is present, else\n"
     "                         host (the CPU simulator running the same kernels);\n"
     "                         ref: the fp32 reference interpreter (MODEL only)\n"
-    "  --config FILE          bind params from a Hugging Face config.json (MODEL)\n"
+    "  --config PATH          bind params from a Hugging Face config.json, or the\n"
+    "                         folder holding it (MODEL; default: the --weights\n"
+    "                         folder's config.json, if it has one)\n"
     "  --set NAME=VALUE       set a param (MODEL); may repeat\n"
+    "  --allow-config-key KEY ignore config key KEY, which no param binds,\n"
+    "                         knowing it does not change the computation (an\n"
+    "                         unbound key is an error otherwise); may repeat\n"
+    "  --allow-unused-tensor GLOB\n"
+    "                         leave checkpoint tensors matching GLOB unused ('*':\n"
+    "                         a run of characters without '.'; an unused tensor\n"
+    "                         is an error otherwise); may repeat\n"
     "  --weights PATH         a .safetensors file, a model.safetensors.index.json,\n"
-    "                         or a folder; needed unless the plan holds weights\n"
+    "                         or a model's folder (with its config.json and\n"
+    "                         generation_config.json); needed unless the plan\n"
+    "                         holds weights\n"
     "  --precision f32|bf16   storage when compiling MODEL in memory (default f32)\n"
     "  --tokenizer bytes      MODEL: ids 0..255 are bytes (BOS/EOS from config.json)\n"
     "  --expect-hash H        refuse a plan whose content hash (`smelt inspect`)\n"
@@ -38,8 +53,9 @@ static const char usage[] =
     "  --prompt-ids 1,2,3     the prompt's token ids\n"
     "  --prompt TEXT          the prompt as text (needs a byte tokenizer); the\n"
     "                         output is decoded and streamed as text\n"
-    "  --max-tokens N         tokens to generate, at least 1 (default 16); EOS\n"
-    "                         stops early\n"
+    "  --max-tokens N         tokens to generate, at least 1 (default 16)\n"
+    "  --ignore-eos           do not stop at the model's EOS ids (eos_token_id of\n"
+    "                         config.json, or of generation_config.json beside it)\n"
     "  --dump-logits F.npy    write float32 logits [N, vocab]: row 0 after the\n"
     "                         prompt, row i after the i-th generated token\n"
     "  --random-weights SEED  bind every weight of PLAN to random values (for\n"
@@ -52,6 +68,7 @@ enum { RUN_MAX_PROMPT = 1 << 20, RUN_MAX_TOKENS = 1 << 20 };
 typedef struct run_command {
     const char *prompt_ids, *prompt_text, *dump_path;
     unsigned max_tokens, max_errors;
+    bool ignore_eos;
     drv_model_options model;
 } run_command;
 
@@ -74,6 +91,8 @@ static int parse_arguments(int argc, char **argv, run_command *c) {
         } else if (cli_flag_value(&a, "--prompt", &value)) {
             if (!value) return CLI_USAGE_ERROR;
             c->prompt_text = value;
+        } else if (cli_flag(&a, "--ignore-eos")) {
+            c->ignore_eos = true;
         } else if (cli_flag_value(&a, "--max-tokens", &value)) {
             if (!value || !cli_parse_count(&a, value, &c->max_tokens)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "--random-weights", &value)) {
@@ -171,11 +190,22 @@ static void print_token(const drv_tokenizer *t, int32_t token, bool as_text) {
     fflush(stdout);
 }
 
+static bool is_eos(const drv_eos *eos, int32_t token) {
+    for (uint32_t i = 0; i < eos->count; i++)
+        if (eos->ids[i] == token) return true;
+    return false;
+}
+
+/* Why generation ended, as `smelt run` prints it. */
+typedef enum run_stop { RUN_STOP_MAX_TOKENS, RUN_STOP_EOS, RUN_STOP_LENGTH } run_stop;
+
 /* Prefill (in chunks of the model's step bound), then one token per step;
- * rows[i * vocab] keeps the logits that choose token i+1. Returns the number
- * of tokens produced (EOS stops when decoding text), or -1. */
+ * rows[i * vocab] keeps the logits that choose token i+1. Stops at the
+ * model's EOS ids (unless ignore_eos; the EOS token is not printed), after
+ * max_tokens, or when the sequence has used the model's positions. Returns
+ * the number of logits rows kept, or -1. */
 static long generate(drv_model *model, const int32_t *prompt, uint32_t prompt_length, uint32_t max_tokens,
-                     bool as_text, float *rows, diag_engine *d) {
+                     bool as_text, bool ignore_eos, float *rows, diag_engine *d) {
     const drv_model_info *r = drv_model_get_info(model);
     uint64_t vocab = r->vocab, chunk = r->max_step_tokens ? r->max_step_tokens : prompt_length;
     if (chunk > prompt_length) chunk = prompt_length;
@@ -196,30 +226,52 @@ static long generate(drv_model *model, const int32_t *prompt, uint32_t prompt_le
 
     if (ok) fputs(as_text ? "" : "tokens:", stdout);
     start = seconds_now();
-    uint32_t decoded = 0, produced = 0;
+    uint32_t decoded = 0, kept = ok ? 1 : 0, printed = 0;
+    run_stop stop = RUN_STOP_MAX_TOKENS;
+    int32_t token = -1;
     for (uint32_t i = 1; ok && i <= max_tokens; i++) {
-        int32_t token = argmax(rows + (uint64_t)(i - 1) * vocab, vocab);
-        produced++;
-        if (as_text && token == r->tokenizer.eos) break;
+        token = argmax(rows + (uint64_t)(i - 1) * vocab, vocab);
+        if (!ignore_eos && is_eos(&r->eos, token)) {
+            stop = RUN_STOP_EOS;
+            break;
+        }
         print_token(&r->tokenizer, token, as_text);
+        printed++;
         if (i == max_tokens) break;
-        int32_t position = (int32_t)(prompt_length + i - 1);
-        ok = drv_model_step(model, &token, &position, 1, rows + (uint64_t)i * vocab, d);
+        /* The token goes in at the next position, which must exist. */
+        uint64_t position = (uint64_t)prompt_length + i - 1;
+        if (r->max_positions && position >= r->max_positions) {
+            stop = RUN_STOP_LENGTH;
+            break;
+        }
+        int32_t at = (int32_t)position;
+        ok = drv_model_step(model, &token, &at, 1, rows + (uint64_t)i * vocab, d);
         decoded += ok;
+        kept += ok;
     }
     if (ok || decoded > 0) printf("\n");
     fflush(stdout);
     double decode_seconds = seconds_now() - start;
-    if (ok)
+    if (ok) {
+        if (stop == RUN_STOP_EOS)
+            fprintf(stderr, "stop: eos (token %d) after %u tokens\n", token, printed);
+        else if (stop == RUN_STOP_LENGTH)
+            fprintf(stderr,
+                    "stop: length after %u tokens: the sequence holds the model's %llu positions, "
+                    "all used\n",
+                    printed, (unsigned long long)r->max_positions);
+        else
+            fprintf(stderr, "stop: max-tokens after %u tokens\n", printed);
         fprintf(
             stderr,
             "%s: prefill %u tokens in %.3f s (%.1f tokens/s), decode %u tokens in %.3f s (%.1f tokens/s)\n",
             r->name, prompt_length, prefill_seconds,
             prompt_length / (prefill_seconds > 0 ? prefill_seconds : 1e-9), decoded, decode_seconds,
             decoded / (decode_seconds > 0 ? decode_seconds : 1e-9));
+    }
     free(positions);
     free(logits);
-    return ok ? (long)produced : -1;
+    return ok ? (long)kept : -1;
 }
 
 int cmd_run(int argc, char **argv) {
@@ -247,6 +299,11 @@ int cmd_run(int argc, char **argv) {
                    "--prompt is empty and the plan's tokenizer adds no BOS token: give at least one byte");
         ok = false;
     }
+    if (ok && r->max_positions && prompt_length > r->max_positions) {
+        diag_error(&d, SMELT_NO_LOC, "the prompt's %u tokens do not fit the model's %llu positions",
+                   prompt_length, (unsigned long long)r->max_positions);
+        ok = false;
+    }
     uint64_t elements = 0;
     bool too_many =
         ok && (__builtin_mul_overflow(r->vocab, c.max_tokens, &elements) || elements > (1ull << 32));
@@ -265,7 +322,7 @@ int cmd_run(int argc, char **argv) {
                 printf(" %d", prompt[i]);
             printf("\n");
         }
-        long produced = generate(model, prompt, prompt_length, c.max_tokens, as_text, rows, &d);
+        long produced = generate(model, prompt, prompt_length, c.max_tokens, as_text, c.ignore_eos, rows, &d);
         ok = produced >= 0;
         if (ok && c.dump_path) ok = npy_write_f32(c.dump_path, rows, (uint64_t)produced, r->vocab, &d);
     }

@@ -226,6 +226,11 @@ static char *manifest_json(const ir_module *m, const cg_plan_options *o, const c
         json_object_set_new(params, p->name, v);
     }
     json_object_set_new(root, "params", params);
+    /* What binding a checkpoint at run time may leave unused (`ignore`). */
+    json_t *ignored = json_array();
+    for (uint32_t i = 0; i < m->ignored_tensor_count; i++)
+        json_array_append_new(ignored, json_string(m->ignored_tensors[i]));
+    json_object_set_new(root, "ignored_tensors", ignored);
     json_object_set_new(root, "weights_in_plan", json_boolean(o->read_weight != NULL));
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(root);
@@ -297,6 +302,15 @@ bool cg_compile_plan(const ir_module *m, const cg_plan_options *o, const char *p
         goto done;
     }
     ok = cg_lower_module(m, &l, d);
+    if (ok && o->eos_token_count > PROG_MAX_EOS) {
+        diag_error(d, SMELT_NO_LOC, "%u EOS ids; a plan keeps at most %d", o->eos_token_count, PROG_MAX_EOS);
+        ok = false;
+    }
+    if (ok) {
+        l.program.eos_count = o->eos_token_count;
+        for (uint32_t i = 0; i < o->eos_token_count; i++)
+            l.program.eos[i] = o->eos_tokens[i];
+    }
     ok = ok && compile_for_cuda(&l, o, cache, &c, report, d);
     ok = ok && (!o->host || compile_for_host(&l, cache, &c, d));
     if (ok) {

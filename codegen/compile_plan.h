@@ -34,6 +34,8 @@ typedef struct cg_plan_options {
     cg_weight_reader read_weight; /* NULL: a plan without weights (bound at run time) */
     void *weight_context;
     const char *tokenizer_json; /* NULL, or the TOKENIZER section: {"type": "bytes", "bos": N, "eos": N} */
+    const int32_t *eos_tokens;  /* the model's EOS ids, kept in the launch program; each < vocab */
+    uint32_t eos_token_count;   /* at most PROG_MAX_EOS */
     cg_progress_fn progress;    /* NULL: quiet */
     void *progress_user;
 } cg_plan_options;

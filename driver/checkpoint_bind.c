@@ -4,16 +4,35 @@
 
 #include <stdlib.h>
 
+static bool is_ignored(const char *name, const drv_ignored_tensors *ignored,
+                       const drv_source_options *allowed) {
+    for (uint32_t i = 0; i < ignored->count; i++)
+        if (ir_tensor_pattern_matches(ignored->patterns[i], name)) return true;
+    for (uint32_t i = 0; allowed && i < allowed->allowed_unused_tensor_count; i++)
+        if (ir_tensor_pattern_matches(allowed->allowed_unused_tensors[i], name)) return true;
+    return false;
+}
+
 bool drv_bind_checkpoint(const smelt_plan *plan, const program *p, smelt_engine *engine,
-                         const char *weights_path, diag_engine *d) {
+                         const char *weights_path, const drv_ignored_tensors *ignored,
+                         const drv_source_options *allowed, diag_engine *d) {
     st_checkpoint ck;
     if (!st_checkpoint_open(weights_path, &ck, d)) return false;
     smelt_loc loc = {ck.diag_file, 0, 0}; /* every message names the checkpoint */
     bool ok = true;
+    const char *first_unused = NULL;
+    uint32_t unused = 0;
     for (uint32_t i = 0; i < ck.tensor_count && !diag_should_stop(d); i++) {
         const st_tensor *t = ck.tensors[i];
-        /* A tensor the plan does not name is not used by the model. */
-        if (!smelt_plan_has_weight(plan, t->name)) continue;
+        /* A tensor the plan does not name is not used by the model: an
+         * error, as at compile time, unless the model says it may be. */
+        if (!smelt_plan_has_weight(plan, t->name)) {
+            if (ignored && !is_ignored(t->name, ignored, allowed)) {
+                if (!first_unused) first_unused = t->name;
+                unused++;
+            }
+            continue;
+        }
         if (!st_dtype_is_float(t->dtype)) {
             diag_error(
                 d, loc,
@@ -44,6 +63,16 @@ bool drv_bind_checkpoint(const smelt_plan *plan, const program *p, smelt_engine 
             diag_error(d, loc, "%s", smelt_last_error());
             ok = false;
         }
+    }
+    if (unused) {
+        char more[64] = "";
+        if (unused > 1) snprintf(more, sizeof more, " (and %u more)", unused - 1);
+        diag_error(d, loc, "tensor '%.*s%s'%s of the checkpoint is used by no weight of the plan",
+                   DIAG_NAME(first_unused), more);
+        diag_note(d, SMELT_NO_LOC,
+                  "a model that leaves a tensor out does not compute what the checkpoint holds; pass "
+                  "--allow-unused-tensor NAME if it is knowingly unused");
+        ok = false;
     }
     /* Weights the plan has no data for and the checkpoint does not hold:
      * named here, with the checkpoint, rather than at the first step. */

@@ -76,19 +76,32 @@ bool drv_backend_from_name(const char *name, drv_backend *out);
 enum { DRV_MAX_SETTINGS = 64 };
 
 /* How a model source's params are bound: a `--set` value wins, then the
- * config.json key of the same name, then the param's default. */
+ * config.json key of the same name, then the param's default. Every key of
+ * the config must be bound by a param or known not to change the
+ * computation; allowed_keys names others to ignore deliberately. Every
+ * tensor of a checkpoint must be used by a weight or match one of the
+ * model's `ignore` patterns or of allowed_unused_tensors. */
 typedef struct drv_source_options {
-    const char *config_path; /* Hugging Face config.json, or NULL */
+    const char *config_path; /* Hugging Face config.json or a folder holding one, or NULL */
     struct {
         const char *name;
         const char *value; /* text as written: 2, 1e-5, true, qwen2 */
     } settings[DRV_MAX_SETTINGS];
     uint32_t setting_count;
+    const char *allowed_keys[DRV_MAX_SETTINGS]; /* --allow-config-key KEY */
+    uint32_t allowed_key_count;
+    const char *allowed_unused_tensors[DRV_MAX_SETTINGS]; /* --allow-unused-tensor GLOB */
+    uint32_t allowed_unused_tensor_count;
 } drv_source_options;
 
 /* Adds a setting (the strings are not copied); false when there are
  * DRV_MAX_SETTINGS already. */
 bool drv_source_options_set(drv_source_options *o, const char *name, const char *value);
+/* Adds a config key to ignore deliberately / a pattern of checkpoint tensors
+ * that may stay unused ('*': any run of characters without a '.'); false
+ * when there are DRV_MAX_SETTINGS already. */
+bool drv_source_options_allow_key(drv_source_options *o, const char *key);
+bool drv_source_options_allow_unused_tensor(drv_source_options *o, const char *pattern);
 
 /* True when `path` is a plan file (starts with the plan magic). False for a
  * source, a missing file and anything else. */
@@ -110,11 +123,24 @@ size_t drv_tokenizer_encode(const drv_tokenizer *t, const char *text, size_t len
 /* The byte token `id` stands for, or -1 when it is no byte. */
 int drv_tokenizer_byte(const drv_tokenizer *t, int32_t id);
 
+/* ---- Where generation stops ------------------------------------------------------ */
+
+enum { DRV_MAX_EOS = 16 };
+
+/* The model's end-of-sequence ids: generation_config.json's eos_token_id
+ * (beside config.json) when it has one, else config.json's; one id or a
+ * list. A plan keeps them (smelt_plan_info.eos_tokens). */
+typedef struct drv_eos {
+    int32_t ids[DRV_MAX_EOS];
+    uint32_t count; /* 0: the model declares none */
+} drv_eos;
+
 /* ---- Models you can step -------------------------------------------------------- */
 
 typedef struct drv_model_options {
     const char *model_path;   /* a plan, or a .smelt/.json source */
-    const char *weights_path; /* .safetensors, index.json or folder; NULL: the plan holds them */
+    const char *weights_path; /* .safetensors, index.json or folder (whose config.json binds the
+                                 params when source.config_path is NULL); NULL: the plan holds them */
     drv_backend backend;
     drv_precision precision; /* when compiling a source */
     bool byte_tokenizer;     /* when compiling a source: ids 0..255 are bytes (BOS/EOS from config.json) */
@@ -136,7 +162,9 @@ typedef struct drv_model_info {
     const char *name;         /* "ref", or the engine's device name */
     uint64_t vocab;           /* logits per token */
     uint64_t max_step_tokens; /* tokens per step at most; 0: no bound */
+    uint64_t max_positions;   /* positions of one sequence at most; 0: no bound */
     drv_tokenizer tokenizer;
+    drv_eos eos; /* where generation stops */
 } drv_model_info;
 
 typedef struct drv_model drv_model;

@@ -48,6 +48,7 @@ void drv_source_weights_close(drv_source_weights *w);
 typedef struct drv_plan_contents {
     drv_source_weights *weights; /* NULL: weights bound at run time */
     const char *tokenizer_json;  /* NULL, or the TOKENIZER section */
+    const drv_eos *eos;          /* NULL, or the model's EOS ids */
 } drv_plan_contents;
 
 /* Writes the plan of the inferred module m to `path`. */
@@ -56,30 +57,66 @@ bool drv_write_plan(const ir_module *m, const drv_compile_options *o, const drv_
 
 /* ---- tokenizer.c ---- */
 
+/* The vocabulary of m: the last dim of its logits, or 0 when unknown. */
+uint64_t drv_module_vocab(const ir_module *m);
+
 /* The TOKENIZER section of a byte tokenizer, {"type": "bytes", "bos": N,
  * "eos": N}, with config.json's bos_token_id and eos_token_id (-1 when
  * absent) into *out (malloc'd). False after an error when an id lies outside
  * the vocabulary of m (the last dim of its logits) or memory runs out. */
 bool drv_tokenizer_json(const char *config_path, const ir_module *m, char **out, diag_engine *d);
+/* False after an error naming `what` when the byte tokenizer t (with the
+ * model's EOS ids, when given) does not cover a vocabulary of `vocab` ids. */
+bool drv_tokenizer_fits(const drv_tokenizer *t, const drv_eos *eos, uint64_t vocab, const char *what,
+                        diag_engine *d);
 /* The section's JSON read into *out; a kind this smelt does not know is a
  * warning and leaves out->present false. */
 void drv_tokenizer_parse(const char *json, size_t length, drv_tokenizer *out, diag_engine *d);
 
+/* ---- model_folder.c: config.json, generation_config.json, a model's folder ---- */
+
+/* The config.json to bind: config_path when it is a file, config_path's
+ * config.json when it is a folder (an error when it has none), else the
+ * config.json of a weights_path folder when there is one, else none. *out
+ * is malloc'd (NULL: no config); false after an error. */
+bool drv_find_config(const char *config_path, const char *weights_path, char **out, diag_engine *d);
+/* *o with its config_path found by drv_find_config (kept in *config_storage,
+ * which the caller frees). */
+bool drv_source_with_folder(const drv_source_options *o, const char *weights_path, drv_source_options *out,
+                            char **config_storage, diag_engine *d);
+/* The EOS ids of the model whose config.json is config_path (NULL: none),
+ * each checked to lie in [0, vocab) (vocab 0: unchecked). */
+bool drv_eos_tokens(const char *config_path, uint64_t vocab, drv_eos *out, diag_engine *d);
+
 /* ---- plan_tables.c ---- */
 
+/* The checkpoint tensors a plan's model leaves unused knowingly: the
+ * manifest's "ignored_tensors" (its `ignore` patterns). */
+typedef struct drv_ignored_tensors {
+    char **patterns;
+    uint32_t count;
+} drv_ignored_tensors;
+void drv_ignored_tensors_free(drv_ignored_tensors *t);
+
 /* Reads the plan's launch program (its weight table, which random weights
- * need) and its TOKENIZER section into *tokenizer, if it has one. */
-bool drv_plan_tables_read(const char *plan_path, program *p, drv_tokenizer *tokenizer, diag_engine *d);
+ * need), its TOKENIZER section into *tokenizer, if it has one, and (unless
+ * ignored is NULL) the manifest's ignored tensors; a byte tokenizer that
+ * does not cover the plan's vocabulary is an error. */
+bool drv_plan_tables_read(const char *plan_path, program *p, drv_tokenizer *tokenizer,
+                          drv_ignored_tensors *ignored, diag_engine *d);
 
 /* ---- checkpoint_bind.c: weights into an engine ---- */
 
 /* Binds every tensor of the checkpoint at weights_path that the plan names,
- * converted to f32 first whatever its float dtype; the others are not used
- * by the model and are skipped. Every error names the checkpoint: an integer
- * tensor the plan names, a binding the engine refuses, and (unless p is
- * NULL) each weight the plan holds no data for that the checkpoint lacks. */
+ * converted to f32 first whatever its float dtype. Every error names the
+ * checkpoint: an integer tensor the plan names, a binding the engine
+ * refuses, (unless p is NULL) each weight the plan holds no data for that
+ * the checkpoint lacks, and (unless ignored is NULL) the tensors the plan
+ * does not name that match neither the model's ignored patterns nor
+ * `allowed` (--allow-unused-tensor). */
 bool drv_bind_checkpoint(const smelt_plan *plan, const program *p, smelt_engine *engine,
-                         const char *weights_path, diag_engine *d);
+                         const char *weights_path, const drv_ignored_tensors *ignored,
+                         const drv_source_options *allowed, diag_engine *d);
 /* Binds every weight of the program to uniform noise in [-0.05, 0.05). */
 bool drv_bind_random_weights(smelt_engine *engine, const program *p, unsigned seed, diag_engine *d);
 

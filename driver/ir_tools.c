@@ -6,6 +6,7 @@
 #include "pass.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* False when out of memory (the printers number values: arena.h). */
@@ -43,14 +44,18 @@ static bool write_module(const ir_module *m, drv_ir_format format, const char *p
     return true;
 }
 
-bool drv_ir_print_model(const char *model_path, const drv_source_options *source, const char *after,
+bool drv_ir_print_model(const char *model_path, const drv_source_options *given, const char *after,
                         const drv_lowering *lowering, const char *print_after, drv_ir_format format,
                         const char *output_path, diag_engine *d) {
     ir_module m = {0};
-    bool ok = drv_source_parse(model_path, source, &m, d);
+    drv_source_options source;
+    char *config_path = NULL;
+    bool ok = drv_source_with_folder(given, NULL, &source, &config_path, d);
+    ok = ok && drv_source_parse(model_path, &source, &m, d);
     if (ok) ok = drv_run_passes(&m, after, NULL, lowering, print_after, d);
     if (ok) ok = write_module(&m, format, output_path, d);
     ir_module_free(&m);
+    free(config_path);
     return ok;
 }
 

@@ -13,9 +13,11 @@
 
 struct drv_model {
     drv_model_info info;
-    ref_model *ref;       /* backend ref */
-    smelt_engine *engine; /* every other backend */
-    ir_module module;     /* a source: the module compiled or interpreted */
+    drv_source_options source; /* a source: the options with the config found (model_folder.c) */
+    char *config_path;         /* source.config_path's storage */
+    ref_model *ref;            /* backend ref */
+    smelt_engine *engine;      /* every other backend */
+    ir_module module;          /* a source: the module compiled or interpreted */
     drv_source_weights weights;
     bool weights_open;
 };
@@ -56,9 +58,9 @@ static bool compile_temporary_plan(const drv_model_options *o, drv_model *r, cha
         c.archs[c.arch_count++] = 90;
     }
     char *tokenizer = NULL;
-    if (o->byte_tokenizer && !drv_tokenizer_json(o->source.config_path, &r->module, &tokenizer, d))
+    if (o->byte_tokenizer && !drv_tokenizer_json(r->source.config_path, &r->module, &tokenizer, d))
         return false;
-    drv_plan_contents contents = {.weights = &r->weights, .tokenizer_json = tokenizer};
+    drv_plan_contents contents = {.weights = &r->weights, .tokenizer_json = tokenizer, .eos = &r->info.eos};
     bool ok = drv_write_plan(&r->module, &c, &contents, path, NULL, d);
     free(tokenizer);
     return ok;
@@ -67,12 +69,14 @@ static bool compile_temporary_plan(const drv_model_options *o, drv_model *r, cha
 static bool open_engine(drv_model *r, const drv_model_options *o, const char *plan_path,
                         const char *weights_path, diag_engine *d) {
     program p = {0};
-    if (!drv_plan_tables_read(plan_path, &p, &r->info.tokenizer, d)) return false;
+    drv_ignored_tensors ignored = {0};
+    if (!drv_plan_tables_read(plan_path, &p, &r->info.tokenizer, &ignored, d)) return false;
     smelt_plan *plan;
     bool ok = smelt_plan_open(plan_path, &plan) == SMELT_OK;
     if (!ok) {
         diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
         program_free(&p);
+        drv_ignored_tensors_free(&ignored);
         return false;
     }
     smelt_plan_info info;
@@ -83,13 +87,19 @@ static bool open_engine(drv_model *r, const drv_model_options *o, const char *pl
     ok = smelt_engine_create(plan, &options, &r->engine) == SMELT_OK;
     if (!ok) diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
     if (ok && weights_path)
-        ok = drv_bind_checkpoint(plan, o->random_weights ? NULL : &p, r->engine, weights_path, d);
+        ok = drv_bind_checkpoint(plan, o->random_weights ? NULL : &p, r->engine, weights_path, &ignored,
+                                 &o->source, d);
+    drv_ignored_tensors_free(&ignored);
     smelt_plan_close(plan);
     if (ok && o->random_weights) ok = drv_bind_random_weights(r->engine, &p, o->random_seed, d);
     program_free(&p);
     r->info.name = ok ? smelt_engine_device_name(r->engine) : "engine";
     r->info.vocab = info.vocab;
     r->info.max_step_tokens = (uint64_t)info.max_tokens;
+    r->info.max_positions = (uint64_t)info.max_positions;
+    r->info.eos.count = info.eos_token_count;
+    for (uint32_t i = 0; i < info.eos_token_count && i < DRV_MAX_EOS; i++)
+        r->info.eos.ids[i] = info.eos_tokens[i];
     return ok;
 }
 
@@ -99,9 +109,16 @@ static bool open_ref(drv_model *r, const drv_model_options *o, diag_engine *d) {
     r->info.name = "ref";
     r->info.vocab = r->ref ? ref_model_vocab(r->ref) : 0;
     bool ok = r->ref != NULL;
+    /* The sequence bound: the shortest KV cache, as a plan's max_positions. */
+    for (uint32_t i = 0; i < r->module.op_count; i++) {
+        const ir_op *op = ir_op_at(&r->module, i);
+        if (op->dead || op->kind != IR_OP_ATTENTION) continue;
+        uint64_t max_seq = (uint64_t)ir_op_int(&r->module, i, "max_seq");
+        if (r->info.max_positions == 0 || max_seq < r->info.max_positions) r->info.max_positions = max_seq;
+    }
     if (ok && o->byte_tokenizer) {
         char *text = NULL;
-        ok = drv_tokenizer_json(o->source.config_path, &r->module, &text, d);
+        ok = drv_tokenizer_json(r->source.config_path, &r->module, &text, d);
         if (ok) drv_tokenizer_parse(text, strlen(text), &r->info.tokenizer, d);
         free(text);
     }
@@ -146,11 +163,13 @@ static bool open_model(drv_model *r, const drv_model_options *o, diag_engine *d)
 
     /* the reference interprets in f32 whatever the policy; a plan gets it */
     drv_lowering lowering = {.precision = ref ? DRV_PRECISION_F32 : o->precision};
-    bool ok = drv_source_load(o->model_path, &o->source, &lowering, NULL, &r->module, d);
+    bool ok = drv_source_with_folder(&o->source, o->weights_path, &r->source, &r->config_path, d);
+    ok = ok && drv_source_load(o->model_path, &r->source, &lowering, NULL, &r->module, d);
     if (ok && !o->weights_path) {
         diag_error(d, SMELT_NO_LOC, "running a model source needs --weights");
         ok = false;
     }
+    if (ok) ok = drv_eos_tokens(r->source.config_path, drv_module_vocab(&r->module), &r->info.eos, d);
     if (ok) {
         r->weights_open = true; /* closed later even when binding fails half way */
         ok = drv_source_weights_open(&r->weights, o->weights_path, &r->module, d);
@@ -200,5 +219,6 @@ void drv_model_close(drv_model *m) {
     smelt_engine_destroy(m->engine);
     if (m->weights_open) drv_source_weights_close(&m->weights);
     ir_module_free(&m->module);
+    free(m->config_path);
     free(m);
 }

@@ -30,3 +30,15 @@ bool drv_source_options_set(drv_source_options *o, const char *name, const char 
     o->setting_count++;
     return true;
 }
+
+bool drv_source_options_allow_key(drv_source_options *o, const char *key) {
+    if (o->allowed_key_count >= DRV_MAX_SETTINGS) return false;
+    o->allowed_keys[o->allowed_key_count++] = key;
+    return true;
+}
+
+bool drv_source_options_allow_unused_tensor(drv_source_options *o, const char *pattern) {
+    if (o->allowed_unused_tensor_count >= DRV_MAX_SETTINGS) return false;
+    o->allowed_unused_tensors[o->allowed_unused_tensor_count++] = pattern;
+    return true;
+}

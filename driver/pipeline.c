@@ -7,7 +7,8 @@
 
 #include <string.h>
 
-_Static_assert((int)DRV_MAX_SETTINGS == (int)FE_MAX_SETTINGS,
+_Static_assert((int)DRV_MAX_SETTINGS == (int)FE_MAX_SETTINGS &&
+                   (int)DRV_MAX_SETTINGS == (int)FE_MAX_ALLOWANCES,
                "drv_source_options holds what fe_options holds");
 
 static void frontend_options(const drv_source_options *o, fe_options *out) {
@@ -15,6 +16,10 @@ static void frontend_options(const drv_source_options *o, fe_options *out) {
     out->config_path = o->config_path;
     for (uint32_t i = 0; i < o->setting_count; i++)
         fe_options_set(out, o->settings[i].name, o->settings[i].value);
+    memcpy(out->allowed_keys, o->allowed_keys, sizeof out->allowed_keys);
+    out->allowed_key_count = o->allowed_key_count;
+    memcpy(out->allowed_unused_tensors, o->allowed_unused_tensors, sizeof out->allowed_unused_tensors);
+    out->allowed_unused_tensor_count = o->allowed_unused_tensor_count;
 }
 
 bool drv_run_passes(ir_module *m, const char *after, const char *names, const drv_lowering *l,

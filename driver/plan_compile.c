@@ -5,6 +5,7 @@
 #include "driver_internal.h"
 
 #include "compile_plan.h"
+#include "program.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,11 @@ bool drv_write_plan(const ir_module *m, const drv_compile_options *o, const drv_
         p.weight_context = contents->weights;
     }
     p.tokenizer_json = contents->tokenizer_json;
+    _Static_assert((int)DRV_MAX_EOS <= (int)PROG_MAX_EOS, "a plan keeps every EOS id the driver reads");
+    if (contents->eos) {
+        p.eos_tokens = contents->eos->ids;
+        p.eos_token_count = contents->eos->count;
+    }
     p.progress = o->progress;
     p.progress_user = o->progress_user;
     cg_plan_report r;
@@ -45,18 +51,25 @@ bool drv_write_plan(const ir_module *m, const drv_compile_options *o, const drv_
     return ok;
 }
 
-bool drv_compile(const char *model_path, const drv_source_options *source, const drv_compile_options *o,
+bool drv_compile(const char *model_path, const drv_source_options *given, const drv_compile_options *o,
                  const char *plan_path, drv_compile_report *report, diag_engine *d) {
     ir_module m = {0};
     drv_source_weights weights = {0};
     drv_lowering lowering = {.precision = o->precision, .max_step_tokens = o->max_step_tokens};
-    bool ok = drv_source_load(model_path, source, &lowering, o->print_after, &m, d);
+    drv_source_options source;
+    char *config_path = NULL;
+    bool ok = drv_source_with_folder(given, o->weights_path, &source, &config_path, d);
+    ok = ok && drv_source_load(model_path, &source, &lowering, o->print_after, &m, d);
     if (ok && o->weights_path) ok = drv_source_weights_open(&weights, o->weights_path, &m, d);
+    drv_eos eos = {.count = 0};
+    if (ok) ok = drv_eos_tokens(source.config_path, drv_module_vocab(&m), &eos, d);
     char *tokenizer = NULL;
-    if (ok && o->byte_tokenizer) ok = drv_tokenizer_json(source->config_path, &m, &tokenizer, d);
-    drv_plan_contents contents = {.weights = o->weights_path ? &weights : NULL, .tokenizer_json = tokenizer};
+    if (ok && o->byte_tokenizer) ok = drv_tokenizer_json(source.config_path, &m, &tokenizer, d);
+    drv_plan_contents contents = {
+        .weights = o->weights_path ? &weights : NULL, .tokenizer_json = tokenizer, .eos = &eos};
     ok = ok && drv_write_plan(&m, o, &contents, plan_path, report, d);
     free(tokenizer);
+    free(config_path);
     if (o->weights_path) drv_source_weights_close(&weights);
     ir_module_free(&m);
     return ok;

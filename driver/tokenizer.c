@@ -10,8 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* The vocabulary of m: the last dim of its logits, or 0 when unknown. */
-static uint64_t module_vocab(const ir_module *m) {
+uint64_t drv_module_vocab(const ir_module *m) {
     ir_value_id logits = ir_role_value(m, IR_ROLE_LOGITS);
     if (logits == IR_NO_VALUE) return 0;
     const ir_type *t = &m->values[logits].type;
@@ -38,28 +37,40 @@ static bool token_id(const json_t *config, const char *key, uint64_t vocab, smel
     return true;
 }
 
+bool drv_tokenizer_fits(const drv_tokenizer *t, const drv_eos *eos, uint64_t vocab, const char *what,
+                        diag_engine *d) {
+    /* The byte tokenizer makes ids 0..255 and BOS/EOS: a vocabulary with more
+     * ids than those belongs to a tokenizer of its own, whose ids bytes would
+     * be read as (a 49,152-token model printed garbage). */
+    uint64_t covered = 256 + (t->bos >= 256);
+    for (uint32_t i = 0; eos && i < eos->count; i++)
+        covered += eos->ids[i] >= 256 && eos->ids[i] != t->bos;
+    if (t->eos >= 256 && t->eos != t->bos && !(eos && eos->count)) covered++;
+    if (vocab <= covered) return true;
+    diag_error(d, SMELT_NO_LOC,
+               "%s covers ids 0..255 and BOS/EOS, %llu ids, but this model's vocabulary has %llu: it needs "
+               "its own tokenizer, which smelt cannot read yet",
+               what, (unsigned long long)covered, (unsigned long long)vocab);
+    return false;
+}
+
 bool drv_tokenizer_json(const char *config_path, const ir_module *m, char **out, diag_engine *d) {
     *out = NULL;
     json_t *config = config_path ? json_load_file(config_path, 0, NULL) : NULL;
     smelt_loc loc = {config_path ? diag_file_id(d, config_path) : -1, 0, 0};
-    uint64_t vocab = module_vocab(m);
-    int32_t bos, eos;
+    uint64_t vocab = drv_module_vocab(m);
+    int32_t bos, single_eos;
+    drv_eos eos;
     bool ok = token_id(config, "bos_token_id", vocab, loc, &bos, d);
-    ok &= token_id(config, "eos_token_id", vocab, loc, &eos, d);
-    /* The byte tokenizer makes ids 0..255 and BOS/EOS: a vocabulary with more
-     * ids than those belongs to a tokenizer of its own, whose ids bytes would
-     * be read as (a 49,152-token model printed garbage). */
-    uint64_t covered = 256 + (bos >= 256) + (eos >= 256 && eos != bos);
-    if (ok && vocab > covered) {
-        diag_error(
-            d, SMELT_NO_LOC,
-            "--tokenizer bytes covers ids 0..255 and BOS/EOS, %llu ids, but this model's vocabulary has "
-            "%llu: it needs its own tokenizer, which smelt cannot read yet",
-            (unsigned long long)covered, (unsigned long long)vocab);
-        ok = false;
-    }
+    ok &= token_id(config, "eos_token_id", vocab, loc, &single_eos, d);
+    ok = ok && drv_eos_tokens(config_path, vocab, &eos, d);
+    /* The tokenizer's EOS: the model's first (a list, or generation_config.json's). */
+    int32_t first_eos = ok && eos.count ? eos.ids[0] : single_eos;
+    drv_tokenizer bytes = {true, bos, first_eos};
+    ok = ok && drv_tokenizer_fits(&bytes, &eos, vocab, "--tokenizer bytes", d);
+    int32_t eos_id = first_eos;
     json_t *t =
-        ok ? json_pack("{s:s, s:I, s:I}", "type", "bytes", "bos", (json_int_t)bos, "eos", (json_int_t)eos)
+        ok ? json_pack("{s:s, s:I, s:I}", "type", "bytes", "bos", (json_int_t)bos, "eos", (json_int_t)eos_id)
            : NULL;
     *out = t ? json_dumps(t, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     if (ok && !*out) {

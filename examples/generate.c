@@ -5,7 +5,9 @@
  *   generate model.plan 47,32,58 8
  *
  * prints the new token ids as they are produced, greedily, on the GPU when
- * there is one and on the CPU simulator otherwise. */
+ * there is one and on the CPU simulator otherwise, until the model's EOS
+ * (the plan keeps its config's eos_token_id), MAX_TOKENS, or the end of its
+ * positions; then why it stopped. */
 #include "smelt.h"
 
 #include <stdio.h>
@@ -69,7 +71,9 @@ int main(int argc, char **argv) {
     }
     smelt_stats stats;
     smelt_engine_stats(engine, &stats);
-    fprintf(stderr, "generate: %zu tokens on %s; prefill %.1f tokens/s, decode %.1f tokens/s\n",
+    fprintf(stderr, "generate: stop: %s", smelt_finish_reason_name(result.reason));
+    if (result.reason == SMELT_FINISH_EOS) fprintf(stderr, " (token %d)", result.stop_token);
+    fprintf(stderr, "\ngenerate: %zu tokens on %s; prefill %.1f tokens/s, decode %.1f tokens/s\n",
             result.token_count, smelt_engine_device_name(engine), stats.prefill_tokens_per_second,
             stats.decode_tokens_per_second);
     smelt_engine_destroy(engine);

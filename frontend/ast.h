@@ -22,6 +22,8 @@
  *     }
  *     weight w1: [n_experts, f, d] = "m.experts.{e}.w1.weight" stacked e
  *     let q, k, v = split(qkv, axis = 1, sizes = [d, d, d])
+ *     require hidden_act == "silu", "only SwiGLU is implemented"
+ *     ignore "model.layers.*.self_attn.rotary_emb.inv_freq"
  *     output logits = matmul(h, embed)
  *   }
  */
@@ -120,15 +122,17 @@ typedef struct ast_block {
 } ast_block;
 
 typedef enum ast_stmt_kind {
-    AST_STMT_PARAM,  /* param NAME: TYPE [= expr] */
-    AST_STMT_DIM,    /* dim NAME <= expr */
-    AST_STMT_INPUT,  /* input NAME: dtype[dims] */
-    AST_STMT_WEIGHT, /* weight NAME: [dtype][dims] = "hf.{l}.name" [stacked VAR] */
-    AST_STMT_LET,    /* let a[, b...] = expr */
-    AST_STMT_ASSIGN, /* a[, b...] = expr   (names must exist) */
-    AST_STMT_FOR,    /* for VAR in expr..expr { body } */
-    AST_STMT_IF,     /* if expr { then } [else { else } | else if ...] */
-    AST_STMT_OUTPUT, /* output NAME = expr */
+    AST_STMT_PARAM,   /* param NAME: TYPE [= expr] */
+    AST_STMT_DIM,     /* dim NAME <= expr */
+    AST_STMT_INPUT,   /* input NAME: dtype[dims] */
+    AST_STMT_WEIGHT,  /* weight NAME: [dtype][dims] = "hf.{l}.name" [stacked VAR] */
+    AST_STMT_LET,     /* let a[, b...] = expr */
+    AST_STMT_ASSIGN,  /* a[, b...] = expr   (names must exist) */
+    AST_STMT_FOR,     /* for VAR in expr..expr { body } */
+    AST_STMT_IF,      /* if expr { then } [else { else } | else if ...] */
+    AST_STMT_OUTPUT,  /* output NAME = expr */
+    AST_STMT_REQUIRE, /* require expr [, "message"]   (a condition the bound params must meet) */
+    AST_STMT_IGNORE,  /* ignore "glob"   (checkpoint tensors the model knowingly does not use) */
 } ast_stmt_kind;
 
 struct ast_stmt {
@@ -174,6 +178,14 @@ struct ast_stmt {
             const char *name;
             ast_expr *value;
         } output;
+        struct {
+            ast_expr *cond;
+            const char *message; /* NULL: none */
+        } require;
+        struct {
+            const char *pattern; /* '*' stands for any run of characters without a '.' */
+            smelt_loc pattern_loc;
+        } ignore;
     } as;
 };
 

@@ -2,9 +2,10 @@
  *
  * The config is read once with jansson (duplicate keys rejected); a lookup
  * then finds a param's key and converts the JSON value to the param's type.
- * Keys that name no param are ignored: a config.json holds many fields a
- * model description never asks for. --set values are text and convert by
- * the param's type. See config.h for the conversion table.
+ * A key that names no param is not ignored silently: config_keys.c checks,
+ * after elaboration, that each one is known not to change the computation.
+ * --set values are text and convert by the param's type. See config.h for
+ * the conversion table.
  */
 #include "config.h"
 #include "json_memory.h"
@@ -148,12 +149,14 @@ static bool real_to_int(double r, int64_t *out) {
     return true;
 }
 
+const char *const fe_config_nested_object = "rope_parameters";
+
 /* The value of `name` in the config: a top-level key, or else a key of the
  * "rope_parameters" object, where transformers 5 keeps rope_theta. */
 static json_t *config_value(const fe_config *c, const char *name) {
     json_t *v = json_object_get(c->root, name);
     if (v && !json_is_null(v)) return v;
-    json_t *rope = json_object_get(c->root, "rope_parameters");
+    json_t *rope = json_object_get(c->root, fe_config_nested_object);
     v = json_is_object(rope) ? json_object_get(rope, name) : NULL;
     return v && !json_is_null(v) ? v : NULL;
 }
@@ -226,16 +229,9 @@ static size_t member_offset(const char *t, size_t n, size_t i, const char *key) 
     return SIZE_MAX;
 }
 
-/* Where config_value(c, name) is in the file: line and column of its first
- * byte, or the whole file when it cannot be found. */
-static smelt_loc value_loc(const fe_config *c, const char *name) {
+/* Line and column of byte `at` of the text; the whole file for SIZE_MAX. */
+static smelt_loc offset_loc(const fe_config *c, size_t at) {
     const char *t = c->text;
-    size_t n = c->length, top = skip_space(t, n, 0);
-    size_t at = member_offset(t, n, top, name);
-    if (at == SIZE_MAX || (n - at >= 4 && memcmp(t + at, "null", 4) == 0)) {
-        size_t rope = member_offset(t, n, top, "rope_parameters");
-        at = rope == SIZE_MAX ? SIZE_MAX : member_offset(t, n, rope, name);
-    }
     if (at == SIZE_MAX) return (smelt_loc){c->file, 0, 0};
     uint32_t line = 1, col = 1;
     for (size_t i = 0; i < at; i++) {
@@ -247,6 +243,54 @@ static smelt_loc value_loc(const fe_config *c, const char *name) {
         }
     }
     return (smelt_loc){c->file, line, col};
+}
+
+/* Where config_value(c, name) is in the file: line and column of its first
+ * byte, or the whole file when it cannot be found. */
+static smelt_loc value_loc(const fe_config *c, const char *name) {
+    const char *t = c->text;
+    size_t n = c->length, top = skip_space(t, n, 0);
+    size_t at = member_offset(t, n, top, name);
+    if (at == SIZE_MAX || (n - at >= 4 && memcmp(t + at, "null", 4) == 0)) {
+        size_t rope = member_offset(t, n, top, fe_config_nested_object);
+        at = rope == SIZE_MAX ? SIZE_MAX : member_offset(t, n, rope, name);
+    }
+    return offset_loc(c, at);
+}
+
+bool fe_config_value_loc(const fe_config *c, const char *name, smelt_loc *loc) {
+    if (!c->root || !config_value(c, name)) return false;
+    *loc = value_loc(c, name);
+    return true;
+}
+
+uint32_t fe_config_keys(const fe_config *c, arena *a, fe_config_key **out) {
+    *out = NULL;
+    if (!c->root) return 0;
+    const char *t = c->text;
+    size_t n = c->length, top = skip_space(t, n, 0);
+    json_t *nested = json_object_get(c->root, fe_config_nested_object);
+    size_t count = json_object_size(c->root) + (json_is_object(nested) ? json_object_size(nested) : 0);
+    fe_config_key *keys = arena_alloc(a, (count ? count : 1) * sizeof *keys);
+    uint32_t k = 0;
+    const char *key;
+    json_t *value;
+    json_object_foreach(c->root, key, value) {
+        keys[k++] = (fe_config_key){arena_strdup(a, key), arena_strdup(a, key), value,
+                                    offset_loc(c, member_offset(t, n, top, key))};
+    }
+    if (json_is_object(nested)) {
+        size_t parent = member_offset(t, n, top, fe_config_nested_object);
+        json_object_foreach(nested, key, value) {
+            size_t length = strlen(fe_config_nested_object) + 1 + strlen(key) + 1;
+            char *shown = arena_alloc(a, length);
+            snprintf(shown, length, "%s.%s", fe_config_nested_object, key);
+            size_t at = parent == SIZE_MAX ? SIZE_MAX : member_offset(t, n, parent, key);
+            keys[k++] = (fe_config_key){arena_strdup(a, key), shown, value, offset_loc(c, at)};
+        }
+    }
+    *out = keys;
+    return k;
 }
 
 fe_binding fe_config_lookup(const fe_config *c, ir_param *param, arena *a, diag_engine *d) {

@@ -44,6 +44,52 @@ typedef enum fe_binding {
  * converts it to param->type into param->value; strings are copied to `a`. */
 fe_binding fe_config_lookup(const fe_config *c, ir_param *param, arena *a, diag_engine *d);
 
+/* Where the config binds `name` (as fe_config_lookup finds it): true with
+ * the value's line and column, false when the config does not bind it. */
+bool fe_config_value_loc(const fe_config *c, const char *name, smelt_loc *loc);
+
+/* ---- No key silently ignored (config_keys.c) ----------------------------
+ *
+ * Every key a config source gives must be bound by a param of the spec,
+ * covered by the table of keys known not to change the computation, or
+ * allowed by the user (--allow-config-key); each other one is an error at
+ * the key, naming it, the source and the spec. The check is a function of
+ * the keys and the spec's params, so that any config source (config.json,
+ * GGUF metadata) can call it. */
+
+/* A key as a config source gives it. */
+typedef struct fe_config_key {
+    const char *name;           /* the name params bind: "rope_theta" */
+    const char *shown;          /* as the source writes it: "rope_parameters.rope_theta" */
+    const struct json_t *value; /* its value (null counts as absent and is always allowed) */
+    smelt_loc loc;              /* the key in the source */
+} fe_config_key;
+
+/* The object whose members bind params as if they were top-level keys
+ * (transformers 5's "rope_parameters"); config_value looks there too. */
+extern const char *const fe_config_nested_object;
+
+/* The keys of config.json: every top-level key, then every member of the
+ * nested object (named by the member, shown as "rope_parameters.member").
+ * In `a`; returns the count. */
+uint32_t fe_config_keys(const fe_config *c, arena *a, fe_config_key **out);
+
+typedef struct fe_config_key_check {
+    const char *spec_path;     /* for messages: the model source */
+    const char *const *params; /* the spec's param names */
+    uint32_t param_count;
+    const char *const *allowed; /* --allow-config-key: names (or shown names) allowed anyway */
+    uint32_t allowed_count;
+} fe_config_key_check;
+
+/* Reports every key that is neither null, bound, harmless nor allowed;
+ * false when there was one. */
+bool fe_check_config_keys(const fe_config_key *keys, uint32_t count, const fe_config_key_check *check,
+                          diag_engine *d);
+
+/* Why `key` with `value` is known not to change the computation, or NULL. */
+const char *fe_config_key_harmless(const char *key, const struct json_t *value);
+
 /* Index of the last --set of `name` in o (a later --set wins), or -1. */
 int fe_options_find(const fe_options *o, const char *name);
 

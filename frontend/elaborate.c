@@ -3,7 +3,10 @@
  * One walk over the statements, in order: params are bound (--set, then
  * config.json, then the default expression), dims become module symbols,
  * inputs, weights and outputs become their ops, `for` loops are unrolled and
- * only the chosen branch of an `if` is elaborated. Expressions and op calls
+ * only the chosen branch of an `if` is elaborated; a `require` that fails is
+ * an error at the value that broke it, and `ignore` patterns go to the
+ * module. At the end every key of the config must have been asked for by a
+ * param, or be known not to change the computation (config_keys.c). Expressions and op calls
  * are in elaborate_expr.c and elaborate_call.c; the environment and error
  * reporting in elaborate_env.c.
  *
@@ -15,6 +18,7 @@
  */
 #include "elaborate.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -370,6 +374,106 @@ static void elaborate_output(fe_elaborator *el, const ast_stmt *s) {
     ir_op_set_string(el->module, op, "name", name);
 }
 
+/* ---- require, ignore ------------------------------------------------------ */
+
+/* The first param the expression reads, preferring one bound by the config
+ * or a --set (the value a user can change), or NULL. */
+static const char *blamed_param(const fe_elaborator *el, const ast_expr *e, bool *from_input) {
+    if (!e) return NULL;
+    const char *found = NULL, *inner = NULL;
+    bool inner_input = false;
+    switch (e->kind) {
+    case AST_EXPR_NAME: {
+        const fe_binding_entry *b = fe_name_map_get(&el->names, e->as.s);
+        if (!b || b->origin != FE_ORIGIN_PARAM) return NULL;
+        smelt_loc unused;
+        *from_input =
+            fe_options_find(el->options, e->as.s) >= 0 || fe_config_value_loc(&el->config, e->as.s, &unused);
+        return e->as.s;
+    }
+    case AST_EXPR_UNARY: return blamed_param(el, e->as.unary.operand, from_input);
+    case AST_EXPR_BINARY:
+        found = blamed_param(el, e->as.binary.lhs, from_input);
+        if (found && *from_input) return found;
+        inner = blamed_param(el, e->as.binary.rhs, &inner_input);
+        if (inner && (inner_input || !found)) {
+            *from_input = inner_input;
+            return inner;
+        }
+        return found;
+    case AST_EXPR_CALL:
+        for (uint32_t i = 0; i < e->as.call.arg_count; i++) {
+            inner = blamed_param(el, e->as.call.args[i].value, &inner_input);
+            if (inner && (inner_input || !found)) {
+                found = inner;
+                *from_input = inner_input;
+                if (inner_input) break;
+            }
+        }
+        return found;
+    default: return NULL;
+    }
+}
+
+/* The value of a param as written in a message: 4096, 1e-05, true, "silu". */
+static void param_value_text(const fe_value *v, char *text, size_t size) {
+    switch (v->kind) {
+    case FE_VALUE_INT: snprintf(text, size, "%lld", (long long)v->as.i); break;
+    case FE_VALUE_FLOAT: snprintf(text, size, "%g", v->as.f); break;
+    case FE_VALUE_BOOL: snprintf(text, size, "%s", v->as.b ? "true" : "false"); break;
+    case FE_VALUE_STRING: snprintf(text, size, "\"%.*s%s\"", DIAG_NAME(v->as.s)); break;
+    default: snprintf(text, size, "%s", fe_value_kind_text(v->kind));
+    }
+}
+
+/* `require COND [, "message"]`: a value of the params the model does not
+ * implement is refused where it came from (the config's line, or the
+ * --set), with the requirement as a note. */
+static void elaborate_require(fe_elaborator *el, const ast_stmt *s) {
+    fe_value cond = fe_eval_expr(el, s->as.require.cond);
+    if (cond.kind == FE_VALUE_ERROR) return;
+    if (cond.kind != FE_VALUE_BOOL) {
+        fe_error(el, s->as.require.cond->loc, "a require needs a bool condition, found %s",
+                 fe_value_kind_text(cond.kind));
+        return;
+    }
+    if (cond.as.b) return;
+    /* ": message", cut at a few lines' worth (a message may be any length). */
+    char message[256] = "";
+    if (s->as.require.message) snprintf(message, sizeof message, ": %s", s->as.require.message);
+    const char *spec = el->model->source_path ? el->model->source_path : "the model";
+    bool from_input = false;
+    const char *name = blamed_param(el, s->as.require.cond, &from_input);
+    char value[96] = "";
+    if (name) param_value_text(&fe_name_map_get(&el->names, name)->value, value, sizeof value);
+    smelt_loc at;
+    if (name && from_input && fe_options_find(el->options, name) >= 0) {
+        fe_error(el, SMELT_NO_LOC, "--set %.*s%s=%s: %s does not support it%s", DIAG_NAME(name), value, spec,
+                 message);
+    } else if (name && from_input && fe_config_value_loc(&el->config, name, &at)) {
+        fe_error(el, at, "'%.*s%s' is %s, which %s does not support%s", DIAG_NAME(name), value, spec,
+                 message);
+    } else {
+        char blame[160] = "";
+        if (name) snprintf(blame, sizeof blame, " ('%.*s%s' is %s)", DIAG_NAME(name), value);
+        fe_error(el, s->loc, "the model's requirement is not met%s%s", blame, message);
+        el->failed = true;
+        return;
+    }
+    fe_note(el, s->loc, "required here");
+    el->failed = true;
+}
+
+/* `ignore "glob"`: checkpoint tensors that weight binding may leave unused. */
+static void elaborate_ignore(fe_elaborator *el, const ast_stmt *s) {
+    const char *pattern = s->as.ignore.pattern;
+    if (!pattern[0]) {
+        fe_error(el, s->as.ignore.pattern_loc, "an ignore pattern must not be empty");
+        return;
+    }
+    ir_add_ignored_tensor(el->module, pattern);
+}
+
 /* ---- for, if ------------------------------------------------------------ */
 
 static void elaborate_for(fe_elaborator *el, const ast_stmt *s) {
@@ -440,6 +544,8 @@ static void elaborate_stmt(fe_elaborator *el, const ast_stmt *s, bool top_level)
     case AST_STMT_FOR: elaborate_for(el, s); break;
     case AST_STMT_IF: elaborate_if(el, s); break;
     case AST_STMT_OUTPUT: elaborate_output(el, s); break;
+    case AST_STMT_REQUIRE: elaborate_require(el, s); break;
+    case AST_STMT_IGNORE: elaborate_ignore(el, s); break;
     default: SMELT_DIE("statement kind %d", (int)s->kind);
     }
 }
@@ -469,6 +575,27 @@ static void check_settings(fe_elaborator *el) {
     }
 }
 
+/* Every key of the config is bound by a param, harmless, or allowed. */
+static void check_config_keys(fe_elaborator *el) {
+    if (!el->config.root) return;
+    const ast_block *body = &el->model->body;
+    const char **params = arena_alloc(&el->scratch, (body->count + 1) * sizeof *params);
+    uint32_t param_count = 0;
+    for (uint32_t i = 0; i < body->count; i++)
+        if (body->items[i]->kind == AST_STMT_PARAM) params[param_count++] = body->items[i]->as.param.name;
+    fe_config_key *keys;
+    uint32_t key_count = fe_config_keys(&el->config, &el->scratch, &keys);
+    const fe_options *o = el->options;
+    fe_config_key_check check = {
+        .spec_path = el->model->source_path,
+        .params = params,
+        .param_count = param_count,
+        .allowed = o ? o->allowed_keys : NULL,
+        .allowed_count = o ? o->allowed_key_count : 0,
+    };
+    if (!fe_check_config_keys(keys, key_count, &check, el->diag)) el->failed = true;
+}
+
 bool fe_elaborate(const ast_model *model, const fe_options *o, diag_engine *d, ir_module *out) {
     ir_module_init(out, NULL);
     arena_recovery start;
@@ -492,6 +619,9 @@ bool fe_elaborate(const ast_model *model, const fe_options *o, diag_engine *d, i
         check_settings(&el);
         fe_config_open(&el.config, o ? o->config_path : NULL, d);
         elaborate_block(&el, &model->body, true);
+        if (!el.stopped) check_config_keys(&el);
+        for (uint32_t i = 0; o && i < o->allowed_unused_tensor_count; i++)
+            ir_add_ignored_tensor(out, o->allowed_unused_tensors[i]);
         ok = !el.failed && !el.config.broken && d->error_count == errors_before;
         arena_recovery_leave(&recovery);
     }

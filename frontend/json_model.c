@@ -458,6 +458,8 @@ static const stmt_schema stmt_schemas[] = {
     {AST_STMT_FOR, "a 'for' statement", {"for", "from", "to", "body", "loc", NULL}},
     {AST_STMT_IF, "an 'if' statement", {"if", "then", "else", "loc", NULL}},
     {AST_STMT_OUTPUT, "an 'output' statement", {"output", "value", "loc", NULL}},
+    {AST_STMT_REQUIRE, "a 'require' statement", {"require", "message", "loc", NULL}},
+    {AST_STMT_IGNORE, "an 'ignore' statement", {"ignore", "loc", NULL}},
 };
 enum { STMT_SCHEMA_COUNT = sizeof stmt_schemas / sizeof stmt_schemas[0] };
 
@@ -625,6 +627,17 @@ static bool read_stmt_fields(json_reader *r, const json_path *at, json_t *v, con
         ok = (stmt->as.output.name = name_member(r, at, v, "output", true, s, "an output name")) != NULL;
         stmt->as.output.value = expr_member(r, at, v, "value", s, loc, depth);
         return ok && stmt->as.output.value;
+    case AST_STMT_REQUIRE:
+        stmt->as.require.cond = expr_member(r, at, v, "require", s, loc, depth);
+        if (json_object_get(v, "message")) {
+            stmt->as.require.message = name_member(r, at, v, "message", false, s, "a message");
+            if (!stmt->as.require.message) return false;
+        }
+        return stmt->as.require.cond != NULL;
+    case AST_STMT_IGNORE:
+        stmt->as.ignore.pattern = name_member(r, at, v, "ignore", true, s, "a tensor name pattern");
+        stmt->as.ignore.pattern_loc = loc;
+        return stmt->as.ignore.pattern != NULL;
     }
     SMELT_DIE("statement kind %d has no reader", (int)s->kind);
 }
@@ -649,7 +662,7 @@ static ast_stmt *read_stmt(json_reader *r, const json_path *at, json_t *v, smelt
     if (!s) {
         report(r, at,
                "expected a statement: an object with one of the keys 'param', 'dim', 'input', "
-               "'weight', 'let', 'set', 'for', 'if' or 'output'");
+               "'weight', 'let', 'set', 'for', 'if', 'output', 'require' or 'ignore'");
         return NULL;
     }
     check_keys(r, at, v, s->keys, s->what);

@@ -219,7 +219,7 @@ static ast_type type_of(fe_parse_state *st, const char *dtype, fe_location dtype
 /* Aliases are how tokens read in messages. */
 %token MODEL "'model'" PARAM "'param'" DIM "'dim'" INPUT "'input'" WEIGHT "'weight'"
 %token LET "'let'" FOR "'for'" IN "'in'" IF "'if'" ELSE "'else'" OUTPUT "'output'"
-%token STACKED "'stacked'" TRUE "'true'" FALSE "'false'"
+%token STACKED "'stacked'" TRUE "'true'" FALSE "'false'" REQUIRE "'require'" IGNORE "'ignore'"
 %token TYPE_INT "'int'" TYPE_FLOAT "'float'" TYPE_BOOL "'bool'" TYPE_STRING "'string'"
 %token DOTDOT "'..'" LE "'<='" GE "'>='" EQ "'=='" NE "'!='" AND "'&&'" OR "'||'"
 %token NEWLINE "end of line"
@@ -397,6 +397,25 @@ stmt
         ast_stmt *s = new_stmt(state, AST_STMT_OUTPUT, @1);
         s->as.output.name = $2;
         s->as.output.value = $4.node;
+        $$ = (fe_stmt){s, 1};
+    }
+    /* require-stmt := "require" expr [ "," STRING ] */
+    | REQUIRE expr {
+        ast_stmt *s = new_stmt(state, AST_STMT_REQUIRE, @1);
+        s->as.require.cond = $2.node;
+        $$ = (fe_stmt){s, 1};
+    }
+    | REQUIRE expr ',' STRING {
+        ast_stmt *s = new_stmt(state, AST_STMT_REQUIRE, @1);
+        s->as.require.cond = $2.node;
+        s->as.require.message = $4;
+        $$ = (fe_stmt){s, 1};
+    }
+    /* ignore-stmt := "ignore" STRING */
+    | IGNORE STRING {
+        ast_stmt *s = new_stmt(state, AST_STMT_IGNORE, @1);
+        s->as.ignore.pattern = $2;
+        s->as.ignore.pattern_loc = fe_loc(state, @2);
         $$ = (fe_stmt){s, 1};
     }
     ;
@@ -658,7 +677,7 @@ static bool starts_statement(yysymbol_kind_t s) {
     switch (s) {
     case YYSYMBOL_PARAM: case YYSYMBOL_DIM: case YYSYMBOL_INPUT: case YYSYMBOL_WEIGHT:
     case YYSYMBOL_LET: case YYSYMBOL_FOR: case YYSYMBOL_IF: case YYSYMBOL_OUTPUT:
-    case YYSYMBOL_NAME:
+    case YYSYMBOL_REQUIRE: case YYSYMBOL_IGNORE: case YYSYMBOL_NAME:
         return true;
     default:
         return false;

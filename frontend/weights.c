@@ -159,13 +159,22 @@ static void bind_weight(fe_binder *b, uint32_t op_index) {
     w->bound = true;
 }
 
-/* One warning listing the checkpoint tensors no weight used. */
-static void warn_unused(fe_binder *b) {
+/* One error listing the checkpoint tensors no weight used and no `ignore`
+ * pattern of the model covers: a tensor the model leaves out is a part of
+ * the network it does not compute (Llama's o_proj bias was one). */
+static void refuse_unused(fe_binder *b) {
     const st_checkpoint *ck = b->ck;
-    uint32_t unused = 0;
-    for (uint32_t i = 0; i < ck->tensor_count; i++)
-        unused += !b->used[i];
-    b->out->unused_count = unused;
+    uint32_t unused = 0, ignored = 0;
+    for (uint32_t i = 0; i < ck->tensor_count; i++) {
+        if (b->used[i]) continue;
+        if (ir_tensor_is_ignored(b->m, ck->tensors[i]->name)) {
+            b->used[i] = 2; /* ignored: not listed below */
+            ignored++;
+        } else {
+            unused++;
+        }
+    }
+    b->out->unused_count = unused + ignored;
     if (!unused) return;
     size_t capacity = 128 + FE_UNUSED_NAMES_SHOWN * (DIAG_NAME_MAX + 8), length = 0;
     char *names = arena_alloc(&b->out->arena, capacity);
@@ -178,9 +187,13 @@ static void warn_unused(fe_binder *b) {
         shown++;
     }
     smelt_loc loc = {ck->diag_file, 0, 0};
-    diag_warning(b->d, loc, "%u %s of the checkpoint %s used by no weight: %s%s", unused,
-                 unused == 1 ? "tensor" : "tensors", unused == 1 ? "is" : "are", names,
-                 unused > shown ? ", ..." : "");
+    diag_error(b->d, loc, "%u %s of the checkpoint %s used by no weight of the model: %s%s", unused,
+               unused == 1 ? "tensor" : "tensors", unused == 1 ? "is" : "are", names,
+               unused > shown ? ", ..." : "");
+    diag_note(b->d, SMELT_NO_LOC,
+              "a model that leaves a tensor out does not compute what the checkpoint holds; if it is "
+              "knowingly unused, say so in the spec (ignore \"NAME\", '*' for any name part) or pass "
+              "--allow-unused-tensor NAME");
 }
 
 bool fe_bind_weights(const ir_module *m, const st_checkpoint *ck, diag_engine *d, fe_weight_binding *out) {
@@ -206,7 +219,7 @@ bool fe_bind_weights(const ir_module *m, const st_checkpoint *ck, diag_engine *d
         bind_weight(&b, i);
         ok &= out->weights[i].bound;
     }
-    warn_unused(&b);
+    refuse_unused(&b);
     arena_recovery_leave(&recovery);
     return ok && d->error_count == errors_before && !diag_should_stop(d);
 }

@@ -16,8 +16,10 @@
  * F8_E5M2; it is converted on reading, whatever dtype the model declares)
  * and exactly the expected shape; weight dims must be constants. Errors are
  * reported at the weight's source location, one per problem. Checkpoint
- * tensors that no weight uses are listed in one warning (tied embeddings and
- * unused heads are common, so this is no error).
+ * tensors that no weight uses are listed in one error, except those that
+ * match one of the module's `ignore` patterns (ir_tensor_is_ignored: a tied
+ * lm_head.weight copy, rotary inv_freq buffers, what --allow-unused-tensor
+ * names): a tensor left out is a part of the network not computed.
  *
  * The binding points into the checkpoint, which must stay open while the
  * binding is used.
@@ -42,7 +44,7 @@ typedef struct fe_weight_binding {
     diag_engine *diag;        /* fe_bind_weights's: fe_weight_read_f32 reports there */
     fe_bound_weight *weights; /* one per op of the module, by op index */
     uint32_t op_count;
-    uint32_t unused_count; /* checkpoint tensors no weight uses */
+    uint32_t unused_count; /* checkpoint tensors no weight uses (ignored ones included) */
 } fe_weight_binding;
 
 /* Binds every live weight op of m. `out` is initialised whatever the result:

@@ -213,6 +213,11 @@ typedef struct ir_module {
     uint32_t op_count, op_capacity;
     ir_value *values;
     uint32_t value_count, value_capacity;
+    /* Checkpoint tensors the model knowingly leaves unused (`ignore "glob"`;
+     * '*' stands for a run of characters without a '.'): weight binding
+     * refuses every other tensor no weight uses. */
+    const char **ignored_tensors;
+    uint32_t ignored_tensor_count, ignored_tensor_capacity;
     /* Set by the lowering passes and printed with the module: */
     const char *precision;  /* precision: the policy applied ("f32", "bf16"); then every dtype is a
                                storage dtype and float ops may mix float dtypes (arithmetic is f32);
@@ -228,6 +233,14 @@ void ir_module_free(ir_module *m);
 ir_param *ir_add_param(ir_module *m, const char *name, ir_param_type type);
 /* Returns the new symbol's index. */
 int32_t ir_add_symbol(ir_module *m, const char *name, int64_t bound, smelt_loc loc);
+/* Adds an `ignore` pattern (copied); a pattern already there is not added twice. */
+void ir_add_ignored_tensor(ir_module *m, const char *pattern);
+/* True when the tensor `name` matches `pattern`, where '*' stands for any run
+ * (possibly empty) of characters other than '.', and every other character
+ * for itself: "model.layers.*.self_attn.rotary_emb.inv_freq". */
+bool ir_tensor_pattern_matches(const char *pattern, const char *name);
+/* True when `name` matches one of m's ignored_tensors. */
+bool ir_tensor_is_ignored(const ir_module *m, const char *name);
 int32_t ir_find_symbol(const ir_module *m, const char *name); /* -1: none */
 
 /* Appends an op with `result_count` fresh results of unknown type (pass

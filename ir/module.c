@@ -43,6 +43,43 @@ int32_t ir_add_symbol(ir_module *m, const char *name, int64_t bound, smelt_loc l
     return (int32_t)m->symbol_count++;
 }
 
+void ir_add_ignored_tensor(ir_module *m, const char *pattern) {
+    for (uint32_t i = 0; i < m->ignored_tensor_count; i++)
+        if (strcmp(m->ignored_tensors[i], pattern) == 0) return;
+    GROW(m, m->ignored_tensors, m->ignored_tensor_count, m->ignored_tensor_capacity);
+    m->ignored_tensors[m->ignored_tensor_count++] = arena_strdup(&m->arena, pattern);
+}
+
+/* Iterative, with one backtrack point (the last '*'), as for shell globs: a
+ * '*' cannot cross a '.', so the backtrack never has to move past one and
+ * the match is linear in practice and never recursive. */
+bool ir_tensor_pattern_matches(const char *pattern, const char *name) {
+    const char *star = NULL, *resume = NULL;
+    while (*name) {
+        if (*pattern == '*') {
+            star = pattern++;
+            resume = name;
+        } else if (*pattern == *name) {
+            pattern++;
+            name++;
+        } else if (star && *resume != '.') {
+            pattern = star + 1;
+            name = ++resume;
+        } else {
+            return false;
+        }
+    }
+    while (*pattern == '*')
+        pattern++;
+    return *pattern == '\0';
+}
+
+bool ir_tensor_is_ignored(const ir_module *m, const char *name) {
+    for (uint32_t i = 0; i < m->ignored_tensor_count; i++)
+        if (ir_tensor_pattern_matches(m->ignored_tensors[i], name)) return true;
+    return false;
+}
+
 int32_t ir_find_symbol(const ir_module *m, const char *name) {
     for (uint32_t i = 0; i < m->symbol_count; i++)
         if (strcmp(m->symbols[i].name, name) == 0) return (int32_t)i;

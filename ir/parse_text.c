@@ -819,6 +819,14 @@ static void parse_precision(parser *p) {
     p->have_precision = true;
 }
 
+/* ignore := 'ignore' STRING   (checkpoint tensors the model leaves unused) */
+static void parse_ignore(parser *p) {
+    advance(p);
+    const char *pattern;
+    if (!parse_string(p, &pattern, &p->m->arena)) return;
+    ir_add_ignored_tensor(p->m, pattern);
+}
+
 /* arena := 'arena' INT 'bytes' 'for' INT 'tokens'   (the memory plan's size) */
 static void parse_arena(parser *p) {
     smelt_loc loc = p->token.loc;
@@ -868,10 +876,12 @@ static void parse_statement(parser *p) {
         parse_precision(p);
     else if (at_word(p, "arena"))
         parse_arena(p);
+    else if (at_word(p, "ignore"))
+        parse_ignore(p);
     else if (at(p, IR_TOKEN_VALUE) || at(p, IR_TOKEN_IDENT))
         parse_op(p);
     else
-        expected(p, "'param', 'dim', 'source', 'precision', 'arena' or an op");
+        expected(p, "'param', 'dim', 'source', 'ignore', 'precision', 'arena' or an op");
 }
 
 /* module := 'module' name '{' NEWLINE (statement NEWLINE)* '}' */

@@ -12,6 +12,7 @@
  *     "body": [
  *       {"param": "hidden_size", "type": "int", "default": 64},
  *       {"dim": "tokens", "max": 8192},
+ *       {"ignore": "lm_head.weight"},
  *       {"input": "ids", "dtype": "i32", "shape": ["tokens"], "loc": [14, 3]},
  *       {"weight": "%1", "dtype": "f32", "shape": [97, 64], "name": "model.embed_tokens.weight"},
  *       {"let": "%2", "value": {"call": "embedding", "args": ["%1", "ids"], "loc": [17, 11]}},
@@ -328,6 +329,12 @@ void ir_print_json(const ir_module *m, FILE *out) {
     for (uint32_t i = 0; i < m->symbol_count; i++, separator = ",\n    ") {
         fputs(separator, out);
         write_dim_decl(out, &m->symbols[i]);
+    }
+    for (uint32_t i = 0; i < m->ignored_tensor_count; i++, separator = ",\n    ") {
+        fputs(separator, out);
+        fputs("{\"ignore\": ", out);
+        write_string(out, m->ignored_tensors[i]);
+        fputc('}', out);
     }
     for (uint32_t i = 0; i < m->op_count; i++) {
         if (m->ops[i].dead) continue;

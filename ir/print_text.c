@@ -4,6 +4,7 @@
  *     source "examples/llama.smelt"
  *     param rms_norm_eps: float = 1e-05
  *     dim tokens <= 8192
+ *     ignore "lm_head.weight"
  *     %0 = input() {name = "ids"} : i32[tokens] loc(14:3)
  *     %1, %2 = split(%0) {axis = 0, sizes = [2, 2]} : ?, ?
  *     output(%1) {name = "logits"} loc(40:3)
@@ -287,6 +288,11 @@ void ir_print_text(const ir_module *m, FILE *out) {
         fputs("  dim ", out);
         print_name(out, m->symbols[i].name);
         fprintf(out, " <= %" PRId64 "\n", m->symbols[i].bound);
+    }
+    for (uint32_t i = 0; i < m->ignored_tensor_count; i++) {
+        fputs("  ignore ", out);
+        print_string(out, m->ignored_tensors[i]);
+        fputc('\n', out);
     }
     if (m->precision) {
         fputs("  precision ", out);

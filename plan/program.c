@@ -8,6 +8,7 @@
  *   i64 max_tokens, u64 arena_bytes, u64 vocab
  *   ref input_ids, ref input_pos, ref logits
  *   i64 max_positions, i64 id_bound, u32 id_table (weight index; ~0: none)
+ *   u32 eos_count, eos_count x i32 eos id
  *   u32 state_count,  state_count  x {u64 bytes, u64 rows}
  *   u32 weight_count, weight_count x {string name, u8 dtype, u8 stacked,
  *                                     u32 rank, rank x i64 dim, u64 bytes,
@@ -29,7 +30,8 @@
  * its whole size); `writes` says whether the kernel stores through it. A
  * state's rows are the positions of a KV cache (0: not indexed by position).
  * Version 3 added extents, writes, state rows and id_table; version 4 the
- * modeled cost of each instruction (program.h, "The cost model").
+ * modeled cost of each instruction (program.h, "The cost model"); version 5
+ * the EOS ids (at most PROG_MAX_EOS, each in [0, vocab), distinct).
  *
  * What decoding checks (the executor relies on every item):
  *   - counts against the bytes left (no allocation a short section cannot
@@ -213,6 +215,9 @@ bool program_encode(const program *p, uint8_t **bytes, size_t *size) {
     put_i64(&w, p->max_positions);
     put_i64(&w, p->id_bound);
     put_u32(&w, p->id_table);
+    put_u32(&w, p->eos_count);
+    for (uint32_t i = 0; i < p->eos_count && i < PROG_MAX_EOS; i++)
+        put_u32(&w, (uint32_t)p->eos[i]);
     put_u32(&w, p->state_count);
     for (uint32_t i = 0; i < p->state_count; i++) {
         put_u64(&w, p->state_bytes[i]);
@@ -396,6 +401,19 @@ static bool decode_header(decoder *d) {
         return fail(d, "max_positions %lld is outside [0, %d]", (long long)p->max_positions, INT32_MAX);
     if (p->id_bound < 0 || p->id_bound > INT32_MAX)
         return fail(d, "id_bound %lld is outside [0, %d]", (long long)p->id_bound, INT32_MAX);
+    if (!plan_cursor_u32(c, &p->eos_count)) return truncated(d, "the EOS count");
+    if (p->eos_count > PROG_MAX_EOS)
+        return fail(d, "%u EOS ids; at most %d are allowed", p->eos_count, PROG_MAX_EOS);
+    for (uint32_t i = 0; i < p->eos_count; i++) {
+        uint32_t id;
+        if (!plan_cursor_u32(c, &id)) return truncated(d, "the EOS ids");
+        if ((uint64_t)id >= p->vocab)
+            return fail(d, "EOS id %u lies outside the vocabulary [0, %llu)", id,
+                        (unsigned long long)p->vocab);
+        for (uint32_t k = 0; k < i; k++)
+            if (p->eos[k] == (int32_t)id) return fail(d, "EOS id %u is listed twice", id);
+        p->eos[i] = (int32_t)id;
+    }
     return true;
 }
 

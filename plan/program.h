@@ -28,7 +28,7 @@
 
 #include "smelt_dtype.h"
 
-enum { PROGRAM_FORMAT_VERSION = 4, PROG_MAX_ARGS = 32 };
+enum { PROGRAM_FORMAT_VERSION = 5, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16 };
 
 /* ceil((a * T + b) / c) with c >= 1; a constant is {0, value, 1}. */
 typedef struct prog_affine {
@@ -183,9 +183,11 @@ typedef struct program {
     prog_ref input_pos;   /* int32[T] */
     prog_ref logits;      /* f32[T, vocab] */
     int64_t
-        max_positions; /* positions must lie in [0, max_positions) (the KV caches' length); 0: unchecked */
-    int64_t id_bound;  /* ids must lie in [0, id_bound) (rows of the embedding table); 0: [0, vocab) */
-    uint32_t id_table; /* weight index of the embedding table the ids index; UINT32_MAX: none */
+        max_positions;  /* positions must lie in [0, max_positions) (the KV caches' length); 0: unchecked */
+    int64_t id_bound;   /* ids must lie in [0, id_bound) (rows of the embedding table); 0: [0, vocab) */
+    uint32_t id_table;  /* weight index of the embedding table the ids index; UINT32_MAX: none */
+    uint32_t eos_count; /* the model's end-of-sequence ids, where generation stops */
+    int32_t eos[PROG_MAX_EOS]; /* [eos_count], each in [0, vocab), distinct */
     uint32_t state_count;
     uint64_t *state_bytes; /* [state_count] */
     uint64_t *state_rows;  /* [state_count] positions (max_seq) of a KV cache; 0: not indexed by position */

@@ -118,6 +118,10 @@ bool plan_print_program(FILE *out, const plan_file *plan, const uint8_t *data, u
     fprintf(out, "; output: logits at ");
     print_ref(out, p.logits);
     fputc('\n', out);
+    fprintf(out, "  generation stops at EOS ids:");
+    for (uint32_t i = 0; i < p.eos_count; i++)
+        fprintf(out, "%s %" PRId32, i ? "," : "", p.eos[i]);
+    fputs(p.eos_count ? "\n" : " none (the config names none)\n", out);
     print_weights(out, &p);
     fprintf(out, "  instructions (cost: modeled DRAM bytes and flops at T tokens, context C):\n");
     for (uint32_t i = 0; i < p.instr_count; i++) {

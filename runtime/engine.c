@@ -231,6 +231,23 @@ static smelt_status feed(smelt_engine *engine, const int32_t *tokens, size_t cou
     return SMELT_OK;
 }
 
+const char *smelt_finish_reason_name(smelt_finish_reason reason) {
+    switch (reason) {
+    case SMELT_FINISH_LENGTH: return "max-tokens";
+    case SMELT_FINISH_STOP_TOKEN: return "stop-token";
+    case SMELT_FINISH_CALLBACK: return "callback";
+    case SMELT_FINISH_CONTEXT_FULL: return "length";
+    case SMELT_FINISH_EOS: return "eos";
+    }
+    return "unknown";
+}
+
+static bool is_eos(const program *p, int32_t token) {
+    for (uint32_t i = 0; i < p->eos_count; i++)
+        if (p->eos[i] == token) return true;
+    return false;
+}
+
 static bool is_stop_token(const smelt_request *r, int32_t token) {
     for (size_t i = 0; i < r->stop_token_count; i++)
         if (r->stop_tokens[i] == token) return true;
@@ -280,8 +297,8 @@ smelt_status smelt_engine_generate(smelt_engine *engine, const smelt_request *re
         rt_error e = {0};
         if (rt_sampler_pick(&engine->sampler, engine->last_logits, &settings, &token, &e) != SMELT_OK)
             return rt_last_error_publish(&e);
-        if (is_stop_token(request, token)) {
-            g->reason = SMELT_FINISH_STOP_TOKEN;
+        if (is_stop_token(request, token) || (!request->ignore_eos && is_eos(p, token))) {
+            g->reason = is_stop_token(request, token) ? SMELT_FINISH_STOP_TOKEN : SMELT_FINISH_EOS;
             g->stop_token = token;
             return SMELT_OK;
         }

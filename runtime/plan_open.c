@@ -108,6 +108,9 @@ smelt_status smelt_plan_get_info(const smelt_plan *plan, smelt_plan_info *out) {
     out->vocab = p->vocab;
     out->max_tokens = p->max_tokens;
     out->max_positions = p->max_positions;
+    out->eos_token_count = p->eos_count;
+    for (uint32_t i = 0; i < p->eos_count; i++)
+        out->eos_tokens[i] = p->eos[i];
     out->kernel_count = plan->kernels.count;
     out->weight_count = p->weight_count;
     for (uint32_t i = 0; i < p->weight_count; i++)

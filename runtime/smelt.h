@@ -26,7 +26,7 @@
  *   smelt_request req = smelt_request_default();
  *   req.prompt = prompt;
  *   req.prompt_length = 3;
- *   req.max_tokens = 64;              // new tokens at most
+ *   req.max_tokens = 64;              // new tokens at most; the model's EOS stops it sooner
  *   req.output = out;                 // optional; or a token callback:
  *   req.output_capacity = 64;
  *   smelt_generation result;
@@ -119,6 +119,8 @@ smelt_status smelt_plan_open_memory(const void *bytes, size_t size, smelt_plan *
  * destroyed too. NULL is harmless. */
 void smelt_plan_close(smelt_plan *plan);
 
+enum { SMELT_MAX_EOS_TOKENS = 16 };
+
 typedef struct smelt_plan_info {
     uint64_t vocab;        /* logits per token */
     int64_t max_tokens;    /* tokens per step at most (longer prompts run in chunks) */
@@ -129,6 +131,10 @@ typedef struct smelt_plan_info {
     bool has_host_kernels;         /* runs on "host" */
     bool has_cuda_kernels;         /* holds cubins or PTX */
     char content_hash[33];         /* hex, as `smelt inspect` prints it */
+    /* The model's end-of-sequence ids (eos_token_id of its config.json, or of
+     * generation_config.json beside it): smelt_engine_generate stops at them. */
+    uint32_t eos_token_count;
+    int32_t eos_tokens[SMELT_MAX_EOS_TOKENS];
 } smelt_plan_info;
 
 smelt_status smelt_plan_get_info(const smelt_plan *plan, smelt_plan_info *out);
@@ -211,6 +217,7 @@ typedef struct smelt_request {
     void *user;
     int32_t *output; /* may be NULL; else receives up to output_capacity new tokens */
     size_t output_capacity;
+    bool ignore_eos; /* true: do not stop at the plan's EOS ids (smelt_plan_info) */
 } smelt_request;
 
 static inline smelt_request smelt_request_default(void) {
@@ -222,19 +229,27 @@ static inline smelt_request smelt_request_default(void) {
 
 typedef enum smelt_finish_reason {
     SMELT_FINISH_LENGTH = 0,   /* max_tokens produced */
-    SMELT_FINISH_STOP_TOKEN,   /* a stop token was sampled */
+    SMELT_FINISH_STOP_TOKEN,   /* a stop token of the request was sampled */
     SMELT_FINISH_CALLBACK,     /* the callback returned false */
     SMELT_FINISH_CONTEXT_FULL, /* the plan's max_positions was reached */
+    SMELT_FINISH_EOS,          /* one of the model's EOS ids was sampled */
 } smelt_finish_reason;
 
+/* "max-tokens", "stop-token", "callback", "length" (the context is full),
+ * "eos"; "unknown" for another value. */
+const char *smelt_finish_reason_name(smelt_finish_reason reason);
+
 typedef struct smelt_generation {
-    size_t token_count; /* new tokens produced (a stop token is not counted) */
+    size_t token_count; /* new tokens produced (a stop or EOS token is not counted) */
     smelt_finish_reason reason;
-    int32_t stop_token; /* when reason is SMELT_FINISH_STOP_TOKEN */
+    int32_t stop_token; /* the token that stopped it: reason SMELT_FINISH_STOP_TOKEN or SMELT_FINISH_EOS */
 } smelt_generation;
 
 /* Feeds the prompt (in chunks of max_tokens), then samples up to max_tokens
- * new tokens, one decode step each. result may be NULL. */
+ * new tokens, one decode step each, stopping early at one of the model's EOS
+ * ids (unless ignore_eos), at a stop token, or when the sequence reaches the
+ * plan's max_positions (SMELT_FINISH_CONTEXT_FULL, not an error). result may
+ * be NULL. */
 smelt_status smelt_engine_generate(smelt_engine *engine, const smelt_request *request,
                                    smelt_generation *result);
 

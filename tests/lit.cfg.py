@@ -16,6 +16,7 @@ config.environment["PATH"] = os.pathsep.join(
 # Kernels compiled by tests go to a cache of the build tree's own.
 config.environment["SMELT_CACHE_DIR"] = os.path.join(config.test_exec_root, "kernel-cache")
 config.substitutions.append(("%examples", os.path.join(config.smelt_source_dir, "examples")))
+config.substitutions.append(("%generate", config.generate_bin))
 config.substitutions.append(("%smelt_root", config.smelt_source_dir))
 config.substitutions.append(("%fixtures", os.path.join(config.smelt_test_source_dir, "fixtures")))
 # Sanitized builds (SMELT_SANITIZE) reserve terabytes of shadow memory: tests

@@ -9,8 +9,11 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "config.h"
 #include "frontend.h"
 #include "ir_io.h"
+
+#include <jansson.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,12 +113,12 @@ static const char config_text[] = "{\n"
                                   "  \"layers\": 4.0\n"
                                   "}\n";
 
-/* Every param from the config, null counts as absent, unknown keys ignored,
- * defaults see the bound values of earlier params. */
+/* Every param from the config, null counts as absent, an unknown key
+ * allowed deliberately, defaults see the bound values of earlier params. */
 static void test_config_binds_params(void **state) {
     (void)state;
     write_config(config_text);
-    fe_options o = {.config_path = config_path};
+    fe_options o = {.config_path = config_path, .allowed_keys = {"extra"}, .allowed_key_count = 1};
     assert_true(elaborate(model_text, &o));
     assert_int_equal(module.param_count, 8);
     assert_int_equal(find_param("hidden_size")->value.i, 64);
@@ -130,12 +133,12 @@ static void test_config_binds_params(void **state) {
 }
 
 /* transformers 5 keeps rope_theta under "rope_parameters"; a top-level key
- * of the same name wins over it. */
+ * of the same name binds the param (and must agree, test_nested_keys). */
 static void test_config_rope_parameters(void **state) {
     (void)state;
     write_config(
         "{\"hidden_size\": 64, \"rms_norm_eps\": 1e-6, \"layers\": 3,\n"
-        " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 500000.0, \"layers\": 9}}\n");
+        " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 500000.0, \"layers\": 3}}\n");
     fe_options o = {.config_path = config_path};
     assert_true(elaborate("model m {\n  param hidden_size: int\n  param rms_norm_eps: float\n"
                           "  param layers: int\n  param rope_theta: float = 10000.0\n}\n",
@@ -149,7 +152,7 @@ static void test_config_rope_parameters(void **state) {
 static void test_set_overrides(void **state) {
     (void)state;
     write_config(config_text);
-    fe_options o = {.config_path = config_path};
+    fe_options o = {.config_path = config_path, .allowed_keys = {"extra"}, .allowed_key_count = 1};
     assert_true(fe_options_set(&o, "hidden_size", "100"));
     assert_true(fe_options_set(&o, "hidden_size", "128"));
     assert_true(fe_options_set(&o, "tie", "false"));
@@ -167,6 +170,106 @@ static void test_set_overrides(void **state) {
 }
 
 /* Without a config, the params with no default are errors that name them. */
+/* A key no param binds is refused where it is, naming it and the spec,
+ * unless it is harmless (metadata, dropout, token ids), null, or allowed. */
+static void test_unbound_key_refused(void **state) {
+    (void)state;
+    write_config("{\n  \"hidden_size\": 64,\n  \"mlp_bias\": true,\n  \"rope_scaling\": {\"factor\": 8.0},\n"
+                 "  \"sliding_window\": null,\n  \"transformers_version\": \"4.40.0\",\n"
+                 "  \"attention_dropout\": 0.1,\n  \"eos_token_id\": [1, 2]\n}\n");
+    fe_options o = {.config_path = config_path};
+    assert_false(elaborate("model m {\n  param hidden_size: int\n}\n", &o));
+    assert_int_equal(diag.error_count, 2);
+    expect_diag("config.json:3:15: error: config key 'mlp_bias' (true) is bound by no param of model.smelt "
+                "and is not known to be harmless");
+    expect_diag("config.json:4:19: error: config key 'rope_scaling' (an object) is bound by no param");
+    expect_diag("--allow-config-key mlp_bias");
+}
+
+/* --allow-config-key lets a key through by its name. */
+static void test_allowed_key(void **state) {
+    (void)state;
+    write_config("{\"hidden_size\": 64, \"mlp_bias\": false}\n");
+    fe_options o = {.config_path = config_path, .allowed_keys = {"mlp_bias"}, .allowed_key_count = 1};
+    assert_true(elaborate("model m {\n  param hidden_size: int\n}\n", &o));
+    assert_int_equal(diag.error_count, 0);
+}
+
+/* A nested rope_parameters member is a key of its own: rope_type "default"
+ * is what the rope op computes, any other type needs a param. */
+static void test_nested_keys(void **state) {
+    (void)state;
+    write_config(
+        "{\"hidden_size\": 64, \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1e4}}\n");
+    fe_options o = {.config_path = config_path};
+    assert_true(elaborate("model m {\n  param hidden_size: int\n  param rope_theta: float\n}\n", &o));
+    ir_module_free(&module);
+    write_config("{\"hidden_size\": 64, \"rope_parameters\": {\"rope_type\": \"llama3\", \"factor\": 8.0,\n"
+                 " \"rope_theta\": 1e4}}\n");
+    assert_false(elaborate("model m {\n  param hidden_size: int\n  param rope_theta: float\n}\n", &o));
+    expect_diag("config key 'rope_parameters.rope_type' (\"llama3\") is bound by no param");
+    expect_diag("config key 'rope_parameters.factor' (8) is bound by no param");
+    assert_int_equal(diag.error_count, 2);
+    ir_module_free(&module);
+
+    /* Both layouts at once must agree (the top-level key binds the param). */
+    write_config("{\"hidden_size\": 64, \"rope_theta\": 1e4, \"rope_parameters\": {\"rope_theta\": 5e5}}\n");
+    assert_false(elaborate("model m {\n  param hidden_size: int\n  param rope_theta: float\n}\n", &o));
+    expect_diag("config.json:1:74: error: config key 'rope_parameters.rope_theta' differs from the top-level "
+                "'rope_theta', which param 'rope_theta' of model.smelt binds");
+    ir_module_free(&module);
+    write_config(
+        "{\"hidden_size\": 64, \"rope_theta\": 1e4, \"rope_parameters\": {\"rope_theta\": 10000}}\n");
+    assert_true(elaborate("model m {\n  param hidden_size: int\n  param rope_theta: float\n}\n", &o));
+}
+
+/* The harmless table: each entry's condition. */
+static void test_harmless_table(void **state) {
+    (void)state;
+    json_t *full = json_pack("[s, s]", "full_attention", "full_attention");
+    json_t *mixed = json_pack("[s, s]", "full_attention", "sliding_attention");
+    json_t *one = json_integer(1);
+    assert_non_null(fe_config_key_harmless("layer_types", full));
+    assert_null(fe_config_key_harmless("layer_types", mixed));
+    assert_non_null(fe_config_key_harmless("use_cache", one));
+    assert_null(fe_config_key_harmless("mlp_bias", one));
+    assert_null(fe_config_key_harmless("rope_scaling", one));
+    assert_non_null(fe_config_key_harmless("rope_interleaved", json_false()));
+    assert_null(fe_config_key_harmless("rope_interleaved", json_true()));
+    json_decref(full);
+    json_decref(mixed);
+    json_decref(one);
+}
+
+/* `require`: a value the spec does not implement is refused at the config
+ * line that gave it, with the requirement as a note; from a --set, naming
+ * the --set; from a default, at the require. */
+static void test_require(void **state) {
+    (void)state;
+    static const char spec[] = "model m {\n  param hidden_act: string = \"silu\"\n"
+                               "  require hidden_act == \"silu\", \"only silu\"\n}\n";
+    write_config("{\n  \"hidden_act\": \"gelu\"\n}\n");
+    fe_options o = {.config_path = config_path};
+    assert_false(elaborate(spec, &o));
+    expect_diag(
+        "config.json:2:17: error: 'hidden_act' is \"gelu\", which model.smelt does not support: only silu");
+    expect_diag("model.smelt:3:3: note: required here");
+    ir_module_free(&module);
+    fe_options set = {0};
+    assert_true(fe_options_set(&set, "hidden_act", "relu"));
+    assert_false(elaborate(spec, &set));
+    expect_diag("error: --set hidden_act=\"relu\": model.smelt does not support it: only silu");
+    ir_module_free(&module);
+    fe_options none = {0};
+    assert_true(elaborate(spec, &none));
+    ir_module_free(&module);
+    assert_false(elaborate("model m {\n  param n: int = 3\n  require n % 2 == 0\n}\n", &none));
+    expect_diag("model.smelt:3:3: error: the model's requirement is not met ('n' is 3)");
+    ir_module_free(&module);
+    assert_false(elaborate("model m {\n  require 1\n}\n", &none));
+    expect_diag("model.smelt:2:11: error: a require needs a bool condition, found an int");
+}
+
 static void test_missing_params(void **state) {
     (void)state;
     fe_options o = {0};
@@ -372,6 +475,11 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_config_binds_params, setup, teardown),
         cmocka_unit_test_setup_teardown(test_config_rope_parameters, setup, teardown),
         cmocka_unit_test_setup_teardown(test_set_overrides, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unbound_key_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_allowed_key, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_nested_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_harmless_table, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_require, setup, teardown),
         cmocka_unit_test_setup_teardown(test_missing_params, setup, teardown),
         cmocka_unit_test_setup_teardown(test_config_type_mismatch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_set_errors, setup, teardown),

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "driver.h"
+#include "plan_edit.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -250,6 +251,59 @@ static void test_names_and_tokenizer(void **state) {
     assert_int_equal(drv_tokenizer_byte(&t, -1), -1);
 }
 
+/* A plan's byte tokenizer must cover its vocabulary wherever it comes from:
+ * one edited to claim fewer special ids than the vocabulary holds (the
+ * demo's 258 ids: bytes, BOS 256, EOS 257) is refused when opened, as
+ * --tokenizer bytes refuses it when compiling. */
+static void test_plan_tokenizer_must_fit(void **state) {
+    (void)state;
+    char path[512];
+    temporary_path(path, sizeof path, "tokenizer");
+    captured_diag c;
+    capture_init(&c);
+    drv_source_options source = {.config_path = SMELT_SOURCE_DIR "/tests/fixtures/demo/config.json"};
+    drv_compile_options o = {.precision = DRV_PRECISION_F32,
+                             .host = true,
+                             .byte_tokenizer = true,
+                             .weights_path = SMELT_SOURCE_DIR "/tests/fixtures/demo/model.safetensors"};
+    if (!drv_compile(MODEL, &source, &o, path, NULL, &c.d)) fail_msg("%s", capture_text(&c));
+
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    size_t size = (size_t)ftell(f);
+    rewind(f);
+    uint8_t *bytes = malloc(size);
+    assert_int_equal(fread(bytes, 1, size, f), size);
+    fclose(f);
+    uint8_t *entry = plan_edit_entry(bytes, PLAN_SECTION_TOKENIZER);
+    assert_non_null(entry);
+    char *json = (char *)bytes + plan_get_u64(entry + PLAN_ENTRY_AT_OFFSET);
+    size_t json_size = plan_get_u64(entry + PLAN_ENTRY_AT_SIZE);
+    char *bos = NULL;
+    for (size_t i = 0; i + 9 <= json_size && !bos; i++)
+        if (memcmp(json + i, "\"bos\":256", 9) == 0) bos = json + i;
+    assert_non_null(bos);
+    memcpy(bos, "\"bos\":  1", 9);
+    plan_edit_reseal(bytes);
+    f = fopen(path, "wb");
+    assert_int_equal(fwrite(bytes, 1, size, f), size);
+    fclose(f);
+    free(bytes);
+
+    drv_model_options m = drv_model_options_default();
+    m.model_path = path;
+    m.backend = DRV_BACKEND_HOST;
+    drv_model *model;
+    assert_false(drv_model_open(&m, &model, &c.d));
+    assert_null(model);
+    assert_non_null(strstr(capture_text(&c),
+                           "the plan's byte tokenizer covers ids 0..255 and BOS/EOS, 257 ids, "
+                           "but this model's vocabulary has 258"));
+    unlink(path);
+    capture_free(&c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names_and_tokenizer),
@@ -257,6 +311,7 @@ int main(void) {
         cmocka_unit_test(test_plan_bound_from_checkpoint),
         cmocka_unit_test(test_source_with_weights),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_plan_tokenizer_must_fit),
     };
     return cmocka_run_group_tests(tests, reference_setup, NULL);
 }

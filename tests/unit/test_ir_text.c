@@ -608,9 +608,8 @@ static void test_parse_errors(void **state) {
     assert_parse_error(HEAD, "t.ir:4:1: error: expected '}' at the end of module 'm', found end of input\n");
     assert_parse_error("module m {\n}\nmodule n {\n}\n",
                        "t.ir:3:1: error: expected end of input after the module's '}', found 'module'\n");
-    assert_parse_error(
-        "module m {\n  { }\n}\n",
-        "t.ir:2:3: error: expected 'param', 'dim', 'source', 'precision', 'arena' or an op, found '{'\n");
+    assert_parse_error("module m {\n  { }\n}\n", "t.ir:2:3: error: expected 'param', 'dim', 'source', "
+                                                 "'ignore', 'precision', 'arena' or an op, found '{'\n");
 }
 
 /* Every bad line is reported, each once, and a line's failure does not
@@ -713,9 +712,8 @@ static void test_hostile_input(void **state) {
     assert_parse_error(text, "t.ir:4:13: error: expected a value, found '('\n");
     free(text);
     text = repeat("module m {\n", '{', 10000, "\n}\n", NULL);
-    assert_parse_error(
-        text,
-        "t.ir:2:1: error: expected 'param', 'dim', 'source', 'precision', 'arena' or an op, found '{'\n");
+    assert_parse_error(text, "t.ir:2:1: error: expected 'param', 'dim', 'source', 'ignore', 'precision', "
+                             "'arena' or an op, found '{'\n");
     free(text);
 
     /* A 1 MB string value is fine. */

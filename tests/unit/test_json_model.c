@@ -502,7 +502,7 @@ static void test_bad_values(void **state) {
     assert_message(p, "t.json: error: /body/7/let: expected a name, found an empty string");
     assert_message(p, "t.json: error: /body/8/value/args: operator '-' takes 1 or 2 operands, found 3");
     assert_message(p, "t.json: error: /body/9: expected a statement: an object with one of the keys 'param', "
-                      "'dim', 'input', 'weight', 'let', 'set', 'for', 'if' or 'output'");
+                      "'dim', 'input', 'weight', 'let', 'set', 'for', 'if', 'output', 'require' or 'ignore'");
     assert_message(p, "t.json: error: /body/10/value/attrs/a~1b~0c: expected an expression, found null");
     assert_message(p, "t.json: error: /body/11/loc: expected a location [line, column] (two integers), found "
                       "an array");

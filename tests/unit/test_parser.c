@@ -190,6 +190,12 @@ static void print_stmt(FILE *out, const ast_stmt *s) {
         fprintf(out, "(output %s ", s->as.output.name);
         print_expr(out, s->as.output.value);
         break;
+    case AST_STMT_REQUIRE:
+        fputs("(require ", out);
+        print_expr(out, s->as.require.cond);
+        if (s->as.require.message) fprintf(out, " \"%s\"", s->as.require.message);
+        break;
+    case AST_STMT_IGNORE: fprintf(out, "(ignore \"%s\"", s->as.ignore.pattern); break;
     }
     fputc(')', out);
 }
@@ -281,6 +287,13 @@ static void test_weight(void **state) {
                 "(weight ln bf16[hidden_size] \"model.layers.{l}.input_layernorm.weight\")");
     expect_stmt("weight w1: [n, f, d] =\n  \"m.experts.{e}.w1.weight\" stacked e",
                 "(weight w1 [n f d] \"m.experts.{e}.w1.weight\" stacked e)");
+}
+
+static void test_require_and_ignore(void **state) {
+    expect_stmt("require hidden_act == \"silu\"", "(require (== hidden_act \"silu\"))");
+    expect_stmt("require !mlp_bias, \"no MLP biases\"", "(require (! mlp_bias) \"no MLP biases\")");
+    expect_stmt("ignore \"model.layers.*.rotary_emb.inv_freq\"",
+                "(ignore \"model.layers.*.rotary_emb.inv_freq\")");
 }
 
 static void test_let_and_assign(void **state) {
@@ -487,7 +500,7 @@ static void test_error_messages(void **state) {
     expect_errors("model {\n  let x = \n}", "t.smelt:1:7: error: expected name but found '{'\n"
                                             "t.smelt:3:1: error: expected expression but found '}'\n");
     expect_errors("model m {\n  let x = [1, 2\n  let y = 3\n}",
-                  "t.smelt:2:16: error: expected ']' or ',' but found end of line\n");
+                  "t.smelt:2:16: error: expected ',' or ']' but found end of line\n");
     /* A long name in a message is cut to 64 bytes. */
     char source[512];
     snprintf(source, sizeof source, "model m {\n  let x = 1 %0100d\n}", 0);
@@ -690,6 +703,7 @@ int main(void) {
         cmocka_unit_test(test_param),
         cmocka_unit_test(test_dim_input_output),
         cmocka_unit_test(test_weight),
+        cmocka_unit_test(test_require_and_ignore),
         cmocka_unit_test(test_let_and_assign),
         cmocka_unit_test(test_for),
         cmocka_unit_test(test_if),

@@ -303,6 +303,8 @@ typedef struct toy_plan_options {
     bool cuda_binaries; /* PTX in the kernel table */
     bool host_kernels;
     int64_t max_positions;
+    bool has_eos; /* the model has an EOS id: eos */
+    int32_t eos;
 } toy_plan_options;
 
 static void write_toy_plan(const char *path, const toy_plan_options *o) {
@@ -311,6 +313,10 @@ static void write_toy_plan(const char *path, const toy_plan_options *o) {
         rich_program(&t);
     else
         toy_program_make(&t, o->bf16, o->weights_in_plan, o->max_positions);
+    if (o->has_eos) {
+        t.p.eos_count = 1;
+        t.p.eos[0] = o->eos;
+    }
     uint8_t *program_bytes;
     size_t program_size;
     assert_true(program_encode(&t.p, &program_bytes, &program_size));
@@ -518,7 +524,19 @@ static void test_program_decode_refuses_lies(void **state) {
 
     toy_program_make(&t, false, true, 0);
     t.p.format_version = 9;
-    expect_refused(&t, "format version 9 is not the version 4 this smelt reads: rebuild the plan");
+    expect_refused(&t, "format version 9 is not the version 5 this smelt reads: rebuild the plan");
+
+    toy_program_make(&t, false, true, 0); /* EOS ids index the vocabulary, each once */
+    t.p.eos_count = 1;
+    t.p.eos[0] = (int32_t)t.p.vocab;
+    expect_refused(&t, "EOS id");
+    toy_program_make(&t, false, true, 0);
+    t.p.eos_count = 2;
+    t.p.eos[0] = t.p.eos[1] = 1;
+    expect_refused(&t, "EOS id 1 is listed twice");
+    toy_program_make(&t, false, true, 0);
+    t.p.eos_count = PROG_MAX_EOS + 1;
+    expect_refused(&t, "17 EOS ids; at most 16 are allowed");
 
     toy_program_make(&t, false, true, 0);
     t.weights[1].bytes = 60;
@@ -626,7 +644,7 @@ static void test_program_decode_refuses_lies(void **state) {
     uint8_t *bytes;
     size_t size;
     assert_true(program_encode(&t.p, &bytes, &size));
-    size_t at_state_count = 4 + 8 + 8 + 8 + 3 * 13 + 8 + 8 + 4;
+    size_t at_state_count = 4 + 8 + 8 + 8 + 3 * 13 + 8 + 8 + 4 + 4; /* after eos_count (0) */
     plan_put_u32(bytes + at_state_count, 0xffffffffu);
     program d;
     char error[512];
@@ -1051,6 +1069,43 @@ static void test_bind_and_generate(void **state) {
     assert_int_equal(g.reason, SMELT_FINISH_CALLBACK);
     assert_int_equal(g.token_count, 3);
     assert_memory_equal(log.tokens, successors, 3 * sizeof(int32_t));
+    req.on_token = NULL;
+
+    /* The plan's EOS id stops it unless the request ignores it; a request's
+     * own stop token is told apart. */
+    toy_plan_options with_eos = o;
+    with_eos.has_eos = true;
+    with_eos.eos = 0;
+    smelt_plan *eos_plan = open_toy_plan("eos.plan", &with_eos);
+    assert_int_equal(smelt_plan_get_info(eos_plan, &info), SMELT_OK);
+    assert_int_equal(info.eos_token_count, 1);
+    assert_int_equal(info.eos_tokens[0], 0);
+    smelt_engine *eos_engine = host_engine(eos_plan);
+    smelt_plan_close(eos_plan);
+    bind_successor_weights(eos_engine);
+    req.max_tokens = 5;
+    assert_int_equal(smelt_engine_generate(eos_engine, &req, &g), SMELT_OK);
+    assert_int_equal(g.reason, SMELT_FINISH_EOS);
+    assert_string_equal(smelt_finish_reason_name(g.reason), "eos");
+    assert_int_equal(g.stop_token, 0);
+    assert_int_equal(g.token_count, 2);
+    assert_int_equal(smelt_engine_reset(eos_engine), SMELT_OK);
+    req.ignore_eos = true;
+    assert_int_equal(smelt_engine_generate(eos_engine, &req, &g), SMELT_OK);
+    assert_int_equal(g.reason, SMELT_FINISH_LENGTH);
+    assert_string_equal(smelt_finish_reason_name(g.reason), "max-tokens");
+    assert_int_equal(g.token_count, 5);
+    assert_memory_equal(out, successors, 5 * sizeof(int32_t));
+    assert_int_equal(smelt_engine_reset(eos_engine), SMELT_OK);
+    req.ignore_eos = false;
+    const int32_t stop_three[1] = {3};
+    req.stop_tokens = stop_three;
+    req.stop_token_count = 1;
+    assert_int_equal(smelt_engine_generate(eos_engine, &req, &g), SMELT_OK);
+    assert_int_equal(g.reason, SMELT_FINISH_STOP_TOKEN);
+    assert_int_equal(g.token_count, 1);
+    req.stop_token_count = 0;
+    smelt_engine_destroy(eos_engine);
 
     /* Sampling with top-k 1 is greedy; equal seeds give equal samples. */
     req.on_token = NULL;

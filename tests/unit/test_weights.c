@@ -274,11 +274,11 @@ static void test_refuses_symbolic_and_malformed_weights(void **state) {
     expect_diag("model.smelt:3: error: the name of stacked weight 'x.w' must contain '{e}'");
     expect_diag("model.smelt:4: error: stacked weight 'x.{e}' has 1000000000 parts but the checkpoint holds "
                 "only 1 tensor\n");
-    assert_int_equal(diag.error_count, 4);
+    assert_int_equal(diag.error_count, 5); /* and the unused tensor 'w' */
 }
 
-/* Tensors no weight uses are listed in one warning: the count, ten names, "...". */
-static void test_warns_once_about_unused_tensors(void **state) {
+/* Tensors no weight uses are listed in one error: the count, ten names, "...". */
+static void test_refuses_unused_tensors_once(void **state) {
     (void)state;
     float value = 1;
     uint64_t shape_1[] = {1};
@@ -290,12 +290,13 @@ static void test_warns_once_about_unused_tensors(void **state) {
     }
     write_checkpoint(tensors, 13);
     add_weight("t05", NULL, SMELT_DTYPE_F32, 1, (int64_t[]){1}, 1);
-    assert_true(fe_bind_weights(&module, &checkpoint, &diag, &binding));
-    assert_int_equal(diag.warning_count, 1);
+    assert_false(fe_bind_weights(&module, &checkpoint, &diag, &binding));
+    assert_int_equal(diag.error_count, 1);
     assert_int_equal(binding.unused_count, 12);
     expect_diag(
-        "model.safetensors: warning: 12 tensors of the checkpoint are used by no weight: 't00', 't01', "
-        "'t02', 't03', 't04', 't06', 't07', 't08', 't09', 't10', ...\n");
+        "model.safetensors: error: 12 tensors of the checkpoint are used by no weight of the model: 't00', "
+        "'t01', 't02', 't03', 't04', 't06', 't07', 't08', 't09', 't10', ...\n");
+    expect_diag("--allow-unused-tensor NAME");
     assert_int_equal(occurrences("'t11'"), 0);
     fe_weight_binding_free(&binding);
 
@@ -303,8 +304,35 @@ static void test_warns_once_about_unused_tensors(void **state) {
     for (int i = 0; i < 13; i++)
         if (i != 5) add_weight(names[i], NULL, SMELT_DTYPE_F32, 1, (int64_t[]){1}, 2);
     module.ops[0].dead = true;
+    assert_false(fe_bind_weights(&module, &checkpoint, &diag, &binding));
+    expect_diag("error: 1 tensor of the checkpoint is used by no weight of the model: 't05'\n");
+    fe_weight_binding_free(&binding);
+
+    /* An ignore pattern covers it: bound, with nothing to say. */
+    unsigned errors = diag.error_count;
+    ir_add_ignored_tensor(&module, "t*5");
     assert_true(fe_bind_weights(&module, &checkpoint, &diag, &binding));
-    expect_diag("warning: 1 tensor of the checkpoint is used by no weight: 't05'\n");
+    assert_int_equal(diag.error_count, errors);
+    assert_int_equal(binding.unused_count, 1);
+}
+
+/* '*' is a run of characters without a '.'; everything else is itself. */
+static void test_tensor_patterns(void **state) {
+    (void)state;
+    assert_true(ir_tensor_pattern_matches("lm_head.weight", "lm_head.weight"));
+    assert_false(ir_tensor_pattern_matches("lm_head.weight", "lm_head.weights"));
+    assert_false(ir_tensor_pattern_matches("lm_head.weight", "lm_head.weigh"));
+    const char *rotary = "model.layers.*.self_attn.rotary_emb.inv_freq";
+    assert_true(ir_tensor_pattern_matches(rotary, "model.layers.0.self_attn.rotary_emb.inv_freq"));
+    assert_true(ir_tensor_pattern_matches(rotary, "model.layers.31.self_attn.rotary_emb.inv_freq"));
+    assert_false(ir_tensor_pattern_matches(rotary, "model.layers.0.mlp.self_attn.rotary_emb.inv_freq"));
+    assert_false(ir_tensor_pattern_matches(rotary, "model.layers.0.self_attn.q_proj.weight"));
+    assert_true(ir_tensor_pattern_matches("*.bias", "x.bias"));
+    assert_false(ir_tensor_pattern_matches("*.bias", "a.x.bias"));
+    assert_true(ir_tensor_pattern_matches("*.*.bias", "a.x.bias"));
+    assert_true(ir_tensor_pattern_matches("a*b*c", "axxbyybc"));
+    assert_true(ir_tensor_pattern_matches("*", ""));
+    assert_false(ir_tensor_pattern_matches("*", "a.b"));
 }
 
 /* ---- end to end: DSL -> IR -> binding ------------------------------------------------------ */
@@ -319,6 +347,7 @@ static const char model_text[] = "model tiny {\n"
                                  "    h = rms_norm(h, ln, eps = 0.00001)\n"
                                  "  }\n"
                                  "  weight w1: [2, 3, 4] = \"model.experts.{e}.w1.weight\" stacked e\n"
+                                 "  ignore \"lm_head.weight\"\n"
                                  "  output out = h\n"
                                  "}\n";
 
@@ -351,8 +380,8 @@ static void test_binds_an_elaborated_model(void **state) {
 
     assert_true(fe_bind_weights(&module, &checkpoint, &diag, &binding));
     assert_int_equal(diag.error_count, 0);
-    expect_diag(
-        "model.safetensors: warning: 1 tensor of the checkpoint is used by no weight: 'lm_head.weight'");
+    assert_int_equal(diag.warning_count, 0); /* lm_head.weight: ignored by the model */
+    assert_int_equal(binding.unused_count, 1);
     unsigned weights = 0;
     for (uint32_t op = 0; op < module.op_count; op++) {
         if (module.ops[op].kind != IR_OP_WEIGHT) continue;
@@ -387,7 +416,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_stacked_parts_in_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reports_every_binding_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_symbolic_and_malformed_weights, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_warns_once_about_unused_tensors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refuses_unused_tensors_once, setup, teardown),
+        cmocka_unit_test(test_tensor_patterns),
         cmocka_unit_test_setup_teardown(test_binds_an_elaborated_model, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
