@@ -13,6 +13,8 @@
 
 #include "emit_harness.c"
 
+#include <xxhash.h>
+
 static const char *const precisions[2] = {"f32", "bf16"};
 
 /* ---- elementwise ------------------------------------------------------------------------- */
@@ -363,6 +365,38 @@ static void test_concat_split_slice(void **state) {
 
 /* ---- names, storage, lowering kinds, errors ------------------------------------------------ */
 
+/* Kernel k is named `specialisation` + '_' + 8 hex digits, the low 32 bits of
+ * the XXH64 of its source as it reads with the specialisation alone in
+ * place of the name (recomputed here), and its source spells that name in
+ * its comment, signature and host entry. */
+static void assert_kernel_named(const cg_kernel *k, const char *specialisation) {
+    size_t base = strlen(specialisation);
+    assert_int_equal(strlen(k->name), base + 9);
+    assert_memory_equal(k->name, specialisation, base);
+    assert_int_equal(k->name[base], '_');
+    /* The source with every full name put back to the specialisation. */
+    size_t length = strlen(k->source);
+    char *plain = malloc(length + 1);
+    assert_non_null(plain);
+    size_t to = 0, names = 0;
+    for (const char *p = k->source; *p;) {
+        if (strncmp(p, k->name, base + 9) == 0) {
+            memcpy(plain + to, specialisation, base);
+            to += base;
+            p += base + 9;
+            names++;
+        } else {
+            plain[to++] = *p++;
+        }
+    }
+    plain[to] = '\0';
+    assert_int_equal(names, 4); /* comment, signature, host entry and the call in it */
+    char want[16];
+    snprintf(want, sizeof want, "%08x", (unsigned)(XXH64(plain, to, 0) & 0xffffffffu));
+    free(plain);
+    assert_string_equal(k->name + base + 1, want);
+}
+
 /* Norms of one width and eps over other rows (Qwen3's q_norm/k_norm over
  * [tokens, heads, D] beside the model's [tokens, D] norms) are other kernels:
  * their sources differ, so their names must. Each runs right. */
@@ -389,9 +423,9 @@ static void test_norms_over_other_rows_are_other_kernels(void **state) {
     for (int i = 0; i < 3; i++) {
         cg_group_lowering l;
         assert_true(case_emit(c, rms[i], &a, &l));
-        assert_string_equal(l.kernels[0].name, rms_names[i]);
+        assert_kernel_named(&l.kernels[0], rms_names[i]);
         assert_true(case_emit(c, layer[i], &a, &l));
-        assert_string_equal(l.kernels[0].name, layer_names[i]);
+        assert_kernel_named(&l.kernels[0], layer_names[i]);
     }
     arena_free(&a);
     case_run(c, rms[1], 3, F32_TOLERANCE);
@@ -420,18 +454,21 @@ static void test_kernels_are_named_by_specialisation(void **state) {
     assert_true(case_emit(c, first, &a, &l1));
     assert_true(case_emit(c, second, &a, &l2));
     assert_true(case_emit(c, other, &a, &l3));
-    assert_string_equal(l1.kernels[0].name, "rms_norm_bf16_d64_eps1em05");
+    assert_kernel_named(&l1.kernels[0], "rms_norm_bf16_d64_eps1em05");
     assert_string_equal(l1.kernels[0].name, l2.kernels[0].name);
     assert_string_equal(l1.kernels[0].source, l2.kernels[0].source);
     assert_string_equal(l1.kernels[0].family, "norm");
     assert_string_not_equal(l1.kernels[0].ops_text, l2.kernels[0].ops_text);
     assert_non_null(strstr(l1.kernels[0].ops_text, "= rms_norm(%2, %3) {eps = 1e-05} : bf16[tokens, 64]"));
-    assert_string_equal(l3.kernels[0].name, "rms_norm_bf16_d64_eps1em06");
+    assert_kernel_named(&l3.kernels[0], "rms_norm_bf16_d64_eps1em06");
     /* The source names the op's signature and says how it is launched. */
     assert_non_null(strstr(l1.kernels[0].source,
                            "rms_norm(bf16[tokens, 64], bf16[64]) {eps = 1e-05} : bf16[tokens, 64]"));
-    assert_non_null(strstr(l1.kernels[0].source, "SMELT_KERNEL void rms_norm_bf16_d64_eps1em05("));
-    assert_non_null(strstr(l1.kernels[0].source, "SMELT_HOST_ENTRY(rms_norm_bf16_d64_eps1em05)"));
+    char spelled[128];
+    snprintf(spelled, sizeof spelled, "SMELT_KERNEL void %s(", l1.kernels[0].name);
+    assert_non_null(strstr(l1.kernels[0].source, spelled));
+    snprintf(spelled, sizeof spelled, "SMELT_HOST_ENTRY(%s)", l1.kernels[0].name);
+    assert_non_null(strstr(l1.kernels[0].source, spelled));
     /* params x, weight, out, tokens; one block per token, 64 threads */
     assert_int_equal(l1.kernels[0].param_count, 4);
     assert_int_equal(l1.kernels[0].params[0].value, x);
@@ -483,7 +520,7 @@ static void test_storage_policy(void **state) {
     arena_init(&a);
     cg_group_lowering l;
     assert_true(case_emit(c, c->m.values[logits].def_op, &a, &l));
-    assert_string_equal(l.kernels[0].name, "silu_bf16_f32_t8");
+    assert_kernel_named(&l.kernels[0], "silu_bf16_f32_t8");
     assert_true(case_emit(c, reshape, &a, &l));
     assert_int_equal(l.kind, CG_LOWER_ALIAS);
     arena_free(&a);
@@ -512,8 +549,8 @@ static void test_lowering_kinds_and_attention_state(void **state) {
     assert_true(case_emit(c, attention, &a, &l));
     assert_int_equal(l.kind, CG_LOWER_KERNELS);
     assert_int_equal(l.kernel_count, 2);
-    assert_string_equal(l.kernels[0].name, "kv_write_bf16_kv2_d16_ctx40");
-    assert_string_equal(l.kernels[1].name, "attention_bf16_h4_kv2_d16_ctx40"); /* scale 1/sqrt(16) implied */
+    assert_kernel_named(&l.kernels[0], "kv_write_bf16_kv2_d16_ctx40");
+    assert_kernel_named(&l.kernels[1], "attention_bf16_h4_kv2_d16_ctx40"); /* scale 1/sqrt(16) implied */
     assert_int_equal(l.state_count, 3);
     assert_int_equal(l.state_bytes[CG_STATE_KEYS], 40 * 2 * 16 * 2); /* bf16 */
     assert_int_equal(l.state_bytes[CG_STATE_VALUES], 40 * 2 * 16 * 2);
