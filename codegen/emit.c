@@ -825,6 +825,10 @@ typedef struct cg_op_rule {
     { CG_LOWER_KERNELS, cg_emit_activation }
 #define LOWER_GELU                                                                                           \
     { CG_LOWER_KERNELS, cg_emit_activation }
+#define LOWER_TANH                                                                                           \
+    { CG_LOWER_KERNELS, cg_emit_activation }
+#define LOWER_SIGMOID                                                                                        \
+    { CG_LOWER_KERNELS, cg_emit_activation }
 #define LOWER_MOE                                                                                            \
     { CG_LOWER_KERNELS, cg_emit_moe }
 #define LOWER_RESHAPE                                                                                        \

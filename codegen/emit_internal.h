@@ -65,7 +65,7 @@ typedef struct cg_emit {
  * at the op and returns false. */
 typedef bool (*cg_family_emitter)(cg_emit *e);
 bool cg_emit_add_mul(cg_emit *e);    /* emit_elementwise.c */
-bool cg_emit_activation(cg_emit *e); /* emit_elementwise.c: silu, gelu */
+bool cg_emit_activation(cg_emit *e); /* emit_elementwise.c: silu, gelu, tanh, sigmoid */
 bool cg_emit_rms_norm(cg_emit *e);   /* emit_norm.c */
 bool cg_emit_layer_norm(cg_emit *e); /* emit_norm.c */
 bool cg_emit_rope(cg_emit *e);       /* emit_rope.c */

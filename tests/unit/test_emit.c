@@ -53,7 +53,11 @@ static void test_activations(void **state) {
         uint32_t gelu_erf = case_op(c, IR_OP_GELU, &x, 1);
         uint32_t gelu_tanh = case_op(c, IR_OP_GELU, &x, 1);
         assert_true(ir_op_set_string(&c->m, gelu_tanh, "approximate", "tanh"));
+        uint32_t tanh_op = case_op(c, IR_OP_TANH, &x, 1);
+        uint32_t sigmoid = case_op(c, IR_OP_SIGMOID, &x, 1);
         case_infer(c);
+        case_run(c, tanh_op, 3, F32_TOLERANCE);
+        case_run(c, sigmoid, 3, F32_TOLERANCE);
         case_run(c, silu, 3, F32_TOLERANCE);
         case_run(c, gelu_erf, 3, F32_TOLERANCE);
         case_run(c, gelu_tanh, 3, F32_TOLERANCE);
@@ -78,7 +82,11 @@ static void test_norms(void **state) {
         ir_value_id heads = case_input(c, "heads", "f32[tokens, 3, 20]");
         uint32_t no_bias = case_op(c, IR_OP_LAYER_NORM, (ir_value_id[]){heads, case_weight(c, "f32[20]")}, 2);
         assert_true(ir_op_set_float(&c->m, no_bias, "eps", 1e-5));
+        uint32_t gemma = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){heads, case_weight(c, "f32[20]")}, 2);
+        assert_true(ir_op_set_float(&c->m, gemma, "eps", 1e-6));
+        assert_true(ir_op_set_float(&c->m, gemma, "offset", 1.0));
         case_infer(c);
+        case_run(c, gemma, 3, F32_TOLERANCE);
         case_run(c, rms, 4, F32_TOLERANCE);
         case_run(c, layer, 4, F32_TOLERANCE);
         case_run(c, no_bias, 2, F32_TOLERANCE);
@@ -215,6 +223,20 @@ static void test_attention_sliding_window(void **state) {
     for (int p = 0; p < 2; p++) {
         emit_case *c = case_new(precisions[p]);
         uint32_t op = attention_op(c, "f32[tokens, 2, 16]", "f32[tokens, 2, 16]", 0.3, 3, true);
+        case_infer(c);
+        run_prefill_then_decode(c, op);
+        case_free(c);
+    }
+}
+
+/* Gemma 2: scores soft-capped at 0.5 (below the largest raw scores, so the
+ * cap changes the result), with a window. */
+static void test_attention_softcap(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        uint32_t op = attention_op(c, "f32[tokens, 2, 16]", "f32[tokens, 2, 16]", 0.25, 5, true);
+        assert_true(ir_op_set_float(&c->m, op, "softcap", 0.5));
         case_infer(c);
         run_prefill_then_decode(c, op);
         case_free(c);
@@ -704,6 +726,7 @@ int main(void) {
         cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_attention_gqa_prefill_then_decode),
+        cmocka_unit_test(test_attention_softcap),
         cmocka_unit_test(test_attention_sliding_window),
         cmocka_unit_test(test_attention_mqa_noncausal),
         cmocka_unit_test(test_attention_skips_unwritten_positions),
