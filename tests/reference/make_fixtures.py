@@ -225,7 +225,7 @@ CONFIGS.update({"qwen3": qwen3_config, "qwen3_moe": qwen3_moe_config,
                 "qwen2_moe": qwen2_moe_config, "olmo2": olmo2_config,
                 "gemma2": gemma2_config, "gemma3": gemma3_config})
 SEEDS.update({"qwen3": 5254, "qwen3_moe": 6091, "qwen2_moe": 7079, "olmo2": 8084,
-              "gemma2": 9000, "gemma3": 10000})
+              "gemma2": 9000, "gemma3": 10058})
 MORE_MODELS = ("qwen3", "qwen3_moe", "qwen2_moe", "olmo2", "gemma2", "gemma3")
 # Their greedy tokens are not one token repeated, so that decoding steps
 # differ from each other.
@@ -234,6 +234,10 @@ MIN_DISTINCT_TOKENS = 3
 MORE_SEED_TRIES = 5000
 # Gemma's RMSNorm scales by (1 + weight): its norm weights are drawn around 0.
 OFFSET_NORM_MODELS = ("gemma2", "gemma3")
+# Gemma ties its head to the embedding and scales the embedding by
+# sqrt(hidden_size): with N(0, 0.2) the input token's own embedding dominates
+# the residual stream and the logits, and every seed repeats its last token.
+GEMMA_EMBED_STD = 0.05
 # Sparse experts stored fused by transformers 5 ([E, 2F, D] gate_up_proj and
 # [E, D, F] down_proj under mlp.experts), written per expert as the hub has them.
 QWEN_MOE_MODELS = ("qwen3_moe", "qwen2_moe")
@@ -313,7 +317,9 @@ def reinitialise(model, name):
         leaf = pname.rsplit(".", 2)
         is_norm = "norm" in pname or ".ln_" in pname
         with torch.no_grad():
-            if is_norm and pname.endswith(".weight") and name in OFFSET_NORM_MODELS:
+            if pname == "model.embed_tokens.weight" and name in OFFSET_NORM_MODELS:
+                p.normal_(0.0, GEMMA_EMBED_STD)
+            elif is_norm and pname.endswith(".weight") and name in OFFSET_NORM_MODELS:
                 p.normal_(0.0, NORM_STD)
             elif is_norm and pname.endswith(".weight"):
                 p.normal_(1.0, NORM_STD)

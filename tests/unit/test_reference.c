@@ -1006,6 +1006,12 @@ static void run_example(const char *model, const char *config) {
 static void test_example_llama(void **state) { run_example("llama.smelt", "llama-tiny.json"); }
 static void test_example_gpt2(void **state) { run_example("gpt2.smelt", "gpt2-tiny.json"); }
 static void test_example_mixtral(void **state) { run_example("mixtral.smelt", "mixtral-tiny.json"); }
+static void test_example_qwen3(void **state) { run_example("qwen3.smelt", "qwen3-tiny.json"); }
+static void test_example_qwen3_moe(void **state) { run_example("qwen3_moe.smelt", "qwen3-moe-tiny.json"); }
+static void test_example_qwen2_moe(void **state) { run_example("qwen2_moe.smelt", "qwen2-moe-tiny.json"); }
+static void test_example_olmo2(void **state) { run_example("olmo2.smelt", "olmo2-tiny.json"); }
+static void test_example_gemma2(void **state) { run_example("gemma2.smelt", "gemma2-tiny.json"); }
+static void test_example_gemma3(void **state) { run_example("gemma3.smelt", "gemma3-tiny.json"); }
 
 /* ---- errors -------------------------------------------------------------------------------------- */
 
@@ -1218,6 +1224,12 @@ int main(void) {
         cmocka_unit_test(test_example_llama),
         cmocka_unit_test(test_example_gpt2),
         cmocka_unit_test(test_example_mixtral),
+        cmocka_unit_test(test_example_qwen3),
+        cmocka_unit_test(test_example_qwen3_moe),
+        cmocka_unit_test(test_example_qwen2_moe),
+        cmocka_unit_test(test_example_olmo2),
+        cmocka_unit_test(test_example_gemma2),
+        cmocka_unit_test(test_example_gemma3),
         cmocka_unit_test(test_position_beyond_max_seq),
         cmocka_unit_test(test_id_outside_the_embedding_table),
         cmocka_unit_test(test_missing_ids_input),
