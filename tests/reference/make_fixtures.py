@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """make_fixtures.py - PyTorch golden logits for smelt's numeric tests.
 
-What it makes: for each of four small random fp32 models (llama, qwen2,
-mixtral, gpt2) it runs the Hugging Face implementation and writes
+What it makes: for each small random fp32 model (llama, qwen2, mixtral,
+gpt2, qwen3, qwen3_moe, qwen2_moe, olmo2, gemma2, gemma3) it runs the Hugging Face implementation and writes
 tests/fixtures/<name>/ with
 
     config.json        the HF config, plus a top-level "rope_theta" (see below)
@@ -25,7 +25,7 @@ searched until a model has that margin. tests/reference/README.md says more.
 
 How to run (from the repository root; a few seconds on a CPU):
 
-    python3 tests/reference/make_fixtures.py              # all four models
+    python3 tests/reference/make_fixtures.py              # all models
     python3 tests/reference/make_fixtures.py --only llama # one model
     python3 tests/reference/make_fixtures.py --out /tmp/f # somewhere else
 
@@ -44,8 +44,9 @@ an error if a check fails:
     row 8 chooses no token that the tests compare and needs only > 1e-3), and
     no generated token is an end-of-sequence id (so runtimes that stop at EOS
     and ones that do not agree);
-  * for Mixtral, the router's k-th and (k+1)-th logits differ by > 1e-3 for
-    every token and layer (so tiny fp32 differences cannot change the experts);
+  * for Mixtral and the Qwen MoE models, the router's k-th and (k+1)-th
+    logits differ by > 1e-3 for every token and sparse layer (so tiny fp32
+    differences cannot change the experts);
   * model.safetensors, loaded back with AutoModelForCausalLM.from_pretrained
     (transformers 5 converts the classic layout on load), gives logits within
     1e-6 of the original model's, with no missing or unexpected weights.
