@@ -331,7 +331,8 @@ static void test_rms_norm_offset(void **state) {
     float out[8];
     step_once(f, out, 8);
     double s = 1.0 / sqrt(7.5 + 1e-5), t = 1.0 / sqrt(1.0 + 1e-5);
-    assert_floats(out, (const double[]){1 * s, 2 * s * 2, 3 * s * 0.5, 4 * s * 1.5, -t, t * 2, -t * 0.5, t * 1.5},
+    assert_floats(out,
+                  (const double[]){1 * s, 2 * s * 2, 3 * s * 0.5, 4 * s * 1.5, -t, t * 2, -t * 0.5, t * 1.5},
                   8, 1e-6);
     fixture_free(f);
 }
