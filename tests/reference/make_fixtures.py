@@ -2,8 +2,8 @@
 """make_fixtures.py - PyTorch golden logits for smelt's numeric tests.
 
 What it makes: for each small random fp32 model (llama, qwen2, mixtral,
-gpt2, qwen3, qwen3_moe, qwen2_moe, olmo2, gemma2, gemma3) it runs the Hugging Face implementation and writes
-tests/fixtures/<name>/ with
+gpt2, qwen3, qwen3_moe, qwen2_moe, olmo2, gemma2, gemma3) it runs the
+Hugging Face implementation and writes tests/fixtures/<name>/ with
 
     config.json        the HF config, plus a top-level "rope_theta" (see below)
     model.safetensors  fp32 weights under the classic Hugging Face checkpoint names
@@ -228,8 +228,8 @@ CONFIGS.update({"qwen3": qwen3_config, "qwen3_moe": qwen3_moe_config,
 SEEDS.update({"qwen3": 5254, "qwen3_moe": 6091, "qwen2_moe": 7079, "olmo2": 8084,
               "gemma2": 9000, "gemma3": 10058})
 MORE_MODELS = ("qwen3", "qwen3_moe", "qwen2_moe", "olmo2", "gemma2", "gemma3")
-# Their greedy tokens are not one token repeated, so that decoding steps
-# differ from each other.
+# Their 8 greedy tokens hold at least this many distinct ids, so that the
+# decoding steps differ from each other.
 MIN_DISTINCT_TOKENS = 3
 # Eight rows with a 4e-2 margin and varied tokens are rarer: search longer.
 MORE_SEED_TRIES = 5000
