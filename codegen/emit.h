@@ -17,10 +17,12 @@
  *       ... l.kernels[i].name, .source, .params, .rule ...
  *
  * Kernels are named by their specialisation (family, storage dtypes, static
- * dims, baked attributes: `rms_norm_f32_d64_eps1em05`), never by the op's
- * position, and a kernel's source depends only on that specialisation: the
- * 32 identical layers of a model give one name and byte-identical sources,
- * compiled once. The IR text of the op itself (with its %N) is in ops_text.
+ * dims, baked attributes: `rms_norm_f32_d64_eps1em05`) followed by 8 hex
+ * digits of a hash of their source (`rms_norm_f32_d64_eps1em05_3fa9c2d1`),
+ * never by the op's position: the 32 identical layers of a model give one
+ * name and byte-identical sources, compiled once, and two kernels whose
+ * sources differ in anything (rows, an attribute the readable part omits)
+ * differ in name. The IR text of the op itself (with its %N) is in ops_text.
  *
  * Shapes: static dims are baked into the source as named constants; the only
  * dynamic dim is the module's token dim (dim 0 of the input "ids"), and only

@@ -11,7 +11,8 @@
  *      p <= pos (causal; every written position when not causal) and
  *      p > pos - window when window > 0. Positions are taken in tiles of
  *      TILE: each warp computes the scores scale * q.k of its positions with
- *      a warp-shuffle dot product, then every thread folds the tile into an
+ *      a warp-shuffle dot product (capped as softcap * tanh(score / softcap)
+ *      when the op has a softcap, Gemma 2), then every thread folds the tile into an
  *      online softmax (a running max and sum, the accumulator rescaled when
  *      the max grows) over the value dims it owns. Positions never written
  *      (a gap in a sequence) are skipped, as the reference skips them.
@@ -35,6 +36,7 @@ enum { ATTENTION_THREADS = 128, ATTENTION_TILE = 32, KV_WRITE_THREADS = 128 };
 
 typedef struct attention_shape {
     int64_t query_heads, kv_heads, head_dim, value_dim, max_seq, window;
+    double softcap; /* > 0: scores are softcap * tanh(score / softcap) */
     bool causal;
     double scale;
     cg_count tokens; /* rows of q: T, or a constant */
@@ -71,6 +73,7 @@ static bool read_shape(cg_emit *e, attention_shape *s) {
     s->value_dim = vs.dims[2];
     s->max_seq = cg_attr_int(e, "max_seq", 0);
     s->window = cg_attr_int(e, "window", 0);
+    s->softcap = cg_attr_float(e, "softcap", 0.0);
     s->causal = cg_attr_bool(e, "causal", true);
     s->scale = cg_attr_float(e, "scale", 1.0);
     s->tokens = cg_shape_count(&qs, 0, 1);
@@ -155,6 +158,7 @@ static void emit_attend(cg_emit *e, const attention_shape *s) {
                    (long long)s->query_heads, (long long)s->kv_heads, dims_part(e, s), (long long)s->max_seq);
     if (s->window > 0) cg_text_printf(&name, "_win%lld", (long long)s->window);
     if (!s->causal) cg_text_printf(&name, "_noncausal");
+    if (s->softcap > 0) cg_text_printf(&name, "_softcap%s", cg_float_name(e, s->softcap));
     /* The usual scale 1/sqrt(D) is implied; any other is part of the name. */
     if ((float)s->scale != (float)(1.0 / sqrt((double)s->head_dim)))
         cg_text_printf(&name, "_scale%s", cg_float_name(e, s->scale));
@@ -187,6 +191,9 @@ static void emit_attend(cg_emit *e, const attention_shape *s) {
     cg_line(t, "enum { VALUES_PER_THREAD = (VALUE_DIM + THREADS - 1) / THREADS }; /* value dims each thread "
                "owns */");
     cg_line(t, "#define SCALE %s", cg_float_literal(e, s->scale));
+    if (s->softcap > 0)
+        cg_line(t, "#define SOFTCAP %s /* scores become SOFTCAP * tanh(score / SOFTCAP) */",
+                cg_float_literal(e, s->softcap));
     cg_blank(t);
     cg_write_warp_sum(t);
     cg_kernel_signature(&b);
@@ -222,6 +229,7 @@ static void emit_attend(cg_emit *e, const attention_shape *s) {
     cg_line(t, "for (int i = lane; i < HEAD_DIM; i += 32)");
     cg_line(t, "    dot += query[i] * %s;", cg_load(&b, k_cache, "row + i"));
     cg_line(t, "score = warp_sum(dot) * SCALE;");
+    if (s->softcap > 0) cg_line(t, "score = SOFTCAP * tanhf(score / SOFTCAP);");
     cg_line(t, "}");
     cg_line(t, "if (lane == 0)");
     cg_line(t, "    scores[j] = score;");

@@ -1,5 +1,5 @@
 /* emit_elementwise.c - kernels for the elementwise family: add and mul with
- * numpy broadcasting, silu, and gelu (erf and tanh forms).
+ * numpy broadcasting, silu, gelu (erf and tanh forms), tanh and sigmoid.
  *
  * One thread per element of the result, 256 threads a block, grid
  * ceil(elements / 256). An operand reads its element in the cheapest way its
@@ -190,7 +190,7 @@ bool cg_emit_add_mul(cg_emit *e) {
     return true;
 }
 
-/* ---- silu, gelu ------------------------------------------------------------------------ */
+/* ---- silu, gelu, tanh, sigmoid ------------------------------------------------------------------------ */
 
 bool cg_emit_activation(cg_emit *e) {
     ir_value_id x = cg_operand(e, 0), result = cg_result(e, 0);
@@ -200,6 +200,14 @@ bool cg_emit_activation(cg_emit *e) {
         kind = "silu";
         formula = "v / (1.0f + expf(-v))";
         summary = "One thread per element: silu(v) = v * sigmoid(v).";
+    } else if (e->ir->kind == IR_OP_TANH) {
+        kind = "tanh";
+        formula = "tanhf(v)";
+        summary = "One thread per element: tanh(v).";
+    } else if (e->ir->kind == IR_OP_SIGMOID) {
+        kind = "sigmoid";
+        formula = "1.0f / (1.0f + expf(-v))";
+        summary = "One thread per element: sigmoid(v) = 1 / (1 + exp(-v)).";
     } else if (strcmp(cg_attr_string(e, "approximate", "none"), "tanh") == 0) {
         kind = "gelu_tanh";
         formula = "0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v)))";

@@ -65,7 +65,7 @@ typedef struct cg_emit {
  * at the op and returns false. */
 typedef bool (*cg_family_emitter)(cg_emit *e);
 bool cg_emit_add_mul(cg_emit *e);    /* emit_elementwise.c */
-bool cg_emit_activation(cg_emit *e); /* emit_elementwise.c: silu, gelu */
+bool cg_emit_activation(cg_emit *e); /* emit_elementwise.c: silu, gelu, tanh, sigmoid */
 bool cg_emit_rms_norm(cg_emit *e);   /* emit_norm.c */
 bool cg_emit_layer_norm(cg_emit *e); /* emit_norm.c */
 bool cg_emit_rope(cg_emit *e);       /* emit_rope.c */
@@ -150,10 +150,18 @@ typedef struct cg_kernel_builder {
     cg_kernel_param params[PROG_MAX_ARGS];
     cg_text text;
     const char *summary; /* one line on how the work is split */
+    /* Where the text spells the kernel's name (comment, signature, host
+     * entry): cg_kernel_end appends the source's hash there. */
+    size_t name_at[4];
+    uint32_t name_count;
 } cg_kernel_builder;
 
 /* Starts kernel `name` of the op in the next slot of e->out (at most
- * CG_MAX_KERNELS); summary is a sentence for the opening comment. */
+ * CG_MAX_KERNELS); summary is a sentence for the opening comment. `name` is
+ * the specialisation (`rms_norm_f32_d64_eps1em05`), for people to read;
+ * cg_kernel_end appends a hash of the source (`_3fa9c2d1`), so that the
+ * final name is a function of the whole source and two kernels of one name
+ * are one kernel (docs/design.md §4). */
 void cg_kernel_begin(cg_kernel_builder *b, cg_emit *e, const char *name, const char *summary);
 /* Parameters, in argument order; each returns its index. */
 uint32_t cg_param_value(cg_kernel_builder *b, const char *name, ir_value_id v, bool is_const);

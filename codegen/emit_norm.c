@@ -71,6 +71,9 @@ static int64_t open_norm_kernel(cg_kernel_builder *b, cg_emit *e, const char *na
     cg_kernel_open(b);
     cg_line(&b->text, "enum { WIDTH = %lld, THREADS = %u };", (long long)width, threads);
     cg_line(&b->text, "#define EPS %s", cg_float_literal(e, cg_attr_float(e, "eps", 1e-5)));
+    if (e->ir->kind == IR_OP_RMS_NORM && cg_attr_float(e, "offset", 0.0) != 0.0)
+        cg_line(&b->text, "#define OFFSET %s /* added to the weight */",
+                cg_float_literal(e, cg_attr_float(e, "offset", 0.0)));
     cg_blank(&b->text);
     cg_write_block_reductions(&b->text, false);
     cg_kernel_signature(b);
@@ -83,16 +86,23 @@ bool cg_emit_rms_norm(cg_emit *e) {
     if (!require_float_values(e)) return false;
     ir_value_id stored[3] = {cg_operand(e, 0), cg_operand(e, 1), cg_result(e, 0)};
     cg_shape x = cg_shape_of(e, stored[0]);
-    double eps = cg_attr_float(e, "eps", 1e-5);
-    const char *name = arena_printf(&e->scratch, "rms_norm_%s_d%lld_eps%s%s", cg_dtype_tag(e, stored, 3),
-                                    (long long)x.dims[x.rank - 1], cg_float_name(e, eps), rows_tag(e, &x));
+    double eps = cg_attr_float(e, "eps", 1e-5), offset = cg_attr_float(e, "offset", 0.0);
+    const char *name =
+        arena_printf(&e->scratch, "rms_norm_%s_d%lld_eps%s%s%s%s", cg_dtype_tag(e, stored, 3),
+                     (long long)x.dims[x.rank - 1], cg_float_name(e, eps), offset != 0.0 ? "_offset" : "",
+                     offset != 0.0 ? cg_float_name(e, offset) : "", rows_tag(e, &x));
     cg_kernel_builder b;
     uint32_t p[4];
     open_norm_kernel(&b, e, name,
-                     "One block per row: out = x / sqrt(mean(x^2) + eps) * weight, the weight applied "
-                     "after normalising (Llama's RMSNorm).",
+                     offset != 0.0
+                         ? "One block per row: out = x / sqrt(mean(x^2) + eps) * (OFFSET + weight), "
+                           "the weight applied after normalising (Gemma's RMSNorm, offset 1)."
+                         : "One block per row: out = x / sqrt(mean(x^2) + eps) * weight, the weight "
+                           "applied after normalising (Llama's RMSNorm).",
                      p, false);
     cg_text *t = &b.text;
+    const char *weight = cg_load(&b, p[1], "i");
+    if (offset != 0.0) weight = arena_printf(&e->scratch, "(OFFSET + %s)", weight);
     cg_line(t, "float squares = 0.0f;");
     cg_line(t, "for (int i = threadIdx.x; i < WIDTH; i += THREADS) {");
     cg_line(t, "float v = %s;", cg_load(&b, p[0], "base + i"));
@@ -102,9 +112,7 @@ bool cg_emit_rms_norm(cg_emit *e) {
     cg_line(t, "float inverse_rms = 1.0f / sqrtf(squares / (float)WIDTH + EPS);");
     cg_line(t, "for (int i = threadIdx.x; i < WIDTH; i += THREADS) {");
     cg_line(t, "float normalised = %s * inverse_rms;", cg_load(&b, p[0], "base + i"));
-    cg_line(
-        t, "%s",
-        cg_store(&b, p[3], "base + i", arena_printf(&e->scratch, "normalised * %s", cg_load(&b, p[1], "i"))));
+    cg_line(t, "%s", cg_store(&b, p[3], "base + i", arena_printf(&e->scratch, "normalised * %s", weight)));
     cg_line(t, "}");
     cg_kernel_end(&b);
     e->out->kind = CG_LOWER_KERNELS;

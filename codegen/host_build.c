@@ -362,18 +362,26 @@ static bool write_file(const char *path, const char *prefix, const char *text) {
     return ok;
 }
 
-/* A name usable inside #line "...": [A-Za-z0-9_.-], at most FILE_NAME_MAX. */
+/* A name usable inside #line "...": [A-Za-z0-9_.-], at most FILE_NAME_MAX.
+ * A longer name keeps its head and its last LINE_NAME_TAIL characters (a
+ * kernel name ends in the hash of its source, which tells kernels apart). */
+enum { LINE_NAME_TAIL = 9 };
 static void line_name(const char *name, size_t index, char *out, size_t size) {
     if (!name || !name[0]) {
         snprintf(out, size, "kernel_%04zu.c", index);
         return;
     }
-    size_t n = 0;
-    for (; n < FILE_NAME_MAX && n + 3 < size && name[n]; n++) {
-        char c = name[n];
+    size_t length = strlen(name), n = 0;
+    for (size_t i = 0; i < length && n < FILE_NAME_MAX && n + 3 < size; i++) {
+        if (length > FILE_NAME_MAX && i == FILE_NAME_MAX - LINE_NAME_TAIL - 2) {
+            out[n++] = '.'; /* ".." marks the cut */
+            out[n++] = '.';
+            i = length - LINE_NAME_TAIL;
+        }
+        char c = name[i];
         bool plain = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
                      c == '.' || c == '-';
-        out[n] = plain ? c : '_';
+        out[n++] = plain ? c : '_';
     }
     snprintf(out + n, size - n, ".c");
 }

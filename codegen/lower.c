@@ -114,6 +114,10 @@ static bool collect_groups(lowering_state *s) {
 
 /* ---- kernels -------------------------------------------------------------- */
 
+/* One entry per distinct kernel: identical layers give one name and one
+ * source. A name ends in a hash of its source (codegen/emit.c,
+ * name_by_source), so one name with two sources is a broken invariant (or a
+ * 32-bit hash collision, which we would rather see than miscompile). */
 static uint32_t add_kernel(lowering_state *s, const cg_kernel *k) {
     cg_lowered *l = s->out;
     for (uint32_t i = 0; i < l->kernel_count; i++) {

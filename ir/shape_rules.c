@@ -322,6 +322,11 @@ static bool norm(rule_ctx *c, ir_type *out) {
     double eps;
     if (!rule_attr_float(c, "eps", &eps) || !rule_min_rank(c, "x", x, 1)) return false;
     if (!(eps >= 0 && isfinite(eps))) return rule_fail(c, "eps must be a finite number >= 0, found %g", eps);
+    if (c->op->kind == IR_OP_RMS_NORM) {
+        double offset;
+        if (!rule_attr_float(c, "offset", &offset)) return false;
+        if (!isfinite(offset)) return rule_fail(c, "offset must be a finite number, found %g", offset);
+    }
     if (!norm_parameter(c, "w", x, operand(c, 1))) return false;
     if (c->op->operand_count == 3 && !norm_parameter(c, "b", x, operand(c, 2))) return false;
     *out = *x;
@@ -361,11 +366,12 @@ static bool heads_group(ir_dim query_heads, ir_dim kv_heads) {
 /* attention(q[T, Hq, Dh], k[T, Hkv, Dh], v[T, Hkv, Dv], pos[T]) -> [T, Hq, Dv] */
 static bool infer_attention(rule_ctx *c, ir_type *out) {
     const ir_type *q = operand(c, 0), *k = operand(c, 1), *v = operand(c, 2), *pos = operand(c, 3);
-    double scale;
+    double scale, softcap;
     int64_t max_seq, window;
     bool causal;
     if (!rule_attr_float(c, "scale", &scale) || !rule_attr_bool(c, "causal", &causal) ||
-        !rule_attr_int(c, "max_seq", &max_seq) || !rule_attr_int(c, "window", &window))
+        !rule_attr_int(c, "max_seq", &max_seq) || !rule_attr_int(c, "window", &window) ||
+        !rule_attr_float(c, "softcap", &softcap))
         return false;
     if (!rule_rank(c, "q", q, 3) || !rule_rank(c, "k", k, 3) || !rule_rank(c, "v", v, 3) ||
         !rule_rank(c, "pos", pos, 1) || !rule_integer(c, "pos", pos) || !rule_same_dtype(c, "q", q, "k", k) ||
@@ -388,6 +394,8 @@ static bool infer_attention(rule_ctx *c, ir_type *out) {
     if (!(scale > 0 && isfinite(scale))) return rule_fail(c, "scale must be > 0, found %g", scale);
     if (max_seq < 1) return rule_fail(c, "max_seq must be >= 1, found %lld", (long long)max_seq);
     if (window < 0) return rule_fail(c, "window must be >= 0, found %lld", (long long)window);
+    if (!(softcap >= 0 && isfinite(softcap)))
+        return rule_fail(c, "softcap must be 0 (none) or a finite number > 0, found %g", softcap);
     *out = *q;
     out->dims[2] = v->dims[2];
     return true;
@@ -405,7 +413,7 @@ static bool infer_softmax(rule_ctx *c, ir_type *out) {
     return true;
 }
 
-/* silu(x), gelu(x) -> x */
+/* silu(x), gelu(x), tanh(x), sigmoid(x) -> x */
 static bool activation(rule_ctx *c, ir_type *out) {
     if (!rule_float(c, "x", operand(c, 0))) return false;
     *out = *operand(c, 0);
@@ -415,6 +423,10 @@ static bool activation(rule_ctx *c, ir_type *out) {
 static bool infer_silu(rule_ctx *c, ir_type *out) { return activation(c, out); }
 
 static bool infer_gelu(rule_ctx *c, ir_type *out) { return activation(c, out); }
+
+static bool infer_tanh(rule_ctx *c, ir_type *out) { return activation(c, out); }
+
+static bool infer_sigmoid(rule_ctx *c, ir_type *out) { return activation(c, out); }
 
 /* moe(x[T, D], router[E, D], gate[E, F, D], up[E, F, D], down[E, D, F]) -> [T, D] */
 static bool infer_moe(rule_ctx *c, ir_type *out) {

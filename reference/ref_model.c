@@ -92,6 +92,9 @@ static ref_attrs read_attrs(const ir_module *m, uint32_t op) {
     case IR_OP_CONST: a.value = (float)attr_float(m, op, "value"); break;
     case IR_OP_MATMUL: a.in_out = attr_string_is(m, op, "layout", "in_out"); break;
     case IR_OP_RMS_NORM:
+        a.eps = attr_float(m, op, "eps");
+        a.offset = attr_float(m, op, "offset");
+        break;
     case IR_OP_LAYER_NORM: a.eps = attr_float(m, op, "eps"); break;
     case IR_OP_ROPE:
         a.theta = attr_float(m, op, "theta");
@@ -102,6 +105,7 @@ static ref_attrs read_attrs(const ir_module *m, uint32_t op) {
         a.scale = attr_float(m, op, "scale");
         a.causal = attr_bool(m, op, "causal");
         a.window = attr_int(m, op, "window");
+        a.softcap = attr_float(m, op, "softcap");
         break;
     case IR_OP_GELU: a.gelu_tanh = attr_string_is(m, op, "approximate", "tanh"); break;
     case IR_OP_MOE:
@@ -247,6 +251,8 @@ static bool operand_needs_float(ir_op_kind kind, uint32_t index) {
     case IR_OP_SOFTMAX:
     case IR_OP_SILU:
     case IR_OP_GELU:
+    case IR_OP_TANH:
+    case IR_OP_SIGMOID:
     case IR_OP_MOE: return true;
     default: return false; /* layout ops and argmax move or read either */
     }

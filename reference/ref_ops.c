@@ -34,6 +34,8 @@ bool ref_run_op(ir_op_kind kind, const ref_call *c) {
     case IR_OP_SOFTMAX: return ref_op_softmax(c);
     case IR_OP_SILU: return ref_op_silu(c);
     case IR_OP_GELU: return ref_op_gelu(c);
+    case IR_OP_TANH: return ref_op_tanh(c);
+    case IR_OP_SIGMOID: return ref_op_sigmoid(c);
     case IR_OP_MOE: return ref_op_moe(c);
     case IR_OP_RESHAPE: return ref_op_reshape(c);
     case IR_OP_TRANSPOSE: return ref_op_transpose(c);
@@ -163,8 +165,9 @@ bool ref_op_mul(const ref_call *c) { return broadcast_binary(c, BINARY_MUL); }
 
 /* ---- norms ----------------------------------------------------------------------- */
 
-/* rms_norm(x[..., D], w[D]) -> x: x / sqrt(mean(x^2) + eps) * w, the weight
- * applied after normalising, as Hugging Face's LlamaRMSNorm does. */
+/* rms_norm(x[..., D], w[D]) -> x: x / sqrt(mean(x^2) + eps) * (offset + w),
+ * the weight applied after normalising, as Hugging Face's LlamaRMSNorm does
+ * (offset 0) and Gemma's RMSNorm with its (1 + weight) (offset 1). */
 bool ref_op_rms_norm(const ref_call *c) {
     const ref_tensor *x = c->in[0];
     const float *w = c->in[1]->f; /* [D] */
@@ -178,7 +181,7 @@ bool ref_op_rms_norm(const ref_call *c) {
             squares += (double)xr[i] * xr[i];
         double inverse_rms = 1.0 / sqrt(squares / (double)width + c->attrs->eps);
         for (uint64_t i = 0; i < width; i++)
-            yr[i] = (float)(xr[i] * inverse_rms) * w[i];
+            yr[i] = (float)(xr[i] * inverse_rms) * (float)(c->attrs->offset + w[i]);
     }
     return true;
 }
@@ -252,6 +255,22 @@ bool ref_op_gelu(const ref_call *c) {
                                        : 0.5 * v * (1.0 + erf(v / sqrt(2.0)));
         c->out[0].f[e] = (float)y;
     }
+    return true;
+}
+
+/* tanh(x) -> x. */
+bool ref_op_tanh(const ref_call *c) {
+    const ref_tensor *x = c->in[0];
+    for (uint64_t e = 0; e < x->count; e++)
+        c->out[0].f[e] = (float)tanh((double)x->f[e]);
+    return true;
+}
+
+/* sigmoid(x) -> x: 1 / (1 + exp(-x)). */
+bool ref_op_sigmoid(const ref_call *c) {
+    const ref_tensor *x = c->in[0];
+    for (uint64_t e = 0; e < x->count; e++)
+        c->out[0].f[e] = (float)(1.0 / (1.0 + exp(-(double)x->f[e])));
     return true;
 }
 

@@ -38,12 +38,14 @@ _Static_assert(sizeof(float) == sizeof(int32_t), "layout ops move either element
 typedef struct ref_attrs {
     bool in_out;         /* matmul: w is [K, N] rather than [N, K] */
     double eps;          /* rms_norm, layer_norm */
+    double offset;       /* rms_norm: added to the weight (Gemma: 1) */
     double theta;        /* rope: base of the frequencies */
     bool interleaved;    /* rope: GPT-J pairs (2i, 2i+1), else neox (i, i + r/2) */
     int64_t rotary_dim;  /* rope: rotated dims r; 0 = the whole head */
     double scale;        /* attention: multiplies q.k */
     bool causal;         /* attention */
     int64_t window;      /* attention: > 0 keeps positions p > pos - window */
+    double softcap;      /* attention: > 0 caps scores as softcap * tanh(s / softcap) */
     bool gelu_tanh;      /* gelu: tanh approximation, else erf */
     int64_t top_k;       /* moe */
     bool normalize;      /* moe: renormalise the top_k weights */
@@ -91,6 +93,8 @@ bool ref_op_layer_norm(const ref_call *c);
 bool ref_op_softmax(const ref_call *c);
 bool ref_op_silu(const ref_call *c);
 bool ref_op_gelu(const ref_call *c);
+bool ref_op_tanh(const ref_call *c);
+bool ref_op_sigmoid(const ref_call *c);
 bool ref_op_argmax(const ref_call *c);
 /* ref_ops_attention.c: positions, attention, experts */
 bool ref_op_rope(const ref_call *c);

@@ -77,7 +77,9 @@ static bool positions_fit(const ref_call *c, const ref_tensor *pos, uint64_t max
  * of token t attends, through kv head h / (Hq / Hkv), to every written
  * position p with p <= pos[t] (causal; a non-causal op sees every written
  * position) and p > pos[t] - window when window > 0:
- * softmax(scale * q.k) over those p (max subtracted), weighting v. */
+ * softmax(s) over those p (max subtracted), weighting v, of the scores
+ * s = scale * q.k, or softcap * tanh(scale * q.k / softcap) when softcap > 0
+ * (Gemma 2's attention logit soft-capping). */
 bool ref_op_attention(const ref_call *c) {
     const ref_tensor *q = c->in[0], *k = c->in[1], *v = c->in[2], *pos = c->in[3];
     ref_kv_cache *cache = c->kv;
@@ -113,7 +115,9 @@ bool ref_op_attention(const ref_call *c) {
                 double dot = 0.0;
                 for (uint64_t i = 0; i < head_dim; i++)
                     dot += (double)qh[i] * kp[i];
-                cache->scores[p] = c->attrs->scale * dot;
+                double score = c->attrs->scale * dot;
+                if (c->attrs->softcap > 0) score = c->attrs->softcap * tanh(score / c->attrs->softcap);
+                cache->scores[p] = score;
                 if (cache->scores[p] > max) max = cache->scores[p];
             }
             double total = 0.0;

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """make_fixtures.py - PyTorch golden logits for smelt's numeric tests.
 
-What it makes: for each of four small random fp32 models (llama, qwen2,
-mixtral, gpt2) it runs the Hugging Face implementation and writes
-tests/fixtures/<name>/ with
+What it makes: for each small random fp32 model (llama, qwen2, mixtral,
+gpt2, qwen3, qwen3_moe, qwen2_moe, olmo2, gemma2, gemma3) it runs the
+Hugging Face implementation and writes tests/fixtures/<name>/ with
 
     config.json        the HF config, plus a top-level "rope_theta" (see below)
     model.safetensors  fp32 weights under the classic Hugging Face checkpoint names
@@ -25,7 +25,7 @@ searched until a model has that margin. tests/reference/README.md says more.
 
 How to run (from the repository root; a few seconds on a CPU):
 
-    python3 tests/reference/make_fixtures.py              # all four models
+    python3 tests/reference/make_fixtures.py              # all models
     python3 tests/reference/make_fixtures.py --only llama # one model
     python3 tests/reference/make_fixtures.py --out /tmp/f # somewhere else
 
@@ -44,8 +44,9 @@ an error if a check fails:
     row 8 chooses no token that the tests compare and needs only > 1e-3), and
     no generated token is an end-of-sequence id (so runtimes that stop at EOS
     and ones that do not agree);
-  * for Mixtral, the router's k-th and (k+1)-th logits differ by > 1e-3 for
-    every token and layer (so tiny fp32 differences cannot change the experts);
+  * for Mixtral and the Qwen MoE models, the router's k-th and (k+1)-th
+    logits differ by > 1e-3 for every token and sparse layer (so tiny fp32
+    differences cannot change the experts);
   * model.safetensors, loaded back with AutoModelForCausalLM.from_pretrained
     (transformers 5 converts the classic layout on load), gives logits within
     1e-6 of the original model's, with no missing or unexpected weights.
@@ -82,8 +83,10 @@ from safetensors.torch import save_file
 
 import safetensors
 import transformers
-from transformers import (AutoModelForCausalLM, GenerationConfig, GPT2Config,
-                          LlamaConfig, MixtralConfig, Qwen2Config)
+from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig,
+                          GenerationConfig, GPT2Config, LlamaConfig, MixtralConfig,
+                          Olmo2Config, Qwen2Config, Qwen2MoeConfig, Qwen3Config,
+                          Qwen3MoeConfig)
 
 PROMPT_LEN = 8
 NEW_TOKENS = 8
@@ -147,6 +150,162 @@ CONFIGS = {"llama": llama_config, "qwen2": qwen2_config,
            "mixtral": mixtral_config, "gpt2": gpt2_config}
 
 
+# ---- Qwen3, Qwen3-MoE, Qwen2-MoE, OLMo 2, Gemma 2, Gemma 3 -------------------
+# Each is checked against examples/<model>.smelt. Widths are small (hidden 48,
+# or 32 with experts) so that a fixture stays under 300 KB; each config sets
+# what its family adds to a value that changes the logits: an explicit
+# head_dim unlike hidden / heads (Qwen3, Gemma), a dense and a sparse layer
+# (Qwen2-MoE's decoder_sparse_step 2), a sliding window shorter than the 16
+# positions of a fixture (Gemma), query_pre_attn_scalar unlike head_dim, and
+# soft-caps the scores and logits reach (Gemma 2).
+
+def qwen3_config():
+    return Qwen3Config(
+        hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        vocab_size=97, max_position_embeddings=128, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, attention_bias=False,
+        architectures=["Qwen3ForCausalLM"])
+
+
+def qwen3_moe_config():
+    return Qwen3MoeConfig(
+        hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+        decoder_sparse_step=1, vocab_size=97, max_position_embeddings=128,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        architectures=["Qwen3MoeForCausalLM"])
+
+
+def qwen2_moe_config():
+    # Layer 0 dense (intermediate_size), layer 1 sparse with the shared expert.
+    return Qwen2MoeConfig(
+        hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_experts=4,
+        num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=2,
+        vocab_size=97, max_position_embeddings=128, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, tie_word_embeddings=False,
+        architectures=["Qwen2MoeForCausalLM"])
+
+
+def olmo2_config():
+    return Olmo2Config(
+        hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=97,
+        max_position_embeddings=128, rope_theta=500000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, attention_bias=False, pad_token_id=1,
+        bos_token_id=None, eos_token_id=96, architectures=["Olmo2ForCausalLM"])
+
+
+def gemma2_config():
+    return Gemma2Config(
+        hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        vocab_size=97, max_position_embeddings=128, rope_theta=10000.0,
+        rms_norm_eps=1e-6, query_pre_attn_scalar=24, sliding_window=4,
+        attn_logit_softcapping=2.0, final_logit_softcapping=5.0,
+        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+        architectures=["Gemma2ForCausalLM"])
+
+
+def gemma3_config():
+    # sliding_window_pattern 2: layer 0 sliding (local rope), layer 1 full.
+    return Gemma3TextConfig(
+        hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        vocab_size=97, max_position_embeddings=128, rope_theta=1000000.0,
+        rope_local_base_freq=10000.0, sliding_window_pattern=2,
+        rms_norm_eps=1e-6, query_pre_attn_scalar=24, sliding_window=4,
+        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+        architectures=["Gemma3ForCausalLM"])
+
+
+CONFIGS.update({"qwen3": qwen3_config, "qwen3_moe": qwen3_moe_config,
+                "qwen2_moe": qwen2_moe_config, "olmo2": olmo2_config,
+                "gemma2": gemma2_config, "gemma3": gemma3_config})
+SEEDS.update({"qwen3": 5254, "qwen3_moe": 6091, "qwen2_moe": 7079, "olmo2": 8084,
+              "gemma2": 9000, "gemma3": 10058})
+MORE_MODELS = ("qwen3", "qwen3_moe", "qwen2_moe", "olmo2", "gemma2", "gemma3")
+# Their 8 greedy tokens hold at least this many distinct ids, so that the
+# decoding steps differ from each other.
+MIN_DISTINCT_TOKENS = 3
+# Eight rows with a 4e-2 margin and varied tokens are rarer: search longer.
+MORE_SEED_TRIES = 5000
+# Gemma's RMSNorm scales by (1 + weight): its norm weights are drawn around 0.
+OFFSET_NORM_MODELS = ("gemma2", "gemma3")
+# Gemma ties its head to the embedding and scales the embedding by
+# sqrt(hidden_size): with N(0, 0.2) the input token's own embedding dominates
+# the residual stream and the logits, and every seed repeats its last token.
+GEMMA_EMBED_STD = 0.05
+# Sparse experts stored fused by transformers 5 ([E, 2F, D] gate_up_proj and
+# [E, D, F] down_proj under mlp.experts), written per expert as the hub has them.
+QWEN_MOE_MODELS = ("qwen3_moe", "qwen2_moe")
+
+
+def qwen_moe_expert_tensors(key, tensor, config):
+    """Qwen-MoE fused expert tensors as the hub's per-expert names."""
+    prefix = key.split(".mlp.experts.")[0] + ".mlp.experts"
+    inter = config.moe_intermediate_size
+    out = {}
+    for e in range(config.num_experts):
+        if key.endswith("gate_up_proj"):   # [E, 2F, D]: gate rows, then up rows
+            out[f"{prefix}.{e}.gate_proj.weight"] = tensor[e, :inter].clone()
+            out[f"{prefix}.{e}.up_proj.weight"] = tensor[e, inter:].clone()
+        elif key.endswith("down_proj"):    # [E, D, F]
+            out[f"{prefix}.{e}.down_proj.weight"] = tensor[e].clone()
+        else:
+            raise SystemExit(f"unexpected expert tensor {key}")
+    return out
+
+
+def is_sparse_layer(config, layer):
+    """Qwen-MoE: transformers' rule for a layer with experts."""
+    return (layer not in config.mlp_only_layers and config.num_experts > 0
+            and (layer + 1) % config.decoder_sparse_step == 0)
+
+
+def expected_names_more(config, name):
+    """expected_names for the families added for issue 12."""
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    if not config.tie_word_embeddings:
+        names.append("lm_head.weight")
+    for l in range(config.num_hidden_layers):
+        p = f"model.layers.{l}"
+        names += [f"{p}.self_attn.{proj}_proj.weight" for proj in ("q", "k", "v", "o")]
+        if name == "qwen2_moe":
+            names += [f"{p}.self_attn.{proj}_proj.bias" for proj in ("q", "k", "v")]
+        if name in ("qwen3", "qwen3_moe", "olmo2", "gemma3"):
+            names += [f"{p}.self_attn.q_norm.weight", f"{p}.self_attn.k_norm.weight"]
+        norms = {"olmo2": ("post_attention_layernorm", "post_feedforward_layernorm"),
+                 "gemma2": ("input_layernorm", "post_attention_layernorm",
+                            "pre_feedforward_layernorm", "post_feedforward_layernorm")}
+        norms["gemma3"] = norms["gemma2"]
+        for norm in norms.get(name, ("input_layernorm", "post_attention_layernorm")):
+            names.append(f"{p}.{norm}.weight")
+        if name in QWEN_MOE_MODELS and is_sparse_layer(config, l):
+            names.append(f"{p}.mlp.gate.weight")
+            for e in range(config.num_experts):
+                names += [f"{p}.mlp.experts.{e}.{w}_proj.weight" for w in ("gate", "up", "down")]
+            if name == "qwen2_moe":
+                names += [f"{p}.mlp.shared_expert.{w}_proj.weight" for w in ("gate", "up", "down")]
+                names.append(f"{p}.mlp.shared_expert_gate.weight")
+        else:
+            names += [f"{p}.mlp.{m}_proj.weight" for m in ("gate", "up", "down")]
+    return set(names)
+
+
+def classic_config_keys(name, data, config):
+    """Top-level keys of the hub's (transformers 4) layout that transformers 5
+    folds into rope_parameters and layer_types; smelt binds those."""
+    if name == "gemma3":
+        rope = data["rope_parameters"]
+        data["rope_theta"] = rope["full_attention"]["rope_theta"]
+        data["rope_local_base_freq"] = rope["sliding_attention"]["rope_theta"]
+        data["sliding_window_pattern"] = config._sliding_window_pattern
+
+
 # ---- weights ---------------------------------------------------------------
 
 def reinitialise(model, name):
@@ -159,11 +318,15 @@ def reinitialise(model, name):
         leaf = pname.rsplit(".", 2)
         is_norm = "norm" in pname or ".ln_" in pname
         with torch.no_grad():
-            if is_norm and pname.endswith(".weight"):
+            if pname == "model.embed_tokens.weight" and name in OFFSET_NORM_MODELS:
+                p.normal_(0.0, GEMMA_EMBED_STD)
+            elif is_norm and pname.endswith(".weight") and name in OFFSET_NORM_MODELS:
+                p.normal_(0.0, NORM_STD)
+            elif is_norm and pname.endswith(".weight"):
                 p.normal_(1.0, NORM_STD)
             elif is_norm and pname.endswith(".bias"):
                 p.normal_(0.0, NORM_STD)
-            elif pname.endswith(".bias") and name == "qwen2":
+            elif pname.endswith(".bias") and name in ("qwen2", "qwen2_moe"):
                 p.normal_(0.0, QKV_BIAS_STD)
             elif pname.endswith(".bias"):
                 p.normal_(0.0, BIAS_STD)
@@ -192,6 +355,9 @@ def classic_state_dict(model, name):
                 else:
                     raise SystemExit(f"unexpected Mixtral expert tensor {key}")
             continue
+        if name in QWEN_MOE_MODELS and ".mlp.experts." in key:
+            out.update(qwen_moe_expert_tensors(key, tensor, model.config))
+            continue
         if name == "mixtral" and ".mlp.gate.weight" in key:
             key = key.replace(".mlp.gate.weight", ".block_sparse_moe.gate.weight")
         out[key] = tensor.clone()
@@ -200,6 +366,8 @@ def classic_state_dict(model, name):
 
 def expected_names(config, name):
     """The weight names the .smelt description of each model binds."""
+    if name in MORE_MODELS:
+        return expected_names_more(config, name)
     layers = config.num_hidden_layers if name != "gpt2" else config.n_layer
     if name == "gpt2":
         names = ["transformer.wte.weight", "transformer.wpe.weight",
@@ -277,7 +445,7 @@ def logits_generate(model, prompt):
 
 
 def router_min_gap(model, prompt, tokens):
-    """Mixtral: smallest gap between the k-th and (k+1)-th router logit."""
+    """Mixtral, Qwen-MoE: smallest gap between the k-th and (k+1)-th router logit."""
     gaps = []
 
     def hook(module, inputs, output):
@@ -286,13 +454,15 @@ def router_min_gap(model, prompt, tokens):
         k = module.top_k
         gaps.append(float((top[:, k - 1] - top[:, k]).min()))
 
-    handles = [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers]
+    # Qwen2-MoE's dense layers have no router.
+    handles = [layer.mlp.gate.register_forward_hook(hook) for layer in model.model.layers
+               if hasattr(layer.mlp, "gate")]
     try:
         logits_full(model, prompt, tokens)
     finally:
         for h in handles:
             h.remove()
-    assert len(gaps) == model.config.num_hidden_layers
+    assert handles and len(gaps) == len(handles)
     return min(gaps)
 
 
@@ -327,7 +497,8 @@ def build(name, seed):
         rows, tokens = logits_incremental(model, prompt)
         full = logits_full(model, prompt, tokens)
         generated_rows, generated_tokens = logits_generate(model, prompt)
-        router_gap = router_min_gap(model, prompt, tokens) if name == "mixtral" else None
+        router_gap = (router_min_gap(model, prompt, tokens)
+                      if name in ("mixtral",) + QWEN_MOE_MODELS else None)
 
     argmax = rows[:NEW_TOKENS].argmax(dim=-1).tolist()
     if argmax != tokens:
@@ -362,10 +533,12 @@ def build(name, seed):
         return None, f"router gap {router_gap:.3g} <= {MIN_ROUTER_GAP}"
     if eos_ids(config) & set(tokens):
         return None, f"a generated token is an EOS id {sorted(eos_ids(config))}"
+    if name in MORE_MODELS and len(set(tokens)) < MIN_DISTINCT_TOKENS:
+        return None, f"only {len(set(tokens))} distinct generated tokens {tokens}"
     return result, None
 
 
-def write_config(config, path):
+def write_config(config, path, name):
     """config.json as save_pretrained writes it, plus a top-level rope_theta."""
     config.save_pretrained(path)
     file = os.path.join(path, "config.json")
@@ -374,6 +547,7 @@ def write_config(config, path):
     rope = data.get("rope_parameters")
     if isinstance(rope, dict) and "rope_theta" in rope:
         data["rope_theta"] = rope["rope_theta"]
+    classic_config_keys(name, data, config)
     with open(file, "w") as f:
         json.dump(data, f, indent=2, sort_keys=True)
         f.write("\n")
@@ -399,7 +573,7 @@ def check_reload(name, result, path):
 
 def write_fixture(name, seed, result, path):
     os.makedirs(path, exist_ok=True)
-    write_config(result["config"], path)
+    write_config(result["config"], path, name)
 
     weights = classic_state_dict(result["model"], name)
     want = expected_names(result["config"], name)
@@ -450,13 +624,14 @@ def write_fixture(name, seed, result, path):
 
 def make(name, out_dir):
     first = SEEDS[name]
-    for seed in range(first, first + SEED_TRIES):
+    tries = MORE_SEED_TRIES if name in MORE_MODELS else SEED_TRIES
+    for seed in range(first, first + tries):
         result, reason = build(name, seed)
         if result is not None:
             break
         print(f"{name}: seed {seed} rejected: {reason}", file=sys.stderr)
     else:
-        raise SystemExit(f"{name}: no seed in {first}..{first + SEED_TRIES - 1} passed")
+        raise SystemExit(f"{name}: no seed in {first}..{first + tries - 1} passed")
     if seed != first:
         print(f"{name}: note: set SEEDS['{name}'] = {seed} to start there next time",
               file=sys.stderr)
@@ -482,7 +657,7 @@ def main():
     torch.use_deterministic_algorithms(True)
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    for name in args.only or ["llama", "qwen2", "mixtral", "gpt2"]:
+    for name in args.only or list(CONFIGS):
         make(name, os.path.normpath(args.out))
 
 

@@ -431,6 +431,9 @@ static ref_attrs read_attrs(emit_case *c, uint32_t op) {
     unsigned rank = o->operand_count ? m->values[o->operands[0]].type.rank : 0;
     switch (o->kind) {
     case IR_OP_RMS_NORM:
+        a.eps = ir_op_float(m, op, "eps");
+        a.offset = ir_op_float(m, op, "offset");
+        break;
     case IR_OP_LAYER_NORM: a.eps = ir_op_float(m, op, "eps"); break;
     case IR_OP_ROPE:
         a.theta = ir_op_float(m, op, "theta");
@@ -441,6 +444,7 @@ static ref_attrs read_attrs(emit_case *c, uint32_t op) {
         a.scale = ir_op_float(m, op, "scale");
         a.causal = ir_op_bool(m, op, "causal");
         a.window = ir_op_int(m, op, "window");
+        a.softcap = ir_op_float(m, op, "softcap");
         break;
     case IR_OP_GELU: a.gelu_tanh = strcmp(ir_op_string(m, op, "approximate"), "tanh") == 0; break;
     case IR_OP_MOE:

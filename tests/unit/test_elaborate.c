@@ -738,7 +738,7 @@ static void test_attribute_errors(void **state) {
     AT(14), let("l", CALL("reshape", 2, POS(N("x")), KW("shape", I(3))));
     AT(15), let("m", CALL("transpose", 2, POS(N("x")), KW("perm", LIST(1, N("tokens")))));
     assert_false(elaborate());
-    expect_error(3, "rms_norm has no attribute 'epsilon'; its attributes are eps\n");
+    expect_error(3, "rms_norm has no attribute 'epsilon'; its attributes are eps, offset\n");
     expect_error(4, "silu takes no attributes, found 'beta'");
     expect_error(5, "rms_norm: attribute 'eps' must be a number, found a string");
     expect_error(6, "matmul: attribute 'layout' must be one of out_in|in_out, found 'rows'");

@@ -13,6 +13,8 @@
 
 #include "emit_harness.c"
 
+#include <xxhash.h>
+
 static const char *const precisions[2] = {"f32", "bf16"};
 
 /* ---- elementwise ------------------------------------------------------------------------- */
@@ -51,7 +53,11 @@ static void test_activations(void **state) {
         uint32_t gelu_erf = case_op(c, IR_OP_GELU, &x, 1);
         uint32_t gelu_tanh = case_op(c, IR_OP_GELU, &x, 1);
         assert_true(ir_op_set_string(&c->m, gelu_tanh, "approximate", "tanh"));
+        uint32_t tanh_op = case_op(c, IR_OP_TANH, &x, 1);
+        uint32_t sigmoid = case_op(c, IR_OP_SIGMOID, &x, 1);
         case_infer(c);
+        case_run(c, tanh_op, 3, F32_TOLERANCE);
+        case_run(c, sigmoid, 3, F32_TOLERANCE);
         case_run(c, silu, 3, F32_TOLERANCE);
         case_run(c, gelu_erf, 3, F32_TOLERANCE);
         case_run(c, gelu_tanh, 3, F32_TOLERANCE);
@@ -76,7 +82,11 @@ static void test_norms(void **state) {
         ir_value_id heads = case_input(c, "heads", "f32[tokens, 3, 20]");
         uint32_t no_bias = case_op(c, IR_OP_LAYER_NORM, (ir_value_id[]){heads, case_weight(c, "f32[20]")}, 2);
         assert_true(ir_op_set_float(&c->m, no_bias, "eps", 1e-5));
+        uint32_t gemma = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){heads, case_weight(c, "f32[20]")}, 2);
+        assert_true(ir_op_set_float(&c->m, gemma, "eps", 1e-6));
+        assert_true(ir_op_set_float(&c->m, gemma, "offset", 1.0));
         case_infer(c);
+        case_run(c, gemma, 3, F32_TOLERANCE);
         case_run(c, rms, 4, F32_TOLERANCE);
         case_run(c, layer, 4, F32_TOLERANCE);
         case_run(c, no_bias, 2, F32_TOLERANCE);
@@ -213,6 +223,20 @@ static void test_attention_sliding_window(void **state) {
     for (int p = 0; p < 2; p++) {
         emit_case *c = case_new(precisions[p]);
         uint32_t op = attention_op(c, "f32[tokens, 2, 16]", "f32[tokens, 2, 16]", 0.3, 3, true);
+        case_infer(c);
+        run_prefill_then_decode(c, op);
+        case_free(c);
+    }
+}
+
+/* Gemma 2: scores soft-capped at 0.5 (below the largest raw scores, so the
+ * cap changes the result), with a window. */
+static void test_attention_softcap(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        uint32_t op = attention_op(c, "f32[tokens, 2, 16]", "f32[tokens, 2, 16]", 0.25, 5, true);
+        assert_true(ir_op_set_float(&c->m, op, "softcap", 0.5));
         case_infer(c);
         run_prefill_then_decode(c, op);
         case_free(c);
@@ -363,6 +387,38 @@ static void test_concat_split_slice(void **state) {
 
 /* ---- names, storage, lowering kinds, errors ------------------------------------------------ */
 
+/* Kernel k is named `specialisation` + '_' + 8 hex digits, the low 32 bits of
+ * the XXH64 of its source as it reads with the specialisation alone in
+ * place of the name (recomputed here), and its source spells that name in
+ * its comment, signature and host entry. */
+static void assert_kernel_named(const cg_kernel *k, const char *specialisation) {
+    size_t base = strlen(specialisation);
+    assert_int_equal(strlen(k->name), base + 9);
+    assert_memory_equal(k->name, specialisation, base);
+    assert_int_equal(k->name[base], '_');
+    /* The source with every full name put back to the specialisation. */
+    size_t length = strlen(k->source);
+    char *plain = malloc(length + 1);
+    assert_non_null(plain);
+    size_t to = 0, names = 0;
+    for (const char *p = k->source; *p;) {
+        if (strncmp(p, k->name, base + 9) == 0) {
+            memcpy(plain + to, specialisation, base);
+            to += base;
+            p += base + 9;
+            names++;
+        } else {
+            plain[to++] = *p++;
+        }
+    }
+    plain[to] = '\0';
+    assert_int_equal(names, 4); /* comment, signature, host entry and the call in it */
+    char want[16];
+    snprintf(want, sizeof want, "%08x", (unsigned)(XXH64(plain, to, 0) & 0xffffffffu));
+    free(plain);
+    assert_string_equal(k->name + base + 1, want);
+}
+
 /* Norms of one width and eps over other rows (Qwen3's q_norm/k_norm over
  * [tokens, heads, D] beside the model's [tokens, D] norms) are other kernels:
  * their sources differ, so their names must. Each runs right. */
@@ -389,9 +445,9 @@ static void test_norms_over_other_rows_are_other_kernels(void **state) {
     for (int i = 0; i < 3; i++) {
         cg_group_lowering l;
         assert_true(case_emit(c, rms[i], &a, &l));
-        assert_string_equal(l.kernels[0].name, rms_names[i]);
+        assert_kernel_named(&l.kernels[0], rms_names[i]);
         assert_true(case_emit(c, layer[i], &a, &l));
-        assert_string_equal(l.kernels[0].name, layer_names[i]);
+        assert_kernel_named(&l.kernels[0], layer_names[i]);
     }
     arena_free(&a);
     case_run(c, rms[1], 3, F32_TOLERANCE);
@@ -420,18 +476,21 @@ static void test_kernels_are_named_by_specialisation(void **state) {
     assert_true(case_emit(c, first, &a, &l1));
     assert_true(case_emit(c, second, &a, &l2));
     assert_true(case_emit(c, other, &a, &l3));
-    assert_string_equal(l1.kernels[0].name, "rms_norm_bf16_d64_eps1em05");
+    assert_kernel_named(&l1.kernels[0], "rms_norm_bf16_d64_eps1em05");
     assert_string_equal(l1.kernels[0].name, l2.kernels[0].name);
     assert_string_equal(l1.kernels[0].source, l2.kernels[0].source);
     assert_string_equal(l1.kernels[0].family, "norm");
     assert_string_not_equal(l1.kernels[0].ops_text, l2.kernels[0].ops_text);
     assert_non_null(strstr(l1.kernels[0].ops_text, "= rms_norm(%2, %3) {eps = 1e-05} : bf16[tokens, 64]"));
-    assert_string_equal(l3.kernels[0].name, "rms_norm_bf16_d64_eps1em06");
+    assert_kernel_named(&l3.kernels[0], "rms_norm_bf16_d64_eps1em06");
     /* The source names the op's signature and says how it is launched. */
     assert_non_null(strstr(l1.kernels[0].source,
                            "rms_norm(bf16[tokens, 64], bf16[64]) {eps = 1e-05} : bf16[tokens, 64]"));
-    assert_non_null(strstr(l1.kernels[0].source, "SMELT_KERNEL void rms_norm_bf16_d64_eps1em05("));
-    assert_non_null(strstr(l1.kernels[0].source, "SMELT_HOST_ENTRY(rms_norm_bf16_d64_eps1em05)"));
+    char spelled[128];
+    snprintf(spelled, sizeof spelled, "SMELT_KERNEL void %s(", l1.kernels[0].name);
+    assert_non_null(strstr(l1.kernels[0].source, spelled));
+    snprintf(spelled, sizeof spelled, "SMELT_HOST_ENTRY(%s)", l1.kernels[0].name);
+    assert_non_null(strstr(l1.kernels[0].source, spelled));
     /* params x, weight, out, tokens; one block per token, 64 threads */
     assert_int_equal(l1.kernels[0].param_count, 4);
     assert_int_equal(l1.kernels[0].params[0].value, x);
@@ -483,7 +542,7 @@ static void test_storage_policy(void **state) {
     arena_init(&a);
     cg_group_lowering l;
     assert_true(case_emit(c, c->m.values[logits].def_op, &a, &l));
-    assert_string_equal(l.kernels[0].name, "silu_bf16_f32_t8");
+    assert_kernel_named(&l.kernels[0], "silu_bf16_f32_t8");
     assert_true(case_emit(c, reshape, &a, &l));
     assert_int_equal(l.kind, CG_LOWER_ALIAS);
     arena_free(&a);
@@ -512,8 +571,8 @@ static void test_lowering_kinds_and_attention_state(void **state) {
     assert_true(case_emit(c, attention, &a, &l));
     assert_int_equal(l.kind, CG_LOWER_KERNELS);
     assert_int_equal(l.kernel_count, 2);
-    assert_string_equal(l.kernels[0].name, "kv_write_bf16_kv2_d16_ctx40");
-    assert_string_equal(l.kernels[1].name, "attention_bf16_h4_kv2_d16_ctx40"); /* scale 1/sqrt(16) implied */
+    assert_kernel_named(&l.kernels[0], "kv_write_bf16_kv2_d16_ctx40");
+    assert_kernel_named(&l.kernels[1], "attention_bf16_h4_kv2_d16_ctx40"); /* scale 1/sqrt(16) implied */
     assert_int_equal(l.state_count, 3);
     assert_int_equal(l.state_bytes[CG_STATE_KEYS], 40 * 2 * 16 * 2); /* bf16 */
     assert_int_equal(l.state_bytes[CG_STATE_VALUES], 40 * 2 * 16 * 2);
@@ -667,6 +726,7 @@ int main(void) {
         cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_attention_gqa_prefill_then_decode),
+        cmocka_unit_test(test_attention_softcap),
         cmocka_unit_test(test_attention_sliding_window),
         cmocka_unit_test(test_attention_mqa_noncausal),
         cmocka_unit_test(test_attention_skips_unwritten_positions),

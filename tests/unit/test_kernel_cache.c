@@ -710,6 +710,14 @@ static void test_host_build_errors(void **state) {
     assert_non_null(strstr(error, "error"));
     assert_int_equal(cg_cache_get_stats(cache).stores, 0);
 
+    /* A name longer than 64 keeps its head and its hash in the message. */
+    cg_host_source long_name[] = {
+        {"attention_bf16_h4_kv2_d16_ctx128_win4_softcap2_scale0p20412414523193154_51247a3c",
+         "int broken(int x) {\n    return x +;\n}\n"}};
+    req = (cg_host_build_request){.sources = long_name, .source_count = 1};
+    assert_false(cg_host_build(&req, cache, &object, error, sizeof error));
+    assert_non_null(strstr(error, "attention_bf16_h4_kv2_d16_ctx128_win4_softcap2_scale0.._51247a3c.c:2:"));
+
     req = trivial_request();
     req.compiler = "/nonexistent/bin/cc";
     assert_false(cg_host_build(&req, cache, &object, error, sizeof error));

@@ -318,6 +318,25 @@ static void test_rms_norm(void **state) {
     fixture_free(f);
 }
 
+/* Gemma's RMSNorm: offset 1 scales by (1 + w); the rows of test_rms_norm. */
+static void test_rms_norm_offset(void **state) {
+    fixture *f = fixture_new();
+    declare_inputs(f);
+    static const float x[] = {1, 2, 3, 4, -1, 1, -1, 1}, w[] = {0, 1, -0.5f, 0.5f};
+    uint32_t norm = op2(f, IR_OP_RMS_NORM, weight(f, "f32[2, 4]", x), weight(f, "f32[4]", w));
+    assert_true(ir_op_set_float(&f->m, norm, "eps", 1e-5));
+    assert_true(ir_op_set_float(&f->m, norm, "offset", 1.0));
+    output(f, result(f, norm), "logits");
+    create(f);
+    float out[8];
+    step_once(f, out, 8);
+    double s = 1.0 / sqrt(7.5 + 1e-5), t = 1.0 / sqrt(1.0 + 1e-5);
+    assert_floats(out,
+                  (const double[]){1 * s, 2 * s * 2, 3 * s * 0.5, 4 * s * 1.5, -t, t * 2, -t * 0.5, t * 1.5},
+                  8, 1e-6);
+    fixture_free(f);
+}
+
 /* x = [1, 2, 3, 4]: mean 2.5, biased variance (2.25 + 0.25 + 0.25 + 2.25) / 4 = 1.25. */
 static void test_layer_norm(void **state) {
     fixture *f = fixture_new();
@@ -519,6 +538,41 @@ static void test_attention_sliding_window(void **state) {
     /* The same window across steps: decode position 3 sees 2 and 3. */
     step(f, (const int32_t[]){0}, (const int32_t[]){3}, 1, out, 1);
     assert_floats(out, (const double[]){mix2(2, 5, 20, 100)}, 1, 1e-4);
+    fixture_free(f);
+}
+
+/* Gemma 2's soft-capping, on test_attention_one_head: token 1's scores 0.5
+ * and 0 become 0.4 tanh(0.5 / 0.4) and 0 before the softmax. */
+static void test_attention_softcap(void **state) {
+    static const float q[] = {3, 3, 1, 0}, k[] = {1, 0, 0, 1}, v[] = {1, 2, 3, -1};
+    attention_case c = {"f32[2, 2]",
+                        "f32[2, 2]",
+                        "f32[2, 2]",
+                        "f32[tokens, 1, 2]",
+                        "f32[tokens, 1, 2]",
+                        "f32[tokens, 1, 2]",
+                        q,
+                        k,
+                        v,
+                        0.5,
+                        8,
+                        0,
+                        true};
+    fixture *f = fixture_new();
+    declare_inputs(f);
+    ir_value_id qv = reshape(f, embedding(f, weight(f, c.q_table, c.q), f->ids), c.q_shape);
+    ir_value_id kv = reshape(f, embedding(f, weight(f, c.kv_table, c.k), f->ids), c.k_shape);
+    ir_value_id vv = reshape(f, embedding(f, weight(f, c.v_table, c.v), f->ids), c.v_shape);
+    uint32_t a = append(f, IR_OP_ATTENTION, (ir_value_id[]){qv, kv, vv, f->pos}, 4);
+    assert_true(ir_op_set_float(&f->m, a, "scale", c.scale));
+    assert_true(ir_op_set_int(&f->m, a, "max_seq", c.max_seq));
+    assert_true(ir_op_set_float(&f->m, a, "softcap", 0.4));
+    output(f, result(f, a), "logits");
+    create(f);
+    float out[4];
+    step(f, (const int32_t[]){0, 1}, (const int32_t[]){0, 1}, 2, out, 4);
+    double capped = 0.4 * tanh(0.5 / 0.4);
+    assert_floats(out, (const double[]){1, 2, mix2(capped, 0, 1, 3), mix2(capped, 0, 2, -1)}, 4, 1e-6);
     fixture_free(f);
 }
 
@@ -736,6 +790,23 @@ static void test_silu(void **state) {
     fixture_free(f);
 }
 
+static void test_tanh_and_sigmoid(void **state) {
+    static const float x[] = {0, 1, -2};
+    float out[3];
+    for (int kind = 0; kind < 2; kind++) {
+        fixture *f = fixture_new();
+        declare_inputs(f);
+        output(f, result(f, op1(f, kind ? IR_OP_SIGMOID : IR_OP_TANH, weight(f, "f32[3]", x))), "logits");
+        create(f);
+        step_once(f, out, 3);
+        if (kind)
+            assert_floats(out, (const double[]){0.5, 0.7310585786, 0.1192029220}, 3, 1e-7);
+        else
+            assert_floats(out, (const double[]){0, 0.7615941560, -0.9640275801}, 3, 1e-7);
+        fixture_free(f);
+    }
+}
+
 /* softmax along axis 0 of [[0, 1], [ln 3, 1]]: columns [1/4, 3/4] and [1/2, 1/2]. */
 static void test_softmax_axis_0(void **state) {
     fixture *f = fixture_new();
@@ -936,6 +1007,12 @@ static void run_example(const char *model, const char *config) {
 static void test_example_llama(void **state) { run_example("llama.smelt", "llama-tiny.json"); }
 static void test_example_gpt2(void **state) { run_example("gpt2.smelt", "gpt2-tiny.json"); }
 static void test_example_mixtral(void **state) { run_example("mixtral.smelt", "mixtral-tiny.json"); }
+static void test_example_qwen3(void **state) { run_example("qwen3.smelt", "qwen3-tiny.json"); }
+static void test_example_qwen3_moe(void **state) { run_example("qwen3_moe.smelt", "qwen3-moe-tiny.json"); }
+static void test_example_qwen2_moe(void **state) { run_example("qwen2_moe.smelt", "qwen2-moe-tiny.json"); }
+static void test_example_olmo2(void **state) { run_example("olmo2.smelt", "olmo2-tiny.json"); }
+static void test_example_gemma2(void **state) { run_example("gemma2.smelt", "gemma2-tiny.json"); }
+static void test_example_gemma3(void **state) { run_example("gemma3.smelt", "gemma3-tiny.json"); }
 
 /* ---- errors -------------------------------------------------------------------------------------- */
 
@@ -1118,6 +1195,9 @@ int main(void) {
         cmocka_unit_test(test_add_broadcasts_both_sides),
         cmocka_unit_test(test_scalar_constant_broadcasts),
         cmocka_unit_test(test_rms_norm),
+        cmocka_unit_test(test_rms_norm_offset),
+        cmocka_unit_test(test_attention_softcap),
+        cmocka_unit_test(test_tanh_and_sigmoid),
         cmocka_unit_test(test_layer_norm),
         cmocka_unit_test(test_layer_norm_without_bias),
         cmocka_unit_test(test_rope_neox),
@@ -1145,6 +1225,12 @@ int main(void) {
         cmocka_unit_test(test_example_llama),
         cmocka_unit_test(test_example_gpt2),
         cmocka_unit_test(test_example_mixtral),
+        cmocka_unit_test(test_example_qwen3),
+        cmocka_unit_test(test_example_qwen3_moe),
+        cmocka_unit_test(test_example_qwen2_moe),
+        cmocka_unit_test(test_example_olmo2),
+        cmocka_unit_test(test_example_gemma2),
+        cmocka_unit_test(test_example_gemma3),
         cmocka_unit_test(test_position_beyond_max_seq),
         cmocka_unit_test(test_id_outside_the_embedding_table),
         cmocka_unit_test(test_missing_ids_input),
