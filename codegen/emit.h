@@ -77,9 +77,14 @@ typedef enum cg_lowering_kind {
  *   0  K cache  [max_seq, Hkv, D]  in the storage dtype of k
  *   1  V cache  [max_seq, Hkv, Dv] in the storage dtype of v
  *   2  written  int32[max_seq]: 1 once a step has written that position, so
- *      that attention skips positions never written (as the reference does) */
-enum { CG_MAX_KERNELS = 4, CG_MAX_STATES = 3 };
-enum { CG_STATE_KEYS = 0, CG_STATE_VALUES = 1, CG_STATE_WRITTEN = 2 };
+ *      that attention skips positions never written (as the reference does)
+ *   3  partials f32: the split-KV decode kernel's per-split results
+ *   4  counters int32: per (token, kv head), the splits finished this step
+ *      (the last one merges them and sets it back to 0)
+ * States 3 and 4 are a workspace, not indexed by position (rows 0); an op
+ * without the decode kernel has them of 0 bytes. */
+enum { CG_MAX_KERNELS = 4, CG_MAX_STATES = 5 };
+enum { CG_STATE_KEYS = 0, CG_STATE_VALUES = 1, CG_STATE_WRITTEN = 2, CG_STATE_PARTIALS = 3, CG_STATE_COUNTERS = 4 };
 
 typedef struct cg_group_lowering {
     cg_lowering_kind kind;

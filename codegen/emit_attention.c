@@ -1,4 +1,4 @@
-/* emit_attention.c - the attention op as two kernels over its KV cache.
+/* emit_attention.c - the attention op as kernels over its KV cache.
  *
  * attention(q[T, Hq, D], k[T, Hkv, D], v[T, Hkv, Dv], pos[T]) -> [T, Hq, Dv]
  * with the semantics of reference/ref_ops_attention.c (the oracle):
@@ -6,40 +6,41 @@
  *   1. kv_write: one block per token copies k and v of token t into the
  *      caches at position pos[t] and marks the position written. It runs to
  *      completion before 2, so every query of a step sees every key of it.
- *   2. attention: one block per (token, query head). Query head h reads kv
- *      head h / (Hq / Hkv) (GQA, MQA). It sees the written positions p with
- *      p <= pos (causal; every written position when not causal) and
- *      p > pos - window when window > 0. Positions are taken in tiles of
- *      TILE: each warp computes the scores scale * q.k of its positions with
- *      a warp-shuffle dot product, then every thread folds the tile into an
- *      online softmax (a running max and sum, the accumulator rescaled when
- *      the max grows) over the value dims it owns. Positions never written
- *      (a gap in a sequence) are skipped, as the reference skips them.
+ *      It is a kernel of its own so that a fusion rule can move it into
+ *      the QKV projection's epilogue and drop it here.
+ *   2. the attention proper: query head h reads kv head h / (Hq / Hkv) (GQA,
+ *      MQA). It sees the written positions p with p <= pos (causal; every
+ *      written position when not causal) and p > pos - window when
+ *      window > 0, in an online softmax (a running max and sum, the
+ *      accumulator rescaled when the max grows). Positions never written (a
+ *      gap in a sequence) are skipped, as the reference skips them. Which
+ *      kernel does it depends on the step's token count T, chosen at run
+ *      time by grid rules that are empty for the other steps:
+ *        - T <= ATTENTION_DECODE_MAX_TOKENS: split-KV flash decoding
+ *          (emit_attention_decode.c), when the cache rows can be read 16
+ *          bytes at a time;
+ *        - longer steps over bf16 caches with head dims a multiple of 16:
+ *          FlashAttention-2 on tensor cores (emit_attention_prefill.c);
+ *        - everything else (f32 caches — mma wants 16-bit operands, and an
+ *          f32 plan is the precise one, so it stays f32 end to end — and
+ *          shapes the fast kernels do not take): the scalar tiled kernel
+ *          below, one block per (token, query head), one warp per
+ *          position's dot product.
  *
  * State (cg_group_lowering.state_bytes, zeroed when a sequence starts): the K
  * cache [max_seq, Hkv, D] in k's storage dtype, the V cache [max_seq, Hkv,
- * Dv] in v's, and written flags int32[max_seq]. A position outside
- * [0, max_seq) is neither written nor attended (the runtime checks positions
- * before a step; the reference reports them). Two tokens of one step at the
- * same position race; a step's positions are distinct.
- *
- * Speed: correct first. The kernel is a plain tiled loop in f32 with no
- * tensor cores; a decode step has only Hq blocks per token, so long contexts
- * want a split over the positions (flash decoding) later.
+ * Dv] in v's, written flags int32[max_seq], and with the decode kernel its
+ * workspace (emit.h). A position outside [0, max_seq) is neither written nor
+ * attended (the runtime checks positions before a step; the reference
+ * reports them). Two tokens of one step at the same position race; a step's
+ * positions are distinct.
  */
-#include "emit_internal.h"
+#include "emit_attention.h"
 
 #include <math.h>
+#include <string.h>
 
 enum { ATTENTION_THREADS = 128, ATTENTION_TILE = 32, KV_WRITE_THREADS = 128 };
-
-typedef struct attention_shape {
-    int64_t query_heads, kv_heads, head_dim, value_dim, max_seq, window;
-    bool causal;
-    double scale;
-    cg_count tokens; /* rows of q: T, or a constant */
-    smelt_dtype key_dtype, value_dtype;
-} attention_shape;
 
 static bool read_shape(cg_emit *e, attention_shape *s) {
     ir_value_id q = cg_operand(e, 0), k = cg_operand(e, 1), v = cg_operand(e, 2), pos = cg_operand(e, 3);
@@ -146,12 +147,11 @@ static void emit_kv_write(cg_emit *e, const attention_shape *s) {
     cg_kernel_end(&b);
 }
 
-static void emit_attend(cg_emit *e, const attention_shape *s) {
-    ir_value_id q = cg_operand(e, 0), result = cg_result(e, 0);
-    ir_value_id stored[4] = {q, cg_operand(e, 1), cg_operand(e, 2), result};
+const char *attention_kernel_name(cg_emit *e, const attention_shape *s, const char *prefix) {
+    ir_value_id stored[4] = {cg_operand(e, 0), cg_operand(e, 1), cg_operand(e, 2), cg_result(e, 0)};
     cg_text name;
     cg_text_init(&name);
-    cg_text_printf(&name, "attention_%s_h%lld_kv%lld_%s_ctx%lld", cg_dtype_tag(e, stored, 4),
+    cg_text_printf(&name, "%s_%s_h%lld_kv%lld_%s_ctx%lld", prefix, cg_dtype_tag(e, stored, 4),
                    (long long)s->query_heads, (long long)s->kv_heads, dims_part(e, s), (long long)s->max_seq);
     if (s->window > 0) cg_text_printf(&name, "_win%lld", (long long)s->window);
     if (!s->causal) cg_text_printf(&name, "_noncausal");
@@ -160,7 +160,47 @@ static void emit_attend(cg_emit *e, const attention_shape *s) {
         cg_text_printf(&name, "_scale%s", cg_float_name(e, s->scale));
     const char *kernel_name = arena_strdup(&e->scratch, name.data);
     cg_text_free(&name);
+    return kernel_name;
+}
 
+prog_affine attention_decode_steps(void) {
+    /* ceil((D + 1 - T) / (D + 1)): 1 for T in [1, D], 0 above */
+    return (prog_affine){-1, ATTENTION_DECODE_MAX_TOKENS + 1, ATTENTION_DECODE_MAX_TOKENS + 1};
+}
+
+prog_affine attention_prefill_steps(void) {
+    /* ceil((T - D) / 2^30): 0 for T <= D, 1 above (T is far below 2^30) */
+    return (prog_affine){1, -ATTENTION_DECODE_MAX_TOKENS, (int64_t)1 << 30};
+}
+
+void attention_write_template(cg_text *t, const char *text) {
+    while (*text) {
+        const char *end = strchr(text, '\n');
+        if (!end) end = text + strlen(text);
+        const char *line = text;
+        while (line < end && *line == ' ')
+            line++;
+        if (line == end)
+            cg_blank(t);
+        else
+            cg_line(t, "%.*s", (int)(end - line), line);
+        text = *end ? end + 1 : end;
+    }
+}
+
+const char *attention_without_semicolon(cg_emit *e, const char *statement) {
+    size_t n = strlen(statement);
+    return arena_printf(&e->scratch, "%.*s", (int)(n && statement[n - 1] == ';' ? n - 1 : n), statement);
+}
+
+bool attention_rows_vectorizable(int64_t dims, smelt_dtype t) {
+    return (dims * (int64_t)smelt_dtype_element_bytes(t)) % 16 == 0;
+}
+
+/* The scalar kernel; `steps` is the grid rule of the steps it serves. */
+static void emit_attend(cg_emit *e, const attention_shape *s, prog_affine steps) {
+    ir_value_id q = cg_operand(e, 0), result = cg_result(e, 0);
+    const char *kernel_name = attention_kernel_name(e, s, "attention");
     cg_kernel_builder b;
     cg_kernel_begin(
         &b, e, kernel_name,
@@ -176,6 +216,7 @@ static void emit_attend(cg_emit *e, const attention_shape *s) {
         true; /* read here */
     cg_kernel_launch(&b, cg_count_blocks(s->tokens, 1), (prog_affine){0, s->query_heads, 1},
                      ATTENTION_THREADS);
+    b.k->rule.grid[2] = steps;
     cg_kernel_open(&b);
     cg_text *t = &b.text;
     cg_line(t, "enum { QUERY_HEADS = %lld, KV_HEADS = %lld, GROUP = QUERY_HEADS / KV_HEADS };",
@@ -277,13 +318,25 @@ bool cg_emit_attention(cg_emit *e) {
                    (long long)s.max_seq);
         return false;
     }
+    bool decode = attention_decode_supported(&s), prefill = attention_prefill_supported(&s);
+    if (decode) {
+        bytes[CG_STATE_PARTIALS] = attention_decode_partial_bytes(&s);
+        bytes[CG_STATE_COUNTERS] = attention_decode_counter_bytes(&s);
+    }
     e->out->kind = CG_LOWER_KERNELS;
-    e->out->state_count = CG_MAX_STATES;
-    for (int i = 0; i < CG_MAX_STATES; i++) {
+    e->out->state_count = decode ? CG_MAX_STATES : CG_STATE_WRITTEN + 1;
+    for (uint32_t i = 0; i < e->out->state_count; i++) {
         e->out->state_bytes[i] = bytes[i];
-        e->out->state_rows[i] = (uint64_t)s.max_seq;
+        e->out->state_rows[i] = i <= CG_STATE_WRITTEN ? (uint64_t)s.max_seq : 0;
     }
     emit_kv_write(e, &s);
-    emit_attend(e, &s);
+    /* Every step runs exactly one of the attention kernels below. */
+    prog_affine every_step = {0, 1, 1};
+    if (decode) emit_attention_decode(e, &s);
+    prog_affine longer_steps = decode ? attention_prefill_steps() : every_step;
+    if (prefill)
+        emit_attention_prefill(e, &s, longer_steps);
+    else
+        emit_attend(e, &s, longer_steps);
     return true;
 }
