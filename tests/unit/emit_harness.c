@@ -344,9 +344,21 @@ static void prepare_result(emit_case *c, ir_value_id v, int64_t tokens) {
 
 /* ---- compiling ------------------------------------------------------------------------ */
 
+/* Whether kernel `name` was compiled for the GPUs already in this process:
+ * a kernel's name carries everything its source depends on, so the cases
+ * that differ only in data compile it once. */
+static bool already_compiled(const char *name) {
+    static char *names[512];
+    static unsigned count;
+    for (unsigned i = 0; i < count; i++)
+        if (strcmp(names[i], name) == 0) return true;
+    if (count < sizeof names / sizeof names[0]) names[count++] = strdup(name);
+    return false;
+}
+
 /* NVRTC for sm_80 and sm_90: no errors and no spills; prints the registers. */
 static void compile_for_gpus(const cg_kernel *k) {
-    if (!harness_have_nvrtc) return;
+    if (!harness_have_nvrtc || already_compiled(k->name)) return;
     cg_header header = {"smelt_kernel.h", harness_header_text};
     int archs[2] = {80, 90};
     for (int a = 0; a < 2; a++) {
