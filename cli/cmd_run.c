@@ -4,7 +4,8 @@
  * model source, through the driver (driver.h). Prints the prompt, then each generated token as
  * it is produced (decoded text when the plan has a byte tokenizer and the
  * prompt was --prompt TEXT), then the tokens/s of prefill and decode.
- * --dump-logits keeps every step's logits:
+ * Without --dump-logits each token is picked on the device (only its id
+ * crosses to the host); --dump-logits copies and keeps every step's logits:
  *   row 0: after the prompt; row i: after feeding the i-th generated token. */
 #include "cli.h"
 
@@ -172,14 +173,17 @@ static void print_token(const drv_tokenizer *t, int32_t token, bool as_text) {
 }
 
 /* Prefill (in chunks of the model's step bound), then one token per step;
- * rows[i * vocab] keeps the logits that choose token i+1. Returns the number
- * of tokens produced (EOS stops when decoding text), or -1. */
+ * with rows, rows[i * vocab] keeps the logits that choose token i+1; without
+ * (no --dump-logits), each step's argmax is picked on the device and only
+ * the token id crosses to the host. Returns the number of tokens produced
+ * (EOS stops when decoding text), or -1. */
 static long generate(drv_model *model, const int32_t *prompt, uint32_t prompt_length, uint32_t max_tokens,
                      bool as_text, float *rows, diag_engine *d) {
     const drv_model_info *r = drv_model_get_info(model);
     uint64_t vocab = r->vocab, chunk = r->max_step_tokens ? r->max_step_tokens : prompt_length;
     if (chunk > prompt_length) chunk = prompt_length;
-    float *logits = cli_alloc(chunk * vocab * sizeof *logits);
+    float *logits = rows ? cli_alloc(chunk * vocab * sizeof *logits) : NULL;
+    int32_t next = -1; /* without rows: the argmax of the last step's last row */
     int32_t *positions = cli_alloc(prompt_length * sizeof *positions);
     for (uint32_t i = 0; i < prompt_length; i++)
         positions[i] = (int32_t)i;
@@ -188,6 +192,10 @@ static long generate(drv_model *model, const int32_t *prompt, uint32_t prompt_le
     bool ok = true;
     for (uint32_t at = 0; ok && at < prompt_length; at += (uint32_t)chunk) {
         uint32_t n = prompt_length - at < chunk ? prompt_length - at : (uint32_t)chunk;
+        if (!rows) {
+            ok = drv_model_step_greedy(model, prompt + at, positions + at, n, &next, d);
+            continue;
+        }
         ok = drv_model_step(model, prompt + at, positions + at, n, logits, d);
         if (ok && at + n == prompt_length)
             memcpy(rows, logits + (uint64_t)(n - 1) * vocab, vocab * sizeof *rows);
@@ -198,13 +206,14 @@ static long generate(drv_model *model, const int32_t *prompt, uint32_t prompt_le
     start = seconds_now();
     uint32_t decoded = 0, produced = 0;
     for (uint32_t i = 1; ok && i <= max_tokens; i++) {
-        int32_t token = argmax(rows + (uint64_t)(i - 1) * vocab, vocab);
+        int32_t token = rows ? argmax(rows + (uint64_t)(i - 1) * vocab, vocab) : next;
         produced++;
         if (as_text && token == r->tokenizer.eos) break;
         print_token(&r->tokenizer, token, as_text);
         if (i == max_tokens) break;
         int32_t position = (int32_t)(prompt_length + i - 1);
-        ok = drv_model_step(model, &token, &position, 1, rows + (uint64_t)i * vocab, d);
+        ok = rows ? drv_model_step(model, &token, &position, 1, rows + (uint64_t)i * vocab, d)
+                  : drv_model_step_greedy(model, &token, &position, 1, &next, d);
         decoded += ok;
     }
     if (ok || decoded > 0) printf("\n");
@@ -256,7 +265,7 @@ int cmd_run(int argc, char **argv) {
         ok = false;
     }
     if (ok && c.max_tokens > 0) {
-        rows = cli_alloc(elements * sizeof *rows);
+        if (c.dump_path) rows = cli_alloc(elements * sizeof *rows); /* else greedy on the device */
         if (as_text) {
             fputs(c.prompt_text, stdout);
         } else {

@@ -119,6 +119,12 @@ typedef struct cg_group {
  * a group no emitter takes) are reported at the group's first op and give
  * false. */
 bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_lowering *out, diag_engine *d);
+/* The greedy-decoding kernel of a plan: the index (int32, into its state 0
+ * of 4 bytes) of the first maximum of the last row of the logits that
+ * output op `logits_op` returns (f32 [T, vocab]), so that at temperature 0
+ * only the token crosses to the host (emit_argmax.c). */
+bool cg_emit_greedy(const ir_module *m, uint32_t logits_op, arena *a, cg_group_lowering *out, diag_engine *d);
+
 /* The group of op `op` alone: what the emitter tests use. */
 bool cg_emit_op(const ir_module *m, uint32_t op, arena *a, cg_group_lowering *out, diag_engine *d);
 

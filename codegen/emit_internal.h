@@ -78,6 +78,7 @@ bool cg_emit_concat(cg_emit *e);     /* emit_layout.c */
 bool cg_emit_split(cg_emit *e);      /* emit_layout.c */
 bool cg_emit_slice(cg_emit *e);      /* emit_layout.c */
 bool cg_emit_argmax(cg_emit *e);     /* emit_argmax.c */
+bool cg_emit_greedy_argmax(cg_emit *e); /* emit_argmax.c: the op is the logits' output */
 
 /* Operand i / result i of the op. */
 ir_value_id cg_operand(const cg_emit *e, uint32_t i);
