@@ -842,7 +842,8 @@ bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_low
     return run_emitter(m, op, rule, a, out, d);
 }
 
-bool cg_emit_greedy(const ir_module *m, uint32_t logits_op, arena *a, cg_group_lowering *out, diag_engine *d) {
+bool cg_emit_greedy(const ir_module *m, uint32_t logits_op, arena *a, cg_group_lowering *out,
+                    diag_engine *d) {
     memset(out, 0, sizeof *out);
     if (logits_op >= m->op_count || m->ops[logits_op].kind != IR_OP_OUTPUT)
         SMELT_DIE("cg_emit_greedy: op %u is not an output", logits_op);

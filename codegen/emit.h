@@ -84,7 +84,13 @@ typedef enum cg_lowering_kind {
  * States 3 and 4 are a workspace, not indexed by position (rows 0); an op
  * without the decode kernel has them of 0 bytes. */
 enum { CG_MAX_KERNELS = 4, CG_MAX_STATES = 5 };
-enum { CG_STATE_KEYS = 0, CG_STATE_VALUES = 1, CG_STATE_WRITTEN = 2, CG_STATE_PARTIALS = 3, CG_STATE_COUNTERS = 4 };
+enum {
+    CG_STATE_KEYS = 0,
+    CG_STATE_VALUES = 1,
+    CG_STATE_WRITTEN = 2,
+    CG_STATE_PARTIALS = 3,
+    CG_STATE_COUNTERS = 4
+};
 
 typedef struct cg_group_lowering {
     cg_lowering_kind kind;

@@ -145,6 +145,7 @@ bool cg_emit_greedy_argmax(cg_emit *e) {
     cg_kernel_begin(&b, e, arena_printf(&e->scratch, "greedy_argmax_f32_v%lld", (long long)vocab),
                     "One block: the index of the first maximum of the last row of the logits, the token "
                     "greedy decoding picks, so that only it crosses to the host.");
+    b.k->family = "argmax"; /* the op is the logits' output; the kernel is an argmax */
     uint32_t in = cg_param_value(&b, "logits", logits, true);
     cg_param_state(&b, "token", 0, SMELT_DTYPE_I32);
     cg_param_tokens(&b);

@@ -27,7 +27,7 @@ enum {
     DECODE_THREADS = 128,
     /* Blocks to aim for at batch 1: two per SM of an H100 / H200 (132 SMs). */
     DECODE_TARGET_BLOCKS = 2 * 132,
-    DECODE_MIN_CHUNK = 32, /* positions: a split below this is not worth its merge */
+    DECODE_MIN_CHUNK = 32,         /* positions: a split below this is not worth its merge */
     DECODE_MAX_SHARED = 44 * 1024, /* static shared bytes, below CUDA's 48 KiB */
 };
 
@@ -66,8 +66,8 @@ bool attention_decode_supported(const attention_shape *s) {
 uint64_t attention_decode_partial_bytes(const attention_shape *s) {
     /* [MAX_TOKENS, Hkv, SPLITS, GROUP * (Dv + 2)] f32: bounded by read_shape */
     uint64_t group = (uint64_t)(s->query_heads / s->kv_heads);
-    return (uint64_t)ATTENTION_DECODE_MAX_TOKENS * (uint64_t)s->kv_heads * (uint64_t)decode_splits(s) * group *
-           ((uint64_t)s->value_dim + 2) * 4;
+    return (uint64_t)ATTENTION_DECODE_MAX_TOKENS * (uint64_t)s->kv_heads * (uint64_t)decode_splits(s) *
+           group * ((uint64_t)s->value_dim + 2) * 4;
 }
 
 uint64_t attention_decode_counter_bytes(const attention_shape *s) {
@@ -282,10 +282,14 @@ void emit_attention_decode(cg_emit *e, const attention_shape *s) {
     int64_t splits = decode_splits(s);
     const char *name = attention_kernel_name(e, s, "attention_decode");
     cg_kernel_builder b;
-    cg_kernel_begin(&b, e, arena_printf(&e->scratch, "%s_s%lld", name, (long long)splits),
-                    "Split-KV flash decoding: one block per (split of the positions, kv head, token) "
-                    "with the query heads of the kv head's group, 16-byte loads of K and V, an online "
-                    "softmax per split, and the last split to finish merging them.");
+    const char *summary = arena_printf(
+        &e->scratch,
+        "Split-KV flash decoding: one block per (split of the positions, kv head, token) with the query "
+        "heads of the kv head's group, 16-byte loads of K and V, an online softmax per split, and the "
+        "last split to finish merging them. A step of more than %d tokens launches no block (grid z is "
+        "0): the prefill kernel takes it.",
+        ATTENTION_DECODE_MAX_TOKENS);
+    cg_kernel_begin(&b, e, arena_printf(&e->scratch, "%s_s%lld", name, (long long)splits), summary);
     uint32_t q = cg_param_value(&b, "q", cg_operand(e, 0), true);
     cg_param_value(&b, "pos", cg_operand(e, 3), true);
     uint32_t k_cache = cg_param_state(&b, "k_cache", CG_STATE_KEYS, s->key_dtype);
@@ -310,15 +314,25 @@ void emit_attention_decode(cg_emit *e, const attention_shape *s) {
     cg_line(t, "enum { KEY_VEC = %lld, VALUE_VEC = %lld }; /* elements per 16-byte load */",
             (long long)vector_elements(s->key_dtype), (long long)vector_elements(s->value_dtype));
     cg_line(t, "enum { VALUE_CHUNKS = VALUE_DIM / VALUE_VEC, KEY_LANES = THREADS / VALUE_CHUNKS };");
-    cg_line(t, "enum { PARTIAL = GROUP * (VALUE_DIM + 2) }; /* floats per split: output, max, sum per head */");
+    cg_line(t,
+            "enum { PARTIAL = GROUP * (VALUE_DIM + 2) }; /* floats per split: output, max, sum per head */");
     cg_line(t, "#define SCALE %s", cg_float_literal(e, s->scale));
     cg_line(t, "#define NEGATIVE_INFINITY %s", CG_NEGATIVE_INFINITY);
     cg_line(t, "#define LOAD_QUERY(i) %s", cg_load(&b, q, "(i)"));
-    cg_line(t, "#define STORE_OUTPUT(i, value) %s", attention_without_semicolon(e, cg_store(&b, out, "(i)", "(value)")));
+    cg_line(t, "#define STORE_OUTPUT(i, value) %s",
+            attention_without_semicolon(e, cg_store(&b, out, "(i)", "(value)")));
     cg_line(t, "#define UNPACK_KEYS(chunk, key) %s((chunk), (key))", unpacker(s->key_dtype));
     cg_line(t, "#define UNPACK_VALUES(chunk, value) %s((chunk), (value))", unpacker(s->value_dtype));
     cg_blank(t);
-    cg_write_block_reductions(t, true);
+    cg_write_warp_sum(t);
+    cg_line(t, "/* The max over the 32 lanes of a warp, in every lane. */");
+    cg_line(t, "SMELT_DEVICE float warp_max(float v)");
+    cg_line(t, "{");
+    cg_line(t, "for (int offset = 16; offset > 0; offset /= 2)");
+    cg_line(t, "    v = fmaxf(v, smelt_shfl_xor_f32(0xffffffffu, v, offset));");
+    cg_line(t, "return v;");
+    cg_line(t, "}");
+    cg_blank(t);
     cg_kernel_signature(&b);
     attention_write_template(t, decode_body);
     cg_kernel_end(&b);

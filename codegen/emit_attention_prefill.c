@@ -248,12 +248,17 @@ for (int half = 0; half < 2; half++) {\n\
 }\n";
 
 void emit_attention_prefill(cg_emit *e, const attention_shape *s, prog_affine steps) {
+    const char *summary = arena_printf(
+        &e->scratch,
+        "FlashAttention-2 on tensor cores: one block per (64 query tokens, query head), 16 rows a warp; "
+        "S = Q K^T and O += P V by mma.m16n8k16 bf16 with f32 accumulation, an online softmax in "
+        "registers, K/V tiles of 32 positions double-buffered by cp.async, tiles no row sees skipped. %s",
+        steps.a == 0 ? "It serves every step."
+                     : arena_printf(&e->scratch,
+                                    "It serves steps of more than %d tokens (grid z is 0 for the others).",
+                                    ATTENTION_DECODE_MAX_TOKENS));
     cg_kernel_builder b;
-    cg_kernel_begin(&b, e, attention_kernel_name(e, s, "attention_prefill"),
-                    "FlashAttention-2 on tensor cores: one block per (64 query tokens, query head), 16 rows "
-                    "a warp; S = Q K^T and O += P V by mma.m16n8k16 bf16 with f32 accumulation, an online "
-                    "softmax in registers, K/V tiles of 32 positions double-buffered by cp.async, tiles "
-                    "no row sees skipped.");
+    cg_kernel_begin(&b, e, attention_kernel_name(e, s, "attention_prefill"), summary);
     uint32_t q = cg_param_value(&b, "q", cg_operand(e, 0), true);
     cg_param_value(&b, "pos", cg_operand(e, 3), true);
     uint32_t k_cache = cg_param_state(&b, "k_cache", CG_STATE_KEYS, s->key_dtype);
@@ -272,17 +277,22 @@ void emit_attention_prefill(cg_emit *e, const attention_shape *s, prog_affine st
     cg_line(t, "enum { HEAD_DIM = %lld, VALUE_DIM = %lld, MAX_SEQ = %lld, WINDOW = %lld, CAUSAL = %d };",
             (long long)s->head_dim, (long long)s->value_dim, (long long)s->max_seq, (long long)s->window,
             s->causal ? 1 : 0);
-    cg_line(t, "enum { THREADS = %d, ROWS = %d, KEYS = %d }; /* ROWS query tokens a block, KEYS positions a tile */",
-            PREFILL_THREADS, PREFILL_ROWS, PREFILL_KEYS);
-    cg_line(t, "enum { Q_STRIDE = HEAD_DIM + %d, K_STRIDE = HEAD_DIM + %d, V_STRIDE = VALUE_DIM + %d }; /* padded "
-               "shared rows */",
-            PREFILL_PAD, PREFILL_PAD, PREFILL_PAD);
+    cg_line(
+        t,
+        "enum { THREADS = %d, ROWS = %d, KEYS = %d }; /* ROWS query tokens a block, KEYS positions a tile */",
+        PREFILL_THREADS, PREFILL_ROWS, PREFILL_KEYS);
+    cg_line(
+        t,
+        "enum { Q_STRIDE = HEAD_DIM + %d, K_STRIDE = HEAD_DIM + %d, V_STRIDE = VALUE_DIM + %d }; /* padded "
+        "shared rows */",
+        PREFILL_PAD, PREFILL_PAD, PREFILL_PAD);
     cg_line(t, "enum { SCORE_TILES = KEYS / 8, VALUE_TILES = VALUE_DIM / 8 }; /* m16n8 accumulator tiles */");
     cg_line(t, "#define SCALE %s", cg_float_literal(e, s->scale));
     cg_line(t, "#define NEGATIVE_INFINITY %s", CG_NEGATIVE_INFINITY);
     cg_line(t, "#define STEP_ROWS (%s) /* query tokens in this step */", cg_count_text(e, s->tokens));
     cg_line(t, "#define LOAD_QUERY(i) %s", cg_load(&b, q, "(i)"));
-    cg_line(t, "#define STORE_OUTPUT(i, value) %s", attention_without_semicolon(e, cg_store(&b, out, "(i)", "(value)")));
+    cg_line(t, "#define STORE_OUTPUT(i, value) %s",
+            attention_without_semicolon(e, cg_store(&b, out, "(i)", "(value)")));
     cg_blank(t);
     attention_write_template(t, prefill_helpers);
     cg_kernel_signature(&b);

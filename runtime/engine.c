@@ -206,7 +206,8 @@ smelt_status smelt_engine_forward(smelt_engine *engine, const int32_t *ids, cons
 smelt_status smelt_engine_forward_greedy(smelt_engine *engine, const int32_t *ids, const int32_t *pos,
                                          uint32_t n, int32_t *token) {
     if (!engine || !ids || !pos || !token)
-        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "smelt_engine_forward_greedy: a NULL argument");
+        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT,
+                                 "smelt_engine_forward_greedy: a NULL argument");
     const program *p = engine->program;
     if (n < 1 || n > (uint64_t)p->max_tokens)
         return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "a step of %u tokens is outside [1, %lld]", n,
@@ -311,8 +312,10 @@ smelt_status smelt_engine_generate(smelt_engine *engine, const smelt_request *re
     while (g->token_count < request->max_tokens) {
         int32_t token = next;
         rt_error e = {0};
-        bool picked = greedy && (request->prompt_length > 0 || g->token_count > 0 || engine->last_greedy_valid);
-        if (!picked && rt_sampler_pick(&engine->sampler, engine->last_logits, &settings, &token, &e) != SMELT_OK)
+        bool picked =
+            greedy && (request->prompt_length > 0 || g->token_count > 0 || engine->last_greedy_valid);
+        if (!picked &&
+            rt_sampler_pick(&engine->sampler, engine->last_logits, &settings, &token, &e) != SMELT_OK)
             return rt_last_error_publish(&e);
         if (is_stop_token(request, token)) {
             g->reason = SMELT_FINISH_STOP_TOKEN;

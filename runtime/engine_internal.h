@@ -67,7 +67,7 @@ struct smelt_engine {
     bool last_logits_valid;
     int32_t last_greedy;    /* the argmax of those logits, when a step picked it on the device */
     bool last_greedy_valid; /* (then last_logits is not valid: they never left the device) */
-    int64_t position; /* tokens in the current sequence */
+    int64_t position;       /* tokens in the current sequence */
     smelt_stats stats;
 };
 

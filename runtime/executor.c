@@ -222,7 +222,8 @@ smelt_status rt_executor_step(rt_executor *x, const int32_t *ids, const int32_t 
     if (s != SMELT_OK) return s;
     if (on_device) {
         const void *token = resolve(x, p->greedy_token);
-        if ((s = ops->copy_out(x->device, greedy_token, token, sizeof *greedy_token, e)) != SMELT_OK) return s;
+        if ((s = ops->copy_out(x->device, greedy_token, token, sizeof *greedy_token, e)) != SMELT_OK)
+            return s;
         if (*greedy_token < 0 || (uint64_t)*greedy_token >= p->vocab)
             return rt_fail(e, SMELT_ERROR_DEVICE, "every logit is NaN: the model's arithmetic broke down");
         return SMELT_OK;

@@ -106,9 +106,9 @@ typedef struct value_data {
 
 typedef struct op_state {
     bool ready;
-    void *buffers[CG_MAX_STATES]; /* the kernels' state, persisting across runs */
+    void *buffers[CG_MAX_STATES];       /* the kernels' state, persisting across runs */
     sim_kernel entries[CG_MAX_KERNELS]; /* the host kernels, built on the first run */
-    ref_kv_cache kv;              /* the reference's */
+    ref_kv_cache kv;                    /* the reference's */
 } op_state;
 
 typedef struct emit_case {
@@ -619,7 +619,8 @@ static void case_run(emit_case *c, uint32_t op, int64_t tokens, double tolerance
         sim_dim3 grid = sim_dim3_make((unsigned)prog_affine_eval(rule->grid[0], tokens),
                                       (unsigned)prog_affine_eval(rule->grid[1], tokens),
                                       (unsigned)prog_affine_eval(rule->grid[2], tokens));
-        if (grid.x == 0 || grid.y == 0 || grid.z == 0) continue; /* no work at this T, as the executor skips it */
+        if (grid.x == 0 || grid.y == 0 || grid.z == 0)
+            continue; /* no work at this T, as the executor skips it */
         sim_dim3 block = sim_dim3_make(rule->block[0], rule->block[1], rule->block[2]);
         char error[1024];
         sim_status status = sim_launch(harness_pool, &entries[k], grid, block, rule->dynamic_shared_bytes,

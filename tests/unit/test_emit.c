@@ -384,7 +384,8 @@ static void test_attention_ptx_for_sm90(void **state) {
             }
         }
         if (k == 1) { /* decode */
-            assert_true(strstr(compiled.ptx, "ld.global.v4.u32") || strstr(compiled.ptx, "ld.global.nc.v4.u32"));
+            assert_true(strstr(compiled.ptx, "ld.global.v4.u32") ||
+                        strstr(compiled.ptx, "ld.global.nc.v4.u32"));
             assert_null(strstr(compiled.ptx, "mma.sync"));
         } else { /* prefill */
             assert_non_null(strstr(compiled.ptx, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));

@@ -639,7 +639,8 @@ static void test_program_decode_refuses_lies(void **state) {
     uint8_t *bytes;
     size_t size;
     assert_true(program_encode(&t.p, &bytes, &size));
-    size_t at_state_count = 4 + 8 + 8 + 8 + 3 * 13 + 8 + 8 + 4 + 1 + 13; /* ... id_table, has_greedy, greedy_token */
+    size_t at_state_count =
+        4 + 8 + 8 + 8 + 3 * 13 + 8 + 8 + 4 + 1 + 13; /* ... id_table, has_greedy, greedy_token */
     plan_put_u32(bytes + at_state_count, 0xffffffffu);
     program d;
     char error[512];
