@@ -5,8 +5,8 @@
  * it is produced (decoded text when the plan has a byte tokenizer and the
  * prompt was --prompt TEXT), then why it stopped (the model's EOS, the
  * token limit, or the end of its positions) and the tokens/s of prefill and
- * decode.
- * --dump-logits keeps every step's logits:
+ * decode. Without --dump-logits each token is picked on the device (only its
+ * id crosses to the host); --dump-logits copies and keeps every step's logits:
  *   row 0: after the prompt; row i: after feeding the i-th generated token. */
 #include "cli.h"
 
@@ -200,16 +200,19 @@ static bool is_eos(const drv_eos *eos, int32_t token) {
 typedef enum run_stop { RUN_STOP_MAX_TOKENS, RUN_STOP_EOS, RUN_STOP_LENGTH } run_stop;
 
 /* Prefill (in chunks of the model's step bound), then one token per step;
- * rows[i * vocab] keeps the logits that choose token i+1. Stops at the
+ * with rows, rows[i * vocab] keeps the logits that choose token i+1; without
+ * (no --dump-logits), each step's argmax is picked on the device and only
+ * the token id crosses to the host. Stops at the
  * model's EOS ids (unless ignore_eos; the EOS token is not printed), after
  * max_tokens, or when the sequence has used the model's positions. Returns
- * the number of logits rows kept, or -1. */
+ * the number of logits rows kept (with rows), or -1. */
 static long generate(drv_model *model, const int32_t *prompt, uint32_t prompt_length, uint32_t max_tokens,
                      bool as_text, bool ignore_eos, float *rows, diag_engine *d) {
     const drv_model_info *r = drv_model_get_info(model);
     uint64_t vocab = r->vocab, chunk = r->max_step_tokens ? r->max_step_tokens : prompt_length;
     if (chunk > prompt_length) chunk = prompt_length;
-    float *logits = cli_alloc(chunk * vocab * sizeof *logits);
+    float *logits = rows ? cli_alloc(chunk * vocab * sizeof *logits) : NULL;
+    int32_t next = -1; /* without rows: the argmax of the last step's last row */
     int32_t *positions = cli_alloc(prompt_length * sizeof *positions);
     for (uint32_t i = 0; i < prompt_length; i++)
         positions[i] = (int32_t)i;
@@ -218,6 +221,10 @@ static long generate(drv_model *model, const int32_t *prompt, uint32_t prompt_le
     bool ok = true;
     for (uint32_t at = 0; ok && at < prompt_length; at += (uint32_t)chunk) {
         uint32_t n = prompt_length - at < chunk ? prompt_length - at : (uint32_t)chunk;
+        if (!rows) {
+            ok = drv_model_step_greedy(model, prompt + at, positions + at, n, &next, d);
+            continue;
+        }
         ok = drv_model_step(model, prompt + at, positions + at, n, logits, d);
         if (ok && at + n == prompt_length)
             memcpy(rows, logits + (uint64_t)(n - 1) * vocab, vocab * sizeof *rows);
@@ -230,7 +237,7 @@ static long generate(drv_model *model, const int32_t *prompt, uint32_t prompt_le
     run_stop stop = RUN_STOP_MAX_TOKENS;
     int32_t token = -1;
     for (uint32_t i = 1; ok && i <= max_tokens; i++) {
-        token = argmax(rows + (uint64_t)(i - 1) * vocab, vocab);
+        token = rows ? argmax(rows + (uint64_t)(i - 1) * vocab, vocab) : next;
         if (!ignore_eos && is_eos(&r->eos, token)) {
             stop = RUN_STOP_EOS;
             break;
@@ -245,7 +252,8 @@ static long generate(drv_model *model, const int32_t *prompt, uint32_t prompt_le
             break;
         }
         int32_t at = (int32_t)position;
-        ok = drv_model_step(model, &token, &at, 1, rows + (uint64_t)i * vocab, d);
+        ok = rows ? drv_model_step(model, &token, &at, 1, rows + (uint64_t)i * vocab, d)
+                  : drv_model_step_greedy(model, &token, &at, 1, &next, d);
         decoded += ok;
         kept += ok;
     }
@@ -313,7 +321,7 @@ int cmd_run(int argc, char **argv) {
         ok = false;
     }
     if (ok && c.max_tokens > 0) {
-        rows = cli_alloc(elements * sizeof *rows);
+        if (c.dump_path) rows = cli_alloc(elements * sizeof *rows); /* else greedy on the device */
         if (as_text) {
             fputs(c.prompt_text, stdout);
         } else {

@@ -874,6 +874,9 @@ static const char *op_text(const ir_module *m, uint32_t op, arena *a) {
     return copy;
 }
 
+static bool run_emitter(const ir_module *m, uint32_t op, const cg_op_rule *rule, arena *a,
+                        cg_group_lowering *out, diag_engine *d);
+
 bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_lowering *out, diag_engine *d) {
     memset(out, 0, sizeof *out);
     if (g->op_count == 0) SMELT_DIE("cg_emit_group: group %u has no ops", g->id);
@@ -887,10 +890,26 @@ bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_low
         return false;
     }
     const cg_op_rule *rule = &op_rules[m->ops[op].kind];
-    cg_emit e = {.m = m, .op = op, .ir = &m->ops[op], .a = a, .d = d, .out = out};
-    e.token_symbol = ir_token_symbol(m);
     out->kind = rule->kind;
     if (rule->kind == CG_LOWER_NONE) return true;
+    return run_emitter(m, op, rule, a, out, d);
+}
+
+bool cg_emit_greedy(const ir_module *m, uint32_t logits_op, arena *a, cg_group_lowering *out,
+                    diag_engine *d) {
+    memset(out, 0, sizeof *out);
+    if (logits_op >= m->op_count || m->ops[logits_op].kind != IR_OP_OUTPUT)
+        SMELT_DIE("cg_emit_greedy: op %u is not an output", logits_op);
+    static const cg_op_rule greedy = {CG_LOWER_KERNELS, cg_emit_greedy_argmax};
+    out->kind = CG_LOWER_KERNELS;
+    return run_emitter(m, logits_op, &greedy, a, out, d);
+}
+
+/* Runs the emitter of `rule` on op `op` into out (out->kind set). */
+static bool run_emitter(const ir_module *m, uint32_t op, const cg_op_rule *rule, arena *a,
+                        cg_group_lowering *out, diag_engine *d) {
+    cg_emit e = {.m = m, .op = op, .ir = &m->ops[op], .a = a, .d = d, .out = out};
+    e.token_symbol = ir_token_symbol(m);
 
     /* Texts grow in the scratch arena; out of memory anywhere below frees it. */
     arena_init(&e.scratch);

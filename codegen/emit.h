@@ -87,9 +87,20 @@ typedef enum cg_lowering_kind {
  *   0  K cache  [max_seq, Hkv, D]  in the storage dtype of k
  *   1  V cache  [max_seq, Hkv, Dv] in the storage dtype of v
  *   2  written  int32[max_seq]: 1 once a step has written that position, so
- *      that attention skips positions never written (as the reference does) */
-enum { CG_MAX_KERNELS = 4, CG_MAX_STATES = 3 };
-enum { CG_STATE_KEYS = 0, CG_STATE_VALUES = 1, CG_STATE_WRITTEN = 2 };
+ *      that attention skips positions never written (as the reference does)
+ *   3  partials f32: the split-KV decode kernel's per-split results
+ *   4  counters int32: per (token, kv head), the splits finished this step
+ *      (the last one merges them and sets it back to 0)
+ * States 3 and 4 are a workspace, not indexed by position (rows 0); an op
+ * without the decode kernel has them of 0 bytes. */
+enum { CG_MAX_KERNELS = 4, CG_MAX_STATES = 5 };
+enum {
+    CG_STATE_KEYS = 0,
+    CG_STATE_VALUES = 1,
+    CG_STATE_WRITTEN = 2,
+    CG_STATE_PARTIALS = 3,
+    CG_STATE_COUNTERS = 4
+};
 
 typedef struct cg_group_lowering {
     cg_lowering_kind kind;
@@ -124,6 +135,12 @@ typedef struct cg_group {
  * a group no emitter takes) are reported at the group's first op and give
  * false. */
 bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_lowering *out, diag_engine *d);
+/* The greedy-decoding kernel of a plan: the index (int32, into its state 0
+ * of 4 bytes) of the first maximum of the last row of the logits that
+ * output op `logits_op` returns (f32 [T, vocab]), so that at temperature 0
+ * only the token crosses to the host (emit_argmax.c). */
+bool cg_emit_greedy(const ir_module *m, uint32_t logits_op, arena *a, cg_group_lowering *out, diag_engine *d);
+
 /* The group of op `op` alone: what the emitter tests use. */
 bool cg_emit_op(const ir_module *m, uint32_t op, arena *a, cg_group_lowering *out, diag_engine *d);
 

@@ -123,3 +123,69 @@ bool cg_emit_argmax(cg_emit *e) {
     e->out->kind = CG_LOWER_KERNELS;
     return true;
 }
+
+/* ---- greedy decoding --------------------------------------------------------------- */
+
+enum { GREEDY_MAX_THREADS = 1024 };
+
+/* The plan's greedy kernel (cg_emit_greedy): one block scans the last row of
+ * the logits, f32 [T, vocab], and writes the index of its first maximum to
+ * token[0]. A NaN never wins; a row of NaN only leaves 0x7fffffff, which the
+ * runtime reports. */
+bool cg_emit_greedy_argmax(cg_emit *e) {
+    ir_value_id logits = cg_operand(e, 0);
+    cg_shape shape = cg_shape_of(e, logits);
+    if (shape.rank != 2 || !shape.token0 || cg_storage_dtype(e->m, logits) != SMELT_DTYPE_F32) {
+        diag_error(e->d, e->ir->loc, "greedy decoding: expected logits f32[tokens, vocab]");
+        return false;
+    }
+    int64_t vocab = shape.dims[1];
+    uint32_t threads = vocab < GREEDY_MAX_THREADS ? (uint32_t)((vocab + 31) / 32 * 32) : GREEDY_MAX_THREADS;
+    cg_kernel_builder b;
+    cg_kernel_begin(&b, e, arena_printf(&e->scratch, "greedy_argmax_f32_v%lld", (long long)vocab),
+                    "One block: the index of the first maximum of the last row of the logits, the token "
+                    "greedy decoding picks, so that only it crosses to the host.");
+    b.k->family = "argmax"; /* the op is the logits' output; the kernel is an argmax */
+    uint32_t in = cg_param_value(&b, "logits", logits, true);
+    cg_param_state(&b, "token", 0, SMELT_DTYPE_I32);
+    cg_param_tokens(&b);
+    cg_kernel_launch(&b, (prog_affine){0, 1, 1}, (prog_affine){0, 1, 1}, threads);
+    cg_kernel_open(&b);
+    cg_text *t = &b.text;
+    cg_line(t, "enum { VOCAB = %lld, THREADS = %u, WARPS = THREADS / 32 };", (long long)vocab, threads);
+    cg_blank(t);
+    write_pair_reduction(t, "float", "f32");
+    cg_kernel_signature(&b);
+    cg_line(t, "__shared__ float warp_best[32];");
+    cg_line(t, "__shared__ int warp_best_index[32];");
+    cg_line(t, "long long base = (long long)(tokens - 1) * VOCAB; /* the last row: the next token's */");
+    cg_line(t, "int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;");
+    cg_line(t, "float best = %s;", CG_NEGATIVE_INFINITY);
+    cg_line(t, "int best_index = 0x7fffffff;");
+    cg_line(t, "for (int i = threadIdx.x; i < VOCAB; i += THREADS) {");
+    cg_line(t, "float value = %s;", cg_load(&b, in, "base + i"));
+    cg_line(t, "if (beats(value, i, best, best_index)) {");
+    cg_line(t, "best = value;");
+    cg_line(t, "best_index = i;");
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_line(t, "warp_argmax(&best, &best_index);");
+    cg_line(t, "if (lane == 0) {");
+    cg_line(t, "warp_best[warp] = best;");
+    cg_line(t, "warp_best_index[warp] = best_index;");
+    cg_line(t, "}");
+    cg_line(t, "__syncthreads();");
+    cg_line(t, "if (warp == 0) {");
+    cg_line(t, "best = lane < WARPS ? warp_best[lane] : warp_best[0];");
+    cg_line(t, "best_index = lane < WARPS ? warp_best_index[lane] : warp_best_index[0];");
+    cg_line(t, "warp_argmax(&best, &best_index);");
+    cg_line(t, "if (lane == 0)");
+    cg_line(t, "    token[0] = best_index;");
+    cg_line(t, "}");
+    cg_kernel_end(&b);
+    e->out->kind = CG_LOWER_KERNELS;
+    e->out->state_count = 1;
+    e->out->state_bytes[0] = 4;
+    e->out->state_rows[0] = 0;
+    return true;
+}

@@ -1,4 +1,4 @@
-/* emit_attention.c - the attention op as two kernels over its KV cache.
+/* emit_attention.c - the attention op as kernels over its KV cache.
  *
  * attention(q[T, Hq, D], k[T, Hkv, D], v[T, Hkv, Dv], pos[T]) -> [T, Hq, Dv]
  * with the semantics of reference/ref_ops_attention.c (the oracle):
@@ -6,42 +6,43 @@
  *   1. kv_write: one block per token copies k and v of token t into the
  *      caches at position pos[t] and marks the position written. It runs to
  *      completion before 2, so every query of a step sees every key of it.
- *   2. attention: one block per (token, query head). Query head h reads kv
- *      head h / (Hq / Hkv) (GQA, MQA). It sees the written positions p with
- *      p <= pos (causal; every written position when not causal) and
- *      p > pos - window when window > 0. Positions are taken in tiles of
- *      TILE: each warp computes the scores scale * q.k of its positions with
- *      a warp-shuffle dot product (capped as softcap * tanh(score / softcap)
- *      when the op has a softcap, Gemma 2), then every thread folds the tile into an
- *      online softmax (a running max and sum, the accumulator rescaled when
- *      the max grows) over the value dims it owns. Positions never written
- *      (a gap in a sequence) are skipped, as the reference skips them.
+ *      It is a kernel of its own so that a fusion rule can move it into
+ *      the QKV projection's epilogue and drop it here.
+ *   2. the attention proper: query head h reads kv head h / (Hq / Hkv) (GQA,
+ *      MQA). It sees the written positions p with p <= pos (causal; every
+ *      written position when not causal) and p > pos - window when
+ *      window > 0, in an online softmax (a running max and sum, the
+ *      accumulator rescaled when the max grows). Scores are capped as
+ *      softcap * tanh(score / softcap) when the op has a softcap (Gemma 2).
+ *      Positions never written (a gap in a sequence) are skipped, as the
+ *      reference skips them. Which kernel does it depends on the step's
+ *      token count T, chosen at run time by grid rules that are empty for
+ *      the other steps:
+ *        - T <= ATTENTION_DECODE_MAX_TOKENS: split-KV flash decoding
+ *          (emit_attention_decode.c), when the cache rows can be read 16
+ *          bytes at a time;
+ *        - longer steps over bf16 caches with head dims a multiple of 16:
+ *          FlashAttention-2 on tensor cores (emit_attention_prefill.c);
+ *        - everything else (f32 caches — mma wants 16-bit operands, and an
+ *          f32 plan is the precise one, so it stays f32 end to end — and
+ *          shapes the fast kernels do not take): the scalar tiled kernel
+ *          below, one block per (token, query head), one warp per
+ *          position's dot product.
  *
  * State (cg_group_lowering.state_bytes, zeroed when a sequence starts): the K
  * cache [max_seq, Hkv, D] in k's storage dtype, the V cache [max_seq, Hkv,
- * Dv] in v's, and written flags int32[max_seq]. A position outside
- * [0, max_seq) is neither written nor attended (the runtime checks positions
- * before a step; the reference reports them). Two tokens of one step at the
- * same position race; a step's positions are distinct.
- *
- * Speed: correct first. The kernel is a plain tiled loop in f32 with no
- * tensor cores; a decode step has only Hq blocks per token, so long contexts
- * want a split over the positions (flash decoding) later.
+ * Dv] in v's, written flags int32[max_seq], and with the decode kernel its
+ * workspace (emit.h). A position outside [0, max_seq) is neither written nor
+ * attended (the runtime checks positions before a step; the reference
+ * reports them). Two tokens of one step at the same position race; a step's
+ * positions are distinct.
  */
-#include "emit_internal.h"
+#include "emit_attention.h"
 
 #include <math.h>
+#include <string.h>
 
 enum { ATTENTION_THREADS = 128, ATTENTION_TILE = 32, KV_WRITE_THREADS = 128 };
-
-typedef struct attention_shape {
-    int64_t query_heads, kv_heads, head_dim, value_dim, max_seq, window;
-    double softcap; /* > 0: scores are softcap * tanh(score / softcap) */
-    bool causal;
-    double scale;
-    cg_count tokens; /* rows of q: T, or a constant */
-    smelt_dtype key_dtype, value_dtype;
-} attention_shape;
 
 static bool read_shape(cg_emit *e, attention_shape *s) {
     ir_value_id q = cg_operand(e, 0), k = cg_operand(e, 1), v = cg_operand(e, 2), pos = cg_operand(e, 3);
@@ -149,12 +150,11 @@ static void emit_kv_write(cg_emit *e, const attention_shape *s) {
     cg_kernel_end(&b);
 }
 
-static void emit_attend(cg_emit *e, const attention_shape *s) {
-    ir_value_id q = cg_operand(e, 0), result = cg_result(e, 0);
-    ir_value_id stored[4] = {q, cg_operand(e, 1), cg_operand(e, 2), result};
+const char *attention_kernel_name(cg_emit *e, const attention_shape *s, const char *prefix) {
+    ir_value_id stored[4] = {cg_operand(e, 0), cg_operand(e, 1), cg_operand(e, 2), cg_result(e, 0)};
     cg_text name;
     cg_text_init(&name);
-    cg_text_printf(&name, "attention_%s_h%lld_kv%lld_%s_ctx%lld", cg_dtype_tag(e, stored, 4),
+    cg_text_printf(&name, "%s_%s_h%lld_kv%lld_%s_ctx%lld", prefix, cg_dtype_tag(e, stored, 4),
                    (long long)s->query_heads, (long long)s->kv_heads, dims_part(e, s), (long long)s->max_seq);
     if (s->window > 0) cg_text_printf(&name, "_win%lld", (long long)s->window);
     if (!s->causal) cg_text_printf(&name, "_noncausal");
@@ -164,7 +164,57 @@ static void emit_attend(cg_emit *e, const attention_shape *s) {
         cg_text_printf(&name, "_scale%s", cg_float_name(e, s->scale));
     const char *kernel_name = arena_strdup(&e->scratch, name.data);
     cg_text_free(&name);
+    return kernel_name;
+}
 
+void attention_define_scoring(cg_emit *e, cg_text *t, const attention_shape *s) {
+    cg_line(t, "#define SCALE %s", cg_float_literal(e, s->scale));
+    if (s->softcap > 0) {
+        cg_line(t, "#define SOFTCAP %s", cg_float_literal(e, s->softcap));
+        cg_line(t, "#define CAPPED(score) (SOFTCAP * tanhf((score) / SOFTCAP))");
+    } else {
+        cg_line(t, "#define CAPPED(score) (score) /* no soft-capping */");
+    }
+}
+
+prog_affine attention_decode_steps(void) {
+    /* ceil((D + 1 - T) / (D + 1)): 1 for T in [1, D], 0 above */
+    return (prog_affine){-1, ATTENTION_DECODE_MAX_TOKENS + 1, ATTENTION_DECODE_MAX_TOKENS + 1};
+}
+
+prog_affine attention_prefill_steps(void) {
+    /* ceil((T - D) / 2^30): 0 for T <= D, 1 above (T is far below 2^30) */
+    return (prog_affine){1, -ATTENTION_DECODE_MAX_TOKENS, (int64_t)1 << 30};
+}
+
+void attention_write_template(cg_text *t, const char *text) {
+    while (*text) {
+        const char *end = strchr(text, '\n');
+        if (!end) end = text + strlen(text);
+        const char *line = text;
+        while (line < end && *line == ' ')
+            line++;
+        if (line == end)
+            cg_blank(t);
+        else
+            cg_line(t, "%.*s", (int)(end - line), line);
+        text = *end ? end + 1 : end;
+    }
+}
+
+const char *attention_without_semicolon(cg_emit *e, const char *statement) {
+    size_t n = strlen(statement);
+    return arena_printf(&e->scratch, "%.*s", (int)(n && statement[n - 1] == ';' ? n - 1 : n), statement);
+}
+
+bool attention_rows_vectorizable(int64_t dims, smelt_dtype t) {
+    return (dims * (int64_t)smelt_dtype_element_bytes(t)) % 16 == 0;
+}
+
+/* The scalar kernel; `steps` is the grid rule of the steps it serves. */
+static void emit_attend(cg_emit *e, const attention_shape *s, prog_affine steps) {
+    ir_value_id q = cg_operand(e, 0), result = cg_result(e, 0);
+    const char *kernel_name = attention_kernel_name(e, s, "attention");
     cg_kernel_builder b;
     cg_kernel_begin(
         &b, e, kernel_name,
@@ -180,6 +230,7 @@ static void emit_attend(cg_emit *e, const attention_shape *s) {
         true; /* read here */
     cg_kernel_launch(&b, cg_count_blocks(s->tokens, 1), (prog_affine){0, s->query_heads, 1},
                      ATTENTION_THREADS);
+    b.k->rule.grid[2] = steps;
     cg_kernel_open(&b);
     cg_text *t = &b.text;
     cg_line(t, "enum { QUERY_HEADS = %lld, KV_HEADS = %lld, GROUP = QUERY_HEADS / KV_HEADS };",
@@ -274,17 +325,19 @@ static void emit_attend(cg_emit *e, const attention_shape *s) {
     cg_kernel_end(&b);
 }
 
-/* The modeled cost of one launch of the attention kernel (program.h, "The
- * cost model"; the default would read each KV row once). Each (token, query
- * head) block reads its query row and pos, the written flag of every
- * position it scans and the key and value rows of its kv head at each
- * position it attends, and writes its output row: a KV head is read once per
- * query head of its group, nothing is shared. Causal: the q rows R = aT + b
- * (tokens at positions C ...) attend R C + R (R + 1) / 2 positions in all;
- * not causal: every written position, R (C + R), while scanning all MAX_SEQ
- * flags. A window only shortens this, which the model ignores (an upper
- * bound). Flops: 2 (D + Dv) per (query head, position), on CUDA cores. */
-static const prog_cost *attend_cost(cg_emit *e, const attention_shape *s) {
+/* The modeled cost of an attention kernel (plan/program.h, "The cost
+ * model"). Positions attended: T*C + T(T+1)/2 under the causal mask (each
+ * query sees the cached positions and those of its step up to its own),
+ * R (C + R) for R query rows otherwise, scanning all max_seq written
+ * flags; a window only shortens this, which the model ignores (an upper
+ * bound). Flops 2 (D + Dv) per query head and position.
+ * Keys and values: the scalar kernel (per_group false) reads a kv row for
+ * every query head and position it attends; the split-KV decode and the
+ * FlashAttention-2 kernels read each cached row once per kv head (the
+ * decode kernel by construction, the prefill one through L2, where the
+ * blocks of a GQA group and of neighbouring query tiles share the tiles). */
+static const prog_cost *attention_cost(cg_emit *e, const attention_shape *s, bool per_group,
+                                       bool tensor_cores) {
     double a = (double)s->tokens.per_token, b = (double)s->tokens.constant;
     double heads = (double)s->query_heads, d = (double)s->head_dim, dv = (double)s->value_dim;
     prog_poly attended = s->causal ? (prog_poly){.constant = (b * b + b) / 2,
@@ -299,6 +352,9 @@ static const prog_cost *attend_cost(cg_emit *e, const attention_shape *s) {
                                                  .per_token_squared = a * a};
     prog_poly scanned =
         s->causal ? attended : (prog_poly){.constant = b * s->max_seq, .per_token = a * s->max_seq};
+    /* rows of the cache a step touches: C + T (causal), max_seq otherwise */
+    prog_poly cached = s->causal ? (prog_poly){.constant = b, .per_token = a, .per_context = 1}
+                                 : (prog_poly){.constant = (double)s->max_seq};
     double kv_row =
         d * smelt_dtype_element_bytes(s->key_dtype) + dv * smelt_dtype_element_bytes(s->value_dtype);
     double flag = smelt_dtype_element_bytes(SMELT_DTYPE_I32);
@@ -306,12 +362,15 @@ static const prog_cost *attend_cost(cg_emit *e, const attention_shape *s) {
                             smelt_dtype_element_bytes(cg_storage_dtype(e->m, cg_operand(e, 3))));
     double out_row = heads * dv * smelt_dtype_element_bytes(cg_storage_dtype(e->m, cg_result(e, 0)));
     prog_poly rows = {.constant = b, .per_token = a};
+    prog_poly kv = per_group ? prog_poly_sum(prog_poly_scaled(cached, (double)s->kv_heads * kv_row),
+                                             prog_poly_scaled(cached, flag))
+                             : prog_poly_sum(prog_poly_scaled(attended, heads * kv_row),
+                                             prog_poly_scaled(scanned, heads * flag));
     prog_cost *cost = arena_alloc(e->a, sizeof *cost);
-    cost->read = prog_poly_sum(
-        prog_poly_sum(prog_poly_scaled(attended, heads * kv_row), prog_poly_scaled(scanned, heads * flag)),
-        prog_poly_scaled(rows, q_row));
+    cost->read = prog_poly_sum(kv, prog_poly_scaled(rows, q_row));
     cost->written = prog_poly_scaled(rows, out_row);
     cost->flops = prog_poly_scaled(attended, heads * 2 * (d + dv));
+    cost->tensor_cores = tensor_cores;
     return cost;
 }
 
@@ -326,14 +385,31 @@ bool cg_emit_attention(cg_emit *e) {
                    (long long)s.max_seq);
         return false;
     }
+    bool decode = attention_decode_supported(&s), prefill = attention_prefill_supported(&s);
+    if (decode) {
+        bytes[CG_STATE_PARTIALS] = attention_decode_partial_bytes(&s);
+        bytes[CG_STATE_COUNTERS] = attention_decode_counter_bytes(&s);
+    }
     e->out->kind = CG_LOWER_KERNELS;
-    e->out->state_count = CG_MAX_STATES;
-    for (int i = 0; i < CG_MAX_STATES; i++) {
+    e->out->state_count = decode ? CG_MAX_STATES : CG_STATE_WRITTEN + 1;
+    for (uint32_t i = 0; i < e->out->state_count; i++) {
         e->out->state_bytes[i] = bytes[i];
-        e->out->state_rows[i] = (uint64_t)s.max_seq;
+        e->out->state_rows[i] = i <= CG_STATE_WRITTEN ? (uint64_t)s.max_seq : 0;
     }
     emit_kv_write(e, &s);
-    emit_attend(e, &s);
-    e->out->kernels[e->out->kernel_count - 1].cost = attend_cost(e, &s);
+    /* Every step runs exactly one of the attention kernels below. */
+    prog_affine every_step = {0, 1, 1};
+    if (decode) {
+        emit_attention_decode(e, &s);
+        e->out->kernels[e->out->kernel_count - 1].cost = attention_cost(e, &s, true, false);
+    }
+    prog_affine longer_steps = decode ? attention_prefill_steps() : every_step;
+    if (prefill) {
+        emit_attention_prefill(e, &s, longer_steps);
+        e->out->kernels[e->out->kernel_count - 1].cost = attention_cost(e, &s, true, true);
+    } else {
+        emit_attend(e, &s, longer_steps);
+        e->out->kernels[e->out->kernel_count - 1].cost = attention_cost(e, &s, false, false);
+    }
     return true;
 }

@@ -79,6 +79,9 @@ bool cg_emit_split(cg_emit *e);      /* emit_layout.c */
 bool cg_emit_slice(cg_emit *e);      /* emit_layout.c */
 bool cg_emit_argmax(cg_emit *e);     /* emit_argmax.c */
 
+/* emit_argmax.c: the plan's greedy kernel; the op is the logits' output (cg_emit_greedy). */
+bool cg_emit_greedy_argmax(cg_emit *e);
+
 /* Operand i / result i of the op. */
 ir_value_id cg_operand(const cg_emit *e, uint32_t i);
 ir_value_id cg_result(const cg_emit *e, uint32_t i);

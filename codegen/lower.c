@@ -19,6 +19,7 @@ typedef struct lowering_state {
     cg_group_lowering *lowerings; /* [step_count] */
     uint32_t *state_base;         /* [step_count] first state buffer of the group */
     uint32_t kernel_capacity;     /* of out->kernels */
+    bool greedy;                  /* groups[step_count] is the greedy kernel (cg_emit_greedy) */
 } lowering_state;
 
 /* ---- the lowered module, as the passes left it ---------------------------- */
@@ -46,10 +47,11 @@ static bool collect_groups(lowering_state *s) {
         if (!m->ops[i].dead && m->ops[i].step != IR_NONE && m->ops[i].step >= s->step_count)
             s->step_count = m->ops[i].step + 1;
     uint32_t n = s->step_count ? s->step_count : 1;
-    s->groups = arena_array(a, n, sizeof *s->groups);
+    /* One more slot after the steps: the greedy kernel (emit_groups). */
+    s->groups = arena_array(a, n + 1, sizeof *s->groups);
     /* All in the lowering's arena, so that out of memory leaks nothing (arena.h). */
-    s->lowerings = arena_array(a, n, sizeof *s->lowerings);
-    s->state_base = arena_array(a, n, sizeof *s->state_base);
+    s->lowerings = arena_array(a, n + 1, sizeof *s->lowerings);
+    s->state_base = arena_array(a, n + 1, sizeof *s->state_base);
     uint32_t *group_of_value = arena_array(a, m->value_count ? m->value_count : 1, sizeof *group_of_value);
     uint32_t *reads =
         arena_array(a, m->value_count ? m->value_count : 1, sizeof *reads); /* readers outside */
@@ -145,6 +147,18 @@ static bool emit_groups(lowering_state *s) {
         }
         s->state_base[g] = states;
         states += s->lowerings[g].state_count;
+    }
+    /* After the last step, the greedy kernel over the logits (bind_interface
+     * found the output), run only on steps that ask for the token. */
+    uint32_t logits_op = ir_role_op(s->m, IR_ROLE_LOGITS), g = s->step_count;
+    if (ok && logits_op != IR_NONE) {
+        uint32_t *op = arena_array(&s->out->arena, 1, sizeof *op);
+        *op = logits_op;
+        s->groups[g] = (cg_group){.id = IR_NONE, .op_count = 1, .ops = op};
+        ok = cg_emit_greedy(s->m, logits_op, &s->out->arena, &s->lowerings[g], s->d);
+        s->greedy = ok;
+        s->state_base[g] = states;
+        states += ok ? s->lowerings[g].state_count : 0;
     }
     s->out->program.state_count = states;
     return ok;
@@ -268,14 +282,14 @@ static bool build_program(lowering_state *s) {
     const ir_module *m = s->m;
     cg_lowered *l = s->out;
     program *p = &l->program;
-    uint32_t count = 0;
-    for (uint32_t g = 0; g < s->step_count; g++)
+    uint32_t count = 0, groups = s->step_count + (s->greedy ? 1 : 0);
+    for (uint32_t g = 0; g < groups; g++)
         count += s->lowerings[g].kind == CG_LOWER_GEMM ? 1 : s->lowerings[g].kernel_count;
     p->instrs = arena_array(&l->arena, count ? count : 1, sizeof *p->instrs);
     p->state_bytes = arena_array(&l->arena, p->state_count ? p->state_count : 1, sizeof *p->state_bytes);
     p->state_rows = arena_array(&l->arena, p->state_count ? p->state_count : 1, sizeof *p->state_rows);
     bool ok = true;
-    for (uint32_t g = 0; g < s->step_count; g++) {
+    for (uint32_t g = 0; g < groups; g++) {
         const cg_group_lowering *lo = &s->lowerings[g];
         uint32_t first = s->groups[g].ops[0];
         for (uint32_t st = 0; st < lo->state_count; st++) {
@@ -298,7 +312,11 @@ static bool build_program(lowering_state *s) {
             }
         }
     }
-    l->launches_per_step = p->instr_count;
+    if (s->greedy) {
+        p->has_greedy = true;
+        p->greedy_token = (prog_ref){PROG_BUFFER_STATE, s->state_base[s->step_count], 0};
+    }
+    l->launches_per_step = p->instr_count - (s->greedy ? 1 : 0); /* the greedy launch: only when asked */
     (void)m;
     return ok;
 }

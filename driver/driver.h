@@ -181,6 +181,12 @@ const drv_model_info *drv_model_get_info(const drv_model *m);
  * and positions; writes logits [n, vocab] row-major. */
 bool drv_model_step(drv_model *m, const int32_t *ids, const int32_t *pos, uint32_t n, float *logits,
                     diag_engine *d);
+/* One step for greedy decoding: *token is the argmax (the first largest,
+ * NaN never wins) of the last token's logits. On an engine the device picks
+ * it and only the id crosses to the host (smelt_engine_forward_greedy); the
+ * reference computes the logits and picks it here. */
+bool drv_model_step_greedy(drv_model *m, const int32_t *ids, const int32_t *pos, uint32_t n, int32_t *token,
+                           diag_engine *d);
 
 /* Forgets the sequence: empty KV caches, position 0. */
 void drv_model_reset(drv_model *m);

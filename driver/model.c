@@ -6,6 +6,7 @@
 #include "reference.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -206,6 +207,33 @@ bool drv_model_step(drv_model *m, const int32_t *ids, const int32_t *pos, uint32
     smelt_status s = smelt_engine_forward(m->engine, ids, pos, n, logits, (size_t)n * m->info.vocab);
     if (s != SMELT_OK) diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
     return s == SMELT_OK;
+}
+
+bool drv_model_step_greedy(drv_model *m, const int32_t *ids, const int32_t *pos, uint32_t n, int32_t *token,
+                           diag_engine *d) {
+    if (m->engine) {
+        smelt_status s = smelt_engine_forward_greedy(m->engine, ids, pos, n, token);
+        if (s != SMELT_OK) diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
+        return s == SMELT_OK;
+    }
+    uint64_t vocab = m->info.vocab;
+    float *logits = malloc((size_t)n * vocab * sizeof *logits);
+    if (!logits) {
+        diag_error(d, SMELT_NO_LOC, "out of memory for the logits of %u tokens", n);
+        return false;
+    }
+    bool ok = drv_model_step(m, ids, pos, n, logits, d);
+    const float *row = logits + (uint64_t)(n - 1) * vocab;
+    int64_t best = -1;
+    for (uint64_t i = 0; ok && i < vocab; i++)
+        if (!isnan(row[i]) && (best < 0 || row[i] > row[best])) best = (int64_t)i;
+    if (ok && best < 0) {
+        diag_error(d, SMELT_NO_LOC, "every logit is NaN: the model's arithmetic broke down");
+        ok = false;
+    }
+    if (ok) *token = (int32_t)best;
+    free(logits);
+    return ok;
 }
 
 void drv_model_reset(drv_model *m) {

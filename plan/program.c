@@ -8,6 +8,7 @@
  *   i64 max_tokens, u64 arena_bytes, u64 vocab
  *   ref input_ids, ref input_pos, ref logits
  *   i64 max_positions, i64 id_bound, u32 id_table (weight index; ~0: none)
+ *   u8 has_greedy (the last instruction is the greedy one), ref greedy_token
  *   u32 eos_count, eos_count x i32 eos id
  *   u32 state_count,  state_count  x {u64 bytes, u64 rows}
  *   u32 weight_count, weight_count x {string name, u8 dtype, u8 stacked,
@@ -31,7 +32,8 @@
  * state's rows are the positions of a KV cache (0: not indexed by position).
  * Version 3 added extents, writes, state rows and id_table; version 4 the
  * modeled cost of each instruction (program.h, "The cost model"); version 5
- * the EOS ids (at most PROG_MAX_EOS, each in [0, vocab), distinct).
+ * the EOS ids (at most PROG_MAX_EOS, each in [0, vocab), distinct); version
+ * 6 the greedy instruction and its token.
  *
  * What decoding checks (the executor relies on every item):
  *   - counts against the bytes left (no allocation a short section cannot
@@ -51,7 +53,9 @@
  *     the id_table weight (when there is one); max_positions in [1, rows] of
  *     every state indexed by position, whose bytes are a whole number of rows;
  *   - every cost coefficient finite, >= 0 and <= PROGRAM_COST_COEFFICIENT_LIMIT
- *     (no NaN, no negative cost, no overflow), the tensor-core flag 0 or 1.
+ *     (no NaN, no negative cost, no overflow), the tensor-core flag 0 or 1;
+ *   - a greedy instruction is the last one, a launch that writes the 4
+ *     bytes of greedy_token (in the arena or a state buffer).
  * program_check_plan adds what needs the rest of the plan: kernel indices,
  * launch rules equal to the kernel table's, and weight data offsets.
  */
@@ -215,6 +219,8 @@ bool program_encode(const program *p, uint8_t **bytes, size_t *size) {
     put_i64(&w, p->max_positions);
     put_i64(&w, p->id_bound);
     put_u32(&w, p->id_table);
+    put_u8(&w, p->has_greedy);
+    put_ref(&w, p->greedy_token);
     put_u32(&w, p->eos_count);
     for (uint32_t i = 0; i < p->eos_count && i < PROG_MAX_EOS; i++)
         put_u32(&w, (uint32_t)p->eos[i]);
@@ -381,6 +387,7 @@ static bool extent_of(uint64_t rows, uint64_t columns, uint64_t element, uint64_
 static bool decode_header(decoder *d) {
     program *p = d->out;
     plan_cursor *c = &d->cursor;
+    uint8_t has_greedy;
     if (!plan_cursor_u32(c, &p->format_version)) return truncated(d, "the format version");
     if (p->format_version != PROGRAM_FORMAT_VERSION)
         return fail(d,
@@ -390,8 +397,11 @@ static bool decode_header(decoder *d) {
     bool ok = plan_cursor_i64(c, &p->max_tokens) && plan_cursor_u64(c, &p->arena_bytes) &&
               plan_cursor_u64(c, &p->vocab) && get_ref(d, &p->input_ids) && get_ref(d, &p->input_pos) &&
               get_ref(d, &p->logits) && plan_cursor_i64(c, &p->max_positions) &&
-              plan_cursor_i64(c, &p->id_bound) && plan_cursor_u32(c, &p->id_table);
+              plan_cursor_i64(c, &p->id_bound) && plan_cursor_u32(c, &p->id_table) &&
+              get_u8(d, &has_greedy) && get_ref(d, &p->greedy_token);
     if (!ok) return truncated(d, "the header");
+    if (has_greedy > 1) return fail(d, "has_greedy is %u (expected 0 or 1)", has_greedy);
+    p->has_greedy = has_greedy;
     if (p->max_tokens < 1 || p->max_tokens > PROGRAM_MAX_TOKENS_LIMIT)
         return fail(d, "max_tokens %lld is outside [1, %d]", (long long)p->max_tokens,
                     PROGRAM_MAX_TOKENS_LIMIT);
@@ -768,13 +778,37 @@ static bool check_logits_written(decoder *d) {
                 (long long)p->max_tokens, (unsigned long long)p->vocab);
 }
 
+/* The greedy instruction, when there is one: the last, a launch, writing the
+ * whole int32 at greedy_token. */
+static bool check_greedy(decoder *d) {
+    const program *p = d->out;
+    if (!p->has_greedy) return true;
+    if (p->instr_count == 0) return fail(d, "a greedy instruction in a program without instructions");
+    if (p->greedy_token.buffer == PROG_BUFFER_WEIGHT) return fail(d, "greedy_token is in a weight");
+    if (!check_region(d, p->greedy_token, 4, 4, "greedy_token")) return false;
+    const prog_instr *in = &p->instrs[p->instr_count - 1];
+    if (in->op != PROG_OP_LAUNCH) return fail(d, "the greedy instruction is not a launch");
+    const prog_launch *l = &in->as.launch;
+    for (uint32_t a = 0; a < l->arg_count; a++) {
+        const prog_arg *arg = &l->args[a];
+        if (arg->kind == PROG_ARG_POINTER && arg->writes && arg->ref.buffer == p->greedy_token.buffer &&
+            arg->ref.index == p->greedy_token.index && arg->ref.offset <= p->greedy_token.offset &&
+            (uint64_t)program_affine_max(arg->extent, p->max_tokens) >= 4 &&
+            p->greedy_token.offset - arg->ref.offset <=
+                (uint64_t)program_affine_max(arg->extent, p->max_tokens) - 4)
+            return true;
+    }
+    return fail(d, "the greedy instruction does not write greedy_token");
+}
+
 bool program_decode(const uint8_t *bytes, size_t size, program *out, char *error, size_t error_size) {
     memset(out, 0, sizeof *out);
     decoder d = {.out = out, .error = error, .error_size = error_size};
     if (error_size) error[0] = '\0';
     plan_cursor_init(&d.cursor, bytes, size);
     bool ok = decode_header(&d) && decode_states(&d) && check_positions(&d) && check_io(&d) &&
-              decode_weights(&d) && check_id_bound(&d) && decode_instrs(&d) && check_logits_written(&d);
+              decode_weights(&d) && check_id_bound(&d) && decode_instrs(&d) && check_logits_written(&d) &&
+              check_greedy(&d);
     if (ok && plan_cursor_left(&d.cursor) != 0)
         ok = fail(&d, "%llu unexpected bytes after the last instruction",
                   (unsigned long long)plan_cursor_left(&d.cursor));

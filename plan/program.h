@@ -13,7 +13,8 @@
  * A step:
  *   1. the runtime writes ids[T] and pos[T] (int32) at input_ids / input_pos;
  *   2. it runs the instructions in order (kernel launches and GEMMs);
- *   3. logits [T, vocab] (f32) are at `logits` in the arena.
+ *   3. logits [T, vocab] (f32) are at `logits` in the arena, or, on a step
+ *      that asks for the greedy token, that int32 is at `greedy_token`.
  *
  * Buffers are named by prog_ref: arena + byte offset, weight + byte offset, or
  * state + byte offset. Launch rules and GEMM row counts are affine in T:
@@ -28,7 +29,7 @@
 
 #include "smelt_dtype.h"
 
-enum { PROGRAM_FORMAT_VERSION = 5, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16 };
+enum { PROGRAM_FORMAT_VERSION = 6, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16 };
 
 /* ceil((a * T + b) / c) with c >= 1; a constant is {0, value, 1}. */
 typedef struct prog_affine {
@@ -188,6 +189,15 @@ typedef struct program {
     uint32_t id_table;  /* weight index of the embedding table the ids index; UINT32_MAX: none */
     uint32_t eos_count; /* the model's end-of-sequence ids, where generation stops */
     int32_t eos[PROG_MAX_EOS]; /* [eos_count], each in [0, vocab), distinct */
+    max_positions;     /* positions must lie in [0, max_positions) (the KV caches' length); 0: unchecked */
+    int64_t id_bound;  /* ids must lie in [0, id_bound) (rows of the embedding table); 0: [0, vocab) */
+    uint32_t id_table; /* weight index of the embedding table the ids index; UINT32_MAX: none */
+    /* Greedy decoding on the device: with has_greedy, the last instruction
+     * (a launch) writes the argmax of the last logits row, int32, at
+     * greedy_token. It runs only on steps that ask for the token, and those
+     * copy out that int32 instead of the logits. */
+    bool has_greedy;
+    prog_ref greedy_token;
     uint32_t state_count;
     uint64_t *state_bytes; /* [state_count] */
     uint64_t *state_rows;  /* [state_count] positions (max_seq) of a KV cache; 0: not indexed by position */

@@ -138,18 +138,23 @@ const char *smelt_engine_device_name(const smelt_engine *engine) {
 
 /* ---- Steps ------------------------------------------------------------------------ */
 
-/* Runs one step and keeps its statistics, the position and the last row of
- * logits. logits receives rows [first_row, n). */
+/* Runs one step and keeps its statistics and the position. Without
+ * greedy_token, logits receives rows [first_row, n) and the engine keeps the
+ * last row. With it, *greedy_token is the argmax of the last row: picked on
+ * the device when the plan has a greedy kernel (then only that id is copied
+ * and the logits stay there), else on the host from the copied row. */
 static smelt_status run_step(smelt_engine *engine, const int32_t *ids, const int32_t *pos, uint32_t n,
-                             uint32_t first_row, float *logits) {
+                             uint32_t first_row, float *logits, int32_t *greedy_token) {
     smelt_status s = rt_weights_prepare(engine);
     if (s != SMELT_OK) return s;
     rt_error e = {0};
+    bool on_device = greedy_token && engine->program->has_greedy;
     double start = now_seconds();
-    s = rt_executor_step(&engine->executor, ids, pos, n, first_row, logits, &e);
+    s = rt_executor_step(&engine->executor, ids, pos, n, first_row, logits, on_device ? greedy_token : NULL,
+                         &e);
     double seconds = now_seconds() - start;
     if (s != SMELT_OK) {
-        engine->last_logits_valid = false;
+        engine->last_logits_valid = engine->last_greedy_valid = false;
         return rt_last_error_publish(&e);
     }
     smelt_stats *st = &engine->stats;
@@ -167,10 +172,19 @@ static smelt_status run_step(smelt_engine *engine, const int32_t *ids, const int
     for (uint32_t t = 0; t < n; t++)
         if (pos[t] > last) last = pos[t];
     engine->position = last + 1;
+    if (on_device) {
+        engine->last_greedy = *greedy_token;
+        engine->last_greedy_valid = true;
+        engine->last_logits_valid = false;
+        return SMELT_OK;
+    }
     uint64_t vocab = engine->program->vocab;
     if (logits != engine->last_logits)
         memcpy(engine->last_logits, logits + (uint64_t)(n - 1 - first_row) * vocab, vocab * sizeof(float));
     engine->last_logits_valid = true;
+    engine->last_greedy_valid = false;
+    if (greedy_token && rt_sampler_argmax(engine->last_logits, vocab, greedy_token, &e) != SMELT_OK)
+        return rt_last_error_publish(&e);
     return SMELT_OK;
 }
 
@@ -186,7 +200,19 @@ smelt_status smelt_engine_forward(smelt_engine *engine, const int32_t *ids, cons
         return rt_last_error_set(SMELT_ERROR_CAPACITY,
                                  "logits of %u tokens need %llu floats but the buffer holds %zu", n,
                                  (unsigned long long)(n * p->vocab), capacity);
-    return run_step(engine, ids, pos, n, 0, logits);
+    return run_step(engine, ids, pos, n, 0, logits, NULL);
+}
+
+smelt_status smelt_engine_forward_greedy(smelt_engine *engine, const int32_t *ids, const int32_t *pos,
+                                         uint32_t n, int32_t *token) {
+    if (!engine || !ids || !pos || !token)
+        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT,
+                                 "smelt_engine_forward_greedy: a NULL argument");
+    const program *p = engine->program;
+    if (n < 1 || n > (uint64_t)p->max_tokens)
+        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "a step of %u tokens is outside [1, %lld]", n,
+                                 (long long)p->max_tokens);
+    return run_step(engine, ids, pos, n, n - 1, engine->last_logits, token);
 }
 
 smelt_status smelt_engine_reset(smelt_engine *engine) {
@@ -194,7 +220,7 @@ smelt_status smelt_engine_reset(smelt_engine *engine) {
     rt_error e = {0};
     if (rt_executor_reset(&engine->executor, &e) != SMELT_OK) return rt_last_error_publish(&e);
     engine->position = 0;
-    engine->last_logits_valid = false;
+    engine->last_logits_valid = engine->last_greedy_valid = false;
     return SMELT_OK;
 }
 
@@ -212,8 +238,9 @@ smelt_status smelt_engine_stats(const smelt_engine *engine, smelt_stats *out) {
 /* ---- Generation --------------------------------------------------------------------- */
 
 /* Feeds tokens at the engine's position in steps of at most max_tokens;
- * afterwards last_logits holds the logits of the last one. */
-static smelt_status feed(smelt_engine *engine, const int32_t *tokens, size_t count) {
+ * afterwards last_logits holds the logits of the last one, or, with
+ * greedy_token, *greedy_token their argmax (run_step). */
+static smelt_status feed(smelt_engine *engine, const int32_t *tokens, size_t count, int32_t *greedy_token) {
     const program *p = engine->program;
     int32_t positions[256];
     size_t done = 0;
@@ -223,8 +250,9 @@ static smelt_status feed(smelt_engine *engine, const int32_t *tokens, size_t cou
         if (chunk > sizeof positions / sizeof positions[0]) chunk = sizeof positions / sizeof positions[0];
         for (size_t t = 0; t < chunk; t++)
             positions[t] = (int32_t)(engine->position + (int64_t)t);
+        bool last_chunk = done + chunk == count;
         smelt_status s = run_step(engine, tokens + done, positions, (uint32_t)chunk, (uint32_t)chunk - 1,
-                                  engine->last_logits);
+                                  engine->last_logits, last_chunk ? greedy_token : NULL);
         if (s != SMELT_OK) return s;
         done += chunk;
     }
@@ -262,7 +290,8 @@ static smelt_status check_request(const smelt_engine *engine, const smelt_reques
         return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "the request's stop_tokens is NULL");
     if (r->output_capacity && !r->output)
         return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "the request's output is NULL");
-    if (r->prompt_length == 0 && !engine->last_logits_valid)
+    bool greedy = !(r->temperature > 0.0f);
+    if (r->prompt_length == 0 && !engine->last_logits_valid && !(greedy && engine->last_greedy_valid))
         return rt_last_error_set(
             SMELT_ERROR_INVALID_ARGUMENT,
             "an empty prompt needs a sequence to continue, but the engine has no logits to continue from");
@@ -286,16 +315,24 @@ smelt_status smelt_engine_generate(smelt_engine *engine, const smelt_request *re
     smelt_generation *g = result ? result : &local;
     memset(g, 0, sizeof *g);
     g->stop_token = -1;
+    /* At temperature 0 the device picks each token (run_step): only its id
+     * crosses to the host, never the logits. */
+    bool greedy = !(request->temperature > 0.0f);
+    int32_t next = engine->last_greedy;
     smelt_status s = check_request(engine, request);
-    if (s == SMELT_OK) s = feed(engine, request->prompt, request->prompt_length);
+    if (s == SMELT_OK && request->prompt_length > 0)
+        s = feed(engine, request->prompt, request->prompt_length, greedy ? &next : NULL);
     if (s != SMELT_OK) return s;
     rt_sampler_seed(&engine->sampler, request->seed);
     rt_sampler_settings settings = {request->temperature, request->top_k, request->top_p};
     const program *p = engine->program;
     while (g->token_count < request->max_tokens) {
-        int32_t token;
+        int32_t token = next;
         rt_error e = {0};
-        if (rt_sampler_pick(&engine->sampler, engine->last_logits, &settings, &token, &e) != SMELT_OK)
+        bool picked =
+            greedy && (request->prompt_length > 0 || g->token_count > 0 || engine->last_greedy_valid);
+        if (!picked &&
+            rt_sampler_pick(&engine->sampler, engine->last_logits, &settings, &token, &e) != SMELT_OK)
             return rt_last_error_publish(&e);
         if (is_stop_token(request, token) || (!request->ignore_eos && is_eos(p, token))) {
             g->reason = is_stop_token(request, token) ? SMELT_FINISH_STOP_TOKEN : SMELT_FINISH_EOS;
@@ -313,7 +350,7 @@ smelt_status smelt_engine_generate(smelt_engine *engine, const smelt_request *re
             g->reason = SMELT_FINISH_CONTEXT_FULL;
             return SMELT_OK;
         }
-        if ((s = feed(engine, &token, 1)) != SMELT_OK) return s;
+        if ((s = feed(engine, &token, 1, greedy ? &next : NULL)) != SMELT_OK) return s;
     }
     g->reason = SMELT_FINISH_LENGTH;
     return SMELT_OK;

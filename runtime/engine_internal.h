@@ -65,7 +65,9 @@ struct smelt_engine {
     rt_sampler sampler;
     float *last_logits; /* [vocab]: the last token fed */
     bool last_logits_valid;
-    int64_t position; /* tokens in the current sequence */
+    int32_t last_greedy;    /* the argmax of those logits, when a step picked it on the device */
+    bool last_greedy_valid; /* (then last_logits is not valid: they never left the device) */
+    int64_t position;       /* tokens in the current sequence */
     smelt_stats stats;
 };
 

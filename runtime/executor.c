@@ -136,10 +136,12 @@ static smelt_status run_gemm(rt_executor *x, uint32_t index, const prog_gemm *g,
     return SMELT_OK;
 }
 
-static smelt_status run_instructions(rt_executor *x, uint32_t tokens, rt_error *e) {
+/* The program's instructions; the greedy one (the last) only with `greedy`. */
+static smelt_status run_instructions(rt_executor *x, uint32_t tokens, bool greedy, rt_error *e) {
     const program *p = x->program;
     x->launches_last_step = 0;
-    for (uint32_t i = 0; i < p->instr_count; i++) {
+    uint32_t count = p->has_greedy && !greedy ? p->instr_count - 1 : p->instr_count;
+    for (uint32_t i = 0; i < count; i++) {
         const prog_instr *in = &p->instrs[i];
         smelt_status s = in->op == PROG_OP_LAUNCH ? run_launch(x, i, &in->as.launch, tokens, e)
                                                   : run_gemm(x, i, &in->as.gemm, tokens, e);
@@ -171,18 +173,19 @@ static smelt_status check_inputs(const program *p, const int32_t *ids, const int
 /* A decode step on a device that has graphs: the first runs as it is (so
  * that libraries finish their lazy set-up, which a capture forbids), the
  * second is captured (arguments never change at T = 1), every later one
- * replays the graph. */
+ * replays the graph. The graph holds the greedy launch too (one small
+ * kernel), so that one graph serves greedy and sampled steps. */
 static smelt_status run_graph(rt_executor *x, rt_error *e) {
     const rt_device_ops *ops = x->device->ops;
     smelt_status s;
     if (!x->decode_warmed) {
-        s = run_instructions(x, 1, e);
+        s = run_instructions(x, 1, true, e);
         if (s == SMELT_OK) x->decode_warmed = true;
         return s;
     }
     if (!x->graph_ready) {
         if ((s = ops->capture_begin(x->device, e)) != SMELT_OK) return s;
-        s = run_instructions(x, 1, e);
+        s = run_instructions(x, 1, true, e);
         smelt_status end = ops->capture_end(x->device, e);
         if (s != SMELT_OK) return s;
         if (end != SMELT_OK) return end;
@@ -196,7 +199,7 @@ static smelt_status run_graph(rt_executor *x, rt_error *e) {
 }
 
 smelt_status rt_executor_step(rt_executor *x, const int32_t *ids, const int32_t *pos, uint32_t tokens,
-                              uint32_t first_row, float *logits, rt_error *e) {
+                              uint32_t first_row, float *logits, int32_t *greedy_token, rt_error *e) {
     const program *p = x->program;
     const rt_device_ops *ops = x->device->ops;
     smelt_status s = check_inputs(p, ids, pos, tokens, e);
@@ -210,12 +213,21 @@ smelt_status rt_executor_step(rt_executor *x, const int32_t *ids, const int32_t 
         (s = ops->copy_in(x->device, rt_address_at(x->arena, p->input_pos.offset), pos, bytes, e)) !=
             SMELT_OK)
         return s;
+    bool on_device = greedy_token && p->has_greedy;
     if (tokens == 1 && x->use_graphs) {
         s = run_graph(x, e);
     } else {
-        s = run_instructions(x, tokens, e);
+        s = run_instructions(x, tokens, on_device, e);
     }
     if (s != SMELT_OK) return s;
+    if (on_device) {
+        const void *token = resolve(x, p->greedy_token);
+        if ((s = ops->copy_out(x->device, greedy_token, token, sizeof *greedy_token, e)) != SMELT_OK)
+            return s;
+        if (*greedy_token < 0 || (uint64_t)*greedy_token >= p->vocab)
+            return rt_fail(e, SMELT_ERROR_DEVICE, "every logit is NaN: the model's arithmetic broke down");
+        return SMELT_OK;
+    }
     uint64_t row_bytes = p->vocab * sizeof(float);
     uint64_t offset = p->logits.offset + first_row * row_bytes;
     return ops->copy_out(x->device, logits, rt_address_at(x->arena, offset), (tokens - first_row) * row_bytes,

@@ -2,8 +2,8 @@
  *
  *   rt_executor x;
  *   rt_executor_init(&x, &program, device, weights, true, &e);  // arena + state buffers
- *   rt_executor_step(&x, ids, pos, 3, 0, logits, &e);           // prefill: logits of 3 tokens
- *   rt_executor_step(&x, &next, &at, 1, 0, logits, &e);         // decode (from the second on, a
+ *   rt_executor_step(&x, ids, pos, 3, 0, logits, NULL, &e);     // prefill: logits of 3 tokens
+ *   rt_executor_step(&x, &next, &at, 1, 0, logits, NULL, &e);   // decode (from the second on, a
  *                                                               // replayed graph where the device has them)
  *   rt_executor_free(&x);
  *
@@ -48,8 +48,12 @@ void rt_executor_invalidate_graph(rt_executor *x);
 
 /* One step of `tokens` tokens (1..max_tokens). ids must lie in the program's
  * id bound, positions in [0, max_positions). Writes the logits of tokens
- * [first_row, tokens), (tokens - first_row) x vocab floats, to logits. */
+ * [first_row, tokens), (tokens - first_row) x vocab floats, to logits —
+ * unless greedy_token is given and the program has a greedy kernel: then the
+ * device picks the argmax of the last row and only that id is copied to
+ * *greedy_token (logits untouched). A program without one copies the logits
+ * whatever greedy_token is. */
 smelt_status rt_executor_step(rt_executor *x, const int32_t *ids, const int32_t *pos, uint32_t tokens,
-                              uint32_t first_row, float *logits, rt_error *e);
+                              uint32_t first_row, float *logits, int32_t *greedy_token, rt_error *e);
 
 #endif

@@ -195,6 +195,13 @@ smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, sm
 smelt_status smelt_engine_forward(smelt_engine *engine, const int32_t *ids, const int32_t *pos, uint32_t n,
                                   float *logits, size_t capacity);
 
+/* One step as smelt_engine_forward, for greedy decoding: *token is the id of
+ * the first largest logit of the last of the n tokens (NaN never wins). A
+ * plan compiled by this smelt picks it on the device, so only the id
+ * crosses to the host; the logits themselves are not returned. */
+smelt_status smelt_engine_forward_greedy(smelt_engine *engine, const int32_t *ids, const int32_t *pos,
+                                         uint32_t n, int32_t *token);
+
 /* Forgets the sequence: zeroes the caches, position 0. */
 smelt_status smelt_engine_reset(smelt_engine *engine);
 

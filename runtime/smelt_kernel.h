@@ -59,8 +59,11 @@
  *                sinf cosf, __expf __logf __fdividef, __float_as_uint & co
  *   bf16         smelt_bf16 (16-bit storage), smelt_bf16_to_f32,
  *                smelt_f32_to_bf16 (round to nearest even), smelt_bf16x2_pack
+ *   vectors      uint4 (a 16-byte load: ld.global.v4), smelt_unpack_bf16x8,
+ *                smelt_unpack_f32x4 (its elements as floats)
  *   tensor core  smelt_mma_m16n8k16_bf16_f32, smelt_ldmatrix_x4,
- *                smelt_cp_async_16 / smelt_cp_async_commit / smelt_cp_async_wait_all
+ *                smelt_cp_async_16 / smelt_cp_async_commit / smelt_cp_async_wait_all /
+ *                smelt_cp_async_wait_group(constant)
  *
  * Host-simulator rules a kernel must keep (they are CUDA's rules too; the
  * simulator turns breaking them into a launch error rather than a hang):
@@ -201,6 +204,10 @@ SMELT_DEVICE void smelt_cp_async_16(void *shared_destination, const void *global
 }
 SMELT_DEVICE void smelt_cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
 SMELT_DEVICE void smelt_cp_async_wait_all(void) { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+/* Waits until at most `pending` (a constant) of this thread's committed
+ * groups are still in flight: with one group per pipeline stage, the
+ * stage being computed is complete while the next one loads. */
+#define smelt_cp_async_wait_group(pending) asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory")
 
 #else
 /* ======================================================================
@@ -212,6 +219,11 @@ SMELT_DEVICE void smelt_cp_async_wait_all(void) { asm volatile("cp.async.wait_al
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+/* CUDA's 16-byte vector: a uint4 load is one 128-bit access (ld.global.v4). */
+typedef struct __attribute__((aligned(16))) uint4 {
+    unsigned int x, y, z, w;
+} uint4;
 
 typedef struct smelt_sim_dim3 {
     unsigned int x, y, z;
@@ -452,6 +464,7 @@ static inline void smelt_cp_async_16(void *shared_destination, const void *globa
 }
 static inline void smelt_cp_async_commit(void) {}
 static inline void smelt_cp_async_wait_all(void) {}
+#define smelt_cp_async_wait_group(pending) ((void)(pending))
 
 #endif /* SMELT_SIM_ABI_ONLY */
 #endif /* host half */
@@ -487,6 +500,22 @@ SMELT_DEVICE smelt_bf16 smelt_f32_to_bf16(float f) {
  * smaller index in mma fragments). */
 SMELT_DEVICE uint32_t smelt_bf16x2_pack(smelt_bf16 low, smelt_bf16 high) {
     return (uint32_t)low | ((uint32_t)high << 16);
+}
+
+/* A 16-byte chunk (one uint4 load) as floats, in memory order: eight bf16
+ * (the lower half of each word first) or four f32. */
+SMELT_DEVICE void smelt_unpack_bf16x8(uint4 chunk, float out[8]) {
+    unsigned int words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+    for (int i = 0; i < 4; i++) {
+        out[2 * i] = smelt_bf16_to_f32((smelt_bf16)(words[i] & 0xffffu));
+        out[2 * i + 1] = smelt_bf16_to_f32((smelt_bf16)(words[i] >> 16));
+    }
+}
+SMELT_DEVICE void smelt_unpack_f32x4(uint4 chunk, float out[4]) {
+    out[0] = __uint_as_float(chunk.x);
+    out[1] = __uint_as_float(chunk.y);
+    out[2] = __uint_as_float(chunk.z);
+    out[3] = __uint_as_float(chunk.w);
 }
 
 SMELT_DEVICE int smelt_min_i32(int a, int b) { return a < b ? a : b; }

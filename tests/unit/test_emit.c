@@ -275,6 +275,154 @@ static void test_attention_skips_unwritten_positions(void **state) {
     case_free(c);
 }
 
+/* An attention op of Hq query heads over Hkv kv heads of D dims. */
+static uint32_t attention_shaped_op(emit_case *c, int64_t query_heads, int64_t kv_heads, int64_t dims,
+                                    int64_t max_seq, int64_t window) {
+    char q_type[64], kv_type[64];
+    snprintf(q_type, sizeof q_type, "f32[tokens, %lld, %lld]", (long long)query_heads, (long long)dims);
+    snprintf(kv_type, sizeof kv_type, "f32[tokens, %lld, %lld]", (long long)kv_heads, (long long)dims);
+    ir_value_id q = case_input(c, "q", q_type);
+    ir_value_id k = case_input(c, "k", kv_type);
+    ir_value_id v = case_input(c, "v", kv_type);
+    uint32_t op = case_op(c, IR_OP_ATTENTION, (ir_value_id[]){q, k, v, c->pos}, 4);
+    assert_true(ir_op_set_float(&c->m, op, "scale", 1.0 / sqrt((double)dims)));
+    assert_true(ir_op_set_int(&c->m, op, "max_seq", max_seq));
+    assert_true(ir_op_set_int(&c->m, op, "window", window));
+    return op;
+}
+
+/* Steps of the given token counts at consecutive positions from 0, each
+ * checked against the reference (which keeps its own cache). Steps of at
+ * most 4 tokens run the split-KV decode kernel, longer ones the prefill
+ * kernel (FlashAttention-2 over bf16 caches, the scalar kernel over f32). */
+static void run_attention_steps(emit_case *c, uint32_t op, const int64_t *steps, int count) {
+    int32_t positions[1100];
+    int32_t next = 0;
+    for (int i = 0; i < count; i++) {
+        assert_true(steps[i] <= 1100);
+        for (int64_t t = 0; t < steps[i]; t++)
+            positions[t] = next++;
+        case_set_ints_data(c, c->pos, steps[i], positions, (uint64_t)steps[i]);
+        case_run(c, op, steps[i], F32_SEQUENCE_TOLERANCE);
+    }
+}
+
+/* The head dims of the models we target, GQA 4, in both storages: a
+ * prefill of 17 tokens (a tile and a partial one), decode steps of one and
+ * of two tokens, then a prefill that continues the sequence. */
+static void test_attention_head_dims(void **state) {
+    (void)state;
+    static const int64_t dims[] = {64, 80, 96, 128, 256};
+    static const int64_t steps[] = {17, 1, 2, 21};
+    for (int p = 0; p < 2; p++)
+        for (unsigned d = 0; d < sizeof dims / sizeof dims[0]; d++) {
+            emit_case *c = case_new(precisions[p]);
+            uint32_t op = attention_shaped_op(c, 4, 1, dims[d], 64, 0);
+            case_infer(c);
+            run_attention_steps(c, op, steps, 4);
+            case_free(c);
+        }
+}
+
+/* Ragged prompt lengths around the tile sizes (16 rows a warp, 32
+ * positions a tile, 64 rows a block) at GQA ratios 1, 4 and 8, then decode
+ * steps over the many splits of a long context. */
+static void test_attention_ragged_lengths(void **state) {
+    (void)state;
+    static const int64_t lengths[] = {1, 15, 16, 17, 127};
+    static const int64_t ratios[][2] = {{4, 4}, {4, 1}, {8, 1}};
+    for (int p = 0; p < 2; p++)
+        for (unsigned r = 0; r < 3; r++)
+            for (unsigned l = 0; l < sizeof lengths / sizeof lengths[0]; l++) {
+                emit_case *c = case_new(precisions[p]);
+                uint32_t op = attention_shaped_op(c, ratios[r][0], ratios[r][1], 64, 160, 0);
+                case_infer(c);
+                int64_t steps[3] = {lengths[l], 1, 3};
+                run_attention_steps(c, op, steps, 3);
+                case_free(c);
+            }
+}
+
+/* 1000 positions: a prefill of 1000 tokens in 64-row blocks, then decode
+ * with the positions split over 32 blocks and merged by the last one;
+ * with a sliding window of 100, whole tiles outside it are skipped. */
+static void test_attention_long_context(void **state) {
+    (void)state;
+    static const int64_t windows[] = {0, 100};
+    static const int64_t steps[] = {1000, 1, 2};
+    for (int w = 0; w < 2; w++) {
+        emit_case *c = case_new("bf16");
+        uint32_t op = attention_shaped_op(c, 8, 1, 64, 1100, windows[w]);
+        case_infer(c);
+        run_attention_steps(c, op, steps, 3);
+        case_free(c);
+    }
+    emit_case *c = case_new("f32");
+    uint32_t op = attention_shaped_op(c, 4, 1, 80, 1100, 37);
+    case_infer(c);
+    run_attention_steps(c, op, steps, 3);
+    case_free(c);
+}
+
+/* What NVRTC makes of the attention kernels of a Llama-3-8B layer (Hq 32,
+ * Hkv 8, D 128, bf16) for sm_90: no spills; the prefill kernel on tensor
+ * cores (mma.sync m16n8k16 bf16 with f32 accumulation, ldmatrix, cp.async);
+ * the decode kernel reading K and V with 128-bit global loads. */
+static void test_attention_ptx_for_sm90(void **state) {
+    (void)state;
+    if (!harness_have_nvrtc) skip();
+    emit_case *c = case_new("bf16");
+    uint32_t op = attention_shaped_op(c, 32, 8, 128, 8192, 0);
+    case_infer(c);
+    arena a;
+    arena_init(&a);
+    cg_group_lowering l;
+    assert_true(case_emit(c, op, &a, &l));
+    assert_int_equal(l.kernel_count, 3);
+    for (uint32_t k = 1; k < l.kernel_count; k++) {
+        cg_header header = {"smelt_kernel.h", harness_header_text};
+        cg_compile_request request = {.source = l.kernels[k].source,
+                                      .kernel_name = l.kernels[k].name,
+                                      .headers = &header,
+                                      .header_count = 1,
+                                      .arch = 90,
+                                      .want_cubin = true,
+                                      .want_ptx = true};
+        cg_compiled compiled;
+        char error[4096];
+        if (!cg_compile_kernel(&request, &compiled, error, sizeof error)) fail_msg("NVRTC: %s", error);
+        const cg_kernel_resources *r = cg_resource_find(&compiled.resources, l.kernels[k].name);
+        assert_non_null(r);
+        printf("  sm_90 %s: %u registers, %u spill bytes\n", l.kernels[k].name, r->registers,
+               r->spill_store_bytes + r->spill_load_bytes);
+        assert_int_equal(r->spill_store_bytes + r->spill_load_bytes, 0);
+        assert_non_null(compiled.ptx);
+        const char *folder = getenv("SMELT_TEST_DUMP_KERNELS");
+        if (folder && *folder) { /* beside the sources dump_source writes */
+            char path[1024];
+            snprintf(path, sizeof path, "%s/%s.ptx", folder, l.kernels[k].name);
+            FILE *f = fopen(path, "w");
+            if (f) {
+                fputs(compiled.ptx, f);
+                fclose(f);
+            }
+        }
+        if (k == 1) { /* decode */
+            assert_true(strstr(compiled.ptx, "ld.global.v4.u32") ||
+                        strstr(compiled.ptx, "ld.global.nc.v4.u32"));
+            assert_null(strstr(compiled.ptx, "mma.sync"));
+        } else { /* prefill */
+            assert_non_null(strstr(compiled.ptx, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
+            assert_non_null(strstr(compiled.ptx, "ldmatrix.sync.aligned.m8n8.x4.shared.b16"));
+            assert_non_null(strstr(compiled.ptx, "cp.async.cg.shared.global"));
+            assert_non_null(strstr(compiled.ptx, "cp.async.wait_group 1"));
+        }
+        cg_compiled_free(&compiled);
+    }
+    arena_free(&a);
+    case_free(c);
+}
+
 /* ---- moe ---------------------------------------------------------------------------------- */
 
 static uint32_t moe_op(emit_case *c, int64_t experts, int64_t ffn, int64_t top_k, bool normalize) {
@@ -570,24 +718,44 @@ static void test_lowering_kinds_and_attention_state(void **state) {
     assert_int_equal(l.kind, CG_LOWER_NONE);
     assert_true(case_emit(c, attention, &a, &l));
     assert_int_equal(l.kind, CG_LOWER_KERNELS);
-    assert_int_equal(l.kernel_count, 2);
-    assert_kernel_named(&l.kernels[0], "kv_write_bf16_kv2_d16_ctx40");
-    assert_kernel_named(&l.kernels[1], "attention_bf16_h4_kv2_d16_ctx40"); /* scale 1/sqrt(16) implied */
-    assert_int_equal(l.state_count, 3);
+    /* kv_write, then split-KV decode for steps of <= 4 tokens, FlashAttention-2 for longer ones */
+    assert_int_equal(l.kernel_count, 3);
+    assert_string_equal(l.kernels[0].name, "kv_write_bf16_kv2_d16_ctx40");
+    /* scale 1/sqrt(16) implied; 264 target blocks / 2 kv heads, at most 40 / 32 rounded up splits */
+    assert_string_equal(l.kernels[1].name, "attention_decode_bf16_h4_kv2_d16_ctx40_s2");
+    assert_string_equal(l.kernels[2].name, "attention_prefill_bf16_h4_kv2_d16_ctx40");
+    assert_int_equal(l.state_count, 5);
     assert_int_equal(l.state_bytes[CG_STATE_KEYS], 40 * 2 * 16 * 2); /* bf16 */
     assert_int_equal(l.state_bytes[CG_STATE_VALUES], 40 * 2 * 16 * 2);
     assert_int_equal(l.state_bytes[CG_STATE_WRITTEN], 40 * 4);
+    /* [4 tokens, 2 kv heads, 2 splits, 2 heads * (16 + 2)] f32, and a counter per (token, kv head) */
+    assert_int_equal(l.state_bytes[CG_STATE_PARTIALS], 4 * 2 * 2 * 2 * 18 * 4);
+    assert_int_equal(l.state_bytes[CG_STATE_COUNTERS], 4 * 2 * 4);
     for (int i = 0; i < CG_MAX_STATES; i++)
-        assert_int_equal(l.state_rows[i], 40); /* max_seq positions */
-    /* the attention kernel: grid (T, Hq), parameters q, pos, caches, flags, out, T for the guard */
-    assert_int_equal(l.kernels[1].rule.grid[1].b, 4);
-    assert_int_equal(l.kernels[1].param_count, 7);
-    assert_int_equal(l.kernels[1].params[6].kind, CG_PARAM_TOKENS);
-    assert_false(l.kernels[1].params[2].writes); /* attend reads the caches */
-    assert_true(l.kernels[1].params[5].writes);
-    assert_non_null(strstr(l.kernels[1].source, "if ((long long)blockIdx.y >= 4)"));
-    assert_int_equal(l.kernels[1].params[2].kind, CG_PARAM_STATE);
-    assert_int_equal(l.kernels[1].params[2].state, CG_STATE_KEYS);
+        assert_int_equal(l.state_rows[i], i <= CG_STATE_WRITTEN ? 40 : 0); /* max_seq positions; workspace */
+    /* decode: grid (splits * Hkv, T, T <= 4), parameters q, pos, caches, flags, workspace, out, T */
+    const cg_kernel *decode = &l.kernels[1], *prefill = &l.kernels[2];
+    assert_int_equal(decode->rule.grid[0].b, 4);
+    for (int64_t t = 1; t <= 8; t++) {
+        assert_int_equal(prog_affine_eval(decode->rule.grid[2], t), t <= 4);
+        assert_int_equal(prog_affine_eval(prefill->rule.grid[2], t), t > 4);
+    }
+    assert_int_equal(decode->param_count, 9);
+    assert_int_equal(decode->params[8].kind, CG_PARAM_TOKENS);
+    assert_false(decode->params[2].writes); /* attention reads the caches */
+    assert_true(decode->params[5].writes);  /* the partials */
+    assert_true(decode->params[6].writes);  /* the counters */
+    assert_int_equal(decode->params[6].state, CG_STATE_COUNTERS);
+    assert_true(decode->params[7].writes); /* out */
+    /* prefill: grid (ceil(T / 64), Hq, T > 4), dynamic shared memory for Q and two K/V stages */
+    assert_int_equal(prefill->rule.grid[0].c, 64);
+    assert_int_equal(prefill->rule.grid[1].b, 4);
+    assert_int_equal(prefill->rule.dynamic_shared_bytes, 2 * (64 * 24 + 2 * (32 * 24 + 32 * 24)));
+    assert_int_equal(prefill->param_count, 7);
+    assert_int_equal(prefill->params[2].kind, CG_PARAM_STATE);
+    assert_int_equal(prefill->params[2].state, CG_STATE_KEYS);
+    assert_non_null(strstr(prefill->source, "if ((long long)blockIdx.y >= 4)"));
+    assert_non_null(strstr(prefill->source, "smelt_mma_m16n8k16_bf16_f32("));
     arena_free(&a);
     case_free(c);
 }
@@ -730,6 +898,10 @@ int main(void) {
         cmocka_unit_test(test_attention_sliding_window),
         cmocka_unit_test(test_attention_mqa_noncausal),
         cmocka_unit_test(test_attention_skips_unwritten_positions),
+        cmocka_unit_test(test_attention_head_dims),
+        cmocka_unit_test(test_attention_ragged_lengths),
+        cmocka_unit_test(test_attention_long_context),
+        cmocka_unit_test(test_attention_ptx_for_sm90),
         cmocka_unit_test(test_moe_top2_of_4),
         cmocka_unit_test(test_moe_chunks_and_no_normalize),
         cmocka_unit_test(test_moe_ties_go_to_the_lower_expert),
@@ -746,5 +918,8 @@ int main(void) {
         cmocka_unit_test(test_norms_over_other_rows_are_other_kernels),
         cmocka_unit_test(test_group_without_emitter_is_refused),
     };
+    /* SMELT_TEST_FILTER=pattern runs only the matching tests (cmocka's glob). */
+    const char *filter = getenv("SMELT_TEST_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
 }

@@ -524,7 +524,7 @@ static void test_program_decode_refuses_lies(void **state) {
 
     toy_program_make(&t, false, true, 0);
     t.p.format_version = 9;
-    expect_refused(&t, "format version 9 is not the version 5 this smelt reads: rebuild the plan");
+    expect_refused(&t, "format version 9 is not the version 6 this smelt reads: rebuild the plan");
 
     toy_program_make(&t, false, true, 0); /* EOS ids index the vocabulary, each once */
     t.p.eos_count = 1;
@@ -537,6 +537,19 @@ static void test_program_decode_refuses_lies(void **state) {
     toy_program_make(&t, false, true, 0);
     t.p.eos_count = PROG_MAX_EOS + 1;
     expect_refused(&t, "17 EOS ids; at most 16 are allowed");
+
+    toy_program_make(&t, false, true, 0); /* the greedy token: never in a weight, always by a launch */
+    t.p.has_greedy = true;
+    t.p.greedy_token = weight_at(1);
+    expect_refused(&t, "greedy_token is in a weight");
+    toy_program_make(&t, false, true, 0);
+    t.p.has_greedy = true;
+    t.p.greedy_token = (prog_ref){PROG_BUFFER_ARENA, 0, ARENA_BYTES - 2};
+    expect_refused(&t, "greedy_token needs 4 bytes at arena 0 offset 318");
+    toy_program_make(&t, false, true, 0);
+    t.p.has_greedy = true;
+    t.p.greedy_token = (prog_ref){PROG_BUFFER_ARENA, 0, 0};
+    expect_refused(&t, "the greedy instruction is not a launch"); /* the toy's last is a GEMM */
 
     toy_program_make(&t, false, true, 0);
     t.weights[1].bytes = 60;
@@ -644,7 +657,8 @@ static void test_program_decode_refuses_lies(void **state) {
     uint8_t *bytes;
     size_t size;
     assert_true(program_encode(&t.p, &bytes, &size));
-    size_t at_state_count = 4 + 8 + 8 + 8 + 3 * 13 + 8 + 8 + 4 + 4; /* after eos_count (0) */
+    size_t at_state_count = 4 + 8 + 8 + 8 + 3 * 13 + 8 + 8 + 4 + 4 + 1 +
+                            13; /* ... id_table, has_greedy, greedy_token, eos_count (0) */
     plan_put_u32(bytes + at_state_count, 0xffffffffu);
     program d;
     char error[512];
@@ -1303,7 +1317,7 @@ static void test_executor_graphs(void **state) {
     const int32_t ids[MAX_TOKENS] = {1, 2, 3, 0, 1, 2, 3, 0}, pos[MAX_TOKENS] = {0, 1, 2, 3, 4, 5, 6, 7};
 
     /* Prefill of 8: grid ceil(4 * 8 / 32) = 1, pointers resolved, T passed. */
-    assert_int_equal(rt_executor_step(&x, ids, pos, 8, 0, logits, &e), SMELT_OK);
+    assert_int_equal(rt_executor_step(&x, ids, pos, 8, 0, logits, NULL, &e), SMELT_OK);
     assert_int_equal(device.launch_count, 1);
     assert_int_equal(device.gemm_count, 1);
     assert_int_equal(device.last_gemm_m, 8);
@@ -1319,16 +1333,16 @@ static void test_executor_graphs(void **state) {
 
     /* Decode: the first step runs directly, the second is captured and
      * replayed, the third only replayed. */
-    assert_int_equal(rt_executor_step(&x, ids, pos, 1, 0, logits, &e), SMELT_OK);
+    assert_int_equal(rt_executor_step(&x, ids, pos, 1, 0, logits, NULL, &e), SMELT_OK);
     assert_int_equal(device.captures, 0);
     assert_int_equal(device.launch_count, 2);
-    assert_int_equal(rt_executor_step(&x, ids, pos, 1, 0, logits, &e), SMELT_OK);
+    assert_int_equal(rt_executor_step(&x, ids, pos, 1, 0, logits, NULL, &e), SMELT_OK);
     assert_int_equal(device.captures, 1);
     assert_int_equal(device.replays, 1);
     assert_int_equal(device.graph_launches, 1);
     assert_int_equal(device.graph_gemms, 1);
     assert_int_equal(device.graph[0].tokens, 1);
-    assert_int_equal(rt_executor_step(&x, ids, pos, 1, 0, logits, &e), SMELT_OK);
+    assert_int_equal(rt_executor_step(&x, ids, pos, 1, 0, logits, NULL, &e), SMELT_OK);
     assert_int_equal(device.captures, 1);
     assert_int_equal(device.replays, 2);
     assert_int_equal(device.launch_count, 4);
@@ -1338,18 +1352,18 @@ static void test_executor_graphs(void **state) {
 
     /* A prefill in between runs directly and leaves the graph alone; a moved
      * weight makes the next decode step capture again. */
-    assert_int_equal(rt_executor_step(&x, ids, pos, 3, 2, logits, &e), SMELT_OK);
+    assert_int_equal(rt_executor_step(&x, ids, pos, 3, 2, logits, NULL, &e), SMELT_OK);
     assert_int_equal(device.last_gemm_m, 3);
-    assert_int_equal(rt_executor_step(&x, ids, pos, 1, 0, logits, &e), SMELT_OK);
+    assert_int_equal(rt_executor_step(&x, ids, pos, 1, 0, logits, NULL, &e), SMELT_OK);
     assert_int_equal(device.captures, 1);
     rt_executor_invalidate_graph(&x);
-    assert_int_equal(rt_executor_step(&x, ids, pos, 1, 0, logits, &e), SMELT_OK);
+    assert_int_equal(rt_executor_step(&x, ids, pos, 1, 0, logits, NULL, &e), SMELT_OK);
     assert_int_equal(device.captures, 2);
 
     /* Steps the program cannot take are refused before the device is used. */
     int launches = device.launch_count;
-    assert_int_equal(rt_executor_step(&x, ids, pos, 9, 0, logits, &e), SMELT_ERROR_INVALID_ARGUMENT);
-    assert_int_equal(rt_executor_step(&x, ids, pos, 2, 2, logits, &e), SMELT_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(rt_executor_step(&x, ids, pos, 9, 0, logits, NULL, &e), SMELT_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(rt_executor_step(&x, ids, pos, 2, 2, logits, NULL, &e), SMELT_ERROR_INVALID_ARGUMENT);
     assert_int_equal(device.launch_count, launches);
     rt_executor_free(&x);
 }
