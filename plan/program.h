@@ -189,9 +189,6 @@ typedef struct program {
     uint32_t id_table;  /* weight index of the embedding table the ids index; UINT32_MAX: none */
     uint32_t eos_count; /* the model's end-of-sequence ids, where generation stops */
     int32_t eos[PROG_MAX_EOS]; /* [eos_count], each in [0, vocab), distinct */
-    max_positions;     /* positions must lie in [0, max_positions) (the KV caches' length); 0: unchecked */
-    int64_t id_bound;  /* ids must lie in [0, id_bound) (rows of the embedding table); 0: [0, vocab) */
-    uint32_t id_table; /* weight index of the embedding table the ids index; UINT32_MAX: none */
     /* Greedy decoding on the device: with has_greedy, the last instruction
      * (a launch) writes the argmax of the last logits row, int32, at
      * greedy_token. It runs only on steps that ask for the token, and those
