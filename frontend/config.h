@@ -44,6 +44,16 @@ typedef enum fe_binding {
  * converts it to param->type into param->value; strings are copied to `a`. */
 fe_binding fe_config_lookup(const fe_config *c, ir_param *param, arena *a, diag_engine *d);
 
+/* The object of config key `name` (top level, or in rope_parameters): FOUND
+ * with *out set (owned by the config), ABSENT when missing or null, INVALID
+ * (reported) when not an object. */
+fe_binding fe_config_lookup_object(const fe_config *c, const char *name, const struct json_t **out,
+                                   diag_engine *d);
+
+/* Where the value of config key `key` is in the file, or member `member`
+ * (not NULL) of that object; the whole file when not found. */
+smelt_loc fe_config_loc(const fe_config *c, const char *key, const char *member);
+
 /* Index of the last --set of `name` in o (a later --set wins), or -1. */
 int fe_options_find(const fe_options *o, const char *name);
 

@@ -221,6 +221,7 @@ static ast_type type_of(fe_parse_state *st, const char *dtype, fe_location dtype
 %token LET "'let'" FOR "'for'" IN "'in'" IF "'if'" ELSE "'else'" OUTPUT "'output'"
 %token STACKED "'stacked'" TRUE "'true'" FALSE "'false'"
 %token TYPE_INT "'int'" TYPE_FLOAT "'float'" TYPE_BOOL "'bool'" TYPE_STRING "'string'"
+%token TYPE_OBJECT "'object'" NULL_VALUE "'null'"
 %token DOTDOT "'..'" LE "'<='" GE "'>='" EQ "'=='" NE "'!='" AND "'&&'" OR "'||'"
 %token NEWLINE "end of line"
 %token <text> NAME "name"
@@ -426,12 +427,13 @@ if_chain
     }
     ;
 
-/* param-type := "int" | "float" | "bool" | "string" */
+/* param-type := "int" | "float" | "bool" | "string" | "object" */
 param_type
     : TYPE_INT     { $$ = IR_PARAM_INT; }
     | TYPE_FLOAT   { $$ = IR_PARAM_FLOAT; }
     | TYPE_BOOL    { $$ = IR_PARAM_BOOL; }
     | TYPE_STRING  { $$ = IR_PARAM_STRING; }
+    | TYPE_OBJECT  { $$ = IR_PARAM_OBJECT; }
     ;
 
 /* type := [ NAME ] "[" [ expr { "," expr } [ "," ] ] "]"
@@ -499,7 +501,7 @@ prefix_ops
     }
     ;
 
-/* primary := INT | FLOAT | STRING | "true" | "false" | NAME
+/* primary := INT | FLOAT | STRING | "true" | "false" | "null" | NAME
  *          | NAME "(" [ arg { "," arg } [ "," ] ] ")"
  *          | "(" expr ")"
  *          | "[" [ expr { "," expr } [ "," ] ] "]" */
@@ -509,6 +511,7 @@ primary
     | STRING                     { $$ = leaf(state, AST_EXPR_STRING, @1); $$.node->as.s = $1; }
     | TRUE                       { $$ = leaf(state, AST_EXPR_BOOL, @1); $$.node->as.b = true; }
     | FALSE                      { $$ = leaf(state, AST_EXPR_BOOL, @1); $$.node->as.b = false; }
+    | NULL_VALUE                 { $$ = leaf(state, AST_EXPR_NULL, @1); }
     | NAME                       { $$ = leaf(state, AST_EXPR_NAME, @1); $$.node->as.s = $1; }
     | NAME '(' args_opt ')' {
         ast_expr *e = new_expr(state, AST_EXPR_CALL, @1);

@@ -89,6 +89,7 @@ static void print_expr(FILE *out, const ast_expr *e) {
     case AST_EXPR_FLOAT: fprintf(out, "%gf", e->as.f); break;
     case AST_EXPR_BOOL: fputs(e->as.b ? "true" : "false", out); break;
     case AST_EXPR_STRING: fprintf(out, "\"%s\"", e->as.s); break;
+    case AST_EXPR_NULL: fputs("null", out); break;
     case AST_EXPR_NAME: fputs(e->as.s, out); break;
     case AST_EXPR_UNARY:
         fprintf(out, "(%s ", ast_operator_text(e->as.unary.op));
@@ -125,6 +126,7 @@ static const char *param_type_text(ir_param_type t) {
     case IR_PARAM_FLOAT: return "float";
     case IR_PARAM_BOOL: return "bool";
     case IR_PARAM_STRING: return "string";
+    case IR_PARAM_OBJECT: return "object";
     }
     return "?";
 }
