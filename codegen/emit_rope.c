@@ -85,9 +85,9 @@ bool cg_emit_rope(cg_emit *e) {
 
     ir_value_id stored[2] = {x, result};
     const char *name =
-        arena_printf(&e->scratch, "rope_%s_%s_h%lld_d%lld_r%lld_theta%s", interleaved ? "interleaved" : "neox",
-                     cg_dtype_tag(e, stored, 2), (long long)heads, (long long)head_dim, (long long)rotary,
-                     cg_float_name(e, theta));
+        arena_printf(&e->scratch, "rope_%s_%s_h%lld_d%lld_r%lld_theta%s",
+                     interleaved ? "interleaved" : "neox", cg_dtype_tag(e, stored, 2), (long long)heads,
+                     (long long)head_dim, (long long)rotary, cg_float_name(e, theta));
     if (params.scaling != IR_ROPE_DEFAULT)
         name = arena_printf(&e->scratch, "%s_%s_%016llx", name, ir_rope_scaling_name(params.scaling),
                             tables_digest(&tables));
@@ -113,23 +113,31 @@ bool cg_emit_rope(cg_emit *e) {
     char theta_text[48];
     ir_format_float(theta, theta_text, sizeof theta_text);
     if (params.scaling == IR_ROPE_DEFAULT || params.scaling == IR_ROPE_DYNAMIC)
-        cg_line(t, "/* inv_freq[i] = 1 / theta^(2i / %lld) with theta = %s, in float32 as Hugging Face computes it%s. */",
+        cg_line(t,
+                "/* inv_freq[i] = 1 / theta^(2i / %lld) with theta = %s, in float32 as Hugging Face computes "
+                "it%s. */",
                 (long long)rotary, theta_text,
-                params.scaling == IR_ROPE_DYNAMIC ? " (dynamic NTK scaling leaves them so below max_position_embeddings)"
-                                                  : "");
+                params.scaling == IR_ROPE_DYNAMIC
+                    ? " (dynamic NTK scaling leaves them so below max_position_embeddings)"
+                    : "");
     else
-        cg_line(t, "/* inv_freq[i]: theta = %s over %lld dims, scaled as Hugging Face's rope_type '%s' does, in float32. */",
+        cg_line(t,
+                "/* inv_freq[i]: theta = %s over %lld dims, scaled as Hugging Face's rope_type '%s' does, in "
+                "float32. */",
                 theta_text, (long long)rotary, ir_rope_scaling_name(params.scaling));
     emit_table(e, t, "INVERSE_FREQUENCY", tables.inv_freq, tables.half);
     if (tables.long_inv_freq) {
-        cg_line(t, "/* longrope's long set, for a step whose largest position + 1 passes the original context. */");
+        cg_line(
+            t,
+            "/* longrope's long set, for a step whose largest position + 1 passes the original context. */");
         emit_table(e, t, "LONG_INVERSE_FREQUENCY", tables.long_inv_freq, tables.half);
         cg_line(t, "enum { ORIGINAL_MAX_POSITIONS = %lld };", (long long)tables.long_after);
     }
     if (scaled_angles) {
         cg_line(t, "/* cos and sin are scaled by the attention factor of rope_type '%s'. */",
                 ir_rope_scaling_name(params.scaling));
-        cg_line(t, "static __device__ const float ATTENTION_FACTOR = %s;", cg_float_literal(e, tables.attention_factor));
+        cg_line(t, "static __device__ const float ATTENTION_FACTOR = %s;",
+                cg_float_literal(e, tables.attention_factor));
     }
     cg_blank(t);
     cg_kernel_signature(&b);
@@ -144,10 +152,12 @@ bool cg_emit_rope(cg_emit *e) {
         cg_line(t, "__shared__ int largest_position;");
         cg_line(t, "if (threadIdx.x == 0) largest_position = pos[0];");
         cg_line(t, "__syncthreads();");
-        cg_line(t, "for (int j = threadIdx.x; j < tokens; j += THREADS) smelt_atomic_max_i32(&largest_position, pos[j]);");
+        cg_line(t, "for (int j = threadIdx.x; j < tokens; j += THREADS) "
+                   "smelt_atomic_max_i32(&largest_position, pos[j]);");
         cg_line(t, "__syncthreads();");
         cg_line(t, "const float *inverse_frequency =");
-        cg_line(t, "    largest_position + 1 > ORIGINAL_MAX_POSITIONS ? LONG_INVERSE_FREQUENCY : INVERSE_FREQUENCY;");
+        cg_line(t, "    largest_position + 1 > ORIGINAL_MAX_POSITIONS ? LONG_INVERSE_FREQUENCY : "
+                   "INVERSE_FREQUENCY;");
         table = "inverse_frequency";
     }
     cg_line(t, "for (int i = threadIdx.x; i < HALF; i += THREADS) {");

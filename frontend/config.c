@@ -264,8 +264,8 @@ fe_binding fe_config_lookup_object(const fe_config *c, const char *name, const s
     json_t *v = config_value(c, name);
     if (!v) return FE_BINDING_ABSENT;
     if (!json_is_object(v)) {
-        diag_error(d, value_loc(c, name), "param '%.*s%s' is an object but the config gives %s", DIAG_NAME(name),
-                   json_kind_name(v));
+        diag_error(d, value_loc(c, name), "param '%.*s%s' is an object but the config gives %s",
+                   DIAG_NAME(name), json_kind_name(v));
         return FE_BINDING_INVALID;
     }
     *out = v;

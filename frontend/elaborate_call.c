@@ -269,7 +269,8 @@ static bool convert_member(fe_elaborator *el, arena *temp, const char *key, cons
         for (size_t i = 0; i < count; i++) {
             const json_t *item = json_array_get(value, i);
             if (!json_is_number(item)) {
-                fe_error(el, loc, "%.*s%s: entry %zu of '%s' must be a number", DIAG_NAME(key), i + 1, member);
+                fe_error(el, loc, "%.*s%s: entry %zu of '%s' must be a number", DIAG_NAME(key), i + 1,
+                         member);
                 return false;
             }
             items[i] = json_number_value(item);

@@ -649,7 +649,7 @@ const char *fe_token_name(int kind) { return yysymbol_name(YYTRANSLATE(kind)); }
 static bool starts_expression(yysymbol_kind_t s) {
     switch (s) {
     case YYSYMBOL_INT: case YYSYMBOL_FLOAT: case YYSYMBOL_STRING: case YYSYMBOL_TRUE:
-    case YYSYMBOL_FALSE: case YYSYMBOL_NAME:
+    case YYSYMBOL_FALSE: case YYSYMBOL_NULL_VALUE: case YYSYMBOL_NAME:
         return true;
     default:
         return s == YYTRANSLATE('(') || s == YYTRANSLATE('[') || s == YYTRANSLATE('-') ||

@@ -44,7 +44,8 @@ int ir_attr_slot(ir_op_kind kind, const char *name) {
 }
 
 const char *ir_attr_kind_name(ir_attr_kind k) {
-    static const char *const names[] = {"none", "int", "float", "bool", "string", "int list", "shape", "float list"};
+    static const char *const names[] = {"none",   "int",      "float", "bool",
+                                        "string", "int list", "shape", "float list"};
     return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
 }
 

@@ -117,21 +117,26 @@ bool ir_rope_params_check(const ir_rope_params *p, int64_t head_dim, char *why, 
         FAIL("the rotated dims (rotary_dim, or the head dim %lld times partial_rotary_factor) must be even, "
              ">= 2 and at most the head dim; found %lld",
              (long long)head_dim, (long long)p->rotary_dim);
-    if (p->rotary_dim / 2 > 4096) FAIL("at most 8192 rotated dims are supported, found %lld", (long long)p->rotary_dim);
+    if (p->rotary_dim / 2 > 4096)
+        FAIL("at most 8192 rotated dims are supported, found %lld", (long long)p->rotary_dim);
     if (p->max_positions < 0 || p->original_max_positions < 0)
         FAIL("max_position_embeddings and original_max_position_embeddings must be >= 0");
     switch (p->scaling) {
     case IR_ROPE_DEFAULT: return true;
     case IR_ROPE_LINEAR:
-        if (!finite_positive(p->factor)) FAIL("rope scaling '%s' needs a factor > 0, found %g", name, p->factor);
+        if (!finite_positive(p->factor))
+            FAIL("rope scaling '%s' needs a factor > 0, found %g", name, p->factor);
         return true;
     case IR_ROPE_DYNAMIC:
-        if (!finite_positive(p->factor)) FAIL("rope scaling '%s' needs a factor > 0, found %g", name, p->factor);
+        if (!finite_positive(p->factor))
+            FAIL("rope scaling '%s' needs a factor > 0, found %g", name, p->factor);
         if (p->max_positions < 1)
-            FAIL("rope scaling 'dynamic' needs max_position_embeddings: its frequencies are static only below it");
+            FAIL("rope scaling 'dynamic' needs max_position_embeddings: its frequencies are static only "
+                 "below it");
         return true;
     case IR_ROPE_LLAMA3:
-        if (!finite_positive(p->factor)) FAIL("rope scaling '%s' needs a factor > 0, found %g", name, p->factor);
+        if (!finite_positive(p->factor))
+            FAIL("rope scaling '%s' needs a factor > 0, found %g", name, p->factor);
         if (!finite_positive(p->low_freq_factor) || !finite_positive(p->high_freq_factor) ||
             !(p->high_freq_factor > p->low_freq_factor))
             FAIL("rope scaling 'llama3' needs 0 < low_freq_factor < high_freq_factor, found %g and %g",
@@ -142,9 +147,11 @@ bool ir_rope_params_check(const ir_rope_params *p, int64_t head_dim, char *why, 
     case IR_ROPE_YARN:
     case IR_ROPE_LONGROPE:
         if (p->original_max_positions < 1)
-            FAIL("rope scaling '%s' needs original_max_position_embeddings (or max_position_embeddings)", name);
+            FAIL("rope scaling '%s' needs original_max_position_embeddings (or max_position_embeddings)",
+                 name);
         if (!finite_positive(p->factor))
-            FAIL("rope scaling '%s' needs a factor > 0 (or max_position_embeddings), found %g", name, p->factor);
+            FAIL("rope scaling '%s' needs a factor > 0 (or max_position_embeddings), found %g", name,
+                 p->factor);
         if (!(isfinite(p->attention_factor) && p->attention_factor >= 0))
             FAIL("attention_factor must be >= 0 (0: computed), found %g", p->attention_factor);
         if (p->scaling == IR_ROPE_YARN) {
@@ -269,8 +276,7 @@ bool ir_rope_tables_compute(const ir_rope_params *p, ir_rope_tables *out) {
         out->long_after = p->original_max_positions;
         double factor = p->attention_factor;
         if (factor == 0)
-            factor = p->factor <= 1 ? 1.0
-                                    : sqrt(1 + log(p->factor) / log((double)p->original_max_positions));
+            factor = p->factor <= 1 ? 1.0 : sqrt(1 + log(p->factor) / log((double)p->original_max_positions));
         out->attention_factor = (float)factor;
         break;
     }

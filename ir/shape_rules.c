@@ -74,7 +74,7 @@ static const ir_attr *attr_of_kind(rule_ctx *c, const char *name, ir_attr_kind k
         case IR_ATTR_FLOAT: def->as.f = strtod(s->default_text, NULL); break;
         case IR_ATTR_BOOL: def->as.b = strcmp(s->default_text, "true") == 0; break;
         case IR_ATTR_FLOATS: break; /* [] */
-        case IR_ATTR_STRING: { /* "\"neox\"" -> neox */
+        case IR_ATTR_STRING: {      /* "\"neox\"" -> neox */
             size_t n = strlen(s->default_text);
             n = n >= 2 ? n - 2 : 0;
             if (n >= sizeof c->default_text) n = sizeof c->default_text - 1;

@@ -50,12 +50,14 @@ bool ref_op_rope(const ref_call *c) {
     }
     uint64_t half = tables.half;
     const float *inv_freq = tables.inv_freq; /* [r/2] */
-    if (tables.long_inv_freq && (int64_t)max_position + 1 > tables.long_after) inv_freq = tables.long_inv_freq;
+    if (tables.long_inv_freq && (int64_t)max_position + 1 > tables.long_after)
+        inv_freq = tables.long_inv_freq;
     memcpy(out, x->f, x->count * sizeof(float)); /* the dims >= r */
     for (uint64_t t = 0; t < tokens; t++) {
         for (uint64_t i = 0; i < half; i++) {
             float angle = (float)pos->i[t] * inv_freq[i];
-            float cosine = cosf(angle) * tables.attention_factor, sine = sinf(angle) * tables.attention_factor;
+            float cosine = cosf(angle) * tables.attention_factor,
+                  sine = sinf(angle) * tables.attention_factor;
             uint64_t first = c->attrs->interleaved ? 2 * i : i;
             uint64_t second = c->attrs->interleaved ? 2 * i + 1 : i + half;
             for (uint64_t h = 0; h < heads; h++) {
