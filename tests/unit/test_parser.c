@@ -480,8 +480,9 @@ static void test_error_messages(void **state) {
                   "t.smelt:3:9: error: expected name but found end of line\n");
     expect_errors("model m {\n  let x = 1\n", /* unclosed model */
                   "t.smelt:2:12: error: expected '}' but found end of file\n");
-    expect_errors("model m {\n  param p: i32\n}",
-                  "t.smelt:2:12: error: expected 'int', 'float', 'bool', 'string' or 'object' but found name 'i32'\n");
+    expect_errors(
+        "model m {\n  param p: i32\n}",
+        "t.smelt:2:12: error: expected 'int', 'float', 'bool', 'string' or 'object' but found name 'i32'\n");
     expect_errors("model m {\n  (a) = 1\n}", "t.smelt:2:3: error: expected statement or '}' but found '('\n");
     expect_errors("model m {\n  for i in 0 {}\n}", "t.smelt:2:14: error: expected '..' but found '{'\n");
     /* A broken model header: the body is still checked. A line that ends
