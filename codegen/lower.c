@@ -296,7 +296,9 @@ static bool build_program(lowering_state *s) {
 /* ---- the model interface --------------------------------------------------- */
 
 /* Bounds the runtime checks before a step: positions below the shortest KV
- * cache, ids below the smallest embedding table that the ids index. */
+ * cache (and below max_position_embeddings of a rope with dynamic NTK
+ * scaling, whose frequencies are static only there: ir/rope.h), ids below
+ * the smallest embedding table that the ids index. */
 static void find_input_bounds(const lowering_state *s, ir_value_id ids) {
     const ir_module *m = s->m;
     program *p = &s->out->program;
@@ -306,6 +308,10 @@ static void find_input_bounds(const lowering_state *s, ir_value_id ids) {
         if (op->kind == IR_OP_ATTENTION) {
             int64_t max_seq = ir_op_int(m, i, "max_seq");
             if (p->max_positions == 0 || max_seq < p->max_positions) p->max_positions = max_seq;
+        } else if (op->kind == IR_OP_ROPE && strcmp(ir_op_string(m, i, "scaling"), "dynamic") == 0) {
+            int64_t static_positions = ir_op_int(m, i, "max_position_embeddings");
+            if (p->max_positions == 0 || static_positions < p->max_positions)
+                p->max_positions = static_positions;
         } else if (op->kind == IR_OP_EMBEDDING && op->operands[1] == ids) {
             const ir_value *table = &m->values[op->operands[0]];
             int64_t rows = table->type.dims[0].size;
