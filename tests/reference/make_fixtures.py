@@ -106,8 +106,8 @@ QKV_BIAS_STD = 0.5         # Qwen2 q/k/v biases: large enough to matter
 # The seed each model starts its search at (the one that passed last time).
 # Before the 4e-2 margin: llama 1000, qwen2 2000, mixtral 3000, gpt2 4001.
 SEEDS = {"llama": 1039, "qwen2": 2144, "mixtral": 3032, "gpt2": 4037,
-         "llama3": 5313, "llama3-parameters": 5313, "llama-linear": 5100, "llama-yarn": 5340, "llama-dynamic": 5500,
-         "llama-bias": 5339, "phi3": 5444}
+         "llama3": 5366, "llama3-parameters": 5366, "llama-linear": 5100, "llama-yarn": 5340, "llama-dynamic": 5559,
+         "llama-bias": 5339, "phi3": 5444, "phi3-short": 5733}
 
 
 def llama_config():
@@ -152,9 +152,9 @@ CONFIGS = {"llama": llama_config, "qwen2": qwen2_config,
 # ---- RoPE variants, Llama's biases, Phi-3 ------------------------------------
 #
 # Tiny models whose rotary scaling matters within the 16 positions a fixture
-# runs: original_max_position_embeddings is small (4..16), so positions pass
-# it and the low-, medium- and high-frequency bands of llama3 and yarn all
-# occur (head_dim 16 with theta 100: wavelengths 6.3, 11, 20, 35, ...).
+# runs: original_max_position_embeddings is small (4..32), so positions pass
+# it where the choice depends on them (longrope), and the bands of llama3 and
+# yarn all occur (head_dim 16 with theta 100: wavelengths 6.3, 11, 20, 35, ...).
 # ROPE_LAYOUT says how config.json is written: "classic" (top-level
 # rope_scaling and rope_theta, as the hub's Llama 3.1 and Phi-3.5 configs
 # have them) or "parameters" (transformers 5's rope_parameters only). The
@@ -170,9 +170,11 @@ def small_llama(rope_parameters, **extra):
 
 
 def llama3_config():
+    # Wavelengths 6.3 (kept: under 32 / 4), 11, 20 (smoothed) and 35, 63, ...
+    # (past 32 / 1: divided by the factor): all three of llama3's bands.
     return small_llama({"rope_type": "llama3", "rope_theta": 100.0, "factor": 8.0,
                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                        "original_max_position_embeddings": 16})
+                        "original_max_position_embeddings": 32})
 
 
 def llama_linear_config():
@@ -219,13 +221,24 @@ def phi3_config():
         architectures=["Phi3ForCausalLM"])
 
 
+def phi3_short_config():
+    # The same with a 32-position original context: the fixture's 16
+    # positions stay below it, so every call uses the short factors (and the
+    # attention factor of 128 / 32); written in transformers 5's layout.
+    config = phi3_config()
+    config.original_max_position_embeddings = 32
+    config.rope_parameters["original_max_position_embeddings"] = 32
+    return config
+
+
 ROPE_CONFIGS = {"llama3": llama3_config, "llama3-parameters": llama3_config,
                 "llama-linear": llama_linear_config, "llama-yarn": llama_yarn_config,
                 "llama-dynamic": llama_dynamic_config,
-                "llama-bias": llama_bias_config, "phi3": phi3_config}
+                "llama-bias": llama_bias_config, "phi3": phi3_config,
+                "phi3-short": phi3_short_config}
 ROPE_LAYOUT = {"llama3": "classic", "llama3-parameters": "parameters",
                "llama-linear": "classic", "llama-yarn": "classic", "llama-dynamic": "parameters",
-               "llama-bias": "classic", "phi3": "classic"}
+               "llama-bias": "classic", "phi3": "classic", "phi3-short": "parameters"}
 CONFIGS.update(ROPE_CONFIGS)
 
 
@@ -317,7 +330,7 @@ def expected_names(config, name):
     for l in range(layers):
         p = f"model.layers.{l}"
         names += [f"{p}.input_layernorm.weight", f"{p}.post_attention_layernorm.weight"]
-        if name == "phi3":
+        if name.startswith("phi3"):
             names += [f"{p}.self_attn.qkv_proj.weight", f"{p}.self_attn.o_proj.weight",
                       f"{p}.mlp.gate_up_proj.weight", f"{p}.mlp.down_proj.weight"]
             continue
