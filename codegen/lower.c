@@ -296,9 +296,7 @@ static bool build_program(lowering_state *s) {
 /* ---- the model interface --------------------------------------------------- */
 
 /* Bounds the runtime checks before a step: positions below the shortest KV
- * cache (and below max_position_embeddings of a rope with dynamic NTK
- * scaling, whose frequencies are static only there: ir/rope.h), ids below
- * the smallest embedding table that the ids index. */
+ * cache, ids below the smallest embedding table that the ids index. */
 static void find_input_bounds(const lowering_state *s, ir_value_id ids) {
     const ir_module *m = s->m;
     program *p = &s->out->program;
@@ -308,10 +306,6 @@ static void find_input_bounds(const lowering_state *s, ir_value_id ids) {
         if (op->kind == IR_OP_ATTENTION) {
             int64_t max_seq = ir_op_int(m, i, "max_seq");
             if (p->max_positions == 0 || max_seq < p->max_positions) p->max_positions = max_seq;
-        } else if (op->kind == IR_OP_ROPE && strcmp(ir_op_string(m, i, "scaling"), "dynamic") == 0) {
-            int64_t static_positions = ir_op_int(m, i, "max_position_embeddings");
-            if (p->max_positions == 0 || static_positions < p->max_positions)
-                p->max_positions = static_positions;
         } else if (op->kind == IR_OP_EMBEDDING && op->operands[1] == ids) {
             const ir_value *table = &m->values[op->operands[0]];
             int64_t rows = table->type.dims[0].size;
@@ -322,6 +316,31 @@ static void find_input_bounds(const lowering_state *s, ir_value_id ids) {
             }
         }
     }
+}
+
+/* A rope with dynamic NTK scaling has static frequencies only below its
+ * max_position_embeddings (ir/rope.h): a plan whose KV caches hold more
+ * positions than that is refused, rather than run with frequencies that
+ * transformers would have rescaled. */
+static bool check_dynamic_rope(const lowering_state *s) {
+    const ir_module *m = s->m;
+    int64_t positions = s->out->program.max_positions;
+    bool ok = true;
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *op = &m->ops[i];
+        if (op->dead || op->kind != IR_OP_ROPE || strcmp(ir_op_string(m, i, "scaling"), "dynamic") != 0)
+            continue;
+        int64_t static_positions = ir_op_int(m, i, "max_position_embeddings");
+        if (positions > static_positions) {
+            diag_error(s->d, op->loc,
+                       "rope: dynamic NTK scaling recomputes its frequencies past max_position_embeddings "
+                       "(%lld), but the KV caches hold %lld positions; smelt compiles dynamic only for "
+                       "contexts up to max_position_embeddings",
+                       (long long)static_positions, (long long)positions);
+            ok = false;
+        }
+    }
+    return ok;
 }
 
 /* The roles every backend shares (ir/interface.h): ids and pos of shape
@@ -353,6 +372,7 @@ static bool bind_interface(lowering_state *s) {
     }
     p->vocab = (uint64_t)out->dims[out->rank - 1].size;
     find_input_bounds(s, ids);
+    if (!check_dynamic_rope(s)) return false;
     if (!value_ref(s, ids, &p->input_ids) || !value_ref(s, pos, &p->input_pos) ||
         !value_ref(s, logits, &p->logits)) {
         diag_error(s->d, m->ops[logits_op].loc, "the model interface has a value without a buffer");
