@@ -2,8 +2,10 @@
 """make_fixtures.py - PyTorch golden logits for smelt's numeric tests.
 
 What it makes: for each of four small random fp32 models (llama, qwen2,
-mixtral, gpt2) it runs the Hugging Face implementation and writes
-tests/fixtures/<name>/ with
+mixtral, gpt2), and for the RoPE-variant, Llama-bias and Phi-3 models of
+ROPE_CONFIGS (llama3, llama3-parameters, llama-linear, llama-yarn,
+llama-dynamic, llama-bias, phi3, phi3-short), it runs the Hugging Face
+implementation and writes tests/fixtures/<name>/ with
 
     config.json        the HF config, plus a top-level "rope_theta" (see below)
     model.safetensors  fp32 weights under the classic Hugging Face checkpoint names
@@ -25,7 +27,7 @@ searched until a model has that margin. tests/reference/README.md says more.
 
 How to run (from the repository root; a few seconds on a CPU):
 
-    python3 tests/reference/make_fixtures.py              # all four models
+    python3 tests/reference/make_fixtures.py              # every model
     python3 tests/reference/make_fixtures.py --only llama # one model
     python3 tests/reference/make_fixtures.py --out /tmp/f # somewhere else
 
