@@ -75,8 +75,9 @@ bool cg_emit_rope(cg_emit *e) {
         diag_error(e->d, e->ir->loc, "rope: %s", why);
         return false;
     }
-    ir_rope_tables tables;
-    if (!ir_rope_tables_compute(&params, &tables)) arena_out_of_memory();
+    ir_rope_tables tables; /* in the scratch arena: an out-of-memory unwind frees it */
+    ir_rope_tables_compute(&params, arena_array(&e->scratch, ir_rope_tables_floats(&params), sizeof(float)),
+                           &tables);
     int64_t rotary = params.rotary_dim;
     int64_t half = rotary / 2, rotated = 2 * half, passed = head_dim - rotated;
     bool interleaved = strcmp(cg_attr_string(e, "style", "neox"), "interleaved") == 0;
@@ -185,7 +186,6 @@ bool cg_emit_rope(cg_emit *e) {
         cg_line(t, "}");
     }
     cg_kernel_end(&b);
-    ir_rope_tables_free(&tables);
     e->out->kind = CG_LOWER_KERNELS;
     return true;
 }

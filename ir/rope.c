@@ -237,20 +237,17 @@ static void longrope(const ir_rope_params *p, const double *factors, float *inv_
         inv_freq[i] = 1.0f / ((float)factors[i] * base_power(p->theta, i, p->rotary_dim));
 }
 
-bool ir_rope_tables_compute(const ir_rope_params *p, ir_rope_tables *out) {
+size_t ir_rope_tables_floats(const ir_rope_params *p) {
+    size_t half = p->rotary_dim > 1 ? (size_t)(p->rotary_dim / 2) : 1;
+    return p->scaling == IR_ROPE_LONGROPE ? 2 * half : half;
+}
+
+void ir_rope_tables_compute(const ir_rope_params *p, float *storage, ir_rope_tables *out) {
     memset(out, 0, sizeof *out);
     out->half = (uint32_t)(p->rotary_dim / 2);
     out->attention_factor = 1.0f;
-    size_t count = out->half ? out->half : 1;
-    out->inv_freq = malloc(count * sizeof(float));
-    if (!out->inv_freq) return false;
-    if (p->scaling == IR_ROPE_LONGROPE) {
-        out->long_inv_freq = malloc(count * sizeof(float));
-        if (!out->long_inv_freq) {
-            ir_rope_tables_free(out);
-            return false;
-        }
-    }
+    out->inv_freq = storage;
+    if (p->scaling == IR_ROPE_LONGROPE) out->long_inv_freq = storage + (out->half ? out->half : 1);
     double theta = p->theta;
     switch (p->scaling) {
     case IR_ROPE_DYNAMIC: {
@@ -281,11 +278,4 @@ bool ir_rope_tables_compute(const ir_rope_params *p, ir_rope_tables *out) {
         break;
     }
     }
-    return true;
-}
-
-void ir_rope_tables_free(ir_rope_tables *t) {
-    free(t->inv_freq);
-    free(t->long_inv_freq);
-    memset(t, 0, sizeof *t);
 }

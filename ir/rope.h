@@ -71,15 +71,20 @@ bool ir_rope_params_check(const ir_rope_params *p, int64_t head_dim, char *why, 
 
 typedef struct ir_rope_tables {
     uint32_t half;          /* rotated pairs: rotary_dim / 2 */
-    float *inv_freq;        /* [half] (malloc'd) */
-    float *long_inv_freq;   /* [half] longrope's long set (malloc'd), else NULL */
+    float *inv_freq;        /* [half], the caller's */
+    float *long_inv_freq;   /* [half] longrope's long set (the caller's), else NULL */
     int64_t long_after;     /* longrope: the long set when max position + 1 > this */
     float attention_factor; /* cos and sin are multiplied by it (1 but for yarn, longrope) */
 } ir_rope_tables;
 
-/* Computes the tables of checked parameters; false when out of memory. */
-bool ir_rope_tables_compute(const ir_rope_params *p, ir_rope_tables *out);
-void ir_rope_tables_free(ir_rope_tables *t);
+/* The number of floats the tables of `p` need: rotary_dim / 2, twice for
+ * longrope (at least 1). */
+size_t ir_rope_tables_floats(const ir_rope_params *p);
+
+/* Computes the tables of checked parameters into `storage`
+ * [ir_rope_tables_floats(p)], which the caller owns (an arena's, so that an
+ * out-of-memory unwind leaks nothing). */
+void ir_rope_tables_compute(const ir_rope_params *p, float *storage, ir_rope_tables *out);
 
 /* The name of a scaling, as the attribute spells it. */
 const char *ir_rope_scaling_name(ir_rope_scaling s);

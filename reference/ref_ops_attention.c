@@ -43,11 +43,13 @@ bool ref_op_rope(const ref_call *c) {
                    (int)max_position, (long long)params->max_positions);
         return false;
     }
-    ir_rope_tables tables;
-    if (!ir_rope_tables_compute(params, &tables)) {
+    float *storage = malloc(ir_rope_tables_floats(params) * sizeof *storage);
+    if (!storage) {
         diag_error(c->d, c->loc, "rope: out of memory");
         return false;
     }
+    ir_rope_tables tables;
+    ir_rope_tables_compute(params, storage, &tables);
     uint64_t half = tables.half;
     const float *inv_freq = tables.inv_freq; /* [r/2] */
     if (tables.long_inv_freq && (int64_t)max_position + 1 > tables.long_after)
@@ -69,7 +71,7 @@ bool ref_op_rope(const ref_call *c) {
             }
         }
     }
-    ir_rope_tables_free(&tables);
+    free(storage);
     return true;
 }
 
