@@ -1,29 +1,52 @@
 /* emit_rope.c - the rotary position embedding kernel, neox and interleaved
- * pairing, over the first rotary_dim dims of each head.
+ * pairing, over the first rotary_dim dims of each head, with the scaled
+ * variants of ir/rope.h (linear, dynamic, llama3, yarn, longrope).
  *
  * rope(x[T, H, Dh], pos[T]): one block per token. The inverse frequencies
- * inv_freq[i] = 1 / theta^(2i / r) are computed here, at compile time, in
- * float32 exactly as the reference does (and Hugging Face, whose
- * LlamaRotaryEmbedding computes them on the CPU), and baked into the source
- * bit for bit: powf on a GPU is not correctly rounded, and an ulp of inv_freq
- * becomes an error of position * ulp in the angle. Each block then computes
- * cos and sin of (float)pos * inv_freq[i] once into shared memory, rotates
- * the pairs of every head — neox (Llama's rotate_half) pairs i with i + r/2,
- * interleaved (GPT-J) 2i with 2i + 1 — and copies the dims past the rotated
- * ones unchanged (reference/ref_ops_attention.c).
+ * inv_freq[i] (1 / theta^(2i / r), or a variant's) are computed here, at
+ * compile time, by ir/rope.c, in float32 exactly as the reference does (and
+ * Hugging Face, whose rotary embeddings compute them on the CPU), and baked
+ * into the source bit for bit: powf on a GPU is not correctly rounded, and an
+ * ulp of inv_freq becomes an error of position * ulp in the angle. Each block
+ * then computes cos and sin of (float)pos * inv_freq[i] once into shared
+ * memory (times the variant's attention factor, for yarn and longrope),
+ * rotates the pairs of every head — neox (Llama's rotate_half) pairs i with
+ * i + r/2, interleaved (GPT-J) 2i with 2i + 1 — and copies the dims past the
+ * rotated ones unchanged (reference/ref_ops_attention.c). longrope bakes its
+ * short and long sets and each block picks one from the step's largest
+ * position, as transformers picks per forward call.
  */
 #include "emit_internal.h"
 
 #include "ir_io.h"
+#include "rope.h"
 
 #include <math.h>
 #include <string.h>
+#include <xxhash.h>
 
 enum { ROPE_MAX_THREADS = 256 };
 
 static uint32_t threads_for(int64_t work) {
     if (work >= ROPE_MAX_THREADS) return ROPE_MAX_THREADS;
     return (uint32_t)((work + 31) / 32 * 32);
+}
+
+/* `static __device__ const float NAME[HALF] = {...};` */
+static void emit_table(cg_emit *e, cg_text *t, const char *name, const float *values, uint32_t count) {
+    cg_line(t, "static __device__ const float %s[HALF] = {", name);
+    for (uint32_t i = 0; i < count; i++)
+        cg_line(t, "%s%s", cg_float_literal(e, values[i]), i + 1 < count ? "," : "");
+    cg_line(t, "};");
+}
+
+/* A digest of what a scaled variant bakes into the source (the tables, the
+ * switch of longrope and the attention factor), for the kernel's name. */
+static unsigned long long tables_digest(const ir_rope_tables *tables) {
+    XXH64_hash_t h = XXH64(tables->inv_freq, tables->half * sizeof(float), 0);
+    if (tables->long_inv_freq) h = XXH64(tables->long_inv_freq, tables->half * sizeof(float), h);
+    h = XXH64(&tables->long_after, sizeof tables->long_after, h);
+    return (unsigned long long)XXH64(&tables->attention_factor, sizeof tables->attention_factor, h);
 }
 
 bool cg_emit_rope(cg_emit *e) {
@@ -40,24 +63,35 @@ bool cg_emit_rope(cg_emit *e) {
     if (!cg_expect(e, positions_fit && cg_same_shape(&shape, &out_shape), "pos[T] and a result of x's shape"))
         return false;
     int64_t heads = shape.dims[1], head_dim = shape.dims[2];
-    int64_t rotary = cg_attr_int(e, "rotary_dim", 0);
-    if (rotary == 0) rotary = head_dim;
-    if (rotary < 2 || rotary > head_dim) {
+    int64_t given_rotary = cg_attr_int(e, "rotary_dim", 0);
+    if (given_rotary != 0 && (given_rotary < 2 || given_rotary > head_dim)) {
         diag_error(e->d, e->ir->loc, "rope: expected rotary_dim in [2, %lld] (the head dim); found %lld",
-                   (long long)head_dim, (long long)cg_attr_int(e, "rotary_dim", 0));
+                   (long long)head_dim, (long long)given_rotary);
         return false;
     }
-    int64_t half = rotary / 2, rotated = 2 * half, passed = head_dim - rotated;
-    if (!cg_expect(e, half <= 4096, "rotary_dim of at most 8192 (cos and sin are kept in shared memory)"))
+    ir_rope_params params = ir_rope_params_of(e->m, e->op, head_dim);
+    char why[256];
+    if (!ir_rope_params_check(&params, head_dim, why, sizeof why)) {
+        diag_error(e->d, e->ir->loc, "rope: %s", why);
         return false;
+    }
+    ir_rope_tables tables; /* in the scratch arena: an out-of-memory unwind frees it */
+    ir_rope_tables_compute(&params, arena_array(&e->scratch, ir_rope_tables_floats(&params), sizeof(float)),
+                           &tables);
+    int64_t rotary = params.rotary_dim;
+    int64_t half = rotary / 2, rotated = 2 * half, passed = head_dim - rotated;
     bool interleaved = strcmp(cg_attr_string(e, "style", "neox"), "interleaved") == 0;
-    double theta = cg_attr_float(e, "theta", 10000.0);
+    double theta = params.theta;
+    bool scaled_angles = tables.attention_factor != 1.0f;
 
     ir_value_id stored[2] = {x, result};
     const char *name =
         arena_printf(&e->scratch, "rope_%s_%s_h%lld_d%lld_r%lld_theta%s",
                      interleaved ? "interleaved" : "neox", cg_dtype_tag(e, stored, 2), (long long)heads,
                      (long long)head_dim, (long long)rotary, cg_float_name(e, theta));
+    if (params.scaling != IR_ROPE_DEFAULT)
+        name = arena_printf(&e->scratch, "%s_%s_%016llx", name, ir_rope_scaling_name(params.scaling),
+                            tables_digest(&tables));
     uint32_t threads = threads_for(heads * half);
     cg_kernel_builder b;
     cg_kernel_begin(&b, e, name,
@@ -70,6 +104,7 @@ bool cg_emit_rope(cg_emit *e) {
     uint32_t in = cg_param_value(&b, "x", x, true);
     cg_param_value(&b, "pos", pos, true);
     uint32_t out = cg_param_value(&b, "out", result, false);
+    if (tables.long_inv_freq) cg_param_tokens(&b);
     cg_kernel_launch(&b, cg_count_blocks(cg_shape_count(&shape, 0, 1), 1), (prog_affine){0, 1, 1}, threads);
     cg_kernel_open(&b);
     cg_text *t = &b.text;
@@ -77,16 +112,34 @@ bool cg_emit_rope(cg_emit *e) {
             (long long)heads, (long long)head_dim, (long long)half, (long long)passed, threads);
     cg_blank(t);
     char theta_text[48];
-    cg_line(
-        t,
-        "/* inv_freq[i] = 1 / theta^(2i / %lld) with theta = %s, in float32 as Hugging Face computes it. */",
-        (long long)rotary, ir_format_float(theta, theta_text, sizeof theta_text));
-    cg_line(t, "static __device__ const float INVERSE_FREQUENCY[HALF] = {");
-    for (int64_t i = 0; i < half; i++) {
-        float inverse = 1.0f / powf((float)theta, (float)(2 * i) / (float)rotary);
-        cg_line(t, "%s%s", cg_float_literal(e, inverse), i + 1 < half ? "," : "");
+    ir_format_float(theta, theta_text, sizeof theta_text);
+    if (params.scaling == IR_ROPE_DEFAULT || params.scaling == IR_ROPE_DYNAMIC)
+        cg_line(t,
+                "/* inv_freq[i] = 1 / theta^(2i / %lld) with theta = %s, in float32 as Hugging Face computes "
+                "it%s. */",
+                (long long)rotary, theta_text,
+                params.scaling == IR_ROPE_DYNAMIC
+                    ? " (dynamic NTK scaling leaves them so below max_position_embeddings)"
+                    : "");
+    else
+        cg_line(t,
+                "/* inv_freq[i]: theta = %s over %lld dims, scaled as Hugging Face's rope_type '%s' does, in "
+                "float32. */",
+                theta_text, (long long)rotary, ir_rope_scaling_name(params.scaling));
+    emit_table(e, t, "INVERSE_FREQUENCY", tables.inv_freq, tables.half);
+    if (tables.long_inv_freq) {
+        cg_line(
+            t,
+            "/* longrope's long set, for a step whose largest position + 1 passes the original context. */");
+        emit_table(e, t, "LONG_INVERSE_FREQUENCY", tables.long_inv_freq, tables.half);
+        cg_line(t, "enum { ORIGINAL_MAX_POSITIONS = %lld };", (long long)tables.long_after);
     }
-    cg_line(t, "};");
+    if (scaled_angles) {
+        cg_line(t, "/* cos and sin are scaled by the attention factor of rope_type '%s'. */",
+                ir_rope_scaling_name(params.scaling));
+        cg_line(t, "static __device__ const float ATTENTION_FACTOR = %s;",
+                cg_float_literal(e, tables.attention_factor));
+    }
     cg_blank(t);
     cg_kernel_signature(&b);
     cg_line(t, "__shared__ float cosines[HALF];");
@@ -94,10 +147,24 @@ bool cg_emit_rope(cg_emit *e) {
     cg_line(t, "long long token = blockIdx.x;");
     cg_line(t, "long long base = token * HEADS * HEAD_DIM; /* x[token, 0, 0] */");
     cg_line(t, "float position = (float)pos[token];");
+    const char *table = "INVERSE_FREQUENCY";
+    if (tables.long_inv_freq) {
+        cg_line(t, "/* the step's largest position picks the set, as transformers picks per call */");
+        cg_line(t, "__shared__ int largest_position;");
+        cg_line(t, "if (threadIdx.x == 0) largest_position = pos[0];");
+        cg_line(t, "__syncthreads();");
+        cg_line(t, "for (int j = threadIdx.x; j < tokens; j += THREADS) "
+                   "smelt_atomic_max_i32(&largest_position, pos[j]);");
+        cg_line(t, "__syncthreads();");
+        cg_line(t, "const float *inverse_frequency =");
+        cg_line(t, "    largest_position + 1 > ORIGINAL_MAX_POSITIONS ? LONG_INVERSE_FREQUENCY : "
+                   "INVERSE_FREQUENCY;");
+        table = "inverse_frequency";
+    }
     cg_line(t, "for (int i = threadIdx.x; i < HALF; i += THREADS) {");
-    cg_line(t, "float angle = position * INVERSE_FREQUENCY[i];");
-    cg_line(t, "cosines[i] = cosf(angle);");
-    cg_line(t, "sines[i] = sinf(angle);");
+    cg_line(t, "float angle = position * %s[i];", table);
+    cg_line(t, scaled_angles ? "cosines[i] = cosf(angle) * ATTENTION_FACTOR;" : "cosines[i] = cosf(angle);");
+    cg_line(t, scaled_angles ? "sines[i] = sinf(angle) * ATTENTION_FACTOR;" : "sines[i] = sinf(angle);");
     cg_line(t, "}");
     cg_line(t, "__syncthreads();");
     cg_line(t, "for (int j = threadIdx.x; j < HEADS * HALF; j += THREADS) {");

@@ -346,6 +346,31 @@ static void find_input_bounds(const lowering_state *s, ir_value_id ids) {
     }
 }
 
+/* A rope with dynamic NTK scaling has static frequencies only below its
+ * max_position_embeddings (ir/rope.h): a plan whose KV caches hold more
+ * positions than that is refused, rather than run with frequencies that
+ * transformers would have rescaled. */
+static bool check_dynamic_rope(const lowering_state *s) {
+    const ir_module *m = s->m;
+    int64_t positions = s->out->program.max_positions;
+    bool ok = true;
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *op = &m->ops[i];
+        if (op->dead || op->kind != IR_OP_ROPE || strcmp(ir_op_string(m, i, "scaling"), "dynamic") != 0)
+            continue;
+        int64_t static_positions = ir_op_int(m, i, "max_position_embeddings");
+        if (positions > static_positions) {
+            diag_error(s->d, op->loc,
+                       "rope: dynamic NTK scaling recomputes its frequencies past max_position_embeddings "
+                       "(%lld), but the KV caches hold %lld positions; smelt compiles dynamic only for "
+                       "contexts up to max_position_embeddings",
+                       (long long)static_positions, (long long)positions);
+            ok = false;
+        }
+    }
+    return ok;
+}
+
 /* The roles every backend shares (ir/interface.h): ids and pos of shape
  * [tokens], logits with a constant last dim, stored as f32. */
 static bool bind_interface(lowering_state *s) {
@@ -375,6 +400,7 @@ static bool bind_interface(lowering_state *s) {
     }
     p->vocab = (uint64_t)out->dims[out->rank - 1].size;
     find_input_bounds(s, ids);
+    if (!check_dynamic_rope(s)) return false;
     if (!value_ref(s, ids, &p->input_ids) || !value_ref(s, pos, &p->input_pos) ||
         !value_ref(s, logits, &p->logits)) {
         diag_error(s->d, m->ops[logits_op].loc, "the model interface has a value without a buffer");

@@ -42,6 +42,7 @@ typedef enum ast_expr_kind {
     AST_EXPR_FLOAT,
     AST_EXPR_BOOL,
     AST_EXPR_STRING, /* string literal */
+    AST_EXPR_NULL,   /* null: an object param's "none" */
     AST_EXPR_NAME,   /* reference to a param, loop variable, tensor or dim */
     AST_EXPR_UNARY,  /* -x, !x */
     AST_EXPR_BINARY, /* + - * / % == != < <= > >= && || */

@@ -245,9 +245,10 @@ static smelt_loc offset_loc(const fe_config *c, size_t at) {
     return (smelt_loc){c->file, line, col};
 }
 
-/* Where config_value(c, name) is in the file: line and column of its first
- * byte, or the whole file when it cannot be found. */
-static smelt_loc value_loc(const fe_config *c, const char *name) {
+/* Where config_value(c, name) is in the file — or, when `member` is not
+ * NULL, member `member` of that object: line and column of its first byte,
+ * or the whole file when it cannot be found. */
+static smelt_loc member_loc(const fe_config *c, const char *name, const char *member) {
     const char *t = c->text;
     size_t n = c->length, top = skip_space(t, n, 0);
     size_t at = member_offset(t, n, top, name);
@@ -255,7 +256,29 @@ static smelt_loc value_loc(const fe_config *c, const char *name) {
         size_t rope = member_offset(t, n, top, fe_config_nested_object);
         at = rope == SIZE_MAX ? SIZE_MAX : member_offset(t, n, rope, name);
     }
+    if (at != SIZE_MAX && member) at = member_offset(t, n, at, member);
     return offset_loc(c, at);
+}
+
+static smelt_loc value_loc(const fe_config *c, const char *name) { return member_loc(c, name, NULL); }
+
+smelt_loc fe_config_loc(const fe_config *c, const char *key, const char *member) {
+    if (!c->text) return SMELT_NO_LOC;
+    return member_loc(c, key, member);
+}
+
+fe_binding fe_config_lookup_object(const fe_config *c, const char *name, const struct json_t **out,
+                                   diag_engine *d) {
+    if (!c->root) return FE_BINDING_ABSENT;
+    json_t *v = config_value(c, name);
+    if (!v) return FE_BINDING_ABSENT;
+    if (!json_is_object(v)) {
+        diag_error(d, value_loc(c, name), "param '%.*s%s' is an object but the config gives %s",
+                   DIAG_NAME(name), json_kind_name(v));
+        return FE_BINDING_INVALID;
+    }
+    *out = v;
+    return FE_BINDING_FOUND;
 }
 
 bool fe_config_value_loc(const fe_config *c, const char *name, smelt_loc *loc) {
@@ -329,6 +352,7 @@ fe_binding fe_config_lookup(const fe_config *c, ir_param *param, arena *a, diag_
             return FE_BINDING_FOUND;
         }
         break;
+    case IR_PARAM_OBJECT: SMELT_DIE("object param '%s': use fe_config_lookup_object", param->name);
     }
     diag_error(d, value_loc(c, param->name), "param '%.*s%s' is %s but the config gives %s",
                DIAG_NAME(param->name), ir_param_type_name(param->type), json_kind_name(v));
@@ -374,6 +398,10 @@ fe_binding fe_setting_lookup(const fe_options *o, ir_param *param, arena *a, dia
         param->value.s = arena_strdup(a, text);
         ok = true;
         break;
+    case IR_PARAM_OBJECT:
+        diag_error(d, SMELT_NO_LOC, "--set %.*s%s=...: '%.*s%s' is an object param; give it in config.json",
+                   DIAG_NAME(param->name), DIAG_NAME(param->name));
+        return FE_BINDING_INVALID;
     }
     if (ok) return FE_BINDING_FOUND;
     static const char *const expected[] = {
@@ -381,6 +409,7 @@ fe_binding fe_setting_lookup(const fe_options *o, ir_param *param, arena *a, dia
         [IR_PARAM_FLOAT] = "a finite number",
         [IR_PARAM_BOOL] = "true or false",
         [IR_PARAM_STRING] = "text",
+        [IR_PARAM_OBJECT] = "a config.json object",
     };
     const char *article = param->type == IR_PARAM_INT ? "an" : "a";
     diag_error(d, SMELT_NO_LOC, "--set %.*s%s=%.*s%s: '%.*s%s' is %s %s param; expected %s",

@@ -89,6 +89,15 @@ bool fe_check_config_keys(const fe_config_key *keys, uint32_t count, const fe_co
 
 /* Why `key` with `value` is known not to change the computation, or NULL. */
 const char *fe_config_key_harmless(const char *key, const struct json_t *value);
+/* The object of config key `name` (top level, or in rope_parameters): FOUND
+ * with *out set (owned by the config), ABSENT when missing or null, INVALID
+ * (reported) when not an object. */
+fe_binding fe_config_lookup_object(const fe_config *c, const char *name, const struct json_t **out,
+                                   diag_engine *d);
+
+/* Where the value of config key `key` is in the file, or member `member`
+ * (not NULL) of that object; the whole file when not found. */
+smelt_loc fe_config_loc(const fe_config *c, const char *key, const char *member);
 
 /* Index of the last --set of `name` in o (a later --set wins), or -1. */
 int fe_options_find(const fe_options *o, const char *name);

@@ -76,6 +76,7 @@ static fe_binding eval_param_default(fe_elaborator *el, const ast_stmt *s, ir_pa
         if (v.kind != FE_VALUE_STRING) break;
         p->value.s = v.as.s;
         return FE_BINDING_FOUND;
+    case IR_PARAM_OBJECT: break; /* elaborate_object_param */
     }
     fe_error(el, e->loc, "param '%.*s%s' is %s but its default is %s", DIAG_NAME(p->name),
              ir_param_type_name(p->type), fe_value_kind_text(v.kind));
@@ -88,8 +89,46 @@ static fe_value param_value(const ir_param *p) {
     case IR_PARAM_FLOAT: return fe_float_value(p->value.f);
     case IR_PARAM_BOOL: return fe_bool_value(p->value.b);
     case IR_PARAM_STRING: return (fe_value){.kind = FE_VALUE_STRING, .as.s = p->value.s};
+    case IR_PARAM_OBJECT: break;
     }
     SMELT_DIE("param type %d", (int)p->type);
+}
+
+/* An object param (`param rope_scaling: object = null`): the config's
+ * object of that name, else its default — null or another object param. It
+ * is not recorded among the module's params: an op call that takes it
+ * (rope's `scaling`) spreads its members into attributes, which the IR
+ * shows. */
+static void elaborate_object_param(fe_elaborator *el, const ast_stmt *s) {
+    const char *name = s->as.param.name;
+    ir_param p = {.name = name, .type = IR_PARAM_OBJECT};
+    fe_value value = {.kind = FE_VALUE_NULL};
+    fe_binding found = fe_setting_lookup(el->options, &p, &el->scratch, el->diag);
+    if (found == FE_BINDING_ABSENT && el->config.broken) found = FE_BINDING_INVALID;
+    if (found == FE_BINDING_ABSENT) {
+        const struct json_t *json = NULL;
+        found = fe_config_lookup_object(&el->config, name, &json, el->diag);
+        if (found == FE_BINDING_FOUND) value = (fe_value){.kind = FE_VALUE_OBJECT, .as.object = {json, name}};
+    }
+    if (found == FE_BINDING_ABSENT && s->as.param.default_value) {
+        fe_value v = fe_eval_expr(el, s->as.param.default_value);
+        if (v.kind == FE_VALUE_NULL || v.kind == FE_VALUE_OBJECT) {
+            value = v;
+            found = FE_BINDING_FOUND;
+        } else {
+            if (v.kind != FE_VALUE_ERROR)
+                fe_error(el, s->as.param.default_value->loc,
+                         "param '%.*s%s' is an object but its default is %s; use null or an object param",
+                         DIAG_NAME(name), fe_value_kind_text(v.kind));
+            found = FE_BINDING_INVALID;
+        }
+    }
+    if (found == FE_BINDING_ABSENT) found = FE_BINDING_FOUND; /* null */
+    if (found != FE_BINDING_FOUND) {
+        el->failed = true;
+        value = fe_error_value();
+    }
+    bind(el, name, value, FE_ORIGIN_PARAM, s->loc);
 }
 
 static void elaborate_param(fe_elaborator *el, const ast_stmt *s, bool top_level) {
@@ -102,6 +141,10 @@ static void elaborate_param(fe_elaborator *el, const ast_stmt *s, bool top_level
         return;
     }
     if (!check_fresh_name(el, &el->names, "param", name, s->loc)) return;
+    if (s->as.param.type == IR_PARAM_OBJECT) {
+        elaborate_object_param(el, s);
+        return;
+    }
 
     ir_param p = {.name = name, .type = s->as.param.type};
     fe_binding found = fe_setting_lookup(el->options, &p, &el->scratch, el->diag);

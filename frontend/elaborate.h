@@ -35,6 +35,8 @@ typedef enum fe_value_kind {
     FE_VALUE_DIM,     /* a symbolic dim (`dim tokens <= 8192`) */
     FE_VALUE_LIST,    /* [a, b, c] */
     FE_VALUE_RESULTS, /* the results of a multi-result op, for `let a, b = split(...)` */
+    FE_VALUE_NULL,    /* null: an object param bound to nothing */
+    FE_VALUE_OBJECT,  /* a config.json object (an object param's value) */
 } fe_value_kind;
 
 typedef struct fe_value fe_value;
@@ -55,6 +57,10 @@ struct fe_value {
             uint32_t op; /* the op whose results these are */
             uint32_t count;
         } results;
+        struct {
+            const struct json_t *json; /* owned by the elaborator's config */
+            const char *key;           /* the config key it is the value of, for locations */
+        } object;
     } as;
 };
 

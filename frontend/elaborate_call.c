@@ -7,6 +7,9 @@
  */
 #include "elaborate.h"
 
+#include <jansson.h>
+#include <math.h>
+
 #include <stdio.h>
 #include <string.h>
 
@@ -164,12 +167,153 @@ static bool convert_attr(fe_elaborator *el, arena *temp, const char *op, const i
     case IR_ATTR_SHAPE:
         if (v->kind != FE_VALUE_LIST) break;
         return convert_list(el, temp, op, s, arg, v, out);
+    case IR_ATTR_FLOATS: {
+        if (v->kind != FE_VALUE_LIST) break;
+        uint32_t count = v->as.list.count;
+        double *items = arena_array(temp, count ? count : 1, sizeof *items);
+        for (uint32_t i = 0; i < count; i++) {
+            const fe_value *item = &v->as.list.items[i];
+            if (item->kind != FE_VALUE_INT && item->kind != FE_VALUE_FLOAT) {
+                fe_error(el, arg->loc, "%s: attribute '%s' entry %u must be a number, found %s", op, s->name,
+                         i + 1, fe_value_kind_text(item->kind));
+                return false;
+            }
+            items[i] = item->kind == FE_VALUE_INT ? (double)item->as.i : item->as.f;
+        }
+        out->as.floats.count = count;
+        out->as.floats.items = items;
+        return true;
+    }
     default: SMELT_DIE("attribute '%s' of kind %d", s->name, (int)s->kind);
     }
     out->kind = IR_ATTR_NONE;
     fe_error(el, arg->loc, "%s: attribute '%s' must be %s, found %s", op, s->name, attr_expectation(s->kind),
              fe_value_kind_text(v->kind));
     return false;
+}
+
+/* ---- rope's scaling object ------------------------------------------------
+ *
+ * rope(x, pos, theta = rope_theta, scaling = rope_scaling): an object param
+ * bound from config.json (Hugging Face's rope_scaling, or transformers 5's
+ * rope_parameters) given for `scaling` spreads its members into the op's
+ * attributes, which are named after them: rope_type (or the older `type`)
+ * gives `scaling`, rope_theta gives `theta`, and factor, low_freq_factor, ...
+ * give the attributes of those names. An attribute the call names itself
+ * wins over the member. A member smelt's rope does not take, or a rope_type
+ * it does not implement, is an error at the member in config.json: a
+ * scaling left out would be a silent wrong answer. */
+
+static const struct {
+    const char *member; /* as config.json spells it */
+    const char *attr;   /* rope's attribute */
+} rope_members[] = {
+    {"rope_type", "scaling"},
+    {"type", "scaling"},
+    {"rope_theta", "theta"},
+    {"partial_rotary_factor", "partial_rotary_factor"},
+    {"factor", "factor"},
+    {"low_freq_factor", "low_freq_factor"},
+    {"high_freq_factor", "high_freq_factor"},
+    {"original_max_position_embeddings", "original_max_position_embeddings"},
+    {"attention_factor", "attention_factor"},
+    {"beta_fast", "beta_fast"},
+    {"beta_slow", "beta_slow"},
+    {"mscale", "mscale"},
+    {"mscale_all_dim", "mscale_all_dim"},
+    {"truncate", "truncate"},
+    {"short_factor", "short_factor"},
+    {"long_factor", "long_factor"},
+};
+
+/* Converts member `value` (at `loc`) to attribute `s`; reports what does not fit. */
+static bool convert_member(fe_elaborator *el, arena *temp, const char *key, const char *member,
+                           const ir_attr_schema *s, const json_t *value, smelt_loc loc, ir_attr *out) {
+    out->kind = s->kind;
+    switch (s->kind) {
+    case IR_ATTR_STRING:
+        if (!json_is_string(value)) break;
+        out->as.s = arena_strndup(temp, json_string_value(value), json_string_length(value));
+        if (s->choices && !is_choice(out->as.s, s->choices)) {
+            fe_error(el, loc,
+                     "%.*s%s: %s '%.*s%s' is not a RoPE variant smelt implements; it implements "
+                     "default, linear, dynamic, llama3, yarn and longrope",
+                     DIAG_NAME(key), member, DIAG_NAME(out->as.s));
+            return false;
+        }
+        return true;
+    case IR_ATTR_FLOAT:
+        if (!json_is_number(value)) break;
+        out->as.f = json_number_value(value);
+        return true;
+    case IR_ATTR_INT:
+        if (json_is_integer(value)) {
+            out->as.i = (int64_t)json_integer_value(value);
+            return true;
+        }
+        if (json_is_real(value) && json_real_value(value) == floor(json_real_value(value)) &&
+            fabs(json_real_value(value)) < 9007199254740992.0) {
+            out->as.i = (int64_t)json_real_value(value);
+            return true;
+        }
+        break;
+    case IR_ATTR_BOOL:
+        if (!json_is_boolean(value)) break;
+        out->as.b = json_is_true(value);
+        return true;
+    case IR_ATTR_FLOATS: {
+        if (!json_is_array(value)) break;
+        size_t count = json_array_size(value);
+        if (count > UINT32_MAX) break;
+        double *items = arena_array(temp, count ? count : 1, sizeof *items);
+        for (size_t i = 0; i < count; i++) {
+            const json_t *item = json_array_get(value, i);
+            if (!json_is_number(item)) {
+                fe_error(el, loc, "%.*s%s: entry %zu of '%s' must be a number", DIAG_NAME(key), i + 1,
+                         member);
+                return false;
+            }
+            items[i] = json_number_value(item);
+        }
+        out->as.floats.count = (uint32_t)count;
+        out->as.floats.items = items;
+        return true;
+    }
+    default: break;
+    }
+    out->kind = IR_ATTR_NONE;
+    fe_error(el, loc, "%.*s%s: '%s' must be %s", DIAG_NAME(key), member, attr_expectation(s->kind));
+    return false;
+}
+
+/* Spreads `object` into the attributes the call did not name. */
+static bool spread_rope_object(fe_elaborator *el, arena *temp, const ir_op_info *info, const fe_value *object,
+                               ir_attr *attrs, const ast_arg **attr_args) {
+    const char *key = object->as.object.key;
+    const char *member;
+    json_t *value;
+    bool ok = true;
+    json_object_foreach((json_t *)object->as.object.json, member, value) {
+        smelt_loc loc = fe_config_loc(&el->config, key, member);
+        const char *attr = NULL;
+        for (size_t i = 0; i < sizeof rope_members / sizeof rope_members[0] && !attr; i++)
+            if (strcmp(member, rope_members[i].member) == 0) attr = rope_members[i].attr;
+        if (!attr) {
+            fe_error(el, loc,
+                     "%.*s%s: smelt's rope does not take '%.*s%s'; it takes rope_type, rope_theta, "
+                     "partial_rotary_factor, factor, low_freq_factor, high_freq_factor, "
+                     "original_max_position_embeddings, attention_factor, beta_fast, beta_slow, mscale, "
+                     "mscale_all_dim, truncate, short_factor and long_factor",
+                     DIAG_NAME(key), DIAG_NAME(member));
+            ok = false;
+            continue;
+        }
+        int slot = ir_attr_slot(info->kind, attr);
+        if (slot < 0) SMELT_DIE("rope has no attribute '%s'", attr);
+        if (json_is_null(value) || attr_args[slot]) continue; /* absent, or named by the call */
+        ok &= convert_member(el, temp, key, member, &info->attrs[slot], value, loc, &attrs[slot]);
+    }
+    return ok;
 }
 
 /* "eps, theta" for messages about unknown attributes. */
@@ -252,6 +396,7 @@ static fe_value build_op(fe_elaborator *el, const ast_expr *call, const ir_op_in
     ir_attr *attrs = arena_array(temp, info->attr_count ? info->attr_count : 1, sizeof *attrs);
     const ast_arg **attr_args = arena_array(temp, info->attr_count ? info->attr_count : 1, sizeof *attr_args);
     bool poisoned = false, bad = false;
+    const fe_value *scaling_object = NULL; /* rope's `scaling = <object param>` */
     uint32_t operand_count = 0;
     for (uint32_t i = 0; i < arg_count; i++) {
         values[i] = fe_eval_expr(el, call->as.call.args[i].value);
@@ -285,14 +430,23 @@ static fe_value build_op(fe_elaborator *el, const ast_expr *call, const ir_op_in
             fe_error(el, arg->loc, "%s: attribute '%s' is given twice", info->name, info->attrs[slot].name);
             fe_note(el, attr_args[slot]->loc, "'%s' was first given here", info->attrs[slot].name);
             bad = true;
+        } else if (info->kind == IR_OP_ROPE && strcmp(arg->keyword, "scaling") == 0 &&
+                   (values[i].kind == FE_VALUE_OBJECT || values[i].kind == FE_VALUE_NULL)) {
+            if (scaling_object) {
+                fe_error(el, arg->loc, "%s: attribute 'scaling' is given twice", info->name);
+                bad = true;
+            }
+            scaling_object = &values[i]; /* spread below, after the attributes the call names */
         } else {
             attr_args[slot] = arg;
             if (values[i].kind != FE_VALUE_ERROR)
                 bad |= !convert_attr(el, temp, info->name, &info->attrs[slot], arg, &values[i], &attrs[slot]);
         }
     }
+    if (scaling_object && scaling_object->kind == FE_VALUE_OBJECT)
+        bad |= !spread_rope_object(el, temp, info, scaling_object, attrs, attr_args);
     for (uint32_t slot = 0; slot < info->attr_count; slot++) {
-        if (!attr_args[slot] && !info->attrs[slot].default_text) {
+        if (!attr_args[slot] && attrs[slot].kind == IR_ATTR_NONE && !info->attrs[slot].default_text) {
             fe_error(el, call->loc, "%s: missing attribute '%s'", info->name, info->attrs[slot].name);
             bad = true;
         }

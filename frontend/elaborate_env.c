@@ -17,6 +17,8 @@ const char *fe_value_kind_text(fe_value_kind kind) {
     case FE_VALUE_DIM: return "a symbolic dim";
     case FE_VALUE_LIST: return "a list";
     case FE_VALUE_RESULTS: return "several results";
+    case FE_VALUE_NULL: return "null";
+    case FE_VALUE_OBJECT: return "an object";
     }
     return "a value";
 }

@@ -276,6 +276,7 @@ fe_value fe_eval_expr(fe_elaborator *el, const ast_expr *e) {
     case AST_EXPR_INT: v = fe_int_value(e->as.i); break;
     case AST_EXPR_FLOAT: v = fe_float_value(e->as.f); break;
     case AST_EXPR_BOOL: v = fe_bool_value(e->as.b); break;
+    case AST_EXPR_NULL: v = (fe_value){.kind = FE_VALUE_NULL}; break;
     case AST_EXPR_STRING: v = (fe_value){.kind = FE_VALUE_STRING, .as.s = e->as.s}; break;
     case AST_EXPR_NAME: v = eval_name(el, e); break;
     case AST_EXPR_UNARY: v = eval_unary(el, e); break;

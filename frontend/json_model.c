@@ -543,19 +543,20 @@ static bool read_param(json_reader *r, const json_path *at, json_t *v, const stm
     json_t *type = member(r, at, v, "type", true, s->what);
     if (type) {
         bool known = false;
-        for (int t = IR_PARAM_INT; t <= IR_PARAM_STRING && !known; t++) {
+        for (int t = IR_PARAM_INT; t <= IR_PARAM_OBJECT && !known; t++) {
             known = json_is_string(type) &&
                     strcmp(json_string_value(type), ir_param_type_name((ir_param_type)t)) == 0;
             if (known) stmt->as.param.type = (ir_param_type)t;
         }
         if (!known && json_is_string(type)) {
             name_buffer name;
-            report(r, AT_KEY(at, "type"),
-                   "unknown param type '%s' (expected \"int\", \"float\", \"bool\" or \"string\")",
-                   printable(json_string_value(type), name));
+            report(
+                r, AT_KEY(at, "type"),
+                "unknown param type '%s' (expected \"int\", \"float\", \"bool\", \"string\" or \"object\")",
+                printable(json_string_value(type), name));
         } else if (!known) {
             report(r, AT_KEY(at, "type"),
-                   "expected a param type (\"int\", \"float\", \"bool\" or \"string\"), found %s",
+                   "expected a param type (\"int\", \"float\", \"bool\", \"string\" or \"object\"), found %s",
                    json_kind(type));
         }
         ok = ok && known;
@@ -563,7 +564,9 @@ static bool read_param(json_reader *r, const json_path *at, json_t *v, const stm
         ok = false;
     }
     json_t *value = json_object_get(v, "default");
-    if (value) {
+    if (value && json_is_null(value)) { /* an object param's default; null is no other expression */
+        stmt->as.param.default_value = new_expr(r, AST_EXPR_NULL, stmt->loc);
+    } else if (value) {
         stmt->as.param.default_value = read_expr(r, AT_KEY(at, "default"), value, stmt->loc, depth + 1);
         ok = ok && stmt->as.param.default_value;
     }

@@ -221,6 +221,7 @@ static ast_type type_of(fe_parse_state *st, const char *dtype, fe_location dtype
 %token LET "'let'" FOR "'for'" IN "'in'" IF "'if'" ELSE "'else'" OUTPUT "'output'"
 %token STACKED "'stacked'" TRUE "'true'" FALSE "'false'" REQUIRE "'require'" IGNORE "'ignore'"
 %token TYPE_INT "'int'" TYPE_FLOAT "'float'" TYPE_BOOL "'bool'" TYPE_STRING "'string'"
+%token TYPE_OBJECT "'object'" NULL_VALUE "'null'"
 %token DOTDOT "'..'" LE "'<='" GE "'>='" EQ "'=='" NE "'!='" AND "'&&'" OR "'||'"
 %token NEWLINE "end of line"
 %token <text> NAME "name"
@@ -445,12 +446,13 @@ if_chain
     }
     ;
 
-/* param-type := "int" | "float" | "bool" | "string" */
+/* param-type := "int" | "float" | "bool" | "string" | "object" */
 param_type
     : TYPE_INT     { $$ = IR_PARAM_INT; }
     | TYPE_FLOAT   { $$ = IR_PARAM_FLOAT; }
     | TYPE_BOOL    { $$ = IR_PARAM_BOOL; }
     | TYPE_STRING  { $$ = IR_PARAM_STRING; }
+    | TYPE_OBJECT  { $$ = IR_PARAM_OBJECT; }
     ;
 
 /* type := [ NAME ] "[" [ expr { "," expr } [ "," ] ] "]"
@@ -518,7 +520,7 @@ prefix_ops
     }
     ;
 
-/* primary := INT | FLOAT | STRING | "true" | "false" | NAME
+/* primary := INT | FLOAT | STRING | "true" | "false" | "null" | NAME
  *          | NAME "(" [ arg { "," arg } [ "," ] ] ")"
  *          | "(" expr ")"
  *          | "[" [ expr { "," expr } [ "," ] ] "]" */
@@ -528,6 +530,7 @@ primary
     | STRING                     { $$ = leaf(state, AST_EXPR_STRING, @1); $$.node->as.s = $1; }
     | TRUE                       { $$ = leaf(state, AST_EXPR_BOOL, @1); $$.node->as.b = true; }
     | FALSE                      { $$ = leaf(state, AST_EXPR_BOOL, @1); $$.node->as.b = false; }
+    | NULL_VALUE                 { $$ = leaf(state, AST_EXPR_NULL, @1); }
     | NAME                       { $$ = leaf(state, AST_EXPR_NAME, @1); $$.node->as.s = $1; }
     | NAME '(' args_opt ')' {
         ast_expr *e = new_expr(state, AST_EXPR_CALL, @1);
@@ -665,7 +668,7 @@ const char *fe_token_name(int kind) { return yysymbol_name(YYTRANSLATE(kind)); }
 static bool starts_expression(yysymbol_kind_t s) {
     switch (s) {
     case YYSYMBOL_INT: case YYSYMBOL_FLOAT: case YYSYMBOL_STRING: case YYSYMBOL_TRUE:
-    case YYSYMBOL_FALSE: case YYSYMBOL_NAME:
+    case YYSYMBOL_FALSE: case YYSYMBOL_NULL_VALUE: case YYSYMBOL_NAME:
         return true;
     default:
         return s == YYTRANSLATE('(') || s == YYTRANSLATE('[') || s == YYTRANSLATE('-') ||

@@ -70,7 +70,16 @@ typedef struct ir_symbol {
 
 /* ---- params (the bound model parameters, kept for readers of the IR) --- */
 
-typedef enum ir_param_type { IR_PARAM_INT, IR_PARAM_FLOAT, IR_PARAM_BOOL, IR_PARAM_STRING } ir_param_type;
+/* IR_PARAM_OBJECT is a frontend-only type: an object param (a config.json
+ * object such as rope_scaling) is spread into op attributes by the
+ * elaborator and not kept among the module's params. */
+typedef enum ir_param_type {
+    IR_PARAM_INT,
+    IR_PARAM_FLOAT,
+    IR_PARAM_BOOL,
+    IR_PARAM_STRING,
+    IR_PARAM_OBJECT,
+} ir_param_type;
 
 typedef struct ir_param {
     const char *name;
@@ -95,6 +104,7 @@ typedef enum ir_attr_kind {
     IR_ATTR_STRING,
     IR_ATTR_INTS,
     IR_ATTR_SHAPE,
+    IR_ATTR_FLOATS,
 } ir_attr_kind;
 
 const char *ir_attr_kind_name(ir_attr_kind k);
@@ -114,6 +124,10 @@ typedef struct ir_attr {
             uint32_t count;
             ir_dim *items;
         } shape;
+        struct {
+            uint32_t count;
+            double *items;
+        } floats;
     } as;
 } ir_attr;
 

@@ -152,6 +152,10 @@ static ir_attr copy_attr(ir_module *m, const ir_attr *a) {
         c.as.shape.items = arena_grow(&m->arena, a->as.shape.items, a->as.shape.count,
                                       a->as.shape.count ? a->as.shape.count : 1, sizeof(ir_dim));
         break;
+    case IR_ATTR_FLOATS:
+        c.as.floats.items = arena_grow(&m->arena, a->as.floats.items, a->as.floats.count,
+                                       a->as.floats.count ? a->as.floats.count : 1, sizeof(double));
+        break;
     default: break;
     }
     return c;
@@ -198,7 +202,8 @@ const char *ir_op_string(const ir_module *m, uint32_t op, const char *name) {
     return required_attr(m, op, name, IR_ATTR_STRING)->as.s;
 }
 
-/* Defaults in ops.def are C-literal text: 0, -1, true, "neox". */
+/* Defaults in ops.def are C-literal text: 0, -1, true, "neox"; a float
+ * list's only default is the empty list, [] (items stay NULL). */
 static ir_attr parse_default(const ir_attr_schema *s) {
     ir_attr a = {.kind = s->kind};
     const char *t = s->default_text;
@@ -207,6 +212,9 @@ static ir_attr parse_default(const ir_attr_schema *s) {
     case IR_ATTR_FLOAT: a.as.f = strtod(t, NULL); break;
     case IR_ATTR_BOOL: a.as.b = strcmp(t, "true") == 0; break;
     case IR_ATTR_STRING: a.as.s = t; break; /* quotes stripped by the caller */
+    case IR_ATTR_FLOATS:
+        if (strcmp(t, "[]") != 0) SMELT_DIE("attribute '%s': a float list's default must be []", s->name);
+        break;
     default:
         SMELT_DIE("attribute '%s' of kind %s cannot have a default", s->name, ir_attr_kind_name(s->kind));
     }

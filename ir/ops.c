@@ -44,11 +44,12 @@ int ir_attr_slot(ir_op_kind kind, const char *name) {
 }
 
 const char *ir_attr_kind_name(ir_attr_kind k) {
-    static const char *const names[] = {"none", "int", "float", "bool", "string", "int list", "shape"};
+    static const char *const names[] = {"none",   "int",      "float", "bool",
+                                        "string", "int list", "shape", "float list"};
     return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
 }
 
 const char *ir_param_type_name(ir_param_type t) {
-    static const char *const names[] = {"int", "float", "bool", "string"};
+    static const char *const names[] = {"int", "float", "bool", "string", "object"};
     return (unsigned)t < sizeof names / sizeof names[0] ? names[t] : "?";
 }

@@ -81,7 +81,7 @@ static name_entry *name_table_add(name_table *t, const char *name, size_t length
 
 /* ---- parser state and error helpers ------------------------------------- */
 
-enum { PARSER_MAX_ATTRS = 16 }; /* more than any op's schema has */
+enum { PARSER_MAX_ATTRS = 32 }; /* more than any op's schema has */
 
 /* Value table entries for names without a value: one being defined on the
  * current line (a use of it is a use before definition), and one whose
@@ -109,6 +109,8 @@ typedef struct parser {
     ir_attr attrs[PARSER_MAX_ATTRS];
     int64_t *ints; /* INTS attribute being read (malloc'd, grows) */
     size_t ints_capacity;
+    double *floats; /* FLOATS attribute being read (malloc'd, grows) */
+    size_t floats_capacity;
 } parser;
 
 #define PARSE_ERROR(p, loc, ...)                                                                             \
@@ -335,6 +337,7 @@ static const char *kind_with_article(ir_attr_kind kind) {
     case IR_ATTR_STRING: return "a string";
     case IR_ATTR_INTS: return "a list of ints";
     case IR_ATTR_SHAPE: return "a shape";
+    case IR_ATTR_FLOATS: return "a list of floats";
     default: return "nothing";
     }
 }
@@ -392,6 +395,34 @@ static bool parse_ints(parser *p, ir_attr *out) {
     return true;
 }
 
+/* '[' already read: float { ',' float } ']' (or ']'), into the module's arena. */
+static bool parse_floats(parser *p, ir_attr *out) {
+    size_t count = 0;
+    if (!accept(p, IR_TOKEN_RBRACKET)) {
+        for (;;) {
+            if (count == p->floats_capacity) {
+                size_t capacity = p->floats_capacity ? 2 * p->floats_capacity : 16;
+                if (capacity > UINT32_MAX) {
+                    PARSE_ERROR(p, p->token.loc, "list has too many entries");
+                    return false;
+                }
+                double *grown = realloc(p->floats, capacity * sizeof *grown);
+                if (!grown) arena_out_of_memory(); /* ir_parse_text frees p->floats */
+                p->floats = grown;
+                p->floats_capacity = capacity;
+            }
+            if (!parse_float(p, &p->floats[count], "a float")) return false;
+            count++;
+            if (!accept(p, IR_TOKEN_COMMA)) break;
+        }
+        if (!expect(p, IR_TOKEN_RBRACKET, "',' or ']'")) return false;
+    }
+    out->as.floats.count = (uint32_t)count;
+    out->as.floats.items = arena_array(&p->m->arena, count ? count : 1, sizeof(double));
+    if (count) memcpy(out->as.floats.items, p->floats, count * sizeof(double));
+    return true;
+}
+
 static bool parse_shape(parser *p, ir_attr *out) {
     ir_dim dims[IR_MAX_DIMS];
     uint32_t count = 0;
@@ -434,6 +465,7 @@ static bool parse_attr_value(parser *p, const ir_op_info *info, const ir_attr_sc
     case IR_ATTR_STRING: return parse_string(p, &value->as.s, &p->m->arena);
     case IR_ATTR_INTS: advance(p); return parse_ints(p, value);
     case IR_ATTR_SHAPE: advance(p); return parse_shape(p, value);
+    case IR_ATTR_FLOATS: advance(p); return parse_floats(p, value);
     default: SMELT_DIE("attribute '%s' of '%s' has kind %d", s->name, info->name, (int)s->kind);
     }
 }
@@ -779,6 +811,7 @@ static void parse_param(parser *p) {
     case IR_PARAM_FLOAT: ok = parse_float(p, &value.value.f, "a float"); break;
     case IR_PARAM_BOOL: ok = parse_bool(p, &value.value.b); break;
     case IR_PARAM_STRING: ok = parse_string(p, &value.value.s, &p->m->arena); break;
+    case IR_PARAM_OBJECT: SMELT_DIE("the text IR has no object params");
     }
     if (!ok) return;
     ir_param *param = ir_add_param(p->m, name, value.type);
@@ -951,6 +984,7 @@ bool ir_parse_text(const char *path, const char *text, size_t length, diag_engin
     free(p->symbols.slots);
     free(p->params.slots);
     free(p->ints);
+    free(p->floats);
     arena_free(&p->scratch);
     free(p);
     if (!ok) ir_module_free(out);

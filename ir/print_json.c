@@ -137,6 +137,7 @@ static bool attr_is_default(const ir_attr_schema *s, const ir_attr *a) {
         size_t n = strlen(t);
         return n >= 2 && strlen(a->as.s) == n - 2 && memcmp(a->as.s, t + 1, n - 2) == 0;
     }
+    case IR_ATTR_FLOATS: return a->as.floats.count == 0; /* the only default is [] */
     default: return false;
     }
 }
@@ -162,6 +163,14 @@ static void write_attr(FILE *out, const ir_module *m, const ir_attr *a) {
         for (uint32_t i = 0; i < a->as.shape.count; i++) {
             if (i) fputs(", ", out);
             write_dim(out, m, a->as.shape.items[i]);
+        }
+        fputc(']', out);
+        break;
+    case IR_ATTR_FLOATS:
+        fputc('[', out);
+        for (uint32_t i = 0; i < a->as.floats.count; i++) {
+            if (i) fputs(", ", out);
+            write_float(out, a->as.floats.items[i]);
         }
         fputc(']', out);
         break;
@@ -226,6 +235,7 @@ static void write_param(FILE *out, const ir_param *param) {
     case IR_PARAM_INT: fprintf(out, "%" PRId64, param->value.i); break;
     case IR_PARAM_FLOAT: write_float(out, param->value.f); break;
     case IR_PARAM_BOOL: fputs(param->value.b ? "true" : "false", out); break;
+    case IR_PARAM_OBJECT: fputs("null", out); break; /* never in a module (ir.h) */
     case IR_PARAM_STRING:
         fputs("{\"str\": ", out);
         write_string(out, param->value.s ? param->value.s : "");

@@ -156,6 +156,14 @@ static void print_attr_value(const ir_module *m, const ir_attr *a, FILE *out) {
         }
         fputc(']', out);
         break;
+    case IR_ATTR_FLOATS:
+        fputc('[', out);
+        for (uint32_t i = 0; i < a->as.floats.count; i++) {
+            if (i) fputs(", ", out);
+            fputs(ir_format_float(a->as.floats.items[i], number, sizeof number), out);
+        }
+        fputc(']', out);
+        break;
     }
 }
 
@@ -174,6 +182,7 @@ static bool is_schema_default(const ir_attr_schema *s, const ir_attr *a) {
         size_t inner = n >= 2 ? n - 2 : 0;
         return a->as.s && strlen(a->as.s) == inner && memcmp(a->as.s, t + 1, inner) == 0;
     }
+    case IR_ATTR_FLOATS: return a->as.floats.count == 0; /* the only default is [] */
     default: return false;
     }
     return ir_attr_equal(a, &def);
@@ -269,6 +278,7 @@ static void print_param(const ir_param *p, FILE *out) {
     case IR_PARAM_FLOAT: fputs(ir_format_float(p->value.f, number, sizeof number), out); break;
     case IR_PARAM_BOOL: fputs(p->value.b ? "true" : "false", out); break;
     case IR_PARAM_STRING: print_string(out, p->value.s); break;
+    case IR_PARAM_OBJECT: fputs("null", out); break; /* never in a module (ir.h) */
     }
     fputc('\n', out);
 }

@@ -12,6 +12,7 @@
  * bad op is reported at its location as "<op>: <what is wrong>".
  */
 #include "ir.h"
+#include "rope.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -22,6 +23,7 @@
 typedef struct rule_ctx {
     const ir_module *m;
     const ir_op *op;
+    uint32_t op_index; /* op == &m->ops[op_index] */
     const ir_op_info *info;
     diag_engine *d;
     ir_attr default_attr;  /* an absent attribute's schema default */
@@ -71,7 +73,8 @@ static const ir_attr *attr_of_kind(rule_ctx *c, const char *name, ir_attr_kind k
         case IR_ATTR_INT: def->as.i = strtoll(s->default_text, NULL, 10); break;
         case IR_ATTR_FLOAT: def->as.f = strtod(s->default_text, NULL); break;
         case IR_ATTR_BOOL: def->as.b = strcmp(s->default_text, "true") == 0; break;
-        case IR_ATTR_STRING: { /* "\"neox\"" -> neox */
+        case IR_ATTR_FLOATS: break; /* [] */
+        case IR_ATTR_STRING: {      /* "\"neox\"" -> neox */
             size_t n = strlen(s->default_text);
             n = n >= 2 ? n - 2 : 0;
             if (n >= sizeof c->default_text) n = sizeof c->default_text - 1;
@@ -91,7 +94,8 @@ static const ir_attr *attr_of_kind(rule_ctx *c, const char *name, ir_attr_kind k
     }
     if ((kind == IR_ATTR_STRING && !a->as.s) ||
         (kind == IR_ATTR_INTS && a->as.ints.count && !a->as.ints.items) ||
-        (kind == IR_ATTR_SHAPE && a->as.shape.count && !a->as.shape.items)) {
+        (kind == IR_ATTR_SHAPE && a->as.shape.count && !a->as.shape.items) ||
+        (kind == IR_ATTR_FLOATS && a->as.floats.count && !a->as.floats.items)) {
         rule_fail(c, "attribute '%s' has no value", name);
         return NULL;
     }
@@ -337,7 +341,8 @@ static bool infer_rms_norm(rule_ctx *c, ir_type *out) { return norm(c, out); }
 
 static bool infer_layer_norm(rule_ctx *c, ir_type *out) { return norm(c, out); }
 
-/* rope(x[T, H, Dh], pos[T]) -> x; rotary_dim 0 means Dh. */
+/* rope(x[T, H, Dh], pos[T]) -> x; the rotated dims and the scaling
+ * parameters are checked by ir/rope.c, which computes the frequencies. */
 static bool infer_rope(rule_ctx *c, ir_type *out) {
     const ir_type *x = operand(c, 0), *pos = operand(c, 1);
     double theta;
@@ -351,7 +356,9 @@ static bool infer_rope(rule_ctx *c, ir_type *out) {
     if (rotary_dim < 0 || rotary_dim % 2 || rotary_dim > head_dim)
         return rule_fail(c, "rotary_dim must be 0 or even and at most the head dim %lld, found %lld",
                          (long long)head_dim, (long long)rotary_dim);
-    if (!(theta > 0)) return rule_fail(c, "theta must be > 0, found %g", theta);
+    char why[256];
+    ir_rope_params params = ir_rope_params_of(c->m, c->op_index, head_dim);
+    if (!ir_rope_params_check(&params, head_dim, why, sizeof why)) return rule_fail(c, "%s", why);
     *out = *x;
     return true;
 }
@@ -694,7 +701,7 @@ bool ir_infer_op_types(const ir_module *m, uint32_t op, ir_type *out, diag_engin
         diag_error(d, o->loc, "op %u has no valid kind (%d)", op, (int)o->kind);
         return false;
     }
-    rule_ctx c = {.m = m, .op = o, .info = ir_op_info_of(o->kind), .d = d};
+    rule_ctx c = {.m = m, .op = o, .op_index = op, .info = ir_op_info_of(o->kind), .d = d};
     if (!check_structure(&c)) return false;
     for (uint32_t i = 0; i < o->result_count; i++)
         memset(&out[i], 0, sizeof out[i]);

@@ -72,6 +72,11 @@ bool ir_attr_equal(const ir_attr *a, const ir_attr *b) {
         for (uint32_t i = 0; i < a->as.ints.count; i++)
             if (a->as.ints.items[i] != b->as.ints.items[i]) return false;
         return true;
+    case IR_ATTR_FLOATS:
+        if (a->as.floats.count != b->as.floats.count) return false;
+        for (uint32_t i = 0; i < a->as.floats.count; i++)
+            if (memcmp(&a->as.floats.items[i], &b->as.floats.items[i], sizeof(double)) != 0) return false;
+        return true;
     case IR_ATTR_SHAPE:
         if (a->as.shape.count != b->as.shape.count) return false;
         for (uint32_t i = 0; i < a->as.shape.count; i++)

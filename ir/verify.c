@@ -103,6 +103,9 @@ static bool check_attribute(verifier *v, const ir_op *op, const ir_attr_schema *
     case IR_ATTR_INTS:
         if (a->as.ints.count && !a->as.ints.items) break;
         return true;
+    case IR_ATTR_FLOATS:
+        if (a->as.floats.count && !a->as.floats.items) break;
+        return true;
     case IR_ATTR_SHAPE: {
         if (a->as.shape.count && !a->as.shape.items) break;
         if (a->as.shape.count > IR_MAX_DIMS) {

@@ -234,6 +234,13 @@ static uint64_t hash_attr(uint64_t h, const ir_attr *a) {
         for (uint32_t i = 0; i < a->as.shape.count; i++)
             h = mix_dim(h, a->as.shape.items[i]);
         return h;
+    case IR_ATTR_FLOATS:
+        for (uint32_t i = 0; i < a->as.floats.count; i++) {
+            uint64_t bits;
+            memcpy(&bits, &a->as.floats.items[i], sizeof bits);
+            h = mix(h, bits);
+        }
+        return h;
     default: return h;
     }
 }

@@ -97,9 +97,8 @@ static ref_attrs read_attrs(const ir_module *m, uint32_t op) {
         break;
     case IR_OP_LAYER_NORM: a.eps = attr_float(m, op, "eps"); break;
     case IR_OP_ROPE:
-        a.theta = attr_float(m, op, "theta");
+        a.rope = ir_rope_params_of(m, op, m->values[o->operands[0]].type.dims[2].size);
         a.interleaved = attr_string_is(m, op, "style", "interleaved");
-        a.rotary_dim = attr_int(m, op, "rotary_dim");
         break;
     case IR_OP_ATTENTION:
         a.scale = attr_float(m, op, "scale");

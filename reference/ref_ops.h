@@ -14,6 +14,7 @@
 
 #include "diag.h"
 #include "ir.h"
+#include "rope.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -39,9 +40,8 @@ typedef struct ref_attrs {
     bool in_out;         /* matmul: w is [K, N] rather than [N, K] */
     double eps;          /* rms_norm, layer_norm */
     double offset;       /* rms_norm: added to the weight (Gemma: 1) */
-    double theta;        /* rope: base of the frequencies */
+    ir_rope_params rope; /* rope: frequencies and rotated dims (ir/rope.h) */
     bool interleaved;    /* rope: GPT-J pairs (2i, 2i+1), else neox (i, i + r/2) */
-    int64_t rotary_dim;  /* rope: rotated dims r; 0 = the whole head */
     double scale;        /* attention: multiplies q.k */
     bool causal;         /* attention */
     int64_t window;      /* attention: > 0 keeps positions p > pos - window */

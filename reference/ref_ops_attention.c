@@ -12,33 +12,54 @@
 
 /* ---- rope ------------------------------------------------------------------------- */
 
-/* rope(x[T, H, Dh], pos[T]) -> x, rotating r = rotary_dim (0: Dh) dims.
- * inv_freq[i] = theta^(-2i / r) for i < r/2, angle = pos * inv_freq[i].
- * neox (Llama's rotate_half) pairs x[i] with x[i + r/2]; interleaved (GPT-J)
- * pairs x[2i] with x[2i + 1]; dims >= r pass through.
+/* rope(x[T, H, Dh], pos[T]) -> x, rotating the first r dims of each head
+ * (r from rotary_dim or partial_rotary_factor). The frequencies inv_freq[r/2]
+ * come from ir/rope.c (theta^(-2i / r), or a scaled variant), angle = pos *
+ * inv_freq[i], and cos and sin are multiplied by the variant's attention
+ * factor. longrope takes its long set in a call whose largest position + 1
+ * exceeds original_max_position_embeddings, as transformers does per forward
+ * call; dynamic runs only below max_position_embeddings, where its
+ * frequencies are static. neox (Llama's rotate_half) pairs x[i] with
+ * x[i + r/2]; interleaved (GPT-J) pairs x[2i] with x[2i + 1]; dims >= r pass
+ * through.
  *
  * Precision: like Hugging Face, inv_freq, the angle and its cos/sin are
- * computed in float32 (1 / powf(theta, (float)(2i) / r), then (float)pos *
- * inv_freq), and the rotation is done in float. Computing the angle in
- * double would be closer to the true value but would differ from PyTorch by
- * up to an ulp of the angle, which grows with the position. */
+ * computed in float32 ((float)pos * inv_freq), and the rotation is done in
+ * float. Computing the angle in double would be closer to the true value but
+ * would differ from PyTorch by up to an ulp of the angle, which grows with
+ * the position. */
 bool ref_op_rope(const ref_call *c) {
     const ref_tensor *x = c->in[0], *pos = c->in[1];
     float *out = c->out[0].f; /* [T, H, Dh] */
     uint64_t tokens = x->dims[0], heads = x->dims[1], head_dim = x->dims[2];
-    uint64_t rotary = c->attrs->rotary_dim ? (uint64_t)c->attrs->rotary_dim : head_dim, half = rotary / 2;
-    float *inv_freq = malloc((half ? half : 1) * sizeof *inv_freq); /* [r/2] */
-    if (!inv_freq) {
+    const ir_rope_params *params = &c->attrs->rope;
+    int32_t max_position = 0;
+    for (uint64_t t = 0; t < tokens; t++)
+        if (pos->i[t] > max_position) max_position = pos->i[t];
+    if (params->scaling == IR_ROPE_DYNAMIC && (int64_t)max_position >= params->max_positions) {
+        diag_error(c->d, c->loc,
+                   "rope: position %d is past max_position_embeddings (%lld), where dynamic NTK scaling "
+                   "recomputes its frequencies from the sequence length; smelt runs it only below that",
+                   (int)max_position, (long long)params->max_positions);
+        return false;
+    }
+    float *storage = malloc(ir_rope_tables_floats(params) * sizeof *storage);
+    if (!storage) {
         diag_error(c->d, c->loc, "rope: out of memory");
         return false;
     }
-    for (uint64_t i = 0; i < half; i++)
-        inv_freq[i] = 1.0f / powf((float)c->attrs->theta, (float)(2 * i) / (float)rotary);
+    ir_rope_tables tables;
+    ir_rope_tables_compute(params, storage, &tables);
+    uint64_t half = tables.half;
+    const float *inv_freq = tables.inv_freq; /* [r/2] */
+    if (tables.long_inv_freq && (int64_t)max_position + 1 > tables.long_after)
+        inv_freq = tables.long_inv_freq;
     memcpy(out, x->f, x->count * sizeof(float)); /* the dims >= r */
     for (uint64_t t = 0; t < tokens; t++) {
         for (uint64_t i = 0; i < half; i++) {
             float angle = (float)pos->i[t] * inv_freq[i];
-            float cosine = cosf(angle), sine = sinf(angle);
+            float cosine = cosf(angle) * tables.attention_factor,
+                  sine = sinf(angle) * tables.attention_factor;
             uint64_t first = c->attrs->interleaved ? 2 * i : i;
             uint64_t second = c->attrs->interleaved ? 2 * i + 1 : i + half;
             for (uint64_t h = 0; h < heads; h++) {
@@ -50,7 +71,7 @@ bool ref_op_rope(const ref_call *c) {
             }
         }
     }
-    free(inv_freq);
+    free(storage);
     return true;
 }
 

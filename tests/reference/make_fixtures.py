@@ -2,8 +2,11 @@
 """make_fixtures.py - PyTorch golden logits for smelt's numeric tests.
 
 What it makes: for each small random fp32 model (llama, qwen2, mixtral,
-gpt2, qwen3, qwen3_moe, qwen2_moe, olmo2, gemma2, gemma3) it runs the
-Hugging Face implementation and writes tests/fixtures/<name>/ with
+gpt2, qwen3, qwen3_moe, qwen2_moe, olmo2, gemma2, gemma3), and for the
+RoPE-variant, Llama-bias and Phi-3 models of ROPE_CONFIGS (llama3,
+llama3-parameters, llama-linear, llama-yarn, llama-dynamic, llama-bias,
+phi3, phi3-short), it runs the Hugging Face implementation and writes
+tests/fixtures/<name>/ with
 
     config.json        the HF config, plus a top-level "rope_theta" (see below)
     model.safetensors  fp32 weights under the classic Hugging Face checkpoint names
@@ -85,8 +88,8 @@ import safetensors
 import transformers
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig,
                           GenerationConfig, GPT2Config, LlamaConfig, MixtralConfig,
-                          Olmo2Config, Qwen2Config, Qwen2MoeConfig, Qwen3Config,
-                          Qwen3MoeConfig)
+                          Olmo2Config, Phi3Config, Qwen2Config, Qwen2MoeConfig,
+                          Qwen3Config, Qwen3MoeConfig)
 
 PROMPT_LEN = 8
 NEW_TOKENS = 8
@@ -108,7 +111,9 @@ QKV_BIAS_STD = 0.5         # Qwen2 q/k/v biases: large enough to matter
 
 # The seed each model starts its search at (the one that passed last time).
 # Before the 4e-2 margin: llama 1000, qwen2 2000, mixtral 3000, gpt2 4001.
-SEEDS = {"llama": 1039, "qwen2": 2144, "mixtral": 3032, "gpt2": 4037}
+SEEDS = {"llama": 1039, "qwen2": 2144, "mixtral": 3032, "gpt2": 4037,
+         "llama3": 5366, "llama3-parameters": 5366, "llama-linear": 5100, "llama-yarn": 5340, "llama-dynamic": 5559,
+         "llama-bias": 5339, "phi3": 5444, "phi3-short": 5733}
 
 
 def llama_config():
@@ -306,6 +311,117 @@ def classic_config_keys(name, data, config):
         data["sliding_window_pattern"] = config._sliding_window_pattern
 
 
+# ---- RoPE variants, Llama's biases, Phi-3 ------------------------------------
+#
+# Tiny models whose rotary scaling matters within the 16 positions a fixture
+# runs: original_max_position_embeddings is small (4..32), so positions pass
+# it where the choice depends on them (longrope), and the bands of llama3 and
+# yarn all occur (head_dim 16 with theta 100: wavelengths 6.3, 11, 20, 35, ...).
+# ROPE_LAYOUT says how config.json is written: "classic" (top-level
+# rope_scaling and rope_theta, as the hub's Llama 3.1 and Phi-3.5 configs
+# have them) or "parameters" (transformers 5's rope_parameters only). The
+# reload check proves transformers reads either back to the same model.
+
+def small_llama(rope_parameters, **extra):
+    return LlamaConfig(
+        hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        vocab_size=97, max_position_embeddings=128,
+        rope_parameters=rope_parameters, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, architectures=["LlamaForCausalLM"], **extra)
+
+
+def llama3_config():
+    # Wavelengths 6.3 (kept: under 32 / 4), 11, 20 (smoothed) and 35, 63, ...
+    # (past 32 / 1: divided by the factor): all three of llama3's bands.
+    return small_llama({"rope_type": "llama3", "rope_theta": 100.0, "factor": 8.0,
+                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 32})
+
+
+def llama_linear_config():
+    return small_llama({"rope_type": "linear", "rope_theta": 100.0, "factor": 4.0})
+
+
+def llama_yarn_config():
+    return small_llama({"rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0,
+                        "original_max_position_embeddings": 16, "beta_fast": 8.0,
+                        "beta_slow": 1.0})
+
+
+def llama_dynamic_config():
+    # Dynamic NTK scaling changes nothing until a sequence passes
+    # max_position_embeddings (16: the fixture's last position is 15), which
+    # is as far as smelt runs it (ir/rope.h).
+    config = small_llama({"rope_type": "dynamic", "rope_theta": 100.0, "factor": 2.0})
+    config.max_position_embeddings = 16
+    return config
+
+
+def llama_bias_config():
+    return small_llama({"rope_type": "default", "rope_theta": 10000.0},
+                       attention_bias=True, mlp_bias=True)
+
+
+def phi3_config():
+    # Phi-3.5's longrope with a 4-position original context (factor 128 / 4):
+    # the prefill's 8 positions already pass it, so every call of the fixture
+    # uses the long factors (transformers picks per call, by its largest
+    # position). Half of each head is rotated.
+    half = 16 * 0.5 / 2
+    short = [1.0 + 0.1 * i for i in range(int(half))]
+    long = [1.5 + 0.7 * i for i in range(int(half))]
+    return Phi3Config(
+        hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=97,
+        max_position_embeddings=128, original_max_position_embeddings=4,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 100.0,
+                         "short_factor": short, "long_factor": long,
+                         "partial_rotary_factor": 0.5},
+        rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        architectures=["Phi3ForCausalLM"])
+
+
+def phi3_short_config():
+    # The same with a 32-position original context: the fixture's 16
+    # positions stay below it, so every call uses the short factors (and the
+    # attention factor of 128 / 32); written in transformers 5's layout.
+    config = phi3_config()
+    config.original_max_position_embeddings = 32
+    config.rope_parameters["original_max_position_embeddings"] = 32
+    return config
+
+
+ROPE_CONFIGS = {"llama3": llama3_config, "llama3-parameters": llama3_config,
+                "llama-linear": llama_linear_config, "llama-yarn": llama_yarn_config,
+                "llama-dynamic": llama_dynamic_config,
+                "llama-bias": llama_bias_config, "phi3": phi3_config,
+                "phi3-short": phi3_short_config}
+ROPE_LAYOUT = {"llama3": "classic", "llama3-parameters": "parameters",
+               "llama-linear": "classic", "llama-yarn": "classic", "llama-dynamic": "parameters",
+               "llama-bias": "classic", "phi3": "classic", "phi3-short": "parameters"}
+CONFIGS.update(ROPE_CONFIGS)
+
+
+def rope_layout(name, data):
+    """config.json of a ROPE_CONFIGS model in its ROPE_LAYOUT."""
+    rope = dict(data.pop("rope_parameters"))
+    if ROPE_LAYOUT[name] == "parameters":
+        data.pop("rope_theta", None)
+        data["rope_parameters"] = rope
+        return data
+    data["rope_theta"] = rope.pop("rope_theta")
+    if "partial_rotary_factor" in rope:
+        data["partial_rotary_factor"] = rope.pop("partial_rotary_factor")
+    if name == "phi3":  # Phi-3.5's config keeps the original context at the top level
+        rope.pop("original_max_position_embeddings", None)
+    if name == "llama-linear":  # the older spelling, as Llama 2 era configs have it
+        rope["type"] = rope.pop("rope_type")
+    data["rope_scaling"] = None if rope.get("rope_type") == "default" else rope
+    return data
+
+
 # ---- weights ---------------------------------------------------------------
 
 def reinitialise(model, name):
@@ -385,6 +501,13 @@ def expected_names(config, name):
     for l in range(layers):
         p = f"model.layers.{l}"
         names += [f"{p}.input_layernorm.weight", f"{p}.post_attention_layernorm.weight"]
+        if name.startswith("phi3"):
+            names += [f"{p}.self_attn.qkv_proj.weight", f"{p}.self_attn.o_proj.weight",
+                      f"{p}.mlp.gate_up_proj.weight", f"{p}.mlp.down_proj.weight"]
+            continue
+        if name == "llama-bias":
+            names += [f"{p}.self_attn.{proj}_proj.bias" for proj in ("q", "k", "v", "o")]
+            names += [f"{p}.mlp.{m}_proj.bias" for m in ("gate", "up", "down")]
         for proj in ("q", "k", "v", "o"):
             names.append(f"{p}.self_attn.{proj}_proj.weight")
         if name == "qwen2":
@@ -539,13 +662,16 @@ def build(name, seed):
 
 
 def write_config(config, path, name):
-    """config.json as save_pretrained writes it, plus a top-level rope_theta."""
+    """config.json as save_pretrained writes it, plus a top-level rope_theta
+    (or, for ROPE_CONFIGS, in its ROPE_LAYOUT)."""
     config.save_pretrained(path)
     file = os.path.join(path, "config.json")
     with open(file) as f:
         data = json.load(f)
     rope = data.get("rope_parameters")
-    if isinstance(rope, dict) and "rope_theta" in rope:
+    if name in ROPE_CONFIGS:
+        data = rope_layout(name, data)
+    elif isinstance(rope, dict) and "rope_theta" in rope:
         data["rope_theta"] = rope["rope_theta"]
     classic_config_keys(name, data, config)
     with open(file, "w") as f:
@@ -624,7 +750,12 @@ def write_fixture(name, seed, result, path):
 
 def make(name, out_dir):
     first = SEEDS[name]
-    tries = MORE_SEED_TRIES if name in MORE_MODELS else SEED_TRIES
+    if name in MORE_MODELS:
+        tries = MORE_SEED_TRIES
+    elif name in ROPE_CONFIGS:
+        tries = 20 * SEED_TRIES  # 16 positions, tight margins
+    else:
+        tries = SEED_TRIES
     for seed in range(first, first + tries):
         result, reason = build(name, seed)
         if result is not None:

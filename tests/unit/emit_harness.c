@@ -449,9 +449,8 @@ static ref_attrs read_attrs(emit_case *c, uint32_t op) {
         break;
     case IR_OP_LAYER_NORM: a.eps = ir_op_float(m, op, "eps"); break;
     case IR_OP_ROPE:
-        a.theta = ir_op_float(m, op, "theta");
+        a.rope = ir_rope_params_of(m, op, m->values[o->operands[0]].type.dims[2].size);
         a.interleaved = strcmp(ir_op_string(m, op, "style"), "interleaved") == 0;
-        a.rotary_dim = ir_op_int(m, op, "rotary_dim");
         break;
     case IR_OP_ATTENTION:
         a.scale = ir_op_float(m, op, "scale");

@@ -120,6 +120,55 @@ static void test_rope(void **state) {
     }
 }
 
+/* The scaled variants (ir/rope.h): baked tables, the attention factor of
+ * yarn and longrope, and longrope's choice of its long set when a step's
+ * largest position passes original_max_position_embeddings (8 here): the
+ * positions {0, 7, 100, 3000} take the long set, {0, 1, 2, 3} the short. */
+static void test_rope_scaled(void **state) {
+    (void)state;
+    const int32_t far[4] = {0, 7, 100, 3000}, near[4] = {0, 1, 2, 3};
+    static double short_factor[4] = {1.0, 1.1, 1.3, 2.0}, long_factor[4] = {1.5, 3.0, 9.0, 40.0};
+    for (int p = 0; p < 2; p++) {
+        for (int step = 0; step < 2; step++) {
+            emit_case *c = case_new(precisions[p]);
+            ir_value_id x = case_input(c, "x", "f32[tokens, 3, 16]");
+            uint32_t llama3 = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
+            assert_true(ir_op_set_float(&c->m, llama3, "theta", 500000.0));
+            assert_true(ir_op_set_string(&c->m, llama3, "scaling", "llama3"));
+            assert_true(ir_op_set_float(&c->m, llama3, "factor", 8.0));
+            assert_true(ir_op_set_float(&c->m, llama3, "low_freq_factor", 1.0));
+            assert_true(ir_op_set_float(&c->m, llama3, "high_freq_factor", 4.0));
+            assert_true(ir_op_set_int(&c->m, llama3, "original_max_position_embeddings", 64));
+            uint32_t yarn = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
+            assert_true(ir_op_set_float(&c->m, yarn, "theta", 10000.0));
+            assert_true(ir_op_set_string(&c->m, yarn, "scaling", "yarn"));
+            assert_true(ir_op_set_float(&c->m, yarn, "factor", 4.0));
+            assert_true(ir_op_set_int(&c->m, yarn, "original_max_position_embeddings", 32));
+            uint32_t longrope = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
+            assert_true(ir_op_set_float(&c->m, longrope, "theta", 10000.0));
+            assert_true(ir_op_set_float(&c->m, longrope, "partial_rotary_factor", 0.5));
+            assert_true(ir_op_set_string(&c->m, longrope, "scaling", "longrope"));
+            assert_true(ir_op_set_int(&c->m, longrope, "original_max_position_embeddings", 8));
+            assert_true(ir_op_set_int(&c->m, longrope, "max_position_embeddings", 4096));
+            ir_attr shorts = {.kind = IR_ATTR_FLOATS, .as.floats = {4, short_factor}};
+            ir_attr longs = {.kind = IR_ATTR_FLOATS, .as.floats = {4, long_factor}};
+            assert_true(ir_op_set_attr(&c->m, longrope, "short_factor", &shorts));
+            assert_true(ir_op_set_attr(&c->m, longrope, "long_factor", &longs));
+            uint32_t linear = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
+            assert_true(ir_op_set_float(&c->m, linear, "theta", 10000.0));
+            assert_true(ir_op_set_string(&c->m, linear, "scaling", "linear"));
+            assert_true(ir_op_set_float(&c->m, linear, "factor", 4.0));
+            case_infer(c);
+            case_set_ints_data(c, c->pos, 4, step ? near : far, 4);
+            case_run(c, llama3, 4, F32_TOLERANCE);
+            case_run(c, yarn, 4, F32_TOLERANCE);
+            case_run(c, longrope, 4, F32_TOLERANCE);
+            case_run(c, linear, 4, F32_TOLERANCE);
+            case_free(c);
+        }
+    }
+}
+
 /* ---- softmax, argmax, embedding ----------------------------------------------------------- */
 
 static void test_softmax(void **state) {
@@ -890,6 +939,7 @@ int main(void) {
         cmocka_unit_test(test_activations),
         cmocka_unit_test(test_norms),
         cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_rope_scaled),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_embedding),

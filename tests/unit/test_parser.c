@@ -89,6 +89,7 @@ static void print_expr(FILE *out, const ast_expr *e) {
     case AST_EXPR_FLOAT: fprintf(out, "%gf", e->as.f); break;
     case AST_EXPR_BOOL: fputs(e->as.b ? "true" : "false", out); break;
     case AST_EXPR_STRING: fprintf(out, "\"%s\"", e->as.s); break;
+    case AST_EXPR_NULL: fputs("null", out); break;
     case AST_EXPR_NAME: fputs(e->as.s, out); break;
     case AST_EXPR_UNARY:
         fprintf(out, "(%s ", ast_operator_text(e->as.unary.op));
@@ -125,6 +126,7 @@ static const char *param_type_text(ir_param_type t) {
     case IR_PARAM_FLOAT: return "float";
     case IR_PARAM_BOOL: return "bool";
     case IR_PARAM_STRING: return "string";
+    case IR_PARAM_OBJECT: return "object";
     }
     return "?";
 }
@@ -491,8 +493,9 @@ static void test_error_messages(void **state) {
                   "t.smelt:3:9: error: expected name but found end of line\n");
     expect_errors("model m {\n  let x = 1\n", /* unclosed model */
                   "t.smelt:2:12: error: expected '}' but found end of file\n");
-    expect_errors("model m {\n  param p: i32\n}",
-                  "t.smelt:2:12: error: expected 'int', 'float', 'bool' or 'string' but found name 'i32'\n");
+    expect_errors(
+        "model m {\n  param p: i32\n}",
+        "t.smelt:2:12: error: expected 'int', 'float', 'bool', 'string' or 'object' but found name 'i32'\n");
     expect_errors("model m {\n  (a) = 1\n}", "t.smelt:2:3: error: expected statement or '}' but found '('\n");
     expect_errors("model m {\n  for i in 0 {}\n}", "t.smelt:2:14: error: expected '..' but found '{'\n");
     /* A broken model header: the body is still checked. A line that ends
