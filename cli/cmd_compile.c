@@ -22,6 +22,8 @@ static const char usage[] = "usage: smelt compile MODEL [options] -o model.plan\
                             "                            arithmetic is f32 either way)\n"
                             "  --tokenizer bytes         store a byte tokenizer (ids 0..255 are bytes; BOS\n"
                             "                            and EOS from config.json) for `smelt run --prompt`\n"
+                            "  --no-fuse                 one op per kernel: no fusion rule (for comparison\n"
+                            "                            and debugging)\n"
                             "  --max-step-tokens N       tokens per step the memory plan is sized for\n"
                             "                            (default: the model's bound, at most 512)\n"
                             "  -j N                      compile threads (default: every core)\n"
@@ -100,6 +102,8 @@ static int parse_arguments(int argc, char **argv, compile_command *c) {
             if (!value || !cli_parse_count(&a, value, &c->max_step_tokens)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "-j", &value)) {
             if (!value || !cli_parse_count(&a, value, &c->jobs)) return CLI_USAGE_ERROR;
+        } else if (cli_flag(&a, "--no-fuse")) {
+            c->plan.no_fuse = true;
         } else if (cli_flag(&a, "--no-cache")) {
             c->plan.no_cache = true;
         } else if (cli_flag_value(&a, "--print-ir-after", &value)) {

@@ -28,6 +28,7 @@ static const char usage[] = "usage: smelt eval MODEL|PLAN --ids FILE [options]\n
                             "  --stride N             tokens between window starts (default context / 2)\n"
                             "  --max-ids N            use only the first N ids of FILE\n"
                             "  --backend auto|host|cuda|ref, --config, --set, --weights, --precision,\n"
+                            "  --no-fuse,\n"
                             "  --expect-hash H\n"
                             "                         as for `smelt run`\n"
                             "  --max-errors N         stop after N errors (default 20, 0: no limit)\n"

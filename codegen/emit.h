@@ -88,6 +88,10 @@ typedef struct cg_group_lowering {
     uint32_t state_count;
     uint64_t state_bytes[CG_MAX_STATES];
     uint64_t state_rows[CG_MAX_STATES]; /* positions (max_seq) each holds; 0: not indexed by position */
+    /* > 0: the kernels are a fused group's, made for steps of at most this
+     * many tokens; a step of more runs the group's ops one by one, each as
+     * cg_emit_op lowers it (codegen/lower.c guards both by the token count). */
+    int64_t fused_max_tokens;
 } cg_group_lowering;
 
 /* A kernel group, as the fuse pass made it (op.group): the ops of one
@@ -109,7 +113,8 @@ typedef struct cg_group {
 /* Emits what group `g` becomes (its ops live and typed with storage dtypes,
  * after the lowering passes); strings go to `a`. A group of one op goes to
  * the emitter of the op's family (ops.def's family column); the fusion rules
- * that make larger groups come with emitters for them, registered here.
+ * that make larger groups come with emitters for them, registered here:
+ * a group holding a matmul is a GEMV group (codegen/emit_gemv.c).
  * Errors (a dtype without kernels, a symbolic dim that is not the token dim 0,
  * a group no emitter takes) are reported at the group's first op and give
  * false. */

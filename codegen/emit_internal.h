@@ -59,6 +59,7 @@ typedef struct cg_emit {
     diag_engine *d;
     int32_t token_symbol;
     cg_group_lowering *out;
+    const cg_group *group; /* the group being emitted (its comment lists every op) */
 } cg_emit;
 
 /* The family emitters. Each fills e->out (kind, kernels, states) or reports
@@ -78,6 +79,8 @@ bool cg_emit_concat(cg_emit *e);     /* emit_layout.c */
 bool cg_emit_split(cg_emit *e);      /* emit_layout.c */
 bool cg_emit_slice(cg_emit *e);      /* emit_layout.c */
 bool cg_emit_argmax(cg_emit *e);     /* emit_argmax.c */
+/* A fused group of several ops; e->op is its first. */
+bool cg_emit_gemv_group(cg_emit *e, const cg_group *g); /* emit_gemv.c */
 
 /* Operand i / result i of the op. */
 ir_value_id cg_operand(const cg_emit *e, uint32_t i);

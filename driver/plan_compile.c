@@ -49,7 +49,8 @@ bool drv_compile(const char *model_path, const drv_source_options *source, const
                  const char *plan_path, drv_compile_report *report, diag_engine *d) {
     ir_module m = {0};
     drv_source_weights weights = {0};
-    drv_lowering lowering = {.precision = o->precision, .max_step_tokens = o->max_step_tokens};
+    drv_lowering lowering = {
+        .precision = o->precision, .max_step_tokens = o->max_step_tokens, .no_fuse = o->no_fuse};
     bool ok = drv_source_load(model_path, source, &lowering, o->print_after, &m, d);
     if (ok && o->weights_path) ok = drv_source_weights_open(&weights, o->weights_path, &m, d);
     char *tokenizer = NULL;

@@ -12,7 +12,8 @@
  *
  * A step:
  *   1. the runtime writes ids[T] and pos[T] (int32) at input_ids / input_pos;
- *   2. it runs the instructions in order (kernel launches and GEMMs);
+ *   2. it runs the instructions in order (kernel launches and GEMMs) whose
+ *      token range holds T (prog_instr);
  *   3. logits [T, vocab] (f32) are at `logits` in the arena.
  *
  * Buffers are named by prog_ref: arena + byte offset, weight + byte offset, or
@@ -28,7 +29,7 @@
 
 #include "smelt_dtype.h"
 
-enum { PROGRAM_FORMAT_VERSION = 3, PROG_MAX_ARGS = 32 };
+enum { PROGRAM_FORMAT_VERSION = 4, PROG_MAX_ARGS = 32 };
 
 /* ceil((a * T + b) / c) with c >= 1; a constant is {0, value, 1}. */
 typedef struct prog_affine {
@@ -102,9 +103,14 @@ typedef struct prog_gemm {
     prog_ref a, b, c, bias;
 } prog_gemm;
 
+/* An instruction runs in a step of T tokens when min_tokens <= T and
+ * (max_tokens == 0 || T <= max_tokens): a fused kernel made for small T
+ * (a decode GEMV) and the unfused launches of the same ops for larger T are
+ * both in the program, each guarded by its range. 0 and 0: every step. */
 typedef struct prog_instr {
     uint8_t op;     /* prog_op */
     uint32_t ir_op; /* the IR op (index in the compiled module) it implements, for messages */
+    int64_t min_tokens, max_tokens;
     union {
         prog_launch launch;
         prog_gemm gemm;
@@ -192,6 +198,11 @@ void program_declare_params(const program *p, uint32_t kernel, struct plan_kerne
 /* The dtypes a program may store in a buffer today (f32, bf16, i32): what
  * the decoder accepts, so what codegen may emit kernels for. */
 bool program_dtype_stored(uint8_t dtype);
+
+/* Does instruction `in` run in a step of `tokens` tokens? */
+static inline bool prog_instr_runs(const prog_instr *in, int64_t tokens) {
+    return tokens >= in->min_tokens && (in->max_tokens == 0 || tokens <= in->max_tokens);
+}
 
 /* Frees what program_decode allocated and zeroes *p. */
 void program_free(program *p);

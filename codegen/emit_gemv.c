@@ -1,0 +1,552 @@
+/* emit_gemv.c - the fused GEMV kernel of a GEMV group (passes/fuse.c): the
+ * matmuls of one input x [T, K] with their prologue and epilogues, for the
+ * small token counts of a decode step.
+ *
+ * The group's matmuls are laid side by side as one weight of N rows (as if
+ * concatenated along N at compile time): the work is a list of segments,
+ * one per group output, each a number of units, and one warp computes one
+ * unit — one or two weight rows against the rows of x:
+ *
+ *   plain   out[t, n] = x[t] . w[n] (+ bias[n]) (+ residual[t, n])
+ *   swiglu  out[t, n] = silu(x[t] . gate[n] + bg[n]) * (x[t] . up[n] + bu[n])
+ *           (the gate and up rows of n in one warp: both weights once)
+ *   rope    the rotary pair (i, i + r/2) (neox) or (2i, 2i + 1) (interleaved)
+ *           of a head in one warp, rotated by pos[t] * inv_freq[i] (inverse
+ *           frequencies baked in as emit_rope.c bakes them); the head dims
+ *           past the rotary ones are plain units
+ *
+ * With an rms_norm prologue the kernel reads the norm's input h and its
+ * weight g: x[t] . w[n] = inverse_rms(t) * sum_k w[n, k] h[t, k] g[k], and
+ * the sum of squares of h[t] is accumulated in the same pass as the dot
+ * product, so each warp gets it for free (no norm launch, no second pass).
+ *
+ * Every lane reads 8 consecutive elements of K at a time — one 128-bit load
+ * of a bf16 weight row, two of an f32 one (smelt_load_global_128) — when K
+ * is a multiple of 8 (every row then starts 16-byte aligned: the arena and
+ * the weights are 256-byte aligned); otherwise one element at a time. The
+ * partial sums are reduced across the warp with shuffles, in f32. Every
+ * weight byte is read once for up to TOKEN_TILE tokens; larger T loops over
+ * tiles of tokens (the plan runs the unfused lowering above the threshold,
+ * codegen/lower.c). Blocks are WARPS warps: N / WARPS blocks for N rows, so
+ * a decoder layer's projections fill every SM.
+ */
+#include "emit_internal.h"
+
+#include "ir_io.h"
+
+#include <math.h>
+#include <string.h>
+
+enum { GEMV_WARPS = 4, GEMV_TOKEN_TILE = 4, GEMV_VECTOR = 8, GEMV_MAX_SEGMENTS = 8 };
+
+typedef enum gemv_kind { GEMV_PLAIN, GEMV_SWIGLU, GEMV_ROPE } gemv_kind;
+
+typedef struct gemv_segment {
+    gemv_kind kind;
+    ir_value_id weight[2], bias[2]; /* [1]: swiglu's up; IR_NO_VALUE when absent */
+    ir_value_id residual, out;
+    int64_t rows; /* N of the output */
+    int64_t heads, head_dim, half, passed;
+    bool interleaved;
+    double theta;
+    int64_t units;
+    uint32_t p_weight[2], p_bias[2], p_residual, p_out; /* kernel parameters */
+} gemv_segment;
+
+typedef struct gemv_plan {
+    ir_value_id x, norm_weight, pos;
+    double eps;
+    bool norm;
+    int64_t k;
+    uint32_t segment_count;
+    gemv_segment segments[GEMV_MAX_SEGMENTS];
+} gemv_plan;
+
+/* The op of the group reading v (directly, or a rope reading a reshape of
+ * v when through_view); IR_NONE when none. *via receives the reshape. */
+static uint32_t group_reader(const ir_module *m, const cg_group *g, ir_value_id v, bool through_view) {
+    for (uint32_t i = 0; i < g->op_count; i++) {
+        const ir_op *op = &m->ops[g->ops[i]];
+        for (uint32_t j = 0; j < op->operand_count; j++) {
+            ir_value_id operand = op->operands[j];
+            if (operand == v) return g->ops[i];
+            const ir_op *def = &m->ops[m->values[operand].def_op];
+            if (through_view && def->kind == IR_OP_RESHAPE && def->operands[0] == v) return g->ops[i];
+        }
+    }
+    return IR_NONE;
+}
+
+static bool is_output(const cg_group *g, ir_value_id v) {
+    for (uint32_t i = 0; i < g->output_count; i++)
+        if (g->outputs[i] == v) return true;
+    return false;
+}
+
+static bool refuse(cg_emit *e, const char *why) {
+    diag_error(e->d, e->ir->loc, "codegen cannot emit this GEMV group: %s", why);
+    return false;
+}
+
+/* Position of op in g->ops, or UINT32_MAX. */
+static uint32_t position_in(const cg_group *g, uint32_t op) {
+    for (uint32_t i = 0; i < g->op_count; i++)
+        if (g->ops[i] == op) return i;
+    return UINT32_MAX;
+}
+
+typedef struct group_reading {
+    cg_emit *e;
+    const cg_group *g;
+    bool *taken; /* [g->op_count] ops accounted for */
+} group_reading;
+
+static void take(group_reading *r, uint32_t op) {
+    uint32_t at = position_in(r->g, op);
+    if (at != UINT32_MAX) r->taken[at] = true;
+}
+
+/* The matmul of the group making v, directly or through a bias add of the
+ * group (*bias receives the bias); IR_NONE when v is made otherwise. */
+static uint32_t matmul_of(group_reading *r, ir_value_id v, ir_value_id *bias) {
+    const ir_module *m = r->e->m;
+    uint32_t def = m->values[v].def_op;
+    *bias = IR_NO_VALUE;
+    if (position_in(r->g, def) == UINT32_MAX) return IR_NONE;
+    if (m->ops[def].kind == IR_OP_MATMUL) return def;
+    if (m->ops[def].kind != IR_OP_ADD) return IR_NONE;
+    for (uint32_t j = 0; j < 2; j++) {
+        uint32_t inner = m->values[m->ops[def].operands[j]].def_op;
+        ir_value_id other = m->ops[def].operands[1 - j];
+        if (m->ops[inner].kind == IR_OP_MATMUL && position_in(r->g, inner) != UINT32_MAX &&
+            m->ops[m->values[other].def_op].kind == IR_OP_WEIGHT) {
+            *bias = other;
+            take(r, def);
+            return inner;
+        }
+    }
+    return IR_NONE;
+}
+
+/* The segment of matmul `index`: its weight and bias, then the chain of
+ * epilogue ops of the group that read its result. */
+static bool read_segment(group_reading *r, gemv_plan *p, uint32_t index, const bool *is_up) {
+    cg_emit *e = r->e;
+    const ir_module *m = e->m;
+    const cg_group *g = r->g;
+    const ir_op *op = &m->ops[index];
+    if (strcmp(ir_op_string(m, index, "layout"), "out_in") != 0)
+        return refuse(e, "a matmul that is not out_in");
+    ir_value_id input = op->operands[0];
+    if (p->norm) {
+        const ir_op *def = &m->ops[m->values[input].def_op];
+        if (def->kind != IR_OP_RMS_NORM || position_in(g, m->values[input].def_op) == UINT32_MAX)
+            return refuse(e, "a matmul that does not read the group's norm");
+        input = def->operands[0];
+    }
+    if (p->x != IR_NO_VALUE && p->x != input) return refuse(e, "matmuls of different inputs");
+    p->x = input;
+    if (p->segment_count == GEMV_MAX_SEGMENTS) return refuse(e, "too many outputs");
+    gemv_segment *s = &p->segments[p->segment_count++];
+    memset(s, 0, sizeof *s);
+    s->kind = GEMV_PLAIN;
+    s->weight[0] = op->operands[1];
+    s->weight[1] = s->bias[1] = s->residual = IR_NO_VALUE;
+    s->bias[0] = op->operand_count == 3 ? op->operands[2] : IR_NO_VALUE;
+    s->rows = m->values[op->results[0]].type.dims[1].size;
+    take(r, index);
+    ir_value_id v = op->results[0];
+    for (uint32_t c; (c = group_reader(m, g, v, true)) != IR_NONE;) {
+        const ir_op *co = &m->ops[c];
+        take(r, c);
+        if (co->kind == IR_OP_ADD) { /* bias (a [N] weight, first) or residual */
+            ir_value_id other = co->operands[0] == v ? co->operands[1] : co->operands[0];
+            bool weight =
+                m->ops[m->values[other].def_op].kind == IR_OP_WEIGHT && m->values[other].type.rank == 1;
+            if (weight && s->bias[0] == IR_NO_VALUE && s->residual == IR_NO_VALUE)
+                s->bias[0] = other;
+            else if (s->residual == IR_NO_VALUE && !weight)
+                s->residual = other;
+            else
+                return refuse(e, "an add that is neither one bias nor one residual");
+            v = co->results[0];
+        } else if (co->kind == IR_OP_ROPE && s->residual == IR_NO_VALUE) {
+            const ir_type *t = &m->values[co->operands[0]].type;
+            s->kind = GEMV_ROPE;
+            s->heads = t->dims[1].size;
+            s->head_dim = t->dims[2].size;
+            int64_t rotary = ir_op_int(m, c, "rotary_dim");
+            if (rotary == 0) rotary = s->head_dim;
+            if (rotary < 2 || rotary > s->head_dim) return refuse(e, "a rotary_dim outside [2, head dim]");
+            s->half = rotary / 2;
+            s->passed = s->head_dim - 2 * s->half;
+            s->interleaved = strcmp(ir_op_string(m, c, "style"), "interleaved") == 0;
+            s->theta = ir_op_float(m, c, "theta");
+            if (p->pos != IR_NO_VALUE && p->pos != co->operands[1]) return refuse(e, "two position inputs");
+            p->pos = co->operands[1];
+            v = co->results[0];
+            break;
+        } else if (co->kind == IR_OP_SILU && s->residual == IR_NO_VALUE) {
+            uint32_t mul = group_reader(m, g, co->results[0], false);
+            if (mul == IR_NONE || m->ops[mul].kind != IR_OP_MUL) return refuse(e, "a silu without its mul");
+            const ir_op *mo = &m->ops[mul];
+            ir_value_id u = mo->operands[0] == co->results[0] ? mo->operands[1] : mo->operands[0];
+            uint32_t up = matmul_of(r, u, &s->bias[1]);
+            if (up == IR_NONE || !is_up[position_in(g, up)])
+                return refuse(e, "a SwiGLU whose up is no matmul of the group");
+            if (m->ops[up].operand_count == 3) {
+                if (s->bias[1] != IR_NO_VALUE) return refuse(e, "two biases on SwiGLU's up");
+                s->bias[1] = m->ops[up].operands[2];
+            }
+            take(r, mul);
+            take(r, up);
+            s->kind = GEMV_SWIGLU;
+            s->weight[1] = m->ops[up].operands[1];
+            v = mo->results[0];
+            break;
+        } else {
+            return refuse(e, "an op that is no epilogue the kernel has");
+        }
+    }
+    if (!is_output(g, v)) return refuse(e, "a result that nothing outside the group reads");
+    s->out = v;
+    s->units = s->kind == GEMV_ROPE ? s->heads * (s->half + s->passed) : s->rows;
+    return true;
+}
+
+/* Reads the group's structure (what fuse.c's rules make) into p. */
+static bool read_group(cg_emit *e, const cg_group *g, gemv_plan *p) {
+    const ir_module *m = e->m;
+    memset(p, 0, sizeof *p);
+    p->x = p->norm_weight = p->pos = IR_NO_VALUE;
+    bool *taken = arena_array(&e->scratch, g->op_count, sizeof *taken);
+    bool *is_up = arena_array(&e->scratch, g->op_count, sizeof *is_up);
+    group_reading r = {e, g, taken};
+    for (uint32_t i = 0; i < g->op_count; i++) {
+        const ir_op *op = &m->ops[g->ops[i]];
+        if (op->kind == IR_OP_RMS_NORM) {
+            if (p->norm) return refuse(e, "two norms");
+            p->norm = true;
+            p->norm_weight = op->operands[1];
+            p->eps = ir_op_float(m, g->ops[i], "eps");
+            taken[i] = true;
+        } else if (op->kind == IR_OP_SILU) { /* mul(silu(gate), up): the up matmul is the gate's */
+            uint32_t mul = group_reader(m, g, op->results[0], false);
+            if (mul == IR_NONE || m->ops[mul].kind != IR_OP_MUL) return refuse(e, "a silu without its mul");
+            const ir_op *mo = &m->ops[mul];
+            ir_value_id u = mo->operands[0] == op->results[0] ? mo->operands[1] : mo->operands[0];
+            ir_value_id bias;
+            group_reading probe = {e, g, is_up}; /* marks the up's bias add too; cleared below */
+            uint32_t up = matmul_of(&probe, u, &bias);
+            if (up != IR_NONE) is_up[position_in(g, up)] = true;
+        }
+    }
+    for (uint32_t i = 0; i < g->op_count; i++) /* keep only the matmuls marked */
+        if (m->ops[g->ops[i]].kind != IR_OP_MATMUL) is_up[i] = false;
+    for (uint32_t i = 0; i < g->op_count; i++)
+        if (m->ops[g->ops[i]].kind == IR_OP_MATMUL && !is_up[i] && !read_segment(&r, p, g->ops[i], is_up))
+            return false;
+    for (uint32_t i = 0; i < g->op_count; i++)
+        if (!taken[i]) return refuse(e, "an op that is neither the norm, a matmul nor an epilogue");
+    if (p->segment_count == 0) return refuse(e, "no matmul");
+    p->k = m->values[p->x].type.dims[1].size;
+    return true;
+}
+
+/* ---- the kernel ------------------------------------------------------------------------- */
+
+/* The helper reading 8 (or 1) elements of one storage dtype as floats. */
+static void write_loader(cg_text *t, smelt_dtype dtype, bool vector) {
+    const char *name = cg_dtype_name(dtype), *ctype = cg_dtype_ctype(dtype);
+    cg_line(t, "SMELT_DEVICE void load_%s(const %s *p, float v[VECTOR])", name, ctype);
+    cg_line(t, "{");
+    if (!vector) {
+        cg_line(t, "v[0] = %s;", dtype == SMELT_DTYPE_BF16 ? "smelt_bf16_to_f32(p[0])" : "p[0]");
+    } else if (dtype == SMELT_DTYPE_BF16) {
+        cg_line(t, "smelt_u32x4 q = smelt_load_global_128(p); /* 8 bf16, low half first */");
+        cg_line(t, "uint32_t words[4] = {q.x, q.y, q.z, q.w};");
+        cg_line(t, "for (int i = 0; i < 4; i++) {");
+        cg_line(t, "v[2 * i] = __uint_as_float(words[i] << 16);");
+        cg_line(t, "v[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);");
+        cg_line(t, "}");
+    } else {
+        cg_line(t, "smelt_u32x4 a = smelt_load_global_128(p), b = smelt_load_global_128(p + 4);");
+        cg_line(t, "uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};");
+        cg_line(t, "for (int i = 0; i < 8; i++)");
+        cg_line(t, "    v[i] = __uint_as_float(words[i]);");
+    }
+    cg_line(t, "}");
+    cg_blank(t);
+}
+
+static const char *segment_tag(cg_emit *e, const gemv_segment *s) {
+    const char *extras = arena_printf(&e->scratch, "%s%s", s->bias[0] != IR_NO_VALUE ? "b" : "",
+                                      s->residual != IR_NO_VALUE ? "r" : "");
+    switch (s->kind) {
+    case GEMV_PLAIN: return arena_printf(&e->scratch, "n%lld%s", (long long)s->rows, extras);
+    case GEMV_SWIGLU: return arena_printf(&e->scratch, "swiglu%lld%s", (long long)s->rows, extras);
+    case GEMV_ROPE:
+        return arena_printf(&e->scratch, "rope%s%lldx%lldr%lldth%s%s", s->interleaved ? "i" : "",
+                            (long long)s->heads, (long long)s->head_dim, (long long)(2 * s->half),
+                            cg_float_name(e, s->theta), extras);
+    }
+    return "";
+}
+
+/* The per-segment body: the unit's rows, their dot products, the epilogue. */
+static void write_segment(cg_kernel_builder *b, const gemv_plan *p, const gemv_segment *s, uint32_t index,
+                          uint32_t x, uint32_t norm_weight, uint32_t pos) {
+    cg_emit *e = b->e;
+    cg_text *t = &b->text;
+    const char *w0 = b->params[s->p_weight[0]].name;
+    const char *nw = p->norm ? b->params[norm_weight].name : "0";
+    const char *xs = b->params[x].name;
+    const char *scale = p->norm ? "inverse_rms(squares[i])" : "1.0f";
+    const char *bias0 = s->bias[0] != IR_NO_VALUE ? cg_load(b, s->p_bias[0], "row0") : NULL;
+    switch (s->kind) {
+    case GEMV_PLAIN:
+        cg_line(t, "long long row0 = unit;");
+        cg_line(t, "dot_rows(%s + row0 * K, %s + row0 * K, 1, %s, %s, t0, tokens, sums, squares);", w0, w0,
+                xs, nw);
+        cg_line(t, "for (int i = 0; i < TOKEN_TILE && lane == 0 && t0 + i < tokens; i++) {");
+        cg_line(t, "long long at = (t0 + i) * ROWS_%u + row0;", index);
+        cg_line(t, "float value = sums[i][0] * %s%s%s%s%s;", scale, bias0 ? " + " : "", bias0 ? bias0 : "",
+                s->residual != IR_NO_VALUE ? " + " : "",
+                s->residual != IR_NO_VALUE ? cg_load(b, s->p_residual, "at") : "");
+        cg_line(t, "%s", cg_store(b, s->p_out, "at", "value"));
+        cg_line(t, "}");
+        break;
+    case GEMV_SWIGLU: {
+        const char *w1 = b->params[s->p_weight[1]].name;
+        const char *bias1 = s->bias[1] != IR_NO_VALUE ? cg_load(b, s->p_bias[1], "row0") : NULL;
+        cg_line(t, "long long row0 = unit;");
+        cg_line(t, "dot_rows(%s + row0 * K, %s + row0 * K, 2, %s, %s, t0, tokens, sums, squares);", w0, w1,
+                xs, nw);
+        cg_line(t, "for (int i = 0; i < TOKEN_TILE && lane == 0 && t0 + i < tokens; i++) {");
+        cg_line(t, "float gate = sums[i][0] * %s%s%s;", scale, bias0 ? " + " : "", bias0 ? bias0 : "");
+        cg_line(t, "float up = sums[i][1] * %s%s%s;", scale, bias1 ? " + " : "", bias1 ? bias1 : "");
+        cg_line(t, "%s",
+                cg_store(b, s->p_out, arena_printf(&e->scratch, "(t0 + i) * ROWS_%u + row0", index),
+                         "gate / (1.0f + expf(-gate)) * up"));
+        cg_line(t, "}");
+        break;
+    }
+    case GEMV_ROPE: {
+        const char *bias1 = s->bias[0] != IR_NO_VALUE ? cg_load(b, s->p_bias[0], "row1") : NULL;
+        cg_line(t, "if (unit < HEADS_%u * HALF_%u) { /* a rotary pair */", index, index);
+        cg_line(t, "long long head = unit / HALF_%u, pair = unit %% HALF_%u;", index, index);
+        if (s->interleaved)
+            cg_line(t, "long long row0 = head * HEAD_DIM_%u + 2 * pair, row1 = row0 + 1;", index);
+        else
+            cg_line(t, "long long row0 = head * HEAD_DIM_%u + pair, row1 = row0 + HALF_%u;", index, index);
+        cg_line(t, "dot_rows(%s + row0 * K, %s + row1 * K, 2, %s, %s, t0, tokens, sums, squares);", w0, w0,
+                xs, nw);
+        cg_line(t, "for (int i = 0; i < TOKEN_TILE && lane == 0 && t0 + i < tokens; i++) {");
+        cg_line(t, "float a = sums[i][0] * %s%s%s;", scale, bias0 ? " + " : "", bias0 ? bias0 : "");
+        cg_line(t, "float b = sums[i][1] * %s%s%s;", scale, bias1 ? " + " : "", bias1 ? bias1 : "");
+        cg_line(t, "float angle = (float)%s * INVERSE_FREQUENCY_%u[pair];", cg_load(b, pos, "t0 + i"), index);
+        cg_line(t, "float cosine = cosf(angle), sine = sinf(angle);");
+        cg_line(t, "long long at = (t0 + i) * ROWS_%u;", index);
+        cg_line(t, "%s", cg_store(b, s->p_out, "at + row0", "a * cosine - b * sine"));
+        cg_line(t, "%s", cg_store(b, s->p_out, "at + row1", "b * cosine + a * sine"));
+        cg_line(t, "}");
+        if (s->passed > 0) {
+            cg_line(t, "} else { /* a head dim past the rotary ones: not rotated */");
+            cg_line(t, "long long rest = unit - HEADS_%u * HALF_%u;", index, index);
+            cg_line(t, "long long row0 = rest / PASSED_%u * HEAD_DIM_%u + 2 * HALF_%u + rest %% PASSED_%u;",
+                    index, index, index, index);
+            cg_line(t, "dot_rows(%s + row0 * K, %s + row0 * K, 1, %s, %s, t0, tokens, sums, squares);", w0,
+                    w0, xs, nw);
+            cg_line(t, "for (int i = 0; i < TOKEN_TILE && lane == 0 && t0 + i < tokens; i++) {");
+            const char *at = arena_printf(&e->scratch, "(t0 + i) * ROWS_%u + row0", index);
+            cg_line(t, "%s",
+                    cg_store(b, s->p_out, at,
+                             arena_printf(&e->scratch, "sums[i][0] * %s%s%s", scale, bias0 ? " + " : "",
+                                          bias0 ? bias0 : "")));
+            cg_line(t, "}");
+        }
+        cg_line(t, "}");
+        break;
+    }
+    }
+}
+
+static void write_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x, uint32_t norm_weight,
+                           uint32_t weight) {
+    cg_text *t = &b->text;
+    const char *wt = cg_dtype_ctype(b->params[weight].dtype), *wn = cg_dtype_name(b->params[weight].dtype);
+    const char *xt = cg_dtype_ctype(b->params[x].dtype), *xn = cg_dtype_name(b->params[x].dtype);
+    const char *gt = p->norm ? cg_dtype_ctype(b->params[norm_weight].dtype) : "float";
+    cg_line(t, "/* sums[i][r] = x[t0 + i] . w_r (x scaled by the norm weight when there is one) and");
+    cg_line(t, " * squares[i] = x[t0 + i] . x[t0 + i], each over the whole row in every lane of the");
+    cg_line(t, " * warp; the lanes take 8 consecutive k at a time, every weight byte read once. */");
+    cg_line(t, "SMELT_DEVICE void dot_rows(const %s *w0, const %s *w1, int rows, const %s *x, const %s *g,",
+            wt, wt, xt, gt);
+    cg_line(t, "                           long long t0, int tokens, float sums[TOKEN_TILE][2],");
+    cg_line(t, "                           float squares[TOKEN_TILE])");
+    cg_line(t, "{");
+    cg_line(t, "int lane = threadIdx.x %% 32;");
+    cg_line(t, "for (int i = 0; i < TOKEN_TILE; i++) {");
+    cg_line(t, "sums[i][0] = sums[i][1] = squares[i] = 0.0f;");
+    cg_line(t, "}");
+    cg_line(t, "for (int c = lane; c < K / VECTOR; c += 32) {");
+    cg_line(t, "float a[VECTOR], b[VECTOR], xv[VECTOR];");
+    cg_line(t, "load_%s(w0 + c * VECTOR, a);", wn);
+    cg_line(t, "if (rows == 2)");
+    cg_line(t, "    load_%s(w1 + c * VECTOR, b);", wn);
+    if (p->norm) {
+        cg_line(t, "float gv[VECTOR];");
+        cg_line(t, "load_%s(g + c * VECTOR, gv);", cg_dtype_name(b->params[norm_weight].dtype));
+    } else {
+        cg_line(t, "(void)g;");
+    }
+    cg_line(t, "for (int i = 0; i < TOKEN_TILE && t0 + i < tokens; i++) {");
+    cg_line(t, "load_%s(x + (t0 + i) * K + c * VECTOR, xv);", xn);
+    cg_line(t, "for (int j = 0; j < VECTOR; j++) {");
+    if (p->norm) {
+        cg_line(t, "squares[i] += xv[j] * xv[j];");
+        cg_line(t, "xv[j] *= gv[j];");
+    }
+    cg_line(t, "sums[i][0] += a[j] * xv[j];");
+    cg_line(t, "if (rows == 2)");
+    cg_line(t, "    sums[i][1] += b[j] * xv[j];");
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_line(t, "for (int i = 0; i < TOKEN_TILE && t0 + i < tokens; i++) { /* uniform across the warp */");
+    cg_line(t, "sums[i][0] = warp_sum(sums[i][0]);");
+    cg_line(t, "if (rows == 2)");
+    cg_line(t, "    sums[i][1] = warp_sum(sums[i][1]);");
+    if (p->norm) cg_line(t, "squares[i] = warp_sum(squares[i]);");
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_blank(t);
+}
+
+static uint32_t param_once(cg_kernel_builder *b, const char *name, ir_value_id v, bool is_const) {
+    for (uint32_t i = 0; i < b->k->param_count; i++)
+        if (b->k->params[i].kind == CG_PARAM_VALUE && b->k->params[i].value == v) return i;
+    return cg_param_value(b, name, v, is_const);
+}
+
+bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
+    gemv_plan p;
+    if (!read_group(e, g, &p)) return false;
+    const ir_module *m = e->m;
+    smelt_dtype weight_dtype = cg_storage_dtype(m, p.segments[0].weight[0]);
+    for (uint32_t i = 0; i < p.segment_count; i++)
+        for (int r = 0; r < 2; r++)
+            if (p.segments[i].weight[r] != IR_NO_VALUE &&
+                cg_storage_dtype(m, p.segments[i].weight[r]) != weight_dtype)
+                return refuse(e, "weights of different dtypes");
+    bool vector = p.k % GEMV_VECTOR == 0;
+    int64_t units = 0;
+    cg_text name;
+    cg_text_init(&name);
+    ir_value_id typed[3] = {p.x, p.segments[0].weight[0], p.segments[0].out};
+    cg_text_printf(&name, "gemv_%s_k%lld", cg_dtype_tag(e, typed, 3), (long long)p.k);
+    if (p.norm) cg_text_printf(&name, "_rms%s", cg_float_name(e, p.eps));
+    for (uint32_t i = 0; i < p.segment_count; i++) {
+        cg_text_printf(&name, "_%s", segment_tag(e, &p.segments[i]));
+        if (cg_storage_dtype(m, p.segments[i].out) != cg_storage_dtype(m, p.segments[0].out))
+            cg_text_printf(&name, "%s", cg_dtype_name(cg_storage_dtype(m, p.segments[i].out)));
+        units += p.segments[i].units;
+    }
+    const char *kernel_name = arena_strdup(&e->scratch, name.data);
+    cg_text_free(&name);
+
+    cg_kernel_builder b;
+    cg_kernel_begin(&b, e, kernel_name,
+                    "One warp per unit (a weight row, or the two rows of a rotary pair or of SwiGLU's gate "
+                    "and up), WARPS warps per block: 8 elements of K per lane per load, 128-bit loads, "
+                    "f32 sums reduced across the warp; the norm's sum of squares in the same pass.");
+    b.k->family = "gemv";
+    uint32_t x = cg_param_value(&b, p.norm ? "h" : "x", p.x, true);
+    uint32_t norm_weight = p.norm ? cg_param_value(&b, "norm_weight", p.norm_weight, true) : UINT32_MAX;
+    uint32_t pos = p.pos != IR_NO_VALUE ? cg_param_value(&b, "pos", p.pos, true) : UINT32_MAX;
+    for (uint32_t i = 0; i < p.segment_count; i++) {
+        gemv_segment *s = &p.segments[i];
+        s->p_weight[0] =
+            param_once(&b, arena_printf(&e->scratch, "%s%u", s->kind == GEMV_SWIGLU ? "gate" : "w", i),
+                       s->weight[0], true);
+        if (s->weight[1] != IR_NO_VALUE)
+            s->p_weight[1] = param_once(&b, arena_printf(&e->scratch, "up%u", i), s->weight[1], true);
+        for (int r = 0; r < 2; r++)
+            if (s->bias[r] != IR_NO_VALUE)
+                s->p_bias[r] = param_once(&b, arena_printf(&e->scratch, "bias%u%s", i, r ? "_up" : ""),
+                                          s->bias[r], true);
+        if (s->residual != IR_NO_VALUE)
+            s->p_residual = param_once(&b, arena_printf(&e->scratch, "residual%u", i), s->residual, true);
+        s->p_out = cg_param_value(&b, arena_printf(&e->scratch, "out%u", i), s->out, false);
+    }
+    cg_param_tokens(&b);
+    cg_kernel_launch(&b, (prog_affine){0, units, GEMV_WARPS}, (prog_affine){0, 1, 1}, 32 * GEMV_WARPS);
+    cg_kernel_open(&b);
+    cg_text *t = &b.text;
+    cg_line(t, "enum { K = %lld, VECTOR = %d, WARPS = %d, TOKEN_TILE = %d, UNITS = %lld };", (long long)p.k,
+            vector ? GEMV_VECTOR : 1, GEMV_WARPS, GEMV_TOKEN_TILE, (long long)units);
+    for (uint32_t i = 0; i < p.segment_count; i++) {
+        const gemv_segment *s = &p.segments[i];
+        cg_line(t, "enum { ROWS_%u = %lld, UNITS_%u = %lld };", i, (long long)s->rows, i,
+                (long long)s->units);
+        if (s->kind == GEMV_ROPE) {
+            cg_line(t, "enum { HEADS_%u = %lld, HEAD_DIM_%u = %lld, HALF_%u = %lld, PASSED_%u = %lld };", i,
+                    (long long)s->heads, i, (long long)s->head_dim, i, (long long)s->half, i,
+                    (long long)s->passed);
+            char theta_text[48];
+            cg_line(t,
+                    "/* inv_freq[i] = 1 / theta^(2i / %lld) with theta = %s, in float32 as Hugging Face "
+                    "computes it. */",
+                    (long long)(2 * s->half), ir_format_float(s->theta, theta_text, sizeof theta_text));
+            cg_line(t, "static __device__ const float INVERSE_FREQUENCY_%u[HALF_%u] = {", i, i);
+            int64_t rotary = 2 * s->half;
+            for (int64_t j = 0; j < s->half; j++) {
+                float inverse = 1.0f / powf((float)s->theta, (float)(2 * j) / (float)rotary);
+                cg_line(t, "%s%s", cg_float_literal(e, inverse), j + 1 < s->half ? "," : "");
+            }
+            cg_line(t, "};");
+        }
+    }
+    if (p.norm) cg_line(t, "#define EPS %s", cg_float_literal(e, p.eps));
+    cg_blank(t);
+    cg_write_warp_sum(t);
+    write_loader(t, weight_dtype, vector);
+    if (cg_storage_dtype(m, p.x) != weight_dtype) write_loader(t, cg_storage_dtype(m, p.x), vector);
+    if (p.norm && cg_storage_dtype(m, p.norm_weight) != weight_dtype &&
+        cg_storage_dtype(m, p.norm_weight) != cg_storage_dtype(m, p.x))
+        write_loader(t, cg_storage_dtype(m, p.norm_weight), vector);
+    if (p.norm) {
+        cg_line(t, "SMELT_DEVICE float inverse_rms(float squares)");
+        cg_line(t, "{");
+        cg_line(t, "return 1.0f / sqrtf(squares / (float)K + EPS);");
+        cg_line(t, "}");
+        cg_blank(t);
+    }
+    write_dot_rows(&b, &p, x, norm_weight, p.segments[0].p_weight[0]);
+    cg_kernel_signature(&b);
+    cg_line(t, "int lane = threadIdx.x %% 32;");
+    cg_line(t, "long long global_unit = (long long)blockIdx.x * WARPS + threadIdx.x / 32;");
+    cg_line(t, "if (global_unit >= UNITS)");
+    cg_line(t, "    return; /* the whole warp: past the last unit */");
+    cg_line(t, "float sums[TOKEN_TILE][2], squares[TOKEN_TILE];");
+    cg_line(t, "for (long long t0 = 0; t0 < tokens; t0 += TOKEN_TILE) {");
+    cg_line(t, "long long unit = global_unit;");
+    for (uint32_t i = 0; i < p.segment_count; i++) {
+        if (i + 1 < p.segment_count)
+            cg_line(t, "if (unit < UNITS_%u) { /* %s */", i, segment_tag(e, &p.segments[i]));
+        else
+            cg_line(t, "{ /* %s */", segment_tag(e, &p.segments[i]));
+        write_segment(&b, &p, &p.segments[i], i, x, norm_weight, pos);
+        if (i + 1 < p.segment_count) {
+            cg_line(t, "} else {");
+            cg_line(t, "unit -= UNITS_%u;", i);
+        }
+    }
+    for (uint32_t i = 0; i < p.segment_count; i++)
+        cg_line(t, "}");
+    cg_line(t, "}");
+    cg_kernel_end(&b);
+    e->out->kind = CG_LOWER_KERNELS;
+    e->out->fused_max_tokens = GEMV_TOKEN_TILE;
+    return true;
+}
