@@ -493,6 +493,12 @@ uint32_t cg_param_state(cg_kernel_builder *b, const char *name, uint32_t state, 
     return add_param(b, p, (cg_kernel_param){name, dtype, false});
 }
 
+uint32_t cg_param_op_state(cg_kernel_builder *b, const char *name, uint32_t op, uint32_t state,
+                           smelt_dtype dtype) {
+    cg_param p = {.kind = CG_PARAM_OP_STATE, .value = IR_NO_VALUE, .state = state, .op = op};
+    return add_param(b, p, (cg_kernel_param){name, dtype, false});
+}
+
 uint32_t cg_param_tokens(cg_kernel_builder *b) {
     cg_param p = {.kind = CG_PARAM_TOKENS, .value = IR_NO_VALUE};
     return add_param(b, p, (cg_kernel_param){"tokens", SMELT_DTYPE_I32, true});

@@ -43,15 +43,18 @@
 smelt_dtype cg_storage_dtype(const ir_module *m, ir_value_id v);
 
 typedef enum cg_param_kind {
-    CG_PARAM_VALUE,  /* pointer to the buffer of IR value `value` */
-    CG_PARAM_STATE,  /* pointer to state buffer `state` of this op (see cg_group_lowering) */
-    CG_PARAM_TOKENS, /* int: T, the token count of the step */
+    CG_PARAM_VALUE,    /* pointer to the buffer of IR value `value` */
+    CG_PARAM_STATE,    /* pointer to state buffer `state` of this op (see cg_group_lowering) */
+    CG_PARAM_TOKENS,   /* int: T, the token count of the step */
+    CG_PARAM_OP_STATE, /* pointer to state buffer `state` of another group's op `op` (a GEMV
+                          epilogue writing an attention op's KV cache) */
 } cg_param_kind;
 
 typedef struct cg_param {
     cg_param_kind kind;
     ir_value_id value;  /* CG_PARAM_VALUE */
-    uint32_t state;     /* CG_PARAM_STATE */
+    uint32_t state;     /* CG_PARAM_STATE, CG_PARAM_OP_STATE */
+    uint32_t op;        /* CG_PARAM_OP_STATE: the op owning the state */
     prog_affine extent; /* CG_PARAM_VALUE: the value's bytes at T tokens (its type, storage dtype) */
     bool writes;        /* the kernel stores through this pointer */
 } cg_param;
@@ -64,6 +67,7 @@ typedef struct cg_kernel {
     uint32_t param_count;
     cg_param params[PROG_MAX_ARGS]; /* in the order of the kernel's arguments */
     prog_launch_rule rule;          /* grid affine in T, block, dynamic shared bytes */
+    int64_t min_tokens;             /* runs in steps of at least this many tokens (0: every step) */
 } cg_kernel;
 
 typedef enum cg_lowering_kind {

@@ -37,7 +37,7 @@
 #include <math.h>
 #include <string.h>
 
-enum { GEMV_WARPS = 4, GEMV_TOKEN_TILE = 4, GEMV_VECTOR = 8, GEMV_MAX_SEGMENTS = 8 };
+enum { GEMV_WARPS = 4, GEMV_TOKEN_TILE = IR_GEMV_MAX_TOKENS, GEMV_VECTOR = 8, GEMV_MAX_SEGMENTS = 8 };
 
 typedef enum gemv_kind { GEMV_PLAIN, GEMV_SWIGLU, GEMV_ROPE } gemv_kind;
 
@@ -50,7 +50,11 @@ typedef struct gemv_segment {
     bool interleaved;
     double theta;
     int64_t units;
-    uint32_t p_weight[2], p_bias[2], p_residual, p_out; /* kernel parameters */
+    uint32_t attention; /* the attention op whose K (cache_role 1) or V (2) cache this output
+                           goes to as well (cache_written_upto); IR_NONE */
+    int cache_role;
+    int64_t max_seq;
+    uint32_t p_weight[2], p_bias[2], p_residual, p_out, p_cache, p_written; /* kernel parameters */
 } gemv_segment;
 
 typedef struct gemv_plan {
@@ -214,6 +218,45 @@ static bool read_segment(group_reading *r, gemv_plan *p, uint32_t index, const b
     return true;
 }
 
+/* v itself, or what v is a view (reshape) of. */
+static ir_value_id view_root(const ir_module *m, ir_value_id v) {
+    while (m->ops[m->values[v].def_op].kind == IR_OP_RESHAPE)
+        v = m->ops[m->values[v].def_op].operands[0];
+    return v;
+}
+
+/* The attention ops whose cache the fused kernel writes (cache_written_upto,
+ * passes/fuse.c): their k and v are outputs of this group. */
+static bool find_caches(cg_emit *e, gemv_plan *p) {
+    const ir_module *m = e->m;
+    for (uint32_t i = 0; i < p->segment_count; i++)
+        p->segments[i].attention = IR_NONE;
+    for (uint32_t a = 0; a < m->op_count; a++) {
+        const ir_op *op = &m->ops[a];
+        const ir_attr *upto = ir_op_attr(m, a, "cache_written_upto");
+        if (op->dead || op->kind != IR_OP_ATTENTION || !upto || upto->kind != IR_ATTR_INT || upto->as.i == 0)
+            continue;
+        int found = 0;
+        for (int role = 1; role <= 2; role++)
+            for (uint32_t i = 0; i < p->segment_count; i++) {
+                gemv_segment *s = &p->segments[i];
+                if (view_root(m, op->operands[role]) != s->out) continue;
+                if (s->attention != IR_NONE || s->kind == GEMV_SWIGLU || (role == 2 && s->kind != GEMV_PLAIN))
+                    return refuse(e, "a KV cache write the kernel does not have");
+                s->attention = a;
+                s->cache_role = role;
+                s->max_seq = ir_op_int(m, a, "max_seq");
+                found++;
+            }
+        if (found == 0) continue;
+        if (found != 2 || upto->as.i != IR_GEMV_MAX_TOKENS)
+            return refuse(e, "an attention whose cache it writes only in part");
+        if (p->pos != IR_NO_VALUE && p->pos != op->operands[3]) return refuse(e, "two position inputs");
+        p->pos = op->operands[3];
+    }
+    return true;
+}
+
 /* Reads the group's structure (what fuse.c's rules make) into p. */
 static bool read_group(cg_emit *e, const cg_group *g, gemv_plan *p) {
     const ir_module *m = e->m;
@@ -250,7 +293,7 @@ static bool read_group(cg_emit *e, const cg_group *g, gemv_plan *p) {
         if (!taken[i]) return refuse(e, "an op that is neither the norm, a matmul nor an epilogue");
     if (p->segment_count == 0) return refuse(e, "no matmul");
     p->k = m->values[p->x].type.dims[1].size;
-    return true;
+    return find_caches(e, p);
 }
 
 /* ---- the kernel ------------------------------------------------------------------------- */
@@ -282,6 +325,9 @@ static void write_loader(cg_text *t, smelt_dtype dtype, bool vector) {
 static const char *segment_tag(cg_emit *e, const gemv_segment *s) {
     const char *extras = arena_printf(&e->scratch, "%s%s", s->bias[0] != IR_NO_VALUE ? "b" : "",
                                       s->residual != IR_NO_VALUE ? "r" : "");
+    if (s->cache_role) /* and into a K or V cache of max_seq positions */
+        extras = arena_printf(&e->scratch, "%s%s%lld", extras, s->cache_role == 1 ? "kc" : "vc",
+                              (long long)s->max_seq);
     switch (s->kind) {
     case GEMV_PLAIN: return arena_printf(&e->scratch, "n%lld%s", (long long)s->rows, extras);
     case GEMV_SWIGLU: return arena_printf(&e->scratch, "swiglu%lld%s", (long long)s->rows, extras);
@@ -291,6 +337,42 @@ static const char *segment_tag(cg_emit *e, const gemv_segment *s) {
                             cg_float_name(e, s->theta), extras);
     }
     return "";
+}
+
+/* Stores `value` as the segment's element (t0 + i, row), and into the KV
+ * cache row of the token's position when the segment feeds one. */
+static void write_store(cg_kernel_builder *b, const gemv_segment *s, uint32_t index, const char *row,
+                        const char *value) {
+    cg_emit *e = b->e;
+    cg_text *t = &b->text;
+    const char *at = arena_printf(&e->scratch, "(t0 + i) * ROWS_%u + %s", index, row);
+    if (s->cache_role == 0) {
+        cg_line(t, "%s", cg_store(b, s->p_out, at, value));
+        return;
+    }
+    cg_line(t, "{");
+    cg_line(t, "float stored = %s;", value);
+    cg_line(t, "%s", cg_store(b, s->p_out, at, "stored"));
+    cg_line(t, "if (position >= 0 && position < MAX_SEQ_%u) /* the %s cache row of this position */", index,
+            s->cache_role == 1 ? "K" : "V");
+    cg_line(t, "    %s",
+            cg_store(b, s->p_cache,
+                     arena_printf(&e->scratch, "(long long)position * ROWS_%u + %s", index, row), "stored"));
+    cg_line(t, "}");
+}
+
+/* The first lines of a token loop: the token's position when the segment
+ * writes a KV cache, and (unit 0 of the keys) its written flag. */
+static void write_position(cg_kernel_builder *b, const gemv_segment *s, uint32_t index, uint32_t pos,
+                           bool flag_unit) {
+    if (s->cache_role == 0) return;
+    cg_text *t = &b->text;
+    cg_line(t, "int position = %s;", cg_load(b, pos, "t0 + i"));
+    if (s->cache_role == 1 && flag_unit) {
+        cg_line(t, "if (unit == 0 && position >= 0 && position < MAX_SEQ_%u)", index);
+        cg_line(t, "    %s[position] = 1; /* attention reads this position from now on */",
+                b->params[s->p_written].name);
+    }
 }
 
 /* The per-segment body: the unit's rows, their dot products, the epilogue. */
@@ -309,11 +391,12 @@ static void write_segment(cg_kernel_builder *b, const gemv_plan *p, const gemv_s
         cg_line(t, "dot_rows(%s + row0 * K, %s + row0 * K, 1, %s, %s, t0, tokens, sums, squares);", w0, w0,
                 xs, nw);
         cg_line(t, "for (int i = 0; i < TOKEN_TILE && lane == 0 && t0 + i < tokens; i++) {");
+        write_position(b, s, index, pos, true);
         cg_line(t, "long long at = (t0 + i) * ROWS_%u + row0;", index);
         cg_line(t, "float value = sums[i][0] * %s%s%s%s%s;", scale, bias0 ? " + " : "", bias0 ? bias0 : "",
                 s->residual != IR_NO_VALUE ? " + " : "",
                 s->residual != IR_NO_VALUE ? cg_load(b, s->p_residual, "at") : "");
-        cg_line(t, "%s", cg_store(b, s->p_out, "at", "value"));
+        write_store(b, s, index, "row0", "value");
         cg_line(t, "}");
         break;
     case GEMV_SWIGLU: {
@@ -325,9 +408,7 @@ static void write_segment(cg_kernel_builder *b, const gemv_plan *p, const gemv_s
         cg_line(t, "for (int i = 0; i < TOKEN_TILE && lane == 0 && t0 + i < tokens; i++) {");
         cg_line(t, "float gate = sums[i][0] * %s%s%s;", scale, bias0 ? " + " : "", bias0 ? bias0 : "");
         cg_line(t, "float up = sums[i][1] * %s%s%s;", scale, bias1 ? " + " : "", bias1 ? bias1 : "");
-        cg_line(t, "%s",
-                cg_store(b, s->p_out, arena_printf(&e->scratch, "(t0 + i) * ROWS_%u + row0", index),
-                         "gate / (1.0f + expf(-gate)) * up"));
+        write_store(b, s, index, "row0", "gate / (1.0f + expf(-gate)) * up");
         cg_line(t, "}");
         break;
     }
@@ -342,13 +423,13 @@ static void write_segment(cg_kernel_builder *b, const gemv_plan *p, const gemv_s
         cg_line(t, "dot_rows(%s + row0 * K, %s + row1 * K, 2, %s, %s, t0, tokens, sums, squares);", w0, w0,
                 xs, nw);
         cg_line(t, "for (int i = 0; i < TOKEN_TILE && lane == 0 && t0 + i < tokens; i++) {");
+        write_position(b, s, index, pos, true);
         cg_line(t, "float a = sums[i][0] * %s%s%s;", scale, bias0 ? " + " : "", bias0 ? bias0 : "");
         cg_line(t, "float b = sums[i][1] * %s%s%s;", scale, bias1 ? " + " : "", bias1 ? bias1 : "");
         cg_line(t, "float angle = (float)%s * INVERSE_FREQUENCY_%u[pair];", cg_load(b, pos, "t0 + i"), index);
         cg_line(t, "float cosine = cosf(angle), sine = sinf(angle);");
-        cg_line(t, "long long at = (t0 + i) * ROWS_%u;", index);
-        cg_line(t, "%s", cg_store(b, s->p_out, "at + row0", "a * cosine - b * sine"));
-        cg_line(t, "%s", cg_store(b, s->p_out, "at + row1", "b * cosine + a * sine"));
+        write_store(b, s, index, "row0", "a * cosine - b * sine");
+        write_store(b, s, index, "row1", "b * cosine + a * sine");
         cg_line(t, "}");
         if (s->passed > 0) {
             cg_line(t, "} else { /* a head dim past the rotary ones: not rotated */");
@@ -358,11 +439,10 @@ static void write_segment(cg_kernel_builder *b, const gemv_plan *p, const gemv_s
             cg_line(t, "dot_rows(%s + row0 * K, %s + row0 * K, 1, %s, %s, t0, tokens, sums, squares);", w0,
                     w0, xs, nw);
             cg_line(t, "for (int i = 0; i < TOKEN_TILE && lane == 0 && t0 + i < tokens; i++) {");
-            const char *at = arena_printf(&e->scratch, "(t0 + i) * ROWS_%u + row0", index);
-            cg_line(t, "%s",
-                    cg_store(b, s->p_out, at,
-                             arena_printf(&e->scratch, "sums[i][0] * %s%s%s", scale, bias0 ? " + " : "",
-                                          bias0 ? bias0 : "")));
+            write_position(b, s, index, pos, false);
+            write_store(b, s, index, "row0",
+                        arena_printf(&e->scratch, "sums[i][0] * %s%s%s", scale, bias0 ? " + " : "",
+                                     bias0 ? bias0 : ""));
             cg_line(t, "}");
         }
         cg_line(t, "}");
@@ -478,6 +558,15 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
         if (s->residual != IR_NO_VALUE)
             s->p_residual = param_once(&b, arena_printf(&e->scratch, "residual%u", i), s->residual, true);
         s->p_out = cg_param_value(&b, arena_printf(&e->scratch, "out%u", i), s->out, false);
+        if (s->cache_role == 1) {
+            s->p_cache = cg_param_op_state(&b, arena_printf(&e->scratch, "k_cache%u", i), s->attention,
+                                           CG_STATE_KEYS, cg_storage_dtype(m, s->out));
+            s->p_written = cg_param_op_state(&b, arena_printf(&e->scratch, "written%u", i), s->attention,
+                                             CG_STATE_WRITTEN, SMELT_DTYPE_I32);
+        } else if (s->cache_role == 2) {
+            s->p_cache = cg_param_op_state(&b, arena_printf(&e->scratch, "v_cache%u", i), s->attention,
+                                           CG_STATE_VALUES, cg_storage_dtype(m, s->out));
+        }
     }
     cg_param_tokens(&b);
     cg_kernel_launch(&b, (prog_affine){0, units, GEMV_WARPS}, (prog_affine){0, 1, 1}, 32 * GEMV_WARPS);
@@ -489,6 +578,9 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
         const gemv_segment *s = &p.segments[i];
         cg_line(t, "enum { ROWS_%u = %lld, UNITS_%u = %lld };", i, (long long)s->rows, i,
                 (long long)s->units);
+        if (s->cache_role)
+            cg_line(t, "enum { MAX_SEQ_%u = %lld }; /* positions of the KV cache */", i,
+                    (long long)s->max_seq);
         if (s->kind == GEMV_ROPE) {
             cg_line(t, "enum { HEADS_%u = %lld, HEAD_DIM_%u = %lld, HALF_%u = %lld, PASSED_%u = %lld };", i,
                     (long long)s->heads, i, (long long)s->head_dim, i, (long long)s->half, i,
@@ -547,6 +639,6 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     cg_line(t, "}");
     cg_kernel_end(&b);
     e->out->kind = CG_LOWER_KERNELS;
-    e->out->fused_max_tokens = GEMV_TOKEN_TILE;
+    e->out->fused_max_tokens = IR_GEMV_MAX_TOKENS;
     return true;
 }

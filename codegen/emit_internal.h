@@ -162,6 +162,9 @@ void cg_kernel_begin(cg_kernel_builder *b, cg_emit *e, const char *name, const c
 uint32_t cg_param_value(cg_kernel_builder *b, const char *name, ir_value_id v, bool is_const);
 uint32_t cg_param_state(cg_kernel_builder *b, const char *name, uint32_t state, smelt_dtype dtype);
 uint32_t cg_param_tokens(cg_kernel_builder *b);
+/* State buffer `state` of op `op` of another group (its emitter's numbering). */
+uint32_t cg_param_op_state(cg_kernel_builder *b, const char *name, uint32_t op, uint32_t state,
+                           smelt_dtype dtype);
 /* The launch: grid along x, y, z and block threads along x (y = z = 1). */
 void cg_kernel_launch(cg_kernel_builder *b, prog_affine grid_x, prog_affine grid_y, uint32_t block_x);
 /* Writes the opening comment and the #include; then the emitter writes its

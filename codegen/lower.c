@@ -234,6 +234,7 @@ static bool build_launch(lowering_state *s, uint32_t g, const cg_kernel *k, prog
     prog_launch *launch = &instr->as.launch;
     instr->op = PROG_OP_LAUNCH;
     launch->kernel = add_kernel(s, k);
+    instr->min_tokens = k->min_tokens;
     launch->rule = k->rule;
     launch->arg_count = k->param_count;
     for (uint32_t p = 0; p < k->param_count; p++) {
@@ -241,6 +242,16 @@ static bool build_launch(lowering_state *s, uint32_t g, const cg_kernel *k, prog
         prog_arg *arg = &launch->args[p];
         switch (param->kind) {
         case CG_PARAM_TOKENS: arg->kind = PROG_ARG_TOKENS; break;
+        case CG_PARAM_OP_STATE: {
+            uint32_t step = s->m->ops[param->op].step;
+            if (step >= s->step_count || param->state >= s->lowerings[step].state_count)
+                SMELT_DIE("%s: op %u has no state %u", k->name, param->op, param->state);
+            arg->kind = PROG_ARG_POINTER;
+            arg->ref = (prog_ref){PROG_BUFFER_STATE, s->state_base[step] + param->state, 0};
+            arg->extent = (prog_affine){0, (int64_t)s->lowerings[step].state_bytes[param->state], 1};
+            arg->writes = param->writes;
+            break;
+        }
         case CG_PARAM_STATE:
             arg->kind = PROG_ARG_POINTER;
             arg->ref = (prog_ref){PROG_BUFFER_STATE, s->state_base[g] + param->state, 0};

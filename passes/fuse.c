@@ -25,6 +25,11 @@
  *     reader: a bias add (a [N] weight), then one of: a residual add (an
  *     operand of exactly the result's type), rope through a reshape to
  *     [T, H, Dh], or SwiGLU — silu of it times the result of a sibling.
+ *   - fuse_kv_cache_write: an attention op whose k and v are made by one
+ *     fused GEMV group (k through rope or plain, v plain) gets
+ *     cache_written_upto = IR_GEMV_MAX_TOKENS: that kernel writes the K/V
+ *     cache in its epilogue in the steps it runs, so the attention group
+ *     only reads the cache there (it writes it itself in larger steps).
  *   A rule never merges a value that something outside the group also reads
  *   (it would have to be written anyway), nor shapes or dtypes the kernel
  *   does not take; tests/ir/fuse.ir has a case for each refusal.
@@ -224,6 +229,38 @@ static void fuse_epilogues(fuse_state *s) {
         if (is_gemv_matmul(s, i)) fuse_epilogue_of(s, i);
 }
 
+/* The fused GEMV group (more than one op, one a matmul) whose segment
+ * output v is: v made by a rope, a matmul or a bias add of that group.
+ * IR_NONE otherwise. */
+static uint32_t gemv_output_group(const fuse_state *s, ir_value_id v, bool rope_allowed) {
+    const ir_module *m = s->m;
+    uint32_t def = m->values[v].def_op, g = s->leader[def];
+    ir_op_kind kind = m->ops[def].kind;
+    if (g == IR_NONE || !(kind == IR_OP_MATMUL || kind == IR_OP_ADD || (rope_allowed && kind == IR_OP_ROPE)))
+        return IR_NONE;
+    uint32_t ops = 0;
+    bool matmul = false;
+    for (uint32_t i = g; i < m->op_count; i++)
+        if (s->leader[i] == g) {
+            ops++;
+            matmul |= m->ops[i].kind == IR_OP_MATMUL;
+        }
+    return ops > 1 && matmul ? g : IR_NONE;
+}
+
+static void fuse_kv_cache_write(fuse_state *s) {
+    ir_module *m = s->m;
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *op = &m->ops[i];
+        if (op->dead || op->kind != IR_OP_ATTENTION) continue;
+        ir_value_id k = s->root[op->operands[1]], v = s->root[op->operands[2]];
+        uint32_t g = gemv_output_group(s, k, true);
+        if (g != IR_NONE && gemv_output_group(s, v, false) == g && is_float(type_of(s, k)) &&
+            is_float(type_of(s, v)))
+            ir_op_set_int(m, i, "cache_written_upto", IR_GEMV_MAX_TOKENS);
+    }
+}
+
 /* ---- the pass ----------------------------------------------------------------------------- */
 
 static bool apply_rules(ir_module *m, uint32_t *leader, diag_engine *d) {
@@ -240,6 +277,7 @@ static bool apply_rules(ir_module *m, uint32_t *leader, diag_engine *d) {
         fuse_sibling_matmuls(&s);
         fuse_norm_prologue(&s);
         fuse_epilogues(&s);
+        fuse_kv_cache_write(&s);
     } else {
         diag_error(d, SMELT_NO_LOC, "out of memory fusing %u ops", m->op_count);
     }
@@ -255,8 +293,12 @@ bool pass_fuse(ir_module *m, const pass_options *o, diag_engine *d) {
         diag_error(d, SMELT_NO_LOC, "out of memory fusing %u ops", m->op_count);
         return false;
     }
-    for (uint32_t i = 0; i < m->op_count; i++)
+    for (uint32_t i = 0; i < m->op_count; i++) {
         leader[i] = ir_op_launches(m, i) ? i : IR_NONE;
+        const ir_attr *written = ir_op_attr(m, i, "cache_written_upto"); /* a rule's, set again below */
+        if (written && written->kind == IR_ATTR_INT && written->as.i != 0)
+            ir_op_set_int(m, i, "cache_written_upto", 0);
+    }
     bool ok = (o && o->no_fuse) || apply_rules(m, leader, d);
     /* Groups numbered by their first op, in program order. */
     uint32_t groups = 0;
