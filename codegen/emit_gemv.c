@@ -392,10 +392,11 @@ static void write_segment(cg_kernel_builder *b, const gemv_plan *p, const gemv_s
                 xs, nw);
         cg_line(t, "for (int i = 0; i < TOKEN_TILE && lane == 0 && t0 + i < tokens; i++) {");
         write_position(b, s, index, pos, true);
-        cg_line(t, "long long at = (t0 + i) * ROWS_%u + row0;", index);
         cg_line(t, "float value = sums[i][0] * %s%s%s%s%s;", scale, bias0 ? " + " : "", bias0 ? bias0 : "",
                 s->residual != IR_NO_VALUE ? " + " : "",
-                s->residual != IR_NO_VALUE ? cg_load(b, s->p_residual, "at") : "");
+                s->residual != IR_NO_VALUE
+                    ? cg_load(b, s->p_residual, arena_printf(&e->scratch, "(t0 + i) * ROWS_%u + row0", index))
+                    : "");
         write_store(b, s, index, "row0", "value");
         cg_line(t, "}");
         break;
@@ -414,7 +415,8 @@ static void write_segment(cg_kernel_builder *b, const gemv_plan *p, const gemv_s
     }
     case GEMV_ROPE: {
         const char *bias1 = s->bias[0] != IR_NO_VALUE ? cg_load(b, s->p_bias[0], "row1") : NULL;
-        cg_line(t, "if (unit < HEADS_%u * HALF_%u) { /* a rotary pair */", index, index);
+        cg_line(t, "/* a rotary pair, or a head dim past the rotary ones */");
+        cg_line(t, "if (unit < HEADS_%u * HALF_%u) {", index, index);
         cg_line(t, "long long head = unit / HALF_%u, pair = unit %% HALF_%u;", index, index);
         if (s->interleaved)
             cg_line(t, "long long row0 = head * HEAD_DIM_%u + 2 * pair, row1 = row0 + 1;", index);
@@ -432,7 +434,7 @@ static void write_segment(cg_kernel_builder *b, const gemv_plan *p, const gemv_s
         write_store(b, s, index, "row1", "b * cosine + a * sine");
         cg_line(t, "}");
         if (s->passed > 0) {
-            cg_line(t, "} else { /* a head dim past the rotary ones: not rotated */");
+            cg_line(t, "} else {");
             cg_line(t, "long long rest = unit - HEADS_%u * HALF_%u;", index, index);
             cg_line(t, "long long row0 = rest / PASSED_%u * HEAD_DIM_%u + 2 * HALF_%u + rest %% PASSED_%u;",
                     index, index, index, index);
@@ -493,7 +495,8 @@ static void write_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x,
     cg_line(t, "}");
     cg_line(t, "}");
     cg_line(t, "}");
-    cg_line(t, "for (int i = 0; i < TOKEN_TILE && t0 + i < tokens; i++) { /* uniform across the warp */");
+    cg_line(t, "/* the bound is uniform across the warp: every lane shuffles */");
+    cg_line(t, "for (int i = 0; i < TOKEN_TILE && t0 + i < tokens; i++) {");
     cg_line(t, "sums[i][0] = warp_sum(sums[i][0]);");
     cg_line(t, "if (rows == 2)");
     cg_line(t, "    sums[i][1] = warp_sum(sums[i][1]);");
@@ -599,6 +602,10 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
             cg_line(t, "};");
         }
     }
+    cg_text_printf(t, "enum { START_0 = 0"); /* the first unit of each output */
+    for (uint32_t i = 1; i <= p.segment_count; i++)
+        cg_text_printf(t, ", START_%u = START_%u + UNITS_%u", i, i - 1, i - 1);
+    cg_text_printf(t, " };\n");
     if (p.norm) cg_line(t, "#define EPS %s", cg_float_literal(e, p.eps));
     cg_blank(t);
     cg_write_warp_sum(t);
@@ -622,20 +629,21 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     cg_line(t, "    return; /* the whole warp: past the last unit */");
     cg_line(t, "float sums[TOKEN_TILE][2], squares[TOKEN_TILE];");
     cg_line(t, "for (long long t0 = 0; t0 < tokens; t0 += TOKEN_TILE) {");
-    cg_line(t, "long long unit = global_unit;");
     for (uint32_t i = 0; i < p.segment_count; i++) {
-        if (i + 1 < p.segment_count)
-            cg_line(t, "if (unit < UNITS_%u) { /* %s */", i, segment_tag(e, &p.segments[i]));
+        const char *tag = segment_tag(e, &p.segments[i]);
+        if (p.segment_count == 1)
+            cg_line(t, "{");
+        else if (i == 0)
+            cg_line(t, "if (global_unit < START_1) {");
+        else if (i + 1 < p.segment_count)
+            cg_line(t, "} else if (global_unit < START_%u) {", i + 1);
         else
-            cg_line(t, "{ /* %s */", segment_tag(e, &p.segments[i]));
-        write_segment(&b, &p, &p.segments[i], i, x, norm_weight, pos);
-        if (i + 1 < p.segment_count) {
             cg_line(t, "} else {");
-            cg_line(t, "unit -= UNITS_%u;", i);
-        }
+        cg_line(t, "/* output %u: %s */", i, tag);
+        cg_line(t, "long long unit = global_unit - START_%u;", i);
+        write_segment(&b, &p, &p.segments[i], i, x, norm_weight, pos);
     }
-    for (uint32_t i = 0; i < p.segment_count; i++)
-        cg_line(t, "}");
+    cg_line(t, "}");
     cg_line(t, "}");
     cg_kernel_end(&b);
     e->out->kind = CG_LOWER_KERNELS;
