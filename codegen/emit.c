@@ -845,7 +845,10 @@ bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_low
     bool fused = g->op_count > 1, gemv = false;
     for (uint32_t i = 0; i < g->op_count && fused; i++)
         gemv |= m->ops[g->ops[i]].kind == IR_OP_MATMUL;
-    if (fused && !gemv) {
+    ir_op_kind last = m->ops[g->ops[g->op_count - 1]].kind;
+    bool add_norm = fused && !gemv && g->op_count == 2 && m->ops[op].kind == IR_OP_ADD &&
+                    (last == IR_OP_RMS_NORM || last == IR_OP_LAYER_NORM);
+    if (fused && !gemv && !add_norm) {
         diag_error(d, m->ops[op].loc,
                    "codegen has no emitter for a kernel group of %u ops (group %u starts with '%s'): "
                    "the fusion rule that made it needs one",
@@ -879,7 +882,10 @@ bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_low
     e.op = op;
     e.ir = &m->ops[op];
     if (ok && rule->kind == CG_LOWER_KERNELS)
-        ok = (fused ? cg_emit_gemv_group(&e, g) : rule->emit(&e)) && check_grids(&e);
+        ok = (add_norm ? cg_emit_add_norm(&e, g)
+              : fused  ? cg_emit_gemv_group(&e, g)
+                       : rule->emit(&e)) &&
+             check_grids(&e);
     text_arena = NULL;
     arena_free(&e.scratch);
     if (!ok) {

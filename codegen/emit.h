@@ -118,7 +118,8 @@ typedef struct cg_group {
  * after the lowering passes); strings go to `a`. A group of one op goes to
  * the emitter of the op's family (ops.def's family column); the fusion rules
  * that make larger groups come with emitters for them, registered here:
- * a group holding a matmul is a GEMV group (codegen/emit_gemv.c).
+ * a group holding a matmul is a GEMV group (codegen/emit_gemv.c); an add
+ * and the norm of its result, a residual norm (emit_norm.c).
  * Errors (a dtype without kernels, a symbolic dim that is not the token dim 0,
  * a group no emitter takes) are reported at the group's first op and give
  * false. */

@@ -4,31 +4,36 @@
  *
  * The group's matmuls are laid side by side as one weight of N rows (as if
  * concatenated along N at compile time): the work is a list of segments,
- * one per group output, each a number of units, and one warp computes one
- * unit — one or two weight rows against the rows of x:
+ * one per group output, each a number of units; a unit — one or two
+ * weight rows against the rows of x — runs on LANES (4) lanes of a warp,
+ * so a warp holds 8 units and one shuffle reduces 8 sums:
  *
  *   plain   out[t, n] = x[t] . w[n] (+ bias[n]) (+ residual[t, n])
  *   swiglu  out[t, n] = silu(x[t] . gate[n] + bg[n]) * (x[t] . up[n] + bu[n])
- *           (the gate and up rows of n in one warp: both weights once)
+ *           (the gate and up rows of n in one unit: both weights once)
  *   rope    the rotary pair (i, i + r/2) (neox) or (2i, 2i + 1) (interleaved)
- *           of a head in one warp, rotated by pos[t] * inv_freq[i] (inverse
+ *           of a head in one unit, rotated by pos[t] * inv_freq[i] (inverse
  *           frequencies baked in as emit_rope.c bakes them); the head dims
  *           past the rotary ones are plain units
  *
  * With an rms_norm prologue the kernel reads the norm's input h and its
  * weight g: x[t] . w[n] = inverse_rms(t) * sum_k w[n, k] h[t, k] g[k], and
  * the sum of squares of h[t] is accumulated in the same pass as the dot
- * product, so each warp gets it for free (no norm launch, no second pass).
+ * product, so each unit gets it for free (no norm launch, no second pass).
  *
  * Every lane reads 8 consecutive elements of K at a time — one 128-bit load
  * of a bf16 weight row, two of an f32 one (smelt_load_global_128) — when K
  * is a multiple of 8 (every row then starts 16-byte aligned: the arena and
  * the weights are 256-byte aligned); otherwise one element at a time. The
- * partial sums are reduced across the warp with shuffles, in f32. Every
+ * partial sums are reduced across the unit's lanes with shuffles, in f32
+ * (every lane of the warp runs the dot product and its shuffles together;
+ * the units then part ways for their epilogues). Every
  * weight byte is read once for up to TOKEN_TILE tokens; larger T loops over
  * tiles of tokens (the plan runs the unfused lowering above the threshold,
- * codegen/lower.c). Blocks are WARPS warps: N / WARPS blocks for N rows, so
- * a decoder layer's projections fill every SM.
+ * codegen/lower.c). Blocks are WARPS (2) warps: N / 16 blocks for N rows, so
+ * a decoder layer's projections fill every SM (Llama-3-8B's QKV: 224 blocks).
+ * A unit's 4 lanes read 64 consecutive bytes of its bf16 row per load: whole
+ * 32-byte sectors.
  */
 #include "emit_internal.h"
 
@@ -37,7 +42,13 @@
 #include <math.h>
 #include <string.h>
 
-enum { GEMV_WARPS = 4, GEMV_TOKEN_TILE = IR_GEMV_MAX_TOKENS, GEMV_VECTOR = 8, GEMV_MAX_SEGMENTS = 8 };
+enum {
+    GEMV_WARPS = 2,
+    GEMV_LANES = 4,
+    GEMV_TOKEN_TILE = IR_GEMV_MAX_TOKENS,
+    GEMV_VECTOR = 8,
+    GEMV_MAX_SEGMENTS = 8
+};
 
 typedef enum gemv_kind { GEMV_PLAIN, GEMV_SWIGLU, GEMV_ROPE } gemv_kind;
 
@@ -375,77 +386,83 @@ static void write_position(cg_kernel_builder *b, const gemv_segment *s, uint32_t
     }
 }
 
-/* The per-segment body: the unit's rows, their dot products, the epilogue. */
-static void write_segment(cg_kernel_builder *b, const gemv_plan *p, const gemv_segment *s, uint32_t index,
-                          uint32_t x, uint32_t norm_weight, uint32_t pos) {
-    cg_emit *e = b->e;
+/* The unit's rows of output `index`: row0 (and row1), the weight rows wa
+ * and wb, rows = 1 or 2; pair for a rotary pair. */
+static void write_select(cg_kernel_builder *b, const gemv_segment *s, uint32_t index) {
     cg_text *t = &b->text;
     const char *w0 = b->params[s->p_weight[0]].name;
-    const char *nw = p->norm ? b->params[norm_weight].name : "0";
-    const char *xs = b->params[x].name;
-    const char *scale = p->norm ? "inverse_rms(squares[i])" : "1.0f";
-    const char *bias0 = s->bias[0] != IR_NO_VALUE ? cg_load(b, s->p_bias[0], "row0") : NULL;
     switch (s->kind) {
     case GEMV_PLAIN:
-        cg_line(t, "long long row0 = unit;");
-        cg_line(t, "dot_rows(%s + row0 * K, %s + row0 * K, 1, %s, %s, t0, tokens, sums, squares);", w0, w0,
-                xs, nw);
-        cg_line(t, "for (int i = 0; i < TOKEN_TILE && lane == 0 && t0 + i < tokens; i++) {");
+        cg_line(t, "row0 = unit;");
+        cg_line(t, "wa = wb = %s + row0 * K;", w0);
+        break;
+    case GEMV_SWIGLU:
+        cg_line(t, "row0 = unit;");
+        cg_line(t, "wa = %s + row0 * K; /* gate */", w0);
+        cg_line(t, "wb = %s + row0 * K; /* up */", b->params[s->p_weight[1]].name);
+        cg_line(t, "rows = 2;");
+        break;
+    case GEMV_ROPE:
+        cg_line(t, "if (unit < HEADS_%u * HALF_%u) { /* a rotary pair */", index, index);
+        cg_line(t, "long long head = unit / HALF_%u;", index);
+        cg_line(t, "pair = unit %% HALF_%u;", index);
+        if (s->interleaved)
+            cg_line(t, "row0 = head * HEAD_DIM_%u + 2 * pair, row1 = row0 + 1;", index);
+        else
+            cg_line(t, "row0 = head * HEAD_DIM_%u + pair, row1 = row0 + HALF_%u;", index, index);
+        cg_line(t, "rows = 2;");
+        if (s->passed > 0) {
+            cg_line(t, "} else { /* a head dim past the rotary ones: not rotated */");
+            cg_line(t, "long long rest = unit - HEADS_%u * HALF_%u;", index, index);
+            cg_line(t, "row0 = row1 = rest / PASSED_%u * HEAD_DIM_%u + 2 * HALF_%u + rest %% PASSED_%u;",
+                    index, index, index, index);
+        }
+        cg_line(t, "}");
+        cg_line(t, "wa = %s + row0 * K;", w0);
+        cg_line(t, "wb = %s + row1 * K;", w0);
+        break;
+    }
+}
+
+/* The epilogue of output `index` for token t0 + i: bias, residual, rope,
+ * SwiGLU; the stores (and the KV cache's). */
+static void write_epilogue(cg_kernel_builder *b, const gemv_plan *p, const gemv_segment *s, uint32_t index,
+                           uint32_t pos) {
+    cg_emit *e = b->e;
+    cg_text *t = &b->text;
+    const char *scale = p->norm ? "inverse_rms(squares[i])" : "1.0f";
+    const char *bias0 = s->bias[0] != IR_NO_VALUE ? cg_load(b, s->p_bias[0], "row0") : NULL;
+    const char *plus0 = bias0 ? " + " : "";
+    switch (s->kind) {
+    case GEMV_PLAIN:
         write_position(b, s, index, pos, true);
-        cg_line(t, "float value = sums[i][0] * %s%s%s%s%s;", scale, bias0 ? " + " : "", bias0 ? bias0 : "",
+        cg_line(t, "float value = sums[i][0] * %s%s%s%s%s;", scale, plus0, bias0 ? bias0 : "",
                 s->residual != IR_NO_VALUE ? " + " : "",
                 s->residual != IR_NO_VALUE
                     ? cg_load(b, s->p_residual, arena_printf(&e->scratch, "(t0 + i) * ROWS_%u + row0", index))
                     : "");
         write_store(b, s, index, "row0", "value");
-        cg_line(t, "}");
         break;
     case GEMV_SWIGLU: {
-        const char *w1 = b->params[s->p_weight[1]].name;
         const char *bias1 = s->bias[1] != IR_NO_VALUE ? cg_load(b, s->p_bias[1], "row0") : NULL;
-        cg_line(t, "long long row0 = unit;");
-        cg_line(t, "dot_rows(%s + row0 * K, %s + row0 * K, 2, %s, %s, t0, tokens, sums, squares);", w0, w1,
-                xs, nw);
-        cg_line(t, "for (int i = 0; i < TOKEN_TILE && lane == 0 && t0 + i < tokens; i++) {");
-        cg_line(t, "float gate = sums[i][0] * %s%s%s;", scale, bias0 ? " + " : "", bias0 ? bias0 : "");
+        cg_line(t, "float gate = sums[i][0] * %s%s%s;", scale, plus0, bias0 ? bias0 : "");
         cg_line(t, "float up = sums[i][1] * %s%s%s;", scale, bias1 ? " + " : "", bias1 ? bias1 : "");
         write_store(b, s, index, "row0", "gate / (1.0f + expf(-gate)) * up");
-        cg_line(t, "}");
         break;
     }
     case GEMV_ROPE: {
         const char *bias1 = s->bias[0] != IR_NO_VALUE ? cg_load(b, s->p_bias[0], "row1") : NULL;
-        cg_line(t, "/* a rotary pair, or a head dim past the rotary ones */");
-        cg_line(t, "if (unit < HEADS_%u * HALF_%u) {", index, index);
-        cg_line(t, "long long head = unit / HALF_%u, pair = unit %% HALF_%u;", index, index);
-        if (s->interleaved)
-            cg_line(t, "long long row0 = head * HEAD_DIM_%u + 2 * pair, row1 = row0 + 1;", index);
-        else
-            cg_line(t, "long long row0 = head * HEAD_DIM_%u + pair, row1 = row0 + HALF_%u;", index, index);
-        cg_line(t, "dot_rows(%s + row0 * K, %s + row1 * K, 2, %s, %s, t0, tokens, sums, squares);", w0, w0,
-                xs, nw);
-        cg_line(t, "for (int i = 0; i < TOKEN_TILE && lane == 0 && t0 + i < tokens; i++) {");
         write_position(b, s, index, pos, true);
-        cg_line(t, "float a = sums[i][0] * %s%s%s;", scale, bias0 ? " + " : "", bias0 ? bias0 : "");
+        cg_line(t, "float a = sums[i][0] * %s%s%s;", scale, plus0, bias0 ? bias0 : "");
+        cg_line(t, "if (rows == 2) { /* a rotary pair */");
         cg_line(t, "float b = sums[i][1] * %s%s%s;", scale, bias1 ? " + " : "", bias1 ? bias1 : "");
         cg_line(t, "float angle = (float)%s * INVERSE_FREQUENCY_%u[pair];", cg_load(b, pos, "t0 + i"), index);
         cg_line(t, "float cosine = cosf(angle), sine = sinf(angle);");
         write_store(b, s, index, "row0", "a * cosine - b * sine");
         write_store(b, s, index, "row1", "b * cosine + a * sine");
-        cg_line(t, "}");
         if (s->passed > 0) {
             cg_line(t, "} else {");
-            cg_line(t, "long long rest = unit - HEADS_%u * HALF_%u;", index, index);
-            cg_line(t, "long long row0 = rest / PASSED_%u * HEAD_DIM_%u + 2 * HALF_%u + rest %% PASSED_%u;",
-                    index, index, index, index);
-            cg_line(t, "dot_rows(%s + row0 * K, %s + row0 * K, 1, %s, %s, t0, tokens, sums, squares);", w0,
-                    w0, xs, nw);
-            cg_line(t, "for (int i = 0; i < TOKEN_TILE && lane == 0 && t0 + i < tokens; i++) {");
-            write_position(b, s, index, pos, false);
-            write_store(b, s, index, "row0",
-                        arena_printf(&e->scratch, "sums[i][0] * %s%s%s", scale, bias0 ? " + " : "",
-                                     bias0 ? bias0 : ""));
-            cg_line(t, "}");
+            write_store(b, s, index, "row0", "a");
         }
         cg_line(t, "}");
         break;
@@ -455,23 +472,36 @@ static void write_segment(cg_kernel_builder *b, const gemv_plan *p, const gemv_s
 
 static void write_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x, uint32_t norm_weight,
                            uint32_t weight) {
+    bool two_rows = false; /* a rotary or SwiGLU pair: some unit reads two rows */
+    for (uint32_t i = 0; i < p->segment_count; i++)
+        two_rows |= p->segments[i].kind != GEMV_PLAIN;
     cg_text *t = &b->text;
     const char *wt = cg_dtype_ctype(b->params[weight].dtype), *wn = cg_dtype_name(b->params[weight].dtype);
     const char *xt = cg_dtype_ctype(b->params[x].dtype), *xn = cg_dtype_name(b->params[x].dtype);
     const char *gt = p->norm ? cg_dtype_ctype(b->params[norm_weight].dtype) : "float";
+    cg_line(t, "/* The sum over the LANES lanes of a unit (an aligned group of the warp), in each;");
+    cg_line(t, " * every lane of the warp takes part. */");
+    cg_line(t, "SMELT_DEVICE float unit_sum(float v)");
+    cg_line(t, "{");
+    cg_line(t, "for (int offset = LANES / 2; offset > 0; offset /= 2)");
+    cg_line(t, "    v += smelt_shfl_xor_f32(0xffffffffu, v, offset);");
+    cg_line(t, "return v;");
+    cg_line(t, "}");
+    cg_blank(t);
     cg_line(t, "/* sums[i][r] = x[t0 + i] . w_r (x scaled by the norm weight when there is one) and");
-    cg_line(t, " * squares[i] = x[t0 + i] . x[t0 + i], each over the whole row in every lane of the");
-    cg_line(t, " * warp; the lanes take 8 consecutive k at a time, every weight byte read once. */");
+    cg_line(t, " * squares[i] = x[t0 + i] . x[t0 + i], over the whole row, in every lane of the unit;");
+    cg_line(t, " * its lanes take VECTOR consecutive k at a time, every weight byte read once. Called");
+    cg_line(t, " * by every lane of the warp together (the reductions shuffle). */");
     cg_line(t, "SMELT_DEVICE void dot_rows(const %s *w0, const %s *w1, int rows, const %s *x, const %s *g,",
             wt, wt, xt, gt);
     cg_line(t, "                           long long t0, int tokens, float sums[TOKEN_TILE][2],");
     cg_line(t, "                           float squares[TOKEN_TILE])");
     cg_line(t, "{");
-    cg_line(t, "int lane = threadIdx.x %% 32;");
+    cg_line(t, "int lane = threadIdx.x %% LANES;");
     cg_line(t, "for (int i = 0; i < TOKEN_TILE; i++) {");
     cg_line(t, "sums[i][0] = sums[i][1] = squares[i] = 0.0f;");
     cg_line(t, "}");
-    cg_line(t, "for (int c = lane; c < K / VECTOR; c += 32) {");
+    cg_line(t, "for (int c = lane; c < K / VECTOR; c += LANES) {");
     cg_line(t, "float a[VECTOR], b[VECTOR], xv[VECTOR];");
     cg_line(t, "load_%s(w0 + c * VECTOR, a);", wn);
     cg_line(t, "if (rows == 2)");
@@ -497,10 +527,9 @@ static void write_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x,
     cg_line(t, "}");
     cg_line(t, "/* the bound is uniform across the warp: every lane shuffles */");
     cg_line(t, "for (int i = 0; i < TOKEN_TILE && t0 + i < tokens; i++) {");
-    cg_line(t, "sums[i][0] = warp_sum(sums[i][0]);");
-    cg_line(t, "if (rows == 2)");
-    cg_line(t, "    sums[i][1] = warp_sum(sums[i][1]);");
-    if (p->norm) cg_line(t, "squares[i] = warp_sum(squares[i]);");
+    cg_line(t, "sums[i][0] = unit_sum(sums[i][0]);");
+    if (two_rows) cg_line(t, "sums[i][1] = unit_sum(sums[i][1]);");
+    if (p->norm) cg_line(t, "squares[i] = unit_sum(squares[i]);");
     cg_line(t, "}");
     cg_line(t, "}");
     cg_blank(t);
@@ -539,10 +568,12 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     cg_text_free(&name);
 
     cg_kernel_builder b;
-    cg_kernel_begin(&b, e, kernel_name,
-                    "One warp per unit (a weight row, or the two rows of a rotary pair or of SwiGLU's gate "
-                    "and up), WARPS warps per block: 8 elements of K per lane per load, 128-bit loads, "
-                    "f32 sums reduced across the warp; the norm's sum of squares in the same pass.");
+    cg_kernel_begin(
+        &b, e, kernel_name,
+        "One unit (a weight row, or the two rows of a rotary pair or of SwiGLU's gate and up) per "
+        "LANES lanes, WARPS warps per block: VECTOR elements of K per lane per load (128-bit "
+        "loads), f32 sums reduced across the unit's lanes; the norm's sum of squares in the same "
+        "pass");
     b.k->family = "gemv";
     uint32_t x = cg_param_value(&b, p.norm ? "h" : "x", p.x, true);
     uint32_t norm_weight = p.norm ? cg_param_value(&b, "norm_weight", p.norm_weight, true) : UINT32_MAX;
@@ -572,11 +603,13 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
         }
     }
     cg_param_tokens(&b);
-    cg_kernel_launch(&b, (prog_affine){0, units, GEMV_WARPS}, (prog_affine){0, 1, 1}, 32 * GEMV_WARPS);
+    cg_kernel_launch(&b, (prog_affine){0, units, GEMV_WARPS * (32 / GEMV_LANES)}, (prog_affine){0, 1, 1},
+                     32 * GEMV_WARPS);
     cg_kernel_open(&b);
     cg_text *t = &b.text;
-    cg_line(t, "enum { K = %lld, VECTOR = %d, WARPS = %d, TOKEN_TILE = %d, UNITS = %lld };", (long long)p.k,
-            vector ? GEMV_VECTOR : 1, GEMV_WARPS, GEMV_TOKEN_TILE, (long long)units);
+    cg_line(t, "enum { K = %lld, VECTOR = %d, WARPS = %d, LANES = %d, UNITS_PER_WARP = 32 / LANES };",
+            (long long)p.k, vector ? GEMV_VECTOR : 1, GEMV_WARPS, GEMV_LANES);
+    cg_line(t, "enum { TOKEN_TILE = %d, UNITS = %lld };", GEMV_TOKEN_TILE, (long long)units);
     for (uint32_t i = 0; i < p.segment_count; i++) {
         const gemv_segment *s = &p.segments[i];
         cg_line(t, "enum { ROWS_%u = %lld, UNITS_%u = %lld };", i, (long long)s->rows, i,
@@ -608,7 +641,6 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     cg_text_printf(t, " };\n");
     if (p.norm) cg_line(t, "#define EPS %s", cg_float_literal(e, p.eps));
     cg_blank(t);
-    cg_write_warp_sum(t);
     write_loader(t, weight_dtype, vector);
     if (cg_storage_dtype(m, p.x) != weight_dtype) write_loader(t, cg_storage_dtype(m, p.x), vector);
     if (p.norm && cg_storage_dtype(m, p.norm_weight) != weight_dtype &&
@@ -623,14 +655,36 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     }
     write_dot_rows(&b, &p, x, norm_weight, p.segments[0].p_weight[0]);
     cg_kernel_signature(&b);
-    cg_line(t, "int lane = threadIdx.x %% 32;");
-    cg_line(t, "long long global_unit = (long long)blockIdx.x * WARPS + threadIdx.x / 32;");
-    cg_line(t, "if (global_unit >= UNITS)");
+    bool rope = false;
+    for (uint32_t i = 0; i < p.segment_count; i++)
+        rope |= p.segments[i].kind == GEMV_ROPE;
+    const char *wtype = cg_dtype_ctype(weight_dtype), *first = b.params[p.segments[0].p_weight[0]].name;
+    cg_line(t, "long long warp_unit = ((long long)blockIdx.x * WARPS + threadIdx.x / 32) * UNITS_PER_WARP;");
+    cg_line(t, "if (warp_unit >= UNITS)");
     cg_line(t, "    return; /* the whole warp: past the last unit */");
+    cg_line(t, "long long global_unit = warp_unit + threadIdx.x %% 32 / LANES;");
+    cg_line(t, "int active = global_unit < UNITS, first_lane = threadIdx.x %% LANES == 0;");
+    cg_line(t, "/* The unit's weight rows (an inactive unit reads row 0 and stores nothing). */");
+    cg_line(t, "long long unit = 0, row0 = 0%s;", rope ? ", row1 = 0, pair = 0" : "");
+    cg_line(t, "const %s *wa = %s, *wb = %s;", wtype, first, first);
+    cg_line(t, "int rows = 1;");
+    for (uint32_t i = 0; i < p.segment_count; i++) {
+        if (i == 0) cg_line(t, "if (!active) {");
+        if (i + 1 < p.segment_count)
+            cg_line(t, "} else if (global_unit < START_%u) {", i + 1);
+        else
+            cg_line(t, "} else {");
+        cg_line(t, "/* output %u: %s */", i, segment_tag(e, &p.segments[i]));
+        cg_line(t, "unit = global_unit - START_%u;", i);
+        write_select(&b, &p.segments[i], i);
+    }
+    cg_line(t, "}");
     cg_line(t, "float sums[TOKEN_TILE][2], squares[TOKEN_TILE];");
     cg_line(t, "for (long long t0 = 0; t0 < tokens; t0 += TOKEN_TILE) {");
+    cg_line(t, "dot_rows(wa, wb, rows, %s, %s, t0, tokens, sums, squares);", b.params[x].name,
+            p.norm ? b.params[norm_weight].name : "0");
+    cg_line(t, "for (int i = 0; i < TOKEN_TILE && active && first_lane && t0 + i < tokens; i++) {");
     for (uint32_t i = 0; i < p.segment_count; i++) {
-        const char *tag = segment_tag(e, &p.segments[i]);
         if (p.segment_count == 1)
             cg_line(t, "{");
         else if (i == 0)
@@ -639,10 +693,10 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
             cg_line(t, "} else if (global_unit < START_%u) {", i + 1);
         else
             cg_line(t, "} else {");
-        cg_line(t, "/* output %u: %s */", i, tag);
-        cg_line(t, "long long unit = global_unit - START_%u;", i);
-        write_segment(&b, &p, &p.segments[i], i, x, norm_weight, pos);
+        cg_line(t, "/* output %u */", i);
+        write_epilogue(&b, &p, &p.segments[i], i, pos);
     }
+    cg_line(t, "}");
     cg_line(t, "}");
     cg_line(t, "}");
     cg_kernel_end(&b);

@@ -81,6 +81,7 @@ bool cg_emit_slice(cg_emit *e);      /* emit_layout.c */
 bool cg_emit_argmax(cg_emit *e);     /* emit_argmax.c */
 /* A fused group of several ops; e->op is its first. */
 bool cg_emit_gemv_group(cg_emit *e, const cg_group *g); /* emit_gemv.c */
+bool cg_emit_add_norm(cg_emit *e, const cg_group *g);   /* emit_norm.c: {add, rms_norm | layer_norm} */
 
 /* Operand i / result i of the op. */
 ir_value_id cg_operand(const cg_emit *e, uint32_t i);

@@ -30,7 +30,12 @@
  *     cache_written_upto = IR_GEMV_MAX_TOKENS: that kernel writes the K/V
  *     cache in its epilogue in the steps it runs, so the attention group
  *     only reads the cache there (it writes it itself in larger steps).
- *   A rule never merges a value that something outside the group also reads
+ *   and, where no GEMV group took the norm (GPT-2's in_out matmuls; a norm
+ *   read by other ops),
+ *   - fuse_residual_norm: add(a, b) and the rms_norm or layer_norm of its
+ *     result, a, b and the result of one type [T, D]: one kernel writes the
+ *     new residual and the normalised row (codegen/emit_norm.c).
+ *   Other rules never merge a value that something outside the group reads
  *   (it would have to be written anyway), nor shapes or dtypes the kernel
  *   does not take; tests/ir/fuse.ir has a case for each refusal.
  * Breaks: schedule and plan-memory (their annotations are cleared: a new
@@ -248,6 +253,33 @@ static uint32_t gemv_output_group(const fuse_state *s, ir_value_id v, bool rope_
     return ops > 1 && matmul ? g : IR_NONE;
 }
 
+/* Ops in op i's group (1 for an op alone). */
+static uint32_t group_size(const fuse_state *s, uint32_t i) {
+    uint32_t g = s->leader[i], n = 0;
+    for (uint32_t j = g; g != IR_NONE && j < s->m->op_count; j++)
+        n += s->leader[j] == g;
+    return n;
+}
+
+static void fuse_residual_norm(fuse_state *s) {
+    const ir_module *m = s->m;
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *norm = &m->ops[i];
+        if (norm->dead || (norm->kind != IR_OP_RMS_NORM && norm->kind != IR_OP_LAYER_NORM) ||
+            group_size(s, i) != 1)
+            continue;
+        ir_value_id x = norm->operands[0];
+        uint32_t add = m->values[x].def_op;
+        const ir_op *ao = &m->ops[add];
+        if (ao->kind != IR_OP_ADD || group_size(s, add) != 1 || !is_token_rows(s, type_of(s, x)) ||
+            !ir_type_equal(type_of(s, ao->operands[0]), type_of(s, x)) ||
+            !ir_type_equal(type_of(s, ao->operands[1]), type_of(s, x)) ||
+            !ir_type_equal(type_of(s, norm->results[0]), type_of(s, x)))
+            continue;
+        merge_groups(s, s->leader[add], s->leader[i]);
+    }
+}
+
 static void fuse_kv_cache_write(fuse_state *s) {
     ir_module *m = s->m;
     for (uint32_t i = 0; i < m->op_count; i++) {
@@ -278,6 +310,7 @@ static bool apply_rules(ir_module *m, uint32_t *leader, diag_engine *d) {
         fuse_norm_prologue(&s);
         fuse_epilogues(&s);
         fuse_kv_cache_write(&s);
+        fuse_residual_norm(&s);
     } else {
         diag_error(d, SMELT_NO_LOC, "out of memory fusing %u ops", m->op_count);
     }

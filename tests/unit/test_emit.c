@@ -726,6 +726,29 @@ static void test_gemv_residual_and_swiglu(void **state) {
     }
 }
 
+/* The residual norm: add and the norm of its sum in one kernel, which
+ * writes both (RMSNorm; LayerNorm with and without a bias). */
+static void test_residual_norm(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++)
+        for (int kind = 0; kind < 3; kind++) {
+            emit_case *c = case_new(precisions[p]);
+            ir_value_id a = case_input(c, "a", "f32[tokens, 300]"),
+                        b = case_input(c, "b", "f32[tokens, 300]");
+            ir_value_id w = case_weight(c, "f32[300]"), bias = case_weight(c, "f32[300]");
+            uint32_t add = case_op(c, IR_OP_ADD, (ir_value_id[]){a, b}, 2);
+            ir_value_id operands[3] = {case_result(c, add), w, bias};
+            uint32_t norm =
+                case_op(c, kind == 0 ? IR_OP_RMS_NORM : IR_OP_LAYER_NORM, operands, kind == 2 ? 3 : 2);
+            ir_op_set_float(&c->m, norm, "eps", 1e-5);
+            case_infer(c);
+            const uint32_t ops[2] = {add, norm};
+            const ir_value_id outputs[2] = {case_result(c, add), case_result(c, norm)};
+            case_run_group(c, ops, 2, outputs, 2, 3, F32_TOLERANCE);
+            case_free(c);
+        }
+}
+
 /* Rows that int indices cannot hold, and grids a GPU cannot launch, are
  * errors at compile time, not faults at run time. */
 static void test_sizes_beyond_kernel_limits(void **state) {
@@ -775,6 +798,7 @@ int main(void) {
         cmocka_unit_test(test_group_without_emitter_is_refused),
         cmocka_unit_test(test_gemv_norm_qkv_rope),
         cmocka_unit_test(test_gemv_residual_and_swiglu),
+        cmocka_unit_test(test_residual_norm),
     };
     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
 }
