@@ -30,8 +30,9 @@
  * the units then part ways for their epilogues). Every
  * weight byte is read once for up to TOKEN_TILE tokens; larger T loops over
  * tiles of tokens (the plan runs the unfused lowering above the threshold,
- * codegen/lower.c). Blocks are WARPS (2) warps: N / 16 blocks for N rows, so
- * a decoder layer's projections fill every SM (Llama-3-8B's QKV: 224 blocks).
+ * codegen/lower.c). Blocks are WARPS warps (2, 4 or 8, block_warps), as
+ * many as keep every SM of an H200 busy (Llama-3-8B: QKV, o and down 224 to
+ * 256 blocks of 2 warps, gate/up 448 of 4, the lm_head 2004 of 8).
  * A unit's 4 lanes read 64 consecutive bytes of its bf16 row per load: whole
  * 32-byte sectors.
  */
@@ -42,13 +43,7 @@
 #include <math.h>
 #include <string.h>
 
-enum {
-    GEMV_WARPS = 2,
-    GEMV_LANES = 4,
-    GEMV_TOKEN_TILE = IR_GEMV_MAX_TOKENS,
-    GEMV_VECTOR = 8,
-    GEMV_MAX_SEGMENTS = 8
-};
+enum { GEMV_LANES = 4, GEMV_TOKEN_TILE = IR_GEMV_MAX_TOKENS, GEMV_VECTOR = 8, GEMV_MAX_SEGMENTS = 8 };
 
 typedef enum gemv_kind { GEMV_PLAIN, GEMV_SWIGLU, GEMV_ROPE } gemv_kind;
 
@@ -535,6 +530,18 @@ static void write_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x,
     cg_blank(t);
 }
 
+/* Warps per block for `units` units (8 a warp): the most, of 8, 4 and 2,
+ * that still leave two blocks per SM of an H200 (132 SMs), else one block
+ * per SM; a model too small to fill the SMs at all gets 8 (the fewest
+ * blocks, which is also what the simulator runs fastest). */
+static int block_warps(int64_t units) {
+    const int64_t sms = 132;
+    for (int64_t wanted = 2 * sms; wanted >= sms; wanted -= sms)
+        for (int warps = 8; warps >= 2; warps /= 2)
+            if ((units + warps * (32 / GEMV_LANES) - 1) / (warps * (32 / GEMV_LANES)) >= wanted) return warps;
+    return 8;
+}
+
 static uint32_t param_once(cg_kernel_builder *b, const char *name, ir_value_id v, bool is_const) {
     for (uint32_t i = 0; i < b->k->param_count; i++)
         if (b->k->params[i].kind == CG_PARAM_VALUE && b->k->params[i].value == v) return i;
@@ -603,12 +610,13 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
         }
     }
     cg_param_tokens(&b);
-    cg_kernel_launch(&b, (prog_affine){0, units, GEMV_WARPS * (32 / GEMV_LANES)}, (prog_affine){0, 1, 1},
-                     32 * GEMV_WARPS);
+    int warps = block_warps(units);
+    cg_kernel_launch(&b, (prog_affine){0, units, warps * (32 / GEMV_LANES)}, (prog_affine){0, 1, 1},
+                     32 * (uint32_t)warps);
     cg_kernel_open(&b);
     cg_text *t = &b.text;
     cg_line(t, "enum { K = %lld, VECTOR = %d, WARPS = %d, LANES = %d, UNITS_PER_WARP = 32 / LANES };",
-            (long long)p.k, vector ? GEMV_VECTOR : 1, GEMV_WARPS, GEMV_LANES);
+            (long long)p.k, vector ? GEMV_VECTOR : 1, warps, GEMV_LANES);
     cg_line(t, "enum { TOKEN_TILE = %d, UNITS = %lld };", GEMV_TOKEN_TILE, (long long)units);
     for (uint32_t i = 0; i < p.segment_count; i++) {
         const gemv_segment *s = &p.segments[i];
