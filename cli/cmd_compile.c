@@ -146,13 +146,14 @@ int cmd_compile(int argc, char **argv) {
     drv_compile_report report;
     bool ok = drv_compile(c.model_path, &c.source, &c.plan, c.output_path, &report, &d);
     if (ok)
-        fprintf(stderr,
-                "smelt: wrote %s: %u kernels (%u compile jobs, %u from the cache), %u launches per step, "
-                "arena %.1f MiB, weights %.1f MiB, %.1f MiB in all, %.2f s\n"
-                "smelt: content hash %s\n",
-                c.output_path, report.kernel_count, report.compile_jobs, report.cache_hits,
-                report.launches_per_step, report.arena_bytes / 1048576.0, report.weight_bytes / 1048576.0,
-                report.file_size / 1048576.0, report.seconds, report.content_hash);
+        fprintf(
+            stderr,
+            "smelt: wrote %s: %u kernels (%u compile jobs, %u from the cache), %u launches per decode step, "
+            "arena %.1f MiB, weights %.1f MiB, %.1f MiB in all, %.2f s\n"
+            "smelt: content hash %s\n",
+            c.output_path, report.kernel_count, report.compile_jobs, report.cache_hits,
+            report.launches_per_step, report.arena_bytes / 1048576.0, report.weight_bytes / 1048576.0,
+            report.file_size / 1048576.0, report.seconds, report.content_hash);
     status = ok && !diag_has_errors(&d) ? CLI_OK : CLI_INPUT_ERROR;
     diag_free(&d);
     return status;

@@ -12,8 +12,8 @@
  *   (codegen/emit.h).
  * Rules (each a function below; none with pass_options.no_fuse, which keeps
  *   one op per group — the kernels smelt had before fusion). They build the
- *   one fused group codegen has an emitter for, a GEMV group
- *   (codegen/emit_gemv.c): matmuls over one input, each weight read once by
+ *   fused groups codegen has emitters for: a GEMV group
+ *   (codegen/emit_gemv.c), matmuls over one input, each weight read once by
  *   one kernel, with
  *   - fuse_sibling_matmuls: matmuls (out_in layout, a [N, K] weight) that
  *     read the same [T, K] value and whose weights share a dtype (Q, K and
@@ -24,7 +24,7 @@
  *   - fuse_epilogues: on each matmul's result, when the next op is its only
  *     reader: a bias add (a [N] weight), then one of: a residual add (an
  *     operand of exactly the result's type), rope through a reshape to
- *     [T, H, Dh], or SwiGLU — silu of it times the result of a sibling.
+ *     [T, H, Dh], or SwiGLU — silu of it times the result of a sibling;
  *   - fuse_kv_cache_write: an attention op whose k and v are made by one
  *     fused GEMV group (k through rope or plain, v plain) gets
  *     cache_written_upto = IR_GEMV_MAX_TOKENS: that kernel writes the K/V
