@@ -187,6 +187,8 @@ int cli_lowering_option(cli_args *a, drv_lowering *o) {
     unsigned tokens;
     if (cli_flag_value(a, "--precision", &value)) {
         if (!value || !cli_parse_precision(a, value, &o->precision)) return CLI_USAGE_ERROR;
+    } else if (cli_flag(a, "--no-fuse")) {
+        o->no_fuse = true;
     } else if (cli_flag_value(a, "--max-step-tokens", &value)) {
         if (!value || !cli_parse_count(a, value, &tokens)) return CLI_USAGE_ERROR;
         o->max_step_tokens = tokens;
@@ -219,6 +221,9 @@ int cli_model_option(cli_args *a, drv_model_options *o) {
     } else if (cli_flag_value(a, "--precision", &value)) {
         if (!value || !cli_parse_precision(a, value, &o->precision)) return CLI_USAGE_ERROR;
         if (!a->source_option) a->source_option = "--precision";
+    } else if (cli_flag(a, "--no-fuse")) {
+        o->no_fuse = true;
+        if (!a->source_option) a->source_option = "--no-fuse";
     } else if (cli_flag_value(a, "--expect-hash", &value)) {
         if (!value) return CLI_USAGE_ERROR;
         o->expected_hash = value;

@@ -32,6 +32,8 @@ static const char usage[] = "usage: smelt compile MODEL [options] -o model.plan\
                             "  --tokenizer bytes         store a byte tokenizer (ids 0..255 are bytes; BOS\n"
                             "                            and EOS from config.json) for `smelt run --prompt`\n"
                             "                            (the plan keeps the model's EOS ids either way)\n"
+                            "  --no-fuse                 one op per kernel: no fusion rule (for comparison\n"
+                            "                            and debugging)\n"
                             "  --max-step-tokens N       tokens per step the memory plan is sized for\n"
                             "                            (default: the model's bound, at most 512)\n"
                             "  -j N                      compile threads (default: every core)\n"
@@ -113,6 +115,8 @@ static int parse_arguments(int argc, char **argv, compile_command *c) {
             if (!value || !cli_parse_count(&a, value, &c->max_step_tokens)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "-j", &value)) {
             if (!value || !cli_parse_count(&a, value, &c->jobs)) return CLI_USAGE_ERROR;
+        } else if (cli_flag(&a, "--no-fuse")) {
+            c->plan.no_fuse = true;
         } else if (cli_flag(&a, "--no-cache")) {
             c->plan.no_cache = true;
         } else if (cli_flag_value(&a, "--print-ir-after", &value)) {
@@ -155,13 +159,14 @@ int cmd_compile(int argc, char **argv) {
     drv_compile_report report;
     bool ok = drv_compile(c.model_path, &c.source, &c.plan, c.output_path, &report, &d);
     if (ok)
-        fprintf(stderr,
-                "smelt: wrote %s: %u kernels (%u compile jobs, %u from the cache), %u launches per step, "
-                "arena %.1f MiB, weights %.1f MiB, %.1f MiB in all, %.2f s\n"
-                "smelt: content hash %s\n",
-                c.output_path, report.kernel_count, report.compile_jobs, report.cache_hits,
-                report.launches_per_step, report.arena_bytes / 1048576.0, report.weight_bytes / 1048576.0,
-                report.file_size / 1048576.0, report.seconds, report.content_hash);
+        fprintf(
+            stderr,
+            "smelt: wrote %s: %u kernels (%u compile jobs, %u from the cache), %u launches per decode step, "
+            "arena %.1f MiB, weights %.1f MiB, %.1f MiB in all, %.2f s\n"
+            "smelt: content hash %s\n",
+            c.output_path, report.kernel_count, report.compile_jobs, report.cache_hits,
+            report.launches_per_step, report.arena_bytes / 1048576.0, report.weight_bytes / 1048576.0,
+            report.file_size / 1048576.0, report.seconds, report.content_hash);
     status = ok && !diag_has_errors(&d) ? CLI_OK : CLI_INPUT_ERROR;
     diag_free(&d);
     return status;

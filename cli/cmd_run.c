@@ -47,6 +47,7 @@ static const char usage[] =
     "                         generation_config.json); needed unless the plan\n"
     "                         holds weights\n"
     "  --precision f32|bf16   storage when compiling MODEL in memory (default f32)\n"
+    "  --no-fuse              MODEL: one op per kernel (no fusion rule)\n"
     "  --tokenizer bytes      MODEL: ids 0..255 are bytes (BOS/EOS from config.json)\n"
     "  --expect-hash H        refuse a plan whose content hash (`smelt inspect`)\n"
     "                         is not H, before any of its code is loaded\n"

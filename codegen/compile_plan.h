@@ -42,7 +42,7 @@ typedef struct cg_plan_options {
 
 typedef struct cg_plan_report {
     uint32_t kernel_count;      /* distinct kernels */
-    uint32_t launches_per_step; /* kernel launches + GEMMs in one step */
+    uint32_t launches_per_step; /* kernel launches + GEMMs in a decode step (T = 1) */
     uint32_t compile_jobs;      /* (kernel, arch) pairs */
     uint32_t cache_hits;
     uint64_t arena_bytes;

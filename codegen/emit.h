@@ -45,15 +45,18 @@
 smelt_dtype cg_storage_dtype(const ir_module *m, ir_value_id v);
 
 typedef enum cg_param_kind {
-    CG_PARAM_VALUE,  /* pointer to the buffer of IR value `value` */
-    CG_PARAM_STATE,  /* pointer to state buffer `state` of this op (see cg_group_lowering) */
-    CG_PARAM_TOKENS, /* int: T, the token count of the step */
+    CG_PARAM_VALUE,    /* pointer to the buffer of IR value `value` */
+    CG_PARAM_STATE,    /* pointer to state buffer `state` of this op (see cg_group_lowering) */
+    CG_PARAM_TOKENS,   /* int: T, the token count of the step */
+    CG_PARAM_OP_STATE, /* pointer to state buffer `state` of another group's op `op` (a GEMV
+                          epilogue writing an attention op's KV cache) */
 } cg_param_kind;
 
 typedef struct cg_param {
     cg_param_kind kind;
     ir_value_id value;  /* CG_PARAM_VALUE */
-    uint32_t state;     /* CG_PARAM_STATE */
+    uint32_t state;     /* CG_PARAM_STATE, CG_PARAM_OP_STATE */
+    uint32_t op;        /* CG_PARAM_OP_STATE: the op owning the state */
     prog_affine extent; /* CG_PARAM_VALUE: the value's bytes at T tokens (its type, storage dtype) */
     bool writes;        /* the kernel stores through this pointer */
 } cg_param;
@@ -74,6 +77,7 @@ typedef struct cg_kernel {
      * per block) or computes much (attention) points this at its own cost,
      * in the arena of the kernel's strings, after cg_kernel_end. */
     const prog_cost *cost;
+    int64_t min_tokens;             /* runs in steps of at least this many tokens (0: every step) */
 } cg_kernel;
 
 typedef enum cg_lowering_kind {
@@ -109,6 +113,10 @@ typedef struct cg_group_lowering {
     uint32_t state_count;
     uint64_t state_bytes[CG_MAX_STATES];
     uint64_t state_rows[CG_MAX_STATES]; /* positions (max_seq) each holds; 0: not indexed by position */
+    /* > 0: the kernels are a fused group's, made for steps of at most this
+     * many tokens; a step of more runs the group's ops one by one, each as
+     * cg_emit_op lowers it (codegen/lower.c guards both by the token count). */
+    int64_t fused_max_tokens;
 } cg_group_lowering;
 
 /* A kernel group, as the fuse pass made it (op.group): the ops of one
@@ -130,7 +138,9 @@ typedef struct cg_group {
 /* Emits what group `g` becomes (its ops live and typed with storage dtypes,
  * after the lowering passes); strings go to `a`. A group of one op goes to
  * the emitter of the op's family (ops.def's family column); the fusion rules
- * that make larger groups come with emitters for them, registered here.
+ * that make larger groups come with emitters for them, registered here:
+ * a group holding a matmul is a GEMV group (codegen/emit_gemv.c); an add
+ * and the norm of its result, a residual norm (emit_norm.c).
  * Errors (a dtype without kernels, a symbolic dim that is not the token dim 0,
  * a group no emitter takes) are reported at the group's first op and give
  * false. */

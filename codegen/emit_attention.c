@@ -396,7 +396,13 @@ bool cg_emit_attention(cg_emit *e) {
         e->out->state_bytes[i] = bytes[i];
         e->out->state_rows[i] = i <= CG_STATE_WRITTEN ? (uint64_t)s.max_seq : 0;
     }
-    emit_kv_write(e, &s);
+    /* A GEMV epilogue writes the cache in steps of at most cache_written_upto
+     * tokens (passes/fuse.c); kv_write runs only in larger ones. */
+    int64_t written_upto = cg_attr_int(e, "cache_written_upto", 0);
+    if (written_upto == 0 || written_upto < e->m->planned_tokens) {
+        emit_kv_write(e, &s);
+        e->out->kernels[e->out->kernel_count - 1].min_tokens = written_upto > 0 ? written_upto + 1 : 0;
+    }
     /* Every step runs exactly one of the attention kernels below. */
     prog_affine every_step = {0, 1, 1};
     if (decode) {

@@ -59,6 +59,7 @@ typedef struct cg_emit {
     diag_engine *d;
     int32_t token_symbol;
     cg_group_lowering *out;
+    const cg_group *group; /* the group being emitted (its comment lists every op) */
 } cg_emit;
 
 /* The family emitters. Each fills e->out (kind, kernels, states) or reports
@@ -78,6 +79,9 @@ bool cg_emit_concat(cg_emit *e);     /* emit_layout.c */
 bool cg_emit_split(cg_emit *e);      /* emit_layout.c */
 bool cg_emit_slice(cg_emit *e);      /* emit_layout.c */
 bool cg_emit_argmax(cg_emit *e);     /* emit_argmax.c */
+/* A fused group of several ops; e->op is its first. */
+bool cg_emit_gemv_group(cg_emit *e, const cg_group *g); /* emit_gemv.c */
+bool cg_emit_add_norm(cg_emit *e, const cg_group *g);   /* emit_norm.c: {add, rms_norm | layer_norm} */
 
 /* emit_argmax.c: the plan's greedy kernel; the op is the logits' output (cg_emit_greedy). */
 bool cg_emit_greedy_argmax(cg_emit *e);
@@ -170,6 +174,9 @@ void cg_kernel_begin(cg_kernel_builder *b, cg_emit *e, const char *name, const c
 uint32_t cg_param_value(cg_kernel_builder *b, const char *name, ir_value_id v, bool is_const);
 uint32_t cg_param_state(cg_kernel_builder *b, const char *name, uint32_t state, smelt_dtype dtype);
 uint32_t cg_param_tokens(cg_kernel_builder *b);
+/* State buffer `state` of op `op` of another group (its emitter's numbering). */
+uint32_t cg_param_op_state(cg_kernel_builder *b, const char *name, uint32_t op, uint32_t state,
+                           smelt_dtype dtype);
 /* The launch: grid along x, y, z and block threads along x (y = z = 1). */
 void cg_kernel_launch(cg_kernel_builder *b, prog_affine grid_x, prog_affine grid_y, uint32_t block_x);
 /* Writes the opening comment and the #include; then the emitter writes its

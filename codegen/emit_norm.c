@@ -157,3 +157,104 @@ bool cg_emit_layer_norm(cg_emit *e) {
     e->out->kind = CG_LOWER_KERNELS;
     return true;
 }
+
+/* A fused group {add, norm} (passes/fuse.c, fuse_residual_norm): x = a + b
+ * (the new residual, written out in its storage dtype, as the add alone
+ * would), then the norm of x — one read of a and b, no launch between. The
+ * norm reads x back from where it was just written by the same thread (so
+ * it sees exactly the rounded residual the unfused ops would). */
+bool cg_emit_add_norm(cg_emit *e, const cg_group *g) {
+    const ir_module *m = e->m;
+    if (g->op_count != 2 || m->ops[g->ops[0]].kind != IR_OP_ADD) {
+        diag_error(e->d, e->ir->loc, "codegen cannot emit this group: expected an add and then a norm");
+        return false;
+    }
+    uint32_t add = g->ops[0], norm = g->ops[1];
+    const ir_op *ao = &m->ops[add], *no = &m->ops[norm];
+    bool layer = no->kind == IR_OP_LAYER_NORM, with_bias = layer && no->operand_count == 3;
+    ir_value_id a = ao->operands[0], b = ao->operands[1], x = ao->results[0], out = no->results[0];
+    cg_shape xs = cg_shape_of(e, x), as = cg_shape_of(e, a), bs = cg_shape_of(e, b), os = cg_shape_of(e, out);
+    if ((no->kind != IR_OP_RMS_NORM && !layer) || no->operands[0] != x || !cg_same_shape(&xs, &as) ||
+        !cg_same_shape(&xs, &bs) || !cg_same_shape(&xs, &os) || xs.rank < 1) {
+        diag_error(
+            e->d, e->ir->loc,
+            "codegen cannot emit this group: expected norm(add(a, b)) with a, b and both results of one "
+            "shape");
+        return false;
+    }
+    int64_t width = xs.dims[xs.rank - 1];
+    for (uint32_t i = 1; i < no->operand_count; i++) {
+        cg_shape w = cg_shape_of(e, no->operands[i]);
+        if (w.rank != 1 || w.token0 || w.dims[0] != width) {
+            diag_error(e->d, no->loc, "codegen cannot emit this group: the norm's operand %u is not [%lld]",
+                       i, (long long)width);
+            return false;
+        }
+    }
+    double eps = ir_op_float(m, norm, "eps");
+    ir_value_id stored[6] = {a, b, no->operands[1], with_bias ? no->operands[2] : x, x, out};
+    const char *name =
+        arena_printf(&e->scratch, "add_%s_%s_d%lld_eps%s%s%s", layer ? "layer_norm" : "rms_norm",
+                     cg_dtype_tag(e, stored, 6), (long long)width, cg_float_name(e, eps),
+                     with_bias ? "_bias" : "", rows_tag(e, &xs));
+    uint32_t threads = norm_threads(width);
+    cg_kernel_builder kb;
+    cg_kernel_begin(&kb, e, name,
+                    layer ? "One block per row: residual = a + b (written), then out = (residual - mean) / "
+                            "sqrt(var + eps) * weight (+ bias), the biased variance (torch.nn.LayerNorm)."
+                          : "One block per row: residual = a + b (written), then out = residual / "
+                            "sqrt(mean(residual^2) + eps) * weight (Llama's RMSNorm).");
+    uint32_t pa = cg_param_value(&kb, "a", a, true), pb = cg_param_value(&kb, "b", b, true);
+    uint32_t pw = cg_param_value(&kb, "weight", no->operands[1], true);
+    uint32_t pbias = with_bias ? cg_param_value(&kb, "bias", no->operands[2], true) : 0;
+    uint32_t pr = cg_param_value(&kb, "residual", x, false), po = cg_param_value(&kb, "out", out, false);
+    cg_kernel_launch(&kb, cg_count_blocks(cg_shape_count(&xs, 0, xs.rank - 1u), 1), (prog_affine){0, 1, 1},
+                     threads);
+    cg_kernel_open(&kb);
+    cg_text *t = &kb.text;
+    cg_line(t, "enum { WIDTH = %lld, THREADS = %u };", (long long)width, threads);
+    cg_line(t, "#define EPS %s", cg_float_literal(e, eps));
+    cg_blank(t);
+    cg_write_block_reductions(t, false);
+    cg_kernel_signature(&kb);
+    cg_line(t, "__shared__ float scratch[32];");
+    cg_line(t, "long long base = (long long)blockIdx.x * WIDTH; /* the row's first element */");
+    cg_line(t, "/* each thread reads back only the elements it wrote: no barrier needed */");
+    cg_line(t, "float %s = 0.0f;", layer ? "sum" : "squares");
+    cg_line(t, "for (int i = threadIdx.x; i < WIDTH; i += THREADS) {");
+    cg_line(t, "%s",
+            cg_store(&kb, pr, "base + i",
+                     arena_printf(&e->scratch, "%s + %s", cg_load(&kb, pa, "base + i"),
+                                  cg_load(&kb, pb, "base + i"))));
+    cg_line(t, "float v = %s;", cg_load(&kb, pr, "base + i"));
+    cg_line(t, "%s", layer ? "sum += v;" : "squares += v * v;");
+    cg_line(t, "}");
+    if (layer) {
+        cg_line(t, "float mean = block_sum(sum, scratch) / (float)WIDTH;");
+        cg_line(t, "float squares = 0.0f;");
+        cg_line(t, "for (int i = threadIdx.x; i < WIDTH; i += THREADS) {");
+        cg_line(t, "float centred = %s - mean;", cg_load(&kb, pr, "base + i"));
+        cg_line(t, "squares += centred * centred;");
+        cg_line(t, "}");
+        cg_line(t, "float inverse_std = 1.0f / sqrtf(block_sum(squares, scratch) / (float)WIDTH + EPS);");
+        cg_line(t, "for (int i = threadIdx.x; i < WIDTH; i += THREADS) {");
+        cg_line(t, "float normalised = (%s - mean) * inverse_std;", cg_load(&kb, pr, "base + i"));
+        const char *value = with_bias ? arena_printf(&e->scratch, "normalised * %s + %s",
+                                                     cg_load(&kb, pw, "i"), cg_load(&kb, pbias, "i"))
+                                      : arena_printf(&e->scratch, "normalised * %s", cg_load(&kb, pw, "i"));
+        cg_line(t, "%s", cg_store(&kb, po, "base + i", value));
+        cg_line(t, "}");
+    } else {
+        cg_line(t, "squares = block_sum(squares, scratch);");
+        cg_line(t, "float inverse_rms = 1.0f / sqrtf(squares / (float)WIDTH + EPS);");
+        cg_line(t, "for (int i = threadIdx.x; i < WIDTH; i += THREADS) {");
+        cg_line(t, "float normalised = %s * inverse_rms;", cg_load(&kb, pr, "base + i"));
+        cg_line(t, "%s",
+                cg_store(&kb, po, "base + i",
+                         arena_printf(&e->scratch, "normalised * %s", cg_load(&kb, pw, "i"))));
+        cg_line(t, "}");
+    }
+    cg_kernel_end(&kb);
+    e->out->kind = CG_LOWER_KERNELS;
+    return true;
+}

@@ -18,6 +18,8 @@ typedef struct lowering_state {
     cg_group *groups;             /* [step_count] by launch step */
     cg_group_lowering *lowerings; /* [step_count] */
     uint32_t *state_base;         /* [step_count] first state buffer of the group */
+    cg_group_lowering **unfused;  /* [step_count + 1] a fused group's ops one by one (its op_count
+                                     lowerings), run above its fused_max_tokens; NULL: none */
     uint32_t kernel_capacity;     /* of out->kernels */
     bool greedy;                  /* groups[step_count] is the greedy kernel (cg_emit_greedy) */
 } lowering_state;
@@ -55,6 +57,8 @@ static bool collect_groups(lowering_state *s) {
     uint32_t *group_of_value = arena_array(a, m->value_count ? m->value_count : 1, sizeof *group_of_value);
     uint32_t *reads =
         arena_array(a, m->value_count ? m->value_count : 1, sizeof *reads); /* readers outside */
+    ir_value_id *roots = ir_view_roots(m);
+    if (!roots) arena_out_of_memory();
     for (ir_value_id v = 0; v < m->value_count; v++)
         group_of_value[v] = IR_NONE;
     for (uint32_t i = 0; i < m->op_count; i++) {
@@ -64,13 +68,20 @@ static bool collect_groups(lowering_state *s) {
         for (uint32_t r = 0; r < op->result_count; r++)
             group_of_value[op->results[r]] = op->group;
     }
+    /* A view (reshape) is its root's buffer: of the root's group, and read
+     * where its readers read it. */
+    for (ir_value_id v = 0; v < m->value_count; v++)
+        group_of_value[v] = group_of_value[roots[v]];
     for (uint32_t i = 0; i < m->op_count; i++) {
         const ir_op *op = &m->ops[i];
-        if (op->dead) continue;
+        if (op->dead || (ir_op_info_of(op->kind)->flags & IR_OPF_VIEW)) continue;
         for (uint32_t j = 0; j < op->operand_count; j++)
-            if (op->group == IR_NONE || group_of_value[op->operands[j]] != op->group)
+            if (op->group == IR_NONE || group_of_value[op->operands[j]] != op->group) {
                 reads[op->operands[j]]++;
+                reads[roots[op->operands[j]]]++;
+            }
     }
+    free(roots);
     uint32_t **ops = arena_array(a, n, sizeof *ops); /* each group's ops, filled below */
     for (uint32_t g = 0; g < s->step_count; g++) {
         cg_group *group = &s->groups[g];
@@ -137,11 +148,34 @@ static uint32_t add_kernel(lowering_state *s, const cg_kernel *k) {
     return l->kernel_count++;
 }
 
+/* A fused group's ops, each as it runs alone: what a step of more tokens than
+ * the fused kernel is made for runs (the buffers of the group's inner values
+ * are planned, plan-memory). */
+static bool emit_unfused(lowering_state *s, uint32_t g) {
+    const cg_group *group = &s->groups[g];
+    s->unfused[g] = arena_array(&s->out->arena, group->op_count, sizeof *s->unfused[g]);
+    bool ok = true;
+    for (uint32_t i = 0; i < group->op_count && ok; i++) {
+        ok = cg_emit_op(s->m, group->ops[i], &s->out->arena, &s->unfused[g][i], s->d);
+        if (ok && s->unfused[g][i].state_count > 0)
+            SMELT_DIE("op %u of fused group %u keeps state", group->ops[i], group->id);
+    }
+    return ok;
+}
+
 static bool emit_groups(lowering_state *s) {
     bool ok = true;
     uint32_t states = 0;
+    /* One slot per step and the greedy kernel's; NULL: no unfused ops. */
+    s->unfused = arena_array(&s->out->arena, s->step_count + 1, sizeof *s->unfused);
+    memset(s->unfused, 0, (s->step_count + 1) * sizeof *s->unfused);
     for (uint32_t g = 0; g < s->step_count && !diag_should_stop(s->d); g++) {
         if (!cg_emit_group(s->m, &s->groups[g], &s->out->arena, &s->lowerings[g], s->d)) {
+            ok = false;
+            continue;
+        }
+        int64_t fused = s->lowerings[g].fused_max_tokens;
+        if (fused > 0 && fused < s->m->planned_tokens && !emit_unfused(s, g)) {
             ok = false;
             continue;
         }
@@ -220,6 +254,7 @@ static bool build_launch(lowering_state *s, uint32_t g, const cg_kernel *k, prog
     prog_launch *launch = &instr->as.launch;
     instr->op = PROG_OP_LAUNCH;
     launch->kernel = add_kernel(s, k);
+    instr->min_tokens = k->min_tokens;
     launch->rule = k->rule;
     launch->arg_count = k->param_count;
     for (uint32_t p = 0; p < k->param_count; p++) {
@@ -227,6 +262,16 @@ static bool build_launch(lowering_state *s, uint32_t g, const cg_kernel *k, prog
         prog_arg *arg = &launch->args[p];
         switch (param->kind) {
         case CG_PARAM_TOKENS: arg->kind = PROG_ARG_TOKENS; break;
+        case CG_PARAM_OP_STATE: {
+            uint32_t step = s->m->ops[param->op].step;
+            if (step >= s->step_count || param->state >= s->lowerings[step].state_count)
+                SMELT_DIE("%s: op %u has no state %u", k->name, param->op, param->state);
+            arg->kind = PROG_ARG_POINTER;
+            arg->ref = (prog_ref){PROG_BUFFER_STATE, s->state_base[step] + param->state, 0};
+            arg->extent = (prog_affine){0, (int64_t)s->lowerings[step].state_bytes[param->state], 1};
+            arg->writes = param->writes;
+            break;
+        }
         case CG_PARAM_STATE:
             arg->kind = PROG_ARG_POINTER;
             arg->ref = (prog_ref){PROG_BUFFER_STATE, s->state_base[g] + param->state, 0};
@@ -283,8 +328,11 @@ static bool build_program(lowering_state *s) {
     cg_lowered *l = s->out;
     program *p = &l->program;
     uint32_t count = 0, groups = s->step_count + (s->greedy ? 1 : 0);
-    for (uint32_t g = 0; g < groups; g++)
+    for (uint32_t g = 0; g < groups; g++) {
         count += s->lowerings[g].kind == CG_LOWER_GEMM ? 1 : s->lowerings[g].kernel_count;
+        for (uint32_t i = 0; s->unfused[g] && i < s->groups[g].op_count; i++)
+            count += s->unfused[g][i].kind == CG_LOWER_GEMM ? 1 : s->unfused[g][i].kernel_count;
+    }
     p->instrs = arena_array(&l->arena, count ? count : 1, sizeof *p->instrs);
     p->state_bytes = arena_array(&l->arena, p->state_count ? p->state_count : 1, sizeof *p->state_bytes);
     p->state_rows = arena_array(&l->arena, p->state_count ? p->state_count : 1, sizeof *p->state_rows);
@@ -296,6 +344,10 @@ static bool build_program(lowering_state *s) {
             p->state_bytes[s->state_base[g] + st] = lo->state_bytes[st];
             p->state_rows[s->state_base[g] + st] = lo->state_rows[st];
         }
+        /* A fused group with its unfused ops: the fused kernels for T <= its
+         * bound, the ops one by one above it. */
+        int64_t bound = s->unfused[g] ? lo->fused_max_tokens : 0;
+        uint32_t from = p->instr_count;
         if (lo->kind == CG_LOWER_GEMM) {
             prog_instr *instr = &p->instrs[p->instr_count++];
             instr->ir_op = first;
@@ -311,12 +363,37 @@ static bool build_program(lowering_state *s) {
                     lo->kernels[k].cost ? *lo->kernels[k].cost : program_launch_cost(p, &instr->as.launch);
             }
         }
+        for (uint32_t i = from; i < p->instr_count; i++)
+            p->instrs[i].max_tokens = bound;
+        for (uint32_t i = 0; s->unfused[g] && i < s->groups[g].op_count; i++) {
+            const cg_group_lowering *one = &s->unfused[g][i];
+            uint32_t op = s->groups[g].ops[i];
+            from = p->instr_count;
+            if (one->kind == CG_LOWER_GEMM) {
+                prog_instr *instr = &p->instrs[p->instr_count++];
+                instr->ir_op = op;
+                ok = build_gemm(s, op, instr) && ok;
+                instr->cost = program_gemm_cost(&instr->as.gemm);
+            }
+            for (uint32_t k = 0; one->kind == CG_LOWER_KERNELS && k < one->kernel_count; k++) {
+                prog_instr *instr = &p->instrs[p->instr_count++];
+                instr->ir_op = op;
+                ok = build_launch(s, g, &one->kernels[k], instr) && ok;
+                instr->cost =
+                    one->kernels[k].cost ? *one->kernels[k].cost : program_launch_cost(p, &instr->as.launch);
+            }
+            for (uint32_t k = from; k < p->instr_count; k++)
+                p->instrs[k].min_tokens = bound + 1;
+        }
     }
     if (s->greedy) {
         p->has_greedy = true;
         p->greedy_token = (prog_ref){PROG_BUFFER_STATE, s->state_base[s->step_count], 0};
     }
-    l->launches_per_step = p->instr_count - (s->greedy ? 1 : 0); /* the greedy launch: only when asked */
+    /* Of a decode step (T = 1); the greedy launch runs only when asked. */
+    l->launches_per_step = 0;
+    for (uint32_t i = 0; i + (s->greedy ? 1 : 0) < p->instr_count; i++)
+        l->launches_per_step += prog_instr_runs(&p->instrs[i], 1);
     (void)m;
     return ok;
 }

@@ -28,7 +28,8 @@ typedef struct cg_lowered {
     cg_kernel *kernels; /* distinct kernels, indexed by prog_launch.kernel */
     uint32_t kernel_count;
     program program;            /* arrays in the arena */
-    uint32_t launches_per_step; /* kernel launches + GEMMs of one step */
+    uint32_t launches_per_step; /* kernel launches + GEMMs of a decode step (T = 1; instructions
+                                   guarded for larger steps are not counted) */
 } cg_lowered;
 
 /* `out` is initialised whatever the result. A module the lowering passes

@@ -143,6 +143,7 @@ typedef struct drv_model_options {
                                  params when source.config_path is NULL); NULL: the plan holds them */
     drv_backend backend;
     drv_precision precision; /* when compiling a source */
+    bool no_fuse;            /* when compiling a source: one op per kernel (--no-fuse) */
     bool byte_tokenizer;     /* when compiling a source: ids 0..255 are bytes (BOS/EOS from config.json) */
     bool random_weights;     /* bind every weight of the plan to noise (for timing) */
     unsigned random_seed;
@@ -206,6 +207,7 @@ typedef struct drv_compile_options {
     uint32_t arch_count;
     bool host;                /* build the host simulator's object */
     int64_t max_step_tokens;  /* tokens per step the arena is sized for; 0: the model's bound */
+    bool no_fuse;             /* one op per kernel: the fuse pass applies no rule */
     unsigned jobs;            /* compile threads; 0: every core */
     bool no_cache;            /* do not use the kernel cache */
     const char *weights_path; /* NULL: weights are bound at run time */
@@ -217,7 +219,7 @@ typedef struct drv_compile_options {
 
 typedef struct drv_compile_report {
     uint32_t kernel_count;      /* distinct kernels */
-    uint32_t launches_per_step; /* kernel launches + GEMMs in one step */
+    uint32_t launches_per_step; /* kernel launches + GEMMs in a decode step (T = 1) */
     uint32_t compile_jobs;      /* (kernel, arch) pairs */
     uint32_t cache_hits;
     uint64_t arena_bytes;
@@ -240,11 +242,12 @@ typedef enum drv_ir_format { DRV_IR_TEXT, DRV_IR_JSON, DRV_IR_DOT } drv_ir_forma
  * `after` ("all": every pass), printing the IR after the passes named by
  * print_after (NULL, a name or "all") to stderr, then the result to
  * output_path (NULL or "-": stdout; the file is written only on success). */
-/* What the lowering passes are told: --precision's policy and the tokens per
- * step buffers are sized for (0: the model's bound). */
+/* What the lowering passes are told: --precision's policy, the tokens per
+ * step buffers are sized for (0: the model's bound) and --no-fuse. */
 typedef struct drv_lowering {
     drv_precision precision;
     int64_t max_step_tokens;
+    bool no_fuse; /* --no-fuse: one op per kernel (the fuse pass applies no rule) */
 } drv_lowering;
 
 bool drv_ir_print_model(const char *model_path, const drv_source_options *source, const char *after,

@@ -247,6 +247,7 @@ static bool model_step(const plan_facts *f, step_kind s, step_model *out) {
     double t = (double)s.tokens, c = (double)s.context;
     for (uint32_t i = 0; i < p->instr_count; i++) {
         const prog_instr *in = &p->instrs[i];
+        if (!prog_instr_runs(in, s.tokens)) continue; /* made for other steps */
         double read = prog_poly_eval(in->cost.read, t, c), written = prog_poly_eval(in->cost.written, t, c);
         double flops = prog_poly_eval(in->cost.flops, t, c);
         char name[NAME_LIMIT + 1];

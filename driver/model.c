@@ -163,7 +163,7 @@ static bool open_model(drv_model *r, const drv_model_options *o, diag_engine *d)
     }
 
     /* the reference interprets in f32 whatever the policy; a plan gets it */
-    drv_lowering lowering = {.precision = ref ? DRV_PRECISION_F32 : o->precision};
+    drv_lowering lowering = {.precision = ref ? DRV_PRECISION_F32 : o->precision, .no_fuse = o->no_fuse};
     bool ok = drv_source_with_folder(&o->source, o->weights_path, &r->source, &r->config_path, d);
     ok = ok && drv_source_load(o->model_path, &r->source, &lowering, NULL, &r->module, d);
     if (ok && !o->weights_path) {

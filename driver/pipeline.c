@@ -35,6 +35,7 @@ bool drv_run_passes(ir_module *m, const char *after, const char *names, const dr
     if (l) {
         o.pass.precision = l->precision == DRV_PRECISION_BF16 ? "bf16" : "f32";
         o.pass.max_tokens = l->max_step_tokens;
+        o.pass.no_fuse = l->no_fuse;
     }
     return pass_run_list(m, list.items, list.count, &o, d);
 }

@@ -175,6 +175,10 @@ int ir_attr_slot(ir_op_kind kind, const char *name);
 
 typedef uint32_t ir_value_id;
 #define IR_NO_VALUE UINT32_MAX
+/* Steps of at most this many tokens run a GEMV group (passes/fuse.c) as its
+ * one fused kernel (codegen/emit_gemv.c); larger ones run its ops one by one. */
+enum { IR_GEMV_MAX_TOKENS = 4 };
+
 /* An op's kernel group (set by `fuse`) or launch step (set by `schedule`)
  * before it has one, and for ops that launch nothing. */
 #define IR_NONE UINT32_MAX

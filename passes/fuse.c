@@ -5,28 +5,347 @@
  *   declaration — input, weight, const, output — and not a view such as
  *   reshape) belongs to exactly one kernel group, op.group; groups are
  *   numbered 0, 1, ... in program order of their first op; declarations and
- *   views have no group. Codegen renders one group as one kernel (or one
- *   GEMM), reading the group's inputs and writing its outputs (codegen/emit.h).
- * Rules: none yet, so every group holds one op — exactly the kernels smelt
- *   had before groups existed. A fusion rule is a function that merges the
- *   group of a consumer into its producer's; the fusion issue adds them here.
+ *   views have no group. Every value a group reads from another group is
+ *   made by a group whose first op comes earlier, so program order of first
+ *   ops is a valid launch order. Codegen renders one group as one kernel (or
+ *   one GEMM), reading the group's inputs and writing its outputs
+ *   (codegen/emit.h).
+ * Rules (each a function below; none with pass_options.no_fuse, which keeps
+ *   one op per group — the kernels smelt had before fusion). They build the
+ *   fused groups codegen has emitters for: a GEMV group
+ *   (codegen/emit_gemv.c), matmuls over one input, each weight read once by
+ *   one kernel, with
+ *   - fuse_sibling_matmuls: matmuls (out_in layout, a [N, K] weight) that
+ *     read the same [T, K] value and whose weights share a dtype (Q, K and
+ *     V; gate and up) — one kernel over the weights side by side, as if
+ *     concatenated along N;
+ *   - fuse_norm_prologue: the rms_norm that makes that value, when the
+ *     group's matmuls are its only readers;
+ *   - fuse_epilogues: on each matmul's result, when the next op is its only
+ *     reader: a bias add (a [N] weight), then one of: a residual add (an
+ *     operand of exactly the result's type), rope through a reshape to
+ *     [T, H, Dh], or SwiGLU — silu of it times the result of a sibling;
+ *   - fuse_kv_cache_write: an attention op whose k and v are made by one
+ *     fused GEMV group (k through rope or plain, v plain) gets
+ *     cache_written_upto = IR_GEMV_MAX_TOKENS: that kernel writes the K/V
+ *     cache in its epilogue in the steps it runs, so the attention group
+ *     only reads the cache there (it writes it itself in larger steps).
+ *   and, where no GEMV group took the norm (GPT-2's in_out matmuls; a norm
+ *   read by other ops),
+ *   - fuse_residual_norm: add(a, b) and the rms_norm or layer_norm of its
+ *     result, a, b and the result of one type [T, D]: one kernel writes the
+ *     new residual and the normalised row (codegen/emit_norm.c).
+ *   Other rules never merge a value that something outside the group reads
+ *   (it would have to be written anyway), nor shapes or dtypes the kernel
+ *   does not take; tests/ir/fuse.ir has a case for each refusal.
  * Breaks: schedule and plan-memory (their annotations are cleared: a new
  *   grouping needs a new order and a new memory plan).
  */
+#include "interface.h"
 #include "pass.h"
 
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct fuse_state {
+    ir_module *m;
+    uint32_t *leader;     /* [op_count] first op of the op's group; IR_NONE: no group */
+    uint32_t *uses;       /* [value_count] readers (ir_use_counts) */
+    uint32_t *reader;     /* [value_count] the op reading it when uses == 1 */
+    ir_value_id *root;    /* [value_count] view roots (ir_view_roots) */
+    int32_t token_symbol; /* the token dim (ir/interface.h), or -1 */
+} fuse_state;
+
+/* ---- groups ----------------------------------------------------------------------------- */
+
+static uint32_t producer_group(const fuse_state *s, ir_value_id v) {
+    return s->leader[s->m->values[s->root[v]].def_op];
+}
+
+/* Merges the groups led by a and b, when every value the merged group reads
+ * from another group comes from one that starts before it. */
+static bool merge_groups(fuse_state *s, uint32_t a, uint32_t b) {
+    if (a == b) return true;
+    uint32_t first = a < b ? a : b;
+    const ir_module *m = s->m;
+    for (uint32_t i = first; i < m->op_count; i++) {
+        if (s->leader[i] != a && s->leader[i] != b) continue;
+        const ir_op *op = &m->ops[i];
+        for (uint32_t j = 0; j < op->operand_count; j++) {
+            uint32_t g = producer_group(s, op->operands[j]);
+            if (g != IR_NONE && g != a && g != b && g > first) return false;
+        }
+    }
+    for (uint32_t i = first; i < m->op_count; i++)
+        if (s->leader[i] == a || s->leader[i] == b) s->leader[i] = first;
+    return true;
+}
+
+/* ---- what a GEMV group may hold ----------------------------------------------------------- */
+
+static const ir_type *type_of(const fuse_state *s, ir_value_id v) { return &s->m->values[v].type; }
+
+static const ir_op *def_of(const fuse_state *s, ir_value_id v) { return &s->m->ops[s->m->values[v].def_op]; }
+
+static bool is_weight(const fuse_state *s, ir_value_id v) { return def_of(s, v)->kind == IR_OP_WEIGHT; }
+
+static bool is_float(const ir_type *t) { return t->dtype == SMELT_DTYPE_F32 || t->dtype == SMELT_DTYPE_BF16; }
+
+/* [tokens, n] with a constant n, in f32 or bf16. */
+static bool is_token_rows(const fuse_state *s, const ir_type *t) {
+    return t->rank == 2 && s->token_symbol >= 0 && t->dims[0].symbol == s->token_symbol &&
+           !ir_dim_is_symbol(t->dims[1]) && is_float(t);
+}
+
+/* A matmul the GEMV kernel takes: x [T, K], an out_in weight [N, K], an
+ * optional [N] weight as bias, a [T, N] float result. */
+static bool is_gemv_matmul(const fuse_state *s, uint32_t i) {
+    const ir_module *m = s->m;
+    const ir_op *op = &m->ops[i];
+    if (op->dead || op->kind != IR_OP_MATMUL || strcmp(ir_op_string(m, i, "layout"), "out_in") != 0)
+        return false;
+    const ir_type *x = type_of(s, op->operands[0]), *w = type_of(s, op->operands[1]);
+    const ir_type *y = type_of(s, op->results[0]);
+    if (!is_token_rows(s, x) || !is_token_rows(s, y) || !is_weight(s, op->operands[1]) || w->rank != 2 ||
+        !is_float(w) || ir_dim_is_symbol(w->dims[0]) || w->dims[1].size != x->dims[1].size ||
+        w->dims[0].size != y->dims[1].size)
+        return false;
+    if (op->operand_count == 3) {
+        const ir_type *b = type_of(s, op->operands[2]);
+        if (!is_weight(s, op->operands[2]) || b->rank != 1 || !is_float(b) ||
+            b->dims[0].size != w->dims[0].size)
+            return false;
+    }
+    return true;
+}
+
+/* The one op reading v, or IR_NONE (no reader, several, or the output). */
+static uint32_t only_reader(const fuse_state *s, ir_value_id v) {
+    if (s->uses[v] != 1) return IR_NONE;
+    uint32_t r = s->reader[v];
+    return s->m->ops[r].kind == IR_OP_OUTPUT ? IR_NONE : r;
+}
+
+/* ---- the rules ---------------------------------------------------------------------------- */
+
+/* Matmuls reading the same x with weights of one dtype: one group. */
+static void fuse_sibling_matmuls(fuse_state *s) {
+    const ir_module *m = s->m;
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        if (!is_gemv_matmul(s, i)) continue;
+        const ir_op *a = &m->ops[i];
+        for (uint32_t j = i + 1; j < m->op_count; j++) {
+            if (!is_gemv_matmul(s, j) || s->leader[j] == s->leader[i]) continue;
+            const ir_op *b = &m->ops[j];
+            if (b->operands[0] != a->operands[0] ||
+                type_of(s, b->operands[1])->dtype != type_of(s, a->operands[1])->dtype)
+                continue;
+            merge_groups(s, s->leader[i], s->leader[j]);
+        }
+    }
+}
+
+/* rms_norm(h [T, K], w [K]) whose every reader is a matmul of one GEMV group. */
+static void fuse_norm_prologue(fuse_state *s) {
+    const ir_module *m = s->m;
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *norm = &m->ops[i];
+        if (norm->dead || norm->kind != IR_OP_RMS_NORM || !is_token_rows(s, type_of(s, norm->operands[0])))
+            continue;
+        ir_value_id x = norm->results[0];
+        uint32_t group = IR_NONE, readers = 0;
+        bool all_matmuls = true;
+        for (uint32_t j = i + 1; j < m->op_count && all_matmuls; j++) {
+            const ir_op *op = &m->ops[j];
+            if (op->dead) continue;
+            for (uint32_t k = 0; k < op->operand_count; k++) {
+                if (op->operands[k] != x) continue;
+                readers++;
+                bool fits = k == 0 && is_gemv_matmul(s, j) && (group == IR_NONE || s->leader[j] == group);
+                if (!fits) all_matmuls = false;
+                group = s->leader[j];
+            }
+        }
+        if (all_matmuls && readers == s->uses[x] && group != IR_NONE) merge_groups(s, s->leader[i], group);
+    }
+}
+
+/* Op c (the only reader of the group's value it reads) joins group g. */
+static bool absorb(fuse_state *s, uint32_t c, uint32_t g) { return merge_groups(s, g, s->leader[c]); }
+
+/* The epilogue chain on the result of matmul i: bias, then residual | rope | SwiGLU. */
+static void fuse_epilogue_of(fuse_state *s, uint32_t i) {
+    ir_module *m = s->m;
+    uint32_t g = s->leader[i];
+    ir_value_id v = m->ops[i].results[0];
+    uint32_t c = only_reader(s, v);
+    if (c == IR_NONE) return;
+    const ir_op *op = &m->ops[c];
+    /* bias: add(v, b[N]) or add(b[N], v) */
+    if (op->kind == IR_OP_ADD) {
+        ir_value_id other = op->operands[0] == v ? op->operands[1] : op->operands[0];
+        const ir_type *t = type_of(s, other);
+        if (is_weight(s, other) && t->rank == 1 && is_float(t) &&
+            t->dims[0].size == type_of(s, v)->dims[1].size &&
+            ir_type_equal(type_of(s, op->results[0]), type_of(s, v))) {
+            if (!absorb(s, c, g)) return;
+            v = op->results[0];
+            c = only_reader(s, v);
+            if (c == IR_NONE) return;
+            op = &m->ops[c];
+        }
+    }
+    if (op->kind == IR_OP_ADD) { /* residual: add(v, r) with r of v's type */
+        ir_value_id other = op->operands[0] == v ? op->operands[1] : op->operands[0];
+        if (other != v && ir_type_equal(type_of(s, other), type_of(s, v)) &&
+            ir_type_equal(type_of(s, op->results[0]), type_of(s, v)) && producer_group(s, other) != g)
+            absorb(s, c, g);
+        return;
+    }
+    if (op->kind == IR_OP_RESHAPE) { /* rope(reshape(v) [T, H, Dh], pos) */
+        uint32_t r = only_reader(s, op->results[0]);
+        const ir_type *t = type_of(s, op->results[0]);
+        if (r == IR_NONE || m->ops[r].kind != IR_OP_ROPE || m->ops[r].operands[0] != op->results[0] ||
+            t->rank != 3 || t->dims[0].symbol != s->token_symbol ||
+            !is_float(type_of(s, m->ops[r].results[0])))
+            return;
+        absorb(s, r, g);
+        return;
+    }
+    if (op->kind == IR_OP_SILU) { /* mul(silu(v), u) with u a sibling's result */
+        uint32_t mul = only_reader(s, op->results[0]);
+        if (mul == IR_NONE || m->ops[mul].kind != IR_OP_MUL) return;
+        const ir_op *mo = &m->ops[mul];
+        ir_value_id u = mo->operands[0] == op->results[0] ? mo->operands[1] : mo->operands[0];
+        if (u == op->results[0] || only_reader(s, u) != mul || s->leader[m->values[u].def_op] != g ||
+            !ir_type_equal(type_of(s, u), type_of(s, v)) ||
+            !ir_type_equal(type_of(s, mo->results[0]), type_of(s, v)) ||
+            !ir_type_equal(type_of(s, op->results[0]), type_of(s, v)))
+            return;
+        const ir_op *ud = def_of(s, u);
+        bool sibling = ud->kind == IR_OP_MATMUL ||
+                       (ud->kind == IR_OP_ADD && def_of(s, ud->operands[0])->kind == IR_OP_MATMUL);
+        if (sibling && absorb(s, c, g)) absorb(s, mul, g);
+    }
+}
+
+static void fuse_epilogues(fuse_state *s) {
+    for (uint32_t i = 0; i < s->m->op_count; i++)
+        if (is_gemv_matmul(s, i)) fuse_epilogue_of(s, i);
+}
+
+/* The fused GEMV group (more than one op, one a matmul) whose segment
+ * output v is: v made by a rope, a matmul or a bias add of that group.
+ * IR_NONE otherwise. */
+static uint32_t gemv_output_group(const fuse_state *s, ir_value_id v, bool rope_allowed) {
+    const ir_module *m = s->m;
+    uint32_t def = m->values[v].def_op, g = s->leader[def];
+    ir_op_kind kind = m->ops[def].kind;
+    if (g == IR_NONE || !(kind == IR_OP_MATMUL || kind == IR_OP_ADD || (rope_allowed && kind == IR_OP_ROPE)))
+        return IR_NONE;
+    uint32_t ops = 0;
+    bool matmul = false;
+    for (uint32_t i = g; i < m->op_count; i++)
+        if (s->leader[i] == g) {
+            ops++;
+            matmul |= m->ops[i].kind == IR_OP_MATMUL;
+        }
+    return ops > 1 && matmul ? g : IR_NONE;
+}
+
+/* Ops in op i's group (1 for an op alone). */
+static uint32_t group_size(const fuse_state *s, uint32_t i) {
+    uint32_t g = s->leader[i], n = 0;
+    for (uint32_t j = g; g != IR_NONE && j < s->m->op_count; j++)
+        n += s->leader[j] == g;
+    return n;
+}
+
+static void fuse_residual_norm(fuse_state *s) {
+    const ir_module *m = s->m;
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *norm = &m->ops[i];
+        if (norm->dead || (norm->kind != IR_OP_RMS_NORM && norm->kind != IR_OP_LAYER_NORM) ||
+            group_size(s, i) != 1)
+            continue;
+        ir_value_id x = norm->operands[0];
+        uint32_t add = m->values[x].def_op;
+        const ir_op *ao = &m->ops[add];
+        if (ao->kind != IR_OP_ADD || group_size(s, add) != 1 || !is_token_rows(s, type_of(s, x)) ||
+            !ir_type_equal(type_of(s, ao->operands[0]), type_of(s, x)) ||
+            !ir_type_equal(type_of(s, ao->operands[1]), type_of(s, x)) ||
+            !ir_type_equal(type_of(s, norm->results[0]), type_of(s, x)))
+            continue;
+        merge_groups(s, s->leader[add], s->leader[i]);
+    }
+}
+
+static void fuse_kv_cache_write(fuse_state *s) {
+    ir_module *m = s->m;
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *op = &m->ops[i];
+        if (op->dead || op->kind != IR_OP_ATTENTION) continue;
+        ir_value_id k = s->root[op->operands[1]], v = s->root[op->operands[2]];
+        uint32_t g = gemv_output_group(s, k, true);
+        if (g != IR_NONE && gemv_output_group(s, v, false) == g && is_float(type_of(s, k)) &&
+            is_float(type_of(s, v)))
+            ir_op_set_int(m, i, "cache_written_upto", IR_GEMV_MAX_TOKENS);
+    }
+}
+
+/* ---- the pass ----------------------------------------------------------------------------- */
+
+static bool apply_rules(ir_module *m, uint32_t *leader, diag_engine *d) {
+    fuse_state s = {.m = m, .leader = leader, .token_symbol = ir_token_symbol(m)};
+    s.uses = ir_use_counts(m);
+    s.reader = malloc((m->value_count ? m->value_count : 1) * sizeof *s.reader);
+    s.root = ir_view_roots(m);
+    bool ok = s.uses && s.reader && s.root;
+    if (ok) {
+        for (uint32_t i = 0; i < m->op_count; i++)
+            if (!m->ops[i].dead)
+                for (uint32_t j = 0; j < m->ops[i].operand_count; j++)
+                    s.reader[m->ops[i].operands[j]] = i;
+        fuse_sibling_matmuls(&s);
+        fuse_norm_prologue(&s);
+        fuse_epilogues(&s);
+        fuse_kv_cache_write(&s);
+        fuse_residual_norm(&s);
+    } else {
+        diag_error(d, SMELT_NO_LOC, "out of memory fusing %u ops", m->op_count);
+    }
+    free(s.uses);
+    free(s.reader);
+    free(s.root);
+    return ok;
+}
+
 bool pass_fuse(ir_module *m, const pass_options *o, diag_engine *d) {
-    (void)o;
-    (void)d;
+    uint32_t *leader = malloc((m->op_count ? m->op_count : 1) * sizeof *leader);
+    if (!leader) {
+        diag_error(d, SMELT_NO_LOC, "out of memory fusing %u ops", m->op_count);
+        return false;
+    }
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        leader[i] = ir_op_launches(m, i) ? i : IR_NONE;
+        const ir_attr *written = ir_op_attr(m, i, "cache_written_upto"); /* a rule's, set again below */
+        if (written && written->kind == IR_ATTR_INT && written->as.i != 0)
+            ir_op_set_int(m, i, "cache_written_upto", 0);
+    }
+    bool ok = (o && o->no_fuse) || apply_rules(m, leader, d);
+    /* Groups numbered by their first op, in program order. */
     uint32_t groups = 0;
     for (uint32_t i = 0; i < m->op_count; i++) {
         ir_op *op = &m->ops[i];
-        op->group = ir_op_launches(m, i) ? groups++ : IR_NONE;
         op->step = IR_NONE;
+        op->group = IR_NONE;
+        if (leader[i] == IR_NONE) continue;
+        op->group = leader[i] == i ? groups++ : m->ops[leader[i]].group;
     }
+    free(leader);
     for (ir_value_id v = 0; v < m->value_count; v++)
         m->values[v].buffer = (ir_buffer){IR_BUFFER_NONE, 0};
     m->arena_bytes = 0;
     m->planned_tokens = 0;
-    return true;
+    return ok;
 }

@@ -29,6 +29,7 @@ typedef struct pass_options {
     const char *precision; /* precision policy: "f32" (NULL means it) or "bf16" */
     int64_t max_tokens;    /* plan-memory: tokens per step buffers are sized for; 0 or more than
                               the token dim's bound: that bound */
+    bool no_fuse;          /* fuse: apply no fusion rule, one op per kernel group (--no-fuse) */
 } pass_options;
 
 typedef struct pass_info {

@@ -14,9 +14,10 @@
  *   - two values whose lifetimes overlap never share bytes. A value lives
  *     from the step that writes it (inputs: from before the first step) to
  *     the last step that reads it or any view of it; a value an output reads
- *     lives to the end of the step; one nobody reads dies where it is made.
- *   Buffers are placed first fit in launch order, freeing each after its
- *   last reader's step (the reader may not write over its own input).
+ *     lives to the end of the step; one nobody reads dies with its step.
+ *   Buffers are placed first fit in launch order, freeing each after the
+ *   step of its last reader (the reader may not write over its own input;
+ *   the ops of one group share a step, so none writes over another's).
  *   planned_tokens is pass_options.max_tokens, or the token dim's bound when
  *   that is 0 or larger.
  * Breaks: nothing.
@@ -110,8 +111,11 @@ static bool allocate_results(memory_state *s, uint32_t op) {
     return true;
 }
 
-/* After op `op` (of step `step`, or an input before the first step): frees
- * the operands it was the last to read and the results nobody reads. */
+/* After the last op of step `step` (or an input before the first step), for
+ * op `op` of that step: frees the operands whose last reader is in the step
+ * and the results nobody reads. A step's values all stay until its last op,
+ * so that the ops of one kernel group (which may also run one after another,
+ * codegen/emit.h) never write over what another op of the group reads. */
 static void release_after(memory_state *s, uint32_t op, uint32_t step) {
     const ir_op *o = &s->m->ops[op];
     for (uint32_t j = 0; j < o->operand_count; j++) {
@@ -197,9 +201,12 @@ static bool place_values(memory_state *s) {
             ok = allocate_results(s, i);
             release_after(s, i, IR_NONE);
         }
-    for (uint32_t k = 0; k < count && ok; k++) {
+    for (uint32_t k = 0, first = 0; k < count && ok; k++) {
         ok = allocate_results(s, order[k]);
-        release_after(s, order[k], m->ops[order[k]].step);
+        uint32_t step = m->ops[order[k]].step;
+        if (k + 1 < count && m->ops[order[k + 1]].step == step) continue;
+        for (; first <= k; first++) /* the step is over */
+            release_after(s, order[first], step);
     }
     free(order);
     if (!ok) return false;

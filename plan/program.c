@@ -14,7 +14,7 @@
  *   u32 weight_count, weight_count x {string name, u8 dtype, u8 stacked,
  *                                     u32 rank, rank x i64 dim, u64 bytes,
  *                                     u64 data_offset}
- *   u32 instr_count,  instr_count  x {u8 op, u32 ir_op, then
+ *   u32 instr_count,  instr_count  x {u8 op, u32 ir_op, i64 min_tokens, i64 max_tokens, then
  *     LAUNCH: u32 kernel, 3 x affine grid, 3 x u32 block, u32 dynamic_shared,
  *             u32 arg_count, arg_count x {u8 kind, then POINTER: ref,
  *                                         affine extent, u8 writes;
@@ -33,7 +33,9 @@
  * Version 3 added extents, writes, state rows and id_table; version 4 the
  * modeled cost of each instruction (program.h, "The cost model"); version 5
  * the EOS ids (at most PROG_MAX_EOS, each in [0, vocab), distinct); version
- * 6 the greedy instruction and its token.
+ * 6 the greedy instruction and its token; version 7 the token range of each
+ * instruction (0 <= min_tokens <= max_tokens <= max_tokens of the program,
+ * or max_tokens 0: no upper bound).
  *
  * What decoding checks (the executor relies on every item):
  *   - counts against the bytes left (no allocation a short section cannot
@@ -78,7 +80,7 @@ enum {
     ENCODED_STATE_MIN = 16,
     ENCODED_WEIGHT_MIN = 8 + 1 + 1 + 4 + 8 + 8,
     ENCODED_COST = 3 * 5 * 8 + 1,
-    ENCODED_INSTR_MIN = 1 + 4 + 4 + ENCODED_COST,
+    ENCODED_INSTR_MIN = 1 + 4 + 16 + 4 + ENCODED_COST,
 };
 
 bool program_dtype_stored(uint8_t dtype) {
@@ -246,6 +248,8 @@ bool program_encode(const program *p, uint8_t **bytes, size_t *size) {
         const prog_instr *in = &p->instrs[i];
         put_u8(&w, in->op);
         put_u32(&w, in->ir_op);
+        put_i64(&w, in->min_tokens);
+        put_i64(&w, in->max_tokens);
         if (in->op == PROG_OP_LAUNCH)
             put_launch(&w, &in->as.launch);
         else
@@ -734,8 +738,16 @@ static bool decode_instrs(decoder *d) {
     if (!p->instrs) return fail(d, "out of memory for %u instructions", p->instr_count);
     for (uint32_t i = 0; i < p->instr_count; i++) {
         prog_instr *in = &p->instrs[i];
-        if (!get_u8(d, &in->op) || !plan_cursor_u32(&d->cursor, &in->ir_op))
+        if (!get_u8(d, &in->op) || !plan_cursor_u32(&d->cursor, &in->ir_op) ||
+            !plan_cursor_i64(&d->cursor, &in->min_tokens) || !plan_cursor_i64(&d->cursor, &in->max_tokens))
             return truncated(d, "an instruction");
+        if (in->min_tokens < 0 || in->max_tokens < 0 || in->min_tokens > p->max_tokens ||
+            in->max_tokens > p->max_tokens || (in->max_tokens != 0 && in->min_tokens > in->max_tokens))
+            return fail(
+                d,
+                "instruction %u runs for T in [%lld, %lld] (expected 0 <= min <= max <= %lld, or max 0: "
+                "no upper bound)",
+                i, (long long)in->min_tokens, (long long)in->max_tokens, (long long)p->max_tokens);
         bool ok;
         switch (in->op) {
         case PROG_OP_LAUNCH: ok = decode_launch(d, i, &in->as.launch); break;

@@ -12,7 +12,8 @@
  *
  * A step:
  *   1. the runtime writes ids[T] and pos[T] (int32) at input_ids / input_pos;
- *   2. it runs the instructions in order (kernel launches and GEMMs);
+ *   2. it runs the instructions in order (kernel launches and GEMMs) whose
+ *      token range holds T (prog_instr);
  *   3. logits [T, vocab] (f32) are at `logits` in the arena, or, on a step
  *      that asks for the greedy token, that int32 is at `greedy_token`.
  *
@@ -29,7 +30,7 @@
 
 #include "smelt_dtype.h"
 
-enum { PROGRAM_FORMAT_VERSION = 6, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16 };
+enum { PROGRAM_FORMAT_VERSION = 7, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16 };
 
 /* ceil((a * T + b) / c) with c >= 1; a constant is {0, value, 1}. */
 typedef struct prog_affine {
@@ -152,9 +153,14 @@ static inline prog_poly prog_poly_sum(prog_poly f, prog_poly g) {
                        f.per_token_context + g.per_token_context, f.per_token_squared + g.per_token_squared};
 }
 
+/* An instruction runs in a step of T tokens when min_tokens <= T and
+ * (max_tokens == 0 || T <= max_tokens): a fused kernel made for small T
+ * (a decode GEMV) and the unfused launches of the same ops for larger T are
+ * both in the program, each guarded by its range. 0 and 0: every step. */
 typedef struct prog_instr {
     uint8_t op;     /* prog_op */
     uint32_t ir_op; /* the IR op (index in the compiled module) it implements, for messages */
+    int64_t min_tokens, max_tokens;
     union {
         prog_launch launch;
         prog_gemm gemm;
@@ -265,6 +271,18 @@ prog_cost program_launch_cost(const program *p, const prog_launch *l);
 /* The cost of a GEMM: A, B and the bias read once, C written once, 2 M N K
  * flops (+ M N for the bias), on tensor cores when A and B are bf16. */
 prog_cost program_gemm_cost(const prog_gemm *g);
+
+/* Does instruction `in` do work in a step of `tokens` tokens? Not when its
+ * token range excludes T, nor when it is a launch whose grid is empty at T
+ * (a kernel made for some steps only, such as attention's decode and prefill
+ * kernels, codegen/emit_attention.c). */
+static inline bool prog_instr_runs(const prog_instr *in, int64_t tokens) {
+    if (tokens < in->min_tokens || (in->max_tokens != 0 && tokens > in->max_tokens)) return false;
+    if (in->op != PROG_OP_LAUNCH) return true;
+    for (int i = 0; i < 3; i++)
+        if (prog_affine_eval(in->as.launch.rule.grid[i], tokens) <= 0) return false;
+    return true;
+}
 
 /* Frees what program_decode allocated and zeroes *p. */
 void program_free(program *p);

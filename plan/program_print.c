@@ -94,17 +94,24 @@ bool plan_print_program(FILE *out, const plan_file *plan, const uint8_t *data, u
     char ignored[256];
     bool have_names = plan_section(plan, PLAN_SECTION_KERNELS, &kernel_data, &kernel_size) &&
                       plan_kernel_table_decode(kernel_data, kernel_size, &kernels, ignored, sizeof ignored);
-    uint32_t launches = 0, gemms = 0;
-    for (uint32_t i = 0; i < p.instr_count; i++) {
-        if (p.instrs[i].op == PROG_OP_GEMM)
-            gemms++;
-        else
-            launches++;
-    }
+    /* Instructions guarded by a token range run in some steps only: counted
+     * for a decode token (T = 1) and a prefill chunk of the bound. */
+    uint32_t launches[2] = {0, 0}, gemms[2] = {0, 0};
+    for (uint32_t i = 0; i < p.instr_count; i++)
+        for (int k = 0; k < 2; k++) {
+            if (!prog_instr_runs(&p.instrs[i], k == 0 ? 1 : p.max_tokens)) continue;
+            if (p.instrs[i].op == PROG_OP_GEMM)
+                gemms[k]++;
+            else
+                launches[k]++;
+        }
     fprintf(out, "  tokens per step: at most %" PRId64 "; vocab %" PRIu64 "\n", p.max_tokens, p.vocab);
     fprintf(out,
             "  per step (prefill chunk or decode token): %" PRIu32 " kernel launches + %" PRIu32 " GEMMs\n",
-            launches, gemms);
+            launches[0], gemms[0]);
+    if (launches[1] != launches[0] || gemms[1] != gemms[0])
+        fprintf(out, "  per step of %" PRId64 " tokens: %" PRIu32 " kernel launches + %" PRIu32 " GEMMs\n",
+                p.max_tokens, launches[1], gemms[1]);
     fprintf(out, "  memory: arena %" PRIu64 " bytes; %" PRIu32 " state buffers", p.arena_bytes,
             p.state_count);
     uint64_t state_total = 0;

@@ -143,6 +143,7 @@ static smelt_status run_instructions(rt_executor *x, uint32_t tokens, bool greed
     uint32_t count = p->has_greedy && !greedy ? p->instr_count - 1 : p->instr_count;
     for (uint32_t i = 0; i < count; i++) {
         const prog_instr *in = &p->instrs[i];
+        if (!prog_instr_runs(in, tokens)) continue; /* guarded for another token count */
         smelt_status s = in->op == PROG_OP_LAUNCH ? run_launch(x, i, &in->as.launch, tokens, e)
                                                   : run_gemm(x, i, &in->as.gemm, tokens, e);
         if (s != SMELT_OK) return s;

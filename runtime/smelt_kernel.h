@@ -61,6 +61,8 @@
  *                smelt_f32_to_bf16 (round to nearest even), smelt_bf16x2_pack
  *   vectors      uint4 (a 16-byte load: ld.global.v4), smelt_unpack_bf16x8,
  *                smelt_unpack_f32x4 (its elements as floats)
+ *   128-bit      smelt_u32x4 smelt_load_global_128(p): 16 bytes from a 16-byte
+ *                aligned read-only global address in one load (ld.global.nc.v4)
  *   tensor core  smelt_mma_m16n8k16_bf16_f32, smelt_ldmatrix_x4,
  *                smelt_cp_async_16 / smelt_cp_async_commit / smelt_cp_async_wait_all /
  *                smelt_cp_async_wait_group(constant)
@@ -173,6 +175,16 @@ SMELT_DEVICE float smelt_atomic_max_f32(float *p, float v) {
         old = seen;
     }
     return __uint_as_float(old);
+}
+
+/* 16 bytes in one vector load through the read-only path (ld.global.nc.v4.u32). */
+typedef struct smelt_u32x4 {
+    uint32_t x, y, z, w;
+} smelt_u32x4;
+SMELT_DEVICE smelt_u32x4 smelt_load_global_128(const void *p) {
+    uint4 v = __ldg((const uint4 *)p);
+    smelt_u32x4 r = {v.x, v.y, v.z, v.w};
+    return r;
 }
 
 /* Tensor cores: D = A * B + C on one warp, m16n8k16, bf16 inputs, f32
@@ -456,6 +468,14 @@ static inline void smelt_ldmatrix_x4(uint32_t r[4], const void *shared_row_addre
     SMELT_SIM_COMPILER_FENCE();
     smelt_sim_ldmatrix_x4(r, shared_row_address);
     SMELT_SIM_COMPILER_FENCE();
+}
+typedef struct smelt_u32x4 {
+    uint32_t x, y, z, w;
+} smelt_u32x4;
+static inline smelt_u32x4 smelt_load_global_128(const void *p) {
+    smelt_u32x4 r;
+    memcpy(&r, p, sizeof r);
+    return r;
 }
 /* cp.async completes at once on the host; the copy is done when the call
  * returns, which is what waiting for it guarantees on the GPU. */

@@ -643,6 +643,102 @@ static void case_run(emit_case *c, uint32_t op, int64_t tokens, double tolerance
     arena_free(&strings);
 }
 
+/* Emits the kernel group of the ops listed (program order; a view among
+ * them, such as a reshape, is no member of the group but runs in the
+ * reference), compiles and runs its kernels at T = tokens, and checks the
+ * outputs listed (what readers outside the group see) against the
+ * reference run op by op. Inputs of the group get data as case_run's. */
+static void case_run_group(emit_case *c, const uint32_t *ops, uint32_t count, const ir_value_id *outputs,
+                           uint32_t output_count, int64_t tokens, double tolerance) {
+    const ir_module *m = &c->m;
+    uint32_t members[IR_MAX_OPERANDS], member_count = 0;
+    ir_value_id inputs[IR_MAX_OPERANDS];
+    uint32_t input_count = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        const ir_op *o = &m->ops[ops[i]];
+        if (!(ir_op_info_of(o->kind)->flags & IR_OPF_VIEW)) members[member_count++] = ops[i];
+        for (uint32_t j = 0; j < o->operand_count; j++) {
+            bool inside = false, seen = false;
+            for (uint32_t k = 0; k < count; k++)
+                inside |= m->values[o->operands[j]].def_op == ops[k];
+            for (uint32_t k = 0; k < input_count; k++)
+                seen |= inputs[k] == o->operands[j];
+            if (!inside && !seen) inputs[input_count++] = o->operands[j];
+        }
+    }
+    cg_group g = {.id = 0,
+                  .op_count = member_count,
+                  .ops = members,
+                  .input_count = input_count,
+                  .inputs = inputs,
+                  .output_count = output_count,
+                  .outputs = outputs};
+    arena strings;
+    arena_init(&strings);
+    cg_group_lowering l;
+    if (!cg_emit_group(m, &g, &strings, &l, &c->d)) fail_msg("emit failed:\n%s", case_log(c));
+    assert_int_equal(l.kind, CG_LOWER_KERNELS);
+    for (uint32_t i = 0; i < input_count; i++)
+        fill_operand(c, inputs[i], tokens);
+    for (uint32_t i = 0; i < member_count; i++)
+        for (uint32_t r = 0; r < m->ops[members[i]].result_count; r++)
+            prepare_result(c, m->ops[members[i]].results[r], tokens);
+    for (uint32_t k = 0; k < l.kernel_count; k++) {
+        compile_for_gpus(&l.kernels[k]);
+        dump_source(&l.kernels[k]);
+    }
+    sim_kernel entries[CG_MAX_KERNELS];
+    build_for_host(c, &l, entries);
+    int token_argument = (int)tokens;
+    for (uint32_t k = 0; k < l.kernel_count; k++) {
+        const cg_kernel *kernel = &l.kernels[k];
+        void *pointers[PROG_MAX_ARGS];
+        void *args[PROG_MAX_ARGS];
+        for (uint32_t p = 0; p < kernel->param_count; p++) {
+            const cg_param *param = &kernel->params[p];
+            if (param->kind == CG_PARAM_TOKENS) {
+                args[p] = &token_argument;
+                continue;
+            }
+            assert_int_equal(param->kind, CG_PARAM_VALUE);
+            pointers[p] = c->values[param->value].buffer;
+            assert_non_null(pointers[p]);
+            args[p] = &pointers[p];
+        }
+        const prog_launch_rule *rule = &kernel->rule;
+        sim_dim3 grid = sim_dim3_make((unsigned)prog_affine_eval(rule->grid[0], tokens),
+                                      (unsigned)prog_affine_eval(rule->grid[1], tokens),
+                                      (unsigned)prog_affine_eval(rule->grid[2], tokens));
+        sim_dim3 block = sim_dim3_make(rule->block[0], rule->block[1], rule->block[2]);
+        char error[1024];
+        sim_status status = sim_launch(harness_pool, &entries[k], grid, block, rule->dynamic_shared_bytes,
+                                       args, error, sizeof error);
+        if (status != SIM_OK)
+            fail_msg("launch of %s: %s\n--- source ---\n%s", kernel->name, error, kernel->source);
+    }
+    /* The reference, op by op: each result becomes the data its readers see. */
+    for (uint32_t i = 0; i < count; i++) {
+        const ir_op *o = &m->ops[ops[i]];
+        value_data *result = prepare_value(c, o->results[0], tokens);
+        free(result->f);
+        if (ir_op_info_of(o->kind)->flags & IR_OPF_VIEW) {
+            const value_data *from = &c->values[o->operands[0]];
+            result->f = malloc(from->count * sizeof *result->f);
+            memcpy(result->f, from->f, from->count * sizeof *result->f);
+            continue;
+        }
+        ref_tensor want[IR_MAX_RESULTS];
+        run_reference(c, ops[i], tokens, want);
+        result->f = want[0].f;
+    }
+    c->worst_error = 0.0;
+    for (uint32_t i = 0; i < output_count; i++) {
+        ref_tensor want = tensor_of(c, outputs[i], tokens);
+        compare_result(c, outputs[i], &want, tolerance, l.kernels[0].source);
+    }
+    arena_free(&strings);
+}
+
 /* Emits op `op` alone (no compiling) into `l`; strings in `a`. */
 static bool case_emit(emit_case *c, uint32_t op, arena *a, cg_group_lowering *l) {
     return cg_emit_op(&c->m, op, a, l, &c->d);

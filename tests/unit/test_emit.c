@@ -914,6 +914,117 @@ static void test_group_without_emitter_is_refused(void **state) {
     case_free(c);
 }
 
+/* ---- the fused GEMV (passes/fuse.c's groups, codegen/emit_gemv.c) ----------------------- */
+
+static uint32_t reshape_op(emit_case *c, ir_value_id x, int64_t heads, int64_t head_dim) {
+    uint32_t op = case_op(c, IR_OP_RESHAPE, &x, 1);
+    ir_dim dims[3] = {ir_dim_symbol(ir_find_symbol(&c->m, "tokens")), ir_dim_const(heads),
+                      ir_dim_const(head_dim)};
+    ir_attr shape = {.kind = IR_ATTR_SHAPE, .as.shape = {3, dims}};
+    assert_true(ir_op_set_attr(&c->m, op, "shape", &shape));
+    return op;
+}
+
+/* norm + Q (neox rope over part of each head), K (interleaved rope), V (a
+ * bias): one kernel, against the reference run op by op, at token counts
+ * inside one tile of TOKEN_TILE tokens and across two. K = 40 and K = 20:
+ * the vector path, and the element-at-a-time path of a K that is no
+ * multiple of 8. */
+static void test_gemv_norm_qkv_rope(void **state) {
+    (void)state;
+    const int32_t positions[7] = {0, 5, 17, 300, 2, 9, 4000};
+    const int64_t widths[2] = {40, 20};
+    for (int p = 0; p < 2; p++)
+        for (int w = 0; w < 2; w++) {
+            emit_case *c = case_new(precisions[p]);
+            char type[64], weight[64];
+            snprintf(type, sizeof type, "f32[tokens, %lld]", (long long)widths[w]);
+            ir_value_id h = case_input(c, "h", type);
+            snprintf(weight, sizeof weight, "f32[%lld]", (long long)widths[w]);
+            ir_value_id g = case_weight(c, weight);
+            snprintf(weight, sizeof weight, "f32[32, %lld]", (long long)widths[w]);
+            ir_value_id wq = case_weight(c, weight), wk = case_weight(c, weight);
+            snprintf(weight, sizeof weight, "f32[24, %lld]", (long long)widths[w]);
+            ir_value_id wv = case_weight(c, weight), bv = case_weight(c, "f32[24]");
+            uint32_t ops[11], n = 0;
+            ops[n++] = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){h, g}, 2);
+            ir_op_set_float(&c->m, ops[0], "eps", 1e-5);
+            ir_value_id x = case_result(c, ops[0]);
+            uint32_t q = ops[n++] = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wq}, 2);
+            uint32_t k = ops[n++] = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wk}, 2);
+            uint32_t v = ops[n++] = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wv}, 2);
+            uint32_t vb = ops[n++] = case_op(c, IR_OP_ADD, (ir_value_id[]){case_result(c, v), bv}, 2);
+            uint32_t q3 = ops[n++] = reshape_op(c, case_result(c, q), 2, 16);
+            uint32_t qr = ops[n++] = case_op(c, IR_OP_ROPE, (ir_value_id[]){case_result(c, q3), c->pos}, 2);
+            ir_op_set_float(&c->m, qr, "theta", 10000.0);
+            ir_op_set_int(&c->m, qr, "rotary_dim", 12);
+            uint32_t k3 = ops[n++] = reshape_op(c, case_result(c, k), 4, 8);
+            uint32_t kr = ops[n++] = case_op(c, IR_OP_ROPE, (ir_value_id[]){case_result(c, k3), c->pos}, 2);
+            ir_op_set_float(&c->m, kr, "theta", 500000.0);
+            ir_op_set_string(&c->m, kr, "style", "interleaved");
+            case_infer(c);
+            const ir_value_id outputs[3] = {case_result(c, qr), case_result(c, kr), case_result(c, vb)};
+            const int64_t token_counts[3] = {1, 4, 7};
+            for (int t = 0; t < 3; t++) {
+                case_set_ints_data(c, c->pos, token_counts[t], positions, (uint64_t)token_counts[t]);
+                case_run_group(c, ops, n, outputs, 3, token_counts[t], F32_TOLERANCE);
+            }
+            case_free(c);
+        }
+}
+
+/* o_proj + residual, and gate/up + SwiGLU (gate and up with biases). */
+static void test_gemv_residual_and_swiglu(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        ir_value_id a = case_input(c, "a", "f32[tokens, 48]"), h = case_input(c, "h", "f32[tokens, 16]");
+        ir_value_id wo = case_weight(c, "f32[16, 48]");
+        uint32_t o = case_op(c, IR_OP_MATMUL, (ir_value_id[]){a, wo}, 2);
+        uint32_t residual = case_op(c, IR_OP_ADD, (ir_value_id[]){h, case_result(c, o)}, 2);
+        ir_value_id wg = case_weight(c, "f32[40, 16]"), wu = case_weight(c, "f32[40, 16]");
+        ir_value_id bg = case_weight(c, "f32[40]"), bu = case_weight(c, "f32[40]");
+        ir_value_id y = case_result(c, residual);
+        uint32_t gate = case_op(c, IR_OP_MATMUL, (ir_value_id[]){y, wg, bg}, 3);
+        uint32_t up = case_op(c, IR_OP_MATMUL, (ir_value_id[]){y, wu}, 2);
+        uint32_t up_bias = case_op(c, IR_OP_ADD, (ir_value_id[]){case_result(c, up), bu}, 2);
+        uint32_t silu = case_op(c, IR_OP_SILU, (ir_value_id[]){case_result(c, gate)}, 1);
+        uint32_t mul =
+            case_op(c, IR_OP_MUL, (ir_value_id[]){case_result(c, silu), case_result(c, up_bias)}, 2);
+        case_infer(c);
+        const uint32_t first[2] = {o, residual}, second[5] = {gate, up, up_bias, silu, mul};
+        const ir_value_id first_out = case_result(c, residual), second_out = case_result(c, mul);
+        for (int64_t t = 1; t <= 6; t += 5) {
+            case_run_group(c, first, 2, &first_out, 1, t, F32_TOLERANCE);
+            case_run_group(c, second, 5, &second_out, 1, t, F32_TOLERANCE);
+        }
+        case_free(c);
+    }
+}
+
+/* The residual norm: add and the norm of its sum in one kernel, which
+ * writes both (RMSNorm; LayerNorm with and without a bias). */
+static void test_residual_norm(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++)
+        for (int kind = 0; kind < 3; kind++) {
+            emit_case *c = case_new(precisions[p]);
+            ir_value_id a = case_input(c, "a", "f32[tokens, 300]"),
+                        b = case_input(c, "b", "f32[tokens, 300]");
+            ir_value_id w = case_weight(c, "f32[300]"), bias = case_weight(c, "f32[300]");
+            uint32_t add = case_op(c, IR_OP_ADD, (ir_value_id[]){a, b}, 2);
+            ir_value_id operands[3] = {case_result(c, add), w, bias};
+            uint32_t norm =
+                case_op(c, kind == 0 ? IR_OP_RMS_NORM : IR_OP_LAYER_NORM, operands, kind == 2 ? 3 : 2);
+            ir_op_set_float(&c->m, norm, "eps", 1e-5);
+            case_infer(c);
+            const uint32_t ops[2] = {add, norm};
+            const ir_value_id outputs[2] = {case_result(c, add), case_result(c, norm)};
+            case_run_group(c, ops, 2, outputs, 2, 3, F32_TOLERANCE);
+            case_free(c);
+        }
+}
+
 /* Rows that int indices cannot hold, and grids a GPU cannot launch, are
  * errors at compile time, not faults at run time. */
 static void test_sizes_beyond_kernel_limits(void **state) {
@@ -967,6 +1078,9 @@ int main(void) {
         cmocka_unit_test(test_dtype_without_kernels_is_refused),
         cmocka_unit_test(test_norms_over_other_rows_are_other_kernels),
         cmocka_unit_test(test_group_without_emitter_is_refused),
+        cmocka_unit_test(test_gemv_norm_qkv_rope),
+        cmocka_unit_test(test_gemv_residual_and_swiglu),
+        cmocka_unit_test(test_residual_norm),
     };
     /* SMELT_TEST_FILTER=pattern runs only the matching tests (cmocka's glob). */
     const char *filter = getenv("SMELT_TEST_FILTER");

@@ -420,6 +420,8 @@ static void test_program_round_trip(void **state) {
     (void)state;
     toy_program t;
     rich_program(&t);
+    t.instrs[0].max_tokens = 4; /* token ranges: as a fused kernel for small steps, a GEMM above */
+    t.instrs[1].min_tokens = 5;
     uint8_t *bytes;
     size_t size;
     assert_true(program_encode(&t.p, &bytes, &size));
@@ -448,6 +450,12 @@ static void test_program_round_trip(void **state) {
     const prog_launch *l = &d.instrs[0].as.launch;
     assert_int_equal(d.instrs[0].op, PROG_OP_LAUNCH);
     assert_int_equal(d.instrs[0].ir_op, 4);
+    assert_int_equal(d.instrs[0].min_tokens, 0);
+    assert_int_equal(d.instrs[0].max_tokens, 4);
+    assert_int_equal(d.instrs[1].min_tokens, 5);
+    assert_int_equal(d.instrs[1].max_tokens, 0);
+    assert_true(prog_instr_runs(&d.instrs[0], 4) && !prog_instr_runs(&d.instrs[0], 5));
+    assert_true(!prog_instr_runs(&d.instrs[1], 4) && prog_instr_runs(&d.instrs[1], 8));
     assert_int_equal(l->kernel, 1);
     assert_int_equal(l->rule.grid[0].a, WIDTH);
     assert_int_equal(l->rule.grid[0].c, 32);
@@ -524,7 +532,7 @@ static void test_program_decode_refuses_lies(void **state) {
 
     toy_program_make(&t, false, true, 0);
     t.p.format_version = 9;
-    expect_refused(&t, "format version 9 is not the version 6 this smelt reads: rebuild the plan");
+    expect_refused(&t, "format version 9 is not the version 7 this smelt reads: rebuild the plan");
 
     toy_program_make(&t, false, true, 0); /* EOS ids index the vocabulary, each once */
     t.p.eos_count = 1;
@@ -550,6 +558,21 @@ static void test_program_decode_refuses_lies(void **state) {
     t.p.has_greedy = true;
     t.p.greedy_token = (prog_ref){PROG_BUFFER_ARENA, 0, 0};
     expect_refused(&t, "the greedy instruction is not a launch"); /* the toy's last is a GEMM */
+
+    /* Token ranges: a fused kernel for T <= 4, its unfused ops above. */
+    toy_program_make(&t, false, true, 0);
+    t.instrs[0].min_tokens = 5;
+    t.instrs[0].max_tokens = 4;
+    expect_refused(&t, "instruction 0 runs for T in [5, 4] (expected 0 <= min <= max <= 8");
+    toy_program_make(&t, false, true, 0);
+    t.instrs[1].max_tokens = 9;
+    expect_refused(&t, "instruction 1 runs for T in [0, 9]");
+    toy_program_make(&t, false, true, 0);
+    t.instrs[1].min_tokens = -1;
+    expect_refused(&t, "instruction 1 runs for T in [-1, 0]");
+    toy_program_make(&t, false, true, 0);
+    t.instrs[1].min_tokens = 9;
+    expect_refused(&t, "instruction 1 runs for T in [9, 0]");
 
     toy_program_make(&t, false, true, 0);
     t.weights[1].bytes = 60;

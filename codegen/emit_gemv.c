@@ -1,0 +1,714 @@
+/* emit_gemv.c - the fused GEMV kernel of a GEMV group (passes/fuse.c): the
+ * matmuls of one input x [T, K] with their prologue and epilogues, for the
+ * small token counts of a decode step.
+ *
+ * The group's matmuls are laid side by side as one weight of N rows (as if
+ * concatenated along N at compile time): the work is a list of segments,
+ * one per group output, each a number of units; a unit — one or two
+ * weight rows against the rows of x — runs on LANES (4) lanes of a warp,
+ * so a warp holds 8 units and one shuffle reduces 8 sums:
+ *
+ *   plain   out[t, n] = x[t] . w[n] (+ bias[n]) (+ residual[t, n])
+ *   swiglu  out[t, n] = silu(x[t] . gate[n] + bg[n]) * (x[t] . up[n] + bu[n])
+ *           (the gate and up rows of n in one unit: both weights once)
+ *   rope    the rotary pair (i, i + r/2) (neox) or (2i, 2i + 1) (interleaved)
+ *           of a head in one unit, rotated by pos[t] * inv_freq[i] (inverse
+ *           frequencies baked in as emit_rope.c bakes them); the head dims
+ *           past the rotary ones are plain units
+ *
+ * With an rms_norm prologue the kernel reads the norm's input h and its
+ * weight g: x[t] . w[n] = inverse_rms(t) * sum_k w[n, k] h[t, k] g[k], and
+ * the sum of squares of h[t] is accumulated in the same pass as the dot
+ * product, so each unit gets it for free (no norm launch, no second pass).
+ *
+ * Every lane reads 8 consecutive elements of K at a time — one 128-bit load
+ * of a bf16 weight row, two of an f32 one (smelt_load_global_128) — when K
+ * is a multiple of 8 (every row then starts 16-byte aligned: the arena and
+ * the weights are 256-byte aligned); otherwise one element at a time. The
+ * partial sums are reduced across the unit's lanes with shuffles, in f32
+ * (every lane of the warp runs the dot product and its shuffles together;
+ * the units then part ways for their epilogues). Every
+ * weight byte is read once for up to TOKEN_TILE tokens; larger T loops over
+ * tiles of tokens (the plan runs the unfused lowering above the threshold,
+ * codegen/lower.c). Blocks are WARPS warps (2, 4 or 8, block_warps), as
+ * many as keep every SM of an H200 busy (Llama-3-8B: QKV, o and down 224 to
+ * 256 blocks of 2 warps, gate/up 448 of 4, the lm_head 2004 of 8).
+ * A unit's 4 lanes read 64 consecutive bytes of its bf16 row per load: whole
+ * 32-byte sectors.
+ */
+#include "emit_internal.h"
+
+#include "ir_io.h"
+
+#include <math.h>
+#include <string.h>
+
+enum { GEMV_LANES = 4, GEMV_TOKEN_TILE = IR_GEMV_MAX_TOKENS, GEMV_VECTOR = 8, GEMV_MAX_SEGMENTS = 8 };
+
+typedef enum gemv_kind { GEMV_PLAIN, GEMV_SWIGLU, GEMV_ROPE } gemv_kind;
+
+typedef struct gemv_segment {
+    gemv_kind kind;
+    ir_value_id weight[2], bias[2]; /* [1]: swiglu's up; IR_NO_VALUE when absent */
+    ir_value_id residual, out;
+    int64_t rows; /* N of the output */
+    int64_t heads, head_dim, half, passed;
+    bool interleaved;
+    double theta;
+    int64_t units;
+    uint32_t attention; /* the attention op whose K (cache_role 1) or V (2) cache this output
+                           goes to as well (cache_written_upto); IR_NONE */
+    int cache_role;
+    int64_t max_seq;
+    uint32_t p_weight[2], p_bias[2], p_residual, p_out, p_cache, p_written; /* kernel parameters */
+} gemv_segment;
+
+typedef struct gemv_plan {
+    ir_value_id x, norm_weight, pos;
+    double eps;
+    bool norm;
+    int64_t k;
+    uint32_t segment_count;
+    gemv_segment segments[GEMV_MAX_SEGMENTS];
+} gemv_plan;
+
+/* The op of the group reading v (directly, or a rope reading a reshape of
+ * v when through_view); IR_NONE when none. *via receives the reshape. */
+static uint32_t group_reader(const ir_module *m, const cg_group *g, ir_value_id v, bool through_view) {
+    for (uint32_t i = 0; i < g->op_count; i++) {
+        const ir_op *op = &m->ops[g->ops[i]];
+        for (uint32_t j = 0; j < op->operand_count; j++) {
+            ir_value_id operand = op->operands[j];
+            if (operand == v) return g->ops[i];
+            const ir_op *def = &m->ops[m->values[operand].def_op];
+            if (through_view && def->kind == IR_OP_RESHAPE && def->operands[0] == v) return g->ops[i];
+        }
+    }
+    return IR_NONE;
+}
+
+static bool is_output(const cg_group *g, ir_value_id v) {
+    for (uint32_t i = 0; i < g->output_count; i++)
+        if (g->outputs[i] == v) return true;
+    return false;
+}
+
+static bool refuse(cg_emit *e, const char *why) {
+    diag_error(e->d, e->ir->loc, "codegen cannot emit this GEMV group: %s", why);
+    return false;
+}
+
+/* Position of op in g->ops, or UINT32_MAX. */
+static uint32_t position_in(const cg_group *g, uint32_t op) {
+    for (uint32_t i = 0; i < g->op_count; i++)
+        if (g->ops[i] == op) return i;
+    return UINT32_MAX;
+}
+
+typedef struct group_reading {
+    cg_emit *e;
+    const cg_group *g;
+    bool *taken; /* [g->op_count] ops accounted for */
+} group_reading;
+
+static void take(group_reading *r, uint32_t op) {
+    uint32_t at = position_in(r->g, op);
+    if (at != UINT32_MAX) r->taken[at] = true;
+}
+
+/* The matmul of the group making v, directly or through a bias add of the
+ * group (*bias receives the bias); IR_NONE when v is made otherwise. */
+static uint32_t matmul_of(group_reading *r, ir_value_id v, ir_value_id *bias) {
+    const ir_module *m = r->e->m;
+    uint32_t def = m->values[v].def_op;
+    *bias = IR_NO_VALUE;
+    if (position_in(r->g, def) == UINT32_MAX) return IR_NONE;
+    if (m->ops[def].kind == IR_OP_MATMUL) return def;
+    if (m->ops[def].kind != IR_OP_ADD) return IR_NONE;
+    for (uint32_t j = 0; j < 2; j++) {
+        uint32_t inner = m->values[m->ops[def].operands[j]].def_op;
+        ir_value_id other = m->ops[def].operands[1 - j];
+        if (m->ops[inner].kind == IR_OP_MATMUL && position_in(r->g, inner) != UINT32_MAX &&
+            m->ops[m->values[other].def_op].kind == IR_OP_WEIGHT) {
+            *bias = other;
+            take(r, def);
+            return inner;
+        }
+    }
+    return IR_NONE;
+}
+
+/* The segment of matmul `index`: its weight and bias, then the chain of
+ * epilogue ops of the group that read its result. */
+static bool read_segment(group_reading *r, gemv_plan *p, uint32_t index, const bool *is_up) {
+    cg_emit *e = r->e;
+    const ir_module *m = e->m;
+    const cg_group *g = r->g;
+    const ir_op *op = &m->ops[index];
+    if (strcmp(ir_op_string(m, index, "layout"), "out_in") != 0)
+        return refuse(e, "a matmul that is not out_in");
+    ir_value_id input = op->operands[0];
+    if (p->norm) {
+        const ir_op *def = &m->ops[m->values[input].def_op];
+        if (def->kind != IR_OP_RMS_NORM || position_in(g, m->values[input].def_op) == UINT32_MAX)
+            return refuse(e, "a matmul that does not read the group's norm");
+        input = def->operands[0];
+    }
+    if (p->x != IR_NO_VALUE && p->x != input) return refuse(e, "matmuls of different inputs");
+    p->x = input;
+    if (p->segment_count == GEMV_MAX_SEGMENTS) return refuse(e, "too many outputs");
+    gemv_segment *s = &p->segments[p->segment_count++];
+    memset(s, 0, sizeof *s);
+    s->kind = GEMV_PLAIN;
+    s->weight[0] = op->operands[1];
+    s->weight[1] = s->bias[1] = s->residual = IR_NO_VALUE;
+    s->bias[0] = op->operand_count == 3 ? op->operands[2] : IR_NO_VALUE;
+    s->rows = m->values[op->results[0]].type.dims[1].size;
+    take(r, index);
+    ir_value_id v = op->results[0];
+    for (uint32_t c; (c = group_reader(m, g, v, true)) != IR_NONE;) {
+        const ir_op *co = &m->ops[c];
+        take(r, c);
+        if (co->kind == IR_OP_ADD) { /* bias (a [N] weight, first) or residual */
+            ir_value_id other = co->operands[0] == v ? co->operands[1] : co->operands[0];
+            bool weight =
+                m->ops[m->values[other].def_op].kind == IR_OP_WEIGHT && m->values[other].type.rank == 1;
+            if (weight && s->bias[0] == IR_NO_VALUE && s->residual == IR_NO_VALUE)
+                s->bias[0] = other;
+            else if (s->residual == IR_NO_VALUE && !weight)
+                s->residual = other;
+            else
+                return refuse(e, "an add that is neither one bias nor one residual");
+            v = co->results[0];
+        } else if (co->kind == IR_OP_ROPE && s->residual == IR_NO_VALUE) {
+            const ir_type *t = &m->values[co->operands[0]].type;
+            s->kind = GEMV_ROPE;
+            s->heads = t->dims[1].size;
+            s->head_dim = t->dims[2].size;
+            int64_t rotary = ir_op_int(m, c, "rotary_dim");
+            if (rotary == 0) rotary = s->head_dim;
+            if (rotary < 2 || rotary > s->head_dim) return refuse(e, "a rotary_dim outside [2, head dim]");
+            s->half = rotary / 2;
+            s->passed = s->head_dim - 2 * s->half;
+            s->interleaved = strcmp(ir_op_string(m, c, "style"), "interleaved") == 0;
+            s->theta = ir_op_float(m, c, "theta");
+            if (p->pos != IR_NO_VALUE && p->pos != co->operands[1]) return refuse(e, "two position inputs");
+            p->pos = co->operands[1];
+            v = co->results[0];
+            break;
+        } else if (co->kind == IR_OP_SILU && s->residual == IR_NO_VALUE) {
+            uint32_t mul = group_reader(m, g, co->results[0], false);
+            if (mul == IR_NONE || m->ops[mul].kind != IR_OP_MUL) return refuse(e, "a silu without its mul");
+            const ir_op *mo = &m->ops[mul];
+            ir_value_id u = mo->operands[0] == co->results[0] ? mo->operands[1] : mo->operands[0];
+            uint32_t up = matmul_of(r, u, &s->bias[1]);
+            if (up == IR_NONE || !is_up[position_in(g, up)])
+                return refuse(e, "a SwiGLU whose up is no matmul of the group");
+            if (m->ops[up].operand_count == 3) {
+                if (s->bias[1] != IR_NO_VALUE) return refuse(e, "two biases on SwiGLU's up");
+                s->bias[1] = m->ops[up].operands[2];
+            }
+            take(r, mul);
+            take(r, up);
+            s->kind = GEMV_SWIGLU;
+            s->weight[1] = m->ops[up].operands[1];
+            v = mo->results[0];
+            break;
+        } else {
+            return refuse(e, "an op that is no epilogue the kernel has");
+        }
+    }
+    if (!is_output(g, v)) return refuse(e, "a result that nothing outside the group reads");
+    s->out = v;
+    s->units = s->kind == GEMV_ROPE ? s->heads * (s->half + s->passed) : s->rows;
+    return true;
+}
+
+/* v itself, or what v is a view (reshape) of. */
+static ir_value_id view_root(const ir_module *m, ir_value_id v) {
+    while (m->ops[m->values[v].def_op].kind == IR_OP_RESHAPE)
+        v = m->ops[m->values[v].def_op].operands[0];
+    return v;
+}
+
+/* The attention ops whose cache the fused kernel writes (cache_written_upto,
+ * passes/fuse.c): their k and v are outputs of this group. */
+static bool find_caches(cg_emit *e, gemv_plan *p) {
+    const ir_module *m = e->m;
+    for (uint32_t i = 0; i < p->segment_count; i++)
+        p->segments[i].attention = IR_NONE;
+    for (uint32_t a = 0; a < m->op_count; a++) {
+        const ir_op *op = &m->ops[a];
+        const ir_attr *upto = ir_op_attr(m, a, "cache_written_upto");
+        if (op->dead || op->kind != IR_OP_ATTENTION || !upto || upto->kind != IR_ATTR_INT || upto->as.i == 0)
+            continue;
+        int found = 0;
+        for (int role = 1; role <= 2; role++)
+            for (uint32_t i = 0; i < p->segment_count; i++) {
+                gemv_segment *s = &p->segments[i];
+                if (view_root(m, op->operands[role]) != s->out) continue;
+                if (s->attention != IR_NONE || s->kind == GEMV_SWIGLU || (role == 2 && s->kind != GEMV_PLAIN))
+                    return refuse(e, "a KV cache write the kernel does not have");
+                s->attention = a;
+                s->cache_role = role;
+                s->max_seq = ir_op_int(m, a, "max_seq");
+                found++;
+            }
+        if (found == 0) continue;
+        if (found != 2 || upto->as.i != IR_GEMV_MAX_TOKENS)
+            return refuse(e, "an attention whose cache it writes only in part");
+        if (p->pos != IR_NO_VALUE && p->pos != op->operands[3]) return refuse(e, "two position inputs");
+        p->pos = op->operands[3];
+    }
+    return true;
+}
+
+/* Reads the group's structure (what fuse.c's rules make) into p. */
+static bool read_group(cg_emit *e, const cg_group *g, gemv_plan *p) {
+    const ir_module *m = e->m;
+    memset(p, 0, sizeof *p);
+    p->x = p->norm_weight = p->pos = IR_NO_VALUE;
+    bool *taken = arena_array(&e->scratch, g->op_count, sizeof *taken);
+    bool *is_up = arena_array(&e->scratch, g->op_count, sizeof *is_up);
+    group_reading r = {e, g, taken};
+    for (uint32_t i = 0; i < g->op_count; i++) {
+        const ir_op *op = &m->ops[g->ops[i]];
+        if (op->kind == IR_OP_RMS_NORM) {
+            if (p->norm) return refuse(e, "two norms");
+            p->norm = true;
+            p->norm_weight = op->operands[1];
+            p->eps = ir_op_float(m, g->ops[i], "eps");
+            taken[i] = true;
+        } else if (op->kind == IR_OP_SILU) { /* mul(silu(gate), up): the up matmul is the gate's */
+            uint32_t mul = group_reader(m, g, op->results[0], false);
+            if (mul == IR_NONE || m->ops[mul].kind != IR_OP_MUL) return refuse(e, "a silu without its mul");
+            const ir_op *mo = &m->ops[mul];
+            ir_value_id u = mo->operands[0] == op->results[0] ? mo->operands[1] : mo->operands[0];
+            ir_value_id bias;
+            group_reading probe = {e, g, is_up}; /* marks the up's bias add too; cleared below */
+            uint32_t up = matmul_of(&probe, u, &bias);
+            if (up != IR_NONE) is_up[position_in(g, up)] = true;
+        }
+    }
+    for (uint32_t i = 0; i < g->op_count; i++) /* keep only the matmuls marked */
+        if (m->ops[g->ops[i]].kind != IR_OP_MATMUL) is_up[i] = false;
+    for (uint32_t i = 0; i < g->op_count; i++)
+        if (m->ops[g->ops[i]].kind == IR_OP_MATMUL && !is_up[i] && !read_segment(&r, p, g->ops[i], is_up))
+            return false;
+    for (uint32_t i = 0; i < g->op_count; i++)
+        if (!taken[i]) return refuse(e, "an op that is neither the norm, a matmul nor an epilogue");
+    if (p->segment_count == 0) return refuse(e, "no matmul");
+    p->k = m->values[p->x].type.dims[1].size;
+    return find_caches(e, p);
+}
+
+/* ---- the kernel ------------------------------------------------------------------------- */
+
+/* The helper reading 8 (or 1) elements of one storage dtype as floats. */
+static void write_loader(cg_text *t, smelt_dtype dtype, bool vector) {
+    const char *name = cg_dtype_name(dtype), *ctype = cg_dtype_ctype(dtype);
+    cg_line(t, "SMELT_DEVICE void load_%s(const %s *p, float v[VECTOR])", name, ctype);
+    cg_line(t, "{");
+    if (!vector) {
+        cg_line(t, "v[0] = %s;", dtype == SMELT_DTYPE_BF16 ? "smelt_bf16_to_f32(p[0])" : "p[0]");
+    } else if (dtype == SMELT_DTYPE_BF16) {
+        cg_line(t, "smelt_u32x4 q = smelt_load_global_128(p); /* 8 bf16, low half first */");
+        cg_line(t, "uint32_t words[4] = {q.x, q.y, q.z, q.w};");
+        cg_line(t, "for (int i = 0; i < 4; i++) {");
+        cg_line(t, "v[2 * i] = __uint_as_float(words[i] << 16);");
+        cg_line(t, "v[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);");
+        cg_line(t, "}");
+    } else {
+        cg_line(t, "smelt_u32x4 a = smelt_load_global_128(p), b = smelt_load_global_128(p + 4);");
+        cg_line(t, "uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};");
+        cg_line(t, "for (int i = 0; i < 8; i++)");
+        cg_line(t, "    v[i] = __uint_as_float(words[i]);");
+    }
+    cg_line(t, "}");
+    cg_blank(t);
+}
+
+static const char *segment_tag(cg_emit *e, const gemv_segment *s) {
+    const char *extras = arena_printf(&e->scratch, "%s%s", s->bias[0] != IR_NO_VALUE ? "b" : "",
+                                      s->residual != IR_NO_VALUE ? "r" : "");
+    if (s->cache_role) /* and into a K or V cache of max_seq positions */
+        extras = arena_printf(&e->scratch, "%s%s%lld", extras, s->cache_role == 1 ? "kc" : "vc",
+                              (long long)s->max_seq);
+    switch (s->kind) {
+    case GEMV_PLAIN: return arena_printf(&e->scratch, "n%lld%s", (long long)s->rows, extras);
+    case GEMV_SWIGLU: return arena_printf(&e->scratch, "swiglu%lld%s", (long long)s->rows, extras);
+    case GEMV_ROPE:
+        return arena_printf(&e->scratch, "rope%s%lldx%lldr%lldth%s%s", s->interleaved ? "i" : "",
+                            (long long)s->heads, (long long)s->head_dim, (long long)(2 * s->half),
+                            cg_float_name(e, s->theta), extras);
+    }
+    return "";
+}
+
+/* Stores `value` as the segment's element (t0 + i, row), and into the KV
+ * cache row of the token's position when the segment feeds one. */
+static void write_store(cg_kernel_builder *b, const gemv_segment *s, uint32_t index, const char *row,
+                        const char *value) {
+    cg_emit *e = b->e;
+    cg_text *t = &b->text;
+    const char *at = arena_printf(&e->scratch, "(t0 + i) * ROWS_%u + %s", index, row);
+    if (s->cache_role == 0) {
+        cg_line(t, "%s", cg_store(b, s->p_out, at, value));
+        return;
+    }
+    cg_line(t, "{");
+    cg_line(t, "float stored = %s;", value);
+    cg_line(t, "%s", cg_store(b, s->p_out, at, "stored"));
+    cg_line(t, "if (position >= 0 && position < MAX_SEQ_%u) /* the %s cache row of this position */", index,
+            s->cache_role == 1 ? "K" : "V");
+    cg_line(t, "    %s",
+            cg_store(b, s->p_cache,
+                     arena_printf(&e->scratch, "(long long)position * ROWS_%u + %s", index, row), "stored"));
+    cg_line(t, "}");
+}
+
+/* The first lines of a token loop: the token's position when the segment
+ * writes a KV cache, and (unit 0 of the keys) its written flag. */
+static void write_position(cg_kernel_builder *b, const gemv_segment *s, uint32_t index, uint32_t pos,
+                           bool flag_unit) {
+    if (s->cache_role == 0) return;
+    cg_text *t = &b->text;
+    cg_line(t, "int position = %s;", cg_load(b, pos, "t0 + i"));
+    if (s->cache_role == 1 && flag_unit) {
+        cg_line(t, "if (unit == 0 && position >= 0 && position < MAX_SEQ_%u)", index);
+        cg_line(t, "    %s[position] = 1; /* attention reads this position from now on */",
+                b->params[s->p_written].name);
+    }
+}
+
+/* The unit's rows of output `index`: row0 (and row1), the weight rows wa
+ * and wb, rows = 1 or 2; pair for a rotary pair. */
+static void write_select(cg_kernel_builder *b, const gemv_segment *s, uint32_t index) {
+    cg_text *t = &b->text;
+    const char *w0 = b->params[s->p_weight[0]].name;
+    switch (s->kind) {
+    case GEMV_PLAIN:
+        cg_line(t, "row0 = unit;");
+        cg_line(t, "wa = wb = %s + row0 * K;", w0);
+        break;
+    case GEMV_SWIGLU:
+        cg_line(t, "row0 = unit;");
+        cg_line(t, "wa = %s + row0 * K; /* gate */", w0);
+        cg_line(t, "wb = %s + row0 * K; /* up */", b->params[s->p_weight[1]].name);
+        cg_line(t, "rows = 2;");
+        break;
+    case GEMV_ROPE:
+        cg_line(t, "if (unit < HEADS_%u * HALF_%u) { /* a rotary pair */", index, index);
+        cg_line(t, "long long head = unit / HALF_%u;", index);
+        cg_line(t, "pair = unit %% HALF_%u;", index);
+        if (s->interleaved)
+            cg_line(t, "row0 = head * HEAD_DIM_%u + 2 * pair, row1 = row0 + 1;", index);
+        else
+            cg_line(t, "row0 = head * HEAD_DIM_%u + pair, row1 = row0 + HALF_%u;", index, index);
+        cg_line(t, "rows = 2;");
+        if (s->passed > 0) {
+            cg_line(t, "} else { /* a head dim past the rotary ones: not rotated */");
+            cg_line(t, "long long rest = unit - HEADS_%u * HALF_%u;", index, index);
+            cg_line(t, "row0 = row1 = rest / PASSED_%u * HEAD_DIM_%u + 2 * HALF_%u + rest %% PASSED_%u;",
+                    index, index, index, index);
+        }
+        cg_line(t, "}");
+        cg_line(t, "wa = %s + row0 * K;", w0);
+        cg_line(t, "wb = %s + row1 * K;", w0);
+        break;
+    }
+}
+
+/* The epilogue of output `index` for token t0 + i: bias, residual, rope,
+ * SwiGLU; the stores (and the KV cache's). */
+static void write_epilogue(cg_kernel_builder *b, const gemv_plan *p, const gemv_segment *s, uint32_t index,
+                           uint32_t pos) {
+    cg_emit *e = b->e;
+    cg_text *t = &b->text;
+    const char *scale = p->norm ? "inverse_rms(squares[i])" : "1.0f";
+    const char *bias0 = s->bias[0] != IR_NO_VALUE ? cg_load(b, s->p_bias[0], "row0") : NULL;
+    const char *plus0 = bias0 ? " + " : "";
+    switch (s->kind) {
+    case GEMV_PLAIN:
+        write_position(b, s, index, pos, true);
+        cg_line(t, "float value = sums[i][0] * %s%s%s%s%s;", scale, plus0, bias0 ? bias0 : "",
+                s->residual != IR_NO_VALUE ? " + " : "",
+                s->residual != IR_NO_VALUE
+                    ? cg_load(b, s->p_residual, arena_printf(&e->scratch, "(t0 + i) * ROWS_%u + row0", index))
+                    : "");
+        write_store(b, s, index, "row0", "value");
+        break;
+    case GEMV_SWIGLU: {
+        const char *bias1 = s->bias[1] != IR_NO_VALUE ? cg_load(b, s->p_bias[1], "row0") : NULL;
+        cg_line(t, "float gate = sums[i][0] * %s%s%s;", scale, plus0, bias0 ? bias0 : "");
+        cg_line(t, "float up = sums[i][1] * %s%s%s;", scale, bias1 ? " + " : "", bias1 ? bias1 : "");
+        write_store(b, s, index, "row0", "gate / (1.0f + expf(-gate)) * up");
+        break;
+    }
+    case GEMV_ROPE: {
+        const char *bias1 = s->bias[0] != IR_NO_VALUE ? cg_load(b, s->p_bias[0], "row1") : NULL;
+        write_position(b, s, index, pos, true);
+        cg_line(t, "float a = sums[i][0] * %s%s%s;", scale, plus0, bias0 ? bias0 : "");
+        cg_line(t, "if (rows == 2) { /* a rotary pair */");
+        cg_line(t, "float b = sums[i][1] * %s%s%s;", scale, bias1 ? " + " : "", bias1 ? bias1 : "");
+        cg_line(t, "float angle = (float)%s * INVERSE_FREQUENCY_%u[pair];", cg_load(b, pos, "t0 + i"), index);
+        cg_line(t, "float cosine = cosf(angle), sine = sinf(angle);");
+        write_store(b, s, index, "row0", "a * cosine - b * sine");
+        write_store(b, s, index, "row1", "b * cosine + a * sine");
+        if (s->passed > 0) {
+            cg_line(t, "} else {");
+            write_store(b, s, index, "row0", "a");
+        }
+        cg_line(t, "}");
+        break;
+    }
+    }
+}
+
+static void write_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x, uint32_t norm_weight,
+                           uint32_t weight) {
+    bool two_rows = false; /* a rotary or SwiGLU pair: some unit reads two rows */
+    for (uint32_t i = 0; i < p->segment_count; i++)
+        two_rows |= p->segments[i].kind != GEMV_PLAIN;
+    cg_text *t = &b->text;
+    const char *wt = cg_dtype_ctype(b->params[weight].dtype), *wn = cg_dtype_name(b->params[weight].dtype);
+    const char *xt = cg_dtype_ctype(b->params[x].dtype), *xn = cg_dtype_name(b->params[x].dtype);
+    const char *gt = p->norm ? cg_dtype_ctype(b->params[norm_weight].dtype) : "float";
+    cg_line(t, "/* The sum over the LANES lanes of a unit (an aligned group of the warp), in each;");
+    cg_line(t, " * every lane of the warp takes part. */");
+    cg_line(t, "SMELT_DEVICE float unit_sum(float v)");
+    cg_line(t, "{");
+    cg_line(t, "for (int offset = LANES / 2; offset > 0; offset /= 2)");
+    cg_line(t, "    v += smelt_shfl_xor_f32(0xffffffffu, v, offset);");
+    cg_line(t, "return v;");
+    cg_line(t, "}");
+    cg_blank(t);
+    cg_line(t, "/* sums[i][r] = x[t0 + i] . w_r (x scaled by the norm weight when there is one) and");
+    cg_line(t, " * squares[i] = x[t0 + i] . x[t0 + i], over the whole row, in every lane of the unit;");
+    cg_line(t, " * its lanes take VECTOR consecutive k at a time, every weight byte read once. Called");
+    cg_line(t, " * by every lane of the warp together (the reductions shuffle). */");
+    cg_line(t, "SMELT_DEVICE void dot_rows(const %s *w0, const %s *w1, int rows, const %s *x, const %s *g,",
+            wt, wt, xt, gt);
+    cg_line(t, "                           long long t0, int tokens, float sums[TOKEN_TILE][2],");
+    cg_line(t, "                           float squares[TOKEN_TILE])");
+    cg_line(t, "{");
+    cg_line(t, "int lane = threadIdx.x %% LANES;");
+    cg_line(t, "for (int i = 0; i < TOKEN_TILE; i++) {");
+    cg_line(t, "sums[i][0] = sums[i][1] = squares[i] = 0.0f;");
+    cg_line(t, "}");
+    cg_line(t, "for (int c = lane; c < K / VECTOR; c += LANES) {");
+    cg_line(t, "float a[VECTOR], b[VECTOR], xv[VECTOR];");
+    cg_line(t, "load_%s(w0 + c * VECTOR, a);", wn);
+    cg_line(t, "if (rows == 2)");
+    cg_line(t, "    load_%s(w1 + c * VECTOR, b);", wn);
+    if (p->norm) {
+        cg_line(t, "float gv[VECTOR];");
+        cg_line(t, "load_%s(g + c * VECTOR, gv);", cg_dtype_name(b->params[norm_weight].dtype));
+    } else {
+        cg_line(t, "(void)g;");
+    }
+    cg_line(t, "for (int i = 0; i < TOKEN_TILE && t0 + i < tokens; i++) {");
+    cg_line(t, "load_%s(x + (t0 + i) * K + c * VECTOR, xv);", xn);
+    cg_line(t, "for (int j = 0; j < VECTOR; j++) {");
+    if (p->norm) {
+        cg_line(t, "squares[i] += xv[j] * xv[j];");
+        cg_line(t, "xv[j] *= gv[j];");
+    }
+    cg_line(t, "sums[i][0] += a[j] * xv[j];");
+    cg_line(t, "if (rows == 2)");
+    cg_line(t, "    sums[i][1] += b[j] * xv[j];");
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_line(t, "/* the bound is uniform across the warp: every lane shuffles */");
+    cg_line(t, "for (int i = 0; i < TOKEN_TILE && t0 + i < tokens; i++) {");
+    cg_line(t, "sums[i][0] = unit_sum(sums[i][0]);");
+    if (two_rows) cg_line(t, "sums[i][1] = unit_sum(sums[i][1]);");
+    if (p->norm) cg_line(t, "squares[i] = unit_sum(squares[i]);");
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_blank(t);
+}
+
+/* Warps per block for `units` units (8 a warp): the most, of 8, 4 and 2,
+ * that still leave two blocks per SM of an H200 (132 SMs), else one block
+ * per SM; a model too small to fill the SMs at all gets 8 (the fewest
+ * blocks, which is also what the simulator runs fastest). */
+static int block_warps(int64_t units) {
+    const int64_t sms = 132;
+    for (int64_t wanted = 2 * sms; wanted >= sms; wanted -= sms)
+        for (int warps = 8; warps >= 2; warps /= 2)
+            if ((units + warps * (32 / GEMV_LANES) - 1) / (warps * (32 / GEMV_LANES)) >= wanted) return warps;
+    return 8;
+}
+
+static uint32_t param_once(cg_kernel_builder *b, const char *name, ir_value_id v, bool is_const) {
+    for (uint32_t i = 0; i < b->k->param_count; i++)
+        if (b->k->params[i].kind == CG_PARAM_VALUE && b->k->params[i].value == v) return i;
+    return cg_param_value(b, name, v, is_const);
+}
+
+bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
+    gemv_plan p;
+    if (!read_group(e, g, &p)) return false;
+    const ir_module *m = e->m;
+    smelt_dtype weight_dtype = cg_storage_dtype(m, p.segments[0].weight[0]);
+    for (uint32_t i = 0; i < p.segment_count; i++)
+        for (int r = 0; r < 2; r++)
+            if (p.segments[i].weight[r] != IR_NO_VALUE &&
+                cg_storage_dtype(m, p.segments[i].weight[r]) != weight_dtype)
+                return refuse(e, "weights of different dtypes");
+    bool vector = p.k % GEMV_VECTOR == 0;
+    int64_t units = 0;
+    cg_text name;
+    cg_text_init(&name);
+    ir_value_id typed[3] = {p.x, p.segments[0].weight[0], p.segments[0].out};
+    cg_text_printf(&name, "gemv_%s_k%lld", cg_dtype_tag(e, typed, 3), (long long)p.k);
+    if (p.norm) cg_text_printf(&name, "_rms%s", cg_float_name(e, p.eps));
+    for (uint32_t i = 0; i < p.segment_count; i++) {
+        cg_text_printf(&name, "_%s", segment_tag(e, &p.segments[i]));
+        if (cg_storage_dtype(m, p.segments[i].out) != cg_storage_dtype(m, p.segments[0].out))
+            cg_text_printf(&name, "%s", cg_dtype_name(cg_storage_dtype(m, p.segments[i].out)));
+        units += p.segments[i].units;
+    }
+    const char *kernel_name = arena_strdup(&e->scratch, name.data);
+    cg_text_free(&name);
+
+    cg_kernel_builder b;
+    cg_kernel_begin(
+        &b, e, kernel_name,
+        "One unit (a weight row, or the two rows of a rotary pair or of SwiGLU's gate and up) per "
+        "LANES lanes, WARPS warps per block: VECTOR elements of K per lane per load (128-bit "
+        "loads), f32 sums reduced across the unit's lanes; the norm's sum of squares in the same "
+        "pass");
+    b.k->family = "gemv";
+    uint32_t x = cg_param_value(&b, p.norm ? "h" : "x", p.x, true);
+    uint32_t norm_weight = p.norm ? cg_param_value(&b, "norm_weight", p.norm_weight, true) : UINT32_MAX;
+    uint32_t pos = p.pos != IR_NO_VALUE ? cg_param_value(&b, "pos", p.pos, true) : UINT32_MAX;
+    for (uint32_t i = 0; i < p.segment_count; i++) {
+        gemv_segment *s = &p.segments[i];
+        s->p_weight[0] =
+            param_once(&b, arena_printf(&e->scratch, "%s%u", s->kind == GEMV_SWIGLU ? "gate" : "w", i),
+                       s->weight[0], true);
+        if (s->weight[1] != IR_NO_VALUE)
+            s->p_weight[1] = param_once(&b, arena_printf(&e->scratch, "up%u", i), s->weight[1], true);
+        for (int r = 0; r < 2; r++)
+            if (s->bias[r] != IR_NO_VALUE)
+                s->p_bias[r] = param_once(&b, arena_printf(&e->scratch, "bias%u%s", i, r ? "_up" : ""),
+                                          s->bias[r], true);
+        if (s->residual != IR_NO_VALUE)
+            s->p_residual = param_once(&b, arena_printf(&e->scratch, "residual%u", i), s->residual, true);
+        s->p_out = cg_param_value(&b, arena_printf(&e->scratch, "out%u", i), s->out, false);
+        if (s->cache_role == 1) {
+            s->p_cache = cg_param_op_state(&b, arena_printf(&e->scratch, "k_cache%u", i), s->attention,
+                                           CG_STATE_KEYS, cg_storage_dtype(m, s->out));
+            s->p_written = cg_param_op_state(&b, arena_printf(&e->scratch, "written%u", i), s->attention,
+                                             CG_STATE_WRITTEN, SMELT_DTYPE_I32);
+        } else if (s->cache_role == 2) {
+            s->p_cache = cg_param_op_state(&b, arena_printf(&e->scratch, "v_cache%u", i), s->attention,
+                                           CG_STATE_VALUES, cg_storage_dtype(m, s->out));
+        }
+    }
+    cg_param_tokens(&b);
+    int warps = block_warps(units);
+    cg_kernel_launch(&b, (prog_affine){0, units, warps * (32 / GEMV_LANES)}, (prog_affine){0, 1, 1},
+                     32 * (uint32_t)warps);
+    cg_kernel_open(&b);
+    cg_text *t = &b.text;
+    cg_line(t, "enum { K = %lld, VECTOR = %d, WARPS = %d, LANES = %d, UNITS_PER_WARP = 32 / LANES };",
+            (long long)p.k, vector ? GEMV_VECTOR : 1, warps, GEMV_LANES);
+    cg_line(t, "enum { TOKEN_TILE = %d, UNITS = %lld };", GEMV_TOKEN_TILE, (long long)units);
+    for (uint32_t i = 0; i < p.segment_count; i++) {
+        const gemv_segment *s = &p.segments[i];
+        cg_line(t, "enum { ROWS_%u = %lld, UNITS_%u = %lld };", i, (long long)s->rows, i,
+                (long long)s->units);
+        if (s->cache_role)
+            cg_line(t, "enum { MAX_SEQ_%u = %lld }; /* positions of the KV cache */", i,
+                    (long long)s->max_seq);
+        if (s->kind == GEMV_ROPE) {
+            cg_line(t, "enum { HEADS_%u = %lld, HEAD_DIM_%u = %lld, HALF_%u = %lld, PASSED_%u = %lld };", i,
+                    (long long)s->heads, i, (long long)s->head_dim, i, (long long)s->half, i,
+                    (long long)s->passed);
+            char theta_text[48];
+            cg_line(t,
+                    "/* inv_freq[i] = 1 / theta^(2i / %lld) with theta = %s, in float32 as Hugging Face "
+                    "computes it. */",
+                    (long long)(2 * s->half), ir_format_float(s->theta, theta_text, sizeof theta_text));
+            cg_line(t, "static __device__ const float INVERSE_FREQUENCY_%u[HALF_%u] = {", i, i);
+            int64_t rotary = 2 * s->half;
+            for (int64_t j = 0; j < s->half; j++) {
+                float inverse = 1.0f / powf((float)s->theta, (float)(2 * j) / (float)rotary);
+                cg_line(t, "%s%s", cg_float_literal(e, inverse), j + 1 < s->half ? "," : "");
+            }
+            cg_line(t, "};");
+        }
+    }
+    cg_text_printf(t, "enum { START_0 = 0"); /* the first unit of each output */
+    for (uint32_t i = 1; i <= p.segment_count; i++)
+        cg_text_printf(t, ", START_%u = START_%u + UNITS_%u", i, i - 1, i - 1);
+    cg_text_printf(t, " };\n");
+    if (p.norm) cg_line(t, "#define EPS %s", cg_float_literal(e, p.eps));
+    cg_blank(t);
+    write_loader(t, weight_dtype, vector);
+    if (cg_storage_dtype(m, p.x) != weight_dtype) write_loader(t, cg_storage_dtype(m, p.x), vector);
+    if (p.norm && cg_storage_dtype(m, p.norm_weight) != weight_dtype &&
+        cg_storage_dtype(m, p.norm_weight) != cg_storage_dtype(m, p.x))
+        write_loader(t, cg_storage_dtype(m, p.norm_weight), vector);
+    if (p.norm) {
+        cg_line(t, "SMELT_DEVICE float inverse_rms(float squares)");
+        cg_line(t, "{");
+        cg_line(t, "return 1.0f / sqrtf(squares / (float)K + EPS);");
+        cg_line(t, "}");
+        cg_blank(t);
+    }
+    write_dot_rows(&b, &p, x, norm_weight, p.segments[0].p_weight[0]);
+    cg_kernel_signature(&b);
+    bool rope = false;
+    for (uint32_t i = 0; i < p.segment_count; i++)
+        rope |= p.segments[i].kind == GEMV_ROPE;
+    const char *wtype = cg_dtype_ctype(weight_dtype), *first = b.params[p.segments[0].p_weight[0]].name;
+    cg_line(t, "long long warp_unit = ((long long)blockIdx.x * WARPS + threadIdx.x / 32) * UNITS_PER_WARP;");
+    cg_line(t, "if (warp_unit >= UNITS)");
+    cg_line(t, "    return; /* the whole warp: past the last unit */");
+    cg_line(t, "long long global_unit = warp_unit + threadIdx.x %% 32 / LANES;");
+    cg_line(t, "int active = global_unit < UNITS, first_lane = threadIdx.x %% LANES == 0;");
+    cg_line(t, "/* The unit's weight rows (an inactive unit reads row 0 and stores nothing). */");
+    cg_line(t, "long long unit = 0, row0 = 0%s;", rope ? ", row1 = 0, pair = 0" : "");
+    cg_line(t, "const %s *wa = %s, *wb = %s;", wtype, first, first);
+    cg_line(t, "int rows = 1;");
+    for (uint32_t i = 0; i < p.segment_count; i++) {
+        if (i == 0) cg_line(t, "if (!active) {");
+        if (i + 1 < p.segment_count)
+            cg_line(t, "} else if (global_unit < START_%u) {", i + 1);
+        else
+            cg_line(t, "} else {");
+        cg_line(t, "/* output %u: %s */", i, segment_tag(e, &p.segments[i]));
+        cg_line(t, "unit = global_unit - START_%u;", i);
+        write_select(&b, &p.segments[i], i);
+    }
+    cg_line(t, "}");
+    cg_line(t, "float sums[TOKEN_TILE][2], squares[TOKEN_TILE];");
+    cg_line(t, "for (long long t0 = 0; t0 < tokens; t0 += TOKEN_TILE) {");
+    cg_line(t, "dot_rows(wa, wb, rows, %s, %s, t0, tokens, sums, squares);", b.params[x].name,
+            p.norm ? b.params[norm_weight].name : "0");
+    cg_line(t, "for (int i = 0; i < TOKEN_TILE && active && first_lane && t0 + i < tokens; i++) {");
+    for (uint32_t i = 0; i < p.segment_count; i++) {
+        if (p.segment_count == 1)
+            cg_line(t, "{");
+        else if (i == 0)
+            cg_line(t, "if (global_unit < START_1) {");
+        else if (i + 1 < p.segment_count)
+            cg_line(t, "} else if (global_unit < START_%u) {", i + 1);
+        else
+            cg_line(t, "} else {");
+        cg_line(t, "/* output %u */", i);
+        write_epilogue(&b, &p, &p.segments[i], i, pos);
+    }
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_kernel_end(&b);
+    e->out->kind = CG_LOWER_KERNELS;
+    e->out->fused_max_tokens = IR_GEMV_MAX_TOKENS;
+    return true;
+}
