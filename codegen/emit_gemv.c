@@ -39,6 +39,7 @@
 #include "emit_internal.h"
 
 #include "ir_io.h"
+#include "rope.h"
 
 #include <math.h>
 #include <string.h>
@@ -55,6 +56,8 @@ typedef struct gemv_segment {
     int64_t heads, head_dim, half, passed;
     bool interleaved;
     double theta;
+    ir_rope_tables rope; /* the frequencies (ir/rope.c), in the scratch arena */
+    uint32_t rope_op;
     int64_t units;
     uint32_t attention; /* the attention op whose K (cache_role 1) or V (2) cache this output
                            goes to as well (cache_written_upto); IR_NONE */
@@ -183,11 +186,17 @@ static bool read_segment(group_reading *r, gemv_plan *p, uint32_t index, const b
         } else if (co->kind == IR_OP_ROPE && s->residual == IR_NO_VALUE) {
             const ir_type *t = &m->values[co->operands[0]].type;
             s->kind = GEMV_ROPE;
+            s->rope_op = c;
             s->heads = t->dims[1].size;
             s->head_dim = t->dims[2].size;
-            int64_t rotary = ir_op_int(m, c, "rotary_dim");
-            if (rotary == 0) rotary = s->head_dim;
+            ir_rope_params rope = ir_rope_params_of(m, c, s->head_dim);
+            char why[256];
+            if (!ir_rope_params_check(&rope, s->head_dim, why, sizeof why)) return refuse(e, why);
+            int64_t rotary = rope.rotary_dim;
             if (rotary < 2 || rotary > s->head_dim) return refuse(e, "a rotary_dim outside [2, head dim]");
+            ir_rope_tables_compute(&rope, arena_array(&e->scratch, ir_rope_tables_floats(&rope), sizeof(float)),
+                                   &s->rope);
+            if (s->rope.long_inv_freq) return refuse(e, "longrope (its frequencies depend on the step)");
             s->half = rotary / 2;
             s->passed = s->head_dim - 2 * s->half;
             s->interleaved = strcmp(ir_op_string(m, c, "style"), "interleaved") == 0;
@@ -452,7 +461,11 @@ static void write_epilogue(cg_kernel_builder *b, const gemv_plan *p, const gemv_
         cg_line(t, "if (rows == 2) { /* a rotary pair */");
         cg_line(t, "float b = sums[i][1] * %s%s%s;", scale, bias1 ? " + " : "", bias1 ? bias1 : "");
         cg_line(t, "float angle = (float)%s * INVERSE_FREQUENCY_%u[pair];", cg_load(b, pos, "t0 + i"), index);
-        cg_line(t, "float cosine = cosf(angle), sine = sinf(angle);");
+        if (s->rope.attention_factor != 1.0f)
+            cg_line(t, "float cosine = cosf(angle) * ATTENTION_FACTOR_%u, sine = sinf(angle) * ATTENTION_FACTOR_%u;",
+                    index, index);
+        else
+            cg_line(t, "float cosine = cosf(angle), sine = sinf(angle);");
         write_store(b, s, index, "row0", "a * cosine - b * sine");
         write_store(b, s, index, "row1", "b * cosine + a * sine");
         if (s->passed > 0) {
@@ -631,16 +644,17 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
                     (long long)s->passed);
             char theta_text[48];
             cg_line(t,
-                    "/* inv_freq[i] = 1 / theta^(2i / %lld) with theta = %s, in float32 as Hugging Face "
-                    "computes it. */",
-                    (long long)(2 * s->half), ir_format_float(s->theta, theta_text, sizeof theta_text));
+                    "/* inv_freq of rope_type %s (theta = %s, over %lld dims), in float32 as Hugging Face "
+                    "computes it (ir/rope.c). */",
+                    ir_rope_scaling_name(ir_rope_params_of(e->m, s->rope_op, s->head_dim).scaling),
+                    ir_format_float(s->theta, theta_text, sizeof theta_text), (long long)(2 * s->half));
             cg_line(t, "static __device__ const float INVERSE_FREQUENCY_%u[HALF_%u] = {", i, i);
-            int64_t rotary = 2 * s->half;
-            for (int64_t j = 0; j < s->half; j++) {
-                float inverse = 1.0f / powf((float)s->theta, (float)(2 * j) / (float)rotary);
-                cg_line(t, "%s%s", cg_float_literal(e, inverse), j + 1 < s->half ? "," : "");
-            }
+            for (int64_t j = 0; j < s->half; j++)
+                cg_line(t, "%s%s", cg_float_literal(e, s->rope.inv_freq[j]), j + 1 < s->half ? "," : "");
             cg_line(t, "};");
+            if (s->rope.attention_factor != 1.0f)
+                cg_line(t, "#define ATTENTION_FACTOR_%u %s /* cos and sin are scaled by it */", i,
+                        cg_float_literal(e, s->rope.attention_factor));
         }
     }
     cg_text_printf(t, "enum { START_0 = 0"); /* the first unit of each output */

@@ -43,6 +43,7 @@
  */
 #include "interface.h"
 #include "pass.h"
+#include "rope.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -207,7 +208,9 @@ static void fuse_epilogue_of(fuse_state *s, uint32_t i) {
         const ir_type *t = type_of(s, op->results[0]);
         if (r == IR_NONE || m->ops[r].kind != IR_OP_ROPE || m->ops[r].operands[0] != op->results[0] ||
             t->rank != 3 || t->dims[0].symbol != s->token_symbol ||
-            !is_float(type_of(s, m->ops[r].results[0])))
+            !is_float(type_of(s, m->ops[r].results[0])) ||
+            /* longrope picks its frequencies per step: the rope kernel's */
+            ir_rope_params_of(m, r, t->dims[2].size).scaling == IR_ROPE_LONGROPE)
             return;
         absorb(s, r, g);
         return;
