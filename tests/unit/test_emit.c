@@ -769,10 +769,10 @@ static void test_lowering_kinds_and_attention_state(void **state) {
     assert_int_equal(l.kind, CG_LOWER_KERNELS);
     /* kv_write, then split-KV decode for steps of <= 4 tokens, FlashAttention-2 for longer ones */
     assert_int_equal(l.kernel_count, 3);
-    assert_string_equal(l.kernels[0].name, "kv_write_bf16_kv2_d16_ctx40");
+    assert_kernel_named(&l.kernels[0], "kv_write_bf16_kv2_d16_ctx40");
     /* scale 1/sqrt(16) implied; 264 target blocks / 2 kv heads, at most 40 / 32 rounded up splits */
-    assert_string_equal(l.kernels[1].name, "attention_decode_bf16_h4_kv2_d16_ctx40_s2");
-    assert_string_equal(l.kernels[2].name, "attention_prefill_bf16_h4_kv2_d16_ctx40");
+    assert_kernel_named(&l.kernels[1], "attention_decode_bf16_h4_kv2_d16_ctx40_s2");
+    assert_kernel_named(&l.kernels[2], "attention_prefill_bf16_h4_kv2_d16_ctx40");
     assert_int_equal(l.state_count, 5);
     assert_int_equal(l.state_bytes[CG_STATE_KEYS], 40 * 2 * 16 * 2); /* bf16 */
     assert_int_equal(l.state_bytes[CG_STATE_VALUES], 40 * 2 * 16 * 2);

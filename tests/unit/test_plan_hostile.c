@@ -308,26 +308,39 @@ static void test_the_compiled_plan_carries_costs(void **state) {
     assert_true(prog_poly_eval(p.instrs[0].cost.read, 1, 0) == 64 * 4 + 4);
     assert_true(prog_poly_eval(p.instrs[0].cost.read, 8, 100) == 8 * (64 * 4 + 4));
     assert_true(prog_poly_eval(p.instrs[0].cost.written, 8, 100) == 8 * 64 * 4);
-    /* 2: q_proj, a GEMM [T, 64] x [64, 64]^T: A and B read, C written, 2 M N K flops, f32 on CUDA cores */
-    const prog_instr *q = &p.instrs[2];
-    assert_true(q->op == PROG_OP_GEMM && q->as.gemm.n == 64 && q->as.gemm.k == 64);
+    /* q_proj on the unfused path (steps of more than 4 tokens), a GEMM [T, 64] x [64, 64]^T:
+     * A and B read, C written, 2 M N K flops, f32 on CUDA cores */
+    const prog_instr *q = NULL;
+    for (uint32_t i = 0; i < p.instr_count && !q; i++)
+        if (p.instrs[i].op == PROG_OP_GEMM && p.instrs[i].as.gemm.n == 64 && p.instrs[i].as.gemm.k == 64)
+            q = &p.instrs[i];
+    assert_non_null(q);
     assert_true(prog_poly_eval(q->cost.read, 8, 0) == (8 * 64 + 64 * 64) * 4);
     assert_true(prog_poly_eval(q->cost.written, 8, 0) == 8 * 64 * 4);
     assert_true(prog_poly_eval(q->cost.flops, 8, 0) == 2.0 * 8 * 64 * 64);
     assert_false(q->cost.tensor_cores);
-    /* The kv_write launch (derived): k and v rows of 2 x 16 f32 and the 4-byte pos read per
-     * token; the caches' new rows (128 + 128 bytes) and written flag (4) written. The
-     * attention launch after it: each of 4 query heads reads its 16-float q row and pos,
-     * and for every position attended (causal: T C + T (T + 1) / 2) a key and a value row
-     * of 16 f32 and the written flag; 2 (16 + 16) flops per head and position. */
-    for (uint32_t i = 0; i + 1 < p.instr_count; i++) {
-        const prog_instr *kv = &p.instrs[i], *attend = &p.instrs[i + 1];
+    /* The kv_write launch (derived; it runs in steps of more than 4 tokens, the fused QKV GEMV
+     * writes the caches in smaller ones): k and v rows of 2 x 16 f32 and the 4-byte pos read per
+     * token; the caches' new rows (128 + 128 bytes) and written flag (4) written. Causal
+     * attention over T C + T (T + 1) / 2 positions, 2 (16 + 16) flops per head and position,
+     * each of 4 query heads reading its 16-float q row and pos and writing its output row:
+     *  - the split-KV decode kernel after it reads each of the C + T cached rows once per kv
+     *    head (2 x 128 bytes) and its written flag once;
+     *  - the scalar kernel after that (f32 prefill) reads a key and a value row and the flag for
+     *    every query head and position attended. */
+    for (uint32_t i = 0; i + 2 < p.instr_count; i++) {
+        const prog_instr *kv = &p.instrs[i], *decode = &p.instrs[i + 1], *attend = &p.instrs[i + 2];
         if (kv->op != PROG_OP_LAUNCH || kv->as.launch.arg_count < 4 ||
             kv->as.launch.args[3].ref.buffer != PROG_BUFFER_STATE)
             continue;
+        assert_int_equal(kv->min_tokens, 5);
         assert_true(prog_poly_eval(kv->cost.read, 3, 50) == 3 * (128 + 128 + 4));
         assert_true(prog_poly_eval(kv->cost.written, 3, 50) == 3 * (128 + 128 + 4));
         double positions = 3 * 50 + 3 * 4 / 2;
+        assert_true(prog_poly_eval(decode->cost.read, 3, 50) ==
+                    4 * 3 * (16 * 4 + 4) + (50 + 3) * (2 * 128 + 4));
+        assert_true(prog_poly_eval(decode->cost.written, 3, 50) == 4 * 3 * 16 * 4);
+        assert_true(prog_poly_eval(decode->cost.flops, 3, 50) == 4 * positions * 2 * (16 + 16));
         assert_true(prog_poly_eval(attend->cost.read, 3, 50) ==
                     4 * (3 * (16 * 4 + 4) + positions * (2 * 16 * 4 + 4)));
         assert_true(prog_poly_eval(attend->cost.written, 3, 50) == 4 * 3 * 16 * 4);
