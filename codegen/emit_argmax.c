@@ -183,6 +183,10 @@ bool cg_emit_greedy_argmax(cg_emit *e) {
     cg_line(t, "    token[0] = best_index;");
     cg_line(t, "}");
     cg_kernel_end(&b);
+    /* It reads the last row alone (not the T rows its argument spans) and writes the token. */
+    prog_cost *cost = arena_alloc(e->a, sizeof *cost);
+    *cost = (prog_cost){.read = {.constant = (double)vocab * 4}, .written = {.constant = 4}};
+    e->out->kernels[e->out->kernel_count - 1].cost = cost;
     e->out->kind = CG_LOWER_KERNELS;
     e->out->state_count = 1;
     e->out->state_bytes[0] = 4;

@@ -336,14 +336,17 @@ static bool build_program(lowering_state *s) {
     p->instrs = arena_array(&l->arena, count ? count : 1, sizeof *p->instrs);
     p->state_bytes = arena_array(&l->arena, p->state_count ? p->state_count : 1, sizeof *p->state_bytes);
     p->state_rows = arena_array(&l->arena, p->state_count ? p->state_count : 1, sizeof *p->state_rows);
+    /* Every state first: a launch's default cost reads the rows of states
+     * that later groups own (a QKV GEMV writes attention's KV cache). */
+    for (uint32_t g = 0; g < groups; g++)
+        for (uint32_t st = 0; st < s->lowerings[g].state_count; st++) {
+            p->state_bytes[s->state_base[g] + st] = s->lowerings[g].state_bytes[st];
+            p->state_rows[s->state_base[g] + st] = s->lowerings[g].state_rows[st];
+        }
     bool ok = true;
     for (uint32_t g = 0; g < groups; g++) {
         const cg_group_lowering *lo = &s->lowerings[g];
         uint32_t first = s->groups[g].ops[0];
-        for (uint32_t st = 0; st < lo->state_count; st++) {
-            p->state_bytes[s->state_base[g] + st] = lo->state_bytes[st];
-            p->state_rows[s->state_base[g] + st] = lo->state_rows[st];
-        }
         /* A fused group with its unfused ops: the fused kernels for T <= its
          * bound, the ops one by one above it. */
         int64_t bound = s->unfused[g] ? lo->fused_max_tokens : 0;

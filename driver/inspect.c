@@ -18,10 +18,10 @@
  * KV caches (state buffers indexed by position). The caches one instruction
  * touches belong to one attention op (its keys, values and written flags),
  * so joining caches touched by a common instruction gives one group per
- * attention op: the layers. Launches per layer is the stack's period: the
- * instructions from the first that touches layer 1's caches to the first
- * that touches layer L's, over L - 1 (the launch count of the whole step
- * when there is one layer).
+ * attention op: the layers. Launches per layer is the stack's period at a
+ * step: the instructions that run at its token count (prog_instr_runs), from
+ * the first that touches layer 1's caches to the first that touches layer
+ * L's, over L - 1 (from layer 1's first on, when there is one layer).
  *
  * Unavoidable bytes of a step (what a perfect implementation still moves):
  * every weight read once, except an embedding table the ids index, of which
@@ -91,6 +91,7 @@ typedef struct step_model {
     uint32_t launches;
     double read, written, flops, unavoidable;
     double unavoidable_flops; /* the flops but the output head's beyond the sampled row */
+    double launches_per_layer; /* the stack's period at this step; 0 without layers */
     double seconds[GPU_COUNT];
     uint32_t row_count;
     kernel_row *rows; /* [row_count], by first launch */
@@ -101,7 +102,9 @@ typedef struct plan_facts {
     const program *p;
     const plan_kernel_table *kernels;
     uint32_t layers;
-    double launches_per_layer; /* the stack's period; 0 without layers */
+    /* The first instruction of the first and of the last layer: the stack's
+     * period is the instructions that run between them / (layers - 1). */
+    uint32_t first_layer_start, last_layer_start;
     uint64_t weight_bytes;
     bool weights_in_plan;
 } plan_facts;
@@ -167,8 +170,8 @@ static bool count_layers(plan_facts *f) {
         if (layer_first[s] < lowest) lowest = layer_first[s];
         if (layer_first[s] > highest) highest = layer_first[s];
     }
-    if (f->layers == 1) f->launches_per_layer = p->instr_count;
-    if (f->layers > 1) f->launches_per_layer = (double)(highest - lowest) / (f->layers - 1);
+    f->first_layer_start = lowest;
+    f->last_layer_start = f->layers == 1 ? p->instr_count : highest;
     free(scratch);
     return true;
 }
@@ -283,6 +286,12 @@ static bool model_step(const plan_facts *f, step_kind s, step_model *out) {
         out->unavoidable_flops += writes_logits(p, in) ? prog_poly_eval(in->cost.flops, 1, c) : flops;
     }
     out->unavoidable = unavoidable_bytes(f, s);
+    if (f->layers) { /* what runs at this step in the stack's period */
+        uint32_t running = 0;
+        for (uint32_t i = f->first_layer_start; i < f->last_layer_start && i < p->instr_count; i++)
+            running += prog_instr_runs(&p->instrs[i], s.tokens);
+        out->launches_per_layer = f->layers > 1 ? (double)running / (f->layers - 1) : running;
+    }
     return true;
 }
 
@@ -345,7 +354,7 @@ static void print_step(FILE *out, const plan_facts *f, const step_model *m) {
     else
         fprintf(out, "\n  decode step at context %" PRId64 " (1 token):\n", m->step.context);
     fprintf(out, "    launches:       %" PRIu32 " per step", m->launches);
-    if (f->layers) fprintf(out, ", %.4g per decoder layer", f->launches_per_layer);
+    if (f->layers) fprintf(out, ", %.4g per decoder layer", m->launches_per_layer);
     double bytes = m->read + m->written;
     fprintf(out, "\n    DRAM bytes:     %.0f (%.0f read, %.0f written); unavoidable %.0f (modeled %.3fx)\n",
             bytes, m->read, m->written, m->unavoidable, m->unavoidable > 0 ? bytes / m->unavoidable : 0.0);
@@ -407,9 +416,9 @@ static json_t *step_json(const plan_facts *f, const step_model *m) {
     json_object_set_new(o, "launches_per_step", json_integer(m->launches));
     json_object_set_new(o, "layers", json_integer(f->layers));
     json_t *per_layer = !f->layers ? json_null()
-                        : f->launches_per_layer == floor(f->launches_per_layer)
-                            ? json_integer((json_int_t)f->launches_per_layer)
-                            : json_real(f->launches_per_layer);
+                        : m->launches_per_layer == floor(m->launches_per_layer)
+                            ? json_integer((json_int_t)m->launches_per_layer)
+                            : json_real(m->launches_per_layer);
     json_object_set_new(o, "launches_per_layer", per_layer);
     json_object_set_new(o, "modeled_dram_bytes", json_count(m->read + m->written));
     json_object_set_new(o, "modeled_read_bytes", json_count(m->read));
