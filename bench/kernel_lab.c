@@ -61,7 +61,8 @@ static uint32_t build_norm(emit_case *c, const lab_shape *s) {
     char type[64], weight[64];
     snprintf(type, sizeof type, "f32[tokens, %lld]", (long long)s->a);
     snprintf(weight, sizeof weight, "f32[%lld]", (long long)s->a);
-    uint32_t op = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){case_input(c, "x", type), case_weight(c, weight)}, 2);
+    uint32_t op =
+        case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){case_input(c, "x", type), case_weight(c, weight)}, 2);
     assert_true(ir_op_set_float(&c->m, op, "eps", 1e-5));
     return op;
 }
@@ -138,18 +139,37 @@ static void set_ids(emit_case *c, int64_t tokens, int64_t vocab) {
 }
 
 static const lab_family families[] = {
-    {"elementwise", build_elementwise, F32_TOLERANCE,
-     {{64, 0, 0, 3, false}, {1000, 0, 0, 5, false}, {4096, 0, 0, 1, true}, {4096, 0, 0, 64, true}}, 4},
-    {"norm", build_norm, F32_TOLERANCE,
-     {{64, 0, 0, 3, false}, {4096, 0, 0, 2, false}, {4096, 0, 0, 1, true}, {4096, 0, 0, 64, true}}, 4},
-    {"rope", build_rope, F32_TOLERANCE, {{2, 16, 0, 4, false}, {32, 128, 0, 1, true}, {32, 128, 0, 64, true}}, 3},
+    {"elementwise",
+     build_elementwise,
+     F32_TOLERANCE,
+     {{64, 0, 0, 3, false}, {1000, 0, 0, 5, false}, {4096, 0, 0, 1, true}, {4096, 0, 0, 64, true}},
+     4},
+    {"norm",
+     build_norm,
+     F32_TOLERANCE,
+     {{64, 0, 0, 3, false}, {4096, 0, 0, 2, false}, {4096, 0, 0, 1, true}, {4096, 0, 0, 64, true}},
+     4},
+    {"rope",
+     build_rope,
+     F32_TOLERANCE,
+     {{2, 16, 0, 4, false}, {32, 128, 0, 1, true}, {32, 128, 0, 64, true}},
+     3},
     {"softmax", build_softmax, F32_TOLERANCE, {{50, 0, 0, 3, false}, {32000, 0, 0, 1, true}}, 2},
-    {"embedding", build_embedding, F32_TOLERANCE,
-     {{37, 24, 0, 5, false}, {128256, 4096, 0, 1, true}, {128256, 4096, 0, 64, true}}, 3},
-    {"attention", build_attention, F32_SEQUENCE_TOLERANCE,
-     {{4, 2, 16, 5, false}, {8, 2, 64, 17, false}, {32, 8, 128, 1, true}, {32, 8, 128, 64, true}}, 4},
-    {"moe", build_moe, F32_SEQUENCE_TOLERANCE,
-     {{4, 32, 48, 5, false}, {8, 64, 96, 40, false}, {8, 4096, 14336, 1, true}, {8, 4096, 14336, 64, true}}, 4},
+    {"embedding",
+     build_embedding,
+     F32_TOLERANCE,
+     {{37, 24, 0, 5, false}, {128256, 4096, 0, 1, true}, {128256, 4096, 0, 64, true}},
+     3},
+    {"attention",
+     build_attention,
+     F32_SEQUENCE_TOLERANCE,
+     {{4, 2, 16, 5, false}, {8, 2, 64, 17, false}, {32, 8, 128, 1, true}, {32, 8, 128, 64, true}},
+     4},
+    {"moe",
+     build_moe,
+     F32_SEQUENCE_TOLERANCE,
+     {{4, 32, 48, 5, false}, {8, 64, 96, 40, false}, {8, 4096, 14336, 1, true}, {8, 4096, 14336, 64, true}},
+     4},
     {"argmax", build_argmax, F32_TOLERANCE, {{700, 0, 0, 3, false}, {128256, 0, 0, 1, true}}, 2},
 };
 enum { FAMILY_COUNT = sizeof families / sizeof families[0] };
@@ -177,9 +197,9 @@ static void lab_host(void **state) {
             uint32_t op;
             emit_case *c = lab_case(f, s, precisions[p], &op);
             case_run(c, op, s->tokens, f->tolerance);
-            printf("  host %-12s %-5s shape (%lld, %lld, %lld) T=%lld: within %.0f%% of the tolerance\n", f->name,
-                   precisions[p], (long long)s->a, (long long)s->b, (long long)s->c, (long long)s->tokens,
-                   c->worst_error * 100.0);
+            printf("  host %-12s %-5s shape (%lld, %lld, %lld) T=%lld: within %.0f%% of the tolerance\n",
+                   f->name, precisions[p], (long long)s->a, (long long)s->b, (long long)s->c,
+                   (long long)s->tokens, c->worst_error * 100.0);
             case_free(c);
         }
     }

@@ -34,8 +34,8 @@ typedef void *lab_handle; /* CUcontext, CUmodule, CUfunction, CUstream, CUevent,
     X(cuEventElapsedTime, "cuEventElapsedTime", (float *ms, lab_handle start, lab_handle end))               \
     X(cuStreamBeginCapture, "cuStreamBeginCapture_v2", (lab_handle stream, int mode))                        \
     X(cuStreamEndCapture, "cuStreamEndCapture", (lab_handle stream, lab_handle * graph))                     \
-    X(cuGraphInstantiate, "cuGraphInstantiateWithFlags", (lab_handle * exec, lab_handle graph,               \
-                                                          unsigned long long flags))                         \
+    X(cuGraphInstantiate, "cuGraphInstantiateWithFlags",                                                     \
+      (lab_handle * exec, lab_handle graph, unsigned long long flags))                                       \
     X(cuGraphLaunch, "cuGraphLaunch", (lab_handle exec, lab_handle stream))
 
 typedef struct lab_driver {
@@ -48,7 +48,12 @@ typedef struct lab_driver {
     double copy_gbps, tensor_tflops;
 } lab_driver;
 
-enum { LAB_ATTRIBUTE_SMS = 16, LAB_ATTRIBUTE_MAJOR = 75, LAB_ATTRIBUTE_MINOR = 76, LAB_STREAM_NON_BLOCKING = 1 };
+enum {
+    LAB_ATTRIBUTE_SMS = 16,
+    LAB_ATTRIBUTE_MAJOR = 75,
+    LAB_ATTRIBUTE_MINOR = 76,
+    LAB_STREAM_NON_BLOCKING = 1
+};
 
 #define LAB_CHECK(d, call)                                                                                   \
     do {                                                                                                     \
@@ -275,11 +280,12 @@ static void lab_time(lab_driver *d, const lab_family *f, const lab_shape *s, con
     LAB_CHECK(d, cuEventRecord(d->end, d->stream));
     double seconds = lab_elapsed(d) * 1e-3 / REPEATS;
     double gbps = (read + written) / seconds / 1e9, tflops = flops / seconds / 1e12;
-    printf("gpu %-12s %-5s shape (%lld, %lld, %lld) T=%-3lld %u kernels %9.2f us  %8.1f GB/s (%5.1f%% of copy)"
-           "  %7.2f TFLOP/s (%5.1f%% of mma)\n",
-           f->name, precision, (long long)s->a, (long long)s->b, (long long)s->c, (long long)s->tokens,
-           l.kernel_count, seconds * 1e6, gbps, 100.0 * gbps / d->copy_gbps, tflops,
-           100.0 * tflops / d->tensor_tflops);
+    printf(
+        "gpu %-12s %-5s shape (%lld, %lld, %lld) T=%-3lld %u kernels %9.2f us  %8.1f GB/s (%5.1f%% of copy)"
+        "  %7.2f TFLOP/s (%5.1f%% of mma)\n",
+        f->name, precision, (long long)s->a, (long long)s->b, (long long)s->c, (long long)s->tokens,
+        l.kernel_count, seconds * 1e6, gbps, 100.0 * gbps / d->copy_gbps, tflops,
+        100.0 * tflops / d->tensor_tflops);
     for (uint32_t i = 0; i < CASE_MAX_VALUES; i++)
         if (values[i]) LAB_CHECK(d, cuMemFree(values[i]));
     for (uint32_t i = 0; i < l.state_count; i++)
@@ -303,7 +309,8 @@ static void lab_gpu_run(void **state) {
     for (size_t i = 0; i < FAMILY_COUNT; i++) {
         if (lab_only && strcmp(lab_only, families[i].name) != 0) continue;
         for (int j = 0; j < families[i].shape_count; j++)
-            if (!lab_quick || families[i].shapes[j].gpu_only) lab_time(&d, &families[i], &families[i].shapes[j], "bf16");
+            if (!lab_quick || families[i].shapes[j].gpu_only)
+                lab_time(&d, &families[i], &families[i].shapes[j], "bf16");
     }
     LAB_CHECK(&d, cuStreamSynchronize(d.stream));
 }

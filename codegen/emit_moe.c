@@ -37,12 +37,12 @@
 #include "emit_internal.h"
 
 enum {
-    MOE_THREADS = 256,                 /* every kernel: 8 warps */
+    MOE_THREADS = 256, /* every kernel: 8 warps */
     MOE_WARPS = MOE_THREADS / 32,
-    MOE_ROWS_PER_WARP = 2,             /* weight rows one warp owns in a GEMM block */
-    MOE_TILE = 8,                      /* tokens that share one load of a weight chunk */
-    MOE_VECTOR = 8,                    /* elements per lane per chunk: one 128-bit bf16 load */
-    MOE_EXPERT_LIMIT = 1024,           /* the route kernel's logits stay in shared memory */
+    MOE_ROWS_PER_WARP = 2,   /* weight rows one warp owns in a GEMM block */
+    MOE_TILE = 8,            /* tokens that share one load of a weight chunk */
+    MOE_VECTOR = 8,          /* elements per lane per chunk: one 128-bit bf16 load */
+    MOE_EXPERT_LIMIT = 1024, /* the route kernel's logits stay in shared memory */
 };
 #define MOE_STATE_LIMIT (1ull << 40)
 
@@ -183,8 +183,8 @@ static void emit_route(cg_emit *e, const moe_shape *s) {
     cg_line(t, "}");
     cg_line(t, "for (int k = 0; k < TOP_K; k++) {");
     cg_line(t, "route_expert[token * TOP_K + k] = chosen[k];");
-    cg_line(t, "%s", cg_store(&b, p_weight, "token * TOP_K + k",
-                             "p[chosen[k]] / (NORMALIZE ? chosen_total : 1.0f)"));
+    cg_line(t, "%s",
+            cg_store(&b, p_weight, "token * TOP_K + k", "p[chosen[k]] / (NORMALIZE ? chosen_total : 1.0f)"));
     cg_line(t, "}");
     (void)p_expert;
     cg_kernel_end(&b);
@@ -227,12 +227,13 @@ static void emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) 
     const char *name = arena_printf(&e->scratch, "moe_%s_%s", g->kind, s->tag);
     cg_kernel_builder b;
     cg_kernel_begin(&b, e, name,
-                    g->swiglu ? "Grouped GEMM over (F-tile, expert) blocks: the block gathers its expert's "
-                                "slots, each warp streams ROWS_PER_WARP rows of gate and up (128-bit loads, "
-                                "f32 sums) over TILE slots at a time; hidden = silu(gate x) * up x."
-                              : "Grouped GEMM over (D-tile, expert) blocks: the block gathers its expert's "
-                                "slots, each warp streams ROWS_PER_WARP rows of down (128-bit loads, f32 "
-                                "sums) over TILE hidden rows at a time; partial = route weight * down hidden.");
+                    g->swiglu
+                        ? "Grouped GEMM over (F-tile, expert) blocks: the block gathers its expert's "
+                          "slots, each warp streams ROWS_PER_WARP rows of gate and up (128-bit loads, "
+                          "f32 sums) over TILE slots at a time; hidden = silu(gate x) * up x."
+                        : "Grouped GEMM over (D-tile, expert) blocks: the block gathers its expert's "
+                          "slots, each warp streams ROWS_PER_WARP rows of down (128-bit loads, f32 "
+                          "sums) over TILE hidden rows at a time; partial = route weight * down hidden.");
     uint32_t p_in = 0, p_gate = 0, p_up = 0, p_down = 0;
     if (g->swiglu) {
         p_in = cg_param_value(&b, "x", x, true);
@@ -347,8 +348,9 @@ static void emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) 
     if (g->swiglu) {
         cg_line(t, "float gm = warp_sum(g[m]), um = warp_sum(u[m]);");
         cg_line(t, "if (lane == 0)");
-        cg_line(t, "    %s", cg_store(&b, p_scratch, "(long long)slots[tile + m] * FFN_DIM + row",
-                                     "gm / (1.0f + expf(-gm)) * um"));
+        cg_line(t, "    %s",
+                cg_store(&b, p_scratch, "(long long)slots[tile + m] * FFN_DIM + row",
+                         "gm / (1.0f + expf(-gm)) * um"));
     } else {
         cg_line(t, "float total = warp_sum(sum[m]);");
         cg_line(t, "int slot = slots[tile + m];");
@@ -381,8 +383,8 @@ static void emit_combine(cg_emit *e, const moe_shape *s) {
     cg_kernel_launch(&b, cg_count_blocks(elements, MOE_THREADS), (prog_affine){0, 1, 1}, MOE_THREADS);
     cg_kernel_open(&b);
     cg_text *t = &b.text;
-    cg_line(t, "enum { MODEL_DIM = %lld, FFN_DIM = %lld, TOP_K = %lld, THREADS = %d };", (long long)s->model_dim,
-            (long long)s->ffn, (long long)s->top_k, MOE_THREADS);
+    cg_line(t, "enum { MODEL_DIM = %lld, FFN_DIM = %lld, TOP_K = %lld, THREADS = %d };",
+            (long long)s->model_dim, (long long)s->ffn, (long long)s->top_k, MOE_THREADS);
     cg_line(t, "enum { SLOTS = %lld }; /* partial rows start after SLOTS hidden rows */",
             (long long)(s->token_bound * s->top_k));
     cg_blank(t);
@@ -434,8 +436,10 @@ static bool read_shape(cg_emit *e, moe_shape *s) {
         return false;
     }
     if (experts > MOE_EXPERT_LIMIT) {
-        diag_error(e->d, e->ir->loc, "moe: codegen keeps the router's probabilities in shared memory: at most %d "
-                   "experts, not %lld", MOE_EXPERT_LIMIT, (long long)experts);
+        diag_error(e->d, e->ir->loc,
+                   "moe: codegen keeps the router's probabilities in shared memory: at most %d "
+                   "experts, not %lld",
+                   MOE_EXPERT_LIMIT, (long long)experts);
         return false;
     }
     ir_value_id stored[6] = {x,     cg_operand(e, 1), cg_operand(e, 2), cg_operand(e, 3), cg_operand(e, 4),
@@ -448,8 +452,8 @@ static bool read_shape(cg_emit *e, moe_shape *s) {
                      .normalize = cg_attr_bool(e, "normalize", true),
                      .tokens = cg_shape_count(&xs, 0, 1),
                      .scratch_dtype = cg_storage_dtype(e->m, result)};
-    s->tag = arena_printf(&e->scratch, "%s_e%lld_k%lld_d%lld_f%lld", cg_dtype_tag(e, stored, 6), (long long)experts,
-                          (long long)top_k, (long long)model_dim, (long long)ffn);
+    s->tag = arena_printf(&e->scratch, "%s_e%lld_k%lld_d%lld_f%lld", cg_dtype_tag(e, stored, 6),
+                          (long long)experts, (long long)top_k, (long long)model_dim, (long long)ffn);
     return true;
 }
 
@@ -468,7 +472,8 @@ static bool size_states(cg_emit *e, const moe_shape *s) {
     if (!ok) {
         diag_error(e->d, e->ir->loc,
                    "moe: the scratch rows of %lld tokens x top_k %lld x (F %lld + D %lld) are too large",
-                   (long long)s->token_bound, (long long)s->top_k, (long long)s->ffn, (long long)s->model_dim);
+                   (long long)s->token_bound, (long long)s->top_k, (long long)s->ffn,
+                   (long long)s->model_dim);
         return false;
     }
     e->out->state_count = 3;
@@ -504,7 +509,8 @@ static void set_costs(cg_emit *e, const moe_shape *s) {
     prog_poly one = {.constant = 1};
     prog_cost *route = new_cost(e, 0), *gate_up = new_cost(e, 1), *down = new_cost(e, 2),
               *combine = new_cost(e, 3);
-    route->read = prog_poly_sum(prog_poly_scaled(one, experts * d * bytes[1]), prog_poly_scaled(tokens, d * bytes[0]));
+    route->read =
+        prog_poly_sum(prog_poly_scaled(one, experts * d * bytes[1]), prog_poly_scaled(tokens, d * bytes[0]));
     route->written = prog_poly_scaled(tokens, k * 8);
     route->flops = prog_poly_scaled(tokens, 2 * experts * d);
     gate_up->read = prog_poly_sum(prog_poly_scaled(one, k * f * d * (bytes[2] + bytes[3])),

@@ -390,7 +390,8 @@ static void test_moe_ptx_has_128_bit_loads(void **state) {
         char error[4096];
         if (!cg_compile_kernel(&request, &compiled, error, sizeof error)) fail_msg("%s", error);
         bool vector_load = false;
-        for (const char *at = strstr(compiled.ptx, "ld.global"); at && !vector_load; at = strstr(at + 1, "ld.global")) {
+        for (const char *at = strstr(compiled.ptx, "ld.global"); at && !vector_load;
+             at = strstr(at + 1, "ld.global")) {
             size_t length = strcspn(at, " \t\n"); /* the instruction with its modifiers */
             for (size_t i = 0; i + 3 <= length && !vector_load; i++)
                 vector_load = strncmp(at + i, ".v4", 3) == 0;
