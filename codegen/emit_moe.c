@@ -1,4 +1,4 @@
-/* emit_moe.c - the mixture-of-experts kernel (Mixtral's sparse MoE block).
+/* emit_moe.c - the mixture-of-experts kernels (Mixtral's sparse MoE block).
  *
  * moe(x[T, D], router[E, D], gate[E, F, D], up[E, F, D], down[E, D, F]) -> [T, D]
  * as reference/ref_ops_attention.c: router logits x . router[e], a softmax
@@ -6,24 +6,404 @@
  * torch.topk), their probabilities divided by their sum when normalize, and
  * out = sum_k weight_k * down_e(silu(gate_e x) * up_e x).
  *
- * One block of 256 threads per token. The token's row is kept in shared
- * memory; warps compute the router logits (one expert per warp at a time,
- * shuffle-reduced dot products); thread 0 does the softmax and the top-k
- * selection; then for each chosen expert the hidden activations are computed
- * CHUNK at a time into shared memory (one row of gate and up per warp) and
- * folded into the down projection, whose D outputs the threads own.
+ * Four launches, the tokens grouped by expert so that each chosen expert's
+ * weights are streamed once per step, by many blocks:
  *
- * Speed: correct first. Each token block reads its top_k experts' weights
- * whole, so a prefill of T tokens moves T * top_k experts' bytes where a
- * grouped GEMM (tokens sorted by expert) would move each expert once; and
- * the down projection reads rows of F with a stride. Decode (T = 1) is
- * bandwidth-bound either way.
+ *   1. moe_route: one warp per token: the router logits, softmax, top-k and
+ *      renormalisation; writes the token's K choices (slot t * K + k) as an
+ *      expert id and a weight into the state buffers `route_expert` and
+ *      `route_weight`.
+ *   2. moe_gate_up: a grouped GEMM over (F-tile, expert) blocks. A block
+ *      first gathers its expert's slots from route_expert in slot order (a
+ *      ballot compaction in shared memory, one window of THREADS slots at a
+ *      time: the per-expert token list, built where it is used, so no
+ *      separate sort launch), then each warp owns rows of gate and up and
+ *      streams them with 128-bit loads, each 8-element chunk of weights
+ *      applied to TILE tokens at once; f32 accumulation; SwiGLU in the
+ *      epilogue: hidden[slot, f] = silu(gate x) * up x into the scratch state.
+ *   3. moe_down: the same grouped GEMM over (D-tile, expert) blocks on the
+ *      hidden rows; the router weight of the slot is applied in the epilogue:
+ *      partial[slot, d] = weight * down_e(hidden[slot]).
+ *   4. moe_combine: out[t, d] = sum over k of partial[t * K + k, d], in k
+ *      order: each token's results are summed by one thread, no atomics, so
+ *      the result does not depend on the order blocks run in.
+ *
+ * At batch 1 the two GEMMs have E * ceil(F / ROWS) blocks, of which the
+ * chosen experts' K * ceil(F / ROWS) have work (896 for Mixtral-8x7B's gate_up):
+ * every SM streams weights. The blocks of an expert nobody chose leave after
+ * one scan of the T * K choices. Prefill runs on CUDA cores (a block re-reads
+ * its weight rows from L1/L2 per tile of TILE tokens), not on tensor cores.
  */
 #include "emit_internal.h"
 
-enum { MOE_THREADS = 256, MOE_CHUNK = 256, MOE_SHARED_LIMIT = 48 * 1024 };
+enum {
+    MOE_THREADS = 256, /* every kernel: 8 warps */
+    MOE_WARPS = MOE_THREADS / 32,
+    MOE_ROWS_PER_WARP = 2,   /* weight rows one warp owns in a GEMM block */
+    MOE_TILE = 8,            /* tokens that share one load of a weight chunk */
+    MOE_VECTOR = 8,          /* elements per lane per chunk: one 128-bit bf16 load */
+    MOE_EXPERT_LIMIT = 1024, /* the route kernel's logits stay in shared memory */
+};
+#define MOE_STATE_LIMIT (1ull << 40)
 
-bool cg_emit_moe(cg_emit *e) {
+enum { MOE_STATE_EXPERT = 0, MOE_STATE_WEIGHT = 1, MOE_STATE_SCRATCH = 2 };
+
+typedef struct moe_shape {
+    int64_t model_dim, experts, ffn, top_k, token_bound;
+    bool normalize;
+    cg_count tokens;
+    smelt_dtype scratch_dtype; /* hidden and partial rows: the result's storage dtype */
+    const char *tag;           /* name part: dtypes and dims */
+} moe_shape;
+
+/* Device helpers: an aligned 128-bit vector and loads of 8 consecutive
+ * elements as floats (one ld.global.v4 for bf16, two for f32). */
+static void write_vector_helpers(cg_text *t) {
+    cg_line(t, "typedef struct __align__(16) moe_vector {");
+    cg_line(t, "unsigned int word[4];");
+    cg_line(t, "} moe_vector;");
+    cg_blank(t);
+    cg_line(t, "/* p[0..8) as floats; p is 16-byte aligned */");
+    cg_line(t, "SMELT_DEVICE void load8_bf16(const smelt_bf16 *p, float *out) {");
+    cg_line(t, "moe_vector v = *(const moe_vector *)p;");
+    cg_line(t, "for (int i = 0; i < 4; i++) {");
+    cg_line(t, "out[2 * i] = __uint_as_float(v.word[i] << 16);");
+    cg_line(t, "out[2 * i + 1] = __uint_as_float(v.word[i] & 0xffff0000u);");
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_blank(t);
+    cg_line(t, "/* p[0..8) as floats; p is 32-byte aligned */");
+    cg_line(t, "SMELT_DEVICE void load8_f32(const float *p, float *out) {");
+    cg_line(t, "for (int half = 0; half < 2; half++) {");
+    cg_line(t, "moe_vector v = *(const moe_vector *)(p + 4 * half);");
+    cg_line(t, "for (int i = 0; i < 4; i++)");
+    cg_line(t, "    out[4 * half + i] = __uint_as_float(v.word[i]);");
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_blank(t);
+}
+
+/* The C expression loading 8 elements of parameter p at `index` into `out`. */
+static const char *load8(cg_kernel_builder *b, uint32_t p, const char *index, const char *out) {
+    smelt_dtype dt = b->params[p].dtype;
+    return arena_printf(&b->e->scratch, "load8_%s(%s + (%s), %s)", dt == SMELT_DTYPE_BF16 ? "bf16" : "f32",
+                        b->params[p].name, index, out);
+}
+
+static bool vectorizable(const cg_kernel_builder *b, uint32_t p) {
+    smelt_dtype dt = b->params[p].dtype;
+    return dt == SMELT_DTYPE_BF16 || dt == SMELT_DTYPE_F32;
+}
+
+static void write_popcount(cg_text *t) {
+    cg_line(t, "SMELT_DEVICE int popcount(unsigned int v) {");
+    cg_line(t, "v = v - ((v >> 1) & 0x55555555u);");
+    cg_line(t, "v = (v & 0x33333333u) + ((v >> 2) & 0x33333333u);");
+    cg_line(t, "return (int)((((v + (v >> 4)) & 0x0f0f0f0fu) * 0x01010101u) >> 24);");
+    cg_line(t, "}");
+    cg_blank(t);
+}
+
+/* ---- 1. route ------------------------------------------------------------------------- */
+
+static void emit_route(cg_emit *e, const moe_shape *s) {
+    ir_value_id x = cg_operand(e, 0), router = cg_operand(e, 1);
+    const char *name = arena_printf(&e->scratch, "moe_route_%s%s", s->tag, s->normalize ? "" : "_nonorm");
+    cg_kernel_builder b;
+    cg_kernel_begin(&b, e, name,
+                    "One warp per token: router logits, softmax over the experts, the top_k (ties to the "
+                    "lower index), renormalised when normalize; writes the token's choices as slots "
+                    "t * TOP_K + k of route_expert and route_weight.");
+    uint32_t p_x = cg_param_value(&b, "x", x, true);
+    uint32_t p_router = cg_param_value(&b, "router", router, true);
+    uint32_t p_expert = cg_param_state(&b, "route_expert", MOE_STATE_EXPERT, SMELT_DTYPE_I32);
+    uint32_t p_weight = cg_param_state(&b, "route_weight", MOE_STATE_WEIGHT, SMELT_DTYPE_F32);
+    cg_param_tokens(&b);
+    cg_kernel_launch(&b, cg_count_blocks(s->tokens, MOE_WARPS), (prog_affine){0, 1, 1}, MOE_THREADS);
+    cg_kernel_open(&b);
+    cg_text *t = &b.text;
+    cg_line(t, "enum { MODEL_DIM = %lld, EXPERTS = %lld, TOP_K = %lld, NORMALIZE = %d };",
+            (long long)s->model_dim, (long long)s->experts, (long long)s->top_k, s->normalize ? 1 : 0);
+    cg_line(t, "enum { THREADS = %d, WARPS = THREADS / 32 };", MOE_THREADS);
+    cg_blank(t);
+    bool vector = s->model_dim % MOE_VECTOR == 0 && vectorizable(&b, p_x) && vectorizable(&b, p_router);
+    if (vector) write_vector_helpers(t);
+    cg_write_warp_sum(t);
+    cg_kernel_signature(&b);
+    cg_line(t, "__shared__ float probabilities[WARPS][EXPERTS]; /* one row per warp's token */");
+    cg_line(t, "int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;");
+    cg_line(t, "long long token = (long long)blockIdx.x * WARPS + warp;");
+    cg_line(t, "if (token >= tokens)");
+    cg_line(t, "    return; /* the whole warp: no block barrier follows */");
+    cg_line(t, "float *p = probabilities[warp];");
+    cg_line(t, "for (int expert = 0; expert < EXPERTS; expert++) {");
+    cg_line(t, "float dot = 0.0f;");
+    if (vector) {
+        cg_line(t, "for (int i = lane * 8; i < MODEL_DIM; i += 32 * 8) {");
+        cg_line(t, "float xs[8], ws[8];");
+        cg_line(t, "%s;", load8(&b, p_x, "token * MODEL_DIM + i", "xs"));
+        cg_line(t, "%s;", load8(&b, p_router, "(long long)expert * MODEL_DIM + i", "ws"));
+        cg_line(t, "for (int j = 0; j < 8; j++)");
+        cg_line(t, "    dot += xs[j] * ws[j];");
+        cg_line(t, "}");
+    } else {
+        cg_line(t, "for (int i = lane; i < MODEL_DIM; i += 32)");
+        cg_line(t, "    dot += %s * %s;", cg_load(&b, p_x, "token * MODEL_DIM + i"),
+                cg_load(&b, p_router, "(long long)expert * MODEL_DIM + i"));
+    }
+    cg_line(t, "dot = warp_sum(dot);");
+    cg_line(t, "if (lane == 0)");
+    cg_line(t, "    p[expert] = dot;");
+    cg_line(t, "}");
+    cg_line(t, "__syncwarp(0xffffffffu);");
+    cg_line(t, "if (lane != 0)");
+    cg_line(t, "    return;");
+    cg_line(t, "/* softmax and top-k by lane 0 (E is small) */");
+    cg_line(t, "float max = p[0], total = 0.0f, chosen_total = 0.0f;");
+    cg_line(t, "for (int expert = 1; expert < EXPERTS; expert++)");
+    cg_line(t, "    max = fmaxf(max, p[expert]);");
+    cg_line(t, "for (int expert = 0; expert < EXPERTS; expert++) {");
+    cg_line(t, "p[expert] = expf(p[expert] - max);");
+    cg_line(t, "total += p[expert];");
+    cg_line(t, "}");
+    cg_line(t, "for (int expert = 0; expert < EXPERTS; expert++)");
+    cg_line(t, "    p[expert] /= total;");
+    cg_line(t, "int chosen[TOP_K];");
+    cg_line(t, "for (int k = 0; k < TOP_K; k++) {");
+    cg_line(t, "int best = -1;");
+    cg_line(t, "for (int expert = 0; expert < EXPERTS; expert++) {");
+    cg_line(t, "int taken = 0;");
+    cg_line(t, "for (int j = 0; j < k; j++)");
+    cg_line(t, "    taken |= chosen[j] == expert;");
+    cg_line(t, "if (!taken && (best < 0 || p[expert] > p[best]))");
+    cg_line(t, "    best = expert;");
+    cg_line(t, "}");
+    cg_line(t, "chosen[k] = best;");
+    cg_line(t, "chosen_total += p[best];");
+    cg_line(t, "}");
+    cg_line(t, "for (int k = 0; k < TOP_K; k++) {");
+    cg_line(t, "route_expert[token * TOP_K + k] = chosen[k];");
+    cg_line(t, "%s",
+            cg_store(&b, p_weight, "token * TOP_K + k", "p[chosen[k]] / (NORMALIZE ? chosen_total : 1.0f)"));
+    cg_line(t, "}");
+    (void)p_expert;
+    cg_kernel_end(&b);
+}
+
+/* ---- 2, 3. the grouped GEMMs ---------------------------------------------------------- */
+
+/* The slot gathering every GEMM block starts a window with: slots
+ * [window, window + THREADS) whose expert is this block's, in slot order,
+ * into `slots`; `found` is how many. */
+static void write_gather(cg_text *t) {
+    cg_line(t, "int index = window + threadIdx.x;");
+    cg_line(t, "int hit = index < choices && route_expert[index] == expert;");
+    cg_line(t, "unsigned int votes = __ballot_sync(0xffffffffu, hit);");
+    cg_line(t, "if (lane == 0)");
+    cg_line(t, "    warp_hits[warp] = popcount(votes);");
+    cg_line(t, "__syncthreads();");
+    cg_line(t, "int found = 0, before = 0;");
+    cg_line(t, "for (int w = 0; w < WARPS; w++) {");
+    cg_line(t, "before += w < warp ? warp_hits[w] : 0;");
+    cg_line(t, "found += warp_hits[w];");
+    cg_line(t, "}");
+    cg_line(t, "if (hit)");
+    cg_line(t, "    slots[before + popcount(votes & ((1u << lane) - 1u))] = index;");
+    cg_line(t, "__syncthreads();");
+}
+
+/* A grouped projection: block (row tile, expert) computes rows
+ * [tile * ROWS, +ROWS) of weight[expert] (ROWS_OUT x INNER) (two weights,
+ * gate and up, when swiglu) against the input rows of its expert's slots:
+ * x[slot / TOP_K] for gate_up, hidden[slot] for down. */
+typedef struct grouped_spec {
+    const char *kind; /* "gate_up", "down" */
+    bool swiglu;
+    int64_t rows, inner;
+} grouped_spec;
+
+static void emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) {
+    ir_value_id x = cg_operand(e, 0);
+    const char *name = arena_printf(&e->scratch, "moe_%s_%s", g->kind, s->tag);
+    cg_kernel_builder b;
+    cg_kernel_begin(&b, e, name,
+                    g->swiglu
+                        ? "Grouped GEMM over (F-tile, expert) blocks: the block gathers its expert's "
+                          "slots, each warp streams ROWS_PER_WARP rows of gate and up (128-bit loads, "
+                          "f32 sums) over TILE slots at a time; hidden = silu(gate x) * up x."
+                        : "Grouped GEMM over (D-tile, expert) blocks: the block gathers its expert's "
+                          "slots, each warp streams ROWS_PER_WARP rows of down (128-bit loads, f32 "
+                          "sums) over TILE hidden rows at a time; partial = route weight * down hidden.");
+    uint32_t p_in = 0, p_gate = 0, p_up = 0, p_down = 0;
+    if (g->swiglu) {
+        p_in = cg_param_value(&b, "x", x, true);
+        p_gate = cg_param_value(&b, "gate", cg_operand(e, 2), true);
+        p_up = cg_param_value(&b, "up", cg_operand(e, 3), true);
+    } else {
+        p_down = cg_param_value(&b, "down", cg_operand(e, 4), true);
+    }
+    cg_param_state(&b, "route_expert", MOE_STATE_EXPERT, SMELT_DTYPE_I32);
+    uint32_t p_weight = cg_param_state(&b, "route_weight", MOE_STATE_WEIGHT, SMELT_DTYPE_F32);
+    uint32_t p_scratch = cg_param_state(&b, "scratch", MOE_STATE_SCRATCH, s->scratch_dtype);
+    if (!g->swiglu) p_in = p_scratch;
+    cg_param_tokens(&b);
+    int64_t rows_per_block = MOE_WARPS * MOE_ROWS_PER_WARP;
+    cg_kernel_launch(&b, (prog_affine){0, (g->rows + rows_per_block - 1) / rows_per_block, 1},
+                     (prog_affine){0, s->experts, 1}, MOE_THREADS);
+    cg_kernel_open(&b);
+    cg_text *t = &b.text;
+    cg_line(t, "enum { MODEL_DIM = %lld, FFN_DIM = %lld, TOP_K = %lld };", (long long)s->model_dim,
+            (long long)s->ffn, (long long)s->top_k);
+    cg_line(t, "enum { ROWS_OUT = %s, INNER = %s }; /* the weight's rows and their length */",
+            g->swiglu ? "FFN_DIM" : "MODEL_DIM", g->swiglu ? "MODEL_DIM" : "FFN_DIM");
+    cg_line(t, "enum { THREADS = %d, WARPS = THREADS / 32, ROWS_PER_WARP = %d, TILE = %d };", MOE_THREADS,
+            MOE_ROWS_PER_WARP, MOE_TILE);
+    cg_line(t, "enum { SLOTS = %lld }; /* token bound * TOP_K: hidden rows, then partial rows, in scratch */",
+            (long long)(s->token_bound * s->top_k));
+    cg_blank(t);
+    bool vector = g->inner % MOE_VECTOR == 0 && vectorizable(&b, p_in) &&
+                  (g->swiglu ? vectorizable(&b, p_gate) && vectorizable(&b, p_up) : vectorizable(&b, p_down));
+    if (vector) write_vector_helpers(t);
+    write_popcount(t);
+    cg_write_warp_sum(t);
+    cg_kernel_signature(&b);
+    cg_line(t, "__shared__ int slots[THREADS];    /* this expert's slots in the window */");
+    cg_line(t, "__shared__ int warp_hits[WARPS];");
+    cg_line(t, "int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;");
+    cg_line(t, "long long expert = blockIdx.y;");
+    cg_line(t, "int choices = tokens * TOP_K;");
+    cg_line(t, "for (int window = 0; window < choices; window += THREADS) {");
+    write_gather(t);
+    cg_line(t, "for (int r = 0; r < ROWS_PER_WARP; r++) {");
+    cg_line(t, "int row = (blockIdx.x * WARPS + warp) * ROWS_PER_WARP + r;");
+    cg_line(t, "if (row >= ROWS_OUT)");
+    cg_line(t, "    break; /* warp-uniform */");
+    cg_line(t, "long long weight_row = (expert * ROWS_OUT + row) * INNER;");
+    cg_line(t, "for (int tile = 0; tile < found; tile += TILE) {");
+    cg_line(t, "int count = found - tile < TILE ? found - tile : TILE;");
+    cg_line(t, "long long input_row[TILE];");
+    cg_line(t, "for (int m = 0; m < TILE; m++)");
+    if (g->swiglu)
+        cg_line(t, "    input_row[m] = m < count ? (long long)(slots[tile + m] / TOP_K) * INNER : 0;");
+    else
+        cg_line(t, "    input_row[m] = m < count ? (long long)slots[tile + m] * INNER : 0;");
+    if (g->swiglu) {
+        cg_line(t, "float g[TILE], u[TILE];");
+        cg_line(t, "for (int m = 0; m < TILE; m++)");
+        cg_line(t, "    g[m] = u[m] = 0.0f;");
+    } else {
+        cg_line(t, "float sum[TILE];");
+        cg_line(t, "for (int m = 0; m < TILE; m++)");
+        cg_line(t, "    sum[m] = 0.0f;");
+    }
+    if (vector) {
+        cg_line(t, "for (int i = lane * 8; i < INNER; i += 32 * 8) {");
+        if (g->swiglu) {
+            cg_line(t, "float gs[8], us[8];");
+            cg_line(t, "%s;", load8(&b, p_gate, "weight_row + i", "gs"));
+            cg_line(t, "%s;", load8(&b, p_up, "weight_row + i", "us"));
+        } else {
+            cg_line(t, "float ds[8];");
+            cg_line(t, "%s;", load8(&b, p_down, "weight_row + i", "ds"));
+        }
+        cg_line(t, "for (int m = 0; m < TILE; m++) {");
+        cg_line(t, "if (m >= count)");
+        cg_line(t, "    break;");
+        cg_line(t, "float xs[8];");
+        cg_line(t, "%s;", load8(&b, p_in, "input_row[m] + i", "xs"));
+        cg_line(t, "for (int j = 0; j < 8; j++) {");
+        if (g->swiglu) {
+            cg_line(t, "g[m] += xs[j] * gs[j];");
+            cg_line(t, "u[m] += xs[j] * us[j];");
+        } else {
+            cg_line(t, "sum[m] += xs[j] * ds[j];");
+        }
+        cg_line(t, "}");
+        cg_line(t, "}");
+        cg_line(t, "}");
+    } else {
+        cg_line(t, "for (int i = lane; i < INNER; i += 32) {");
+        if (g->swiglu) {
+            cg_line(t, "float gw = %s, uw = %s;", cg_load(&b, p_gate, "weight_row + i"),
+                    cg_load(&b, p_up, "weight_row + i"));
+        } else {
+            cg_line(t, "float dw = %s;", cg_load(&b, p_down, "weight_row + i"));
+        }
+        cg_line(t, "for (int m = 0; m < TILE; m++) {");
+        cg_line(t, "if (m >= count)");
+        cg_line(t, "    break;");
+        cg_line(t, "float xv = %s;", cg_load(&b, p_in, "input_row[m] + i"));
+        if (g->swiglu) {
+            cg_line(t, "g[m] += xv * gw;");
+            cg_line(t, "u[m] += xv * uw;");
+        } else {
+            cg_line(t, "sum[m] += xv * dw;");
+        }
+        cg_line(t, "}");
+        cg_line(t, "}");
+    }
+    cg_line(t, "for (int m = 0; m < TILE; m++) {");
+    cg_line(t, "if (m >= count)");
+    cg_line(t, "    break; /* warp-uniform */");
+    if (g->swiglu) {
+        cg_line(t, "float gm = warp_sum(g[m]), um = warp_sum(u[m]);");
+        cg_line(t, "if (lane == 0)");
+        cg_line(t, "    %s",
+                cg_store(&b, p_scratch, "(long long)slots[tile + m] * FFN_DIM + row",
+                         "gm / (1.0f + expf(-gm)) * um"));
+    } else {
+        cg_line(t, "float total = warp_sum(sum[m]);");
+        cg_line(t, "int slot = slots[tile + m];");
+        cg_line(t, "if (lane == 0)");
+        cg_line(t, "    %s",
+                cg_store(&b, p_scratch, "(long long)SLOTS * FFN_DIM + (long long)slot * MODEL_DIM + row",
+                         arena_printf(&e->scratch, "%s * total", cg_load(&b, p_weight, "slot"))));
+    }
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_line(t, "__syncthreads(); /* slots is rewritten by the next window */");
+    cg_line(t, "}");
+    (void)p_weight;
+    cg_kernel_end(&b);
+}
+
+/* ---- 4. combine ----------------------------------------------------------------------- */
+
+static void emit_combine(cg_emit *e, const moe_shape *s) {
+    const char *name = arena_printf(&e->scratch, "moe_combine_%s", s->tag);
+    cg_kernel_builder b;
+    cg_kernel_begin(&b, e, name,
+                    "One thread per output element: the sum of the token's TOP_K weighted expert rows "
+                    "from scratch, in k order.");
+    uint32_t p_scratch = cg_param_state(&b, "scratch", MOE_STATE_SCRATCH, s->scratch_dtype);
+    uint32_t p_out = cg_param_value(&b, "out", cg_result(e, 0), false);
+    cg_param_tokens(&b);
+    cg_count elements = {s->tokens.per_token * s->model_dim, s->tokens.constant * s->model_dim};
+    cg_kernel_launch(&b, cg_count_blocks(elements, MOE_THREADS), (prog_affine){0, 1, 1}, MOE_THREADS);
+    cg_kernel_open(&b);
+    cg_text *t = &b.text;
+    cg_line(t, "enum { MODEL_DIM = %lld, FFN_DIM = %lld, TOP_K = %lld, THREADS = %d };",
+            (long long)s->model_dim, (long long)s->ffn, (long long)s->top_k, MOE_THREADS);
+    cg_line(t, "enum { SLOTS = %lld }; /* partial rows start after SLOTS hidden rows */",
+            (long long)(s->token_bound * s->top_k));
+    cg_blank(t);
+    cg_kernel_signature(&b);
+    cg_line(t, "long long i = (long long)blockIdx.x * THREADS + threadIdx.x;");
+    cg_line(t, "if (i >= (long long)tokens * MODEL_DIM)");
+    cg_line(t, "    return;");
+    cg_line(t, "long long token = i / MODEL_DIM, d = i %% MODEL_DIM;");
+    cg_line(t, "float total = 0.0f;");
+    cg_line(t, "for (int k = 0; k < TOP_K; k++)");
+    cg_line(t, "    total += %s;",
+            cg_load(&b, p_scratch, "(long long)SLOTS * FFN_DIM + (token * TOP_K + k) * MODEL_DIM + d"));
+    cg_line(t, "%s", cg_store(&b, p_out, "i", "total"));
+    cg_kernel_end(&b);
+}
+
+/* ---- the op ----------------------------------------------------------------------------- */
+
+static bool read_shape(cg_emit *e, moe_shape *s) {
     ir_value_id x = cg_operand(e, 0), result = cg_result(e, 0);
     cg_shape xs = cg_shape_of(e, x), router = cg_shape_of(e, cg_operand(e, 1));
     cg_shape gate = cg_shape_of(e, cg_operand(e, 2)), up = cg_shape_of(e, cg_operand(e, 3));
@@ -50,158 +430,110 @@ bool cg_emit_moe(cg_emit *e) {
     cg_shape out_shape = cg_shape_of(e, result);
     if (!cg_expect(e, cg_same_shape(&xs, &out_shape), "a result of x's shape")) return false;
     int64_t top_k = cg_attr_int(e, "top_k", 0);
-    bool normalize = cg_attr_bool(e, "normalize", true);
     if (top_k < 1 || top_k > experts) {
         diag_error(e->d, e->ir->loc, "moe: top_k %lld must be in [1, %lld] (the number of experts)",
                    (long long)top_k, (long long)experts);
         return false;
     }
-    uint64_t shared_bytes = (uint64_t)(model_dim + experts + 2 * top_k + MOE_CHUNK) * 4u;
-    if (model_dim > MOE_SHARED_LIMIT || shared_bytes > MOE_SHARED_LIMIT) {
+    if (experts > MOE_EXPERT_LIMIT) {
         diag_error(e->d, e->ir->loc,
-                   "moe: codegen keeps a token's row and the router's %lld probabilities in 48 KiB of shared "
-                   "memory; D = %lld needs %llu bytes",
-                   (long long)experts, (long long)model_dim, (unsigned long long)shared_bytes);
+                   "moe: codegen keeps the router's probabilities in shared memory: at most %d "
+                   "experts, not %lld",
+                   MOE_EXPERT_LIMIT, (long long)experts);
         return false;
     }
-
     ir_value_id stored[6] = {x,     cg_operand(e, 1), cg_operand(e, 2), cg_operand(e, 3), cg_operand(e, 4),
                              result};
-    const char *name = arena_printf(&e->scratch, "moe_%s_e%lld_k%lld_d%lld_f%lld%s",
-                                    cg_dtype_tag(e, stored, 6), (long long)experts, (long long)top_k,
-                                    (long long)model_dim, (long long)ffn, normalize ? "" : "_nonorm");
-    cg_kernel_builder b;
-    cg_kernel_begin(&b, e, name,
-                    "One block per token: router softmax, top-k experts (renormalised when normalize), then "
-                    "the sum of weight * down(silu(gate x) * up x) over them, CHUNK hidden units at a time.");
-    uint32_t p_x = cg_param_value(&b, "x", x, true);
-    uint32_t p_router = cg_param_value(&b, "router", cg_operand(e, 1), true);
-    uint32_t p_gate = cg_param_value(&b, "gate", cg_operand(e, 2), true);
-    uint32_t p_up = cg_param_value(&b, "up", cg_operand(e, 3), true);
-    uint32_t p_down = cg_param_value(&b, "down", cg_operand(e, 4), true);
-    uint32_t p_out = cg_param_value(&b, "out", result, false);
-    cg_kernel_launch(&b, cg_count_blocks(cg_shape_count(&xs, 0, 1), 1), (prog_affine){0, 1, 1}, MOE_THREADS);
-    cg_kernel_open(&b);
-    cg_text *t = &b.text;
-    cg_line(t, "enum { MODEL_DIM = %lld, FFN_DIM = %lld, EXPERTS = %lld, TOP_K = %lld, NORMALIZE = %d };",
-            (long long)model_dim, (long long)ffn, (long long)experts, (long long)top_k, normalize ? 1 : 0);
-    cg_line(t, "enum { THREADS = %d, WARPS = THREADS / 32, CHUNK = %d };", MOE_THREADS, MOE_CHUNK);
-    cg_line(t,
-            "enum { DIMS_PER_THREAD = (MODEL_DIM + THREADS - 1) / THREADS }; /* outputs each thread owns */");
-    cg_blank(t);
-    cg_write_warp_sum(t);
-    cg_kernel_signature(&b);
-    cg_line(t, "__shared__ float input[MODEL_DIM];        /* x[token] */");
-    cg_line(t, "__shared__ float probabilities[EXPERTS];  /* router softmax */");
-    cg_line(t, "__shared__ int chosen[TOP_K];             /* experts, most probable first */");
-    cg_line(t, "__shared__ float chosen_weight[TOP_K];");
-    cg_line(t,
-            "__shared__ float hidden[CHUNK];           /* silu(gate x) * up x for one chunk of FFN_DIM */");
-    cg_line(t, "long long token = blockIdx.x;");
-    cg_line(t, "int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;");
-    cg_line(t, "for (int i = threadIdx.x; i < MODEL_DIM; i += THREADS)");
-    cg_line(t, "    input[i] = %s;", cg_load(&b, p_x, "token * MODEL_DIM + i"));
-    cg_line(t, "__syncthreads();");
-    cg_blank(t);
-    cg_line(t, "/* router logits, one expert per warp at a time */");
-    cg_line(t, "for (int expert = warp; expert < EXPERTS; expert += WARPS) {");
-    cg_line(t, "float dot = 0.0f;");
-    cg_line(t, "for (int i = lane; i < MODEL_DIM; i += 32)");
-    cg_line(t, "    dot += input[i] * %s;", cg_load(&b, p_router, "(long long)expert * MODEL_DIM + i"));
-    cg_line(t, "dot = warp_sum(dot);");
-    cg_line(t, "if (lane == 0)");
-    cg_line(t, "    probabilities[expert] = dot;");
-    cg_line(t, "}");
-    cg_line(t, "__syncthreads();");
-    cg_blank(t);
-    cg_line(t, "/* softmax and top-k, by one thread (E is small) */");
-    cg_line(t, "if (threadIdx.x == 0) {");
-    cg_line(t, "float max = probabilities[0], total = 0.0f, chosen_total = 0.0f;");
-    cg_line(t, "for (int expert = 1; expert < EXPERTS; expert++)");
-    cg_line(t, "    max = fmaxf(max, probabilities[expert]);");
-    cg_line(t, "for (int expert = 0; expert < EXPERTS; expert++) {");
-    cg_line(t, "probabilities[expert] = expf(probabilities[expert] - max);");
-    cg_line(t, "total += probabilities[expert];");
-    cg_line(t, "}");
-    cg_line(t, "for (int expert = 0; expert < EXPERTS; expert++)");
-    cg_line(t, "    probabilities[expert] /= total;");
-    cg_line(t, "for (int k = 0; k < TOP_K; k++) {");
-    cg_line(t, "int best = -1;");
-    cg_line(t, "for (int expert = 0; expert < EXPERTS; expert++) {");
-    cg_line(t, "int taken = 0;");
-    cg_line(t, "for (int j = 0; j < k; j++)");
-    cg_line(t, "    taken |= chosen[j] == expert;");
-    cg_line(t, "if (!taken && (best < 0 || probabilities[expert] > probabilities[best]))");
-    cg_line(t, "    best = expert;");
-    cg_line(t, "}");
-    cg_line(t, "chosen[k] = best;");
-    cg_line(t, "chosen_total += probabilities[best];");
-    cg_line(t, "}");
-    cg_line(t, "for (int k = 0; k < TOP_K; k++)");
-    cg_line(t, "    chosen_weight[k] = probabilities[chosen[k]] / (NORMALIZE ? chosen_total : 1.0f);");
-    cg_line(t, "}");
-    cg_line(t, "__syncthreads();");
-    cg_blank(t);
-    cg_line(t, "float accumulator[DIMS_PER_THREAD];");
-    cg_line(t, "for (int j = 0; j < DIMS_PER_THREAD; j++)");
-    cg_line(t, "    accumulator[j] = 0.0f;");
-    cg_line(t, "for (int k = 0; k < TOP_K; k++) {");
-    cg_line(t, "long long expert = chosen[k];");
-    cg_line(t, "float weight = chosen_weight[k];");
-    cg_line(t, "for (int chunk = 0; chunk < FFN_DIM; chunk += CHUNK) {");
-    cg_line(t, "/* hidden units [chunk, chunk + CHUNK): one row of gate and up per warp */");
-    cg_line(t, "for (int j = warp; j < CHUNK && chunk + j < FFN_DIM; j += WARPS) {");
-    cg_line(t, "long long row = (expert * FFN_DIM + chunk + j) * MODEL_DIM;");
-    cg_line(t, "float g = 0.0f, u = 0.0f;");
-    cg_line(t, "for (int i = lane; i < MODEL_DIM; i += 32) {");
-    cg_line(t, "g += input[i] * %s;", cg_load(&b, p_gate, "row + i"));
-    cg_line(t, "u += input[i] * %s;", cg_load(&b, p_up, "row + i"));
-    cg_line(t, "}");
-    cg_line(t, "g = warp_sum(g);");
-    cg_line(t, "u = warp_sum(u);");
-    cg_line(t, "if (lane == 0)");
-    cg_line(t, "    hidden[j] = g / (1.0f + expf(-g)) * u;");
-    cg_line(t, "}");
-    cg_line(t, "__syncthreads();");
-    cg_line(t, "/* down projection of the chunk into the outputs this thread owns */");
-    cg_line(t, "int width = FFN_DIM - chunk < CHUNK ? FFN_DIM - chunk : CHUNK;");
-    cg_line(t, "for (int j = 0; j < DIMS_PER_THREAD; j++) {");
-    cg_line(t, "int d = threadIdx.x + j * THREADS;");
-    cg_line(t, "if (d >= MODEL_DIM)");
-    cg_line(t, "    break;");
-    cg_line(t, "long long row = (expert * MODEL_DIM + d) * FFN_DIM + chunk;");
-    cg_line(t, "float sum = 0.0f;");
-    cg_line(t, "for (int f = 0; f < width; f++)");
-    cg_line(t, "    sum += %s * hidden[f];", cg_load(&b, p_down, "row + f"));
-    cg_line(t, "accumulator[j] += weight * sum;");
-    cg_line(t, "}");
-    cg_line(t, "__syncthreads(); /* hidden is rewritten by the next chunk */");
-    cg_line(t, "}");
-    cg_line(t, "}");
-    cg_line(t, "for (int j = 0; j < DIMS_PER_THREAD; j++) {");
-    cg_line(t, "int d = threadIdx.x + j * THREADS;");
-    cg_line(t, "if (d < MODEL_DIM)");
-    cg_line(t, "    %s", cg_store(&b, p_out, "token * MODEL_DIM + d", "accumulator[j]"));
-    cg_line(t, "}");
-    cg_kernel_end(&b);
-    /* Modeled cost (emit.h): each token's block reads its row, the whole
-     * router and its top_k experts' gate, up and down matrices, and writes
-     * its row; flops 2 E D for the router and 6 F D per chosen expert. */
-    double element[6];
-    for (uint32_t i = 0; i < 5; i++)
-        element[i] = (double)smelt_dtype_element_bytes(cg_storage_dtype(e->m, cg_operand(e, i)));
-    element[5] = (double)smelt_dtype_element_bytes(cg_storage_dtype(e->m, result));
-    double d = (double)model_dim, f = (double)ffn, k = (double)top_k, expert_count = (double)experts;
-    double read =
-        d * element[0] + expert_count * d * element[1] + k * f * d * (element[2] + element[3] + element[4]);
-    double written = d * element[5], flops = 2 * expert_count * d + k * 6 * f * d;
-    cg_count tokens = cg_shape_count(&xs, 0, 1);
-    prog_poly token_poly = {.constant = (double)tokens.constant, .per_token = (double)tokens.per_token};
+    *s = (moe_shape){.model_dim = model_dim,
+                     .experts = experts,
+                     .ffn = ffn,
+                     .top_k = top_k,
+                     .token_bound = xs.dims[0],
+                     .normalize = cg_attr_bool(e, "normalize", true),
+                     .tokens = cg_shape_count(&xs, 0, 1),
+                     .scratch_dtype = cg_storage_dtype(e->m, result)};
+    s->tag = arena_printf(&e->scratch, "%s_e%lld_k%lld_d%lld_f%lld", cg_dtype_tag(e, stored, 6),
+                          (long long)experts, (long long)top_k, (long long)model_dim, (long long)ffn);
+    return true;
+}
+
+/* The state buffers: route_expert int32[SLOTS], route_weight f32[SLOTS] and
+ * scratch [SLOTS * (F + D)] of the result's dtype (hidden rows, then the
+ * partial rows), SLOTS = token bound * top_k. Each step writes every slot it
+ * reads first, so they need no zeroing. */
+static bool size_states(cg_emit *e, const moe_shape *s) {
+    uint64_t slots, scratch_elements, scratch_bytes, slot_bytes;
+    bool ok = !__builtin_mul_overflow((uint64_t)s->token_bound, (uint64_t)s->top_k, &slots) &&
+              !__builtin_mul_overflow(slots, (uint64_t)s->ffn + (uint64_t)s->model_dim, &scratch_elements) &&
+              !__builtin_mul_overflow(scratch_elements, (uint64_t)smelt_dtype_element_bytes(s->scratch_dtype),
+                                      &scratch_bytes) &&
+              !__builtin_mul_overflow(slots, 4u, &slot_bytes) && scratch_bytes <= MOE_STATE_LIMIT &&
+              slots <= INT32_MAX / 2;
+    if (!ok) {
+        diag_error(e->d, e->ir->loc,
+                   "moe: the scratch rows of %lld tokens x top_k %lld x (F %lld + D %lld) are too large",
+                   (long long)s->token_bound, (long long)s->top_k, (long long)s->ffn,
+                   (long long)s->model_dim);
+        return false;
+    }
+    e->out->state_count = 3;
+    e->out->state_bytes[MOE_STATE_EXPERT] = slot_bytes;
+    e->out->state_bytes[MOE_STATE_WEIGHT] = slot_bytes;
+    e->out->state_bytes[MOE_STATE_SCRATCH] = scratch_bytes;
+    for (int i = 0; i < 3; i++)
+        e->out->state_rows[i] = 0;
+    return true;
+}
+
+static prog_cost *new_cost(cg_emit *e, uint32_t kernel) {
     prog_cost *cost = arena_alloc(e->a, sizeof *cost);
-    cost->read = prog_poly_scaled(token_poly, read);
-    cost->written = prog_poly_scaled(token_poly, written);
-    cost->flops = prog_poly_scaled(token_poly, flops);
-    e->out->kernels[e->out->kernel_count - 1].cost = cost;
+    *cost = (prog_cost){0};
+    e->out->kernels[kernel].cost = cost;
+    return cost;
+}
+
+/* Modeled costs (program.h): the router read once (L2 serves the other
+ * blocks), x and the route slots once; each chosen expert's gate, up and
+ * down matrices once per step: top_k experts, the decode truth (a step of T
+ * tokens touches min(E, T * top_k) experts, which a polynomial in T cannot
+ * say: prefill is modeled low on weight bytes, and is flop-bound there); the
+ * hidden and partial rows written once and read once. */
+static void set_costs(cg_emit *e, const moe_shape *s) {
+    double bytes[6];
+    for (uint32_t i = 0; i < 5; i++)
+        bytes[i] = (double)smelt_dtype_element_bytes(cg_storage_dtype(e->m, cg_operand(e, i)));
+    bytes[5] = (double)smelt_dtype_element_bytes(cg_storage_dtype(e->m, cg_result(e, 0)));
+    double scratch = (double)smelt_dtype_element_bytes(s->scratch_dtype);
+    double d = (double)s->model_dim, f = (double)s->ffn, k = (double)s->top_k, experts = (double)s->experts;
+    prog_poly tokens = {.constant = (double)s->tokens.constant, .per_token = (double)s->tokens.per_token};
+    prog_poly one = {.constant = 1};
+    prog_cost *route = new_cost(e, 0), *gate_up = new_cost(e, 1), *down = new_cost(e, 2),
+              *combine = new_cost(e, 3);
+    route->read =
+        prog_poly_sum(prog_poly_scaled(one, experts * d * bytes[1]), prog_poly_scaled(tokens, d * bytes[0]));
+    route->written = prog_poly_scaled(tokens, k * 8);
+    route->flops = prog_poly_scaled(tokens, 2 * experts * d);
+    gate_up->read = prog_poly_sum(prog_poly_scaled(one, k * f * d * (bytes[2] + bytes[3])),
+                                  prog_poly_scaled(tokens, d * bytes[0] + k * 4));
+    gate_up->written = prog_poly_scaled(tokens, k * f * scratch);
+    gate_up->flops = prog_poly_scaled(tokens, k * 4 * f * d);
+    down->read = prog_poly_sum(prog_poly_scaled(one, k * d * f * bytes[4]),
+                               prog_poly_scaled(tokens, k * f * scratch + k * 8));
+    down->written = prog_poly_scaled(tokens, k * d * scratch);
+    down->flops = prog_poly_scaled(tokens, k * 2 * d * f);
+    combine->read = prog_poly_scaled(tokens, k * d * scratch);
+    combine->written = prog_poly_scaled(tokens, d * bytes[5]);
+    combine->flops = prog_poly_scaled(tokens, k * d);
+}
+
+bool cg_emit_moe(cg_emit *e) {
+    moe_shape s;
+    if (!read_shape(e, &s) || !size_states(e, &s)) return false;
+    emit_route(e, &s);
+    emit_grouped(e, &s, &(grouped_spec){"gate_up", true, s.ffn, s.model_dim});
+    emit_grouped(e, &s, &(grouped_spec){"down", false, s.model_dim, s.ffn});
+    emit_combine(e, &s);
+    set_costs(e, &s);
     e->out->kind = CG_LOWER_KERNELS;
     return true;
 }

@@ -474,12 +474,14 @@ static void test_attention_ptx_for_sm90(void **state) {
 
 /* ---- moe ---------------------------------------------------------------------------------- */
 
-static uint32_t moe_op(emit_case *c, int64_t experts, int64_t ffn, int64_t top_k, bool normalize) {
-    char router[64], gate[64], down[64];
-    snprintf(router, sizeof router, "f32[%lld, 32]", (long long)experts);
-    snprintf(gate, sizeof gate, "f32[%lld, %lld, 32]", (long long)experts, (long long)ffn);
-    snprintf(down, sizeof down, "f32[%lld, 32, %lld]", (long long)experts, (long long)ffn);
-    ir_value_id x = case_input(c, "x", "f32[tokens, 32]");
+static uint32_t moe_op_dims(emit_case *c, int64_t experts, int64_t dim, int64_t ffn, int64_t top_k,
+                            bool normalize) {
+    char x_type[64], router[64], gate[64], down[64];
+    snprintf(x_type, sizeof x_type, "f32[tokens, %lld]", (long long)dim);
+    snprintf(router, sizeof router, "f32[%lld, %lld]", (long long)experts, (long long)dim);
+    snprintf(gate, sizeof gate, "f32[%lld, %lld, %lld]", (long long)experts, (long long)ffn, (long long)dim);
+    snprintf(down, sizeof down, "f32[%lld, %lld, %lld]", (long long)experts, (long long)dim, (long long)ffn);
+    ir_value_id x = case_input(c, "x", x_type);
     uint32_t op = case_op(c, IR_OP_MOE,
                           (ir_value_id[]){x, case_weight(c, router), case_weight(c, gate),
                                           case_weight(c, gate), case_weight(c, down)},
@@ -487,6 +489,10 @@ static uint32_t moe_op(emit_case *c, int64_t experts, int64_t ffn, int64_t top_k
     assert_true(ir_op_set_int(&c->m, op, "top_k", top_k));
     assert_true(ir_op_set_bool(&c->m, op, "normalize", normalize));
     return op;
+}
+
+static uint32_t moe_op(emit_case *c, int64_t experts, int64_t ffn, int64_t top_k, bool normalize) {
+    return moe_op_dims(c, experts, 32, ffn, top_k, normalize);
 }
 
 static void test_moe_top2_of_4(void **state) {
@@ -525,6 +531,96 @@ static void test_moe_ties_go_to_the_lower_expert(void **state) {
     case_set_floats(c, c->m.ops[op].operands[0], 1, x, 32);
     case_set_floats(c, c->m.ops[op].operands[1], 1, router, 3 * 32);
     case_run(c, op, 1, F32_SEQUENCE_TOLERANCE);
+    case_free(c);
+}
+
+/* Unbalanced routing: every one of 40 tokens (5 tiles of 8) goes to expert
+ * 1, so experts 0, 2 and 3 have no tokens; F = 44 is no multiple of the
+ * 8-element vector (the scalar path of the down projection). */
+static void test_moe_every_token_to_one_expert(void **state) {
+    (void)state;
+    enum { T = 40, D = 32, E = 4 };
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        uint32_t op = moe_op_dims(c, E, D, 44, 1, false);
+        case_infer(c);
+        float x[T * D], router[E * D];
+        for (int i = 0; i < T * D; i++)
+            x[i] = 0.25f + (float)((i * 7) % 16) / 16.0f; /* positive */
+        for (int i = 0; i < E * D; i++)
+            router[i] = i / D == 1 ? 0.125f : -0.125f;
+        case_set_floats(c, c->m.ops[op].operands[0], T, x, T * D);
+        case_set_floats(c, c->m.ops[op].operands[1], 1, router, E * D);
+        case_run(c, op, T, F32_SEQUENCE_TOLERANCE);
+        case_free(c);
+    }
+}
+
+/* Every expert chosen by every token: 40 x 8 = 320 slots, more than one
+ * window of 256 in the grouped GEMMs' gather; D = F = 64 take the 128-bit
+ * paths throughout. */
+static void test_moe_slots_span_windows(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        uint32_t op = moe_op_dims(c, 8, 64, 64, 8, true);
+        case_infer(c);
+        case_run(c, op, 40, F32_SEQUENCE_TOLERANCE);
+        case_run(c, op, 1, F32_SEQUENCE_TOLERANCE); /* then a decode step on the same state */
+        case_free(c);
+    }
+}
+
+/* D = 36 is no multiple of 8: the router and gate/up take the scalar path. */
+static void test_moe_model_dim_not_a_vector_multiple(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        uint32_t op = moe_op_dims(c, 4, 36, 24, 2, true);
+        case_infer(c);
+        case_run(c, op, 3, F32_SEQUENCE_TOLERANCE);
+        case_free(c);
+    }
+}
+
+/* The grouped GEMMs stream weights with 128-bit loads: their sm_90 PTX has
+ * vector global loads (ld.global...v4). */
+static void test_moe_ptx_has_128_bit_loads(void **state) {
+    (void)state;
+    if (!harness_have_nvrtc) {
+        skip();
+        return;
+    }
+    emit_case *c = case_new("bf16");
+    uint32_t op = moe_op_dims(c, 8, 64, 64, 2, true);
+    case_infer(c);
+    arena strings;
+    arena_init(&strings);
+    cg_group_lowering l;
+    assert_true(case_emit(c, op, &strings, &l));
+    assert_int_equal(l.kernel_count, 4);
+    cg_header header = {"smelt_kernel.h", harness_header_text};
+    for (uint32_t k = 0; k < 3; k++) {
+        cg_compile_request request = {.source = l.kernels[k].source,
+                                      .kernel_name = l.kernels[k].name,
+                                      .headers = &header,
+                                      .header_count = 1,
+                                      .arch = 90,
+                                      .want_ptx = true};
+        cg_compiled compiled;
+        char error[4096];
+        if (!cg_compile_kernel(&request, &compiled, error, sizeof error)) fail_msg("%s", error);
+        bool vector_load = false;
+        for (const char *at = strstr(compiled.ptx, "ld.global"); at && !vector_load;
+             at = strstr(at + 1, "ld.global")) {
+            size_t length = strcspn(at, " \t\n"); /* the instruction with its modifiers */
+            for (size_t i = 0; i + 3 <= length && !vector_load; i++)
+                vector_load = strncmp(at + i, ".v4", 3) == 0;
+        }
+        if (!vector_load) fail_msg("%s: no 128-bit global load in the PTX", l.kernels[k].name);
+        cg_compiled_free(&compiled);
+    }
+    arena_free(&strings);
     case_free(c);
 }
 
@@ -1066,6 +1162,10 @@ int main(void) {
         cmocka_unit_test(test_moe_top2_of_4),
         cmocka_unit_test(test_moe_chunks_and_no_normalize),
         cmocka_unit_test(test_moe_ties_go_to_the_lower_expert),
+        cmocka_unit_test(test_moe_every_token_to_one_expert),
+        cmocka_unit_test(test_moe_slots_span_windows),
+        cmocka_unit_test(test_moe_model_dim_not_a_vector_multiple),
+        cmocka_unit_test(test_moe_ptx_has_128_bit_loads),
         cmocka_unit_test(test_transpose),
         cmocka_unit_test(test_concat_split_slice),
         cmocka_unit_test(test_kernels_are_named_by_specialisation),
