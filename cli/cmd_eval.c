@@ -15,23 +15,24 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char usage[] = "usage: smelt eval MODEL|PLAN --ids FILE [options]\n"
-                            "\n"
-                            "Prints the perplexity of the model over the token ids in FILE, with the\n"
-                            "number of tokens scored. The name decides the format: FILE.bin holds\n"
-                            "little-endian uint16 ids (as tests/fixtures/demo/heldout_ids.bin); any\n"
-                            "other FILE holds decimal ids as text, separated by commas, spaces or\n"
-                            "newlines, and nothing else.\n"
-                            "\n"
-                            "options:\n"
-                            "  --context N            tokens per window (default 256)\n"
-                            "  --stride N             tokens between window starts (default context / 2)\n"
-                            "  --max-ids N            use only the first N ids of FILE\n"
-                            "  --backend auto|host|cuda|ref, --config, --set, --weights, --precision,\n"
-                            "  --no-fuse, --expect-hash H, --allow-config-key KEY, --allow-unused-tensor GLOB\n"
-                            "                         as for `smelt run`\n"
-                            "  --max-errors N         stop after N errors (default 20, 0: no limit)\n"
-                            "  -h, --help             show this help\n";
+static const char usage[] =
+    "usage: smelt eval MODEL|PLAN --ids FILE [options]\n"
+    "\n"
+    "Prints the perplexity of the model over the token ids in FILE, with the\n"
+    "number of tokens scored. The name decides the format: FILE.bin holds\n"
+    "little-endian uint16 ids (as tests/fixtures/demo/heldout_ids.bin); any\n"
+    "other FILE holds decimal ids as text, separated by commas, spaces or\n"
+    "newlines, and nothing else.\n"
+    "\n"
+    "options:\n"
+    "  --context N            tokens per window (default 256)\n"
+    "  --stride N             tokens between window starts (default context / 2)\n"
+    "  --max-ids N            use only the first N ids of FILE\n"
+    "  --backend auto|host|cuda|ref, --config, --set, --weights, --precision,\n"
+    "  --no-fuse, --expect-hash H, --allow-config-key KEY, --allow-unused-tensor GLOB\n"
+    "                         as for `smelt run`\n"
+    "  --max-errors N         stop after N errors (default 20, 0: no limit)\n"
+    "  -h, --help             show this help\n";
 
 typedef struct eval_command {
     const char *ids_path;

@@ -77,7 +77,10 @@ typedef struct cg_kernel {
      * per block) or computes much (attention) points this at its own cost,
      * in the arena of the kernel's strings, after cg_kernel_end. */
     const prog_cost *cost;
-    int64_t min_tokens;             /* runs in steps of at least this many tokens (0: every step) */
+    /* Flops added to the derived cost (cost NULL): a kernel whose bytes the
+     * default gets right but that computes (a GEMV: 2 N K per token). */
+    prog_poly flops;
+    int64_t min_tokens; /* runs in steps of at least this many tokens (0: every step) */
 } cg_kernel;
 
 typedef enum cg_lowering_kind {

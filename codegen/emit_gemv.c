@@ -194,8 +194,8 @@ static bool read_segment(group_reading *r, gemv_plan *p, uint32_t index, const b
             if (!ir_rope_params_check(&rope, s->head_dim, why, sizeof why)) return refuse(e, why);
             int64_t rotary = rope.rotary_dim;
             if (rotary < 2 || rotary > s->head_dim) return refuse(e, "a rotary_dim outside [2, head dim]");
-            ir_rope_tables_compute(&rope, arena_array(&e->scratch, ir_rope_tables_floats(&rope), sizeof(float)),
-                                   &s->rope);
+            ir_rope_tables_compute(
+                &rope, arena_array(&e->scratch, ir_rope_tables_floats(&rope), sizeof(float)), &s->rope);
             if (s->rope.long_inv_freq) return refuse(e, "longrope (its frequencies depend on the step)");
             s->half = rotary / 2;
             s->passed = s->head_dim - 2 * s->half;
@@ -462,8 +462,10 @@ static void write_epilogue(cg_kernel_builder *b, const gemv_plan *p, const gemv_
         cg_line(t, "float b = sums[i][1] * %s%s%s;", scale, bias1 ? " + " : "", bias1 ? bias1 : "");
         cg_line(t, "float angle = (float)%s * INVERSE_FREQUENCY_%u[pair];", cg_load(b, pos, "t0 + i"), index);
         if (s->rope.attention_factor != 1.0f)
-            cg_line(t, "float cosine = cosf(angle) * ATTENTION_FACTOR_%u, sine = sinf(angle) * ATTENTION_FACTOR_%u;",
-                    index, index);
+            cg_line(
+                t,
+                "float cosine = cosf(angle) * ATTENTION_FACTOR_%u, sine = sinf(angle) * ATTENTION_FACTOR_%u;",
+                index, index);
         else
             cg_line(t, "float cosine = cosf(angle), sine = sinf(angle);");
         write_store(b, s, index, "row0", "a * cosine - b * sine");
@@ -722,6 +724,10 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     cg_line(t, "}");
     cg_line(t, "}");
     cg_kernel_end(&b);
+    double rows = 0; /* 2 N K flops per token over every output */
+    for (uint32_t i = 0; i < p.segment_count; i++)
+        rows += (double)p.segments[i].rows * (p.segments[i].kind == GEMV_SWIGLU ? 2 : 1);
+    b.k->flops = (prog_poly){.per_token = 2.0 * rows * (double)p.k};
     e->out->kind = CG_LOWER_KERNELS;
     e->out->fused_max_tokens = IR_GEMV_MAX_TOKENS;
     return true;

@@ -323,6 +323,15 @@ static bool build_weight_table(lowering_state *s) {
     return ok;
 }
 
+/* The emitter's own model, or each byte of each argument once plus the
+ * flops the emitter declares. */
+static prog_cost kernel_cost(const program *p, const cg_kernel *k, const prog_launch *l) {
+    if (k->cost) return *k->cost;
+    prog_cost cost = program_launch_cost(p, l);
+    cost.flops = prog_poly_sum(cost.flops, k->flops);
+    return cost;
+}
+
 static bool build_program(lowering_state *s) {
     const ir_module *m = s->m;
     cg_lowered *l = s->out;
@@ -362,8 +371,7 @@ static bool build_program(lowering_state *s) {
                 instr->ir_op = first;
                 ok = build_launch(s, g, &lo->kernels[k], instr) && ok;
                 /* The emitter's own model, or each byte of each argument once. */
-                instr->cost =
-                    lo->kernels[k].cost ? *lo->kernels[k].cost : program_launch_cost(p, &instr->as.launch);
+                instr->cost = kernel_cost(p, &lo->kernels[k], &instr->as.launch);
             }
         }
         for (uint32_t i = from; i < p->instr_count; i++)
@@ -382,8 +390,7 @@ static bool build_program(lowering_state *s) {
                 prog_instr *instr = &p->instrs[p->instr_count++];
                 instr->ir_op = op;
                 ok = build_launch(s, g, &one->kernels[k], instr) && ok;
-                instr->cost =
-                    one->kernels[k].cost ? *one->kernels[k].cost : program_launch_cost(p, &instr->as.launch);
+                instr->cost = kernel_cost(p, &one->kernels[k], &instr->as.launch);
             }
             for (uint32_t k = from; k < p->instr_count; k++)
                 p->instrs[k].min_tokens = bound + 1;

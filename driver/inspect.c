@@ -90,7 +90,7 @@ typedef struct step_model {
     step_kind step;
     uint32_t launches;
     double read, written, flops, unavoidable;
-    double unavoidable_flops; /* the flops but the output head's beyond the sampled row */
+    double unavoidable_flops;  /* the flops but the output head's beyond the sampled row */
     double launches_per_layer; /* the stack's period at this step; 0 without layers */
     double seconds[GPU_COUNT];
     uint32_t row_count;
