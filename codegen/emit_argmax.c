@@ -37,6 +37,24 @@ static void write_pair_reduction(cg_text *t, const char *type, const char *suffi
     cg_blank(t);
 }
 
+/* After each thread's own best (best, best_index): the warps' bests, then
+ * the block's, which lane 0 of warp 0 stores with `store` (a statement). */
+static void write_block_result(cg_text *t, const char *store) {
+    cg_line(t, "warp_argmax(&best, &best_index);");
+    cg_line(t, "if (lane == 0) {");
+    cg_line(t, "warp_best[warp] = best;");
+    cg_line(t, "warp_best_index[warp] = best_index;");
+    cg_line(t, "}");
+    cg_line(t, "__syncthreads();");
+    cg_line(t, "if (warp == 0) {");
+    cg_line(t, "best = lane < WARPS ? warp_best[lane] : warp_best[0];");
+    cg_line(t, "best_index = lane < WARPS ? warp_best_index[lane] : warp_best_index[0];");
+    cg_line(t, "warp_argmax(&best, &best_index);");
+    cg_line(t, "if (lane == 0)");
+    cg_line(t, "    %s", store);
+    cg_line(t, "}");
+}
+
 bool cg_emit_argmax(cg_emit *e) {
     ir_value_id x = cg_operand(e, 0), result = cg_result(e, 0);
     cg_shape shape = cg_shape_of(e, x);
@@ -106,19 +124,7 @@ bool cg_emit_argmax(cg_emit *e) {
     cg_line(t, "best_index = (int)i;");
     cg_line(t, "}");
     cg_line(t, "}");
-    cg_line(t, "warp_argmax(&best, &best_index);");
-    cg_line(t, "if (lane == 0) {");
-    cg_line(t, "warp_best[warp] = best;");
-    cg_line(t, "warp_best_index[warp] = best_index;");
-    cg_line(t, "}");
-    cg_line(t, "__syncthreads();");
-    cg_line(t, "if (warp == 0) {");
-    cg_line(t, "best = lane < WARPS ? warp_best[lane] : warp_best[0];");
-    cg_line(t, "best_index = lane < WARPS ? warp_best_index[lane] : warp_best_index[0];");
-    cg_line(t, "warp_argmax(&best, &best_index);");
-    cg_line(t, "if (lane == 0)");
-    cg_line(t, "    %s", cg_store(&b, out, "row", "best_index"));
-    cg_line(t, "}");
+    write_block_result(t, cg_store(&b, out, "row", "best_index"));
     cg_kernel_end(&b);
     e->out->kind = CG_LOWER_KERNELS;
     return true;
@@ -169,19 +175,7 @@ bool cg_emit_greedy_argmax(cg_emit *e) {
     cg_line(t, "best_index = i;");
     cg_line(t, "}");
     cg_line(t, "}");
-    cg_line(t, "warp_argmax(&best, &best_index);");
-    cg_line(t, "if (lane == 0) {");
-    cg_line(t, "warp_best[warp] = best;");
-    cg_line(t, "warp_best_index[warp] = best_index;");
-    cg_line(t, "}");
-    cg_line(t, "__syncthreads();");
-    cg_line(t, "if (warp == 0) {");
-    cg_line(t, "best = lane < WARPS ? warp_best[lane] : warp_best[0];");
-    cg_line(t, "best_index = lane < WARPS ? warp_best_index[lane] : warp_best_index[0];");
-    cg_line(t, "warp_argmax(&best, &best_index);");
-    cg_line(t, "if (lane == 0)");
-    cg_line(t, "    token[0] = best_index;");
-    cg_line(t, "}");
+    write_block_result(t, "token[0] = best_index;");
     cg_kernel_end(&b);
     /* It reads the last row alone (not the T rows its argument spans) and writes the token. */
     prog_cost *cost = arena_alloc(e->a, sizeof *cost);
