@@ -760,18 +760,20 @@ void cg_write_warp_sum(cg_text *t) {
     cg_blank(t);
 }
 
+void cg_write_warp_max(cg_text *t) {
+    cg_line(t, "/* The max over the 32 lanes of a warp, in every lane. */");
+    cg_line(t, "SMELT_DEVICE float warp_max(float v)");
+    cg_line(t, "{");
+    cg_line(t, "for (int offset = 16; offset > 0; offset /= 2)");
+    cg_line(t, "    v = fmaxf(v, smelt_shfl_xor_f32(0xffffffffu, v, offset));");
+    cg_line(t, "return v;");
+    cg_line(t, "}");
+    cg_blank(t);
+}
+
 void cg_write_block_reductions(cg_text *t, bool with_max) {
     cg_write_warp_sum(t);
-    if (with_max) {
-        cg_line(t, "/* The max over the 32 lanes of a warp, in every lane. */");
-        cg_line(t, "SMELT_DEVICE float warp_max(float v)");
-        cg_line(t, "{");
-        cg_line(t, "for (int offset = 16; offset > 0; offset /= 2)");
-        cg_line(t, "    v = fmaxf(v, smelt_shfl_xor_f32(0xffffffffu, v, offset));");
-        cg_line(t, "return v;");
-        cg_line(t, "}");
-        cg_blank(t);
-    }
+    if (with_max) cg_write_warp_max(t);
     cg_line(t, "/* Sums (and maxima) over the whole block (a multiple of 32 threads); every");
     cg_line(t, " * thread gets the result. scratch: 32 floats of shared memory, free");
     cg_line(t, " * again when the function returns. */");

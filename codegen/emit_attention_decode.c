@@ -325,14 +325,7 @@ void emit_attention_decode(cg_emit *e, const attention_shape *s) {
     cg_line(t, "#define UNPACK_VALUES(chunk, value) %s((chunk), (value))", unpacker(s->value_dtype));
     cg_blank(t);
     cg_write_warp_sum(t);
-    cg_line(t, "/* The max over the 32 lanes of a warp, in every lane. */");
-    cg_line(t, "SMELT_DEVICE float warp_max(float v)");
-    cg_line(t, "{");
-    cg_line(t, "for (int offset = 16; offset > 0; offset /= 2)");
-    cg_line(t, "    v = fmaxf(v, smelt_shfl_xor_f32(0xffffffffu, v, offset));");
-    cg_line(t, "return v;");
-    cg_line(t, "}");
-    cg_blank(t);
+    cg_write_warp_max(t);
     cg_kernel_signature(&b);
     attention_write_template(t, decode_body);
     cg_kernel_end(&b);

@@ -200,6 +200,8 @@ const char *cg_copy(cg_kernel_builder *b, uint32_t dst, const char *dst_index, u
  * with_max warp_max and block_max; scratch is a __shared__ float[32] of the
  * caller's kernel. */
 void cg_write_block_reductions(cg_text *t, bool with_max);
+/* warp_max(v): the max over the 32 lanes of a warp, in every lane. */
+void cg_write_warp_max(cg_text *t);
 /* Writes warp_sum(v) alone: the sum over a warp's 32 lanes, in every lane. */
 void cg_write_warp_sum(cg_text *t);
 
