@@ -146,7 +146,8 @@ static bool open_model(drv_model *r, const drv_model_options *o, diag_engine *d)
 
     /* the reference interprets in f32 whatever the policy; a plan gets it */
     drv_lowering lowering = {.precision = ref ? DRV_PRECISION_F32 : o->precision};
-    bool ok = drv_source_load(o->model_path, &o->source, &lowering, NULL, &r->module, d);
+    drv_source_options source = drv_source_options_for_weights(&o->source, o->weights_path);
+    bool ok = drv_source_load(o->model_path, &source, &lowering, NULL, &r->module, d);
     if (ok && !o->weights_path) {
         diag_error(d, SMELT_NO_LOC, "running a model source needs --weights");
         ok = false;

@@ -50,7 +50,8 @@ bool drv_compile(const char *model_path, const drv_source_options *source, const
     ir_module m = {0};
     drv_source_weights weights = {0};
     drv_lowering lowering = {.precision = o->precision, .max_step_tokens = o->max_step_tokens};
-    bool ok = drv_source_load(model_path, source, &lowering, o->print_after, &m, d);
+    drv_source_options with_weights = drv_source_options_for_weights(source, o->weights_path);
+    bool ok = drv_source_load(model_path, &with_weights, &lowering, o->print_after, &m, d);
     if (ok && o->weights_path) ok = drv_source_weights_open(&weights, o->weights_path, &m, d);
     char *tokenizer = NULL;
     if (ok && o->byte_tokenizer) ok = drv_tokenizer_json(source->config_path, &m, &tokenizer, d);
