@@ -49,7 +49,8 @@ typedef struct st_checkpoint {
     uint32_t tensor_count;
     uint32_t *slots;     /* open-addressing hash: tensor index + 1, 0 = empty */
     uint32_t slot_count; /* power of two */
-    struct gguf_file *gguf; /* a GGUF file's checkpoint (gguf_model.h): no shards; else NULL */
+    /* The GGUF file of a GGUF checkpoint (gguf_model.h), which has no shards; else NULL. */
+    struct gguf_file *gguf;
 } st_checkpoint;
 
 /* Opens and checks every shard. Reports every problem; on false nothing is

@@ -40,12 +40,12 @@ const char *gguf_value_type_name(gguf_value_type t) {
 
 /* ggml's type ids, for messages about the ones smelt does not read. */
 static const char *const ggml_type_names[] = {
-    [0] = "F32",      [1] = "F16",      [2] = "Q4_0",     [3] = "Q4_1",   [6] = "Q5_0",   [7] = "Q5_1",
-    [8] = "Q8_0",     [9] = "Q8_1",     [10] = "Q2_K",    [11] = "Q3_K",  [12] = "Q4_K",  [13] = "Q5_K",
-    [14] = "Q6_K",    [15] = "Q8_K",    [16] = "IQ2_XXS", [17] = "IQ2_XS", [18] = "IQ3_XXS", [19] = "IQ1_S",
-    [20] = "IQ4_NL",  [21] = "IQ3_S",   [22] = "IQ2_S",   [23] = "IQ4_XS", [24] = "I8",   [25] = "I16",
-    [26] = "I32",     [27] = "I64",     [28] = "F64",     [29] = "IQ1_M", [30] = "BF16",  [34] = "TQ1_0",
-    [35] = "TQ2_0",   [39] = "MXFP4",
+    [0] = "F32",     [1] = "F16",    [2] = "Q4_0",     [3] = "Q4_1",    [6] = "Q5_0",     [7] = "Q5_1",
+    [8] = "Q8_0",    [9] = "Q8_1",   [10] = "Q2_K",    [11] = "Q3_K",   [12] = "Q4_K",    [13] = "Q5_K",
+    [14] = "Q6_K",   [15] = "Q8_K",  [16] = "IQ2_XXS", [17] = "IQ2_XS", [18] = "IQ3_XXS", [19] = "IQ1_S",
+    [20] = "IQ4_NL", [21] = "IQ3_S", [22] = "IQ2_S",   [23] = "IQ4_XS", [24] = "I8",      [25] = "I16",
+    [26] = "I32",    [27] = "I64",   [28] = "F64",     [29] = "IQ1_M",  [30] = "BF16",    [34] = "TQ1_0",
+    [35] = "TQ2_0",  [39] = "MXFP4",
 };
 
 const char *gguf_type_name(uint32_t id) {
@@ -188,7 +188,8 @@ typedef struct gguf_reader {
     bool ok;
 } gguf_reader;
 
-static void reader_error(gguf_reader *r, uint64_t at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void reader_error(gguf_reader *r, uint64_t at, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static void reader_error(gguf_reader *r, uint64_t at, const char *fmt, ...) {
     char message[512];
     va_list args;
@@ -280,8 +281,8 @@ static bool read_array(gguf_reader *r, gguf_kv *kv) {
     if (kv->count > remaining(r) / least) {
         reader_error(r, start + 4,
                      "metadata '%.*s%s' claims %llu elements of %s, more than the %llu bytes left can hold",
-                     DIAG_NAME(kv->key), (unsigned long long)kv->count, gguf_value_type_name(kv->element_type),
-                     (unsigned long long)remaining(r));
+                     DIAG_NAME(kv->key), (unsigned long long)kv->count,
+                     gguf_value_type_name(kv->element_type), (unsigned long long)remaining(r));
         return false;
     }
     arena *a = &r->f->arena;
@@ -382,7 +383,8 @@ static bool read_tensor_info(gguf_reader *r, gguf_tensor *t) {
     uint64_t elements = 1;
     for (uint32_t i = 0; i < t->rank; i++)
         if (size_mul_overflow(elements, t->ne[i], &elements) || elements > (uint64_t)INT64_MAX) {
-            reader_error(r, dims_at, "tensor '%.*s%s' has more elements than fit in 63 bits", DIAG_NAME(t->name));
+            reader_error(r, dims_at, "tensor '%.*s%s' has more elements than fit in 63 bits",
+                         DIAG_NAME(t->name));
             return false;
         }
     t->element_count = elements;
@@ -395,9 +397,10 @@ static bool read_tensor_info(gguf_reader *r, gguf_tensor *t) {
         return false;
     }
     if (t->ne[0] % block != 0) {
-        reader_error(r, dims_at, "tensor '%.*s%s' of type %s has rows of %llu values, not a multiple of its "
-                     "block of %u", DIAG_NAME(t->name), gguf_type_name(t->type),
-                     (unsigned long long)t->ne[0], block);
+        reader_error(r, dims_at,
+                     "tensor '%.*s%s' of type %s has rows of %llu values, not a multiple of its "
+                     "block of %u",
+                     DIAG_NAME(t->name), gguf_type_name(t->type), (unsigned long long)t->ne[0], block);
         return false;
     }
     t->byte_size = elements / block * block_bytes; /* < 2^63 / 1 * 34 / 32: fits */
@@ -414,17 +417,20 @@ static bool place_tensors(gguf_reader *r) {
         gguf_tensor *t = &f->tensors[i];
         uint64_t end;
         if (t->offset % f->alignment != 0) {
-            diag_error(r->d, r->loc, "at byte %llu: tensor '%.*s%s' has data offset %llu, not a multiple of the "
-                       "alignment %u", (unsigned long long)t->info_offset, DIAG_NAME(t->name),
-                       (unsigned long long)t->offset, f->alignment);
+            diag_error(r->d, r->loc,
+                       "at byte %llu: tensor '%.*s%s' has data offset %llu, not a multiple of the "
+                       "alignment %u",
+                       (unsigned long long)t->info_offset, DIAG_NAME(t->name), (unsigned long long)t->offset,
+                       f->alignment);
             ok = false;
         } else if (size_add_overflow(t->offset, t->byte_size, &end) || end > data_size) {
-            diag_error(r->d, r->loc,
-                       "at byte %llu: tensor '%.*s%s' (%llu bytes at data offset %llu) ends past the end of the "
-                       "file (the data section holds %llu bytes from byte %llu)",
-                       (unsigned long long)t->info_offset, DIAG_NAME(t->name), (unsigned long long)t->byte_size,
-                       (unsigned long long)t->offset, (unsigned long long)data_size,
-                       (unsigned long long)f->data_offset);
+            diag_error(
+                r->d, r->loc,
+                "at byte %llu: tensor '%.*s%s' (%llu bytes at data offset %llu) ends past the end of the "
+                "file (the data section holds %llu bytes from byte %llu)",
+                (unsigned long long)t->info_offset, DIAG_NAME(t->name), (unsigned long long)t->byte_size,
+                (unsigned long long)t->offset, (unsigned long long)data_size,
+                (unsigned long long)f->data_offset);
             ok = false;
         } else {
             t->file_offset = f->data_offset + t->offset;
@@ -446,12 +452,13 @@ static bool place_tensors(gguf_reader *r) {
     for (uint32_t k = 1; k < f->tensor_count; k++) {
         const gguf_tensor *a = &f->tensors[order[k - 1]], *b = &f->tensors[order[k]];
         if (a->offset + a->byte_size > b->offset && b->byte_size > 0 && a->byte_size > 0) {
-            diag_error(r->d, r->loc,
-                       "at byte %llu: tensor '%.*s%s' (data bytes [%llu, %llu)) overlaps tensor '%.*s%s' (data "
-                       "bytes [%llu, %llu))",
-                       (unsigned long long)b->info_offset, DIAG_NAME(b->name), (unsigned long long)b->offset,
-                       (unsigned long long)(b->offset + b->byte_size), DIAG_NAME(a->name),
-                       (unsigned long long)a->offset, (unsigned long long)(a->offset + a->byte_size));
+            diag_error(
+                r->d, r->loc,
+                "at byte %llu: tensor '%.*s%s' (data bytes [%llu, %llu)) overlaps tensor '%.*s%s' (data "
+                "bytes [%llu, %llu))",
+                (unsigned long long)b->info_offset, DIAG_NAME(b->name), (unsigned long long)b->offset,
+                (unsigned long long)(b->offset + b->byte_size), DIAG_NAME(a->name),
+                (unsigned long long)a->offset, (unsigned long long)(a->offset + a->byte_size));
             ok = false;
         }
     }
@@ -519,8 +526,12 @@ static bool read_header(gguf_reader *r) {
     }
     if (!read_u32(r, &f->version, "the version")) return false;
     if (f->version != 2 && f->version != 3) {
+        uint32_t swapped = __builtin_bswap32(f->version);
         reader_error(r, 4, "GGUF version %u; smelt reads versions 2 and 3%s", f->version,
-                     f->version == 1 ? " (version 1 is obsolete: convert the model again)" : "");
+                     f->version == 1 ? " (version 1 is obsolete: convert the model again)"
+                     : swapped == 2 || swapped == 3
+                         ? " (this is a big-endian GGUF file; smelt reads little-endian ones)"
+                         : "");
         return false;
     }
     uint64_t tensor_count, kv_count;
@@ -563,8 +574,10 @@ static bool read_header(gguf_reader *r) {
     if (size_add_overflow(data, f->alignment - 1, &padded)) padded = UINT64_MAX;
     padded -= padded % f->alignment;
     if (padded > r->size && tensor_count > 0) {
-        reader_error(r, r->at, "the file ends before its data section (at byte %llu, the alignment %u after the "
-                     "tensor infos)", (unsigned long long)padded, f->alignment);
+        reader_error(r, r->at,
+                     "the file ends before its data section (at byte %llu, the alignment %u after the "
+                     "tensor infos)",
+                     (unsigned long long)padded, f->alignment);
         return false;
     }
     f->data_offset = padded > r->size ? r->size : padded;
@@ -644,8 +657,8 @@ static bool read_bytes(const gguf_file *f, const gguf_tensor *t, void *dst, uint
     return true;
 }
 
-bool gguf_tensor_read_f32(const gguf_file *f, const gguf_tensor *t, float *dst, uint64_t first, uint64_t count,
-                          diag_engine *d) {
+bool gguf_tensor_read_f32(const gguf_file *f, const gguf_tensor *t, float *dst, uint64_t first,
+                          uint64_t count, diag_engine *d) {
     uint32_t block, block_bytes;
     if (!gguf_type_supported(t->type, &block, &block_bytes) || first % block || count % block ||
         first > t->element_count || count > t->element_count - first)
@@ -660,7 +673,8 @@ bool gguf_tensor_read_f32(const gguf_file *f, const gguf_tensor *t, float *dst, 
     for (uint64_t done = 0; done < count; done += blocks_per_chunk * block) {
         uint64_t blocks = (count - done) / block;
         if (blocks > blocks_per_chunk) blocks = blocks_per_chunk;
-        if (!read_bytes(f, t, chunk, blocks * block_bytes, offset + done / block * block_bytes, d)) return false;
+        if (!read_bytes(f, t, chunk, blocks * block_bytes, offset + done / block * block_bytes, d))
+            return false;
         gguf_dequantize(t->type, chunk, dst + done, blocks * block);
     }
     return true;

@@ -141,10 +141,10 @@ typedef struct gguf_kv {
         int64_t i;  /* I8, I16, I32, I64 */
         double f;   /* F32, F64 */
     } scalar;
-    const char *string;           /* STRING: NUL-terminated copy */
-    uint64_t string_length;       /* bytes, without the NUL (a string may hold NULs) */
-    const void *elements;         /* numeric ARRAY: count little-endian elements */
-    const char **strings;         /* STRING ARRAY: count NUL-terminated copies */
+    const char *string;     /* STRING: NUL-terminated copy */
+    uint64_t string_length; /* bytes, without the NUL (a string may hold NULs) */
+    const void *elements;   /* numeric ARRAY: count little-endian elements */
+    const char **strings;   /* STRING ARRAY: count NUL-terminated copies */
     const uint64_t *string_lengths;
 } gguf_kv;
 

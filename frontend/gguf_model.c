@@ -26,10 +26,10 @@ static const gguf_architecture architectures[] = {
 
 /* How a key under "<architecture>." is treated. */
 typedef enum key_rule {
-    KEY_INT,     /* bound to an int config key */
-    KEY_FLOAT,   /* bound to a float config key */
+    KEY_INT,            /* bound to an int config key */
+    KEY_FLOAT,          /* bound to a float config key */
     KEY_HEAD_DIM_CHECK, /* an int that must equal head_dim */
-    KEY_ZERO,    /* an int accepted only at 0 */
+    KEY_ZERO,           /* an int accepted only at 0 */
 } key_rule;
 
 typedef struct key_binding {
@@ -65,7 +65,8 @@ static const gguf_architecture *find_architecture(const gguf_file *f, smelt_loc 
             diag_error(d, loc, "at byte %llu: general.architecture must be a string, found %s",
                        (unsigned long long)kv->offset, gguf_value_type_name(kv->type));
         else
-            diag_error(d, loc, "the GGUF file has no general.architecture: smelt cannot tell what model it holds");
+            diag_error(d, loc,
+                       "the GGUF file has no general.architecture: smelt cannot tell what model it holds");
         return NULL;
     }
     for (size_t i = 0; i < sizeof architectures / sizeof architectures[0]; i++)
@@ -88,10 +89,11 @@ static bool check_not_split(const gguf_file *f, smelt_loc loc, diag_engine *d) {
     int64_t parts;
     if (!kv || (gguf_kv_int(kv, &parts) && parts <= 1)) return true;
     char text[96];
-    diag_error(d, loc,
-               "at byte %llu: split.count is %s: the model is split over several GGUF files, which smelt does not "
-               "read; merge them first (llama-gguf-split --merge)",
-               (unsigned long long)kv->offset, gguf_kv_text(kv, text, sizeof text));
+    diag_error(
+        d, loc,
+        "at byte %llu: split.count is %s: the model is split over several GGUF files, which smelt does not "
+        "read; merge them first (llama-gguf-split --merge)",
+        (unsigned long long)kv->offset, gguf_kv_text(kv, text, sizeof text));
     return false;
 }
 
@@ -160,7 +162,8 @@ static void bind_key(config_builder *b, const key_binding *k, const gguf_kv *kv)
  * llama.cpp and examples/llama.smelt assume). */
 static void derive_head_dim(config_builder *b) {
     if (b->head_dim) return;
-    json_t *hidden = json_object_get(b->root, "hidden_size"), *heads = json_object_get(b->root, "num_attention_heads");
+    json_t *hidden = json_object_get(b->root, "hidden_size"),
+           *heads = json_object_get(b->root, "num_attention_heads");
     if (json_is_integer(hidden) && json_is_integer(heads) && json_integer_value(heads) > 0)
         b->head_dim = json_integer_value(hidden) / json_integer_value(heads);
 }
@@ -195,8 +198,9 @@ static void check_rope_scaling(config_builder *b) {
         if (kv == type)
             key_error(b, kv, "is not supported: ", "smelt imports llama models without rope scaling");
         else if (!type)
-            key_error(b, kv, "is not supported: ",
-                      "rope scaling changes the positions' frequencies, and smelt imports llama models without it");
+            key_error(
+                b, kv, "is not supported: ",
+                "rope scaling changes the positions' frequencies, and smelt imports llama models without it");
     }
 }
 
@@ -383,22 +387,26 @@ static bool head_count(const gguf_file *f, const gguf_architecture *a, const cha
 }
 
 /* Rows of t as the permutation sees them: dim 0 of its Hugging Face shape. */
-static uint64_t tensor_rows(const gguf_tensor *t) { return t->rank == 1 ? t->ne[0] : t->element_count / t->ne[0]; }
+static uint64_t tensor_rows(const gguf_tensor *t) {
+    return t->rank == 1 ? t->ne[0] : t->element_count / t->ne[0];
+}
 
 static bool add_tensor(st_checkpoint *ck, const gguf_file *f, const gguf_tensor *t, const char *name,
                        uint32_t heads, smelt_loc loc, diag_engine *d) {
     if (st_checkpoint_index(ck, name) != UINT32_MAX) {
-        diag_error(d, loc, "at byte %llu: tensor '%.*s%s' names the same weight as another tensor of the file",
+        diag_error(d, loc,
+                   "at byte %llu: tensor '%.*s%s' names the same weight as another tensor of the file",
                    (unsigned long long)t->info_offset, DIAG_NAME(t->name));
         return false;
     }
     if (heads) {
         uint64_t rows = tensor_rows(t);
         if (rows % (2 * (uint64_t)heads) != 0) {
-            diag_error(d, loc,
-                       "at byte %llu: tensor '%.*s%s' has %llu rows, which do not split into %u heads of an even "
-                       "number of rows",
-                       (unsigned long long)t->info_offset, DIAG_NAME(t->name), (unsigned long long)rows, heads);
+            diag_error(
+                d, loc,
+                "at byte %llu: tensor '%.*s%s' has %llu rows, which do not split into %u heads of an even "
+                "number of rows",
+                (unsigned long long)t->info_offset, DIAG_NAME(t->name), (unsigned long long)rows, heads);
             return false;
         }
     }
@@ -406,11 +414,14 @@ static bool add_tensor(st_checkpoint *ck, const gguf_file *f, const gguf_tensor 
     *view = (fe_gguf_view){.file = f, .tensor = t, .permute_heads = heads};
     st_tensor *s = arena_alloc(&ck->arena, sizeof *s);
     s->name = name;
-    s->dtype = t->type == GGUF_TYPE_F16 ? ST_DTYPE_F16 : t->type == GGUF_TYPE_BF16 ? ST_DTYPE_BF16 : ST_DTYPE_F32;
+    s->dtype = t->type == GGUF_TYPE_F16    ? ST_DTYPE_F16
+               : t->type == GGUF_TYPE_BF16 ? ST_DTYPE_BF16
+                                           : ST_DTYPE_F32;
     s->rank = t->rank;
     for (uint32_t i = 0; i < t->rank; i++)
         s->shape[i] = t->ne[t->rank - 1 - i];
-    s->byte_size = t->element_count * st_dtype_size(s->dtype); /* < 2^63 * 4 / 4: fits, elements < 2^61 below */
+    s->byte_size =
+        t->element_count * st_dtype_size(s->dtype); /* < 2^63 * 4 / 4: fits, elements < 2^61 below */
     s->offset = t->offset;
     s->file_offset = t->file_offset;
     s->fd = f->fd;
@@ -439,8 +450,8 @@ bool fe_gguf_checkpoint_open(st_checkpoint *ck, const char *path, diag_engine *d
         return false;
     }
     if (q_heads > UINT32_MAX || k_heads > UINT32_MAX) {
-        diag_error(d, loc, "the GGUF file's head counts (%llu, %llu) are out of range", (unsigned long long)q_heads,
-                   (unsigned long long)k_heads);
+        diag_error(d, loc, "the GGUF file's head counts (%llu, %llu) are out of range",
+                   (unsigned long long)q_heads, (unsigned long long)k_heads);
         return false;
     }
     uint32_t slots = 8;
@@ -449,20 +460,21 @@ bool fe_gguf_checkpoint_open(st_checkpoint *ck, const char *path, diag_engine *d
     ck->slots = arena_array(&ck->arena, slots, sizeof *ck->slots);
     ck->slot_count = slots;
     ck->tensors = arena_array(&ck->arena, f->tensor_count ? f->tensor_count : 1, sizeof *ck->tensors);
-    ck->tensor_shard = arena_array(&ck->arena, f->tensor_count ? f->tensor_count : 1, sizeof *ck->tensor_shard);
+    ck->tensor_shard =
+        arena_array(&ck->arena, f->tensor_count ? f->tensor_count : 1, sizeof *ck->tensor_shard);
     bool ok = true;
     for (uint32_t i = 0; i < f->tensor_count && !diag_should_stop(d); i++) {
         const gguf_tensor *t = &f->tensors[i];
         if (t->element_count > ((uint64_t)1 << 61)) {
-            diag_error(d, loc, "at byte %llu: tensor '%.*s%s' has too many elements", (unsigned long long)t->info_offset,
-                       DIAG_NAME(t->name));
+            diag_error(d, loc, "at byte %llu: tensor '%.*s%s' has too many elements",
+                       (unsigned long long)t->info_offset, DIAG_NAME(t->name));
             ok = false;
             continue;
         }
         const char *name = t->name;
         char permuted = 0;
         if (!hf_name(&ck->arena, t->name, &name, &permuted)) name = t->name;
-        uint32_t heads = permuted == 'q' && arch->permuted_qk ? (uint32_t)q_heads
+        uint32_t heads = permuted == 'q' && arch->permuted_qk   ? (uint32_t)q_heads
                          : permuted == 'k' && arch->permuted_qk ? (uint32_t)k_heads
                                                                 : 0;
         ok &= add_tensor(ck, f, t, name, heads, loc, d);

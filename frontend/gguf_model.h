@@ -64,7 +64,8 @@ bool fe_gguf_config(const char *path, struct json_t **root, diag_engine *d);
 typedef struct fe_gguf_view {
     const gguf_file *file;
     const gguf_tensor *tensor;
-    uint32_t permute_heads; /* 0: rows as stored; else llama.cpp's q/k permutation undone over this many heads */
+    /* 0: rows as stored; else llama.cpp's q/k permutation undone over this many heads */
+    uint32_t permute_heads;
 } fe_gguf_view;
 
 /* Opens the GGUF file at path as checkpoint ck (which st_checkpoint_open

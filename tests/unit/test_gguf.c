@@ -63,7 +63,8 @@ static const char *diagnostics(void) {
 }
 
 static void expect_diag(const char *text) {
-    if (!strstr(diagnostics(), text)) fail_msg("expected in diagnostics: %s\n--- got:\n%s", text, diagnostics());
+    if (!strstr(diagnostics(), text))
+        fail_msg("expected in diagnostics: %s\n--- got:\n%s", text, diagnostics());
 }
 
 /* ---- building files ------------------------------------------------------------ */
@@ -106,7 +107,8 @@ static void kv_string(bytes *b, const char *key, const char *v) {
     put_string(b, v);
 }
 /* A 2-dim tensor info: ne = {cols, rows}. */
-static void tensor_2d(bytes *b, const char *name, uint64_t cols, uint64_t rows, uint32_t type, uint64_t offset) {
+static void tensor_2d(bytes *b, const char *name, uint64_t cols, uint64_t rows, uint32_t type,
+                      uint64_t offset) {
     put_string(b, name);
     put_u32(b, 2);
     put_u64(b, cols);
@@ -154,8 +156,9 @@ static void test_dequantize_matches_gguf_py(void **state) {
     st_file expected;
     assert_true(gguf_file_open(FIXTURES "/gguf/quants.gguf", &f, &diag));
     assert_true(st_file_open(FIXTURES "/gguf/quants_expected.safetensors", &expected, &diag));
-    static const char *const names[] = {"f32",  "f16",  "bf16", "q8_0",           "q4_0",           "q4_1",
-                                        "q4_k", "q5_k", "q6_k", "quantized_q8_0", "quantized_q4_1", "quantized_q4_0"};
+    static const char *const names[] = {
+        "f32",  "f16",  "bf16", "q8_0",           "q4_0",           "q4_1",
+        "q4_k", "q5_k", "q6_k", "quantized_q8_0", "quantized_q4_1", "quantized_q4_0"};
     static const uint32_t types[] = {GGUF_TYPE_F32,  GGUF_TYPE_F16,  GGUF_TYPE_BF16, GGUF_TYPE_Q8_0,
                                      GGUF_TYPE_Q4_0, GGUF_TYPE_Q4_1, GGUF_TYPE_Q4_K, GGUF_TYPE_Q5_K,
                                      GGUF_TYPE_Q6_K, GGUF_TYPE_Q8_0, GGUF_TYPE_Q4_1, GGUF_TYPE_Q4_0};
@@ -178,8 +181,8 @@ static void test_dequantize_matches_gguf_py(void **state) {
             memcpy(&a, &got[k], 4);
             memcpy(&b, &truth[k], 4);
             if (a != b)
-                fail_msg("%s[%llu]: smelt %.9g (0x%08x), gguf-py %.9g (0x%08x)", names[i], (unsigned long long)k,
-                         got[k], a, truth[k], b);
+                fail_msg("%s[%llu]: smelt %.9g (0x%08x), gguf-py %.9g (0x%08x)", names[i],
+                         (unsigned long long)k, got[k], a, truth[k], b);
         }
         /* a range from the middle: the third row of 512 */
         float *row = malloc(512 * sizeof *row);
@@ -255,7 +258,7 @@ static void test_dequantize_hand_blocks(void **state) {
      * nibble of ql[64 + 32 + 1], high bits at bit 6 of qh[32 + 1]; scale 14 */
     uint8_t q6k[210] = {0};
     put_f16(q6k + 208, 0.5f);
-    q6k[64 + 32 + 1] = 0xa0; /* low 4 bits: 10 */
+    q6k[64 + 32 + 1] = 0xa0;  /* low 4 bits: 10 */
     q6k[128 + 32 + 1] = 0x80; /* high 2 bits: 2 */
     q6k[192 + (128 + 96 + 1) / 16] = (uint8_t)-4;
     gguf_dequantize(GGUF_TYPE_Q6_K, q6k, y, 256);
@@ -281,7 +284,8 @@ static void test_metadata_values(void **state) {
     assert_true(kv && kv->type == GGUF_VALUE_STRING);
     assert_string_equal(kv->string, "tensors of every type");
     kv = gguf_file_find_kv(&f, "test.strings");
-    assert_true(kv && kv->type == GGUF_VALUE_ARRAY && kv->element_type == GGUF_VALUE_STRING && kv->count == 3);
+    assert_true(kv && kv->type == GGUF_VALUE_ARRAY && kv->element_type == GGUF_VALUE_STRING &&
+                kv->count == 3);
     assert_string_equal(kv->strings[1], "bc");
     assert_int_equal(kv->string_lengths[2], 0);
     kv = gguf_file_find_kv(&f, "test.ints");
@@ -331,9 +335,10 @@ static void test_llama_config(void **state) {
     assert_true(fe_gguf_config(FIXTURES "/gguf/llama.gguf", &config, &diag));
     json_t *truth = json_load_file(FIXTURES "/llama/config.json", 0, NULL);
     assert_non_null(truth);
-    static const char *const ints[] = {"hidden_size",         "num_hidden_layers",      "intermediate_size",
-                                       "num_attention_heads", "num_key_value_heads",    "vocab_size",
-                                       "bos_token_id",        "eos_token_id",           "max_position_embeddings"};
+    static const char *const ints[] = {
+        "hidden_size",         "num_hidden_layers",   "intermediate_size",
+        "num_attention_heads", "num_key_value_heads", "vocab_size",
+        "bos_token_id",        "eos_token_id",        "max_position_embeddings"};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         json_t *v = json_object_get(config, ints[i]);
         if (!json_is_integer(v)) fail_msg("%s is missing", ints[i]);
@@ -403,15 +408,18 @@ static void test_llama_config_refusals(void **state) {
     assert_true(json_is_true(json_object_get(config, "tie_word_embeddings"))); /* no output.weight */
     assert_int_equal(json_integer_value(json_object_get(config, "vocab_size")), 10);
     json_decref(config);
-    config_refused(1, sliding_window,
-                   "GGUF key 'llama.attention.sliding_window' (u32 4096) is not one smelt understands for this "
-                   "architecture; it may change the computation, so the file is refused");
+    config_refused(
+        1, sliding_window,
+        "GGUF key 'llama.attention.sliding_window' (u32 4096) is not one smelt understands for this "
+        "architecture; it may change the computation, so the file is refused");
     config_refused(2, rope_linear, "GGUF key 'llama.rope.scaling.type' (string 'linear') is not supported");
     config_refused(1, rope_factor_alone, "GGUF key 'llama.rope.scaling.factor' (f32 8) is not supported");
     config_refused(1, experts, "GGUF key 'llama.expert_count' (u32 8) is not supported");
-    config_refused(1, partial_rotary, "GGUF key 'llama.rope.dimension_count' (u32 8) differs from the head dim 16");
+    config_refused(1, partial_rotary,
+                   "GGUF key 'llama.rope.dimension_count' (u32 8) differs from the head dim 16");
     config_refused(1, split, "split.count is 2: the model is split over several GGUF files");
-    config_refused(1, head_count_float, "GGUF key 'llama.attention.head_count_kv' (f32 2) must be an integer");
+    config_refused(1, head_count_float,
+                   "GGUF key 'llama.attention.head_count_kv' (f32 2) must be an integer");
     /* the neutral rope scaling is accepted */
     b.n = 0;
     llama_file(&b, 2, rope_none);
@@ -464,7 +472,8 @@ static void test_refused_files(void **state) {
 
     b.n = 0;
     header(&b, 3, UINT64_MAX, 0);
-    expect_refused(&b, "at byte 8: the tensor count 18446744073709551615 is more than the 0 bytes left can hold");
+    expect_refused(&b,
+                   "at byte 8: the tensor count 18446744073709551615 is more than the 0 bytes left can hold");
     b.n = 0;
     header(&b, 3, 0, (uint64_t)1 << 40);
     data(&b, 16);
@@ -506,8 +515,9 @@ static void test_refused_files(void **state) {
     put_u32(&b, GGUF_VALUE_STRING);
     put_u64(&b, (uint64_t)1 << 60);
     data(&b, 64);
-    expect_refused(&b, "at byte 41: metadata 'k' claims 1152921504606846976 elements of string, more than the 64 "
-                       "bytes left can hold");
+    expect_refused(&b,
+                   "at byte 41: metadata 'k' claims 1152921504606846976 elements of string, more than the 64 "
+                   "bytes left can hold");
 
     b.n = 0;
     header(&b, 3, 0, 2);
