@@ -407,6 +407,11 @@ static bool read_tensor_info(gguf_reader *r, gguf_tensor *t) {
     return true;
 }
 
+static int compare_offsets(const void *x, const void *y) {
+    const gguf_tensor *a = *(const gguf_tensor *const *)x, *b = *(const gguf_tensor *const *)y;
+    return a->offset < b->offset ? -1 : a->offset > b->offset;
+}
+
 /* Checks each tensor's place in the data section and that no two overlap;
  * reports every problem. */
 static bool place_tensors(gguf_reader *r) {
@@ -438,19 +443,13 @@ static bool place_tensors(gguf_reader *r) {
         }
     }
     if (!ok) return false;
-    /* overlap: sort by offset (insertion sort of indices: tensor counts are
-     * in the thousands and files are mostly in order already) */
-    uint32_t *order = arena_array(&f->arena, f->tensor_count ? f->tensor_count : 1, sizeof *order);
-    for (uint32_t i = 0; i < f->tensor_count; i++) {
-        uint32_t k = i;
-        while (k > 0 && f->tensors[order[k - 1]].offset > f->tensors[i].offset) {
-            order[k] = order[k - 1];
-            k--;
-        }
-        order[k] = i;
-    }
+    /* overlap: neighbours in offset order */
+    const gguf_tensor **order = arena_array(&f->arena, f->tensor_count ? f->tensor_count : 1, sizeof *order);
+    for (uint32_t i = 0; i < f->tensor_count; i++)
+        order[i] = &f->tensors[i];
+    qsort(order, f->tensor_count, sizeof *order, compare_offsets);
     for (uint32_t k = 1; k < f->tensor_count; k++) {
-        const gguf_tensor *a = &f->tensors[order[k - 1]], *b = &f->tensors[order[k]];
+        const gguf_tensor *a = order[k - 1], *b = order[k];
         if (a->offset + a->byte_size > b->offset && b->byte_size > 0 && a->byte_size > 0) {
             diag_error(
                 r->d, r->loc,
@@ -463,6 +462,31 @@ static bool place_tensors(gguf_reader *r) {
         }
     }
     return ok;
+}
+
+/* ---- name tables ------------------------------------------------------------- */
+
+/* A table of 2 * count slots at least (count < 2^30: the caller checks). */
+static uint32_t *new_slots(arena *a, uint64_t count, uint32_t *slot_count) {
+    uint32_t slots = 8;
+    while (slots < 2 * count)
+        slots *= 2;
+    *slot_count = slots;
+    return arena_array(a, slots, sizeof(uint32_t));
+}
+
+static const char *kv_name(const gguf_file *f, uint32_t i) { return f->kvs[i].key; }
+static const char *tensor_name(const gguf_file *f, uint32_t i) { return f->tensors[i].name; }
+
+/* The slot of `name` in a table whose used slots hold i + 1 for entry i
+ * (named name_of(f, i)): the slot holding it, or the empty one where it
+ * would go. */
+static uint32_t find_slot(const gguf_file *f, const uint32_t *slots, uint32_t slot_count, const char *name,
+                          const char *(*name_of)(const gguf_file *, uint32_t)) {
+    uint32_t mask = slot_count - 1, s = (uint32_t)st_name_hash(name) & mask;
+    while (slots[s] && strcmp(name_of(f, slots[s] - 1), name) != 0)
+        s = (s + 1) & mask;
+    return s;
 }
 
 /* ---- the file ---------------------------------------------------------------- */
@@ -549,26 +573,37 @@ static bool read_header(gguf_reader *r) {
                      (unsigned long long)tensor_count, (unsigned long long)remaining(r));
         return false;
     }
+    if (kv_count > GGUF_MAX_COUNT || tensor_count > GGUF_MAX_COUNT) {
+        reader_error(r, kv_count > GGUF_MAX_COUNT ? 16 : 8, "%s count %llu is more than smelt reads (%u)",
+                     kv_count > GGUF_MAX_COUNT ? "the metadata" : "the tensor",
+                     (unsigned long long)(kv_count > GGUF_MAX_COUNT ? kv_count : tensor_count),
+                     GGUF_MAX_COUNT);
+        return false;
+    }
     f->kvs = arena_array(&f->arena, kv_count ? kv_count : 1, sizeof *f->kvs);
+    f->kv_slots = new_slots(&f->arena, kv_count, &f->kv_slot_count);
     for (uint64_t i = 0; i < kv_count; i++) {
         gguf_kv *kv = &f->kvs[i];
         if (!read_kv(r, kv)) return false;
-        if (gguf_file_find_kv(f, kv->key)) {
+        uint32_t s = find_slot(f, f->kv_slots, f->kv_slot_count, kv->key, kv_name);
+        if (f->kv_slots[s]) {
             reader_error(r, kv->offset, "metadata key '%.*s%s' appears twice", DIAG_NAME(kv->key));
             return false;
         }
-        f->kv_count++;
+        f->kv_slots[s] = ++f->kv_count;
     }
     if (!read_alignment(r)) return false;
     f->tensors = arena_array(&f->arena, tensor_count ? tensor_count : 1, sizeof *f->tensors);
+    f->tensor_slots = new_slots(&f->arena, tensor_count, &f->tensor_slot_count);
     for (uint64_t i = 0; i < tensor_count; i++) {
         gguf_tensor *t = &f->tensors[i];
         if (!read_tensor_info(r, t)) return false;
-        if (gguf_file_find(f, t->name)) {
+        uint32_t s = find_slot(f, f->tensor_slots, f->tensor_slot_count, t->name, tensor_name);
+        if (f->tensor_slots[s]) {
             reader_error(r, t->info_offset, "tensor '%.*s%s' appears twice", DIAG_NAME(t->name));
             return false;
         }
-        f->tensor_count++;
+        f->tensor_slots[s] = ++f->tensor_count;
     }
     uint64_t data = r->at, padded;
     if (size_add_overflow(data, f->alignment - 1, &padded)) padded = UINT64_MAX;
@@ -615,18 +650,16 @@ void gguf_file_close(gguf_file *f) {
     f->fd = -1;
 }
 
-/* Linear lookups: a GGUF holds tens of keys and hundreds of tensors, and
- * each is looked up once when a model is bound. */
 const gguf_kv *gguf_file_find_kv(const gguf_file *f, const char *key) {
-    for (uint32_t i = 0; i < f->kv_count; i++)
-        if (strcmp(f->kvs[i].key, key) == 0) return &f->kvs[i];
-    return NULL;
+    if (!f->kv_slot_count) return NULL;
+    uint32_t s = find_slot(f, f->kv_slots, f->kv_slot_count, key, kv_name);
+    return f->kv_slots[s] ? &f->kvs[f->kv_slots[s] - 1] : NULL;
 }
 
 const gguf_tensor *gguf_file_find(const gguf_file *f, const char *name) {
-    for (uint32_t i = 0; i < f->tensor_count; i++)
-        if (strcmp(f->tensors[i].name, name) == 0) return &f->tensors[i];
-    return NULL;
+    if (!f->tensor_slot_count) return NULL;
+    uint32_t s = find_slot(f, f->tensor_slots, f->tensor_slot_count, name, tensor_name);
+    return f->tensor_slots[s] ? &f->tensors[f->tensor_slots[s] - 1] : NULL;
 }
 
 /* ---- reading data ------------------------------------------------------------ */

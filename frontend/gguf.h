@@ -126,6 +126,7 @@ enum {
     GGUF_MAX_DIMS = 4,
     GGUF_MAX_NAME = 64, /* bytes of a tensor name, NUL included (ggml's GGML_MAX_NAME) */
     GGUF_DEFAULT_ALIGNMENT = 32,
+    GGUF_MAX_COUNT = 1u << 28, /* metadata entries, tensors: far beyond any model's */
 };
 
 /* One metadata entry. Scalars are held by value; strings (and the elements
@@ -187,6 +188,9 @@ typedef struct gguf_file {
     uint32_t kv_count;
     gguf_tensor *tensors; /* in file order */
     uint32_t tensor_count;
+    /* open-addressing hashes of keys and tensor names: index + 1, 0 = empty */
+    uint32_t *kv_slots, *tensor_slots;
+    uint32_t kv_slot_count, tensor_slot_count; /* powers of two */
 } gguf_file;
 
 /* True when `path` is a regular file that starts with the magic "GGUF". */

@@ -647,6 +647,46 @@ static void test_accepted_files(void **state) {
     gguf_file_close(&f);
 }
 
+/* Many tensors, their data in reverse order: opened in linear-ish time
+ * (name tables hashed, offsets sorted), not quadratic - 100,000 tensors
+ * would take minutes of name comparisons otherwise. */
+static void test_many_tensors(void **state) {
+    (void)state;
+    enum { COUNT = 100000 };
+    FILE *out = fopen(path, "wb");
+    assert_non_null(out);
+    uint32_t version = 3;
+    uint64_t tensors = COUNT, kvs = 0;
+    fwrite("GGUF", 1, 4, out);
+    fwrite(&version, 4, 1, out);
+    fwrite(&tensors, 8, 1, out);
+    fwrite(&kvs, 8, 1, out);
+    uint64_t header = 24;
+    for (uint32_t i = 0; i < COUNT; i++) {
+        char name[16];
+        uint64_t length = (uint64_t)snprintf(name, sizeof name, "t%u", i), ne = 8;
+        uint32_t rank = 1, type = GGUF_TYPE_F32;
+        uint64_t offset = (uint64_t)(COUNT - 1 - i) * 32;
+        fwrite(&length, 8, 1, out);
+        fwrite(name, 1, length, out);
+        fwrite(&rank, 4, 1, out);
+        fwrite(&ne, 8, 1, out);
+        fwrite(&type, 4, 1, out);
+        fwrite(&offset, 8, 1, out);
+        header += 8 + length + 4 + 8 + 4 + 8;
+    }
+    for (uint64_t pad = (32 - header % 32) % 32 + (uint64_t)COUNT * 32; pad > 0; pad--)
+        fputc(0, out);
+    fclose(out);
+    gguf_file f;
+    assert_true(gguf_file_open(path, &f, &diag));
+    assert_int_equal(f.tensor_count, COUNT);
+    const gguf_tensor *t = gguf_file_find(&f, "t99999");
+    assert_non_null(t);
+    assert_int_equal(t->offset, 0);
+    gguf_file_close(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_dequantize_matches_gguf_py, setup, teardown),
@@ -658,6 +698,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_unknown_architecture, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refused_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_accepted_files, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_many_tensors, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
