@@ -22,6 +22,7 @@ typedef struct gguf_architecture {
 
 static const gguf_architecture architectures[] = {
     {"llama", "llama", true},
+    {"qwen2", "qwen2", false}, /* examples/llama.smelt gives model_type qwen2 its q/k/v biases */
 };
 
 /* How a key under "<architecture>." is treated. */
@@ -39,7 +40,8 @@ typedef struct key_binding {
     bool required;
 } key_binding;
 
-static const key_binding llama_keys[] = {
+/* The same keys under each architecture's prefix. */
+static const key_binding architecture_keys[] = {
     {"embedding_length", "hidden_size", KEY_INT, true},
     {"block_count", "num_hidden_layers", KEY_INT, true},
     {"feed_forward_length", "intermediate_size", KEY_INT, true},
@@ -71,7 +73,8 @@ static const gguf_architecture *find_architecture(const gguf_file *f, smelt_loc 
     }
     for (size_t i = 0; i < sizeof architectures / sizeof architectures[0]; i++)
         if (strcmp(kv->string, architectures[i].name) == 0) return &architectures[i];
-    diag_error(d, loc, "at byte %llu: GGUF architecture '%.*s%s' is not supported; smelt imports 'llama'",
+    diag_error(d, loc,
+               "at byte %llu: GGUF architecture '%.*s%s' is not supported; smelt imports 'llama' and 'qwen2'",
                (unsigned long long)kv->offset, DIAG_NAME(kv->string));
     return NULL;
 }
@@ -152,13 +155,13 @@ static void bind_key(config_builder *b, const key_binding *k, const gguf_kv *kv)
     case KEY_ZERO:
         if (kv_int(b, kv, &i) && i != 0)
             key_error(b, kv, "is not supported: ",
-                      "smelt imports dense llama models only (a mixture of experts has its own spec)");
+                      "smelt imports dense models only (a mixture of experts has its own spec)");
         return;
     case KEY_HEAD_DIM_CHECK: return; /* after head_dim is known */
     }
 }
 
-/* head_dim: llama.attention.key_length, else hidden_size / heads (what
+/* head_dim: <arch>.attention.key_length, else hidden_size / heads (what
  * llama.cpp and examples/llama.smelt assume). */
 static void derive_head_dim(config_builder *b) {
     if (b->head_dim) return;
@@ -169,8 +172,8 @@ static void derive_head_dim(config_builder *b) {
 }
 
 static void check_head_dim_keys(config_builder *b) {
-    for (size_t i = 0; i < sizeof llama_keys / sizeof llama_keys[0]; i++) {
-        const key_binding *k = &llama_keys[i];
+    for (size_t i = 0; i < sizeof architecture_keys / sizeof architecture_keys[0]; i++) {
+        const key_binding *k = &architecture_keys[i];
         const gguf_kv *kv = architecture_kv(b->f, b->arch, k->suffix);
         if (k->rule != KEY_HEAD_DIM_CHECK || !kv) continue;
         int64_t v;
@@ -178,7 +181,7 @@ static void check_head_dim_keys(config_builder *b) {
         if (v != b->head_dim) {
             char detail[160];
             snprintf(detail, sizeof detail,
-                     "the head dim %lld: smelt's llama spec rotates and attends over whole heads",
+                     "the head dim %lld: examples/llama.smelt rotates and attends over whole heads",
                      (long long)b->head_dim);
             key_error(b, kv, "differs from ", detail);
         }
@@ -196,11 +199,10 @@ static void check_rope_scaling(config_builder *b) {
         if (strncmp(kv->key + prefix, rope_scaling_prefix, sizeof rope_scaling_prefix - 1) != 0) continue;
         if (none) continue;
         if (kv == type)
-            key_error(b, kv, "is not supported: ", "smelt imports llama models without rope scaling");
+            key_error(b, kv, "is not supported: ", "smelt imports models without rope scaling");
         else if (!type)
-            key_error(
-                b, kv, "is not supported: ",
-                "rope scaling changes the positions' frequencies, and smelt imports llama models without it");
+            key_error(b, kv, "is not supported: ",
+                      "rope scaling changes the positions' frequencies, and smelt imports models without it");
     }
 }
 
@@ -214,8 +216,8 @@ static void refuse_unknown_keys(config_builder *b) {
         const char *suffix = kv->key + prefix;
         if (strncmp(suffix, rope_scaling_prefix, sizeof rope_scaling_prefix - 1) == 0) continue;
         bool known = false;
-        for (size_t k = 0; k < sizeof llama_keys / sizeof llama_keys[0] && !known; k++)
-            known = strcmp(suffix, llama_keys[k].suffix) == 0;
+        for (size_t k = 0; k < sizeof architecture_keys / sizeof architecture_keys[0] && !known; k++)
+            known = strcmp(suffix, architecture_keys[k].suffix) == 0;
         if (!known)
             key_error(b, kv, "is not one smelt understands for this architecture; ",
                       "it may change the computation, so the file is refused");
@@ -264,8 +266,8 @@ static void bind_token_ids(config_builder *b) {
 static bool build_config(config_builder *b) {
     if (!check_not_split(b->f, b->loc, b->d)) return false;
     set_value(b, "model_type", json_string(b->arch->model_type));
-    for (size_t i = 0; i < sizeof llama_keys / sizeof llama_keys[0]; i++) {
-        const key_binding *k = &llama_keys[i];
+    for (size_t i = 0; i < sizeof architecture_keys / sizeof architecture_keys[0]; i++) {
+        const key_binding *k = &architecture_keys[i];
         const gguf_kv *kv = architecture_kv(b->f, b->arch, k->suffix);
         if (kv) {
             bind_key(b, k, kv);

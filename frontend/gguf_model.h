@@ -4,7 +4,10 @@
  * checkpoint.c call it when a path starts with the GGUF magic).
  *
  * Architectures: "llama" (Llama 1/2/3 without rope scaling, Mistral,
- * SmolLM, TinyLlama, ...). Its keys become config keys:
+ * SmolLM, TinyLlama, ...) and "qwen2" (Qwen2 and 2.5 without rope scaling),
+ * both for examples/llama.smelt (model_type qwen2 gives it the q/k/v
+ * biases). Their keys (shown for llama; qwen2's are "qwen2.*") become
+ * config keys:
  *
  *   llama.embedding_length               hidden_size
  *   llama.block_count                    num_hidden_layers
@@ -20,7 +23,7 @@
  *   tokenizer.ggml.bos/eos_token_id      bos_token_id / eos_token_id
  *   general.architecture                 model_type
  *
- * Every other key under "llama." is refused, naming it: smelt cannot tell
+ * Every other key under "<architecture>." is refused, naming it: smelt cannot tell
  * whether it changes the computation (rope scaling, sliding windows,
  * experts, logit scales, ...). Three are accepted at their neutral values:
  * llama.rope.dimension_count equal to head_dim, llama.rope.scaling.type
@@ -39,7 +42,7 @@
  *   ffn_gate/up/down.weight  mlp.gate/up/down_proj.weight   (and the .bias of each)
  *
  * llama.cpp's convert_hf_to_gguf.py reorders the rows of q_proj and k_proj
- * (weight and bias) of llama models, within each head, from Hugging Face's
+ * (weight and bias) of llama models (not of qwen2), within each head, from Hugging Face's
  * rotate-half order to interleaved pairs: HF row h*D + i*(D/2) + j (head h
  * of D rows, half i, index j) is stored as row h*D + 2j + i. Reading undoes
  * it, over llama.attention.head_count heads for q and head_count_kv for k.

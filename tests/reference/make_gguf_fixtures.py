@@ -19,6 +19,8 @@ llama.gguf                tests/fixtures/llama's model as llama.cpp's
                           give that fixture's logits from it without a config
 llama_q8_0.gguf           the same model with every 2-dim weight in Q8_0
                           (the ref backend and the host plan must agree on it)
+qwen2.gguf                tests/fixtures/qwen2's model as the converter writes
+                          a qwen2 (q/k/v biases, tied embeddings, no permutation)
 
 Deterministic: the same inputs give the same bytes.
 """
@@ -128,6 +130,9 @@ LAYER_NAMES = {
     "self_attn.q_proj.weight": "attn_q.weight",
     "self_attn.k_proj.weight": "attn_k.weight",
     "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
     "self_attn.o_proj.weight": "attn_output.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
@@ -149,31 +154,37 @@ def gguf_name(hf):
     return "blk.%s.%s" % (parts[2], LAYER_NAMES[".".join(parts[3:])])
 
 
-def write_llama(out, name, qtype):
-    src = os.path.join(FIXTURES, "llama")
+def write_model(out, name, fixture, arch, qtype):
+    """The fixture's model as convert_hf_to_gguf.py writes `arch`: only
+    llama (its LlamaModel) permutes q/k rows."""
+    src = os.path.join(FIXTURES, fixture)
     config = json.load(open(os.path.join(src, "config.json")))
     tensors = load_file(os.path.join(src, "model.safetensors"))
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    writer = gguf.GGUFWriter(os.path.join(out, name), "llama")
-    writer.add_name("smelt tiny llama fixture")
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    permuted = arch == "llama"
+    writer = gguf.GGUFWriter(os.path.join(out, name), arch)
+    writer.add_name("smelt tiny %s fixture" % fixture)
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    writer.add_rope_freq_base(config["rope_theta"])
+    writer.add_rope_freq_base(config.get("rope_theta") or config["rope_parameters"]["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_rope_dimension_count(config["head_dim"])
+    writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(config["vocab_size"])
     writer.add_file_type(0 if qtype == T.F32 else 7)
-    writer.add_bos_token_id(config["bos_token_id"])
-    writer.add_eos_token_id(config["eos_token_id"])
+    if config.get("bos_token_id") is not None:
+        writer.add_bos_token_id(config["bos_token_id"])
+    if config.get("eos_token_id") is not None:
+        writer.add_eos_token_id(config["eos_token_id"])
     for hf in sorted(tensors):
         data = tensors[hf].astype(np.float32)
-        if hf.endswith("q_proj.weight"):
+        if permuted and hf.endswith(("q_proj.weight", "q_proj.bias")):
             data = permute(data, heads)
-        elif hf.endswith("k_proj.weight"):
+        elif permuted and hf.endswith(("k_proj.weight", "k_proj.bias")):
             data = permute(data, kv_heads)
         if qtype != T.F32 and data.ndim == 2:
             writer.add_tensor(gguf_name(hf), quantize(data, qtype), raw_dtype=qtype)
@@ -189,8 +200,9 @@ def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(FIXTURES, "gguf")
     os.makedirs(out, exist_ok=True)
     write_quants(out)
-    write_llama(out, "llama.gguf", T.F32)
-    write_llama(out, "llama_q8_0.gguf", T.Q8_0)
+    write_model(out, "llama.gguf", "llama", "llama", T.F32)
+    write_model(out, "llama_q8_0.gguf", "llama", "llama", T.Q8_0)
+    write_model(out, "qwen2.gguf", "qwen2", "qwen2", T.F32)
     for f in sorted(os.listdir(out)):
         print("%-30s %8d bytes" % (f, os.path.getsize(os.path.join(out, f))))
 

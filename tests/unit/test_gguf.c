@@ -302,12 +302,11 @@ static void test_metadata_values(void **state) {
 /* ---- the llama import ------------------------------------------------------------ */
 
 /* Every tensor of the safetensors checkpoint, under its own name and shape,
- * bit for bit: names mapped and the q/k permutation undone. */
-static void test_llama_checkpoint_equals_safetensors(void **state) {
-    (void)state;
+ * bit for bit: names mapped and (llama) the q/k permutation undone. */
+static void check_checkpoint_equals_safetensors(const char *gguf_path, const char *safetensors_path) {
     st_checkpoint gguf_ck, st_ck;
-    assert_true(st_checkpoint_open(FIXTURES "/gguf/llama.gguf", &gguf_ck, &diag));
-    assert_true(st_checkpoint_open(FIXTURES "/llama/model.safetensors", &st_ck, &diag));
+    assert_true(st_checkpoint_open(gguf_path, &gguf_ck, &diag));
+    assert_true(st_checkpoint_open(safetensors_path, &st_ck, &diag));
     assert_int_equal(gguf_ck.tensor_count, st_ck.tensor_count);
     for (uint32_t i = 0; i < st_ck.tensor_count; i++) {
         const st_tensor *want = st_ck.tensors[i];
@@ -326,6 +325,23 @@ static void test_llama_checkpoint_equals_safetensors(void **state) {
     }
     st_checkpoint_close(&st_ck);
     st_checkpoint_close(&gguf_ck);
+}
+
+static void test_llama_checkpoint_equals_safetensors(void **state) {
+    (void)state;
+    check_checkpoint_equals_safetensors(FIXTURES "/gguf/llama.gguf", FIXTURES "/llama/model.safetensors");
+}
+
+/* qwen2: biases, tied embeddings, rows as stored. */
+static void test_qwen2_checkpoint_equals_safetensors(void **state) {
+    (void)state;
+    check_checkpoint_equals_safetensors(FIXTURES "/gguf/qwen2.gguf", FIXTURES "/qwen2/model.safetensors");
+    json_t *config;
+    assert_true(fe_gguf_config(FIXTURES "/gguf/qwen2.gguf", &config, &diag));
+    assert_string_equal(json_string_value(json_object_get(config, "model_type")), "qwen2");
+    assert_true(json_is_true(json_object_get(config, "tie_word_embeddings")));
+    assert_true(json_real_value(json_object_get(config, "rope_theta")) == 1e6);
+    json_decref(config);
 }
 
 /* The metadata stands for the fixture's config.json. */
@@ -693,6 +709,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_dequantize_hand_blocks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_metadata_values, setup, teardown),
         cmocka_unit_test_setup_teardown(test_llama_checkpoint_equals_safetensors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_qwen2_checkpoint_equals_safetensors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_llama_config, setup, teardown),
         cmocka_unit_test_setup_teardown(test_llama_config_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unknown_architecture, setup, teardown),
