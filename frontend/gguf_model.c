@@ -117,15 +117,16 @@ static void set_value(config_builder *b, const char *key, json_t *value) {
     if (!value || json_object_set_new(b->root, key, value) != 0) b->out_of_memory = true;
 }
 
-static void key_error(config_builder *b, const gguf_kv *kv, const char *fmt, const char *detail) {
+/* "at byte N: GGUF key 'K' (TYPE VALUE) <problem><detail>" */
+static void key_error(config_builder *b, const gguf_kv *kv, const char *problem, const char *detail) {
     char text[96];
     diag_error(b->d, b->loc, "at byte %llu: GGUF key '%.*s%s' (%s %s) %s%s", (unsigned long long)kv->offset,
-               DIAG_NAME(kv->key), gguf_value_type_name(kv->type), gguf_kv_text(kv, text, sizeof text), fmt,
-               detail ? detail : "");
+               DIAG_NAME(kv->key), gguf_value_type_name(kv->type), gguf_kv_text(kv, text, sizeof text),
+               problem, detail ? detail : "");
     b->ok = false;
 }
 
-/* A bound key's value as an int or float; reports a mistyped one. */
+/* A key's value as an integer; reports any other type. */
 static bool kv_int(config_builder *b, const gguf_kv *kv, int64_t *out) {
     if (gguf_kv_int(kv, out) && kv->type != GGUF_VALUE_BOOL) return true;
     key_error(b, kv, "must be an integer", NULL);
