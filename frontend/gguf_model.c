@@ -291,23 +291,28 @@ static bool build_config(config_builder *b) {
     return b->ok;
 }
 
+/* The config of an opened file into *root (NULL: checked, then dropped). */
+static bool file_config(const gguf_file *f, json_t **root, diag_engine *d) {
+    smelt_loc loc = {f->diag_file, 0, 0};
+    config_builder b = {.f = f, .loc = loc, .d = d, .ok = true};
+    b.arch = find_architecture(f, loc, d);
+    b.root = b.arch ? json_object() : NULL;
+    if (b.arch && !b.root) diag_error(d, loc, "out of memory building the config of the GGUF file");
+    bool ok = b.root && build_config(&b);
+    if (ok && root)
+        *root = b.root;
+    else if (b.root)
+        json_decref(b.root);
+    return ok;
+}
+
 bool fe_gguf_config(const char *path, json_t **root, diag_engine *d) {
     *root = NULL;
     gguf_file f;
     if (!gguf_file_open(path, &f, d)) return false;
-    smelt_loc loc = {f.diag_file, 0, 0};
-    config_builder b = {.f = &f, .loc = loc, .d = d, .ok = true};
-    b.arch = find_architecture(&f, loc, d);
-    b.root = b.arch ? json_object() : NULL;
-    if (b.arch && !b.root) diag_error(d, loc, "out of memory building the config of the GGUF file");
-    bool ok = b.root && build_config(&b);
+    bool ok = file_config(&f, root, d);
     gguf_file_close(&f);
-    if (!ok) {
-        if (b.root) json_decref(b.root);
-        return false;
-    }
-    *root = b.root;
-    return true;
+    return ok;
 }
 
 /* ---- the checkpoint --------------------------------------------------------- */
@@ -444,8 +449,12 @@ bool fe_gguf_checkpoint_open(st_checkpoint *ck, const char *path, diag_engine *d
     if (!gguf_file_open(path, f, d)) return false;
     ck->gguf = f;
     smelt_loc loc = {f->diag_file, 0, 0};
+    /* The metadata is checked even when the params come from elsewhere (a
+     * plan, a config.json): weights of a model with rope scaling, say, are
+     * refused, not bound to a model without it. */
+    if (!file_config(f, NULL, d)) return false;
     const gguf_architecture *arch = find_architecture(f, loc, d);
-    if (!arch || !check_not_split(f, loc, d)) return false;
+    if (!arch) return false;
     uint64_t q_heads = 0, k_heads = 0;
     if (arch->permuted_qk && (!head_count(f, arch, "attention.head_count", 0, &q_heads, loc, d) ||
                               !head_count(f, arch, "attention.head_count_kv", q_heads, &k_heads, loc, d))) {

@@ -76,7 +76,8 @@ typedef struct fe_gguf_view {
  * Hugging Face names above, with dtype and byte_size of the values as read
  * (F32, F16 and BF16 as stored, every quantized type as F32) and the shape
  * in Hugging Face order (ne reversed); each one's `gguf` points at its view.
- * False after reporting. */
+ * The metadata is checked as fe_gguf_config checks it, whatever gives the
+ * params. False after reporting. */
 bool fe_gguf_checkpoint_open(st_checkpoint *ck, const char *path, diag_engine *d);
 void fe_gguf_checkpoint_close(st_checkpoint *ck);
 

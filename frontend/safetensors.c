@@ -548,6 +548,7 @@ bool st_file_open(const char *path, st_file *out, diag_engine *d) {
     out->diag_file = diag_file_id(d, path);
     smelt_loc loc = {out->diag_file, 0, 0};
     if (!map_file(out, loc, d)) {
+        arena_recovery_leave(&recovery);
         st_file_close(out);
         return false;
     }

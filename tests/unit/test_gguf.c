@@ -392,6 +392,18 @@ static void config_refused(uint32_t extra_kvs, void (*extra)(bytes *), const cha
     assert_false(fe_gguf_config(path, &config, &diag));
     assert_null(config);
     expect_diag(message);
+    /* the tensors are refused too: a plan compiled from another config must
+     * not bind them */
+    fclose(diag_stream);
+    free(diag_buffer);
+    diag_buffer = NULL;
+    diag_free(&diag);
+    diag_stream = open_memstream(&diag_buffer, &diag_size);
+    diag_init(&diag, diag_stream);
+    st_checkpoint ck;
+    assert_false(st_checkpoint_open(path, &ck, &diag));
+    expect_diag(message);
+    st_checkpoint_close(&ck);
 }
 
 static void sliding_window(bytes *b) { kv_u32(b, "llama.attention.sliding_window", 4096); }
