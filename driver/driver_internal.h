@@ -23,6 +23,10 @@ bool drv_source_parse(const char *path, const drv_source_options *o, ir_module *
  * whatever the result. */
 bool drv_source_load(const char *path, const drv_source_options *o, const drv_lowering *l,
                      const char *print_after, ir_module *m, diag_engine *d);
+/* The source options of a model whose weights are at weights_path: as
+ * given, except that a GGUF checkpoint is also the config when no config is
+ * given (its metadata holds the hyperparameters). */
+drv_source_options drv_source_options_for_weights(const drv_source_options *o, const char *weights_path);
 /* Runs the passes of the pipeline up to and including `after` ("all": every
  * pass), or (after NULL) the comma-separated `names` (NULL: none), printing
  * the IR after the passes named by print_after to stderr. The one place the

@@ -3,6 +3,7 @@
 #include "driver_internal.h"
 
 #include "frontend.h"
+#include "gguf.h"
 #include "pass.h"
 
 #include <string.h>
@@ -38,6 +39,12 @@ bool drv_run_passes(ir_module *m, const char *after, const char *names, const dr
         o.pass.no_fuse = l->no_fuse;
     }
     return pass_run_list(m, list.items, list.count, &o, d);
+}
+
+drv_source_options drv_source_options_for_weights(const drv_source_options *o, const char *weights_path) {
+    drv_source_options with = *o;
+    if (!with.config_path && weights_path && gguf_is_file(weights_path)) with.config_path = weights_path;
+    return with;
 }
 
 bool drv_source_parse(const char *path, const drv_source_options *o, ir_module *m, diag_engine *d) {

@@ -11,6 +11,7 @@
 #define _XOPEN_SOURCE 700
 
 #include "checkpoint.h"
+#include "gguf_model.h"
 #include "json_memory.h"
 
 #include <dirent.h>
@@ -427,6 +428,8 @@ bool st_checkpoint_open(const char *path, st_checkpoint *out, diag_engine *d) {
             ok = open_single(out, single, loc, d);
         else
             ok = open_folder_shards(out, path, loc, d);
+    } else if (gguf_is_file(path)) {
+        ok = fe_gguf_checkpoint_open(out, path, d);
     } else if (ends_with(path, ".json")) {
         ok = open_index(out, path, d);
     } else {
@@ -438,6 +441,7 @@ bool st_checkpoint_open(const char *path, st_checkpoint *out, diag_engine *d) {
 }
 
 void st_checkpoint_close(st_checkpoint *ck) {
+    if (ck->gguf) fe_gguf_checkpoint_close(ck);
     for (uint32_t s = 0; s < ck->shard_count; s++)
         st_file_close(&ck->shards[s]);
     arena_free(&ck->arena);

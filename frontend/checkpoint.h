@@ -8,6 +8,8 @@
  *
  * What `path` may be:
  *   - a safetensors file: the checkpoint is that file;
+ *   - a GGUF file (it starts with "GGUF"): its tensors under Hugging Face
+ *     names, dequantized on reading (gguf_model.h);
  *   - a file whose name ends in ".json": a Hugging Face index
  *     (model.safetensors.index.json) whose "weight_map" maps each tensor name
  *     to the shard holding it;
@@ -47,6 +49,8 @@ typedef struct st_checkpoint {
     uint32_t tensor_count;
     uint32_t *slots;     /* open-addressing hash: tensor index + 1, 0 = empty */
     uint32_t slot_count; /* power of two */
+    /* The GGUF file of a GGUF checkpoint (gguf_model.h), which has no shards; else NULL. */
+    struct gguf_file *gguf;
 } st_checkpoint;
 
 /* Opens and checks every shard. Reports every problem; on false nothing is

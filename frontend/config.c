@@ -8,6 +8,7 @@
  * the conversion table.
  */
 #include "config.h"
+#include "gguf_model.h"
 #include "json_memory.h"
 
 #include <errno.h>
@@ -40,6 +41,11 @@ bool fe_config_open(fe_config *c, const char *path, diag_engine *d) {
     c->path = path;
     c->file = diag_file_id(d, path);
     smelt_loc whole_file = {c->file, 0, 0};
+    if (gguf_is_file(path)) {
+        /* a GGUF model: its metadata as the config.json it stands for */
+        c->broken = !fe_gguf_config(path, &c->root, d);
+        return !c->broken;
+    }
 
     FILE *fp = fopen(path, "rb");
     if (!fp) {

@@ -29,7 +29,8 @@ typedef struct fe_config {
     size_t length;
 } fe_config;
 
-/* Reads `path` (NULL: no config, always succeeds). On failure reports the
+/* Reads `path` (NULL: no config, always succeeds): a config.json, or a GGUF
+ * model file, whose metadata stands for one (fe_gguf_config, gguf_model.h). On failure reports the
  * error, sets c->broken and returns false; c must still be closed. */
 bool fe_config_open(fe_config *c, const char *path, diag_engine *d);
 void fe_config_close(fe_config *c);

@@ -1,6 +1,7 @@
 /* load.c - a model file to an IR module: parse (DSL or JSON by the file's
  * suffix), then elaborate with the config and --set bindings. */
 #include "frontend.h"
+#include "gguf.h"
 
 #include <string.h>
 
@@ -10,6 +11,15 @@ static bool has_suffix(const char *s, const char *suffix) {
 }
 
 bool fe_load_model(const char *path, const fe_options *o, diag_engine *d, ir_module *out) {
+    if (gguf_is_file(path)) { /* a common slip: the GGUF where the spec goes */
+        smelt_loc loc = {diag_file_id(d, path), 0, 0};
+        diag_error(
+            d, loc,
+            "a GGUF file holds a model's weights and params, not its description: give it as --weights "
+            "(or --config) with the spec of its architecture, e.g. examples/llama.smelt");
+        ir_module_init(out, NULL);
+        return false;
+    }
     ast_model model;
     ast_model_init(&model);
     bool parsed = has_suffix(path, ".json") ? fe_parse_json(path, d, &model) : fe_parse_dsl(path, d, &model);

@@ -8,6 +8,7 @@
  * is binary), each naming the tensor it is about.
  */
 #include "safetensors.h"
+#include "gguf_model.h"
 #include "json_memory.h"
 
 #include "ir_io.h"
@@ -547,6 +548,7 @@ bool st_file_open(const char *path, st_file *out, diag_engine *d) {
     out->diag_file = diag_file_id(d, path);
     smelt_loc loc = {out->diag_file, 0, 0};
     if (!map_file(out, loc, d)) {
+        arena_recovery_leave(&recovery);
         st_file_close(out);
         return false;
     }
@@ -644,6 +646,7 @@ static bool read_tensor_bytes(const st_tensor *t, void *dst, uint64_t size, uint
 }
 
 bool st_tensor_read_f32(const st_tensor *t, float *dst, diag_engine *d) {
+    if (t->gguf) return fe_gguf_view_read_f32(t->gguf, dst, d);
     uint64_t count = t->byte_size / st_dtype_size(t->dtype);
     if (t->dtype == ST_DTYPE_F32) return read_tensor_bytes(t, dst, t->byte_size, t->file_offset, d);
     /* Other float dtypes go through a bounce buffer, a chunk at a time. */

@@ -82,6 +82,9 @@ typedef struct st_tensor {
     uint64_t file_offset; /* of data within the file */
     int fd;               /* of its st_file, open while the file is, for st_tensor_read_f32 */
     int32_t diag_file;    /* diag file id of its file */
+    /* A tensor of a GGUF checkpoint (gguf_model.h): read through it; dtype
+     * and byte_size then describe the values as read, data is NULL. */
+    const struct fe_gguf_view *gguf;
 } st_tensor;
 
 typedef struct st_metadata_entry {

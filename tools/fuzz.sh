@@ -3,7 +3,7 @@
 #
 #   tools/fuzz.sh HARNESS SECONDS [LIBFUZZER_FLAG...]
 #
-# HARNESS is dsl, json, ir_text, safetensors or plan. Configures and builds the
+# HARNESS is dsl, json, ir_text, safetensors, plan or gguf. Configures and builds the
 # fuzz build when needed (CC=clang cmake -S . -B build-fuzz -DSMELT_FUZZ=ON;
 # SMELT_FUZZ_BUILD_DIR overrides the folder), then fuzzes for SECONDS:
 #   - the committed seeds, tests/fuzz/corpus/HARNESS/, are read-only input;
@@ -25,8 +25,8 @@ harness=$1
 seconds=$2
 shift 2
 case "$harness" in
-dsl | json | ir_text | safetensors | plan) ;;
-*) echo "tools/fuzz.sh: no harness '$harness' (dsl, json, ir_text, safetensors, plan)" >&2; exit 2 ;;
+dsl | json | ir_text | safetensors | plan | gguf) ;;
+*) echo "tools/fuzz.sh: no harness '$harness' (dsl, json, ir_text, safetensors, plan, gguf)" >&2; exit 2 ;;
 esac
 
 if [ ! -f "$build/CMakeCache.txt" ]; then
@@ -40,6 +40,7 @@ case "$harness" in
 dsl) seeds="$seeds $root/examples" ;;
 json) seeds="$seeds $root/tests/diag/Inputs" ;;
 ir_text) seeds="$seeds $root/tests/ir" ;;
+gguf) seeds="$seeds $root/tests/corpus/gguf" ;;
 esac
 
 output="$build/corpus/$harness"

@@ -1,5 +1,6 @@
 #!/bin/sh
-# Runs `smelt ir` on every malformed input under corpus/ (and on large inputs
+# Runs `smelt ir` on every malformed input under corpus/ (`smelt run` with
+# --weights on each GGUF file under corpus/gguf/) (and on large inputs
 # generated here: 1 MB identifiers, 10,000-deep nesting, binary garbage) and
 # requires each to be refused with exit status 1 and an error message: a
 # crash, a sanitizer report (exit status != 1) or a hang (timeout) fails.
@@ -21,15 +22,20 @@ generate_large_inputs() {
     cp "$generated/garbage.smelt" "$generated/garbage.json"
     : >"$generated/empty.smelt"
     : >"$generated/empty.json"
+    # GGUF magic and version 3, then garbage
+    { printf 'GGUF\003\000\000\000'; cat "$generated/garbage.smelt"; } >"$generated/garbage.gguf"
 }
 generate_large_inputs
 
 failures=0 count=0
-for input in "$corpus"/*.smelt "$corpus"/*.json "$corpus"/*.ir "$generated"/*; do
+for input in "$corpus"/*.smelt "$corpus"/*.json "$corpus"/*.ir "$corpus"/gguf/*.gguf "$generated"/*; do
     [ -e "$input" ] || continue
     count=$((count+1))
     case "$input" in
         *.ir) timeout 60 "$smelt" opt --pass infer-shapes "$input" >/dev/null 2>"$generated/stderr" ;;
+        # GGUF (tests/corpus/make_gguf_corpus.py): params and weights from the file
+        *.gguf) timeout 60 "$smelt" run "$corpus/../../examples/llama.smelt" --weights "$input" --backend ref \
+                    --prompt-ids 1 >/dev/null 2>"$generated/stderr" ;;
         *) timeout 60 "$smelt" ir "$input" >/dev/null 2>"$generated/stderr" ;;
     esac
     status=$?
