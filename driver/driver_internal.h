@@ -124,4 +124,9 @@ bool drv_bind_checkpoint(const smelt_plan *plan, const program *p, smelt_engine 
 /* Binds every weight of the program to uniform noise in [-0.05, 0.05). */
 bool drv_bind_random_weights(smelt_engine *engine, const program *p, unsigned seed, diag_engine *d);
 
+/* The config object at `path` (a JSON file, or a GGUF file's metadata as
+ * the config it stands for), owned by the caller; NULL (reported) when it
+ * cannot be read. */
+struct json_t *drv_config_object(const char *path, diag_engine *d);
+
 #endif

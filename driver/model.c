@@ -165,7 +165,8 @@ static bool open_model(drv_model *r, const drv_model_options *o, diag_engine *d)
     /* the reference interprets in f32 whatever the policy; a plan gets it */
     drv_lowering lowering = {.precision = ref ? DRV_PRECISION_F32 : o->precision, .no_fuse = o->no_fuse};
     bool ok = drv_source_with_folder(&o->source, o->weights_path, &r->source, &r->config_path, d);
-    if (ok) r->source = drv_source_options_for_weights(&r->source, o->weights_path); /* a GGUF: its metadata */
+    if (ok)
+        r->source = drv_source_options_for_weights(&r->source, o->weights_path); /* a GGUF: its metadata */
     ok = ok && drv_source_load(o->model_path, &r->source, &lowering, NULL, &r->module, d);
     if (ok && !o->weights_path) {
         diag_error(d, SMELT_NO_LOC, "running a model source needs --weights");

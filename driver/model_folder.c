@@ -9,6 +9,8 @@
  * generate reads them there first), else from config.json: eos_token_id,
  * one id or a list of them. */
 #include "driver_internal.h"
+#include "gguf.h"
+#include "gguf_model.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -119,8 +121,14 @@ static bool read_eos(const json_t *root, const char *path, uint64_t vocab, drv_e
     return true;
 }
 
-static json_t *load_json(const char *path, diag_engine *d) {
-    json_error_t error;
+/* The config object at path: a JSON file, or a GGUF file's metadata as the
+ * config it stands for (frontend/gguf_model.c). */
+json_t *drv_config_object(const char *path, diag_engine *d) {
+    if (gguf_is_file(path)) {
+        json_t *config = NULL;
+        return fe_gguf_config(path, &config, d) ? config : NULL;
+    }
+    json_error_t error = {0};
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &error);
     if (!root || !json_is_object(root)) {
         smelt_loc loc = {diag_file_id(d, path), root ? 0 : (uint32_t)(error.line > 0 ? error.line : 0),
@@ -135,13 +143,15 @@ static json_t *load_json(const char *path, diag_engine *d) {
 bool drv_eos_tokens(const char *config_path, uint64_t vocab, drv_eos *out, diag_engine *d) {
     *out = (drv_eos){.count = 0};
     if (!config_path) return true;
-    json_t *config = load_json(config_path, d);
+    json_t *config = drv_config_object(config_path, d);
     if (!config) return false;
     bool found;
     bool ok = read_eos(config, config_path, vocab, out, &found, d);
     json_decref(config);
 
-    /* generation_config.json beside config.json overrides it. */
+    /* generation_config.json beside config.json overrides it (a GGUF file
+     * carries its own). */
+    if (!ok || gguf_is_file(config_path)) return ok;
     const char *slash = strrchr(config_path, '/');
     size_t folder_length = slash ? (size_t)(slash - config_path) : 1;
     char *folder = malloc(folder_length + 1);
@@ -155,7 +165,7 @@ bool drv_eos_tokens(const char *config_path, uint64_t vocab, drv_eos *out, diag_
     free(folder);
     if (!generation) return false;
     if (is_file(generation)) {
-        json_t *root = load_json(generation, d);
+        json_t *root = drv_config_object(generation, d);
         ok = root && read_eos(root, generation, vocab, out, &found, d);
         json_decref(root);
     }

@@ -56,7 +56,8 @@ bool drv_tokenizer_fits(const drv_tokenizer *t, const drv_eos *eos, uint64_t voc
 
 bool drv_tokenizer_json(const char *config_path, const ir_module *m, char **out, diag_engine *d) {
     *out = NULL;
-    json_t *config = config_path ? json_load_file(config_path, 0, NULL) : NULL;
+    json_t *config = config_path ? drv_config_object(config_path, d) : NULL;
+    if (config_path && !config) return false;
     smelt_loc loc = {config_path ? diag_file_id(d, config_path) : -1, 0, 0};
     uint64_t vocab = drv_module_vocab(m);
     int32_t bos, single_eos;
