@@ -282,7 +282,7 @@ static ast_expr *read_operator(json_reader *r, const json_path *at, json_t *v, s
     }
     const char *text = json_string_value(op);
     bool known = false;
-    for (int o = AST_OP_NEG; o <= AST_OP_OR; o++) {
+    for (int o = AST_OP_NEG; o <= AST_OP_INDEX; o++) {
         if (strcmp(text, ast_operator_text((ast_operator)o)) != 0) continue;
         known = true;
         bool unary = o == AST_OP_NEG || o == AST_OP_NOT;
@@ -303,7 +303,7 @@ static ast_expr *read_operator(json_reader *r, const json_path *at, json_t *v, s
     if (!known) {
         name_buffer name;
         report(r, AT_KEY(at, "op"),
-               "unknown operator '%s' (expected one of - ! * / %% + < <= > >= == != && ||)",
+               "unknown operator '%s' (expected one of - ! * / %% + < <= > >= == != && || [])",
                printable(text, name));
     } else if (have_args) {
         const char *takes = strcmp(text, "-") == 0   ? "1 or 2 operands"
@@ -543,20 +543,32 @@ static bool read_param(json_reader *r, const json_path *at, json_t *v, const stm
     json_t *type = member(r, at, v, "type", true, s->what);
     if (type) {
         bool known = false;
-        for (int t = IR_PARAM_INT; t <= IR_PARAM_OBJECT && !known; t++) {
-            known = json_is_string(type) &&
-                    strcmp(json_string_value(type), ir_param_type_name((ir_param_type)t)) == 0;
-            if (known) stmt->as.param.type = (ir_param_type)t;
+        /* "int", ..., "object", "list", or "list[T]" with T a scalar type. */
+        const char *text = json_is_string(type) ? json_string_value(type) : "";
+        for (int t = IR_PARAM_INT; t <= IR_PARAM_LIST && !known; t++) {
+            known = strcmp(text, ir_param_type_name((ir_param_type)t)) == 0;
+            if (known) stmt->as.param.type = stmt->as.param.item_type = (ir_param_type)t;
+        }
+        for (int t = IR_PARAM_INT; t <= IR_PARAM_STRING && !known; t++) {
+            const char *item = ir_param_type_name((ir_param_type)t);
+            size_t length = strlen(item);
+            known = strncmp(text, "list[", 5) == 0 && strncmp(text + 5, item, length) == 0 &&
+                    strcmp(text + 5 + length, "]") == 0;
+            if (known) {
+                stmt->as.param.type = IR_PARAM_LIST;
+                stmt->as.param.item_type = (ir_param_type)t;
+            }
         }
         if (!known && json_is_string(type)) {
             name_buffer name;
-            report(
-                r, AT_KEY(at, "type"),
-                "unknown param type '%s' (expected \"int\", \"float\", \"bool\", \"string\" or \"object\")",
-                printable(json_string_value(type), name));
+            report(r, AT_KEY(at, "type"),
+                   "unknown param type '%s' (expected \"int\", \"float\", \"bool\", \"string\", "
+                   "\"object\", \"list\" or \"list[string]\" and the like)",
+                   printable(json_string_value(type), name));
         } else if (!known) {
             report(r, AT_KEY(at, "type"),
-                   "expected a param type (\"int\", \"float\", \"bool\", \"string\" or \"object\"), found %s",
+                   "expected a param type (\"int\", \"float\", \"bool\", \"string\", \"object\" or "
+                   "\"list\"), found %s",
                    json_kind(type));
         }
         ok = ok && known;
@@ -564,7 +576,7 @@ static bool read_param(json_reader *r, const json_path *at, json_t *v, const stm
         ok = false;
     }
     json_t *value = json_object_get(v, "default");
-    if (value && json_is_null(value)) { /* an object param's default; null is no other expression */
+    if (value && json_is_null(value)) { /* an object or list param's default; null is no other expression */
         stmt->as.param.default_value = new_expr(r, AST_EXPR_NULL, stmt->loc);
     } else if (value) {
         stmt->as.param.default_value = read_expr(r, AT_KEY(at, "default"), value, stmt->loc, depth + 1);

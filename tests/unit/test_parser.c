@@ -127,6 +127,7 @@ static const char *param_type_text(ir_param_type t) {
     case IR_PARAM_BOOL: return "bool";
     case IR_PARAM_STRING: return "string";
     case IR_PARAM_OBJECT: return "object";
+    case IR_PARAM_LIST: return "list";
     }
     return "?";
 }
@@ -143,6 +144,8 @@ static void print_stmt(FILE *out, const ast_stmt *s) {
     switch (s->kind) {
     case AST_STMT_PARAM:
         fprintf(out, "(param %s %s", s->as.param.name, param_type_text(s->as.param.type));
+        if (s->as.param.type == IR_PARAM_LIST && s->as.param.item_type != IR_PARAM_LIST)
+            fprintf(out, "[%s]", param_type_text(s->as.param.item_type));
         if (s->as.param.default_value) {
             fputc(' ', out);
             print_expr(out, s->as.param.default_value);
