@@ -207,7 +207,9 @@ static fe_value eval_binary(fe_elaborator *el, const ast_expr *e) {
         if (is_number(&x) && is_number(&y)) return fe_bool_value(compare_numbers(op, &x, &y));
         if ((x.kind == FE_VALUE_NULL || y.kind == FE_VALUE_NULL) && is_nullable(&x) && is_nullable(&y))
             return fe_bool_value((x.kind == y.kind) == (op == AST_OP_EQ));
-        return type_error(el, e, "two numbers, two strings, two bools, or null and a list or object", &x, &y);
+        if (is_nullable(&x) || is_nullable(&y))
+            return type_error(el, e, "null and a list or an object (whether one was given)", &x, &y);
+        return type_error(el, e, "two numbers, two strings or two bools", &x, &y);
     case AST_OP_LT:
     case AST_OP_LE:
     case AST_OP_GT:

@@ -245,23 +245,29 @@ static ast_expr *new_expr(json_reader *r, ast_expr_kind kind, smelt_loc loc) {
 }
 
 /* Reads every element of a JSON array of expressions; NULL items on error. */
+/* null_ok: a JSON null item is the null literal (the operands of == and
+ * !=, which test whether an object or list param was given); elsewhere null
+ * is no expression. */
 static ast_expr **read_expr_items(json_reader *r, const json_path *at, json_t *array, smelt_loc loc,
-                                  unsigned depth) {
+                                  unsigned depth, bool null_ok) {
     size_t count = json_array_size(array);
     ast_expr **items = arena_array(&r->model->arena, count ? count : 1, sizeof *items);
-    for (size_t i = 0; i < count && !diag_should_stop(r->d); i++)
-        items[i] = read_expr(r, AT_INDEX(at, i), json_array_get(array, i), loc, depth);
+    for (size_t i = 0; i < count && !diag_should_stop(r->d); i++) {
+        json_t *item = json_array_get(array, i);
+        items[i] = null_ok && json_is_null(item) ? new_expr(r, AST_EXPR_NULL, loc)
+                                                 : read_expr(r, AT_INDEX(at, i), item, loc, depth);
+    }
     return items;
 }
 
 /* An array of expressions (a list literal, a shape, operator operands). */
 static bool read_expr_array(json_reader *r, const json_path *at, json_t *v, smelt_loc loc, unsigned depth,
-                            const char *what, ast_expr ***items, uint32_t *count) {
+                            const char *what, bool null_ok, ast_expr ***items, uint32_t *count) {
     if (!json_is_array(v)) {
         report(r, at, "expected %s (an array), found %s", what, json_kind(v));
         return false;
     }
-    *items = read_expr_items(r, at, v, loc, depth);
+    *items = read_expr_items(r, at, v, loc, depth, null_ok);
     *count = (uint32_t)json_array_size(v);
     return true;
 }
@@ -274,8 +280,10 @@ static ast_expr *read_operator(json_reader *r, const json_path *at, json_t *v, s
     json_t *op = json_object_get(v, "op"), *args = member(r, at, v, "args", true, "an operator expression");
     ast_expr **operands = NULL;
     uint32_t count = 0;
+    bool compares = json_is_string(op) && (strcmp(json_string_value(op), "==") == 0 ||
+                                           strcmp(json_string_value(op), "!=") == 0);
     bool have_args = args && read_expr_array(r, AT_KEY(at, "args"), args, loc, depth + 1, "the operands",
-                                             &operands, &count);
+                                             compares, &operands, &count);
     if (!json_is_string(op)) {
         report(r, AT_KEY(at, "op"), "expected an operator (a string such as \"+\"), found %s", json_kind(op));
         return NULL;
@@ -423,7 +431,7 @@ static ast_expr *read_expr(json_reader *r, const json_path *at, json_t *v, smelt
         return e;
     }
     case JSON_ARRAY: {
-        ast_expr **items = read_expr_items(r, at, v, loc, depth + 1);
+        ast_expr **items = read_expr_items(r, at, v, loc, depth + 1, false);
         uint32_t count = (uint32_t)json_array_size(v);
         for (uint32_t i = 0; i < count; i++)
             if (!items[i]) return NULL;
@@ -509,7 +517,7 @@ static bool read_type(json_reader *r, const json_path *at, json_t *object, const
     out->dtype_loc = loc;
     json_t *shape = member(r, at, object, "shape", true, s->what);
     if (!shape) return false;
-    if (!read_expr_array(r, AT_KEY(at, "shape"), shape, loc, depth + 1, "a shape", &out->dims, &out->rank))
+    if (!read_expr_array(r, AT_KEY(at, "shape"), shape, loc, depth + 1, "a shape", false, &out->dims, &out->rank))
         return false;
     for (uint32_t i = 0; i < out->rank; i++)
         ok = ok && out->dims[i];
