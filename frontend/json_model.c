@@ -571,7 +571,7 @@ static bool read_param(json_reader *r, const json_path *at, json_t *v, const stm
             name_buffer name;
             report(r, AT_KEY(at, "type"),
                    "unknown param type '%s' (expected \"int\", \"float\", \"bool\", \"string\", "
-                   "\"object\", \"list\" or \"list[string]\" and the like)",
+                   "\"object\", \"list\" or \"list[T]\" with T a scalar type)",
                    printable(json_string_value(type), name));
         } else if (!known) {
             report(r, AT_KEY(at, "type"),
