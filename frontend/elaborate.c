@@ -591,6 +591,33 @@ static void param_value_text(const fe_value *v, char *text, size_t size) {
     }
 }
 
+/* The first `name[i]` of the expression with i an int in range (the item a
+ * require on a list param reads), or -1. Evaluating an index again is
+ * harmless: it was evaluated already, without error. */
+static int64_t blamed_item(fe_elaborator *el, const ast_expr *e, const char *name) {
+    if (!e) return -1;
+    int64_t found = -1;
+    switch (e->kind) {
+    case AST_EXPR_UNARY: return blamed_item(el, e->as.unary.operand, name);
+    case AST_EXPR_BINARY:
+        if (e->as.binary.op == AST_OP_INDEX && e->as.binary.lhs->kind == AST_EXPR_NAME &&
+            strcmp(e->as.binary.lhs->as.s, name) == 0) {
+            const fe_binding_entry *b = fe_name_map_get(&el->names, name);
+            fe_value i = fe_eval_expr(el, e->as.binary.rhs);
+            if (b && b->value.kind == FE_VALUE_LIST && i.kind == FE_VALUE_INT && i.as.i >= 0 &&
+                (uint64_t)i.as.i < b->value.as.list.count)
+                return i.as.i;
+        }
+        found = blamed_item(el, e->as.binary.lhs, name);
+        return found >= 0 ? found : blamed_item(el, e->as.binary.rhs, name);
+    case AST_EXPR_CALL:
+        for (uint32_t k = 0; k < e->as.call.arg_count && found < 0; k++)
+            found = blamed_item(el, e->as.call.args[k].value, name);
+        return found;
+    default: return -1;
+    }
+}
+
 /* `require COND [, "message"]`: a value of the params the model does not
  * implement is refused where it came from (the config's line, or the
  * --set), with the requirement as a note. */
@@ -616,8 +643,18 @@ static void elaborate_require(fe_elaborator *el, const ast_stmt *s) {
         fe_error(el, SMELT_NO_LOC, "--set %.*s%s=%s: %s does not support it%s", DIAG_NAME(name), value, spec,
                  message);
     } else if (name && from_input && fe_config_value_loc(&el->config, name, &at)) {
-        fe_error(el, at, "'%.*s%s' is %s, which %s does not support%s", DIAG_NAME(name), value, spec,
-                 message);
+        int64_t item = blamed_item(el, s->as.require.cond, name);
+        if (item >= 0) {
+            /* A list param's item: the item, where the config gives it. */
+            const fe_value *v = &fe_name_map_get(&el->names, name)->value.as.list.items[item];
+            param_value_text(v, value, sizeof value);
+            fe_error(el, fe_config_item_loc(&el->config, name, (size_t)item),
+                     "item %lld of '%.*s%s' is %s, which %s does not support%s", (long long)item,
+                     DIAG_NAME(name), value, spec, message);
+        } else {
+            fe_error(el, at, "'%.*s%s' is %s, which %s does not support%s", DIAG_NAME(name), value, spec,
+                     message);
+        }
     } else {
         char blame[160] = "";
         if (name) snprintf(blame, sizeof blame, " ('%.*s%s' is %s)", DIAG_NAME(name), value);
