@@ -180,7 +180,8 @@ static bool list_from_config(fe_elaborator *el, const ast_stmt *s, const struct 
             double r = json_real_value(j);
             v = fe_float_value(r);
             /* 3.0 is an int item as it is an int param */
-            if (item == IR_PARAM_INT && r == floor(r) && r >= -9.2e18 && r <= 9.2e18) v = fe_int_value((int64_t)r);
+            if (item == IR_PARAM_INT && r == floor(r) && r >= -9.2e18 && r <= 9.2e18)
+                v = fe_int_value((int64_t)r);
         } else if (json_is_boolean(j)) {
             v = fe_bool_value(json_is_true(j));
         } else if (json_is_string(j)) {

@@ -148,9 +148,11 @@ static fe_value type_error(fe_elaborator *el, const ast_expr *e, const char *nee
 
 /* list[i]: item i of a list, 0 <= i < len(list); an index out of range is
  * an error at the index. */
-static fe_value eval_index(fe_elaborator *el, const ast_expr *e, const fe_value *list, const fe_value *index) {
+static fe_value eval_index(fe_elaborator *el, const ast_expr *e, const fe_value *list,
+                           const fe_value *index) {
     if (list->kind != FE_VALUE_LIST) {
-        const char *hint = list->kind == FE_VALUE_NULL ? " (a list param not given is null: test 'x != null')" : "";
+        const char *hint =
+            list->kind == FE_VALUE_NULL ? " (a list param not given is null: test 'x != null')" : "";
         fe_error(el, e->as.binary.lhs->loc, "'[]' needs a list, found %s%s", fe_value_kind_text(list->kind),
                  hint);
         return fe_error_value();
@@ -178,8 +180,8 @@ static fe_value eval_binary(fe_elaborator *el, const ast_expr *e) {
     /* && and || stop at a left side that decides, as in C, so that
      * `layer_types == null || len(layer_types) == n` reads a list only when
      * there is one. */
-    if (x.kind == FE_VALUE_BOOL && ((e->as.binary.op == AST_OP_AND && !x.as.b) ||
-                                    (e->as.binary.op == AST_OP_OR && x.as.b)))
+    if (x.kind == FE_VALUE_BOOL &&
+        ((e->as.binary.op == AST_OP_AND && !x.as.b) || (e->as.binary.op == AST_OP_OR && x.as.b)))
         return x;
     fe_value y = fe_eval_expr(el, e->as.binary.rhs);
     if (x.kind == FE_VALUE_ERROR || y.kind == FE_VALUE_ERROR) return fe_error_value();

@@ -280,8 +280,8 @@ static ast_expr *read_operator(json_reader *r, const json_path *at, json_t *v, s
     json_t *op = json_object_get(v, "op"), *args = member(r, at, v, "args", true, "an operator expression");
     ast_expr **operands = NULL;
     uint32_t count = 0;
-    bool compares = json_is_string(op) && (strcmp(json_string_value(op), "==") == 0 ||
-                                           strcmp(json_string_value(op), "!=") == 0);
+    bool compares = json_is_string(op) &&
+                    (strcmp(json_string_value(op), "==") == 0 || strcmp(json_string_value(op), "!=") == 0);
     bool have_args = args && read_expr_array(r, AT_KEY(at, "args"), args, loc, depth + 1, "the operands",
                                              compares, &operands, &count);
     if (!json_is_string(op)) {
@@ -517,7 +517,8 @@ static bool read_type(json_reader *r, const json_path *at, json_t *object, const
     out->dtype_loc = loc;
     json_t *shape = member(r, at, object, "shape", true, s->what);
     if (!shape) return false;
-    if (!read_expr_array(r, AT_KEY(at, "shape"), shape, loc, depth + 1, "a shape", false, &out->dims, &out->rank))
+    if (!read_expr_array(r, AT_KEY(at, "shape"), shape, loc, depth + 1, "a shape", false, &out->dims,
+                         &out->rank))
         return false;
     for (uint32_t i = 0; i < out->rank; i++)
         ok = ok && out->dims[i];
