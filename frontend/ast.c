@@ -34,6 +34,7 @@ const char *ast_operator_text(ast_operator op) {
     case AST_OP_GE: return ">=";
     case AST_OP_AND: return "&&";
     case AST_OP_OR: return "||";
+    case AST_OP_INDEX: return "[]";
     }
     SMELT_DIE("bad ast operator %d", (int)op);
 }

@@ -8,7 +8,8 @@
  * The language (docs/language.md has the full grammar):
  *
  *   model llama {
- *     param hidden_size: int = 4096           # int, float, bool or string
+ *     param hidden_size: int = 4096           # int, float, bool, string, object or list
+ *     param layer_types: list[string] = null  # layer_types[l], len(layer_types)
  *     param head_dim: int = hidden_size / num_attention_heads
  *     dim tokens <= 8192                      # symbolic dim with upper bound
  *     input ids: i32[tokens]
@@ -45,7 +46,7 @@ typedef enum ast_expr_kind {
     AST_EXPR_NULL,   /* null: an object param's "none" */
     AST_EXPR_NAME,   /* reference to a param, loop variable, tensor or dim */
     AST_EXPR_UNARY,  /* -x, !x */
-    AST_EXPR_BINARY, /* + - * / % == != < <= > >= && || */
+    AST_EXPR_BINARY, /* + - * / % == != < <= > >= && || and a[i] */
     AST_EXPR_CALL,   /* op call (matmul(...)) or scalar function (sqrt, min, max) */
     AST_EXPR_LIST,   /* [a, b, c] */
 } ast_expr_kind;
@@ -66,6 +67,7 @@ typedef enum ast_operator {
     AST_OP_GE,
     AST_OP_AND,
     AST_OP_OR,
+    AST_OP_INDEX, /* a[i]: item i of a list (a binary node, lhs the list) */
 } ast_operator;
 
 /* Text of an operator as written in the DSL ("-", "!", "+", "==", "&&", ...). */
@@ -143,6 +145,9 @@ struct ast_stmt {
         struct {
             const char *name;
             ir_param_type type;
+            /* A list param's items: IR_PARAM_INT, FLOAT, BOOL or STRING
+             * (`list[string]`), or IR_PARAM_LIST for any of them (`list`). */
+            ir_param_type item_type;
             ast_expr *default_value; /* NULL: must come from --config or --set */
         } param;
         struct {

@@ -287,6 +287,40 @@ fe_binding fe_config_lookup_object(const fe_config *c, const char *name, const s
     return FE_BINDING_FOUND;
 }
 
+fe_binding fe_config_lookup_list(const fe_config *c, const char *name, const struct json_t **out,
+                                 diag_engine *d) {
+    if (!c->root) return FE_BINDING_ABSENT;
+    json_t *v = config_value(c, name);
+    if (!v) return FE_BINDING_ABSENT;
+    if (!json_is_array(v)) {
+        diag_error(d, value_loc(c, name), "param '%.*s%s' is a list but the config gives %s", DIAG_NAME(name),
+                   json_kind_name(v));
+        return FE_BINDING_INVALID;
+    }
+    *out = v;
+    return FE_BINDING_FOUND;
+}
+
+smelt_loc fe_config_item_loc(const fe_config *c, const char *key, size_t index) {
+    if (!c->text) return SMELT_NO_LOC;
+    const char *t = c->text;
+    size_t n = c->length, top = skip_space(t, n, 0);
+    size_t at = member_offset(t, n, top, key);
+    if (at == SIZE_MAX || (n - at >= 4 && memcmp(t + at, "null", 4) == 0)) {
+        size_t rope = member_offset(t, n, top, fe_config_nested_object);
+        at = rope == SIZE_MAX ? SIZE_MAX : member_offset(t, n, rope, key);
+    }
+    if (at == SIZE_MAX || t[at] != '[') return offset_loc(c, at);
+    size_t list = at;
+    at = skip_space(t, n, at + 1);
+    for (size_t i = 0; i < index && at < n; i++) {
+        at = skip_space(t, n, skip_value(t, n, at));
+        if (at >= n || t[at] != ',') return offset_loc(c, list); /* fewer items: the list */
+        at = skip_space(t, n, at + 1);
+    }
+    return offset_loc(c, at < n ? at : list);
+}
+
 bool fe_config_value_loc(const fe_config *c, const char *name, smelt_loc *loc) {
     if (!c->root || !config_value(c, name)) return false;
     *loc = value_loc(c, name);
@@ -359,6 +393,7 @@ fe_binding fe_config_lookup(const fe_config *c, ir_param *param, arena *a, diag_
         }
         break;
     case IR_PARAM_OBJECT: SMELT_DIE("object param '%s': use fe_config_lookup_object", param->name);
+    case IR_PARAM_LIST: SMELT_DIE("list param '%s': use fe_config_lookup_list", param->name);
     }
     diag_error(d, value_loc(c, param->name), "param '%.*s%s' is %s but the config gives %s",
                DIAG_NAME(param->name), ir_param_type_name(param->type), json_kind_name(v));
@@ -405,8 +440,10 @@ fe_binding fe_setting_lookup(const fe_options *o, ir_param *param, arena *a, dia
         ok = true;
         break;
     case IR_PARAM_OBJECT:
-        diag_error(d, SMELT_NO_LOC, "--set %.*s%s=...: '%.*s%s' is an object param; give it in config.json",
-                   DIAG_NAME(param->name), DIAG_NAME(param->name));
+    case IR_PARAM_LIST:
+        diag_error(d, SMELT_NO_LOC, "--set %.*s%s=...: '%.*s%s' is %s param; give it in config.json",
+                   DIAG_NAME(param->name), DIAG_NAME(param->name),
+                   param->type == IR_PARAM_LIST ? "a list" : "an object");
         return FE_BINDING_INVALID;
     }
     if (ok) return FE_BINDING_FOUND;
@@ -416,6 +453,7 @@ fe_binding fe_setting_lookup(const fe_options *o, ir_param *param, arena *a, dia
         [IR_PARAM_BOOL] = "true or false",
         [IR_PARAM_STRING] = "text",
         [IR_PARAM_OBJECT] = "a config.json object",
+        [IR_PARAM_LIST] = "a config.json list",
     };
     const char *article = param->type == IR_PARAM_INT ? "an" : "a";
     diag_error(d, SMELT_NO_LOC, "--set %.*s%s=%.*s%s: '%.*s%s' is %s %s param; expected %s",

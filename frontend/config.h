@@ -96,6 +96,14 @@ const char *fe_config_key_harmless(const char *key, const struct json_t *value);
 fe_binding fe_config_lookup_object(const fe_config *c, const char *name, const struct json_t **out,
                                    diag_engine *d);
 
+/* The same for a list param: FOUND with *out a JSON array (owned by the
+ * config), ABSENT when missing or null, INVALID (reported) when no list. */
+fe_binding fe_config_lookup_list(const fe_config *c, const char *name, const struct json_t **out,
+                                 diag_engine *d);
+/* Where item `index` of the list of config key `key` is in the file (the
+ * list itself when it has fewer items; the whole file when not found). */
+smelt_loc fe_config_item_loc(const fe_config *c, const char *key, size_t index);
+
 /* Where the value of config key `key` is in the file, or member `member`
  * (not NULL) of that object; the whole file when not found. */
 smelt_loc fe_config_loc(const fe_config *c, const char *key, const char *member);

@@ -59,6 +59,9 @@ static const harmless_key harmless_keys[] = {
     {"router_jitter_noise", HARMLESS_ALWAYS, NULL, "noise on the router's input in training mode only"},
     /* How transformers runs or returns the model, not what it computes. */
     {"use_cache", HARMLESS_ALWAYS, NULL, "whether transformers keeps a KV cache; smelt always does"},
+    {"cache_implementation", HARMLESS_ALWAYS, NULL,
+     "the KV-cache class transformers' generate() uses (\"hybrid\": Gemma's sliding-window layers keep "
+     "only their window); the logits are the same"},
     {"output_attentions", HARMLESS_ALWAYS, NULL, "returns attention weights besides the logits"},
     {"output_hidden_states", HARMLESS_ALWAYS, NULL, "returns hidden states besides the logits"},
     {"return_dict", HARMLESS_ALWAYS, NULL, "the Python type of transformers' outputs"},

@@ -18,6 +18,8 @@
  */
 #include "elaborate.h"
 
+#include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,7 +78,8 @@ static fe_binding eval_param_default(fe_elaborator *el, const ast_stmt *s, ir_pa
         if (v.kind != FE_VALUE_STRING) break;
         p->value.s = v.as.s;
         return FE_BINDING_FOUND;
-    case IR_PARAM_OBJECT: break; /* elaborate_object_param */
+    case IR_PARAM_OBJECT:
+    case IR_PARAM_LIST: break; /* elaborate_object_param, elaborate_list_param */
     }
     fe_error(el, e->loc, "param '%.*s%s' is %s but its default is %s", DIAG_NAME(p->name),
              ir_param_type_name(p->type), fe_value_kind_text(v.kind));
@@ -89,7 +92,8 @@ static fe_value param_value(const ir_param *p) {
     case IR_PARAM_FLOAT: return fe_float_value(p->value.f);
     case IR_PARAM_BOOL: return fe_bool_value(p->value.b);
     case IR_PARAM_STRING: return (fe_value){.kind = FE_VALUE_STRING, .as.s = p->value.s};
-    case IR_PARAM_OBJECT: break;
+    case IR_PARAM_OBJECT:
+    case IR_PARAM_LIST: break;
     }
     SMELT_DIE("param type %d", (int)p->type);
 }
@@ -131,6 +135,120 @@ static void elaborate_object_param(fe_elaborator *el, const ast_stmt *s) {
     bind(el, name, value, FE_ORIGIN_PARAM, s->loc);
 }
 
+/* "strings", "ints", ...: a list param's items, for messages. */
+static const char *item_type_text(ir_param_type item) {
+    switch (item) {
+    case IR_PARAM_INT: return "ints";
+    case IR_PARAM_FLOAT: return "floats";
+    case IR_PARAM_BOOL: return "bools";
+    case IR_PARAM_STRING: return "strings";
+    default: return "ints, floats, bools or strings";
+    }
+}
+
+/* A value of a list param's item type `item`, or false. */
+static bool convert_item(const fe_value *v, ir_param_type item, fe_value *out) {
+    bool any = item == IR_PARAM_LIST;
+    switch (v->kind) {
+    case FE_VALUE_INT:
+        if (!any && item != IR_PARAM_INT && item != IR_PARAM_FLOAT) return false;
+        *out = item == IR_PARAM_FLOAT ? fe_float_value((double)v->as.i) : *v;
+        return true;
+    case FE_VALUE_FLOAT: *out = *v; return any || item == IR_PARAM_FLOAT;
+    case FE_VALUE_BOOL: *out = *v; return any || item == IR_PARAM_BOOL;
+    case FE_VALUE_STRING: *out = *v; return any || item == IR_PARAM_STRING;
+    default: return false;
+    }
+}
+
+/* The items of a config.json list as values of the param's item type;
+ * each item of another type is an error at that item. */
+static bool list_from_config(fe_elaborator *el, const ast_stmt *s, const struct json_t *json, fe_value *out) {
+    const char *name = s->as.param.name;
+    ir_param_type item = s->as.param.item_type;
+    size_t count = json_array_size(json);
+    if (count > UINT32_MAX / 2) count = UINT32_MAX / 2; /* no config holds that many; fails below */
+    if (!fe_spend_work(el, s->loc, count)) return false;
+    fe_value *items = arena_array(&el->scratch, count ? count : 1, sizeof *items);
+    bool ok = true;
+    for (size_t i = 0; i < count; i++) {
+        const json_t *j = json_array_get(json, i);
+        fe_value v = fe_error_value();
+        if (json_is_integer(j)) {
+            v = fe_int_value((int64_t)json_integer_value(j));
+        } else if (json_is_real(j)) {
+            double r = json_real_value(j);
+            v = fe_float_value(r);
+            /* 3.0 is an int item as it is an int param */
+            if (item == IR_PARAM_INT && r == floor(r) && r >= -9.2e18 && r <= 9.2e18)
+                v = fe_int_value((int64_t)r);
+        } else if (json_is_boolean(j)) {
+            v = fe_bool_value(json_is_true(j));
+        } else if (json_is_string(j)) {
+            v = (fe_value){.kind = FE_VALUE_STRING,
+                           .as.s = arena_strndup(&el->scratch, json_string_value(j), json_string_length(j))};
+        }
+        if (!convert_item(&v, item, &items[i])) {
+            const char *found = json_is_null(j)     ? "null"
+                                : json_is_object(j) ? "an object"
+                                : json_is_array(j)  ? "a list"
+                                                    : fe_value_kind_text(v.kind);
+            fe_error(el, fe_config_item_loc(&el->config, name, i),
+                     "item %zu of config key '%.*s%s' is %s, but param '%.*s%s' is a list of %s", i,
+                     DIAG_NAME(name), found, DIAG_NAME(name), item_type_text(item));
+            fe_note(el, s->loc, "the param is declared here");
+            ok = false;
+        }
+    }
+    *out = (fe_value){.kind = FE_VALUE_LIST, .as.list = {items, (uint32_t)count}};
+    return ok;
+}
+
+/* A list param (`param layer_types: list[string] = null`): the config's
+ * list of that name, else its default — null, or a list of the item type.
+ * Like an object param it is not recorded among the module's params; the
+ * model's expressions read it (`layer_types[l]`, `len(layer_types)`). */
+static void elaborate_list_param(fe_elaborator *el, const ast_stmt *s) {
+    const char *name = s->as.param.name;
+    ir_param p = {.name = name, .type = IR_PARAM_LIST};
+    fe_value value = {.kind = FE_VALUE_NULL};
+    fe_binding found = fe_setting_lookup(el->options, &p, &el->scratch, el->diag);
+    if (found == FE_BINDING_ABSENT && el->config.broken) found = FE_BINDING_INVALID;
+    if (found == FE_BINDING_ABSENT) {
+        const struct json_t *json = NULL;
+        found = fe_config_lookup_list(&el->config, name, &json, el->diag);
+        if (found == FE_BINDING_FOUND && !list_from_config(el, s, json, &value)) found = FE_BINDING_INVALID;
+    }
+    const ast_expr *e = s->as.param.default_value;
+    if (found == FE_BINDING_ABSENT && e) {
+        fe_value v = fe_eval_expr(el, e);
+        found = FE_BINDING_INVALID;
+        if (v.kind == FE_VALUE_NULL) {
+            found = FE_BINDING_FOUND;
+        } else if (v.kind == FE_VALUE_LIST) {
+            found = FE_BINDING_FOUND;
+            for (uint32_t i = 0; i < v.as.list.count; i++) {
+                if (convert_item(&v.as.list.items[i], s->as.param.item_type, &v.as.list.items[i])) continue;
+                fe_error(el, e->loc, "item %u of the default of param '%.*s%s' is %s; it is a list of %s", i,
+                         DIAG_NAME(name), fe_value_kind_text(v.as.list.items[i].kind),
+                         item_type_text(s->as.param.item_type));
+                found = FE_BINDING_INVALID;
+                break;
+            }
+            value = v;
+        } else if (v.kind != FE_VALUE_ERROR) {
+            fe_error(el, e->loc, "param '%.*s%s' is a list but its default is %s; use null or a list",
+                     DIAG_NAME(name), fe_value_kind_text(v.kind));
+        }
+    }
+    if (found == FE_BINDING_ABSENT) found = FE_BINDING_FOUND; /* null */
+    if (found != FE_BINDING_FOUND) {
+        el->failed = true;
+        value = fe_error_value();
+    }
+    bind(el, name, value, FE_ORIGIN_PARAM, s->loc);
+}
+
 static void elaborate_param(fe_elaborator *el, const ast_stmt *s, bool top_level) {
     const char *name = s->as.param.name;
     if (!top_level) {
@@ -143,6 +261,10 @@ static void elaborate_param(fe_elaborator *el, const ast_stmt *s, bool top_level
     if (!check_fresh_name(el, &el->names, "param", name, s->loc)) return;
     if (s->as.param.type == IR_PARAM_OBJECT) {
         elaborate_object_param(el, s);
+        return;
+    }
+    if (s->as.param.type == IR_PARAM_LIST) {
+        elaborate_list_param(el, s);
         return;
     }
 
@@ -465,7 +587,35 @@ static void param_value_text(const fe_value *v, char *text, size_t size) {
     case FE_VALUE_FLOAT: snprintf(text, size, "%g", v->as.f); break;
     case FE_VALUE_BOOL: snprintf(text, size, "%s", v->as.b ? "true" : "false"); break;
     case FE_VALUE_STRING: snprintf(text, size, "\"%.*s%s\"", DIAG_NAME(v->as.s)); break;
+    case FE_VALUE_LIST: snprintf(text, size, "a list of %u", v->as.list.count); break;
     default: snprintf(text, size, "%s", fe_value_kind_text(v->kind));
+    }
+}
+
+/* The first `name[i]` of the expression with i an int in range (the item a
+ * require on a list param reads), or -1. Evaluating an index again is
+ * harmless: it was evaluated already, without error. */
+static int64_t blamed_item(fe_elaborator *el, const ast_expr *e, const char *name) {
+    if (!e) return -1;
+    int64_t found = -1;
+    switch (e->kind) {
+    case AST_EXPR_UNARY: return blamed_item(el, e->as.unary.operand, name);
+    case AST_EXPR_BINARY:
+        if (e->as.binary.op == AST_OP_INDEX && e->as.binary.lhs->kind == AST_EXPR_NAME &&
+            strcmp(e->as.binary.lhs->as.s, name) == 0) {
+            const fe_binding_entry *b = fe_name_map_get(&el->names, name);
+            fe_value i = fe_eval_expr(el, e->as.binary.rhs);
+            if (b && b->value.kind == FE_VALUE_LIST && i.kind == FE_VALUE_INT && i.as.i >= 0 &&
+                (uint64_t)i.as.i < b->value.as.list.count)
+                return i.as.i;
+        }
+        found = blamed_item(el, e->as.binary.lhs, name);
+        return found >= 0 ? found : blamed_item(el, e->as.binary.rhs, name);
+    case AST_EXPR_CALL:
+        for (uint32_t k = 0; k < e->as.call.arg_count && found < 0; k++)
+            found = blamed_item(el, e->as.call.args[k].value, name);
+        return found;
+    default: return -1;
     }
 }
 
@@ -494,8 +644,18 @@ static void elaborate_require(fe_elaborator *el, const ast_stmt *s) {
         fe_error(el, SMELT_NO_LOC, "--set %.*s%s=%s: %s does not support it%s", DIAG_NAME(name), value, spec,
                  message);
     } else if (name && from_input && fe_config_value_loc(&el->config, name, &at)) {
-        fe_error(el, at, "'%.*s%s' is %s, which %s does not support%s", DIAG_NAME(name), value, spec,
-                 message);
+        int64_t item = blamed_item(el, s->as.require.cond, name);
+        if (item >= 0) {
+            /* A list param's item: the item, where the config gives it. */
+            const fe_value *v = &fe_name_map_get(&el->names, name)->value.as.list.items[item];
+            param_value_text(v, value, sizeof value);
+            fe_error(el, fe_config_item_loc(&el->config, name, (size_t)item),
+                     "item %lld of '%.*s%s' is %s, which %s does not support%s", (long long)item,
+                     DIAG_NAME(name), value, spec, message);
+        } else {
+            fe_error(el, at, "'%.*s%s' is %s, which %s does not support%s", DIAG_NAME(name), value, spec,
+                     message);
+        }
     } else {
         char blame[160] = "";
         if (name) snprintf(blame, sizeof blame, " ('%.*s%s' is %s)", DIAG_NAME(name), value);

@@ -1,6 +1,6 @@
 /* elaborate_expr.c - evaluating expressions: literals, names, lists, the
- * arithmetic of params and loop variables, and the scalar functions sqrt,
- * min and max. Op calls are handed to elaborate_call.c.
+ * arithmetic of params and loop variables, list indexing, and the scalar
+ * functions sqrt, min, max and len. Op calls are handed to elaborate_call.c.
  *
  * Integers are 64-bit with every overflow an error (and C's truncating / and
  * %); a float anywhere makes the result a float; comparisons give bools.
@@ -146,8 +146,43 @@ static fe_value type_error(fe_elaborator *el, const ast_expr *e, const char *nee
     return fe_error_value();
 }
 
+/* list[i]: item i of a list, 0 <= i < len(list); an index out of range is
+ * an error at the index. */
+static fe_value eval_index(fe_elaborator *el, const ast_expr *e, const fe_value *list,
+                           const fe_value *index) {
+    if (list->kind != FE_VALUE_LIST) {
+        const char *hint =
+            list->kind == FE_VALUE_NULL ? " (a list param not given is null: test 'x != null')" : "";
+        fe_error(el, e->as.binary.lhs->loc, "'[]' needs a list, found %s%s", fe_value_kind_text(list->kind),
+                 hint);
+        return fe_error_value();
+    }
+    if (index->kind != FE_VALUE_INT) {
+        fe_error(el, e->as.binary.rhs->loc, "a list index must be an int, found %s",
+                 fe_value_kind_text(index->kind));
+        return fe_error_value();
+    }
+    if (index->as.i < 0 || (uint64_t)index->as.i >= list->as.list.count) {
+        fe_error(el, e->as.binary.rhs->loc, "index %lld is out of range: the list has %u item%s",
+                 (long long)index->as.i, list->as.list.count, list->as.list.count == 1 ? "" : "s");
+        return fe_error_value();
+    }
+    return list->as.list.items[index->as.i];
+}
+
+/* x == null, x != null: whether an object or list param was given. */
+static bool is_nullable(const fe_value *v) {
+    return v->kind == FE_VALUE_NULL || v->kind == FE_VALUE_OBJECT || v->kind == FE_VALUE_LIST;
+}
+
 static fe_value eval_binary(fe_elaborator *el, const ast_expr *e) {
     fe_value x = fe_eval_expr(el, e->as.binary.lhs);
+    /* && and || stop at a left side that decides, as in C, so that
+     * `layer_types == null || len(layer_types) == n` reads a list only when
+     * there is one. */
+    if (x.kind == FE_VALUE_BOOL &&
+        ((e->as.binary.op == AST_OP_AND && !x.as.b) || (e->as.binary.op == AST_OP_OR && x.as.b)))
+        return x;
     fe_value y = fe_eval_expr(el, e->as.binary.rhs);
     if (x.kind == FE_VALUE_ERROR || y.kind == FE_VALUE_ERROR) return fe_error_value();
     bool refused = refuse_dim(el, &x, e->as.binary.lhs->loc);
@@ -156,6 +191,7 @@ static fe_value eval_binary(fe_elaborator *el, const ast_expr *e) {
 
     ast_operator op = e->as.binary.op;
     switch (op) {
+    case AST_OP_INDEX: return eval_index(el, e, &x, &y);
     case AST_OP_ADD:
     case AST_OP_SUB:
     case AST_OP_MUL:
@@ -171,6 +207,10 @@ static fe_value eval_binary(fe_elaborator *el, const ast_expr *e) {
         if (x.kind == FE_VALUE_BOOL && y.kind == FE_VALUE_BOOL)
             return fe_bool_value((x.as.b == y.as.b) == (op == AST_OP_EQ));
         if (is_number(&x) && is_number(&y)) return fe_bool_value(compare_numbers(op, &x, &y));
+        if ((x.kind == FE_VALUE_NULL || y.kind == FE_VALUE_NULL) && is_nullable(&x) && is_nullable(&y))
+            return fe_bool_value((x.kind == y.kind) == (op == AST_OP_EQ));
+        if (is_nullable(&x) || is_nullable(&y))
+            return type_error(el, e, "null and a list or an object (whether one was given)", &x, &y);
         return type_error(el, e, "two numbers, two strings or two bools", &x, &y);
     case AST_OP_LT:
     case AST_OP_LE:
@@ -210,13 +250,34 @@ static fe_value eval_unary(fe_elaborator *el, const ast_expr *e) {
 
 /* ---- scalar functions ---------------------------------------------------- */
 
-/* sqrt(x), min(a, b) and max(a, b) work on numbers, not tensors. */
+/* sqrt(x), min(a, b) and max(a, b) work on numbers, not tensors; len(x)
+ * on a list. */
 static bool is_scalar_function(const char *name) {
-    return strcmp(name, "sqrt") == 0 || strcmp(name, "min") == 0 || strcmp(name, "max") == 0;
+    return strcmp(name, "sqrt") == 0 || strcmp(name, "min") == 0 || strcmp(name, "max") == 0 ||
+           strcmp(name, "len") == 0;
+}
+
+/* len(list): its number of items. */
+static fe_value eval_len(fe_elaborator *el, const ast_expr *e) {
+    if (e->as.call.arg_count != 1 || e->as.call.args[0].keyword) {
+        fe_error(el, e->loc, "len takes 1 positional argument, found %u argument%s", e->as.call.arg_count,
+                 e->as.call.arg_count == 1 ? " (with a keyword)" : "s");
+        return fe_error_value();
+    }
+    const ast_expr *arg = e->as.call.args[0].value;
+    fe_value v = fe_eval_expr(el, arg);
+    if (v.kind == FE_VALUE_ERROR) return v;
+    if (v.kind != FE_VALUE_LIST) {
+        fe_error(el, arg->loc, "len needs a list, found %s%s", fe_value_kind_text(v.kind),
+                 v.kind == FE_VALUE_NULL ? " (a list param not given is null: test 'x != null')" : "");
+        return fe_error_value();
+    }
+    return fe_int_value(v.as.list.count);
 }
 
 static fe_value eval_scalar_call(fe_elaborator *el, const ast_expr *e) {
     const char *name = e->as.call.name;
+    if (strcmp(name, "len") == 0) return eval_len(el, e);
     uint32_t wanted = strcmp(name, "sqrt") == 0 ? 1 : 2;
     fe_value args[2];
     bool bad = false;

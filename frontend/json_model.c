@@ -245,23 +245,29 @@ static ast_expr *new_expr(json_reader *r, ast_expr_kind kind, smelt_loc loc) {
 }
 
 /* Reads every element of a JSON array of expressions; NULL items on error. */
+/* null_ok: a JSON null item is the null literal (the operands of == and
+ * !=, which test whether an object or list param was given); elsewhere null
+ * is no expression. */
 static ast_expr **read_expr_items(json_reader *r, const json_path *at, json_t *array, smelt_loc loc,
-                                  unsigned depth) {
+                                  unsigned depth, bool null_ok) {
     size_t count = json_array_size(array);
     ast_expr **items = arena_array(&r->model->arena, count ? count : 1, sizeof *items);
-    for (size_t i = 0; i < count && !diag_should_stop(r->d); i++)
-        items[i] = read_expr(r, AT_INDEX(at, i), json_array_get(array, i), loc, depth);
+    for (size_t i = 0; i < count && !diag_should_stop(r->d); i++) {
+        json_t *item = json_array_get(array, i);
+        items[i] = null_ok && json_is_null(item) ? new_expr(r, AST_EXPR_NULL, loc)
+                                                 : read_expr(r, AT_INDEX(at, i), item, loc, depth);
+    }
     return items;
 }
 
 /* An array of expressions (a list literal, a shape, operator operands). */
 static bool read_expr_array(json_reader *r, const json_path *at, json_t *v, smelt_loc loc, unsigned depth,
-                            const char *what, ast_expr ***items, uint32_t *count) {
+                            const char *what, bool null_ok, ast_expr ***items, uint32_t *count) {
     if (!json_is_array(v)) {
         report(r, at, "expected %s (an array), found %s", what, json_kind(v));
         return false;
     }
-    *items = read_expr_items(r, at, v, loc, depth);
+    *items = read_expr_items(r, at, v, loc, depth, null_ok);
     *count = (uint32_t)json_array_size(v);
     return true;
 }
@@ -274,15 +280,17 @@ static ast_expr *read_operator(json_reader *r, const json_path *at, json_t *v, s
     json_t *op = json_object_get(v, "op"), *args = member(r, at, v, "args", true, "an operator expression");
     ast_expr **operands = NULL;
     uint32_t count = 0;
+    bool compares = json_is_string(op) &&
+                    (strcmp(json_string_value(op), "==") == 0 || strcmp(json_string_value(op), "!=") == 0);
     bool have_args = args && read_expr_array(r, AT_KEY(at, "args"), args, loc, depth + 1, "the operands",
-                                             &operands, &count);
+                                             compares, &operands, &count);
     if (!json_is_string(op)) {
         report(r, AT_KEY(at, "op"), "expected an operator (a string such as \"+\"), found %s", json_kind(op));
         return NULL;
     }
     const char *text = json_string_value(op);
     bool known = false;
-    for (int o = AST_OP_NEG; o <= AST_OP_OR; o++) {
+    for (int o = AST_OP_NEG; o <= AST_OP_INDEX; o++) {
         if (strcmp(text, ast_operator_text((ast_operator)o)) != 0) continue;
         known = true;
         bool unary = o == AST_OP_NEG || o == AST_OP_NOT;
@@ -303,7 +311,7 @@ static ast_expr *read_operator(json_reader *r, const json_path *at, json_t *v, s
     if (!known) {
         name_buffer name;
         report(r, AT_KEY(at, "op"),
-               "unknown operator '%s' (expected one of - ! * / %% + < <= > >= == != && ||)",
+               "unknown operator '%s' (expected one of - ! * / %% + < <= > >= == != && || [])",
                printable(text, name));
     } else if (have_args) {
         const char *takes = strcmp(text, "-") == 0   ? "1 or 2 operands"
@@ -423,7 +431,7 @@ static ast_expr *read_expr(json_reader *r, const json_path *at, json_t *v, smelt
         return e;
     }
     case JSON_ARRAY: {
-        ast_expr **items = read_expr_items(r, at, v, loc, depth + 1);
+        ast_expr **items = read_expr_items(r, at, v, loc, depth + 1, false);
         uint32_t count = (uint32_t)json_array_size(v);
         for (uint32_t i = 0; i < count; i++)
             if (!items[i]) return NULL;
@@ -509,7 +517,8 @@ static bool read_type(json_reader *r, const json_path *at, json_t *object, const
     out->dtype_loc = loc;
     json_t *shape = member(r, at, object, "shape", true, s->what);
     if (!shape) return false;
-    if (!read_expr_array(r, AT_KEY(at, "shape"), shape, loc, depth + 1, "a shape", &out->dims, &out->rank))
+    if (!read_expr_array(r, AT_KEY(at, "shape"), shape, loc, depth + 1, "a shape", false, &out->dims,
+                         &out->rank))
         return false;
     for (uint32_t i = 0; i < out->rank; i++)
         ok = ok && out->dims[i];
@@ -543,20 +552,32 @@ static bool read_param(json_reader *r, const json_path *at, json_t *v, const stm
     json_t *type = member(r, at, v, "type", true, s->what);
     if (type) {
         bool known = false;
-        for (int t = IR_PARAM_INT; t <= IR_PARAM_OBJECT && !known; t++) {
-            known = json_is_string(type) &&
-                    strcmp(json_string_value(type), ir_param_type_name((ir_param_type)t)) == 0;
-            if (known) stmt->as.param.type = (ir_param_type)t;
+        /* "int", ..., "object", "list", or "list[T]" with T a scalar type. */
+        const char *text = json_is_string(type) ? json_string_value(type) : "";
+        for (int t = IR_PARAM_INT; t <= IR_PARAM_LIST && !known; t++) {
+            known = strcmp(text, ir_param_type_name((ir_param_type)t)) == 0;
+            if (known) stmt->as.param.type = stmt->as.param.item_type = (ir_param_type)t;
+        }
+        for (int t = IR_PARAM_INT; t <= IR_PARAM_STRING && !known; t++) {
+            const char *item = ir_param_type_name((ir_param_type)t);
+            size_t length = strlen(item);
+            known = strncmp(text, "list[", 5) == 0 && strncmp(text + 5, item, length) == 0 &&
+                    strcmp(text + 5 + length, "]") == 0;
+            if (known) {
+                stmt->as.param.type = IR_PARAM_LIST;
+                stmt->as.param.item_type = (ir_param_type)t;
+            }
         }
         if (!known && json_is_string(type)) {
             name_buffer name;
-            report(
-                r, AT_KEY(at, "type"),
-                "unknown param type '%s' (expected \"int\", \"float\", \"bool\", \"string\" or \"object\")",
-                printable(json_string_value(type), name));
+            report(r, AT_KEY(at, "type"),
+                   "unknown param type '%s' (expected \"int\", \"float\", \"bool\", \"string\", "
+                   "\"object\", \"list\" or \"list[T]\" with T a scalar type)",
+                   printable(json_string_value(type), name));
         } else if (!known) {
             report(r, AT_KEY(at, "type"),
-                   "expected a param type (\"int\", \"float\", \"bool\", \"string\" or \"object\"), found %s",
+                   "expected a param type (\"int\", \"float\", \"bool\", \"string\", \"object\" or "
+                   "\"list\"), found %s",
                    json_kind(type));
         }
         ok = ok && known;
@@ -564,7 +585,7 @@ static bool read_param(json_reader *r, const json_path *at, json_t *v, const stm
         ok = false;
     }
     json_t *value = json_object_get(v, "default");
-    if (value && json_is_null(value)) { /* an object param's default; null is no other expression */
+    if (value && json_is_null(value)) { /* an object or list param's default; null is no other expression */
         stmt->as.param.default_value = new_expr(r, AST_EXPR_NULL, stmt->loc);
     } else if (value) {
         stmt->as.param.default_value = read_expr(r, AT_KEY(at, "default"), value, stmt->loc, depth + 1);

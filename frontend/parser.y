@@ -49,6 +49,12 @@ typedef struct fe_location {
 
 typedef struct fe_parse_state fe_parse_state;
 
+/* A param's type: `list[string]` is a list of strings (item IR_PARAM_LIST
+ * for a plain `list`, whose items may be of any scalar type). */
+typedef struct fe_param_type {
+    ir_param_type type, item;
+} fe_param_type;
+
 /* Semantic values: AST pieces with the depth of the tree they root. */
 typedef struct fe_expr {
     ast_expr *node;
@@ -204,7 +210,7 @@ static ast_type type_of(fe_parse_state *st, const char *dtype, fe_location dtype
     int64_t integer;
     double real;
     const char *text;
-    ir_param_type param_type;
+    fe_param_type param_type;
     ast_type type;
     fe_expr expr;
     fe_expr_list exprs;
@@ -221,7 +227,7 @@ static ast_type type_of(fe_parse_state *st, const char *dtype, fe_location dtype
 %token LET "'let'" FOR "'for'" IN "'in'" IF "'if'" ELSE "'else'" OUTPUT "'output'"
 %token STACKED "'stacked'" TRUE "'true'" FALSE "'false'" REQUIRE "'require'" IGNORE "'ignore'"
 %token TYPE_INT "'int'" TYPE_FLOAT "'float'" TYPE_BOOL "'bool'" TYPE_STRING "'string'"
-%token TYPE_OBJECT "'object'" NULL_VALUE "'null'"
+%token TYPE_OBJECT "'object'" TYPE_LIST "'list'" NULL_VALUE "'null'"
 %token DOTDOT "'..'" LE "'<='" GE "'>='" EQ "'=='" NE "'!='" AND "'&&'" OR "'||'"
 %token NEWLINE "end of line"
 %token <text> NAME "name"
@@ -232,10 +238,10 @@ static ast_type type_of(fe_parse_state *st, const char *dtype, fe_location dtype
 %type <stmts> block stmt_list
 %type <stmt> stmt
 %type <chain> if_chain
-%type <param_type> param_type
+%type <param_type> param_type scalar_type
 %type <type> type
 %type <names> names
-%type <expr> expr unary primary
+%type <expr> expr unary postfix primary
 %type <prefix> prefix_ops
 %type <exprs> exprs_opt exprs
 %type <args> args_opt args
@@ -313,13 +319,15 @@ stmt
     : PARAM NAME ':' param_type {
         ast_stmt *s = new_stmt(state, AST_STMT_PARAM, @1);
         s->as.param.name = $2;
-        s->as.param.type = $4;
+        s->as.param.type = $4.type;
+        s->as.param.item_type = $4.item;
         $$ = (fe_stmt){s, 1};
     }
     | PARAM NAME ':' param_type '=' expr {
         ast_stmt *s = new_stmt(state, AST_STMT_PARAM, @1);
         s->as.param.name = $2;
-        s->as.param.type = $4;
+        s->as.param.type = $4.type;
+        s->as.param.item_type = $4.item;
         s->as.param.default_value = $6.node;
         $$ = (fe_stmt){s, 1};
     }
@@ -446,13 +454,20 @@ if_chain
     }
     ;
 
-/* param-type := "int" | "float" | "bool" | "string" | "object" */
+/* param-type := scalar-type | "object" | "list" [ "[" scalar-type "]" ] */
 param_type
-    : TYPE_INT     { $$ = IR_PARAM_INT; }
-    | TYPE_FLOAT   { $$ = IR_PARAM_FLOAT; }
-    | TYPE_BOOL    { $$ = IR_PARAM_BOOL; }
-    | TYPE_STRING  { $$ = IR_PARAM_STRING; }
-    | TYPE_OBJECT  { $$ = IR_PARAM_OBJECT; }
+    : scalar_type                        { $$ = $1; }
+    | TYPE_OBJECT                        { $$ = (fe_param_type){IR_PARAM_OBJECT, IR_PARAM_OBJECT}; }
+    | TYPE_LIST                          { $$ = (fe_param_type){IR_PARAM_LIST, IR_PARAM_LIST}; }
+    | TYPE_LIST '[' scalar_type ']'      { $$ = (fe_param_type){IR_PARAM_LIST, $3.type}; }
+    ;
+
+/* scalar-type := "int" | "float" | "bool" | "string" */
+scalar_type
+    : TYPE_INT     { $$ = (fe_param_type){IR_PARAM_INT, IR_PARAM_INT}; }
+    | TYPE_FLOAT   { $$ = (fe_param_type){IR_PARAM_FLOAT, IR_PARAM_FLOAT}; }
+    | TYPE_BOOL    { $$ = (fe_param_type){IR_PARAM_BOOL, IR_PARAM_BOOL}; }
+    | TYPE_STRING  { $$ = (fe_param_type){IR_PARAM_STRING, IR_PARAM_STRING}; }
     ;
 
 /* type := [ NAME ] "[" [ expr { "," expr } [ "," ] ] "]"
@@ -489,10 +504,10 @@ expr
     | expr '%' expr              { $$ = binary(state, AST_OP_MOD, @2, $1, $3); CHECK_DEPTH($$.depth, $$.node->loc); }
     ;
 
-/* unary := { "-" | "!" } primary */
+/* unary := { "-" | "!" } postfix */
 unary
-    : primary                    { $$ = $1; }
-    | prefix_ops primary {
+    : postfix                    { $$ = $1; }
+    | prefix_ops postfix {
         $1.inner->as.unary.operand = $2.node;
         $$ = (fe_expr){$1.outer, $1.count + $2.depth};
         CHECK_DEPTH($$.depth, $1.outer->loc);
@@ -518,6 +533,13 @@ prefix_ops
         $$ = (fe_prefix_chain){$1.outer, e, $1.count + 1};
         CHECK_DEPTH($$.count, fe_loc(state, @2));
     }
+    ;
+
+/* postfix := primary { "[" expr "]" }
+ * An index node is located at its '['. */
+postfix
+    : primary                    { $$ = $1; }
+    | postfix '[' expr ']'       { $$ = binary(state, AST_OP_INDEX, @2, $1, $3); CHECK_DEPTH($$.depth, $$.node->loc); }
     ;
 
 /* primary := INT | FLOAT | STRING | "true" | "false" | "null" | NAME
@@ -724,15 +746,16 @@ static void describe_found(const fe_parse_state *st, yysymbol_kind_t s, fe_locat
 }
 
 /* "expected A, B or C but found X". Token classes are named as a whole
- * ("statement", "expression"); binary operators, which could always
- * continue an expression, are left out. */
+ * ("statement", "expression"); binary operators and an index's '[', which
+ * could always continue an expression, are left out. */
 static int yyreport_syntax_error(const yypcontext_t *ctx, fe_parse_state *state) {
     if (state->stopped) return 0;
     yysymbol_kind_t expected[YYNTOKENS];
     int count = yypcontext_expected_tokens(ctx, expected, YYNTOKENS);
     if (count < 0) count = 0;
-    bool statement = false, expression = false, separator = false, end = false;
+    bool statement = false, expression = false, separator = false, end = false, after_expr = false;
     for (int i = 0; i < count; i++) {
+        after_expr |= is_binary_operator(expected[i]);
         statement |= expected[i] == YYSYMBOL_PARAM;
         expression |= expected[i] == YYSYMBOL_INT;
         separator |= is_separator(expected[i]);
@@ -755,6 +778,8 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, fe_parse_state *state)
         if ((statement && starts_statement(s)) || (expression && starts_expression(s)) ||
             is_separator(s) || is_binary_operator(s))
             continue;
+        /* After an expression '[' (an index) could continue it, like an operator. */
+        if (after_expr && s == YYTRANSLATE('[')) continue;
         names[n++] = yysymbol_name(s);
     }
     char found[3 * DIAG_NAME_MAX];

@@ -70,15 +70,17 @@ typedef struct ir_symbol {
 
 /* ---- params (the bound model parameters, kept for readers of the IR) --- */
 
-/* IR_PARAM_OBJECT is a frontend-only type: an object param (a config.json
- * object such as rope_scaling) is spread into op attributes by the
- * elaborator and not kept among the module's params. */
+/* IR_PARAM_OBJECT and IR_PARAM_LIST are frontend-only types: an object
+ * param (a config.json object such as rope_scaling) is spread into op
+ * attributes by the elaborator, a list param (layer_types) is read by the
+ * model's expressions; neither is kept among the module's params. */
 typedef enum ir_param_type {
     IR_PARAM_INT,
     IR_PARAM_FLOAT,
     IR_PARAM_BOOL,
     IR_PARAM_STRING,
     IR_PARAM_OBJECT,
+    IR_PARAM_LIST,
 } ir_param_type;
 
 typedef struct ir_param {

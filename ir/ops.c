@@ -50,6 +50,6 @@ const char *ir_attr_kind_name(ir_attr_kind k) {
 }
 
 const char *ir_param_type_name(ir_param_type t) {
-    static const char *const names[] = {"int", "float", "bool", "string", "object"};
+    static const char *const names[] = {"int", "float", "bool", "string", "object", "list"};
     return (unsigned)t < sizeof names / sizeof names[0] ? names[t] : "?";
 }

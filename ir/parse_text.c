@@ -811,7 +811,8 @@ static void parse_param(parser *p) {
     case IR_PARAM_FLOAT: ok = parse_float(p, &value.value.f, "a float"); break;
     case IR_PARAM_BOOL: ok = parse_bool(p, &value.value.b); break;
     case IR_PARAM_STRING: ok = parse_string(p, &value.value.s, &p->m->arena); break;
-    case IR_PARAM_OBJECT: SMELT_DIE("the text IR has no object params");
+    case IR_PARAM_OBJECT:
+    case IR_PARAM_LIST: SMELT_DIE("the text IR has no object or list params");
     }
     if (!ok) return;
     ir_param *param = ir_add_param(p->m, name, value.type);

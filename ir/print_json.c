@@ -235,7 +235,8 @@ static void write_param(FILE *out, const ir_param *param) {
     case IR_PARAM_INT: fprintf(out, "%" PRId64, param->value.i); break;
     case IR_PARAM_FLOAT: write_float(out, param->value.f); break;
     case IR_PARAM_BOOL: fputs(param->value.b ? "true" : "false", out); break;
-    case IR_PARAM_OBJECT: fputs("null", out); break; /* never in a module (ir.h) */
+    case IR_PARAM_OBJECT:
+    case IR_PARAM_LIST: fputs("null", out); break; /* never in a module (ir.h) */
     case IR_PARAM_STRING:
         fputs("{\"str\": ", out);
         write_string(out, param->value.s ? param->value.s : "");

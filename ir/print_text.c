@@ -278,7 +278,8 @@ static void print_param(const ir_param *p, FILE *out) {
     case IR_PARAM_FLOAT: fputs(ir_format_float(p->value.f, number, sizeof number), out); break;
     case IR_PARAM_BOOL: fputs(p->value.b ? "true" : "false", out); break;
     case IR_PARAM_STRING: print_string(out, p->value.s); break;
-    case IR_PARAM_OBJECT: fputs("null", out); break; /* never in a module (ir.h) */
+    case IR_PARAM_OBJECT:
+    case IR_PARAM_LIST: fputs("null", out); break; /* never in a module (ir.h) */
     }
     fputc('\n', out);
 }

@@ -1095,6 +1095,85 @@ static void test_dsl_branches_with_settings(void **state) {
     assert_int_equal(module.ops[nth_op(IR_OP_CONST, 0) + 1].kind, IR_OP_MUL);
 }
 
+/* List params: bound from config.json (else their default), read by
+ * index and len; `x == null` tells whether one was given, and && and ||
+ * stop at a side that decides, so the list is read only when there is one. */
+static const char list_model[] =
+    "model lists {\n"
+    "  param n: int = 3\n"
+    "  param layer_types: list[string] = null\n"
+    "  param sizes: list[float] = [1, 2.5]\n"
+    "  param any: list = []\n"
+    "  require layer_types == null || len(layer_types) == n\n"
+    "  dim tokens <= 4\n"
+    "  input x: f32[tokens]\n"
+    "  let h = x\n"
+    "  for l in 0..n {\n"
+    "    let w = sizes[0]\n"
+    "    if layer_types != null && layer_types[l] == \"sliding_attention\" { w = sizes[1] + len(any) }\n"
+    "    h = mul(h, w)\n"
+    "  }\n"
+    "  output y = h\n"
+    "}\n";
+
+static char list_config[] = "/tmp/smelt-test-lists-XXXXXX";
+
+static void write_list_config(const char *text) {
+    int fd = mkstemp(list_config);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The value of the const multiplied in by layer l. */
+static double layer_factor(uint32_t l) { return ir_op_float(&module, nth_op(IR_OP_CONST, l), "value"); }
+
+static void test_dsl_list_params(void **state) {
+    (void)state;
+    assert_true(elaborate_dsl(list_model, NULL)); /* no list: the default rule */
+    assert_int_equal(count_ops(IR_OP_CONST), 3);
+    for (uint32_t l = 0; l < 3; l++)
+        assert_true(layer_factor(l) == 1.0);
+    for (uint32_t i = 0; i < module.param_count; i++) /* like object params, not among the module's */
+        assert_string_not_equal(module.params[i].name, "layer_types");
+
+    write_list_config("{\"layer_types\": [\"full_attention\", \"sliding_attention\", \"full_attention\"],"
+                      " \"any\": [1, \"a\", true, 2.5]}");
+    fe_options o = {.config_path = list_config};
+    assert_true(elaborate_dsl(list_model, &o));
+    assert_true(layer_factor(0) == 1.0);
+    assert_true(layer_factor(1) == 2.5 + 4);
+    assert_true(layer_factor(2) == 1.0);
+    remove(list_config);
+
+    /* The list is one short: the require refuses it at the config's list. */
+    memcpy(list_config + strlen(list_config) - 6, "XXXXXX", 6);
+    write_list_config("{\"layer_types\": [\"full_attention\", \"full_attention\"]}");
+    assert_false(elaborate_dsl(list_model, &o));
+    expect_diag("error: 'layer_types' is a list of 2, which dsl.smelt does not support\n");
+    remove(list_config);
+    memcpy(list_config + strlen(list_config) - 6, "XXXXXX", 6);
+}
+
+static void test_list_errors(void **state) {
+    (void)state;
+    assert_false(elaborate_dsl("model m {\n"
+                               "  param t: list[int] = [1, 2]\n"
+                               "  let a = t[2]\n"
+                               "  let b = t[0] + len(t) + 1\n"
+                               "  let c = b[0]\n"
+                               "}\n",
+                               NULL));
+    expect_diag("dsl.smelt:3:13: error: index 2 is out of range: the list has 2 items\n");
+    expect_diag("dsl.smelt:5:11: error: '[]' needs a list, found an int\n");
+    assert_int_equal(diag.error_count, 2);
+    fe_options o = {0};
+    fe_options_set(&o, "t", "[1]");
+    assert_false(elaborate_dsl("model m {\n  param t: list = null\n}\n", &o));
+    expect_diag("error: --set t=...: 't' is a list param; give it in config.json\n");
+}
+
 /* Diagnostics show the source line and a caret under the offending expr. */
 static void test_dsl_diagnostics(void **state) {
     (void)state;
@@ -1148,6 +1227,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_dsl_model, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dsl_branches_with_settings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dsl_diagnostics, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dsl_list_params, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_list_errors, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -456,7 +456,7 @@ static void test_wrong_types(void **state) {
     assert_message(p,
                    "t.json: error: /body/5/value/attrs: expected the attributes (an object), found an array");
     assert_message(p, "t.json: error: /body/6/type: expected a param type (\"int\", \"float\", \"bool\", "
-                      "\"string\" or \"object\"), found an integer");
+                      "\"string\", \"object\" or \"list\"), found an integer");
     assert_int_equal(p->d.error_count, 7);
     parsed_free(p);
 
@@ -489,12 +489,12 @@ static void test_bad_values(void **state) {
                       "f8e4m3, f8e5m2, i8, i4, i32, i64)");
     assert_message(p,
                    "t.json: error: /body/1/type: unknown param type 'double' (expected \"int\", \"float\", "
-                   "\"bool\", \"string\" or \"object\")");
+                   "\"bool\", \"string\", \"object\", \"list\" or \"list[T]\" with T a scalar type)");
     assert_message(p, "t.json: error: /body/2/loc: expected a location [line, column] with line >= 1 and "
                       "column >= 0, found [0, 1]");
     assert_message(p, "t.json: error: /body/3/value/args: operator '+' takes 2 operands, found 1");
     assert_message(p, "t.json: error: /body/4/value/op: unknown operator '**' (expected one of - ! * / % + < "
-                      "<= > >= == != && ||)");
+                      "<= > >= == != && || [])");
     assert_message(p, "t.json: error: /body/5/value: an expression has both 'op' and 'call'; expected "
                       "exactly one of 'str', 'op' or 'call'");
     assert_message(p, "t.json: error: /body/6: a statement has both 'let' and 'output' keys; expected "

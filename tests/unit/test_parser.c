@@ -127,6 +127,7 @@ static const char *param_type_text(ir_param_type t) {
     case IR_PARAM_BOOL: return "bool";
     case IR_PARAM_STRING: return "string";
     case IR_PARAM_OBJECT: return "object";
+    case IR_PARAM_LIST: return "list";
     }
     return "?";
 }
@@ -143,6 +144,8 @@ static void print_stmt(FILE *out, const ast_stmt *s) {
     switch (s->kind) {
     case AST_STMT_PARAM:
         fprintf(out, "(param %s %s", s->as.param.name, param_type_text(s->as.param.type));
+        if (s->as.param.type == IR_PARAM_LIST && s->as.param.item_type != IR_PARAM_LIST)
+            fprintf(out, "[%s]", param_type_text(s->as.param.item_type));
         if (s->as.param.default_value) {
             fputc(' ', out);
             print_expr(out, s->as.param.default_value);
@@ -271,6 +274,27 @@ static void test_param(void **state) {
     expect_stmt("param attention_bias: bool = model_type == \"qwen2\"",
                 "(param attention_bias bool (== model_type \"qwen2\"))");
     expect_stmt("param kv: int = num_attention_heads", "(param kv int num_attention_heads)");
+    expect_stmt("param rope_scaling: object = null", "(param rope_scaling object null)");
+    expect_stmt("param layer_types: list = null", "(param layer_types list null)");
+    expect_stmt("param layer_types: list[string] = null", "(param layer_types list[string] null)");
+    expect_stmt("param mlp_only_layers: list[int] = []", "(param mlp_only_layers list[int] [])");
+    expect_stmt("param f: list[float]", "(param f list[float])");
+    expect_stmt("param b: list[bool] = [true]", "(param b list[bool] [true])");
+}
+
+/* x[i] binds tighter than any operator, after a call or another index. */
+static void test_index(void **state) {
+    expect_stmt("let x = layer_types[l]", "(let x ([] layer_types l))");
+    expect_stmt("let x = a[i][j + 1]", "(let x ([] ([] a i) (+ j 1)))");
+    expect_stmt("let x = -a[0] * 2", "(let x (* (- ([] a 0)) 2))");
+    expect_stmt("let x = !flags[l] && b", "(let x (&& (! ([] flags l)) b))");
+    expect_stmt("let x = [1, 2][0]", "(let x ([] [1 2] 0))");
+    expect_stmt("let x = f(a)[1]", "(let x ([] f(a) 1))");
+    expect_stmt("require len(t) == n", "(require (== len(t) n))");
+    expect_stmt("let x = t[\n  l]", "(let x ([] t l))");
+    /* A newline ends the statement before a '[' on the next line: no index. */
+    expect_errors("model m {\n  let x = a\n  [1]\n}",
+                  "t.smelt:3:3: error: expected statement or '}' but found '['\n");
 }
 
 static void test_dim_input_output(void **state) {
@@ -495,7 +519,12 @@ static void test_error_messages(void **state) {
                   "t.smelt:2:12: error: expected '}' but found end of file\n");
     expect_errors(
         "model m {\n  param p: i32\n}",
-        "t.smelt:2:12: error: expected 'int', 'float', 'bool', 'string' or 'object' but found name 'i32'\n");
+        "t.smelt:2:12: error: expected 'int', 'float', 'bool', 'string', 'object' or 'list' but found name "
+        "'i32'\n");
+    expect_errors("model m {\n  param p: list[object]\n}",
+                  "t.smelt:2:17: error: expected 'int', 'float', 'bool' or 'string' but found 'object'\n");
+    expect_errors("model m {\n  let x = a[1\n}", "t.smelt:2:14: error: expected ']' but found end of line\n");
+    expect_errors("model m {\n  let x = a[]\n}", "t.smelt:2:13: error: expected expression but found ']'\n");
     expect_errors("model m {\n  (a) = 1\n}", "t.smelt:2:3: error: expected statement or '}' but found '('\n");
     expect_errors("model m {\n  for i in 0 {}\n}", "t.smelt:2:14: error: expected '..' but found '{'\n");
     /* A broken model header: the body is still checked. A line that ends
@@ -704,6 +733,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model),
         cmocka_unit_test(test_param),
+        cmocka_unit_test(test_index),
         cmocka_unit_test(test_dim_input_output),
         cmocka_unit_test(test_weight),
         cmocka_unit_test(test_require_and_ignore),
