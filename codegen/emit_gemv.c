@@ -68,7 +68,7 @@ typedef struct gemv_segment {
 
 typedef struct gemv_plan {
     ir_value_id x, norm_weight, pos;
-    double eps;
+    double eps, norm_offset; /* the norm's weights are norm_offset + w (Gemma: 1) */
     bool norm;
     int64_t k;
     uint32_t segment_count;
@@ -287,6 +287,7 @@ static bool read_group(cg_emit *e, const cg_group *g, gemv_plan *p) {
             p->norm = true;
             p->norm_weight = op->operands[1];
             p->eps = ir_op_float(m, g->ops[i], "eps");
+            p->norm_offset = ir_op_float(m, g->ops[i], "offset");
             taken[i] = true;
         } else if (op->kind == IR_OP_SILU) { /* mul(silu(gate), up): the up matmul is the gate's */
             uint32_t mul = group_reader(m, g, op->results[0], false);
@@ -527,7 +528,7 @@ static void write_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x,
     cg_line(t, "for (int j = 0; j < VECTOR; j++) {");
     if (p->norm) {
         cg_line(t, "squares[i] += xv[j] * xv[j];");
-        cg_line(t, "xv[j] *= gv[j];");
+        cg_line(t, p->norm_offset != 0.0 ? "xv[j] *= NORM_OFFSET + gv[j];" : "xv[j] *= gv[j];");
     }
     cg_line(t, "sums[i][0] += a[j] * xv[j];");
     cg_line(t, "if (rows == 2)");
@@ -664,6 +665,9 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
         cg_text_printf(t, ", START_%u = START_%u + UNITS_%u", i, i - 1, i - 1);
     cg_text_printf(t, " };\n");
     if (p.norm) cg_line(t, "#define EPS %s", cg_float_literal(e, p.eps));
+    if (p.norm && p.norm_offset != 0.0)
+        cg_line(t, "#define NORM_OFFSET %s /* the norm's weights are NORM_OFFSET + w (Gemma) */",
+                cg_float_literal(e, p.norm_offset));
     cg_blank(t);
     write_loader(t, weight_dtype, vector);
     if (cg_storage_dtype(m, p.x) != weight_dtype) write_loader(t, cg_storage_dtype(m, p.x), vector);

@@ -269,7 +269,9 @@ static void fuse_residual_norm(fuse_state *s) {
     for (uint32_t i = 0; i < m->op_count; i++) {
         const ir_op *norm = &m->ops[i];
         if (norm->dead || (norm->kind != IR_OP_RMS_NORM && norm->kind != IR_OP_LAYER_NORM) ||
-            group_size(s, i) != 1)
+            group_size(s, i) != 1 ||
+            /* cg_emit_add_norm has no (1 + w) weights (Gemma's offset): the norm kernel's */
+            (norm->kind == IR_OP_RMS_NORM && ir_op_float(m, i, "offset") != 0.0))
             continue;
         ir_value_id x = norm->operands[0];
         uint32_t add = m->values[x].def_op;
