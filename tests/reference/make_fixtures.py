@@ -88,7 +88,7 @@ import safetensors
 import transformers
 from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig,
                           GenerationConfig, GPT2Config, LlamaConfig, MixtralConfig,
-                          Olmo2Config, Phi3Config, Qwen2Config, Qwen2MoeConfig,
+                          MistralConfig, Olmo2Config, Phi3Config, Qwen2Config, Qwen2MoeConfig,
                           Qwen3Config, Qwen3MoeConfig)
 
 PROMPT_LEN = 8
@@ -113,7 +113,7 @@ QKV_BIAS_STD = 0.5         # Qwen2 q/k/v biases: large enough to matter
 # Before the 4e-2 margin: llama 1000, qwen2 2000, mixtral 3000, gpt2 4001.
 SEEDS = {"llama": 1039, "qwen2": 2144, "mixtral": 3032, "gpt2": 4037,
          "llama3": 5366, "llama3-parameters": 5366, "llama-linear": 5100, "llama-yarn": 5340, "llama-dynamic": 5559,
-         "llama-bias": 5339, "phi3": 5444, "phi3-short": 5733}
+         "llama-bias": 5339, "phi3": 5444, "phi3-short": 5733, "mistral": 6675}
 
 
 def llama_config():
@@ -151,8 +151,20 @@ def gpt2_config():
         bos_token_id=96, eos_token_id=96, architectures=["GPT2LMHeadModel"])
 
 
+def mistral_config():
+    # A sliding window of 4 positions, under the fixture's 16: every layer's
+    # attention sees only the last 4 (examples/llama.smelt, model_type mistral).
+    return MistralConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        vocab_size=97, max_position_embeddings=128, rope_theta=10000.0,
+        rms_norm_eps=1e-5, sliding_window=4, tie_word_embeddings=False,
+        architectures=["MistralForCausalLM"])
+
+
 CONFIGS = {"llama": llama_config, "qwen2": qwen2_config,
-           "mixtral": mixtral_config, "gpt2": gpt2_config}
+           "mixtral": mixtral_config, "gpt2": gpt2_config,
+           "mistral": mistral_config}
 
 
 # ---- Qwen3, Qwen3-MoE, Qwen2-MoE, OLMo 2, Gemma 2, Gemma 3 -------------------
