@@ -666,28 +666,7 @@ const gguf_tensor *gguf_file_find(const gguf_file *f, const char *name) {
 
 static bool read_bytes(const gguf_file *f, const gguf_tensor *t, void *dst, uint64_t size, uint64_t offset,
                        diag_engine *d) {
-    smelt_loc loc = {f->diag_file, 0, 0};
-    uint8_t *p = dst;
-    while (size > 0) {
-        size_t want = size > (1u << 30) ? (size_t)1 << 30 : (size_t)size;
-        ssize_t got = pread(f->fd, p, want, (off_t)offset);
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) {
-            if (got < 0)
-                diag_error(d, loc, "tensor '%.*s%s': cannot read its data: %s", DIAG_NAME(t->name),
-                           strerror(errno));
-            else
-                diag_error(d, loc,
-                           "tensor '%.*s%s': the file ends at byte %llu, inside the tensor's data; it was "
-                           "truncated after it was opened",
-                           DIAG_NAME(t->name), (unsigned long long)offset);
-            return false;
-        }
-        p += got;
-        offset += (uint64_t)got;
-        size -= (uint64_t)got;
-    }
-    return true;
+    return st_read_file_bytes(f->fd, f->diag_file, t->name, dst, size, offset, d);
 }
 
 bool gguf_tensor_read_f32(const gguf_file *f, const gguf_tensor *t, float *dst, uint64_t first,

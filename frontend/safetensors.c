@@ -618,24 +618,23 @@ const char *st_file_metadata(const st_file *f, const char *key) {
 
 /* ---- conversion ------------------------------------------------------------ */
 
-/* Reads `size` bytes at `offset` of the tensor's file; false after an error
- * when the file ends early or the read fails. */
-static bool read_tensor_bytes(const st_tensor *t, void *dst, uint64_t size, uint64_t offset, diag_engine *d) {
-    smelt_loc loc = {t->diag_file, 0, 0};
+bool st_read_file_bytes(int fd, int32_t file_id, const char *tensor, void *dst, uint64_t size,
+                        uint64_t offset, diag_engine *d) {
+    smelt_loc loc = {file_id, 0, 0};
     uint8_t *p = dst;
     while (size > 0) {
         size_t want = size > (1u << 30) ? (size_t)1 << 30 : (size_t)size;
-        ssize_t got = pread(t->fd, p, want, (off_t)offset);
+        ssize_t got = pread(fd, p, want, (off_t)offset);
         if (got < 0 && errno == EINTR) continue;
         if (got <= 0) {
             if (got < 0)
-                diag_error(d, loc, "tensor '%.*s%s': cannot read its data: %s", DIAG_NAME(t->name),
+                diag_error(d, loc, "tensor '%.*s%s': cannot read its data: %s", DIAG_NAME(tensor),
                            strerror(errno));
             else
                 diag_error(d, loc,
-                           "tensor '%.*s%s': the file ends at byte %llu, before the tensor's data; it was "
+                           "tensor '%.*s%s': the file ends at byte %llu, inside the tensor's data; it was "
                            "truncated after it was opened",
-                           DIAG_NAME(t->name), (unsigned long long)offset);
+                           DIAG_NAME(tensor), (unsigned long long)offset);
             return false;
         }
         p += got;
@@ -643,6 +642,10 @@ static bool read_tensor_bytes(const st_tensor *t, void *dst, uint64_t size, uint
         size -= (uint64_t)got;
     }
     return true;
+}
+
+static bool read_tensor_bytes(const st_tensor *t, void *dst, uint64_t size, uint64_t offset, diag_engine *d) {
+    return st_read_file_bytes(t->fd, t->diag_file, t->name, dst, size, offset, d);
 }
 
 bool st_tensor_read_f32(const st_tensor *t, float *dst, diag_engine *d) {

@@ -123,6 +123,13 @@ const char *st_format_shape(const uint64_t *shape, uint32_t rank, char *buffer, 
  * surrogates, nothing above U+10FFFF). */
 bool st_utf8_valid(const void *bytes, uint64_t length);
 
+/* Reads `size` bytes at `offset` of file `fd` (pread, in chunks; EINTR
+ * retried) into dst: false after an error naming `tensor` in file
+ * `diag_file` when the read fails or the file ends early (truncated after it
+ * was opened). Shared by the safetensors and GGUF readers. */
+bool st_read_file_bytes(int fd, int32_t file_id, const char *tensor, void *dst, uint64_t size,
+                        uint64_t offset, diag_engine *d);
+
 /* FNV-1a of a NUL-terminated name, for the name tables. */
 uint64_t st_name_hash(const char *name);
 
