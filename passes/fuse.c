@@ -300,44 +300,59 @@ static void fuse_kv_cache_write(fuse_state *s) {
 
 /* ---- the pass ----------------------------------------------------------------------------- */
 
-static bool apply_rules(ir_module *m, uint32_t *leader, diag_engine *d) {
-    fuse_state s = {.m = m, .leader = leader, .token_symbol = ir_token_symbol(m)};
-    s.uses = ir_use_counts(m);
-    s.reader = malloc((m->value_count ? m->value_count : 1) * sizeof *s.reader);
-    s.root = ir_view_roots(m);
-    bool ok = s.uses && s.reader && s.root;
-    if (ok) {
-        for (uint32_t i = 0; i < m->op_count; i++)
-            if (!m->ops[i].dead)
-                for (uint32_t j = 0; j < m->ops[i].operand_count; j++)
-                    s.reader[m->ops[i].operands[j]] = i;
-        fuse_sibling_matmuls(&s);
-        fuse_norm_prologue(&s);
-        fuse_epilogues(&s);
-        fuse_kv_cache_write(&s);
-        fuse_residual_norm(&s);
-    } else {
-        diag_error(d, SMELT_NO_LOC, "out of memory fusing %u ops", m->op_count);
-    }
-    free(s.uses);
-    free(s.reader);
-    free(s.root);
-    return ok;
+/* The rules, on the state's tables (allocated here, freed by the caller). */
+static void apply_rules(fuse_state *s) {
+    ir_module *m = s->m;
+    s->token_symbol = ir_token_symbol(m);
+    s->uses = ir_use_counts(m);
+    s->reader = malloc((m->value_count ? m->value_count : 1) * sizeof *s->reader);
+    if (!s->reader) arena_out_of_memory();
+    s->root = ir_view_roots(m);
+    if (!s->root) arena_out_of_memory();
+    for (uint32_t i = 0; i < m->op_count; i++)
+        if (!m->ops[i].dead)
+            for (uint32_t j = 0; j < m->ops[i].operand_count; j++)
+                s->reader[m->ops[i].operands[j]] = i;
+    fuse_sibling_matmuls(s);
+    fuse_norm_prologue(s);
+    fuse_epilogues(s);
+    fuse_kv_cache_write(s);
+    fuse_residual_norm(s);
+}
+
+static void free_state(fuse_state *s) {
+    free(s->leader);
+    free(s->uses);
+    free(s->reader);
+    free(s->root);
+    free(s);
 }
 
 bool pass_fuse(ir_module *m, const pass_options *o, diag_engine *d) {
-    uint32_t *leader = malloc((m->op_count ? m->op_count : 1) * sizeof *leader);
-    if (!leader) {
+    /* On the heap, set before the recovery point: a jump out of the rules
+     * (out of memory in the IR's arena) frees it, then fails the pass. */
+    fuse_state *s = calloc(1, sizeof *s);
+    if (!s) {
         diag_error(d, SMELT_NO_LOC, "out of memory fusing %u ops", m->op_count);
         return false;
     }
+    s->m = m;
+    arena_recovery recovery;
+    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
+        free_state(s);
+        arena_out_of_memory();
+    }
+    s->leader = malloc((m->op_count ? m->op_count : 1) * sizeof *s->leader);
+    if (!s->leader) arena_out_of_memory();
+    uint32_t *leader = s->leader;
     for (uint32_t i = 0; i < m->op_count; i++) {
         leader[i] = ir_op_launches(m, i) ? i : IR_NONE;
         const ir_attr *written = ir_op_attr(m, i, "cache_written_upto"); /* a rule's, set again below */
         if (written && written->kind == IR_ATTR_INT && written->as.i != 0)
             ir_op_set_int(m, i, "cache_written_upto", 0);
     }
-    bool ok = (o && o->no_fuse) || apply_rules(m, leader, d);
+    if (!(o && o->no_fuse)) apply_rules(s);
+    arena_recovery_leave(&recovery);
     /* Groups numbered by their first op, in program order. */
     uint32_t groups = 0;
     for (uint32_t i = 0; i < m->op_count; i++) {
@@ -347,10 +362,10 @@ bool pass_fuse(ir_module *m, const pass_options *o, diag_engine *d) {
         if (leader[i] == IR_NONE) continue;
         op->group = leader[i] == i ? groups++ : m->ops[leader[i]].group;
     }
-    free(leader);
+    free_state(s);
     for (ir_value_id v = 0; v < m->value_count; v++)
         m->values[v].buffer = (ir_buffer){IR_BUFFER_NONE, 0};
     m->arena_bytes = 0;
     m->planned_tokens = 0;
-    return ok;
+    return true;
 }

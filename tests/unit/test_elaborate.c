@@ -1005,6 +1005,7 @@ static void test_huge_name(void **state) {
 /* Parses `text` as test.smelt into the model and elaborates it. */
 static bool elaborate_dsl(const char *text, const fe_options *o) {
     ast_model_free(&model);
+    ir_module_free(&module); /* a test may elaborate several models */
     if (!fe_parse_dsl_text("dsl.smelt", text, strlen(text), &diag, &model))
         fail_msg("the test model does not parse:\n%s", diagnostics());
     return elaborate_with(o);
