@@ -502,41 +502,15 @@ bool gguf_is_file(const char *path) {
 }
 
 static bool map_file(gguf_file *f, smelt_loc loc, diag_engine *d) {
-    int fd = open(f->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-        diag_error(d, loc, "cannot open the file: %s", strerror(errno));
+    st_mapping m;
+    if (!st_map_file(f->path, loc, "GGUF", 24,
+                     "a GGUF file starts with a 24-byte header (magic, version, tensor and metadata counts): "
+                     "truncated?",
+                     &m, d))
         return false;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        diag_error(d, loc, "expected a GGUF file, found %s",
-                   S_ISDIR(st.st_mode) ? "a folder" : "something that is not a regular file");
-        close(fd);
-        return false;
-    }
-    uint64_t size = (uint64_t)st.st_size;
-    if (size < 24) {
-        diag_error(d, loc,
-                   "file is %llu bytes; a GGUF file starts with a 24-byte header (magic, version, tensor and "
-                   "metadata counts): truncated?",
-                   (unsigned long long)size);
-        close(fd);
-        return false;
-    }
-    if (size > SIZE_MAX) {
-        diag_error(d, loc, "file of %llu bytes is too large to map", (unsigned long long)size);
-        close(fd);
-        return false;
-    }
-    void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-        diag_error(d, loc, "cannot map the file: %s", strerror(errno));
-        close(fd);
-        return false;
-    }
-    f->map = map;
-    f->fd = fd;
-    f->map_size = size;
+    f->fd = m.fd;
+    f->map = m.map;
+    f->map_size = m.size;
     return true;
 }
 

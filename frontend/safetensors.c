@@ -151,10 +151,9 @@ static const char *json_value_text(const json_t *v, char *buffer, size_t size) {
 
 /* ---- mapping -------------------------------------------------------------- */
 
-/* Maps `path` read-only into f->map. A FIFO or device must not block us, so
- * the file is opened non-blocking and must be a regular file. */
-static bool map_file(st_file *f, smelt_loc loc, diag_engine *d) {
-    int fd = open(f->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+bool st_map_file(const char *path, smelt_loc loc, const char *format, uint64_t min_size,
+                 const char *too_short, st_mapping *out, diag_engine *d) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
         diag_error(d, loc, "cannot open the file: %s", strerror(errno));
         return false;
@@ -166,17 +165,14 @@ static bool map_file(st_file *f, smelt_loc loc, diag_engine *d) {
         return false;
     }
     if (!S_ISREG(st.st_mode)) {
-        diag_error(d, loc, "expected a safetensors file, found %s",
+        diag_error(d, loc, "expected a %s file, found %s", format,
                    S_ISDIR(st.st_mode) ? "a folder" : "something that is not a regular file");
         close(fd);
         return false;
     }
     uint64_t size = (uint64_t)st.st_size;
-    if (size < 8) {
-        diag_error(d, loc,
-                   "file is %llu bytes; a safetensors file starts with an 8-byte header length "
-                   "(truncated file?)",
-                   (unsigned long long)size);
+    if (size < min_size) {
+        diag_error(d, loc, "file is %llu bytes; %s", (unsigned long long)size, too_short);
         close(fd);
         return false;
     }
@@ -192,9 +188,19 @@ static bool map_file(st_file *f, smelt_loc loc, diag_engine *d) {
         diag_error(d, loc, "cannot map the file: %s", strerror(map_errno));
         return false;
     }
-    f->map = map;
-    f->fd = fd; /* kept for st_tensor_read_f32 */
-    f->map_size = size;
+    *out = (st_mapping){fd, map, size};
+    return true;
+}
+
+/* Maps f->path into f->map; the descriptor is kept for st_tensor_read_f32. */
+static bool map_file(st_file *f, smelt_loc loc, diag_engine *d) {
+    st_mapping m;
+    if (!st_map_file(f->path, loc, "safetensors", 8,
+                     "a safetensors file starts with an 8-byte header length (truncated file?)", &m, d))
+        return false;
+    f->fd = m.fd;
+    f->map = m.map;
+    f->map_size = m.size;
     return true;
 }
 

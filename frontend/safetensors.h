@@ -123,6 +123,20 @@ const char *st_format_shape(const uint64_t *shape, uint32_t rank, char *buffer, 
  * surrogates, nothing above U+10FFFF). */
 bool st_utf8_valid(const void *bytes, uint64_t length);
 
+/* A file mapped read-only whole, with its descriptor kept open. */
+typedef struct st_mapping {
+    int fd;
+    void *map;
+    uint64_t size;
+} st_mapping;
+
+/* Maps `path` read-only. A FIFO or device must not block us, so the file is
+ * opened non-blocking and must be a regular file ("expected a <format> file"
+ * otherwise), of at least min_size bytes ("file is N bytes; <too_short>"
+ * otherwise). Errors at `loc`. Shared by the safetensors and GGUF readers. */
+bool st_map_file(const char *path, smelt_loc loc, const char *format, uint64_t min_size,
+                 const char *too_short, st_mapping *out, diag_engine *d);
+
 /* Reads `size` bytes at `offset` of file `fd` (pread, in chunks; EINTR
  * retried) into dst: false after an error naming `tensor` in file
  * `diag_file` when the read fails or the file ends early (truncated after it
