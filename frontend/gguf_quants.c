@@ -125,6 +125,7 @@ void gguf_dequantize(uint32_t type, const void *src, float *dst, uint64_t count)
     if (!gguf_type_supported(type, &block, &block_bytes) || count % block)
         SMELT_DIE("gguf_dequantize of %llu values of type %u", (unsigned long long)count, type);
     uint64_t blocks = count / block;
+    void (*block_fn)(const uint8_t *, float *) = NULL; /* a quantized type: one block at a time */
     switch ((gguf_type)type) {
     case GGUF_TYPE_F32: memcpy(dst, p, (size_t)count * 4); return;
     case GGUF_TYPE_F16:
@@ -138,30 +139,14 @@ void gguf_dequantize(uint32_t type, const void *src, float *dst, uint64_t count)
             dst[i] = plan_bf16_to_f32(h);
         }
         return;
-    case GGUF_TYPE_Q8_0:
-        for (uint64_t b = 0; b < blocks; b++)
-            dequantize_q8_0(p + b * block_bytes, dst + b * block);
-        return;
-    case GGUF_TYPE_Q4_0:
-        for (uint64_t b = 0; b < blocks; b++)
-            dequantize_q4_0(p + b * block_bytes, dst + b * block);
-        return;
-    case GGUF_TYPE_Q4_1:
-        for (uint64_t b = 0; b < blocks; b++)
-            dequantize_q4_1(p + b * block_bytes, dst + b * block);
-        return;
-    case GGUF_TYPE_Q4_K:
-        for (uint64_t b = 0; b < blocks; b++)
-            dequantize_q4_k(p + b * block_bytes, dst + b * block);
-        return;
-    case GGUF_TYPE_Q5_K:
-        for (uint64_t b = 0; b < blocks; b++)
-            dequantize_q5_k(p + b * block_bytes, dst + b * block);
-        return;
-    case GGUF_TYPE_Q6_K:
-        for (uint64_t b = 0; b < blocks; b++)
-            dequantize_q6_k(p + b * block_bytes, dst + b * block);
-        return;
+    case GGUF_TYPE_Q8_0: block_fn = dequantize_q8_0; break;
+    case GGUF_TYPE_Q4_0: block_fn = dequantize_q4_0; break;
+    case GGUF_TYPE_Q4_1: block_fn = dequantize_q4_1; break;
+    case GGUF_TYPE_Q4_K: block_fn = dequantize_q4_k; break;
+    case GGUF_TYPE_Q5_K: block_fn = dequantize_q5_k; break;
+    case GGUF_TYPE_Q6_K: block_fn = dequantize_q6_k; break;
     }
-    SMELT_DIE("gguf_dequantize: type %u", type);
+    if (!block_fn) SMELT_DIE("gguf_dequantize: type %u", type);
+    for (uint64_t b = 0; b < blocks; b++)
+        block_fn(p + b * block_bytes, dst + b * block);
 }
