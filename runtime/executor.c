@@ -89,8 +89,7 @@ static smelt_status run_launch(rt_executor *x, uint32_t index, const prog_launch
         dims.grid[k] = (uint32_t)prog_affine_eval(l->rule.grid[k], tokens);
         dims.block[k] = l->rule.block[k];
     }
-    dims.dynamic_shared_bytes = l->rule.dynamic_shared_bytes;
-    if (dims.grid[0] == 0 || dims.grid[1] == 0 || dims.grid[2] == 0) return SMELT_OK; /* no work at this T */
+    dims.dynamic_shared_bytes = l->rule.dynamic_shared_bytes; /* the grid is not empty: prog_instr_runs */
     rt_arg_slot slots[PROG_MAX_ARGS];
     void *args[PROG_MAX_ARGS + 1] = {0}; /* NULL-terminated (device.h) */
     for (uint32_t a = 0; a < l->arg_count; a++) {
