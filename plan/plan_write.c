@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -401,15 +402,25 @@ bool plan_write_file(const plan_writer *w, const char *path, plan_write_summary 
 
     if (w->out_of_memory) return plan_error(error, error_size, path, "out of memory");
     char *temp = NULL;
+    /* SIGINT and SIGTERM wait (blocked) from before the temporary exists
+     * until the guard that removes it is armed: one that came in between
+     * would leave the temporary behind. */
+    sigset_t guarded_set, previous_set;
+    sigemptyset(&guarded_set);
+    for (size_t i = 0; i < GUARDED_SIGNAL_COUNT; i++)
+        sigaddset(&guarded_set, guarded_signals[i]);
+    pthread_sigmask(SIG_BLOCK, &guarded_set, &previous_set);
     int fd = create_temp(path, &temp);
     if (fd < 0) {
         int saved = errno;
+        pthread_sigmask(SIG_SETMASK, &previous_set, NULL);
         plan_error(error, error_size, path, "cannot create a temporary file '%s': %s", temp ? temp : "",
                    strerror(saved));
         free(temp);
         return false;
     }
     bool guarded = guard_arm(temp);
+    pthread_sigmask(SIG_SETMASK, &previous_set, NULL); /* a signal that waited is handled now */
     bool ok = write_plan(w, fd, section_count, summary, path, error, error_size);
     if (ok && fsync(fd) != 0) ok = plan_error(error, error_size, path, "cannot sync: %s", strerror(errno));
     if (close(fd) != 0 && ok) ok = plan_error(error, error_size, path, "cannot write: %s", strerror(errno));
