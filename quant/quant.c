@@ -1,0 +1,213 @@
+/* quant.c - the packed layout of quantized weights, dequantization and
+ * round-to-nearest quantization (quant.h has the contract). */
+#include "quant.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "numeric.h"
+
+static const char *const kind_names[] = {"none", "int4", "int8", "fp8"};
+static const char *const method_names[] = {"rtn", "awq", "gptq", "smooth", "checkpoint"};
+
+const char *quant_kind_name(quant_kind k) {
+    return (unsigned)k < sizeof kind_names / sizeof *kind_names ? kind_names[k] : "?";
+}
+
+bool quant_kind_from_name(const char *name, quant_kind *out) {
+    for (unsigned i = 0; i < sizeof kind_names / sizeof *kind_names; i++)
+        if (strcmp(name, kind_names[i]) == 0) return *out = (quant_kind)i, true;
+    return false;
+}
+
+const char *quant_method_name(quant_method m) {
+    return (unsigned)m < sizeof method_names / sizeof *method_names ? method_names[m] : "?";
+}
+
+bool quant_method_from_name(const char *name, quant_method *out) {
+    for (unsigned i = 0; i < sizeof method_names / sizeof *method_names; i++)
+        if (strcmp(name, method_names[i]) == 0) return *out = (quant_method)i, true;
+    return false;
+}
+
+smelt_dtype quant_code_dtype(quant_kind k) {
+    switch (k) {
+    case QUANT_INT4: return SMELT_DTYPE_I4;
+    case QUANT_INT8: return SMELT_DTYPE_I8;
+    case QUANT_FP8: return SMELT_DTYPE_F8E4M3;
+    default: return SMELT_DTYPE_UNKNOWN;
+    }
+}
+
+/* *at += size, rounded up to QUANT_ALIGN first; false on overflow. */
+static bool place(uint64_t *at, uint64_t size, uint64_t *offset) {
+    uint64_t start = (*at + QUANT_ALIGN - 1) / QUANT_ALIGN * QUANT_ALIGN;
+    if (start < *at || size > UINT64_MAX - start) return false;
+    *offset = size ? start : 0;
+    *at = size ? start + size : *at;
+    return true;
+}
+
+/* a * b, or false when it overflows. */
+static bool mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
+    if (b && a > UINT64_MAX / b) return false;
+    *out = a * b;
+    return true;
+}
+
+const char *quant_layout_of(const quant_format *f, uint64_t rows, uint64_t cols, quant_layout *out) {
+    memset(out, 0, sizeof *out);
+    if (f->kind != QUANT_INT4 && f->kind != QUANT_INT8 && f->kind != QUANT_FP8)
+        return "the format is no quantization";
+    if (f->group == 0 || cols % f->group != 0) return "the group size does not divide the input columns";
+    if (f->has_zero && f->kind != QUANT_INT4) return "only int4 has zero points";
+    uint64_t elements, code_bits, groups = cols / f->group, group_elements;
+    code_bits = f->kind == QUANT_INT4 ? 4 : 8;
+    if (!mul_ok(rows, cols, &elements) || !mul_ok(rows, groups, &group_elements) || elements > UINT64_MAX / 8)
+        return "the weight's size overflows";
+    out->rows = rows, out->cols = cols, out->groups = groups;
+    out->codes_bytes = (elements * code_bits + 7) / 8;
+    if (!mul_ok(group_elements, 2, &out->scales_bytes)) return "the weight's size overflows";
+    out->zeros_bytes = f->has_zero ? group_elements / 2 + group_elements % 2 : 0;
+    if (f->has_group_index && !mul_ok(cols, 4, &out->group_index_bytes)) return "the weight's size overflows";
+    if (f->has_column_scale && !mul_ok(cols, 4, &out->column_scale_bytes))
+        return "the weight's size overflows";
+    uint64_t at = 0;
+    if (!place(&at, out->codes_bytes, &out->codes) || !place(&at, out->scales_bytes, &out->scales) ||
+        !place(&at, out->zeros_bytes, &out->zeros) ||
+        !place(&at, out->group_index_bytes, &out->group_index) ||
+        !place(&at, out->column_scale_bytes, &out->column_scale))
+        return "the weight's size overflows";
+    out->total = at;
+    return NULL;
+}
+
+static unsigned nibble(const uint8_t *bytes, uint64_t i) { return (bytes[i / 2] >> (i % 2 * 4)) & 15u; }
+
+static void set_nibble(uint8_t *bytes, uint64_t i, unsigned v) {
+    uint8_t shift = (uint8_t)(i % 2 * 4);
+    bytes[i / 2] = (uint8_t)((bytes[i / 2] & ~(15u << shift)) | ((v & 15u) << shift));
+}
+
+static uint32_t load_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void store_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+unsigned quant_code(const quant_tensor *t, uint64_t row, uint64_t col) {
+    uint64_t i = row * t->layout.cols + col;
+    const uint8_t *codes = t->data + t->layout.codes;
+    return t->format.kind == QUANT_INT4 ? nibble(codes, i) : codes[i];
+}
+
+float quant_scale(const quant_tensor *t, uint64_t row, uint64_t group) {
+    const uint8_t *p = t->data + t->layout.scales + 2 * (row * t->layout.groups + group);
+    return plan_f16_to_f32((uint16_t)(p[0] | p[1] << 8));
+}
+
+unsigned quant_zero(const quant_tensor *t, uint64_t row, uint64_t group) {
+    if (t->format.kind != QUANT_INT4) return 0;
+    if (!t->format.has_zero) return 8;
+    return nibble(t->data + t->layout.zeros, row * t->layout.groups + group);
+}
+
+uint64_t quant_group_of(const quant_tensor *t, uint64_t col) {
+    if (!t->format.has_group_index) return col / t->format.group;
+    return load_u32(t->data + t->layout.group_index + 4 * col);
+}
+
+float quant_column_scale(const quant_tensor *t, uint64_t col) {
+    if (!t->format.has_column_scale) return 1.0f;
+    return plan_f32_from_bits(load_u32(t->data + t->layout.column_scale + 4 * col));
+}
+
+float quant_value(const quant_tensor *t, uint64_t row, uint64_t col) {
+    uint64_t g = quant_group_of(t, col);
+    unsigned q = quant_code(t, row, col);
+    float code;
+    switch (t->format.kind) {
+    case QUANT_INT4: code = (float)((int)q - (int)quant_zero(t, row, g)); break;
+    case QUANT_INT8: code = (float)(int8_t)(uint8_t)q; break;
+    default: code = plan_f8e4m3_to_f32((uint8_t)q); break;
+    }
+    return code * quant_scale(t, row, g) * quant_column_scale(t, col);
+}
+
+void quant_dequantize(const quant_tensor *t, float *out) {
+    for (uint64_t n = 0; n < t->layout.rows; n++)
+        for (uint64_t k = 0; k < t->layout.cols; k++)
+            out[n * t->layout.cols + k] = quant_value(t, n, k);
+}
+
+static void store_scale(quant_tensor *t, uint64_t row, uint64_t group, float s) {
+    uint16_t h = plan_f32_to_f16(s);
+    uint8_t *p = t->data + t->layout.scales + 2 * (row * t->layout.groups + group);
+    p[0] = (uint8_t)h, p[1] = (uint8_t)(h >> 8);
+}
+
+static float clampf(float v, float lo, float hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* The stored f16 scale for a group whose wanted scale is `s`: never zero, so
+ * a group of zeros (or one too small for f16) still divides. */
+static float stored_scale(float s) {
+    float h = plan_f16_to_f32(plan_f32_to_f16(s));
+    return h > 0 && isfinite(h) ? h : 1.0f;
+}
+
+const char *quant_rtn(const float *w, const float *column_scale, quant_tensor *t) {
+    const quant_format *f = &t->format;
+    const quant_layout *l = &t->layout;
+    if (f->has_group_index) return "round-to-nearest quantizes contiguous groups; act-order is GPTQ's";
+    if (f->has_column_scale != (column_scale != NULL))
+        return "column scales are given exactly when the format has them";
+    for (uint64_t k = 0; column_scale && k < l->cols; k++) {
+        if (!(column_scale[k] > 0) || !isfinite(column_scale[k])) return "a column scale is not positive";
+        store_u32(t->data + l->column_scale + 4 * k, plan_f32_to_bits(column_scale[k]));
+    }
+    for (uint64_t n = 0; n < l->rows; n++) {
+        const float *row = w + n * l->cols;
+        for (uint64_t g = 0; g < l->groups; g++) {
+            uint64_t k0 = g * f->group;
+            float lo = 0, hi = 0, amax = 0;
+            for (uint64_t k = k0; k < k0 + f->group; k++) {
+                float v = row[k] / (column_scale ? column_scale[k] : 1.0f);
+                lo = v < lo ? v : lo, hi = v > hi ? v : hi;
+                amax = fabsf(v) > amax ? fabsf(v) : amax;
+            }
+            float s;
+            unsigned z = 0;
+            switch (f->kind) {
+            case QUANT_INT4:
+                if (f->has_zero) {
+                    s = stored_scale((hi - lo) / 15.0f);
+                    z = (unsigned)clampf(nearbyintf(-lo / s), 0, 15);
+                    set_nibble(t->data + l->zeros, n * l->groups + g, z);
+                } else {
+                    s = stored_scale(amax / 7.0f);
+                    z = 8;
+                }
+                break;
+            case QUANT_INT8: s = stored_scale(amax / 127.0f); break;
+            default: s = stored_scale(amax / 448.0f); break;
+            }
+            store_scale(t, n, g, s);
+            for (uint64_t k = k0; k < k0 + f->group; k++) {
+                float v = row[k] / (column_scale ? column_scale[k] : 1.0f) / s;
+                uint64_t i = n * l->cols + k;
+                uint8_t *codes = t->data + l->codes;
+                switch (f->kind) {
+                case QUANT_INT4:
+                    set_nibble(codes, i, (unsigned)clampf(nearbyintf(v) + (float)z, 0, 15));
+                    break;
+                case QUANT_INT8: codes[i] = (uint8_t)(int8_t)clampf(nearbyintf(v), -127, 127); break;
+                default: codes[i] = plan_f32_to_f8e4m3(clampf(v, -448, 448)); break;
+                }
+            }
+        }
+    }
+    return NULL;
+}
