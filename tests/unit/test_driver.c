@@ -73,12 +73,18 @@ static void step_fixture(const drv_model_options *o, float *logits) {
     const drv_model_info *info = drv_model_get_info(model);
     assert_int_equal(info->vocab, VOCAB);
     assert_true(info->max_step_tokens == 0 || info->max_step_tokens >= STEP);
-    assert_true(drv_model_step(model, ids, pos, STEP, logits, &c.d));
+    assert_true(drv_model_step(model, ids, pos, STEP, DRV_ROWS_ALL, logits, &c.d));
     /* A reset sequence gives the same logits again. */
     float again[STEP * VOCAB];
     drv_model_reset(model);
-    assert_true(drv_model_step(model, ids, pos, STEP, again, &c.d));
+    assert_true(drv_model_step(model, ids, pos, STEP, DRV_ROWS_ALL, again, &c.d));
     assert_memory_equal(logits, again, sizeof again);
+    /* The last row alone (an engine runs its output head on that row only)
+     * is the last row of all, bit for bit. */
+    float last[VOCAB];
+    drv_model_reset(model);
+    assert_true(drv_model_step(model, ids, pos, STEP, DRV_ROWS_LAST, last, &c.d));
+    assert_memory_equal(last, logits + (STEP - 1) * VOCAB, sizeof last);
     assert_int_equal(c.d.error_count, 0);
     drv_model_close(model);
     capture_free(&c);

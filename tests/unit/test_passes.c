@@ -512,7 +512,7 @@ static void test_driver_refuses_an_unknown_print_after(void **state) {
     char *text = run_printing(f, "infer-shapes", "kv-paging", &ok);
     assert_false(ok);
     assert_log_has(f, "cannot print the IR after unknown pass 'kv-paging'; known passes: infer-shapes, "
-                      "canonicalize, precision, fuse, schedule, plan-memory");
+                      "canonicalize, precision, fuse, wanted-rows, schedule, plan-memory");
     free(text);
 }
 
