@@ -27,7 +27,10 @@
  * and C by T - 1 rows), so that the logits' row T - 1 is where it always
  * is; on one that wants none, not at all. They are chosen by the step's T
  * like every instruction (prog_instr_runs), so the last row's logits are
- * the same kernels' as when every row is computed.
+ * the same kernels' as when every row is computed; and a wanted-rows GEMM
+ * on a step that wants all rows computes its last row by itself (a BLAS
+ * picks its kernels by the row count), so that a row's logits are the same
+ * bits whichever rows a step wants.
  *
  * Buffers are named by prog_ref: arena + byte offset, weight + byte offset, or
  * state + byte offset. Launch rules and GEMM row counts are affine in T:

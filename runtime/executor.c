@@ -159,8 +159,20 @@ static smelt_status run_instructions(rt_executor *x, uint32_t tokens, prog_rows 
         if (!prog_instr_runs(in, tokens)) continue; /* guarded for another token count */
         if (in->wanted_rows && rows == PROG_ROWS_NONE) continue;
         uint32_t at = (uint32_t)prog_instr_tokens(in, tokens, rows), skipped = tokens - at;
-        smelt_status s = in->op == PROG_OP_LAUNCH ? run_launch(x, i, &in->as.launch, at, skipped, e)
-                                                  : run_gemm(x, i, &in->as.gemm, at, skipped, e);
+        smelt_status s;
+        if (in->op == PROG_OP_LAUNCH) {
+            s = run_launch(x, i, &in->as.launch, at, skipped, e);
+        } else if (in->wanted_rows && rows == PROG_ROWS_ALL && tokens > 1) {
+            /* A BLAS picks its kernels by the row count, so row T - 1 of a
+             * T-row product may differ in its last bits from the same row
+             * alone: the last row by itself, as a step wanting it alone
+             * computes it, so that a row's logits are the same whichever
+             * rows a step wants (program.h). */
+            s = run_gemm(x, i, &in->as.gemm, tokens - 1, 0, e);
+            if (s == SMELT_OK) s = run_gemm(x, i, &in->as.gemm, 1, tokens - 1, e);
+        } else {
+            s = run_gemm(x, i, &in->as.gemm, at, skipped, e);
+        }
         if (s != SMELT_OK) return s;
     }
     return SMELT_OK;

@@ -160,7 +160,6 @@ static void toy_program_make(toy_program *t, bool bf16, bool in_plan, int64_t ma
         t->instrs[0] = toy_launch(0);
         t->instrs[1] = toy_gemm(arena_at(AT_H), SMELT_DTYPE_F32, weight_at(1), SMELT_DTYPE_F32, true,
                                 arena_at(AT_LOGITS), SMELT_DTYPE_F32, true, weight_at(2), SMELT_DTYPE_F32);
-        t->instrs[1].wanted_rows = true; /* the output head */
         p->instr_count = 2;
     } else {
         t->weights[1] = toy_weight("toy.mix.weight", SMELT_DTYPE_BF16, WIDTH, WIDTH, in_plan ? 64 : none);
@@ -172,7 +171,6 @@ static void toy_program_make(toy_program *t, bool bf16, bool in_plan, int64_t ma
                                 arena_at(AT_H2), SMELT_DTYPE_BF16, true, weight_at(2), SMELT_DTYPE_BF16);
         t->instrs[2] = toy_gemm(arena_at(AT_H2), SMELT_DTYPE_BF16, weight_at(3), SMELT_DTYPE_BF16, true,
                                 arena_at(AT_LOGITS), SMELT_DTYPE_F32, false, weight_at(0), SMELT_DTYPE_F32);
-        t->instrs[1].wanted_rows = t->instrs[2].wanted_rows = true; /* h2 feeds only the head */
         p->instr_count = 3;
     }
     p->weights = t->weights;
@@ -307,6 +305,7 @@ typedef struct toy_plan_options {
     int64_t max_positions;
     bool has_eos; /* the model has an EOS id: eos */
     int32_t eos;
+    bool wanted_head; /* the GEMMs are the output head: wanted-rows instructions */
 } toy_plan_options;
 
 static void write_toy_plan(const char *path, const toy_plan_options *o) {
@@ -319,6 +318,8 @@ static void write_toy_plan(const char *path, const toy_plan_options *o) {
         t.p.eos_count = 1;
         t.p.eos[0] = o->eos;
     }
+    for (uint32_t i = 1; o->wanted_head && i < t.p.instr_count; i++)
+        t.instrs[i].wanted_rows = true; /* bf16: h2 feeds only the head */
     uint8_t *program_bytes;
     size_t program_size;
     assert_true(program_encode(&t.p, &program_bytes, &program_size));
@@ -564,6 +565,7 @@ static void test_program_decode_refuses_lies(void **state) {
     /* Wanted rows: what runs at one token on the last rows stays inside
      * what it may touch at T (program.c). */
     toy_program_make(&t, false, true, 0);
+    t.instrs[1].wanted_rows = true;
     t.instrs[1].as.gemm.m = (prog_affine){1, 0, 2}; /* T / 2 rows: row T - 1 is no token's */
     expect_refused(&t, "instruction 1: a gemm on the wanted rows has rows rule ceil((1 * T + 0) / 2), not T");
     toy_program_make(&t, false, true, 0);
@@ -937,7 +939,7 @@ static void test_sampler(void **state) {
 
 static void test_host_forward_f32(void **state) {
     (void)state;
-    toy_plan_options o = {.host_kernels = true, .weights_in_plan = true};
+    toy_plan_options o = {.host_kernels = true, .weights_in_plan = true, .wanted_head = true};
     smelt_plan *plan = open_toy_plan("f32.plan", &o);
     smelt_plan_info info;
     assert_int_equal(smelt_plan_get_info(plan, &info), SMELT_OK);
@@ -981,7 +983,7 @@ static void test_host_forward_f32(void **state) {
     assert_int_equal(stats.prefill_tokens, 4 * 3);
     assert_int_equal(stats.decode_tokens, 0);
     assert_int_equal(stats.steps, 4);
-    assert_int_equal(stats.launches_per_step, 2); /* one kernel, one GEMM */
+    assert_int_equal(stats.launches_per_step, 3); /* one kernel; the head GEMM, its last row by itself */
 
     /* A decode step of one token. */
     const int32_t one = 0, at = 3;
@@ -1018,7 +1020,7 @@ static void test_host_forward_f32(void **state) {
 
 static void test_host_forward_bf16(void **state) {
     (void)state;
-    toy_plan_options o = {.bf16 = true, .host_kernels = true, .weights_in_plan = true};
+    toy_plan_options o = {.bf16 = true, .host_kernels = true, .weights_in_plan = true, .wanted_head = true};
     smelt_plan *plan = open_toy_plan("bf16.plan", &o);
     smelt_engine *engine = host_engine(plan);
     smelt_plan_close(plan);
@@ -1033,6 +1035,11 @@ static void test_host_forward_bf16(void **state) {
                                        4.5f, 148.0f, 3.75f, 78.875f}; /* h2 = (4.5, 2, 146, 5.25) */
     assert_memory_equal(logits, expected, sizeof expected);
     smelt_stats stats;
+    assert_int_equal(smelt_engine_stats(engine, &stats), SMELT_OK);
+    assert_int_equal(stats.launches_per_step, 5); /* a kernel and 2 head GEMMs, each with its last row apart */
+    float last[VOCAB];
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_LAST, last, VOCAB), SMELT_OK);
+    assert_memory_equal(last, expected + 2 * VOCAB, sizeof last);
     assert_int_equal(smelt_engine_stats(engine, &stats), SMELT_OK);
     assert_int_equal(stats.launches_per_step, 3);
     smelt_engine_destroy(engine);
@@ -1445,7 +1452,7 @@ static void test_executor_wanted_rows(void **state) {
     toy_program t;
     toy_program_make(&t, false, true, 0);
     prog_launch *embed = &t.instrs[0].as.launch;
-    t.instrs[0].wanted_rows = true; /* as if its h fed the head alone */
+    t.instrs[0].wanted_rows = t.instrs[1].wanted_rows = true; /* as if its h fed the head alone */
     embed->args[0].row_bytes = 4;         /* ids */
     embed->args[2].row_bytes = WIDTH * 4; /* h */
     embed->rule.grid[0] = (prog_affine){1, 0, 1}; /* a block per token: T blocks */
@@ -1464,9 +1471,12 @@ static void test_executor_wanted_rows(void **state) {
     assert_int_equal(device.launches[0].tokens, 5);
     assert_ptr_equal(device.launches[0].pointers[0], arena + AT_IDS);
     assert_ptr_equal(device.launches[0].pointers[2], arena + AT_H);
-    assert_int_equal(device.last_gemm_m, 5);
-    assert_ptr_equal(device.last_gemm_a, arena + AT_H);
-    assert_ptr_equal(device.last_gemm_c, arena + AT_LOGITS);
+    /* Rows 0-3, then the last by itself (as a step wanting it alone computes it). */
+    assert_int_equal(device.gemm_count, 2);
+    assert_int_equal(device.last_gemm_m, 1);
+    assert_ptr_equal(device.last_gemm_a, arena + AT_H + 4 * WIDTH * 4);
+    assert_ptr_equal(device.last_gemm_c, arena + AT_LOGITS + 4 * VOCAB * 4);
+    assert_int_equal(x.launches_last_step, 3);
 
     /* The last of 5 rows: one block at one token, 4 rows on. */
     memset(logits, 0, sizeof logits);
@@ -1479,7 +1489,7 @@ static void test_executor_wanted_rows(void **state) {
     assert_ptr_equal(device.launches[1].pointers[0], arena + AT_IDS + 4 * 4);
     assert_ptr_equal(device.launches[1].pointers[1], weights[0]); /* not moved */
     assert_ptr_equal(device.launches[1].pointers[2], arena + AT_H + 4 * WIDTH * 4);
-    assert_int_equal(device.gemm_count, 2);
+    assert_int_equal(device.gemm_count, 3);
     assert_int_equal(device.last_gemm_m, 1);
     assert_ptr_equal(device.last_gemm_a, arena + AT_H + 4 * WIDTH * 4);
     assert_ptr_equal(device.last_gemm_c, arena + AT_LOGITS + 4 * VOCAB * 4);
@@ -1490,7 +1500,7 @@ static void test_executor_wanted_rows(void **state) {
     /* No rows: the head does not run, nothing is copied (logits may be NULL). */
     assert_int_equal(rt_executor_step(&x, ids, pos, 5, PROG_ROWS_NONE, NULL, NULL, &e), SMELT_OK);
     assert_int_equal(device.launch_count, 2);
-    assert_int_equal(device.gemm_count, 2);
+    assert_int_equal(device.gemm_count, 3);
     assert_int_equal(x.launches_last_step, 0);
     rt_executor_free(&x);
 }
