@@ -342,7 +342,8 @@ static void print_seconds(FILE *out, double seconds) {
 
 static void print_step(FILE *out, const plan_facts *f, const step_model *m) {
     if (m->step.prefill)
-        fprintf(out, "\n  prefill of %" PRId64 " tokens (context 0; the last row's logits):\n", m->step.tokens);
+        fprintf(out, "\n  prefill of %" PRId64 " tokens (context 0; the last row's logits):\n",
+                m->step.tokens);
     else
         fprintf(out, "\n  decode step at context %" PRId64 " (1 token):\n", m->step.context);
     fprintf(out, "    launches:       %" PRIu32 " per step", m->launches);

@@ -406,8 +406,10 @@ static void check_wanted_rows(verifier *v) {
             ir_value_id x = op->operands[j];
             if (x < m->value_count && m->values[x].def_op < m->op_count &&
                 m->ops[m->values[x].def_op].wanted_rows)
-                violation(v, op, "operand %u is computed on the wanted rows alone (rows(wanted)) but this op "
-                          "reads every row", j);
+                violation(v, op,
+                          "operand %u is computed on the wanted rows alone (rows(wanted)) but this op "
+                          "reads every row",
+                          j);
         }
     }
     for (uint32_t i = 0; i < m->op_count && !diag_should_stop(v->d); i++) {

@@ -629,10 +629,11 @@ static bool check_wanted_launch(decoder *d, uint32_t i, bool wanted_rows, const 
                         (unsigned long long)arg->row_bytes);
         if (arg->ref.buffer != PROG_BUFFER_ARENA || arg->extent.c != 1 || arg->extent.b < 0 ||
             arg->row_bytes > (uint64_t)arg->extent.a)
-            return fail(d,
-                        "instruction %u argument %u: a pointer moved by %llu bytes a row must be into the arena "
-                        "with an extent of at least that many bytes a token",
-                        i, a, (unsigned long long)arg->row_bytes);
+            return fail(
+                d,
+                "instruction %u argument %u: a pointer moved by %llu bytes a row must be into the arena "
+                "with an extent of at least that many bytes a token",
+                i, a, (unsigned long long)arg->row_bytes);
     }
     for (int k = 0; wanted_rows && k < 3; k++)
         if (prog_affine_eval(l->rule.grid[k], 1) <= 0)
@@ -789,13 +790,18 @@ static bool decode_instrs(decoder *d) {
         bool ok;
         switch (in->op) {
         case PROG_OP_LAUNCH:
-            ok = decode_launch(d, i, &in->as.launch) && check_wanted_launch(d, i, in->wanted_rows, &in->as.launch);
+            ok = decode_launch(d, i, &in->as.launch) &&
+                 check_wanted_launch(d, i, in->wanted_rows, &in->as.launch);
             break;
         case PROG_OP_GEMM:
             ok = decode_gemm(d, i, &in->as.gemm);
-            if (ok && in->wanted_rows && !(in->as.gemm.m.a == 1 && in->as.gemm.m.b == 0 && in->as.gemm.m.c == 1))
-                ok = fail(d, "instruction %u: a gemm on the wanted rows has rows rule ceil((%lld * T + %lld) / %lld), "
-                          "not T", i, (long long)in->as.gemm.m.a, (long long)in->as.gemm.m.b, (long long)in->as.gemm.m.c);
+            if (ok && in->wanted_rows &&
+                !(in->as.gemm.m.a == 1 && in->as.gemm.m.b == 0 && in->as.gemm.m.c == 1))
+                ok = fail(
+                    d,
+                    "instruction %u: a gemm on the wanted rows has rows rule ceil((%lld * T + %lld) / %lld), "
+                    "not T",
+                    i, (long long)in->as.gemm.m.a, (long long)in->as.gemm.m.b, (long long)in->as.gemm.m.c);
             break;
         default: return fail(d, "instruction %u has unknown op %u", i, in->op);
         }

@@ -208,8 +208,9 @@ smelt_status smelt_engine_forward(smelt_engine *engine, const int32_t *ids, cons
         return rt_last_error_set(SMELT_ERROR_CAPACITY,
                                  "logits of %u tokens need %llu floats but the buffer holds %zu", returned,
                                  (unsigned long long)(returned * p->vocab), capacity);
-    prog_rows wanted = rows == SMELT_LOGITS_ALL ? PROG_ROWS_ALL : rows == SMELT_LOGITS_LAST ? PROG_ROWS_LAST
-                                                                                         : PROG_ROWS_NONE;
+    prog_rows wanted = rows == SMELT_LOGITS_ALL    ? PROG_ROWS_ALL
+                       : rows == SMELT_LOGITS_LAST ? PROG_ROWS_LAST
+                                                   : PROG_ROWS_NONE;
     return run_step(engine, ids, pos, n, wanted, logits, NULL);
 }
 

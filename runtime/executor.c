@@ -235,8 +235,9 @@ smelt_status rt_executor_step(rt_executor *x, const int32_t *ids, const int32_t 
     if (rows != PROG_ROWS_ALL && rows != PROG_ROWS_LAST && rows != PROG_ROWS_NONE)
         return rt_fail(e, SMELT_ERROR_INVALID_ARGUMENT, "unknown logits rows %d", (int)rows);
     if (greedy_token && rows != PROG_ROWS_LAST)
-        return rt_fail(e, SMELT_ERROR_INVALID_ARGUMENT, "the greedy token is of the last row: a step that "
-                                                        "asks for it wants the last row's logits");
+        return rt_fail(e, SMELT_ERROR_INVALID_ARGUMENT,
+                       "the greedy token is of the last row: a step that "
+                       "asks for it wants the last row's logits");
     uint64_t bytes = (uint64_t)tokens * sizeof(int32_t);
     if ((s = ops->copy_in(x->device, rt_address_at(x->arena, p->input_ids.offset), ids, bytes, e)) !=
             SMELT_OK ||

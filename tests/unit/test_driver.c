@@ -353,12 +353,9 @@ static void test_plan_tokenizer_must_fit(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_names_and_tokenizer),
-        cmocka_unit_test(test_plan_compiled_here),
-        cmocka_unit_test(test_last_row_is_the_last_of_all),
-        cmocka_unit_test(test_plan_bound_from_checkpoint),
-        cmocka_unit_test(test_source_with_weights),
-        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_names_and_tokenizer),         cmocka_unit_test(test_plan_compiled_here),
+        cmocka_unit_test(test_last_row_is_the_last_of_all), cmocka_unit_test(test_plan_bound_from_checkpoint),
+        cmocka_unit_test(test_source_with_weights),         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_plan_tokenizer_must_fit),
     };
     return cmocka_run_group_tests(tests, reference_setup, NULL);

@@ -142,7 +142,7 @@ static void canonicalize_ok(fixture *f) {
 static void test_table_is_in_pipeline_order(void **state) {
     size_t count;
     const pass_info *passes = pass_table(&count);
-    static const char *const order[] = {"infer-shapes", "canonicalize", "precision", "fuse",
+    static const char *const order[] = {"infer-shapes", "canonicalize", "precision",  "fuse",
                                         "wanted-rows",  "schedule",     "plan-memory"};
     assert_int_equal(count, 7);
     for (size_t i = 0; i < count; i++)

@@ -956,7 +956,8 @@ static void test_host_forward_f32(void **state) {
     /* h = onehot(id) * 2 + (0.5, -1, 3, 0.25); logits = h W^T + (0, 1, -2, 10). */
     const int32_t ids[3] = {2, 0, 3}, pos[3] = {0, 1, 2};
     float logits[3 * VOCAB];
-    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB), SMELT_OK);
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB),
+                     SMELT_OK);
     const float expected[3 * VOCAB] = {0.5f, 5.0f, -1.25f, 12.375f,  /* id 2: h = (0.5, -1, 5, 0.25) */
                                        2.5f, 3.0f, 2.75f,  12.375f,  /* id 0: h = (2.5, -1, 3, 0.25) */
                                        0.5f, 3.0f, -3.25f, 12.375f}; /* id 3: h = (0.5, -1, 3, 2.25) */
@@ -976,7 +977,8 @@ static void test_host_forward_f32(void **state) {
                      SMELT_ERROR_INVALID_ARGUMENT);
     assert_non_null(strstr(smelt_last_error(), "rows 7 is not a smelt_logits"));
     assert_int_equal(smelt_engine_reset(engine), SMELT_OK);
-    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB), SMELT_OK);
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB),
+                     SMELT_OK);
 
     smelt_stats stats;
     assert_int_equal(smelt_engine_stats(engine, &stats), SMELT_OK);
@@ -996,10 +998,12 @@ static void test_host_forward_f32(void **state) {
 
     /* Bad input is refused with a message. */
     const int32_t bad_id = 4;
-    assert_int_equal(smelt_engine_forward(engine, &bad_id, &at, 1, SMELT_LOGITS_LAST, row, VOCAB), SMELT_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(smelt_engine_forward(engine, &bad_id, &at, 1, SMELT_LOGITS_LAST, row, VOCAB),
+                     SMELT_ERROR_INVALID_ARGUMENT);
     assert_non_null(
         strstr(smelt_last_error(), "token id 4 (token 0 of the step) is outside the vocabulary [0, 4)"));
-    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB - 1), SMELT_ERROR_CAPACITY);
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB - 1),
+                     SMELT_ERROR_CAPACITY);
     assert_int_equal(smelt_engine_forward(engine, ids, pos, 9, SMELT_LOGITS_ALL, logits, 9 * VOCAB),
                      SMELT_ERROR_INVALID_ARGUMENT);
     assert_non_null(strstr(smelt_last_error(), "a step of 9 tokens is outside [1, 8]"));
@@ -1029,14 +1033,16 @@ static void test_host_forward_bf16(void **state) {
      * (146); logits = h2 W^T in f32. */
     const int32_t ids[3] = {2, 0, 3}, pos[3] = {0, 1, 2};
     float logits[3 * VOCAB];
-    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB), SMELT_OK);
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB),
+                     SMELT_OK);
     const float expected[3 * VOCAB] = {6.5f, 21.5f,  9.75f, 15.625f,  /* h2 = (6.5, 4, 17.5, 3.25) */
                                        6.5f, 23.5f,  9.75f, 16.625f,  /* h2 = (6.5, 2, 21.5, 3.25) */
                                        4.5f, 148.0f, 3.75f, 78.875f}; /* h2 = (4.5, 2, 146, 5.25) */
     assert_memory_equal(logits, expected, sizeof expected);
     smelt_stats stats;
     assert_int_equal(smelt_engine_stats(engine, &stats), SMELT_OK);
-    assert_int_equal(stats.launches_per_step, 5); /* a kernel and 2 head GEMMs, each with its last row apart */
+    assert_int_equal(stats.launches_per_step,
+                     5); /* a kernel and 2 head GEMMs, each with its last row apart */
     float last[VOCAB];
     assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_LAST, last, VOCAB), SMELT_OK);
     assert_memory_equal(last, expected + 2 * VOCAB, sizeof last);
@@ -1088,7 +1094,8 @@ static void test_bind_and_generate(void **state) {
     /* Nothing runs before every weight is bound. */
     const int32_t id = 1, at = 0;
     float row[VOCAB];
-    assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, SMELT_LOGITS_LAST, row, VOCAB), SMELT_ERROR_MISSING_WEIGHT);
+    assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, SMELT_LOGITS_LAST, row, VOCAB),
+                     SMELT_ERROR_MISSING_WEIGHT);
     assert_non_null(
         strstr(smelt_last_error(), "weight 'toy.embed_bias' is not bound (3 of 3 weights are missing)"));
     const float wrong[6] = {0};
@@ -1233,7 +1240,8 @@ static void test_bind_stacked(void **state) {
     const int64_t part_shape[1] = {3}, whole_shape[2] = {2, 3};
     assert_int_equal(smelt_engine_bind_weight(engine, "experts.0.w", SMELT_DTYPE_F32, part, part_shape, 1),
                      SMELT_OK);
-    assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, SMELT_LOGITS_LAST, row, VOCAB), SMELT_ERROR_MISSING_WEIGHT);
+    assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, SMELT_LOGITS_LAST, row, VOCAB),
+                     SMELT_ERROR_MISSING_WEIGHT);
     assert_non_null(strstr(smelt_last_error(), "weight 'experts.{e}.w' (in part) is not bound (1 of 5"));
     assert_int_equal(smelt_engine_bind_weight(engine, "experts.2.w", SMELT_DTYPE_F32, part, part_shape, 1),
                      SMELT_ERROR_INVALID_ARGUMENT);
@@ -1434,7 +1442,8 @@ static void test_executor_graphs(void **state) {
 
     /* Steps the program cannot take are refused before the device is used. */
     int launches = device.launch_count;
-    assert_int_equal(rt_executor_step(&x, ids, pos, 9, PROG_ROWS_ALL, logits, NULL, &e), SMELT_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(rt_executor_step(&x, ids, pos, 9, PROG_ROWS_ALL, logits, NULL, &e),
+                     SMELT_ERROR_INVALID_ARGUMENT);
     assert_int_equal(rt_executor_step(&x, ids, pos, 2, (prog_rows)3, logits, NULL, &e),
                      SMELT_ERROR_INVALID_ARGUMENT);
     int32_t token;
@@ -1453,9 +1462,9 @@ static void test_executor_wanted_rows(void **state) {
     toy_program_make(&t, false, true, 0);
     prog_launch *embed = &t.instrs[0].as.launch;
     t.instrs[0].wanted_rows = t.instrs[1].wanted_rows = true; /* as if its h fed the head alone */
-    embed->args[0].row_bytes = 4;         /* ids */
-    embed->args[2].row_bytes = WIDTH * 4; /* h */
-    embed->rule.grid[0] = (prog_affine){1, 0, 1}; /* a block per token: T blocks */
+    embed->args[0].row_bytes = 4;                             /* ids */
+    embed->args[2].row_bytes = WIDTH * 4;                     /* h */
+    embed->rule.grid[0] = (prog_affine){1, 0, 1};             /* a block per token: T blocks */
     recording_device device = {.base.ops = &recording_ops};
     float weight_memory[3][16] = {{0}};
     void *weights[3] = {weight_memory[0], weight_memory[1], weight_memory[2]};
@@ -1604,12 +1613,14 @@ static void test_cuda_on_gpu(void **state) {
         smelt_plan_close(plan);
         assert_non_null(strstr(smelt_engine_device_name(engine), "cuda:0"));
         float logits[3 * VOCAB];
-        assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB), SMELT_OK);
+        assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB),
+                         SMELT_OK);
         assert_memory_equal(logits, expected[bf16], sizeof logits);
         for (int step = 0; step < 3; step++) { /* run, capture + replay, replay: the same row each time */
             const int32_t id = 2, at = 3 + step;
             float row[VOCAB] = {NAN, NAN, NAN, NAN};
-            assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, SMELT_LOGITS_LAST, row, VOCAB), SMELT_OK);
+            assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, SMELT_LOGITS_LAST, row, VOCAB),
+                             SMELT_OK);
             assert_memory_equal(row, expected[bf16], sizeof row);
         }
         smelt_stats stats;
@@ -1687,7 +1698,8 @@ static void test_cuda_on_fake_driver(void **state) {
     assert_string_equal(smelt_engine_device_name(engine), "cuda:0 Fake GPU (sm_90)");
     const int32_t ids[3] = {2, 0, 3}, pos[3] = {0, 1, 2};
     float logits[3 * VOCAB];
-    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB), SMELT_OK);
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB),
+                     SMELT_OK);
     const float expected[3 * VOCAB] = {0.5f,  5.0f,    -1.25f, 12.375f, 2.5f,   3.0f,
                                        2.75f, 12.375f, 0.5f,   3.0f,    -3.25f, 12.375f};
     assert_memory_equal(logits, expected, sizeof expected);
@@ -1720,7 +1732,8 @@ static void test_cuda_on_fake_driver(void **state) {
     plan = open_toy_plan("cuda-bf16.plan", &o);
     engine = cuda_engine(plan);
     smelt_plan_close(plan);
-    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB), SMELT_OK);
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB),
+                     SMELT_OK);
     const float expected_bf16[3 * VOCAB] = {6.5f,  21.5f,   9.75f, 15.625f, 6.5f,  23.5f,
                                             9.75f, 16.625f, 4.5f,  148.0f,  3.75f, 78.875f};
     assert_memory_equal(logits, expected_bf16, sizeof expected_bf16);
