@@ -7,7 +7,7 @@
  * that mixes rows (attention) and the output 'logits': the final norm and
  * the lm_head, and in a decoder the last layer's o projection and MLP too —
  * is row-wise, so on a step that wants the last row it can run on that row
- * alone: a 512-token prefill runs its lm_head as one GEMV, not a 512-row GEMM.
+ * alone: a 512-token prefill runs its lm_head on one row, not 512.
  *
  * Requires: fuse (kernel groups; a module without them is taken op by op).
  * Guarantees: op.wanted_rows (printed `rows(wanted)`) exactly on the live ops
