@@ -156,7 +156,7 @@ static bool score_window(drv_model *model, const int32_t *ids, size_t begin, siz
         uint32_t n = (uint32_t)(end - at < step ? end - at : step);
         for (uint32_t i = 0; i < n; i++)
             positions[i] = (int32_t)(at - begin + i);
-        if (!drv_model_step(model, ids + at, positions, n, logits, d)) return false;
+        if (!drv_model_step(model, ids + at, positions, n, DRV_ROWS_ALL, logits, d)) return false;
         /* logits row i predicts token at + i + 1 */
         for (uint32_t i = 0; i < n; i++) {
             size_t target = at + i + 1;

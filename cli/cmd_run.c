@@ -212,7 +212,7 @@ static long generate(drv_model *model, const int32_t *prompt, uint32_t prompt_le
     const drv_model_info *r = drv_model_get_info(model);
     uint64_t vocab = r->vocab, chunk = r->max_step_tokens ? r->max_step_tokens : prompt_length;
     if (chunk > prompt_length) chunk = prompt_length;
-    float *logits = rows ? cli_alloc(chunk * vocab * sizeof *logits) : NULL;
+    float *logits = rows ? cli_alloc(vocab * sizeof *logits) : NULL; /* a chunk's last row */
     int32_t next = -1; /* without rows: the argmax of the last step's last row */
     int32_t *positions = cli_alloc(prompt_length * sizeof *positions);
     for (uint32_t i = 0; i < prompt_length; i++)
@@ -226,9 +226,8 @@ static long generate(drv_model *model, const int32_t *prompt, uint32_t prompt_le
             ok = drv_model_step_greedy(model, prompt + at, positions + at, n, &next, d);
             continue;
         }
-        ok = drv_model_step(model, prompt + at, positions + at, n, logits, d);
-        if (ok && at + n == prompt_length)
-            memcpy(rows, logits + (uint64_t)(n - 1) * vocab, vocab * sizeof *rows);
+        ok = drv_model_step(model, prompt + at, positions + at, n, DRV_ROWS_LAST, logits, d);
+        if (ok && at + n == prompt_length) memcpy(rows, logits, vocab * sizeof *rows);
     }
     double prefill_seconds = seconds_now() - start;
 
@@ -253,7 +252,7 @@ static long generate(drv_model *model, const int32_t *prompt, uint32_t prompt_le
             break;
         }
         int32_t at = (int32_t)position;
-        ok = rows ? drv_model_step(model, &token, &at, 1, rows + (uint64_t)i * vocab, d)
+        ok = rows ? drv_model_step(model, &token, &at, 1, DRV_ROWS_LAST, rows + (uint64_t)i * vocab, d)
                   : drv_model_step_greedy(model, &token, &at, 1, &next, d);
         decoded += ok;
         kept += ok;

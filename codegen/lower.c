@@ -1,7 +1,9 @@
 /* lower.c - a lowered module becomes kernels, a launch program, a memory
  * plan and a weight table (see lower.h). In launch order, each kernel group
  * is emitted (codegen/emit.h) and becomes one GEMM or its kernels' launches;
- * buffers are where plan-memory put them.
+ * buffers are where plan-memory put them. A group the wanted-rows pass
+ * marked rows(wanted) becomes wanted-rows instructions (plan/program.h,
+ * "Wanted rows"), each pointer into a row-indexed value with its row size.
  */
 #include "lower.h"
 
@@ -228,6 +230,7 @@ static bool build_gemm(lowering_state *s, uint32_t i, prog_instr *instr) {
     const ir_module *m = s->m;
     const ir_op *op = &m->ops[i];
     prog_gemm *g = &instr->as.gemm;
+    instr->wanted_rows = op->wanted_rows;
     const ir_type *x = &m->values[op->operands[0]].type;
     const ir_type *y = &m->values[op->results[0]].type;
     instr->op = PROG_OP_GEMM;
@@ -250,8 +253,19 @@ static bool build_gemm(lowering_state *s, uint32_t i, prog_instr *instr) {
     return ok;
 }
 
+/* Bytes of one token row of value v when dim 0 is the tokens (a
+ * wanted-rows launch moves its pointer by that per row), else 0. */
+static uint64_t row_bytes_of(const ir_module *m, ir_value_id v) {
+    const ir_type *t = &m->values[v].type;
+    int32_t tokens = ir_token_symbol(m);
+    uint64_t bytes = 0;
+    if (t->rank == 0 || t->dims[0].symbol != tokens || !ir_type_bytes(m, t, tokens, 1, &bytes)) return 0;
+    return bytes;
+}
+
 static bool build_launch(lowering_state *s, uint32_t g, const cg_kernel *k, prog_instr *instr) {
     prog_launch *launch = &instr->as.launch;
+    instr->wanted_rows = s->m->ops[s->groups[g].ops[0]].wanted_rows;
     instr->op = PROG_OP_LAUNCH;
     launch->kernel = add_kernel(s, k);
     instr->min_tokens = k->min_tokens;
@@ -283,6 +297,7 @@ static bool build_launch(lowering_state *s, uint32_t g, const cg_kernel *k, prog
             arg->kind = PROG_ARG_POINTER;
             arg->extent = param->extent;
             arg->writes = param->writes;
+            arg->row_bytes = instr->wanted_rows ? row_bytes_of(s->m, param->value) : 0;
             if (!value_ref(s, param->value, &arg->ref)) {
                 diag_error(s->d, s->m->ops[s->groups[g].ops[0]].loc, "%s: operand %%%u has no buffer",
                            k->name, param->value);

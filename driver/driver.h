@@ -178,10 +178,16 @@ bool drv_model_open(const drv_model_options *o, drv_model **out, diag_engine *d)
 
 const drv_model_info *drv_model_get_info(const drv_model *m);
 
+/* Which rows of a step's logits drv_model_step writes: every token's
+ * (scoring), or the last one's (generation: an engine runs its output head
+ * on that row alone, smelt_engine_forward). */
+typedef enum drv_rows { DRV_ROWS_ALL, DRV_ROWS_LAST } drv_rows;
+
 /* One step: n tokens (1 <= n <= max_step_tokens when bounded) with their ids
- * and positions; writes logits [n, vocab] row-major. */
-bool drv_model_step(drv_model *m, const int32_t *ids, const int32_t *pos, uint32_t n, float *logits,
-                    diag_engine *d);
+ * and positions; writes logits [n, vocab] row-major, or with DRV_ROWS_LAST
+ * the last token's [vocab]. */
+bool drv_model_step(drv_model *m, const int32_t *ids, const int32_t *pos, uint32_t n, drv_rows rows,
+                    float *logits, diag_engine *d);
 /* One step for greedy decoding: *token is the argmax (the first largest,
  * NaN never wins) of the last token's logits. On an engine the device picks
  * it and only the id crosses to the host (smelt_engine_forward_greedy); the

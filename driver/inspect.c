@@ -23,14 +23,19 @@
  * the first that touches layer 1's caches to the first that touches layer
  * L's, over L - 1 (from layer 1's first on, when there is one layer).
  *
+ * A prefill step is modeled as generation runs it: wanting the last row's
+ * logits alone, so the output head's instructions (wanted-rows ones,
+ * plan/program.h) run at one token (their costs at T = 1) — `smelt eval`,
+ * which wants every row, runs them at T.
+ *
  * Unavoidable bytes of a step (what a perfect implementation still moves):
  * every weight read once, except an embedding table the ids index, of which
  * only the T rows gathered (unless a GEMM reads it whole, as a tied output
  * head does); the KV caches' C rows read once and the step's T new rows
  * written once; one row of logits (the sampled token's, f32) written once.
  * Unavoidable flops (the flop floor, at the tensor peak): the modeled flops,
- * but the output head's (the instruction writing the logits) for the
- * sampled row alone.
+ * the output head's for the sampled row alone — which is what the plan's
+ * wanted-rows instructions do, so the two agree.
  */
 #include "driver_internal.h"
 
@@ -226,31 +231,19 @@ static double unavoidable_bytes(const plan_facts *f, step_kind s) {
     return bytes;
 }
 
-/* Whether instruction `in` writes the logits (the output head). */
-static bool writes_logits(const program *p, const prog_instr *in) {
-    prog_ref at = p->logits;
-    if (in->op == PROG_OP_GEMM)
-        return in->as.gemm.c.buffer == at.buffer && in->as.gemm.c.index == at.index &&
-               in->as.gemm.c.offset == at.offset;
-    for (uint32_t a = 0; a < in->as.launch.arg_count; a++) {
-        const prog_arg *arg = &in->as.launch.args[a];
-        if (arg->kind == PROG_ARG_POINTER && arg->writes && arg->ref.buffer == at.buffer &&
-            arg->ref.index == at.index && arg->ref.offset == at.offset)
-            return true;
-    }
-    return false;
-}
-
 static bool model_step(const plan_facts *f, step_kind s, step_model *out) {
     const program *p = f->p;
     memset(out, 0, sizeof *out);
     out->step = s;
     out->rows = calloc(p->instr_count ? p->instr_count : 1, sizeof *out->rows);
     if (!out->rows) return false;
-    double t = (double)s.tokens, c = (double)s.context;
+    double c = (double)s.context;
     for (uint32_t i = 0; i < p->instr_count; i++) {
         const prog_instr *in = &p->instrs[i];
         if (!prog_instr_runs(in, s.tokens)) continue; /* made for other steps */
+        /* The output head on the sampled row alone (the file's comment). */
+        int64_t tokens = prog_instr_tokens(in, s.tokens, PROG_ROWS_LAST);
+        double t = (double)tokens;
         double read = prog_poly_eval(in->cost.read, t, c), written = prog_poly_eval(in->cost.written, t, c);
         double flops = prog_poly_eval(in->cost.flops, t, c);
         char name[NAME_LIMIT + 1];
@@ -264,9 +257,9 @@ static bool model_step(const plan_facts *f, step_kind s, step_model *out) {
         }
         row->launches++;
         if (in->op == PROG_OP_LAUNCH)
-            row->blocks = (double)prog_affine_eval(in->as.launch.rule.grid[0], s.tokens) *
-                          (double)prog_affine_eval(in->as.launch.rule.grid[1], s.tokens) *
-                          (double)prog_affine_eval(in->as.launch.rule.grid[2], s.tokens);
+            row->blocks = (double)prog_affine_eval(in->as.launch.rule.grid[0], tokens) *
+                          (double)prog_affine_eval(in->as.launch.rule.grid[1], tokens) *
+                          (double)prog_affine_eval(in->as.launch.rule.grid[2], tokens);
         row->read += read;
         row->written += written;
         row->flops += flops;
@@ -282,8 +275,7 @@ static bool model_step(const plan_facts *f, step_kind s, step_model *out) {
         out->read += read;
         out->written += written;
         out->flops += flops;
-        /* The output head need only compute the row that is sampled. */
-        out->unavoidable_flops += writes_logits(p, in) ? prog_poly_eval(in->cost.flops, 1, c) : flops;
+        out->unavoidable_flops += flops;
     }
     out->unavoidable = unavoidable_bytes(f, s);
     if (f->layers) { /* what runs at this step in the stack's period */
@@ -350,7 +342,8 @@ static void print_seconds(FILE *out, double seconds) {
 
 static void print_step(FILE *out, const plan_facts *f, const step_model *m) {
     if (m->step.prefill)
-        fprintf(out, "\n  prefill of %" PRId64 " tokens (context 0):\n", m->step.tokens);
+        fprintf(out, "\n  prefill of %" PRId64 " tokens (context 0; the last row's logits):\n",
+                m->step.tokens);
     else
         fprintf(out, "\n  decode step at context %" PRId64 " (1 token):\n", m->step.context);
     fprintf(out, "    launches:       %" PRIu32 " per step", m->launches);

@@ -203,10 +203,29 @@ bool drv_model_open(const drv_model_options *o, drv_model **out, diag_engine *d)
 
 const drv_model_info *drv_model_get_info(const drv_model *m) { return &m->info; }
 
-bool drv_model_step(drv_model *m, const int32_t *ids, const int32_t *pos, uint32_t n, float *logits,
-                    diag_engine *d) {
-    if (m->ref) return ref_model_step(m->ref, ids, pos, n, logits, (uint64_t)n * m->info.vocab, d);
-    smelt_status s = smelt_engine_forward(m->engine, ids, pos, n, logits, (size_t)n * m->info.vocab);
+/* The reference computes every row; the last is copied out when that is all
+ * that is asked for. */
+static bool ref_step(drv_model *m, const int32_t *ids, const int32_t *pos, uint32_t n, drv_rows rows,
+                     float *logits, diag_engine *d) {
+    uint64_t vocab = m->info.vocab;
+    if (rows == DRV_ROWS_ALL) return ref_model_step(m->ref, ids, pos, n, logits, (uint64_t)n * vocab, d);
+    float *all = malloc((size_t)n * vocab * sizeof *all);
+    if (!all) {
+        diag_error(d, SMELT_NO_LOC, "out of memory for the logits of %u tokens", n);
+        return false;
+    }
+    bool ok = ref_model_step(m->ref, ids, pos, n, all, (uint64_t)n * vocab, d);
+    if (ok) memcpy(logits, all + (uint64_t)(n - 1) * vocab, vocab * sizeof *all);
+    free(all);
+    return ok;
+}
+
+bool drv_model_step(drv_model *m, const int32_t *ids, const int32_t *pos, uint32_t n, drv_rows rows,
+                    float *logits, diag_engine *d) {
+    if (m->ref) return ref_step(m, ids, pos, n, rows, logits, d);
+    bool all = rows == DRV_ROWS_ALL;
+    smelt_status s = smelt_engine_forward(m->engine, ids, pos, n, all ? SMELT_LOGITS_ALL : SMELT_LOGITS_LAST,
+                                          logits, (size_t)(all ? n : 1) * m->info.vocab);
     if (s != SMELT_OK) diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
     return s == SMELT_OK;
 }
@@ -219,13 +238,13 @@ bool drv_model_step_greedy(drv_model *m, const int32_t *ids, const int32_t *pos,
         return s == SMELT_OK;
     }
     uint64_t vocab = m->info.vocab;
-    float *logits = malloc((size_t)n * vocab * sizeof *logits);
+    float *logits = malloc(vocab * sizeof *logits);
     if (!logits) {
-        diag_error(d, SMELT_NO_LOC, "out of memory for the logits of %u tokens", n);
+        diag_error(d, SMELT_NO_LOC, "out of memory for a row of logits");
         return false;
     }
-    bool ok = drv_model_step(m, ids, pos, n, logits, d);
-    const float *row = logits + (uint64_t)(n - 1) * vocab;
+    bool ok = drv_model_step(m, ids, pos, n, DRV_ROWS_LAST, logits, d);
+    const float *row = logits;
     int64_t best = -1;
     for (uint64_t i = 0; ok && i < vocab; i++)
         if (!isnan(row[i]) && (best < 0 || row[i] > row[best])) best = (int64_t)i;

@@ -45,3 +45,70 @@ int32_t ir_token_symbol(const ir_module *m) {
     const ir_type *t = &m->values[ids].type;
     return t->rank >= 1 && ir_dim_is_symbol(t->dims[0]) ? t->dims[0].symbol : -1;
 }
+
+/* 0: t has the token symbol as dim 0 and nowhere else; 1: nowhere; -1: elsewhere. */
+static int token_rows(const ir_type *t, int32_t tokens) {
+    bool at_zero = false, elsewhere = false;
+    for (unsigned d = 0; d < t->rank && d < IR_MAX_DIMS; d++)
+        if (t->dims[d].symbol == tokens) {
+            if (d == 0)
+                at_zero = true;
+            else
+                elsewhere = true;
+        }
+    return elsewhere ? -1 : at_zero ? 0 : 1;
+}
+
+/* The op's integer attribute `name` normalised to [0, rank) of operand 0, or -1. */
+static int64_t axis_of(const ir_module *m, uint32_t op, const char *name) {
+    const ir_attr *a = ir_op_attr(m, op, name);
+    const ir_op *o = &m->ops[op];
+    if (!a || a->kind != IR_ATTR_INT || o->operand_count == 0 || o->operands[0] >= m->value_count) return -1;
+    int64_t rank = m->values[o->operands[0]].type.rank, axis = a->as.i;
+    if (axis < 0) axis += rank;
+    return axis >= 0 && axis < rank ? axis : -1;
+}
+
+bool ir_op_row_wise(const ir_module *m, uint32_t op) {
+    const ir_op *o = &m->ops[op];
+    int32_t tokens = ir_token_symbol(m);
+    if (o->dead || tokens < 0 || o->result_count == 0) return false;
+    switch (o->kind) {
+    case IR_OP_EMBEDDING:
+    case IR_OP_MATMUL:
+    case IR_OP_ADD:
+    case IR_OP_MUL:
+    case IR_OP_RMS_NORM:
+    case IR_OP_LAYER_NORM:
+    case IR_OP_ROPE:
+    case IR_OP_SILU:
+    case IR_OP_GELU:
+    case IR_OP_TANH:
+    case IR_OP_SIGMOID:
+    case IR_OP_RESHAPE: break;
+    case IR_OP_SOFTMAX:
+    case IR_OP_ARGMAX:
+    case IR_OP_CONCAT:
+    case IR_OP_SPLIT:
+    case IR_OP_SLICE:
+        if (axis_of(m, op, "axis") < 1) return false;
+        break;
+    case IR_OP_TRANSPOSE: {
+        const ir_attr *perm = ir_op_attr(m, op, "perm");
+        if (!perm || perm->kind != IR_ATTR_INTS || perm->as.ints.count == 0 || perm->as.ints.items[0] != 0)
+            return false;
+        break;
+    }
+    default: return false;
+    }
+    for (uint32_t r = 0; r < o->result_count; r++)
+        if (o->results[r] >= m->value_count || token_rows(&m->values[o->results[r]].type, tokens) != 0)
+            return false;
+    for (uint32_t i = 0; i < o->operand_count; i++) {
+        if (o->operands[i] >= m->value_count) return false;
+        int rows = token_rows(&m->values[o->operands[i]].type, tokens);
+        /* A matmul's weight and bias are read whole; its x is row-indexed. */
+        if (rows < 0 || (o->kind == IR_OP_MATMUL && (i == 0) != (rows == 0))) return false;
+    }
+    return true;
+}

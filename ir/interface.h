@@ -10,6 +10,12 @@
  * The token symbol is dim 0 of ids: the one dynamic dim of generated code.
  * A future input (a block table, sequence offsets) is one more row of the
  * role table in interface.c.
+ *
+ * Rows. A step runs T tokens; the rows of a value are its dim 0 when that is
+ * the token symbol. Not every row of logits is wanted: scoring (`smelt eval`)
+ * wants all T, generation only the last. The ops marked rows(wanted) by the
+ * wanted-rows pass (passes/wanted_rows.c) are the output head, which computes
+ * the wanted rows alone; they must be row-wise (ir_op_row_wise).
  */
 #ifndef SMELT_IR_INTERFACE_H
 #define SMELT_IR_INTERFACE_H
@@ -33,5 +39,14 @@ uint32_t ir_role_op(const ir_module *m, ir_role role);
 ir_value_id ir_role_value(const ir_module *m, ir_role role);
 /* The token symbol: the symbolic dim 0 of ids, or -1 when there is none. */
 int32_t ir_token_symbol(const ir_module *m);
+/* Is live op `op` row-wise: does row t of each result depend on row t of its
+ * operands alone? Every result has the token symbol as dim 0 (and nowhere
+ * else); every operand either has it as dim 0 (a row-indexed operand) or has
+ * no token dim at all (a weight, a constant: read whole by every row); and
+ * the op mixes no rows (a matmul's weight is not row-indexed, an axis is
+ * not 0). Attention (it reads the cache and writes it), moe (its kernels
+ * may group the step's tokens by expert) and declarations are not. Safe on
+ * a module that does not verify. */
+bool ir_op_row_wise(const ir_module *m, uint32_t op);
 
 #endif

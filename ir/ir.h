@@ -196,6 +196,10 @@ typedef struct ir_op {
     bool dead;      /* removed; dropped by ir_module_compact */
     uint32_t group; /* fuse: the kernel group it belongs to (ops of one group are one kernel); IR_NONE */
     uint32_t step;  /* schedule: the launch step of its group, 0.. in launch order; IR_NONE */
+    /* wanted-rows: the op computes only the rows whose logits the step wants
+     * (the output head: all rows when scoring, the last one when generating);
+     * printed `rows(wanted)` (passes/wanted_rows.c) */
+    bool wanted_rows;
 } ir_op;
 
 /* Where a value lives at run time (set by `plan-memory`). */

@@ -613,6 +613,19 @@ static bool parse_annotation_int(parser *p, const char *what, int64_t max, int64
     return expect(p, IR_TOKEN_RPAREN, "')'");
 }
 
+/* rows := 'rows' '(' 'wanted' ')'   (after group and step) */
+static bool parse_rows(parser *p, bool *wanted) {
+    advance(p); /* 'rows' */
+    if (!expect(p, IR_TOKEN_LPAREN, "'('")) return false;
+    if (!at_word(p, "wanted")) {
+        expected(p, "'wanted'");
+        return false;
+    }
+    advance(p);
+    *wanted = true;
+    return expect(p, IR_TOKEN_RPAREN, "')'");
+}
+
 /* buffer := 'arena' '(' INT ')' | 'weight' '(' INT ')'   (after a result's type) */
 static bool parse_buffer(parser *p, ir_buffer *out) {
     *out = (ir_buffer){IR_BUFFER_NONE, 0};
@@ -666,7 +679,7 @@ static bool check_op(parser *p, const ir_op_info *info, const ir_token *name, ui
 }
 
 /* op := [results '='] NAME '(' operands ')' ['{' attr (',' attr)* '}']
- *       [':' type (',' type)*] [loc]
+ *       [':' type buffer (',' type buffer)*] ['group' '(' INT ')'] ['step' '(' INT ')'] [rows] [loc]
  * Without `: types` every result type is unknown. */
 static void parse_op_line(parser *p, uint32_t *results) {
     uint32_t result_count = 0, operand_count = 0, type_count = 0;
@@ -715,6 +728,8 @@ static void parse_op_line(parser *p, uint32_t *results) {
     int64_t group = IR_NONE, step = IR_NONE;
     if (at_word(p, "group") && !parse_annotation_int(p, "a group number", UINT32_MAX - 1, &group)) return;
     if (at_word(p, "step") && !parse_annotation_int(p, "a step number", UINT32_MAX - 1, &step)) return;
+    bool wanted_rows = false;
+    if (at_word(p, "rows") && !parse_rows(p, &wanted_rows)) return;
     smelt_loc loc = name.loc; /* its own place in the .ir file unless loc(...) says */
     if (at_word(p, "loc") && !parse_loc(p, &loc)) return;
     if (!at(p, IR_TOKEN_NEWLINE) && !at(p, IR_TOKEN_EOF) && !at(p, IR_TOKEN_RBRACE)) {
@@ -730,6 +745,7 @@ static void parse_op_line(parser *p, uint32_t *results) {
     ir_op_fill_defaults(p->m, index);
     op->group = (uint32_t)group;
     op->step = (uint32_t)step;
+    op->wanted_rows = wanted_rows;
     for (uint32_t r = 0; r < result_count; r++) {
         ir_value_id v = op->results[r];
         if (have_types) {

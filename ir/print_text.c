@@ -12,11 +12,13 @@
  *
  * After the lowering passes the module also says what they decided: its
  * precision policy and arena size (header lines), each value's buffer after
- * its type and each op's kernel group and launch step:
+ * its type and each op's kernel group, launch step and, for the output head,
+ * that it runs on the rows whose logits the step wants:
  *
  *     precision "bf16"
  *     arena 1048576 bytes for 512 tokens
  *     %9 = rms_norm(%3, %4) {eps = 1e-05} : bf16[tokens, 64] arena(65536) group(1) step(1) loc(42:13)
+ *     %12 = matmul(%9, %11) : f32[tokens, 97] arena(0) group(2) step(2) rows(wanted) loc(44:21)
  *
  * The output is canonical, so that parse_text.c reads it back into a module
  * that prints the same bytes: values are renumbered %0, %1, ... in order of
@@ -248,6 +250,7 @@ static void print_op_line(const ir_module *m, const ir_op *op, const uint32_t *n
     }
     if (lowering && op->group != IR_NONE) fprintf(out, " group(%" PRIu32 ")", op->group);
     if (lowering && op->step != IR_NONE) fprintf(out, " step(%" PRIu32 ")", op->step);
+    if (lowering && op->wanted_rows) fputs(" rows(wanted)", out);
 }
 
 static void print_op(const ir_module *m, const ir_op *op, const uint32_t *numbers, FILE *out) {

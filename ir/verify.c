@@ -378,9 +378,55 @@ static void check_group_steps(verifier *v) {
     free(pairs);
 }
 
+/* rows(wanted) (passes/wanted_rows.c): such an op is row-wise, and what it
+ * computes — the wanted rows alone — is read only by ops that want no more
+ * (other rows(wanted) ops, the output 'logits'); a kernel group is on the
+ * wanted rows whole or not at all. */
+static void check_wanted_rows(verifier *v) {
+    const ir_module *m = v->m;
+    uint32_t groups = 0;
+    for (uint32_t i = 0; i < m->op_count; i++)
+        if (!m->ops[i].dead && m->ops[i].group != IR_NONE && m->ops[i].group >= groups)
+            groups = m->ops[i].group + 1;
+    /* Per group: 1 some op is on the wanted rows, 2 some op is not. */
+    uint8_t *seen = calloc(groups ? groups : 1, 1);
+    if (!seen) {
+        out_of_memory(v);
+        return;
+    }
+    uint32_t logits = ir_role_op(m, IR_ROLE_LOGITS);
+    for (uint32_t i = 0; i < m->op_count && !diag_should_stop(v->d); i++) {
+        const ir_op *op = &m->ops[i];
+        if (op->dead) continue;
+        if (op->group != IR_NONE) seen[op->group] |= op->wanted_rows ? 1 : 2;
+        if (op->wanted_rows && !ir_op_row_wise(m, i))
+            violation(v, op, "rows(wanted) on an op that is not row-wise");
+        if (op->wanted_rows || i == logits) continue;
+        for (uint32_t j = 0; j < op->operand_count; j++) {
+            ir_value_id x = op->operands[j];
+            if (x < m->value_count && m->values[x].def_op < m->op_count &&
+                m->ops[m->values[x].def_op].wanted_rows)
+                violation(v, op,
+                          "operand %u is computed on the wanted rows alone (rows(wanted)) but this op "
+                          "reads every row",
+                          j);
+        }
+    }
+    for (uint32_t i = 0; i < m->op_count && !diag_should_stop(v->d); i++) {
+        const ir_op *op = &m->ops[i];
+        if (!op->dead && op->group != IR_NONE && seen[op->group] == 3) {
+            violation(v, op, "group %u is on the wanted rows in part (rows(wanted) on some of its ops)",
+                      op->group);
+            seen[op->group] = 0;
+        }
+    }
+    free(seen);
+}
+
 static void check_lowering(verifier *v) {
     const ir_module *m = v->m;
     check_group_steps(v);
+    check_wanted_rows(v);
     /* The symbol sized at planned_tokens: dim 0 of the ids input (ir/interface.h),
      * read with the bounds checks a module that may be malformed needs. */
     int32_t tokens = -1;

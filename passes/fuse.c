@@ -359,6 +359,7 @@ bool pass_fuse(ir_module *m, const pass_options *o, diag_engine *d) {
         ir_op *op = &m->ops[i];
         op->step = IR_NONE;
         op->group = IR_NONE;
+        op->wanted_rows = false; /* wanted-rows marks whole groups */
         if (leader[i] == IR_NONE) continue;
         op->group = leader[i] == i ? groups++ : m->ops[leader[i]].group;
     }

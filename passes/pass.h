@@ -78,6 +78,7 @@ bool pass_infer_shapes(ir_module *m, diag_engine *d);
 bool pass_canonicalize(ir_module *m, diag_engine *d);
 bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d);   /* precision.c */
 bool pass_fuse(ir_module *m, const pass_options *o, diag_engine *d);        /* fuse.c */
+bool pass_wanted_rows(ir_module *m, const pass_options *o, diag_engine *d); /* wanted_rows.c */
 bool pass_schedule(ir_module *m, const pass_options *o, diag_engine *d);    /* schedule.c */
 bool pass_plan_memory(ir_module *m, const pass_options *o, diag_engine *d); /* plan_memory.c */
 

@@ -1,7 +1,7 @@
 /* pass_table.c - the passes in pipeline order, and lists of them by name.
  *
  * docs/design.md §2 fixes the order: infer-shapes, canonicalize, decompose,
- * precision, partition, kv-paging, fuse, schedule, plan-memory. A pass is
+ * precision, partition, kv-paging, fuse, wanted-rows, schedule, plan-memory. A pass is
  * listed here once its file exists.
  */
 #include "pass.h"
@@ -26,6 +26,8 @@ static const pass_info pipeline[] = {
     {"precision", "set the storage dtype of every value from the precision policy (f32, bf16)",
      pass_precision},
     {"fuse", "assign every op that does work to a kernel group (one op per group today)", pass_fuse},
+    {"wanted-rows", "mark the output head: the ops that compute only the rows whose logits a step wants",
+     pass_wanted_rows},
     {"schedule", "give every kernel group its launch step", pass_schedule},
     {"plan-memory", "give every value its buffer: arena offsets by liveness (first fit), weight indices",
      pass_plan_memory},

@@ -14,10 +14,11 @@
  *   u32 weight_count, weight_count x {string name, u8 dtype, u8 stacked,
  *                                     u32 rank, rank x i64 dim, u64 bytes,
  *                                     u64 data_offset}
- *   u32 instr_count,  instr_count  x {u8 op, u32 ir_op, i64 min_tokens, i64 max_tokens, then
+ *   u32 instr_count,  instr_count  x {u8 op, u32 ir_op, i64 min_tokens, i64 max_tokens,
+ *                                     u8 wanted_rows, then
  *     LAUNCH: u32 kernel, 3 x affine grid, 3 x u32 block, u32 dynamic_shared,
  *             u32 arg_count, arg_count x {u8 kind, then POINTER: ref,
- *                                         affine extent, u8 writes;
+ *                                         affine extent, u8 writes, u64 row_bytes;
  *                                         INT: i64 value; TOKENS: nothing}
  *     GEMM:   affine m, i64 n, i64 k, u8 dtype_a, dtype_b, dtype_c,
  *             dtype_bias, u8 b_transposed, u8 has_bias, ref a, b, c, bias;
@@ -35,7 +36,8 @@
  * the EOS ids (at most PROG_MAX_EOS, each in [0, vocab), distinct); version
  * 6 the greedy instruction and its token; version 7 the token range of each
  * instruction (0 <= min_tokens <= max_tokens <= max_tokens of the program,
- * or max_tokens 0: no upper bound).
+ * or max_tokens 0: no upper bound); version 8 the wanted-rows instructions
+ * (program.h, "Wanted rows") and their pointers' row_bytes.
  *
  * What decoding checks (the executor relies on every item):
  *   - counts against the bytes left (no allocation a short section cannot
@@ -57,7 +59,14 @@
  *   - every cost coefficient finite, >= 0 and <= PROGRAM_COST_COEFFICIENT_LIMIT
  *     (no NaN, no negative cost, no overflow), the tensor-core flag 0 or 1;
  *   - a greedy instruction is the last one, a launch that writes the 4
- *     bytes of greedy_token (in the arena or a state buffer).
+ *     bytes of greedy_token (in the arena or a state buffer);
+ *   - a wanted-rows instruction, run at one token on the last rows, stays
+ *     inside what it may touch at T: a GEMM's rows are T (rule {1, 0, 1});
+ *     a launch's grid is not empty at T = 1, and each pointer it moves (row_bytes
+ *     > 0, into the arena) has an extent a T + b (c = 1, b >= 0) with
+ *     row_bytes <= a, so its region at one token, (T - 1) row_bytes on, lies
+ *     inside its region at T; only such instructions move pointers, and the
+ *     greedy instruction is not one.
  * program_check_plan adds what needs the rest of the plan: kernel indices,
  * launch rules equal to the kernel table's, and weight data offsets.
  */
@@ -80,7 +89,7 @@ enum {
     ENCODED_STATE_MIN = 16,
     ENCODED_WEIGHT_MIN = 8 + 1 + 1 + 4 + 8 + 8,
     ENCODED_COST = 3 * 5 * 8 + 1,
-    ENCODED_INSTR_MIN = 1 + 4 + 16 + 4 + ENCODED_COST,
+    ENCODED_INSTR_MIN = 1 + 4 + 16 + 1 + 4 + ENCODED_COST,
 };
 
 bool program_dtype_stored(uint8_t dtype) {
@@ -167,6 +176,7 @@ static void put_launch(byte_writer *w, const prog_launch *l) {
             put_ref(w, arg->ref);
             put_affine(w, arg->extent);
             put_u8(w, arg->writes);
+            put_u64(w, arg->row_bytes);
         }
         if (arg->kind == PROG_ARG_INT) put_i64(w, arg->value);
     }
@@ -250,6 +260,7 @@ bool program_encode(const program *p, uint8_t **bytes, size_t *size) {
         put_u32(&w, in->ir_op);
         put_i64(&w, in->min_tokens);
         put_i64(&w, in->max_tokens);
+        put_u8(&w, in->wanted_rows);
         if (in->op == PROG_OP_LAUNCH)
             put_launch(&w, &in->as.launch);
         else
@@ -607,6 +618,29 @@ static bool check_rule(decoder *d, uint32_t i, const prog_launch_rule *rule) {
     return true;
 }
 
+/* A wanted-rows launch at one token on its operands' last rows touches
+ * nothing it may not touch at T (the file's comment). */
+static bool check_wanted_launch(decoder *d, uint32_t i, bool wanted_rows, const prog_launch *l) {
+    for (uint32_t a = 0; a < l->arg_count; a++) {
+        const prog_arg *arg = &l->args[a];
+        if (arg->kind != PROG_ARG_POINTER || arg->row_bytes == 0) continue;
+        if (!wanted_rows)
+            return fail(d, "instruction %u argument %u has row_bytes %llu but runs on every row", i, a,
+                        (unsigned long long)arg->row_bytes);
+        if (arg->ref.buffer != PROG_BUFFER_ARENA || arg->extent.c != 1 || arg->extent.b < 0 ||
+            arg->row_bytes > (uint64_t)arg->extent.a)
+            return fail(
+                d,
+                "instruction %u argument %u: a pointer moved by %llu bytes a row must be into the arena "
+                "with an extent of at least that many bytes a token",
+                i, a, (unsigned long long)arg->row_bytes);
+    }
+    for (int k = 0; wanted_rows && k < 3; k++)
+        if (prog_affine_eval(l->rule.grid[k], 1) <= 0)
+            return fail(d, "instruction %u runs on the wanted rows but its grid is empty at one token", i);
+    return true;
+}
+
 static bool decode_launch(decoder *d, uint32_t i, prog_launch *l) {
     plan_cursor *c = &d->cursor;
     bool ok = plan_cursor_u32(c, &l->kernel);
@@ -627,7 +661,8 @@ static bool decode_launch(decoder *d, uint32_t i, prog_launch *l) {
         switch (arg->kind) {
         case PROG_ARG_POINTER: {
             uint8_t writes;
-            if (!get_ref(d, &arg->ref) || !get_affine(d, &arg->extent) || !get_u8(d, &writes))
+            if (!get_ref(d, &arg->ref) || !get_affine(d, &arg->extent) || !get_u8(d, &writes) ||
+                !plan_cursor_u64(c, &arg->row_bytes))
                 return truncated(d, "a launch argument");
             if (writes > 1) return fail(d, "%s has a writes flag of %u", what, writes);
             arg->writes = writes;
@@ -738,9 +773,13 @@ static bool decode_instrs(decoder *d) {
     if (!p->instrs) return fail(d, "out of memory for %u instructions", p->instr_count);
     for (uint32_t i = 0; i < p->instr_count; i++) {
         prog_instr *in = &p->instrs[i];
+        uint8_t wanted_rows;
         if (!get_u8(d, &in->op) || !plan_cursor_u32(&d->cursor, &in->ir_op) ||
-            !plan_cursor_i64(&d->cursor, &in->min_tokens) || !plan_cursor_i64(&d->cursor, &in->max_tokens))
+            !plan_cursor_i64(&d->cursor, &in->min_tokens) || !plan_cursor_i64(&d->cursor, &in->max_tokens) ||
+            !get_u8(d, &wanted_rows))
             return truncated(d, "an instruction");
+        if (wanted_rows > 1) return fail(d, "instruction %u has a wanted-rows flag of %u", i, wanted_rows);
+        in->wanted_rows = wanted_rows;
         if (in->min_tokens < 0 || in->max_tokens < 0 || in->min_tokens > p->max_tokens ||
             in->max_tokens > p->max_tokens || (in->max_tokens != 0 && in->min_tokens > in->max_tokens))
             return fail(
@@ -750,8 +789,20 @@ static bool decode_instrs(decoder *d) {
                 i, (long long)in->min_tokens, (long long)in->max_tokens, (long long)p->max_tokens);
         bool ok;
         switch (in->op) {
-        case PROG_OP_LAUNCH: ok = decode_launch(d, i, &in->as.launch); break;
-        case PROG_OP_GEMM: ok = decode_gemm(d, i, &in->as.gemm); break;
+        case PROG_OP_LAUNCH:
+            ok = decode_launch(d, i, &in->as.launch) &&
+                 check_wanted_launch(d, i, in->wanted_rows, &in->as.launch);
+            break;
+        case PROG_OP_GEMM:
+            ok = decode_gemm(d, i, &in->as.gemm);
+            if (ok && in->wanted_rows &&
+                !(in->as.gemm.m.a == 1 && in->as.gemm.m.b == 0 && in->as.gemm.m.c == 1))
+                ok = fail(
+                    d,
+                    "instruction %u: a gemm on the wanted rows has rows rule ceil((%lld * T + %lld) / %lld), "
+                    "not T",
+                    i, (long long)in->as.gemm.m.a, (long long)in->as.gemm.m.b, (long long)in->as.gemm.m.c);
+            break;
         default: return fail(d, "instruction %u has unknown op %u", i, in->op);
         }
         if (!ok || !decode_cost(d, i, &in->cost)) return false;
@@ -800,6 +851,7 @@ static bool check_greedy(decoder *d) {
     if (!check_region(d, p->greedy_token, 4, 4, "greedy_token")) return false;
     const prog_instr *in = &p->instrs[p->instr_count - 1];
     if (in->op != PROG_OP_LAUNCH) return fail(d, "the greedy instruction is not a launch");
+    if (in->wanted_rows) return fail(d, "the greedy instruction runs on the wanted rows");
     const prog_launch *l = &in->as.launch;
     for (uint32_t a = 0; a < l->arg_count; a++) {
         const prog_arg *arg = &l->args[a];

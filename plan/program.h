@@ -17,6 +17,21 @@
  *   3. logits [T, vocab] (f32) are at `logits` in the arena, or, on a step
  *      that asks for the greedy token, that int32 is at `greedy_token`.
  *
+ * Wanted rows. A step wants the logits of all T rows (scoring), of the last
+ * row alone (generation) or of none (a prompt's earlier chunks). The output
+ * head's instructions (wanted_rows: the IR's rows(wanted) ops, the
+ * wanted-rows pass) run on the wanted rows only: on a step that wants all,
+ * as every instruction; on one that wants the last row, at one token (their
+ * launch rule, GEMM rows and token argument at T = 1), each pointer into a
+ * row-indexed value moved to its last row (by (T - 1) row_bytes; a GEMM's A
+ * and C by T - 1 rows), so that the logits' row T - 1 is where it always
+ * is; on one that wants none, not at all. They are chosen by the step's T
+ * like every instruction (prog_instr_runs), so the last row's logits are
+ * the same kernels' as when every row is computed; and a wanted-rows GEMM
+ * on a step that wants all rows computes its last row by itself (a BLAS
+ * picks its kernels by the row count), so that a row's logits are the same
+ * bits whichever rows a step wants.
+ *
  * Buffers are named by prog_ref: arena + byte offset, weight + byte offset, or
  * state + byte offset. Launch rules and GEMM row counts are affine in T:
  * ceil((a * T + b) / c).
@@ -30,7 +45,7 @@
 
 #include "smelt_dtype.h"
 
-enum { PROGRAM_FORMAT_VERSION = 7, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16 };
+enum { PROGRAM_FORMAT_VERSION = 8, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16 };
 
 /* ceil((a * T + b) / c) with c >= 1; a constant is {0, value, 1}. */
 typedef struct prog_affine {
@@ -70,7 +85,11 @@ typedef struct prog_arg {
     prog_ref ref;       /* PROG_ARG_POINTER */
     prog_affine extent; /* PROG_ARG_POINTER: bytes from ref the kernel may touch at T tokens */
     bool writes;        /* PROG_ARG_POINTER: the kernel stores through it */
-    int64_t value;      /* PROG_ARG_INT */
+    /* PROG_ARG_POINTER of a wanted-rows instruction: bytes per token row when
+     * it points at a row-indexed value (dim 0 the tokens), moved by
+     * (T - 1) row_bytes on a step that wants the last row; 0: not moved. */
+    uint64_t row_bytes;
+    int64_t value; /* PROG_ARG_INT */
 } prog_arg;
 
 typedef enum prog_op {
@@ -161,6 +180,7 @@ typedef struct prog_instr {
     uint8_t op;     /* prog_op */
     uint32_t ir_op; /* the IR op (index in the compiled module) it implements, for messages */
     int64_t min_tokens, max_tokens;
+    bool wanted_rows; /* of the output head: runs on the rows whose logits the step wants ("Wanted rows") */
     union {
         prog_launch launch;
         prog_gemm gemm;
@@ -282,6 +302,20 @@ static inline bool prog_instr_runs(const prog_instr *in, int64_t tokens) {
     for (int i = 0; i < 3; i++)
         if (prog_affine_eval(in->as.launch.rule.grid[i], tokens) <= 0) return false;
     return true;
+}
+
+/* The rows of logits a step wants ("Wanted rows" above). */
+typedef enum prog_rows {
+    PROG_ROWS_ALL = 0,  /* every row: the wanted-rows instructions run as the others */
+    PROG_ROWS_LAST = 1, /* the last: they run at one token, on the last rows */
+    PROG_ROWS_NONE = 2, /* none: they do not run */
+} prog_rows;
+
+/* The token count instruction `in` runs at in a step of `tokens` tokens that
+ * wants `rows`: 1 for a wanted-rows instruction on a step that wants the
+ * last row, else `tokens` (call it for an instruction that runs at all). */
+static inline int64_t prog_instr_tokens(const prog_instr *in, int64_t tokens, prog_rows rows) {
+    return in->wanted_rows && rows == PROG_ROWS_LAST ? 1 : tokens;
 }
 
 /* Frees what program_decode allocated and zeroes *p. */

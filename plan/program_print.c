@@ -178,6 +178,8 @@ bool plan_print_program(FILE *out, const plan_file *plan, const uint8_t *data, u
                     l->rule.block[1], l->rule.block[2]);
             if (l->rule.dynamic_shared_bytes) fprintf(out, " shared %" PRIu32, l->rule.dynamic_shared_bytes);
         }
+        /* The output head (program.h, "Wanted rows"). */
+        if (instr->wanted_rows) fputs(" on the wanted rows", out);
         print_cost(out, &instr->cost);
         fputc('\n', out);
     }

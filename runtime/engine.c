@@ -139,19 +139,19 @@ const char *smelt_engine_device_name(const smelt_engine *engine) {
 /* ---- Steps ------------------------------------------------------------------------ */
 
 /* Runs one step and keeps its statistics and the position. Without
- * greedy_token, logits receives rows [first_row, n) and the engine keeps the
- * last row. With it, *greedy_token is the argmax of the last row: picked on
- * the device when the plan has a greedy kernel (then only that id is copied
- * and the logits stay there), else on the host from the copied row. */
+ * greedy_token, logits receives the rows asked for and the engine keeps the
+ * last row (unless none is asked for). With it (rows must be the last),
+ * *greedy_token is the argmax of the last row: picked on the device when the
+ * plan has a greedy kernel (then only that id is copied and the logits stay
+ * there), else on the host from the copied row. */
 static smelt_status run_step(smelt_engine *engine, const int32_t *ids, const int32_t *pos, uint32_t n,
-                             uint32_t first_row, float *logits, int32_t *greedy_token) {
+                             prog_rows rows, float *logits, int32_t *greedy_token) {
     smelt_status s = rt_weights_prepare(engine);
     if (s != SMELT_OK) return s;
     rt_error e = {0};
     bool on_device = greedy_token && engine->program->has_greedy;
     double start = now_seconds();
-    s = rt_executor_step(&engine->executor, ids, pos, n, first_row, logits, on_device ? greedy_token : NULL,
-                         &e);
+    s = rt_executor_step(&engine->executor, ids, pos, n, rows, logits, on_device ? greedy_token : NULL, &e);
     double seconds = now_seconds() - start;
     if (s != SMELT_OK) {
         engine->last_logits_valid = engine->last_greedy_valid = false;
@@ -168,19 +168,23 @@ static smelt_status run_step(smelt_engine *engine, const int32_t *ids, const int
     st->steps++;
     st->launches_per_step = engine->executor.launches_last_step;
     st->graph_replays = engine->executor.graph_replays;
-    int64_t last = 0;
+    int64_t largest = 0;
     for (uint32_t t = 0; t < n; t++)
-        if (pos[t] > last) last = pos[t];
-    engine->position = last + 1;
+        if (pos[t] > largest) largest = pos[t];
+    engine->position = largest + 1;
     if (on_device) {
         engine->last_greedy = *greedy_token;
         engine->last_greedy_valid = true;
         engine->last_logits_valid = false;
         return SMELT_OK;
     }
-    uint64_t vocab = engine->program->vocab;
+    if (rows == PROG_ROWS_NONE) {
+        engine->last_logits_valid = engine->last_greedy_valid = false;
+        return SMELT_OK;
+    }
+    uint64_t vocab = engine->program->vocab, last = rows == PROG_ROWS_ALL ? n - 1 : 0;
     if (logits != engine->last_logits)
-        memcpy(engine->last_logits, logits + (uint64_t)(n - 1 - first_row) * vocab, vocab * sizeof(float));
+        memcpy(engine->last_logits, logits + last * vocab, vocab * sizeof(float));
     engine->last_logits_valid = true;
     engine->last_greedy_valid = false;
     if (greedy_token && rt_sampler_argmax(engine->last_logits, vocab, greedy_token, &e) != SMELT_OK)
@@ -189,18 +193,25 @@ static smelt_status run_step(smelt_engine *engine, const int32_t *ids, const int
 }
 
 smelt_status smelt_engine_forward(smelt_engine *engine, const int32_t *ids, const int32_t *pos, uint32_t n,
-                                  float *logits, size_t capacity) {
-    if (!engine || !ids || !pos || !logits)
+                                  smelt_logits rows, float *logits, size_t capacity) {
+    if (!engine || !ids || !pos || (!logits && rows != SMELT_LOGITS_NONE))
         return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "smelt_engine_forward: a NULL argument");
+    if (rows != SMELT_LOGITS_ALL && rows != SMELT_LOGITS_LAST && rows != SMELT_LOGITS_NONE)
+        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT,
+                                 "smelt_engine_forward: rows %d is not a smelt_logits", (int)rows);
     const program *p = engine->program;
     if (n < 1 || n > (uint64_t)p->max_tokens)
         return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "a step of %u tokens is outside [1, %lld]", n,
                                  (long long)p->max_tokens);
-    if (capacity / p->vocab < n)
+    uint32_t returned = rows == SMELT_LOGITS_ALL ? n : rows == SMELT_LOGITS_LAST ? 1 : 0;
+    if (capacity / p->vocab < returned)
         return rt_last_error_set(SMELT_ERROR_CAPACITY,
-                                 "logits of %u tokens need %llu floats but the buffer holds %zu", n,
-                                 (unsigned long long)(n * p->vocab), capacity);
-    return run_step(engine, ids, pos, n, 0, logits, NULL);
+                                 "logits of %u tokens need %llu floats but the buffer holds %zu", returned,
+                                 (unsigned long long)(returned * p->vocab), capacity);
+    prog_rows wanted = rows == SMELT_LOGITS_ALL    ? PROG_ROWS_ALL
+                       : rows == SMELT_LOGITS_LAST ? PROG_ROWS_LAST
+                                                   : PROG_ROWS_NONE;
+    return run_step(engine, ids, pos, n, wanted, logits, NULL);
 }
 
 smelt_status smelt_engine_forward_greedy(smelt_engine *engine, const int32_t *ids, const int32_t *pos,
@@ -212,7 +223,7 @@ smelt_status smelt_engine_forward_greedy(smelt_engine *engine, const int32_t *id
     if (n < 1 || n > (uint64_t)p->max_tokens)
         return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "a step of %u tokens is outside [1, %lld]", n,
                                  (long long)p->max_tokens);
-    return run_step(engine, ids, pos, n, n - 1, engine->last_logits, token);
+    return run_step(engine, ids, pos, n, PROG_ROWS_LAST, engine->last_logits, token);
 }
 
 smelt_status smelt_engine_reset(smelt_engine *engine) {
@@ -250,9 +261,11 @@ static smelt_status feed(smelt_engine *engine, const int32_t *tokens, size_t cou
         if (chunk > sizeof positions / sizeof positions[0]) chunk = sizeof positions / sizeof positions[0];
         for (size_t t = 0; t < chunk; t++)
             positions[t] = (int32_t)(engine->position + (int64_t)t);
+        /* Only the last token's logits are wanted: the chunks before it run no head. */
         bool last_chunk = done + chunk == count;
-        smelt_status s = run_step(engine, tokens + done, positions, (uint32_t)chunk, (uint32_t)chunk - 1,
-                                  engine->last_logits, last_chunk ? greedy_token : NULL);
+        smelt_status s = run_step(engine, tokens + done, positions, (uint32_t)chunk,
+                                  last_chunk ? PROG_ROWS_LAST : PROG_ROWS_NONE, engine->last_logits,
+                                  last_chunk ? greedy_token : NULL);
         if (s != SMELT_OK) return s;
         done += chunk;
     }

@@ -69,6 +69,13 @@ static void *resolve(const rt_executor *x, prog_ref r) {
     }
 }
 
+/* r moved on by `rows` rows of row_bytes each: a wanted-rows instruction's
+ * pointer at the last row (program_decode bounded it inside r's region). */
+static void *resolve_row(const rt_executor *x, prog_ref r, uint64_t row_bytes, uint64_t rows) {
+    r.offset += row_bytes * rows;
+    return resolve(x, r);
+}
+
 /* Prefixes a device's message with the instruction that failed. */
 static smelt_status locate(const rt_executor *x, uint32_t index, smelt_status s, rt_error *e) {
     if (!e) return s;
@@ -81,8 +88,10 @@ static smelt_status locate(const rt_executor *x, uint32_t index, smelt_status s,
     return rt_fail(e, s, "instruction %u (gemm, IR op %u): %s", index, in->ir_op, device_message);
 }
 
+/* Launch l at `tokens` tokens, each moving pointer `skipped` rows on (a
+ * wanted-rows launch on a step that wants the last row; else 0). */
 static smelt_status run_launch(rt_executor *x, uint32_t index, const prog_launch *l, uint32_t tokens,
-                               rt_error *e) {
+                               uint32_t skipped, rt_error *e) {
     rt_launch_dims dims;
     for (int k = 0; k < 3; k++) {
         /* program_decode bounded every rule at max_tokens. */
@@ -96,7 +105,7 @@ static smelt_status run_launch(rt_executor *x, uint32_t index, const prog_launch
         const prog_arg *arg = &l->args[a];
         memset(&slots[a], 0, sizeof slots[a]);
         if (arg->kind == PROG_ARG_POINTER)
-            slots[a].address = resolve(x, arg->ref);
+            slots[a].address = resolve_row(x, arg->ref, arg->row_bytes, skipped);
         else if (arg->kind == PROG_ARG_TOKENS)
             slots[a].value = (int32_t)tokens;
         else
@@ -109,8 +118,11 @@ static smelt_status run_launch(rt_executor *x, uint32_t index, const prog_launch
     return SMELT_OK;
 }
 
+/* GEMM g at `tokens` rows, A and C moved `skipped` rows on (as run_launch). */
 static smelt_status run_gemm(rt_executor *x, uint32_t index, const prog_gemm *g, uint32_t tokens,
-                             rt_error *e) {
+                             uint32_t skipped, rt_error *e) {
+    uint64_t a_row = (uint64_t)g->k * smelt_dtype_element_bytes(g->dtype_a);
+    uint64_t c_row = (uint64_t)g->n * smelt_dtype_element_bytes(g->dtype_c);
     rt_gemm_args args = {
         .m = prog_affine_eval(g->m, tokens),
         .n = g->n,
@@ -121,9 +133,9 @@ static smelt_status run_gemm(rt_executor *x, uint32_t index, const prog_gemm *g,
         .dtype_bias = (smelt_dtype)g->dtype_bias,
         .b_transposed = g->b_transposed,
         .has_bias = g->has_bias,
-        .a = resolve(x, g->a),
+        .a = resolve_row(x, g->a, a_row, skipped),
         .b = resolve(x, g->b),
-        .c = resolve(x, g->c),
+        .c = resolve_row(x, g->c, c_row, skipped),
         .bias = g->has_bias ? resolve(x, g->bias) : NULL,
         .b_weight = g->b.buffer == PROG_BUFFER_WEIGHT ? g->b.index : RT_NOT_A_WEIGHT,
         .b_weight_offset = g->b.offset,
@@ -135,16 +147,32 @@ static smelt_status run_gemm(rt_executor *x, uint32_t index, const prog_gemm *g,
     return SMELT_OK;
 }
 
-/* The program's instructions; the greedy one (the last) only with `greedy`. */
-static smelt_status run_instructions(rt_executor *x, uint32_t tokens, bool greedy, rt_error *e) {
+/* The program's instructions, the wanted-rows ones on the rows wanted
+ * (program.h, "Wanted rows"); the greedy one (the last) only with `greedy`. */
+static smelt_status run_instructions(rt_executor *x, uint32_t tokens, prog_rows rows, bool greedy,
+                                     rt_error *e) {
     const program *p = x->program;
     x->launches_last_step = 0;
     uint32_t count = p->has_greedy && !greedy ? p->instr_count - 1 : p->instr_count;
     for (uint32_t i = 0; i < count; i++) {
         const prog_instr *in = &p->instrs[i];
         if (!prog_instr_runs(in, tokens)) continue; /* guarded for another token count */
-        smelt_status s = in->op == PROG_OP_LAUNCH ? run_launch(x, i, &in->as.launch, tokens, e)
-                                                  : run_gemm(x, i, &in->as.gemm, tokens, e);
+        if (in->wanted_rows && rows == PROG_ROWS_NONE) continue;
+        uint32_t at = (uint32_t)prog_instr_tokens(in, tokens, rows), skipped = tokens - at;
+        smelt_status s;
+        if (in->op == PROG_OP_LAUNCH) {
+            s = run_launch(x, i, &in->as.launch, at, skipped, e);
+        } else if (in->wanted_rows && rows == PROG_ROWS_ALL && tokens > 1) {
+            /* A BLAS picks its kernels by the row count, so row T - 1 of a
+             * T-row product may differ in its last bits from the same row
+             * alone: the last row by itself, as a step wanting it alone
+             * computes it, so that a row's logits are the same whichever
+             * rows a step wants (program.h). */
+            s = run_gemm(x, i, &in->as.gemm, tokens - 1, 0, e);
+            if (s == SMELT_OK) s = run_gemm(x, i, &in->as.gemm, 1, tokens - 1, e);
+        } else {
+            s = run_gemm(x, i, &in->as.gemm, at, skipped, e);
+        }
         if (s != SMELT_OK) return s;
     }
     return SMELT_OK;
@@ -179,13 +207,13 @@ static smelt_status run_graph(rt_executor *x, rt_error *e) {
     const rt_device_ops *ops = x->device->ops;
     smelt_status s;
     if (!x->decode_warmed) {
-        s = run_instructions(x, 1, true, e);
+        s = run_instructions(x, 1, PROG_ROWS_ALL, true, e);
         if (s == SMELT_OK) x->decode_warmed = true;
         return s;
     }
     if (!x->graph_ready) {
         if ((s = ops->capture_begin(x->device, e)) != SMELT_OK) return s;
-        s = run_instructions(x, 1, true, e);
+        s = run_instructions(x, 1, PROG_ROWS_ALL, true, e);
         smelt_status end = ops->capture_end(x->device, e);
         if (s != SMELT_OK) return s;
         if (end != SMELT_OK) return end;
@@ -199,14 +227,17 @@ static smelt_status run_graph(rt_executor *x, rt_error *e) {
 }
 
 smelt_status rt_executor_step(rt_executor *x, const int32_t *ids, const int32_t *pos, uint32_t tokens,
-                              uint32_t first_row, float *logits, int32_t *greedy_token, rt_error *e) {
+                              prog_rows rows, float *logits, int32_t *greedy_token, rt_error *e) {
     const program *p = x->program;
     const rt_device_ops *ops = x->device->ops;
     smelt_status s = check_inputs(p, ids, pos, tokens, e);
     if (s != SMELT_OK) return s;
-    if (first_row >= tokens)
-        return rt_fail(e, SMELT_ERROR_INVALID_ARGUMENT, "first logits row %u of a %u-token step", first_row,
-                       tokens);
+    if (rows != PROG_ROWS_ALL && rows != PROG_ROWS_LAST && rows != PROG_ROWS_NONE)
+        return rt_fail(e, SMELT_ERROR_INVALID_ARGUMENT, "unknown logits rows %d", (int)rows);
+    if (greedy_token && rows != PROG_ROWS_LAST)
+        return rt_fail(e, SMELT_ERROR_INVALID_ARGUMENT,
+                       "the greedy token is of the last row: a step that "
+                       "asks for it wants the last row's logits");
     uint64_t bytes = (uint64_t)tokens * sizeof(int32_t);
     if ((s = ops->copy_in(x->device, rt_address_at(x->arena, p->input_ids.offset), ids, bytes, e)) !=
             SMELT_OK ||
@@ -215,9 +246,9 @@ smelt_status rt_executor_step(rt_executor *x, const int32_t *ids, const int32_t 
         return s;
     bool on_device = greedy_token && p->has_greedy;
     if (tokens == 1 && x->use_graphs) {
-        s = run_graph(x, e);
+        s = run_graph(x, e); /* at one token every row is the last; the graph runs the head whatever rows */
     } else {
-        s = run_instructions(x, tokens, on_device, e);
+        s = run_instructions(x, tokens, rows, on_device, e);
     }
     if (s != SMELT_OK) return s;
     if (on_device) {
@@ -228,7 +259,8 @@ smelt_status rt_executor_step(rt_executor *x, const int32_t *ids, const int32_t 
             return rt_fail(e, SMELT_ERROR_DEVICE, "every logit is NaN: the model's arithmetic broke down");
         return SMELT_OK;
     }
-    uint64_t row_bytes = p->vocab * sizeof(float);
+    if (rows == PROG_ROWS_NONE) return SMELT_OK;
+    uint64_t row_bytes = p->vocab * sizeof(float), first_row = rows == PROG_ROWS_LAST ? tokens - 1 : 0;
     uint64_t offset = p->logits.offset + first_row * row_bytes;
     return ops->copy_out(x->device, logits, rt_address_at(x->arena, offset), (tokens - first_row) * row_bytes,
                          e);

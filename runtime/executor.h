@@ -2,9 +2,10 @@
  *
  *   rt_executor x;
  *   rt_executor_init(&x, &program, device, weights, true, &e);  // arena + state buffers
- *   rt_executor_step(&x, ids, pos, 3, 0, logits, NULL, &e);     // prefill: logits of 3 tokens
- *   rt_executor_step(&x, &next, &at, 1, 0, logits, NULL, &e);   // decode (from the second on, a
- *                                                               // replayed graph where the device has them)
+ *   rt_executor_step(&x, ids, pos, 3, PROG_ROWS_ALL, logits, NULL, &e);   // logits of 3 tokens
+ *   rt_executor_step(&x, ids, pos, 3, PROG_ROWS_LAST, logits, NULL, &e);  // the last one's alone
+ *   rt_executor_step(&x, &next, &at, 1, PROG_ROWS_LAST, logits, NULL, &e);
+ *                          // decode (from the second on, a replayed graph where the device has them)
  *   rt_executor_free(&x);
  *
  * A step writes ids and positions into the arena, evaluates every launch rule
@@ -47,13 +48,15 @@ smelt_status rt_executor_reset(rt_executor *x, rt_error *e);
 void rt_executor_invalidate_graph(rt_executor *x);
 
 /* One step of `tokens` tokens (1..max_tokens). ids must lie in the program's
- * id bound, positions in [0, max_positions). Writes the logits of tokens
- * [first_row, tokens), (tokens - first_row) x vocab floats, to logits —
- * unless greedy_token is given and the program has a greedy kernel: then the
- * device picks the argmax of the last row and only that id is copied to
+ * id bound, positions in [0, max_positions). The output head runs on the
+ * rows wanted (program.h, "Wanted rows"), whose logits are copied to logits:
+ * all, tokens x vocab floats; the last, vocab floats; none, nothing (logits
+ * may be NULL) — unless greedy_token is given (rows must be
+ * PROG_ROWS_LAST) and the program has a greedy kernel: then the device
+ * picks the argmax of the last row and only that id is copied to
  * *greedy_token (logits untouched). A program without one copies the logits
  * whatever greedy_token is. */
 smelt_status rt_executor_step(rt_executor *x, const int32_t *ids, const int32_t *pos, uint32_t tokens,
-                              uint32_t first_row, float *logits, int32_t *greedy_token, rt_error *e);
+                              prog_rows rows, float *logits, int32_t *greedy_token, rt_error *e);
 
 #endif

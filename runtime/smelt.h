@@ -51,7 +51,10 @@
  * generated is reported but not fed to the model: pass it at the start of the
  * next prompt to continue from it. smelt_engine_forward is the low-level
  * step under generate: it runs tokens at positions of your choosing and
- * returns the logits of every one.
+ * returns the logits of every one, or of the last alone — then the output
+ * head (the lm_head and what feeds only it) runs on that row alone, which is
+ * what generation wants: a 512-token prompt computes one row of logits, not
+ * 512.
  *
  * Weights. A plan usually holds its weights; on the host they are used in
  * place from the mapped file. A plan compiled without weights needs each one
@@ -188,17 +191,27 @@ const char *smelt_engine_device_name(const smelt_engine *engine);
 smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, smelt_dtype dtype,
                                       const void *data, const int64_t *shape, uint32_t rank);
 
-/* One step: n tokens (1 <= n <= max_tokens) with their ids and positions;
- * writes the logits of all n tokens, [n, vocab] row-major, into logits
- * (capacity in floats). The caches keep what the step wrote; the engine's
- * position becomes the largest position + 1. */
-smelt_status smelt_engine_forward(smelt_engine *engine, const int32_t *ids, const int32_t *pos, uint32_t n,
-                                  float *logits, size_t capacity);
+/* Which rows of logits a step returns. The plan's output head runs on those
+ * rows alone; the logits of a row are the same whichever is asked for. */
+typedef enum smelt_logits {
+    SMELT_LOGITS_ALL = 0,  /* every token's, [n, vocab]: scoring (perplexity) */
+    SMELT_LOGITS_LAST = 1, /* the last token's, [1, vocab]: generation */
+    SMELT_LOGITS_NONE = 2, /* none (logits may be NULL): a prompt's chunks before its last */
+} smelt_logits;
 
-/* One step as smelt_engine_forward, for greedy decoding: *token is the id of
- * the first largest logit of the last of the n tokens (NaN never wins). A
- * plan compiled by this smelt picks it on the device, so only the id
- * crosses to the host; the logits themselves are not returned. */
+/* One step: n tokens (1 <= n <= max_tokens) with their ids and positions;
+ * writes the logits that `rows` asks for into logits (capacity in floats):
+ * all n tokens', [n, vocab] row-major, or the last one's, [vocab], or none.
+ * The caches keep what the step wrote (every token's keys and values,
+ * whatever rows); the engine's position becomes the largest position + 1. */
+smelt_status smelt_engine_forward(smelt_engine *engine, const int32_t *ids, const int32_t *pos, uint32_t n,
+                                  smelt_logits rows, float *logits, size_t capacity);
+
+/* One step as smelt_engine_forward with SMELT_LOGITS_LAST, for greedy
+ * decoding: *token is the id of the first largest logit of the last of the n
+ * tokens (NaN never wins). A plan compiled by this smelt picks it on the
+ * device, so only the id crosses to the host; the logits themselves are not
+ * returned. */
 smelt_status smelt_engine_forward_greedy(smelt_engine *engine, const int32_t *ids, const int32_t *pos,
                                          uint32_t n, int32_t *token);
 

@@ -73,12 +73,18 @@ static void step_fixture(const drv_model_options *o, float *logits) {
     const drv_model_info *info = drv_model_get_info(model);
     assert_int_equal(info->vocab, VOCAB);
     assert_true(info->max_step_tokens == 0 || info->max_step_tokens >= STEP);
-    assert_true(drv_model_step(model, ids, pos, STEP, logits, &c.d));
+    assert_true(drv_model_step(model, ids, pos, STEP, DRV_ROWS_ALL, logits, &c.d));
     /* A reset sequence gives the same logits again. */
     float again[STEP * VOCAB];
     drv_model_reset(model);
-    assert_true(drv_model_step(model, ids, pos, STEP, again, &c.d));
+    assert_true(drv_model_step(model, ids, pos, STEP, DRV_ROWS_ALL, again, &c.d));
     assert_memory_equal(logits, again, sizeof again);
+    /* The last row alone (an engine runs its output head on that row only)
+     * is the last row of all, bit for bit. */
+    float last[VOCAB];
+    drv_model_reset(model);
+    assert_true(drv_model_step(model, ids, pos, STEP, DRV_ROWS_LAST, last, &c.d));
+    assert_memory_equal(last, logits + (STEP - 1) * VOCAB, sizeof last);
     assert_int_equal(c.d.error_count, 0);
     drv_model_close(model);
     capture_free(&c);
@@ -130,6 +136,47 @@ static void compile_fixture(char *path, size_t size, const char *what, const cha
     assert_true(report.kernel_count > 0 && report.file_size > 0);
     assert_true(drv_is_plan_file(path));
     capture_free(&c);
+}
+
+/* On the host simulator, the last row's logits alone (the output head run
+ * on that row only) are the last row of every row's, bit for bit: the step's
+ * T picks the same kernels either way. Steps of 1 to 4 tokens run the fused
+ * GEMV groups, longer ones the ops one by one; f32 and bf16 plans; the
+ * greedy token picked on the device is that row's argmax. */
+static void test_last_row_is_the_last_of_all(void **state) {
+    (void)state;
+    static const int32_t prompt[13] = {12, 93, 25, 91, 78, 3, 44, 60, 7, 81, 19, 2, 55};
+    static const int32_t at[13] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    static const uint32_t steps[] = {1, 2, 3, 4, 5, 8, 13};
+    for (int precision = 0; precision < 2; precision++) {
+        drv_model_options o = fixture_options(MODEL, DRV_BACKEND_HOST);
+        o.precision = precision ? DRV_PRECISION_BF16 : DRV_PRECISION_F32;
+        captured_diag c;
+        capture_init(&c);
+        drv_model *model;
+        bool opened = drv_model_open(&o, &model, &c.d);
+        if (!opened) fail_msg("%s", capture_text(&c));
+        for (size_t k = 0; k < sizeof steps / sizeof steps[0]; k++) {
+            uint32_t n = steps[k];
+            float all[13 * VOCAB], last[VOCAB];
+            drv_model_reset(model);
+            assert_true(drv_model_step(model, prompt, at, n, DRV_ROWS_ALL, all, &c.d));
+            drv_model_reset(model);
+            assert_true(drv_model_step(model, prompt, at, n, DRV_ROWS_LAST, last, &c.d));
+            if (memcmp(last, all + (n - 1) * VOCAB, sizeof last) != 0)
+                fail_msg("%s, %u tokens: the last row alone differs from the last of all",
+                         precision ? "bf16" : "f32", n);
+            int32_t token, best = 0;
+            for (int v = 1; v < VOCAB; v++)
+                if (last[v] > last[best]) best = v;
+            drv_model_reset(model);
+            assert_true(drv_model_step_greedy(model, prompt, at, n, &token, &c.d));
+            assert_int_equal(token, best);
+        }
+        assert_int_equal(c.d.error_count, 0);
+        drv_model_close(model);
+        capture_free(&c);
+    }
 }
 
 static void test_plan_compiled_here(void **state) {
@@ -306,11 +353,9 @@ static void test_plan_tokenizer_must_fit(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_names_and_tokenizer),
-        cmocka_unit_test(test_plan_compiled_here),
-        cmocka_unit_test(test_plan_bound_from_checkpoint),
-        cmocka_unit_test(test_source_with_weights),
-        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_names_and_tokenizer),         cmocka_unit_test(test_plan_compiled_here),
+        cmocka_unit_test(test_last_row_is_the_last_of_all), cmocka_unit_test(test_plan_bound_from_checkpoint),
+        cmocka_unit_test(test_source_with_weights),         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_plan_tokenizer_must_fit),
     };
     return cmocka_run_group_tests(tests, reference_setup, NULL);

@@ -142,9 +142,9 @@ static void canonicalize_ok(fixture *f) {
 static void test_table_is_in_pipeline_order(void **state) {
     size_t count;
     const pass_info *passes = pass_table(&count);
-    static const char *const order[] = {"infer-shapes", "canonicalize", "precision",
-                                        "fuse",         "schedule",     "plan-memory"};
-    assert_int_equal(count, 6);
+    static const char *const order[] = {"infer-shapes", "canonicalize", "precision",  "fuse",
+                                        "wanted-rows",  "schedule",     "plan-memory"};
+    assert_int_equal(count, 7);
     for (size_t i = 0; i < count; i++)
         assert_string_equal(passes[i].name, order[i]);
     assert_ptr_equal(passes[2].run, pass_precision);
@@ -165,9 +165,9 @@ static void test_parse_list(void **state) {
 
     assert_false(pass_parse_list("infer-shapes,decompose,cse", &list, &f->d));
     assert_string_equal(log_of(f), "smelt: error: unknown pass 'decompose'; known passes: infer-shapes, "
-                                   "canonicalize, precision, fuse, schedule, plan-memory\n"
+                                   "canonicalize, precision, fuse, wanted-rows, schedule, plan-memory\n"
                                    "smelt: error: unknown pass 'cse'; known passes: infer-shapes, "
-                                   "canonicalize, precision, fuse, schedule, plan-memory\n");
+                                   "canonicalize, precision, fuse, wanted-rows, schedule, plan-memory\n");
     assert_false(pass_parse_list("infer-shapes,,canonicalize", &list, &f->d));
     assert_log_has(f,
                    "expected a pass name in the pass list 'infer-shapes,,canonicalize', found an empty one");
@@ -182,15 +182,16 @@ static void test_pipeline_until(void **state) {
     assert_true(pass_pipeline_until("canonicalize", &list, &f->d));
     assert_int_equal(list.count, 2);
     assert_true(pass_pipeline_until("all", &list, &f->d));
-    assert_int_equal(list.count, 6);
+    assert_int_equal(list.count, 7);
     assert_string_equal(list.items[1]->name, "canonicalize");
-    assert_string_equal(list.items[4]->name, "schedule");
-    assert_string_equal(list.items[5]->name, "plan-memory");
+    assert_string_equal(list.items[4]->name, "wanted-rows");
+    assert_string_equal(list.items[5]->name, "schedule");
+    assert_string_equal(list.items[6]->name, "plan-memory");
     assert_true(pass_pipeline_until("fuse", &list, &f->d));
     assert_int_equal(list.count, 4);
     assert_false(pass_pipeline_until("partition", &list, &f->d));
     assert_log_has(f, "unknown pass 'partition'; known passes: infer-shapes, canonicalize, precision, fuse, "
-                      "schedule, plan-memory");
+                      "wanted-rows, schedule, plan-memory");
 }
 
 /* ---- infer-shapes ------------------------------------------------------------------ */
@@ -511,7 +512,7 @@ static void test_driver_refuses_an_unknown_print_after(void **state) {
     char *text = run_printing(f, "infer-shapes", "kv-paging", &ok);
     assert_false(ok);
     assert_log_has(f, "cannot print the IR after unknown pass 'kv-paging'; known passes: infer-shapes, "
-                      "canonicalize, precision, fuse, schedule, plan-memory");
+                      "canonicalize, precision, fuse, wanted-rows, schedule, plan-memory");
     free(text);
 }
 

@@ -195,7 +195,8 @@ static void swap_arguments(program *p) {
  * what it did, and the kernel table, beside that code, says so. */
 static void extents_rewritten_with_the_arena(program *p) {
     for (uint32_t i = 0; i < p->instr_count; i++) {
-        if (p->instrs[i].op != PROG_OP_LAUNCH) continue;
+        /* (a wanted-rows launch's moved pointers would be refused sooner) */
+        if (p->instrs[i].op != PROG_OP_LAUNCH || p->instrs[i].wanted_rows) continue;
         prog_launch *l = &p->instrs[i].as.launch;
         for (uint32_t a = 0; a < l->arg_count; a++)
             if (l->args[a].kind == PROG_ARG_POINTER && l->args[a].ref.buffer == PROG_BUFFER_ARENA)

@@ -305,6 +305,7 @@ typedef struct toy_plan_options {
     int64_t max_positions;
     bool has_eos; /* the model has an EOS id: eos */
     int32_t eos;
+    bool wanted_head; /* the GEMMs are the output head: wanted-rows instructions */
 } toy_plan_options;
 
 static void write_toy_plan(const char *path, const toy_plan_options *o) {
@@ -317,6 +318,8 @@ static void write_toy_plan(const char *path, const toy_plan_options *o) {
         t.p.eos_count = 1;
         t.p.eos[0] = o->eos;
     }
+    for (uint32_t i = 1; o->wanted_head && i < t.p.instr_count; i++)
+        t.instrs[i].wanted_rows = true; /* bf16: h2 feeds only the head */
     uint8_t *program_bytes;
     size_t program_size;
     assert_true(program_encode(&t.p, &program_bytes, &program_size));
@@ -532,7 +535,7 @@ static void test_program_decode_refuses_lies(void **state) {
 
     toy_program_make(&t, false, true, 0);
     t.p.format_version = 9;
-    expect_refused(&t, "format version 9 is not the version 7 this smelt reads: rebuild the plan");
+    expect_refused(&t, "format version 9 is not the version 8 this smelt reads: rebuild the plan");
 
     toy_program_make(&t, false, true, 0); /* EOS ids index the vocabulary, each once */
     t.p.eos_count = 1;
@@ -558,6 +561,28 @@ static void test_program_decode_refuses_lies(void **state) {
     t.p.has_greedy = true;
     t.p.greedy_token = (prog_ref){PROG_BUFFER_ARENA, 0, 0};
     expect_refused(&t, "the greedy instruction is not a launch"); /* the toy's last is a GEMM */
+
+    /* Wanted rows: what runs at one token on the last rows stays inside
+     * what it may touch at T (program.c). */
+    toy_program_make(&t, false, true, 0);
+    t.instrs[1].wanted_rows = true;
+    t.instrs[1].as.gemm.m = (prog_affine){1, 0, 2}; /* T / 2 rows: row T - 1 is no token's */
+    expect_refused(&t, "instruction 1: a gemm on the wanted rows has rows rule ceil((1 * T + 0) / 2), not T");
+    toy_program_make(&t, false, true, 0);
+    t.instrs[0].as.launch.args[2].row_bytes = WIDTH * 4; /* moved, but the launch runs on every row */
+    expect_refused(&t, "instruction 0 argument 2 has row_bytes 16 but runs on every row");
+    toy_program_make(&t, false, true, 0);
+    t.instrs[0].wanted_rows = true;
+    t.instrs[0].as.launch.args[2].row_bytes = WIDTH * 4 + 1; /* a row past its extent's rows */
+    expect_refused(&t, "instruction 0 argument 2: a pointer moved by 17 bytes a row must be into the arena");
+    toy_program_make(&t, false, true, 0);
+    t.instrs[0].wanted_rows = true;
+    t.instrs[0].as.launch.args[1].row_bytes = 4; /* a weight is not indexed by token */
+    expect_refused(&t, "instruction 0 argument 1: a pointer moved by 4 bytes a row must be into the arena");
+    toy_program_make(&t, false, true, 0);
+    t.instrs[0].wanted_rows = true;
+    t.instrs[0].as.launch.rule.grid[0] = (prog_affine){1, -1, 1}; /* T - 1 blocks: none at one token */
+    expect_refused(&t, "instruction 0 runs on the wanted rows but its grid is empty at one token");
 
     /* Token ranges: a fused kernel for T <= 4, its unfused ops above. */
     toy_program_make(&t, false, true, 0);
@@ -914,7 +939,7 @@ static void test_sampler(void **state) {
 
 static void test_host_forward_f32(void **state) {
     (void)state;
-    toy_plan_options o = {.host_kernels = true, .weights_in_plan = true};
+    toy_plan_options o = {.host_kernels = true, .weights_in_plan = true, .wanted_head = true};
     smelt_plan *plan = open_toy_plan("f32.plan", &o);
     smelt_plan_info info;
     assert_int_equal(smelt_plan_get_info(plan, &info), SMELT_OK);
@@ -931,23 +956,41 @@ static void test_host_forward_f32(void **state) {
     /* h = onehot(id) * 2 + (0.5, -1, 3, 0.25); logits = h W^T + (0, 1, -2, 10). */
     const int32_t ids[3] = {2, 0, 3}, pos[3] = {0, 1, 2};
     float logits[3 * VOCAB];
-    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, logits, 3 * VOCAB), SMELT_OK);
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB),
+                     SMELT_OK);
     const float expected[3 * VOCAB] = {0.5f, 5.0f, -1.25f, 12.375f,  /* id 2: h = (0.5, -1, 5, 0.25) */
                                        2.5f, 3.0f, 2.75f,  12.375f,  /* id 0: h = (2.5, -1, 3, 0.25) */
                                        0.5f, 3.0f, -3.25f, 12.375f}; /* id 3: h = (0.5, -1, 3, 2.25) */
     assert_memory_equal(logits, expected, sizeof expected);
+    /* The last token's alone: one row, the head run on it only, equal to the
+     * last row of all; none: nothing written, the logits may be NULL. */
+    float last[VOCAB] = {NAN, NAN, NAN, NAN};
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_LAST, last, VOCAB), SMELT_OK);
+    assert_memory_equal(last, expected + 2 * VOCAB, sizeof last);
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_NONE, NULL, 0), SMELT_OK);
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_LAST, last, VOCAB - 1),
+                     SMELT_ERROR_CAPACITY);
+    assert_non_null(strstr(smelt_last_error(), "logits of 1 tokens need 4 floats but the buffer holds 3"));
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_LAST, NULL, VOCAB),
+                     SMELT_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, (smelt_logits)7, last, VOCAB),
+                     SMELT_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(smelt_last_error(), "rows 7 is not a smelt_logits"));
+    assert_int_equal(smelt_engine_reset(engine), SMELT_OK);
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB),
+                     SMELT_OK);
 
     smelt_stats stats;
     assert_int_equal(smelt_engine_stats(engine, &stats), SMELT_OK);
-    assert_int_equal(stats.prefill_tokens, 3);
+    assert_int_equal(stats.prefill_tokens, 4 * 3);
     assert_int_equal(stats.decode_tokens, 0);
-    assert_int_equal(stats.steps, 1);
-    assert_int_equal(stats.launches_per_step, 2); /* one kernel, one GEMM */
+    assert_int_equal(stats.steps, 4);
+    assert_int_equal(stats.launches_per_step, 3); /* one kernel; the head GEMM, its last row by itself */
 
     /* A decode step of one token. */
     const int32_t one = 0, at = 3;
     float row[VOCAB] = {NAN, NAN, NAN, NAN};
-    assert_int_equal(smelt_engine_forward(engine, &one, &at, 1, row, VOCAB), SMELT_OK);
+    assert_int_equal(smelt_engine_forward(engine, &one, &at, 1, SMELT_LOGITS_LAST, row, VOCAB), SMELT_OK);
     const float expected_row[VOCAB] = {2.5f, 3.0f, 2.75f, 12.375f}; /* id 0: h = (2.5, -1, 3, 0.25) */
     assert_memory_equal(row, expected_row, sizeof expected_row);
     assert_int_equal(smelt_engine_stats(engine, &stats), SMELT_OK);
@@ -955,15 +998,17 @@ static void test_host_forward_f32(void **state) {
 
     /* Bad input is refused with a message. */
     const int32_t bad_id = 4;
-    assert_int_equal(smelt_engine_forward(engine, &bad_id, &at, 1, row, VOCAB), SMELT_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(smelt_engine_forward(engine, &bad_id, &at, 1, SMELT_LOGITS_LAST, row, VOCAB),
+                     SMELT_ERROR_INVALID_ARGUMENT);
     assert_non_null(
         strstr(smelt_last_error(), "token id 4 (token 0 of the step) is outside the vocabulary [0, 4)"));
-    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, logits, 3 * VOCAB - 1), SMELT_ERROR_CAPACITY);
-    assert_int_equal(smelt_engine_forward(engine, ids, pos, 9, logits, 9 * VOCAB),
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB - 1),
+                     SMELT_ERROR_CAPACITY);
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 9, SMELT_LOGITS_ALL, logits, 9 * VOCAB),
                      SMELT_ERROR_INVALID_ARGUMENT);
     assert_non_null(strstr(smelt_last_error(), "a step of 9 tokens is outside [1, 8]"));
     const int32_t negative = -1;
-    assert_int_equal(smelt_engine_forward(engine, &one, &negative, 1, row, VOCAB),
+    assert_int_equal(smelt_engine_forward(engine, &one, &negative, 1, SMELT_LOGITS_LAST, row, VOCAB),
                      SMELT_ERROR_INVALID_ARGUMENT);
 
     /* Binding a weight the plan holds replaces it (the engine's own copy). */
@@ -971,7 +1016,7 @@ static void test_host_forward_f32(void **state) {
     const int64_t vector[1] = {VOCAB};
     assert_int_equal(smelt_engine_bind_weight(engine, "toy.head.bias", SMELT_DTYPE_F32, new_bias, vector, 1),
                      SMELT_OK);
-    assert_int_equal(smelt_engine_forward(engine, &one, &at, 1, row, VOCAB), SMELT_OK);
+    assert_int_equal(smelt_engine_forward(engine, &one, &at, 1, SMELT_LOGITS_LAST, row, VOCAB), SMELT_OK);
     const float rebound_row[VOCAB] = {102.5f, 2.0f, 4.75f, -97.625f};
     assert_memory_equal(row, rebound_row, sizeof rebound_row);
     smelt_engine_destroy(engine);
@@ -979,7 +1024,7 @@ static void test_host_forward_f32(void **state) {
 
 static void test_host_forward_bf16(void **state) {
     (void)state;
-    toy_plan_options o = {.bf16 = true, .host_kernels = true, .weights_in_plan = true};
+    toy_plan_options o = {.bf16 = true, .host_kernels = true, .weights_in_plan = true, .wanted_head = true};
     smelt_plan *plan = open_toy_plan("bf16.plan", &o);
     smelt_engine *engine = host_engine(plan);
     smelt_plan_close(plan);
@@ -988,12 +1033,19 @@ static void test_host_forward_bf16(void **state) {
      * (146); logits = h2 W^T in f32. */
     const int32_t ids[3] = {2, 0, 3}, pos[3] = {0, 1, 2};
     float logits[3 * VOCAB];
-    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, logits, 3 * VOCAB), SMELT_OK);
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB),
+                     SMELT_OK);
     const float expected[3 * VOCAB] = {6.5f, 21.5f,  9.75f, 15.625f,  /* h2 = (6.5, 4, 17.5, 3.25) */
                                        6.5f, 23.5f,  9.75f, 16.625f,  /* h2 = (6.5, 2, 21.5, 3.25) */
                                        4.5f, 148.0f, 3.75f, 78.875f}; /* h2 = (4.5, 2, 146, 5.25) */
     assert_memory_equal(logits, expected, sizeof expected);
     smelt_stats stats;
+    assert_int_equal(smelt_engine_stats(engine, &stats), SMELT_OK);
+    assert_int_equal(stats.launches_per_step,
+                     5); /* a kernel and 2 head GEMMs, each with its last row apart */
+    float last[VOCAB];
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_LAST, last, VOCAB), SMELT_OK);
+    assert_memory_equal(last, expected + 2 * VOCAB, sizeof last);
     assert_int_equal(smelt_engine_stats(engine, &stats), SMELT_OK);
     assert_int_equal(stats.launches_per_step, 3);
     smelt_engine_destroy(engine);
@@ -1042,7 +1094,8 @@ static void test_bind_and_generate(void **state) {
     /* Nothing runs before every weight is bound. */
     const int32_t id = 1, at = 0;
     float row[VOCAB];
-    assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, row, VOCAB), SMELT_ERROR_MISSING_WEIGHT);
+    assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, SMELT_LOGITS_LAST, row, VOCAB),
+                     SMELT_ERROR_MISSING_WEIGHT);
     assert_non_null(
         strstr(smelt_last_error(), "weight 'toy.embed_bias' is not bound (3 of 3 weights are missing)"));
     const float wrong[6] = {0};
@@ -1187,7 +1240,8 @@ static void test_bind_stacked(void **state) {
     const int64_t part_shape[1] = {3}, whole_shape[2] = {2, 3};
     assert_int_equal(smelt_engine_bind_weight(engine, "experts.0.w", SMELT_DTYPE_F32, part, part_shape, 1),
                      SMELT_OK);
-    assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, row, VOCAB), SMELT_ERROR_MISSING_WEIGHT);
+    assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, SMELT_LOGITS_LAST, row, VOCAB),
+                     SMELT_ERROR_MISSING_WEIGHT);
     assert_non_null(strstr(smelt_last_error(), "weight 'experts.{e}.w' (in part) is not bound (1 of 5"));
     assert_int_equal(smelt_engine_bind_weight(engine, "experts.2.w", SMELT_DTYPE_F32, part, part_shape, 1),
                      SMELT_ERROR_INVALID_ARGUMENT);
@@ -1197,7 +1251,7 @@ static void test_bind_stacked(void **state) {
                      SMELT_ERROR_INVALID_ARGUMENT);
     assert_int_equal(smelt_engine_bind_weight(engine, "experts.1.w", SMELT_DTYPE_F32, part, part_shape, 1),
                      SMELT_OK);
-    assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, row, VOCAB), SMELT_OK);
+    assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, SMELT_LOGITS_LAST, row, VOCAB), SMELT_OK);
     /* The rich program is the bf16 toy: id 1 gives h = (0.5, 1, 3, 0.25),
      * h2 = h W1 + b1 = (4.5, 4, 17.5, 1.25), logits = h2 W^T. */
     const float expected[VOCAB] = {4.5f, 21.5f, 7.75f, 13.625f};
@@ -1243,6 +1297,7 @@ typedef struct recording_device {
     recorded_launch launches[64]; /* run directly, or replayed */
     int launch_count, gemm_count;
     int64_t last_gemm_m;
+    const void *last_gemm_a, *last_gemm_c;
     bool capturing;
     int graph_launches, graph_gemms, captures, replays;
     recorded_launch graph[8];
@@ -1286,6 +1341,8 @@ static smelt_status rec_gemm(rt_device *device, const rt_gemm_args *g, rt_error 
     else
         d->gemm_count++;
     d->last_gemm_m = g->m;
+    d->last_gemm_a = g->a;
+    d->last_gemm_c = g->c;
     return SMELT_OK;
 }
 static smelt_status rec_capture_begin(rt_device *device, rt_error *e) {
@@ -1340,7 +1397,7 @@ static void test_executor_graphs(void **state) {
     const int32_t ids[MAX_TOKENS] = {1, 2, 3, 0, 1, 2, 3, 0}, pos[MAX_TOKENS] = {0, 1, 2, 3, 4, 5, 6, 7};
 
     /* Prefill of 8: grid ceil(4 * 8 / 32) = 1, pointers resolved, T passed. */
-    assert_int_equal(rt_executor_step(&x, ids, pos, 8, 0, logits, NULL, &e), SMELT_OK);
+    assert_int_equal(rt_executor_step(&x, ids, pos, 8, PROG_ROWS_ALL, logits, NULL, &e), SMELT_OK);
     assert_int_equal(device.launch_count, 1);
     assert_int_equal(device.gemm_count, 1);
     assert_int_equal(device.last_gemm_m, 8);
@@ -1356,16 +1413,16 @@ static void test_executor_graphs(void **state) {
 
     /* Decode: the first step runs directly, the second is captured and
      * replayed, the third only replayed. */
-    assert_int_equal(rt_executor_step(&x, ids, pos, 1, 0, logits, NULL, &e), SMELT_OK);
+    assert_int_equal(rt_executor_step(&x, ids, pos, 1, PROG_ROWS_LAST, logits, NULL, &e), SMELT_OK);
     assert_int_equal(device.captures, 0);
     assert_int_equal(device.launch_count, 2);
-    assert_int_equal(rt_executor_step(&x, ids, pos, 1, 0, logits, NULL, &e), SMELT_OK);
+    assert_int_equal(rt_executor_step(&x, ids, pos, 1, PROG_ROWS_LAST, logits, NULL, &e), SMELT_OK);
     assert_int_equal(device.captures, 1);
     assert_int_equal(device.replays, 1);
     assert_int_equal(device.graph_launches, 1);
     assert_int_equal(device.graph_gemms, 1);
     assert_int_equal(device.graph[0].tokens, 1);
-    assert_int_equal(rt_executor_step(&x, ids, pos, 1, 0, logits, NULL, &e), SMELT_OK);
+    assert_int_equal(rt_executor_step(&x, ids, pos, 1, PROG_ROWS_LAST, logits, NULL, &e), SMELT_OK);
     assert_int_equal(device.captures, 1);
     assert_int_equal(device.replays, 2);
     assert_int_equal(device.launch_count, 4);
@@ -1375,19 +1432,85 @@ static void test_executor_graphs(void **state) {
 
     /* A prefill in between runs directly and leaves the graph alone; a moved
      * weight makes the next decode step capture again. */
-    assert_int_equal(rt_executor_step(&x, ids, pos, 3, 2, logits, NULL, &e), SMELT_OK);
+    assert_int_equal(rt_executor_step(&x, ids, pos, 3, PROG_ROWS_ALL, logits, NULL, &e), SMELT_OK);
     assert_int_equal(device.last_gemm_m, 3);
-    assert_int_equal(rt_executor_step(&x, ids, pos, 1, 0, logits, NULL, &e), SMELT_OK);
+    assert_int_equal(rt_executor_step(&x, ids, pos, 1, PROG_ROWS_LAST, logits, NULL, &e), SMELT_OK);
     assert_int_equal(device.captures, 1);
     rt_executor_invalidate_graph(&x);
-    assert_int_equal(rt_executor_step(&x, ids, pos, 1, 0, logits, NULL, &e), SMELT_OK);
+    assert_int_equal(rt_executor_step(&x, ids, pos, 1, PROG_ROWS_LAST, logits, NULL, &e), SMELT_OK);
     assert_int_equal(device.captures, 2);
 
     /* Steps the program cannot take are refused before the device is used. */
     int launches = device.launch_count;
-    assert_int_equal(rt_executor_step(&x, ids, pos, 9, 0, logits, NULL, &e), SMELT_ERROR_INVALID_ARGUMENT);
-    assert_int_equal(rt_executor_step(&x, ids, pos, 2, 2, logits, NULL, &e), SMELT_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(rt_executor_step(&x, ids, pos, 9, PROG_ROWS_ALL, logits, NULL, &e),
+                     SMELT_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(rt_executor_step(&x, ids, pos, 2, (prog_rows)3, logits, NULL, &e),
+                     SMELT_ERROR_INVALID_ARGUMENT);
+    int32_t token;
+    assert_int_equal(rt_executor_step(&x, ids, pos, 2, PROG_ROWS_ALL, logits, &token, &e),
+                     SMELT_ERROR_INVALID_ARGUMENT); /* the greedy token is the last row's */
     assert_int_equal(device.launch_count, launches);
+    rt_executor_free(&x);
+}
+
+/* A step that wants the last row runs the wanted-rows instructions at one
+ * token on the last rows: the launch's grid, token count and moved
+ * pointers, the GEMM's one row of A and C; one that wants none skips them. */
+static void test_executor_wanted_rows(void **state) {
+    (void)state;
+    toy_program t;
+    toy_program_make(&t, false, true, 0);
+    prog_launch *embed = &t.instrs[0].as.launch;
+    t.instrs[0].wanted_rows = t.instrs[1].wanted_rows = true; /* as if its h fed the head alone */
+    embed->args[0].row_bytes = 4;                             /* ids */
+    embed->args[2].row_bytes = WIDTH * 4;                     /* h */
+    embed->rule.grid[0] = (prog_affine){1, 0, 1};             /* a block per token: T blocks */
+    recording_device device = {.base.ops = &recording_ops};
+    float weight_memory[3][16] = {{0}};
+    void *weights[3] = {weight_memory[0], weight_memory[1], weight_memory[2]};
+    rt_executor x;
+    rt_error e = {0};
+    assert_int_equal(rt_executor_init(&x, &t.p, &device.base, weights, false, &e), SMELT_OK);
+    float logits[MAX_TOKENS * VOCAB];
+    const int32_t ids[MAX_TOKENS] = {1, 2, 3, 0, 1, 2, 3, 0}, pos[MAX_TOKENS] = {0, 1, 2, 3, 4, 5, 6, 7};
+    uint8_t *arena = x.arena;
+
+    assert_int_equal(rt_executor_step(&x, ids, pos, 5, PROG_ROWS_ALL, logits, NULL, &e), SMELT_OK);
+    assert_int_equal(device.launches[0].grid_x, 5);
+    assert_int_equal(device.launches[0].tokens, 5);
+    assert_ptr_equal(device.launches[0].pointers[0], arena + AT_IDS);
+    assert_ptr_equal(device.launches[0].pointers[2], arena + AT_H);
+    /* Rows 0-3, then the last by itself (as a step wanting it alone computes it). */
+    assert_int_equal(device.gemm_count, 2);
+    assert_int_equal(device.last_gemm_m, 1);
+    assert_ptr_equal(device.last_gemm_a, arena + AT_H + 4 * WIDTH * 4);
+    assert_ptr_equal(device.last_gemm_c, arena + AT_LOGITS + 4 * VOCAB * 4);
+    assert_int_equal(x.launches_last_step, 3);
+
+    /* The last of 5 rows: one block at one token, 4 rows on. */
+    memset(logits, 0, sizeof logits);
+    for (int v = 0; v < VOCAB; v++)
+        ((float *)(arena + AT_LOGITS))[4 * VOCAB + v] = (float)(v + 1); /* where row 4 lives */
+    assert_int_equal(rt_executor_step(&x, ids, pos, 5, PROG_ROWS_LAST, logits, NULL, &e), SMELT_OK);
+    assert_int_equal(device.launch_count, 2);
+    assert_int_equal(device.launches[1].grid_x, 1);
+    assert_int_equal(device.launches[1].tokens, 1);
+    assert_ptr_equal(device.launches[1].pointers[0], arena + AT_IDS + 4 * 4);
+    assert_ptr_equal(device.launches[1].pointers[1], weights[0]); /* not moved */
+    assert_ptr_equal(device.launches[1].pointers[2], arena + AT_H + 4 * WIDTH * 4);
+    assert_int_equal(device.gemm_count, 3);
+    assert_int_equal(device.last_gemm_m, 1);
+    assert_ptr_equal(device.last_gemm_a, arena + AT_H + 4 * WIDTH * 4);
+    assert_ptr_equal(device.last_gemm_c, arena + AT_LOGITS + 4 * VOCAB * 4);
+    const float last_row[VOCAB] = {1, 2, 3, 4}; /* row 4 of the logits alone is copied out */
+    assert_memory_equal(logits, last_row, sizeof last_row);
+    assert_int_equal(x.launches_last_step, 2);
+
+    /* No rows: the head does not run, nothing is copied (logits may be NULL). */
+    assert_int_equal(rt_executor_step(&x, ids, pos, 5, PROG_ROWS_NONE, NULL, NULL, &e), SMELT_OK);
+    assert_int_equal(device.launch_count, 2);
+    assert_int_equal(device.gemm_count, 3);
+    assert_int_equal(x.launches_last_step, 0);
     rt_executor_free(&x);
 }
 
@@ -1447,7 +1570,7 @@ static void test_cuda_without_driver(void **state) {
     assert_non_null(strstr(smelt_engine_device_name(engine), "host"));
     const int32_t ids[1] = {2}, pos[1] = {0};
     float row[VOCAB];
-    assert_int_equal(smelt_engine_forward(engine, ids, pos, 1, row, VOCAB), SMELT_OK);
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 1, SMELT_LOGITS_LAST, row, VOCAB), SMELT_OK);
     assert_true(row[0] == 0.5f && row[1] == 5.0f && row[2] == -1.25f && row[3] == 12.375f);
     smelt_engine_destroy(engine);
 
@@ -1490,12 +1613,14 @@ static void test_cuda_on_gpu(void **state) {
         smelt_plan_close(plan);
         assert_non_null(strstr(smelt_engine_device_name(engine), "cuda:0"));
         float logits[3 * VOCAB];
-        assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, logits, 3 * VOCAB), SMELT_OK);
+        assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB),
+                         SMELT_OK);
         assert_memory_equal(logits, expected[bf16], sizeof logits);
         for (int step = 0; step < 3; step++) { /* run, capture + replay, replay: the same row each time */
             const int32_t id = 2, at = 3 + step;
             float row[VOCAB] = {NAN, NAN, NAN, NAN};
-            assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, row, VOCAB), SMELT_OK);
+            assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, SMELT_LOGITS_LAST, row, VOCAB),
+                             SMELT_OK);
             assert_memory_equal(row, expected[bf16], sizeof row);
         }
         smelt_stats stats;
@@ -1573,7 +1698,8 @@ static void test_cuda_on_fake_driver(void **state) {
     assert_string_equal(smelt_engine_device_name(engine), "cuda:0 Fake GPU (sm_90)");
     const int32_t ids[3] = {2, 0, 3}, pos[3] = {0, 1, 2};
     float logits[3 * VOCAB];
-    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, logits, 3 * VOCAB), SMELT_OK);
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB),
+                     SMELT_OK);
     const float expected[3 * VOCAB] = {0.5f,  5.0f,    -1.25f, 12.375f, 2.5f,   3.0f,
                                        2.75f, 12.375f, 0.5f,   3.0f,    -3.25f, 12.375f};
     assert_memory_equal(logits, expected, sizeof expected);
@@ -1589,7 +1715,7 @@ static void test_cuda_on_fake_driver(void **state) {
     for (int step = 0; step < 3; step++) {
         const int32_t id = step, at = 3 + step;
         float row[VOCAB] = {NAN, NAN, NAN, NAN};
-        assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, row, VOCAB), SMELT_OK);
+        assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, SMELT_LOGITS_LAST, row, VOCAB), SMELT_OK);
         assert_memory_equal(row, &expected[expected_row[step] * VOCAB], sizeof row);
     }
     smelt_stats stats;
@@ -1606,7 +1732,8 @@ static void test_cuda_on_fake_driver(void **state) {
     plan = open_toy_plan("cuda-bf16.plan", &o);
     engine = cuda_engine(plan);
     smelt_plan_close(plan);
-    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, logits, 3 * VOCAB), SMELT_OK);
+    assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB),
+                     SMELT_OK);
     const float expected_bf16[3 * VOCAB] = {6.5f,  21.5f,   9.75f, 15.625f, 6.5f,  23.5f,
                                             9.75f, 16.625f, 4.5f,  148.0f,  3.75f, 78.875f};
     assert_memory_equal(logits, expected_bf16, sizeof expected_bf16);
@@ -1734,6 +1861,7 @@ int main(void) {
         cmocka_unit_test(test_print_escapes_kernel_and_weight_names),
         cmocka_unit_test(test_sampler),
         cmocka_unit_test(test_executor_graphs),
+        cmocka_unit_test(test_executor_wanted_rows),
         cmocka_unit_test(test_host_forward_f32),
         cmocka_unit_test(test_host_forward_bf16),
         cmocka_unit_test(test_bind_and_generate),
