@@ -71,7 +71,12 @@ bool drv_precision_from_name(const char *name, drv_precision *out);
 /* The KV cache storage (--kv-cache): auto is the activation dtype; bf16 and
  * f32 name it (and must be it); fp8 is E4M3 with a scale per cached row and
  * kv head (passes/precision_kv_cache.c). */
-typedef enum drv_kv_cache { DRV_KV_CACHE_AUTO, DRV_KV_CACHE_BF16, DRV_KV_CACHE_F32, DRV_KV_CACHE_FP8 } drv_kv_cache;
+typedef enum drv_kv_cache {
+    DRV_KV_CACHE_AUTO,
+    DRV_KV_CACHE_BF16,
+    DRV_KV_CACHE_F32,
+    DRV_KV_CACHE_FP8
+} drv_kv_cache;
 bool drv_kv_cache_from_name(const char *name, drv_kv_cache *out);
 /* "auto", "bf16", "f32" or "fp8": the precision pass's kv_cache option. */
 const char *drv_kv_cache_name(drv_kv_cache k);

@@ -78,7 +78,7 @@ bool pass_run_list(ir_module *m, const pass_info *const *passes, size_t count,
 /* The passes (one per file; each file opens with its contract). */
 bool pass_infer_shapes(ir_module *m, diag_engine *d);
 bool pass_canonicalize(ir_module *m, diag_engine *d);
-bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d);   /* precision.c */
+bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d); /* precision.c */
 /* precision's choice of every attention op's KV cache dtype, under `policy`
  * (the activation dtype's name): precision_kv_cache.c. */
 bool pass_precision_kv_cache(ir_module *m, const char *kv_cache, const char *policy, diag_engine *d);
