@@ -18,8 +18,11 @@
  * bf16 in shared memory — exact: every E4M3 value is a bf16 — with the
  * rows' scales beside them; a key scale multiplies the scores of its
  * position, a value scale the softmax weight that P V takes, so the mma
- * computes on the codes and the cache is read once, at 1 byte an element. Whole tiles outside every row's
- * visible range (the causal mask, the sliding window) are never loaded, and
+ * computes on the codes and the cache is read once, at 1 byte an element
+ * (these loads are not asynchronous: the widening needs the registers, so
+ * the next tile's loads overlap this one's mma only across warps and
+ * blocks). Whole tiles outside every row's visible range (the causal mask,
+ * the sliding window) are never loaded, and
  * a warp skips the mma of a tile its 16 rows cannot see. Shared rows are
  * padded by 8 elements so that ldmatrix's eight row addresses fall in
  * different banks.
@@ -351,9 +354,8 @@ void emit_attention_prefill(cg_emit *e, const attention_shape *s, prog_affine st
         "keys + (stage) * KEYS * K_STRIDE, values + (stage) * KEYS * V_STRIDE, seen[stage]";
     if (s->scaled) {
         cg_line(t,
-                "#define LOAD_TILE(stage, at) load_tile(%s, key_scale[stage], value_scale[stage], k_cache, "
-                "v_cache, "
-                "written, k_scales, v_scales, (at), kv_head)",
+                "#define LOAD_TILE(stage, at) load_tile(%s, key_scale[stage], value_scale[stage], "
+                "k_cache, v_cache, written, k_scales, v_scales, (at), kv_head)",
                 stage_arguments);
         cg_line(t, "#define KEY_SCALE(stage, column) key_scale[stage][column] /* the codes' row scales */");
         cg_line(t, "#define VALUE_SCALE(stage, column) value_scale[stage][column]");
