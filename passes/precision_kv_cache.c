@@ -28,7 +28,7 @@ bool pass_precision_kv_cache(ir_module *m, const char *kv_cache, const char *pol
     if (!fp8 && strcmp(choice, "auto") != 0 && strcmp(choice, policy) != 0) {
         if (strcmp(choice, "bf16") == 0 || strcmp(choice, "f32") == 0)
             diag_error(d, SMELT_NO_LOC,
-                       "a %s KV cache needs %s activations (the precision policy is '%s'); "
+                       "a KV cache in %s needs %s activations (the precision policy is '%s'); "
                        "--kv-cache takes auto, fp8 or the activation dtype",
                        choice, choice, policy);
         else
