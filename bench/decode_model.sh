@@ -15,23 +15,25 @@
 #   - `smelt compile` wall time, cold (an empty kernel cache)
 #     and warm (the same compile again)                        (<= 5 s, <= 0.5 s)
 #
-#   bench/decode_model.sh [--smelt PATH] [--context C] [--prefill N]
+#   bench/decode_model.sh [--smelt PATH] [--context C] [--prefill N] [--kv-cache K]
 #
 # PATH defaults to build-release/cli/smelt, else build/cli/smelt; C to 1024,
-# N to 512. Needs jq (to read the JSON) and a CUDA toolkit with NVRTC (to
+# N to 512; K (the KV cache's dtype: auto, fp8) to auto. Needs jq (to read the JSON) and a CUDA toolkit with NVRTC (to
 # compile for sm_80 and sm_90).
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 smelt=""
 context=1024
 prefill=512
+kv_cache=auto
 while [ $# -gt 0 ]; do
     case "$1" in
     --smelt) smelt=$2; shift 2 ;;
     --context) context=$2; shift 2 ;;
     --prefill) prefill=$2; shift 2 ;;
-    -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "usage: bench/decode_model.sh [--smelt PATH] [--context C] [--prefill N]" >&2; exit 2 ;;
+    --kv-cache) kv_cache=$2; shift 2 ;;
+    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "usage: bench/decode_model.sh [--smelt PATH] [--context C] [--prefill N] [--kv-cache K]" >&2; exit 2 ;;
     esac
 done
 if [ -z "$smelt" ]; then
@@ -51,7 +53,8 @@ trap 'rm -rf "$work"' EXIT INT TERM
 now() { date +%s.%N; }
 compile() {
     SMELT_CACHE_DIR="$work/cache" "$smelt" compile "$root/examples/llama.smelt" \
-        --config "$root/examples/configs/llama-3-8b.json" --precision bf16 -o "$work/llama-3-8b.plan" \
+        --config "$root/examples/configs/llama-3-8b.json" --precision bf16 \
+        --kv-cache "$kv_cache" -o "$work/llama-3-8b.plan" \
         2>"$work/compile.log" || { cat "$work/compile.log" >&2; exit 1; }
 }
 start=$(now); compile; cold=$(echo "$start $(now)" | awk '{printf "%.2f", $2 - $1}')
@@ -72,7 +75,7 @@ prefill_seconds=$(get "$prefill_step | .modeled_seconds.h200")
 prefill_floor=$(get "$prefill_step | .flop_floor_seconds.h200")
 weights=$(get ".weight_bytes")
 
-echo "Llama-3-8B, bf16 ($weights weight bytes), modeled by smelt inspect (H200: 4.8 TB/s, 989 TFLOP/s bf16, 1.3 us a launch)"
+echo "Llama-3-8B, bf16, KV cache $kv_cache ($weights weight bytes), modeled by smelt inspect (H200: 4.8 TB/s, 989 TFLOP/s bf16, 1.3 us a launch)"
 echo "$per_layer $per_step" | awk '{printf "  decode launches per decoder layer:        %s (%s per step; target <= 5)\n", $1, $2}'
 echo "$bytes $unavoidable" | awk -v c="$context" '{printf "  decode DRAM bytes at context %-5s        %.3f GB modeled / %.3f GB unavoidable = %.3fx (target <= 1.05x)\n", c ":", $1 / 1e9, $2 / 1e9, $1 / $2}'
 echo "$decode_seconds $decode_floor" | awk '{printf "  decode H200 time:                         %.3f ms modeled / %.3f ms unavoidable bytes = %.3fx (target <= 1.15x)\n", $1 * 1e3, $2 * 1e3, $1 / $2}'

@@ -59,6 +59,12 @@ bool cli_parse_precision(const cli_args *a, const char *text, drv_precision *out
     return false;
 }
 
+bool cli_parse_kv_cache(const cli_args *a, const char *text, drv_kv_cache *out) {
+    if (drv_kv_cache_from_name(text, out)) return true;
+    cli_usage_error(a, "unknown KV cache dtype '%s' (auto, bf16, f32 or fp8)", text);
+    return false;
+}
+
 bool cli_parse_tokenizer(const cli_args *a, const char *text) {
     if (strcmp(text, "bytes") == 0) return true;
     cli_usage_error(a, "unknown tokenizer '%s' (bytes)", text);
@@ -187,6 +193,8 @@ int cli_lowering_option(cli_args *a, drv_lowering *o) {
     unsigned tokens;
     if (cli_flag_value(a, "--precision", &value)) {
         if (!value || !cli_parse_precision(a, value, &o->precision)) return CLI_USAGE_ERROR;
+    } else if (cli_flag_value(a, "--kv-cache", &value)) {
+        if (!value || !cli_parse_kv_cache(a, value, &o->kv_cache)) return CLI_USAGE_ERROR;
     } else if (cli_flag(a, "--no-fuse")) {
         o->no_fuse = true;
     } else if (cli_flag_value(a, "--max-step-tokens", &value)) {
@@ -221,6 +229,9 @@ int cli_model_option(cli_args *a, drv_model_options *o) {
     } else if (cli_flag_value(a, "--precision", &value)) {
         if (!value || !cli_parse_precision(a, value, &o->precision)) return CLI_USAGE_ERROR;
         if (!a->source_option) a->source_option = "--precision";
+    } else if (cli_flag_value(a, "--kv-cache", &value)) {
+        if (!value || !cli_parse_kv_cache(a, value, &o->kv_cache)) return CLI_USAGE_ERROR;
+        if (!a->source_option) a->source_option = "--kv-cache";
     } else if (cli_flag(a, "--no-fuse")) {
         o->no_fuse = true;
         if (!a->source_option) a->source_option = "--no-fuse";

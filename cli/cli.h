@@ -34,6 +34,8 @@ void cli_usage_error(const cli_args *a, const char *fmt, ...) __attribute__((for
 bool cli_parse_format(const cli_args *a, const char *text, drv_ir_format *out);
 /* --precision's value (f32, bf16); false after a usage message. */
 bool cli_parse_precision(const cli_args *a, const char *text, drv_precision *out);
+/* --kv-cache's value (auto, bf16, f32, fp8); false after a usage message. */
+bool cli_parse_kv_cache(const cli_args *a, const char *text, drv_kv_cache *out);
 /* --tokenizer's value (bytes); false after a usage message. */
 bool cli_parse_tokenizer(const cli_args *a, const char *text);
 /* The positional argument at a->index into *slot (`what` names it in

@@ -29,6 +29,10 @@ static const char usage[] = "usage: smelt compile MODEL [options] -o model.plan\
                             "  --target LIST             sm_80,sm_90,host (default: all three)\n"
                             "  --precision f32|bf16      storage of weights and activations (default bf16;\n"
                             "                            arithmetic is f32 either way)\n"
+                            "  --kv-cache auto|bf16|f32|fp8\n"
+                            "                            KV cache storage (default auto: the activation\n"
+                            "                            dtype; fp8: E4M3 with an f32 scale per cached\n"
+                            "                            row of each kv head)\n"
                             "  --tokenizer bytes         store a byte tokenizer (ids 0..255 are bytes; BOS\n"
                             "                            and EOS from config.json) for `smelt run --prompt`\n"
                             "                            (the plan keeps the model's EOS ids either way)\n"
@@ -108,6 +112,8 @@ static int parse_arguments(int argc, char **argv, compile_command *c) {
             if (!value || !parse_targets(&a, value, &c->plan)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "--precision", &value)) {
             if (!value || !cli_parse_precision(&a, value, &c->plan.precision)) return CLI_USAGE_ERROR;
+        } else if (cli_flag_value(&a, "--kv-cache", &value)) {
+            if (!value || !cli_parse_kv_cache(&a, value, &c->plan.kv_cache)) return CLI_USAGE_ERROR;
         } else if (cli_flag_value(&a, "--tokenizer", &value)) {
             if (!value || !cli_parse_tokenizer(&a, value)) return CLI_USAGE_ERROR;
             c->plan.byte_tokenizer = true;

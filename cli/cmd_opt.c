@@ -17,6 +17,8 @@ static const char usage[] = "usage: smelt opt --pass NAME[,NAME...] [options] IN
                             "  --split-input-file      treat each `# -----` separated chunk as its own\n"
                             "                          module; outputs are separated the same way\n"
                             "  --precision f32|bf16    the precision pass's policy (default f32)\n"
+                            "  --kv-cache auto|bf16|f32|fp8\n"
+                            "                          the precision pass's KV cache dtype (default auto)\n"
                             "  --no-fuse               the fuse pass applies no rule: one op per group\n"
                             "  --max-step-tokens N     tokens per step plan-memory sizes buffers for\n"
                             "                          (default: the token dim's bound)\n"

@@ -146,6 +146,7 @@ const char *cg_dtype_name(smelt_dtype t) {
     case SMELT_DTYPE_F32: return "f32";
     case SMELT_DTYPE_BF16: return "bf16";
     case SMELT_DTYPE_I32: return "i32";
+    case SMELT_DTYPE_F8E4M3: return "f8e4m3"; /* KV cache states */
     default: break;
     }
     SMELT_DIE("bad storage dtype %d", (int)t);
@@ -156,6 +157,7 @@ const char *cg_dtype_ctype(smelt_dtype t) {
     case SMELT_DTYPE_F32: return "float";
     case SMELT_DTYPE_BF16: return "smelt_bf16";
     case SMELT_DTYPE_I32: return "int";
+    case SMELT_DTYPE_F8E4M3: return "smelt_f8e4m3";
     default: break;
     }
     SMELT_DIE("bad storage dtype %d", (int)t);
@@ -731,6 +733,8 @@ const char *cg_load(cg_kernel_builder *b, uint32_t p, const char *index) {
     const cg_kernel_param *kp = &b->params[p];
     if (kp->dtype == SMELT_DTYPE_BF16)
         return arena_printf(&b->e->scratch, "smelt_bf16_to_f32(%s[%s])", kp->name, index);
+    if (kp->dtype == SMELT_DTYPE_F8E4M3) /* the code; its row's scale is the kernel's to apply */
+        return arena_printf(&b->e->scratch, "smelt_f8e4m3_to_f32(%s[%s])", kp->name, index);
     return arena_printf(&b->e->scratch, "%s[%s]", kp->name, index);
 }
 

@@ -98,15 +98,20 @@ typedef enum cg_lowering_kind {
  *   3  partials f32: the split-KV decode kernel's per-split results
  *   4  counters int32: per (token, kv head), the splits finished this step
  *      (the last one merges them and sets it back to 0)
+ *   5  key scales   f32 [max_seq, Hkv]: an f8e4m3 cache's (kv_dtype) scale
+ *   6  value scales f32 [max_seq, Hkv]   of each row, code * scale = value
  * States 3 and 4 are a workspace, not indexed by position (rows 0); an op
- * without the decode kernel has them of 0 bytes. */
-enum { CG_MAX_KERNELS = 4, CG_MAX_STATES = 5 };
+ * without the decode kernel has them of 0 bytes. States 5 and 6 exist only
+ * with an f8e4m3 cache (the others have 3 or 5 states). */
+enum { CG_MAX_KERNELS = 4, CG_MAX_STATES = 7 };
 enum {
     CG_STATE_KEYS = 0,
     CG_STATE_VALUES = 1,
     CG_STATE_WRITTEN = 2,
     CG_STATE_PARTIALS = 3,
-    CG_STATE_COUNTERS = 4
+    CG_STATE_COUNTERS = 4,
+    CG_STATE_KEY_SCALES = 5,
+    CG_STATE_VALUE_SCALES = 6
 };
 
 typedef struct cg_group_lowering {

@@ -7,7 +7,10 @@
  *      caches at position pos[t] and marks the position written. It runs to
  *      completion before 2, so every query of a step sees every key of it.
  *      It is a kernel of its own so that a fusion rule can move it into
- *      the QKV projection's epilogue and drop it here.
+ *      the QKV projection's epilogue and drop it here. Into an f8e4m3
+ *      cache (kv_dtype) a warp per kv head quantizes the head's row with
+ *      its own scale (max |x| / 448, plan/numeric.h), so this kernel always
+ *      writes such a cache (no GEMV unit sees a whole row).
  *   2. the attention proper: query head h reads kv head h / (Hq / Hkv) (GQA,
  *      MQA). It sees the written positions p with p <= pos (causal; every
  *      written position when not causal) and p > pos - window when
@@ -30,9 +33,10 @@
  *          position's dot product.
  *
  * State (cg_group_lowering.state_bytes, zeroed when a sequence starts): the K
- * cache [max_seq, Hkv, D] in k's storage dtype, the V cache [max_seq, Hkv,
- * Dv] in v's, written flags int32[max_seq], and with the decode kernel its
- * workspace (emit.h). A position outside [0, max_seq) is neither written nor
+ * cache [max_seq, Hkv, D] in k's storage dtype (or f8e4m3), the V cache
+ * [max_seq, Hkv, Dv] in v's, written flags int32[max_seq], with the decode
+ * kernel its workspace, and with f8e4m3 caches the scales f32 [max_seq,
+ * Hkv] of K and V rows (emit.h). A position outside [0, max_seq) is neither written nor
  * attended (the runtime checks positions before a step; the reference
  * reports them). Two tokens of one step at the same position race; a step's
  * positions are distinct.
@@ -78,8 +82,10 @@ static bool read_shape(cg_emit *e, attention_shape *s) {
     s->causal = cg_attr_bool(e, "causal", true);
     s->scale = cg_attr_float(e, "scale", 1.0);
     s->tokens = cg_shape_count(&qs, 0, 1);
-    s->key_dtype = cg_storage_dtype(e->m, k);
-    s->value_dtype = cg_storage_dtype(e->m, v);
+    s->input_dtype = cg_storage_dtype(e->m, k);
+    s->scaled = strcmp(cg_attr_string(e, "kv_dtype", "auto"), "f8e4m3") == 0;
+    s->key_dtype = s->scaled ? SMELT_DTYPE_F8E4M3 : s->input_dtype;
+    s->value_dtype = s->scaled ? SMELT_DTYPE_F8E4M3 : cg_storage_dtype(e->m, v);
     if (s->kv_heads < 1 || s->query_heads % s->kv_heads != 0 || ks.dims[2] != s->head_dim ||
         vs.dims[1] != s->kv_heads) {
         diag_error(e->d, e->ir->loc,
@@ -111,21 +117,61 @@ static const char *dims_part(cg_emit *e, const attention_shape *s) {
     return arena_printf(&e->scratch, "d%lld_dv%lld", (long long)s->head_dim, (long long)s->value_dim);
 }
 
+/* The K and V rows of a token into f8e4m3 caches: a warp per kv head
+ * takes the head's max |x|, stores the codes of x / scale and the scale. */
+static const char kv_quantize_body[] = "\
+for (int head = warp; head < KV_HEADS; head += WARPS) {\n\
+    long long from = token * KEY_ROW + head * HEAD_DIM, to = (long long)position * KEY_ROW + head * HEAD_DIM;\n\
+    float absmax = 0.0f;\n\
+    for (int i = lane; i < HEAD_DIM; i += 32) {\n\
+        absmax = fmaxf(absmax, fabsf(LOAD_KEY(from + i)));\n\
+    }\n\
+    float scale = smelt_f8e4m3_row_scale(warp_max(absmax));\n\
+    for (int i = lane; i < HEAD_DIM; i += 32) {\n\
+        k_cache[to + i] = smelt_f32_to_f8e4m3(LOAD_KEY(from + i) / scale);\n\
+    }\n\
+    if (lane == 0) {\n\
+        k_scales[(long long)position * KV_HEADS + head] = scale;\n\
+    }\n\
+}\n\
+for (int head = warp; head < KV_HEADS; head += WARPS) {\n\
+    long long from = token * VALUE_ROW + head * VALUE_DIM, to = (long long)position * VALUE_ROW + head * VALUE_DIM;\n\
+    float absmax = 0.0f;\n\
+    for (int i = lane; i < VALUE_DIM; i += 32) {\n\
+        absmax = fmaxf(absmax, fabsf(LOAD_VALUE(from + i)));\n\
+    }\n\
+    float scale = smelt_f8e4m3_row_scale(warp_max(absmax));\n\
+    for (int i = lane; i < VALUE_DIM; i += 32) {\n\
+        v_cache[to + i] = smelt_f32_to_f8e4m3(LOAD_VALUE(from + i) / scale);\n\
+    }\n\
+    if (lane == 0) {\n\
+        v_scales[(long long)position * KV_HEADS + head] = scale;\n\
+    }\n\
+}\n";
+
 static void emit_kv_write(cg_emit *e, const attention_shape *s) {
     ir_value_id stored[2] = {cg_operand(e, 1), cg_operand(e, 2)};
-    const char *name = arena_printf(&e->scratch, "kv_write_%s_kv%lld_%s_ctx%lld", cg_dtype_tag(e, stored, 2),
-                                    (long long)s->kv_heads, dims_part(e, s), (long long)s->max_seq);
+    const char *name = arena_printf(&e->scratch, "kv_write_%s_kv%lld_%s_ctx%lld%s",
+                                    cg_dtype_tag(e, stored, 2), (long long)s->kv_heads, dims_part(e, s),
+                                    (long long)s->max_seq, s->scaled ? "_kvf8e4m3" : "");
     cg_kernel_builder b;
-    cg_kernel_begin(
-        &b, e, name,
-        "One block per token: copies its keys and values into the KV cache at position pos[t] and "
-        "marks the position written.");
+    cg_kernel_begin(&b, e, name,
+                    s->scaled
+                        ? "One block per token: quantizes its keys and values to the f8e4m3 KV cache at "
+                          "position pos[t], a warp per kv head (codes of x / scale, the row's scale "
+                          "max |x| / 448 beside them), and marks the position written."
+                        : "One block per token: copies its keys and values into the KV cache at "
+                          "position pos[t] and marks the position written.");
     uint32_t k = cg_param_value(&b, "k", cg_operand(e, 1), true);
     uint32_t v = cg_param_value(&b, "v", cg_operand(e, 2), true);
     cg_param_value(&b, "pos", cg_operand(e, 3), true);
     uint32_t k_cache = cg_param_state(&b, "k_cache", CG_STATE_KEYS, s->key_dtype);
     uint32_t v_cache = cg_param_state(&b, "v_cache", CG_STATE_VALUES, s->value_dtype);
     cg_param_state(&b, "written", CG_STATE_WRITTEN, SMELT_DTYPE_I32);
+    if (s->scaled) {
+        cg_param_state(&b, "k_scales", CG_STATE_KEY_SCALES, SMELT_DTYPE_F32);
+        cg_param_state(&b, "v_scales", CG_STATE_VALUE_SCALES, SMELT_DTYPE_F32);
+    }
     cg_kernel_launch(&b, cg_count_blocks(s->tokens, 1), (prog_affine){0, 1, 1}, KV_WRITE_THREADS);
     cg_kernel_open(&b);
     cg_text *t = &b.text;
@@ -134,12 +180,28 @@ static void emit_kv_write(cg_emit *e, const attention_shape *s) {
             KV_WRITE_THREADS);
     cg_line(t, "enum { KEY_ROW = KV_HEADS * HEAD_DIM, VALUE_ROW = KV_HEADS * VALUE_DIM }; /* elements per "
                "position */");
-    cg_blank(t);
+    if (s->scaled) {
+        cg_line(t, "enum { WARPS = THREADS / 32 };");
+        cg_line(t, "#define LOAD_KEY(i) %s", cg_load(&b, k, "(i)"));
+        cg_line(t, "#define LOAD_VALUE(i) %s", cg_load(&b, v, "(i)"));
+        cg_blank(t);
+        cg_write_warp_max(t);
+    } else {
+        cg_blank(t);
+    }
     cg_kernel_signature(&b);
     cg_line(t, "long long token = blockIdx.x;");
     cg_line(t, "int position = pos[token];");
     cg_line(t, "if (position < 0 || position >= MAX_SEQ)");
     cg_line(t, "    return;");
+    if (s->scaled) {
+        cg_line(t, "int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;");
+        attention_write_template(t, kv_quantize_body);
+        cg_line(t, "if (threadIdx.x == 0)");
+        cg_line(t, "    written[position] = 1;");
+        cg_kernel_end(&b);
+        return;
+    }
     cg_line(t, "for (int i = threadIdx.x; i < KEY_ROW; i += THREADS)");
     cg_line(t, "    %s", cg_copy(&b, k_cache, "(long long)position * KEY_ROW + i", k, "token * KEY_ROW + i"));
     cg_line(t, "for (int i = threadIdx.x; i < VALUE_ROW; i += THREADS)");
@@ -156,6 +218,7 @@ const char *attention_kernel_name(cg_emit *e, const attention_shape *s, const ch
     cg_text_init(&name);
     cg_text_printf(&name, "%s_%s_h%lld_kv%lld_%s_ctx%lld", prefix, cg_dtype_tag(e, stored, 4),
                    (long long)s->query_heads, (long long)s->kv_heads, dims_part(e, s), (long long)s->max_seq);
+    if (s->scaled) cg_text_printf(&name, "_kvf8e4m3");
     if (s->window > 0) cg_text_printf(&name, "_win%lld", (long long)s->window);
     if (!s->causal) cg_text_printf(&name, "_noncausal");
     if (s->softcap > 0) cg_text_printf(&name, "_softcap%s", cg_float_name(e, s->softcap));
@@ -174,6 +237,23 @@ void attention_define_scoring(cg_emit *e, cg_text *t, const attention_shape *s) 
         cg_line(t, "#define CAPPED(score) (SOFTCAP * tanhf((score) / SOFTCAP))");
     } else {
         cg_line(t, "#define CAPPED(score) (score) /* no soft-capping */");
+    }
+}
+
+void attention_scale_params(cg_kernel_builder *b, const attention_shape *s) {
+    if (!s->scaled) return;
+    uint32_t keys = cg_param_state(b, "k_scales", CG_STATE_KEY_SCALES, SMELT_DTYPE_F32);
+    uint32_t values = cg_param_state(b, "v_scales", CG_STATE_VALUE_SCALES, SMELT_DTYPE_F32);
+    b->params[keys].is_const = b->params[values].is_const = true; /* read here */
+}
+
+void attention_define_scales(cg_text *t, const attention_shape *s) {
+    if (s->scaled) {
+        cg_line(t, "#define KEY_SCALE(p) k_scales[(long long)(p) * KV_HEADS + kv_head] /* f8e4m3 rows */");
+        cg_line(t, "#define VALUE_SCALE(p) v_scales[(long long)(p) * KV_HEADS + kv_head]");
+    } else {
+        cg_line(t, "#define KEY_SCALE(p) 1.0f /* caches without scales */");
+        cg_line(t, "#define VALUE_SCALE(p) 1.0f");
     }
 }
 
@@ -226,6 +306,7 @@ static void emit_attend(cg_emit *e, const attention_shape *s, prog_affine steps)
     uint32_t v_cache = cg_param_state(&b, "v_cache", CG_STATE_VALUES, s->value_dtype);
     uint32_t written = cg_param_state(&b, "written", CG_STATE_WRITTEN, SMELT_DTYPE_I32);
     uint32_t out = cg_param_value(&b, "out", result, false);
+    attention_scale_params(&b, s);
     b.params[k_cache].is_const = b.params[v_cache].is_const = b.params[written].is_const =
         true; /* read here */
     cg_kernel_launch(&b, cg_count_blocks(s->tokens, 1), (prog_affine){0, s->query_heads, 1},
@@ -245,6 +326,7 @@ static void emit_attend(cg_emit *e, const attention_shape *s, prog_affine steps)
     if (s->softcap > 0)
         cg_line(t, "#define SOFTCAP %s /* scores become SOFTCAP * tanh(score / SOFTCAP) */",
                 cg_float_literal(e, s->softcap));
+    if (s->scaled) attention_define_scales(t, s);
     cg_blank(t);
     cg_write_warp_sum(t);
     cg_kernel_signature(&b);
@@ -279,7 +361,8 @@ static void emit_attend(cg_emit *e, const attention_shape *s, prog_affine steps)
     cg_line(t, "float dot = 0.0f;");
     cg_line(t, "for (int i = lane; i < HEAD_DIM; i += 32)");
     cg_line(t, "    dot += query[i] * %s;", cg_load(&b, k_cache, "row + i"));
-    cg_line(t, "score = warp_sum(dot) * SCALE;");
+    cg_line(t,
+            s->scaled ? "score = warp_sum(dot) * KEY_SCALE(p) * SCALE;" : "score = warp_sum(dot) * SCALE;");
     if (s->softcap > 0) cg_line(t, "score = SOFTCAP * tanhf(score / SOFTCAP);");
     cg_line(t, "}");
     cg_line(t, "if (lane == 0)");
@@ -303,6 +386,7 @@ static void emit_attend(cg_emit *e, const attention_shape *s, prog_affine steps)
     cg_line(t, "float weight = expf(scores[j] - new_max);");
     cg_line(t, "long long row = ((long long)(tile + j) * KV_HEADS + kv_head) * VALUE_DIM;");
     cg_line(t, "running_sum += weight;");
+    if (s->scaled) cg_line(t, "weight *= VALUE_SCALE(tile + j); /* the values are codes of the row */");
     cg_line(t, "for (int v = 0; v < VALUES_PER_THREAD; v++) {");
     cg_line(t, "int d = threadIdx.x + v * THREADS;");
     cg_line(t, "if (d < VALUE_DIM)");
@@ -355,8 +439,8 @@ static const prog_cost *attention_cost(cg_emit *e, const attention_shape *s, boo
     /* rows of the cache a step touches: C + T (causal), max_seq otherwise */
     prog_poly cached = s->causal ? (prog_poly){.constant = b, .per_token = a, .per_context = 1}
                                  : (prog_poly){.constant = (double)s->max_seq};
-    double kv_row =
-        d * smelt_dtype_element_bytes(s->key_dtype) + dv * smelt_dtype_element_bytes(s->value_dtype);
+    double kv_row = d * smelt_dtype_element_bytes(s->key_dtype) +
+                    dv * smelt_dtype_element_bytes(s->value_dtype) + (s->scaled ? 2 * 4 : 0); /* + scales */
     double flag = smelt_dtype_element_bytes(SMELT_DTYPE_I32);
     double q_row = heads * (d * smelt_dtype_element_bytes(cg_storage_dtype(e->m, cg_operand(e, 0))) +
                             smelt_dtype_element_bytes(cg_storage_dtype(e->m, cg_operand(e, 3))));
@@ -380,21 +464,22 @@ bool cg_emit_attention(cg_emit *e) {
     uint64_t bytes[CG_MAX_STATES];
     if (!cache_bytes(s.max_seq, s.kv_heads, s.head_dim, s.key_dtype, &bytes[CG_STATE_KEYS]) ||
         !cache_bytes(s.max_seq, s.kv_heads, s.value_dim, s.value_dtype, &bytes[CG_STATE_VALUES]) ||
-        !cache_bytes(s.max_seq, 1, 1, SMELT_DTYPE_I32, &bytes[CG_STATE_WRITTEN])) {
+        !cache_bytes(s.max_seq, 1, 1, SMELT_DTYPE_I32, &bytes[CG_STATE_WRITTEN]) ||
+        !cache_bytes(s.max_seq, s.kv_heads, 1, SMELT_DTYPE_F32, &bytes[CG_STATE_KEY_SCALES]) ||
+        !cache_bytes(s.max_seq, s.kv_heads, 1, SMELT_DTYPE_F32, &bytes[CG_STATE_VALUE_SCALES])) {
         diag_error(e->d, e->ir->loc, "attention: the KV cache of max_seq %lld positions is too large",
                    (long long)s.max_seq);
         return false;
     }
     bool decode = attention_decode_supported(&s), prefill = attention_prefill_supported(&s);
-    if (decode) {
-        bytes[CG_STATE_PARTIALS] = attention_decode_partial_bytes(&s);
-        bytes[CG_STATE_COUNTERS] = attention_decode_counter_bytes(&s);
-    }
+    bytes[CG_STATE_PARTIALS] = decode ? attention_decode_partial_bytes(&s) : 0;
+    bytes[CG_STATE_COUNTERS] = decode ? attention_decode_counter_bytes(&s) : 0;
     e->out->kind = CG_LOWER_KERNELS;
-    e->out->state_count = decode ? CG_MAX_STATES : CG_STATE_WRITTEN + 1;
+    e->out->state_count = s.scaled ? CG_MAX_STATES : decode ? CG_STATE_COUNTERS + 1 : CG_STATE_WRITTEN + 1;
     for (uint32_t i = 0; i < e->out->state_count; i++) {
+        bool by_position = i <= CG_STATE_WRITTEN || i >= CG_STATE_KEY_SCALES;
         e->out->state_bytes[i] = bytes[i];
-        e->out->state_rows[i] = i <= CG_STATE_WRITTEN ? (uint64_t)s.max_seq : 0;
+        e->out->state_rows[i] = by_position ? (uint64_t)s.max_seq : 0;
     }
     /* A GEMV epilogue writes the cache in steps of at most cache_written_upto
      * tokens (passes/fuse.c); kv_write runs only in larger ones. */

@@ -29,11 +29,17 @@ typedef struct attention_shape {
     double softcap; /* > 0: scores are softcap * tanh(score / softcap) (Gemma 2) */
     bool causal;
     double scale;
-    cg_count tokens; /* rows of q: T, or a constant */
-    smelt_dtype key_dtype, value_dtype;
+    cg_count tokens;                    /* rows of q: T, or a constant */
+    smelt_dtype key_dtype, value_dtype; /* of the caches: k's and v's own, or f8e4m3 (kv_dtype) */
+    smelt_dtype input_dtype;            /* k's and v's storage dtype (the activations') */
+    /* f8e4m3 caches: each row of a kv head has an f32 scale (states
+     * CG_STATE_KEY_SCALES and CG_STATE_VALUE_SCALES, [max_seq, Hkv]); a
+     * kernel reads code * scale, applying the key scale to the score and
+     * the value scale to the softmax weight, never per element. */
+    bool scaled;
 } attention_shape;
 
-/* "<prefix>_<dtypes>_h8_kv2_d32_ctx512[_win4][_noncausal][_scale0p3]":
+/* "<prefix>_<dtypes>_h8_kv2_d32_ctx512[_kvf8e4m3][_win4][_noncausal][_scale0p3]":
  * everything the attention kernels' sources depend on besides what the
  * prefix (and the emitter's own suffix) names. */
 const char *attention_kernel_name(cg_emit *e, const attention_shape *s, const char *prefix);
@@ -46,6 +52,13 @@ prog_affine attention_prefill_steps(void); /* T > ATTENTION_DECODE_MAX_TOKENS */
 /* Defines SCALE and CAPPED(score): the score as the op caps it,
  * SOFTCAP * tanhf(score / SOFTCAP) with a softcap, else the score itself. */
 void attention_define_scoring(cg_emit *e, cg_text *t, const attention_shape *s);
+
+/* Declares a kernel's k_scales and v_scales parameters (f8e4m3 caches,
+ * read only) and defines KEY_SCALE(p) and VALUE_SCALE(p), the scales of
+ * position p's row of kv head `kv_head` (a variable of the kernel); 1.0f
+ * without scales (a product by 1 is exact, so one template serves both). */
+void attention_scale_params(cg_kernel_builder *b, const attention_shape *s);
+void attention_define_scales(cg_text *t, const attention_shape *s);
 
 /* Writes a kernel body kept as one readable template: each line of `text`
  * (leading blanks dropped; cg_line indents by braces). */

@@ -8,14 +8,18 @@
  *
  *   - the GROUP query heads that share the kv head are all in the block, so
  *     each key and value row is read once per group, not once per head;
- *   - rows are read 16 bytes at a time (uint4: 8 bf16 or 4 f32 — the PTX
- *     has ld.global.v4), each thread scoring one position of a tile of
+ *   - rows are read 16 bytes at a time (uint4: 8 bf16, 4 f32 or 16 f8e4m3
+ *     codes — the PTX has ld.global.v4), each thread scoring one position of a tile of
  *     THREADS positions for every head of the group, then (value chunk,
  *     key lane) threads folding the tile's values into an online softmax;
  *   - each split ends with its unnormalised output, max and sum per head in
  *     the partials workspace; the last block of a (token, kv head) to
  *     finish (an atomic counter, set back to 0 by that block) merges the
  *     splits, so a layer's decode attention is one launch.
+ *
+ * An f8e4m3 cache (kv_dtype) is read as codes widened in registers; a
+ * position's key scale multiplies its score and its value scale its softmax
+ * weight (KEY_SCALE, VALUE_SCALE: emit_attention.h), never each element.
  *
  * The split of a context is chosen per step from the positions themselves:
  * a short context uses fewer splits (chunks of at least 32 positions) and
@@ -55,9 +59,11 @@ bool attention_decode_supported(const attention_shape *s) {
     int64_t group = s->query_heads / s->kv_heads;
     /* Rows read as uint4, every value chunk owned by a thread, and the
      * group's query, scores and merged output in static shared memory. */
-    return (s->key_dtype == SMELT_DTYPE_BF16 || s->key_dtype == SMELT_DTYPE_F32) &&
-           (s->value_dtype == SMELT_DTYPE_BF16 || s->value_dtype == SMELT_DTYPE_F32) &&
-           attention_rows_vectorizable(s->head_dim, s->key_dtype) &&
+    bool keys = s->key_dtype == SMELT_DTYPE_BF16 || s->key_dtype == SMELT_DTYPE_F32 ||
+                s->key_dtype == SMELT_DTYPE_F8E4M3;
+    bool values = s->value_dtype == SMELT_DTYPE_BF16 || s->value_dtype == SMELT_DTYPE_F32 ||
+                  s->value_dtype == SMELT_DTYPE_F8E4M3;
+    return keys && values && attention_rows_vectorizable(s->head_dim, s->key_dtype) &&
            attention_rows_vectorizable(s->value_dim, s->value_dtype) &&
            s->value_dim / vector_elements(s->value_dtype) <= DECODE_THREADS && group <= 16 &&
            decode_shared_bytes(s) <= DECODE_MAX_SHARED;
@@ -139,7 +145,7 @@ for (int tile = begin; tile < end; tile += TILE) {\n\
             }\n\
         }\n\
         for (int h = 0; h < GROUP; h++) {\n\
-            score[h] = CAPPED(dot[h] * SCALE);\n\
+            score[h] = CAPPED(dot[h] * KEY_SCALE(p) * SCALE);\n\
         }\n\
     }\n\
     /* 2. the tile's max per head, and each position's weight */\n\
@@ -177,8 +183,9 @@ for (int tile = begin; tile < end; tile += TILE) {\n\
                 (const uint4 *)(v_cache + ((long long)(tile + j) * KV_HEADS + kv_head) * VALUE_DIM);\n\
             float value[VALUE_VEC];\n\
             UNPACK_VALUES(row[value_chunk], value);\n\
+            float value_scale = VALUE_SCALE(tile + j);\n\
             for (int h = 0; h < GROUP; h++) {\n\
-                float weight = weights[h][j];\n\
+                float weight = weights[h][j] * value_scale;\n\
                 for (int e = 0; e < VALUE_VEC; e++) {\n\
                     accumulator[h][e] += weight * value[e];\n\
                 }\n\
@@ -273,8 +280,10 @@ if (threadIdx.x == 0) {\n\
     counters[token * KV_HEADS + kv_head] = 0; /* ready for the next step */\n\
 }\n";
 
-/* "smelt_unpack_bf16x8" or "smelt_unpack_f32x4": a uint4 as floats. */
+/* "smelt_unpack_bf16x8", "smelt_unpack_f32x4" or "smelt_unpack_f8e4m3x16":
+ * a uint4 as floats (f8e4m3: the codes). */
 static const char *unpacker(smelt_dtype t) {
+    if (t == SMELT_DTYPE_F8E4M3) return "smelt_unpack_f8e4m3x16";
     return t == SMELT_DTYPE_BF16 ? "smelt_unpack_bf16x8" : "smelt_unpack_f32x4";
 }
 
@@ -298,6 +307,7 @@ void emit_attention_decode(cg_emit *e, const attention_shape *s) {
     cg_param_state(&b, "partials", CG_STATE_PARTIALS, SMELT_DTYPE_F32);
     cg_param_state(&b, "counters", CG_STATE_COUNTERS, SMELT_DTYPE_I32);
     uint32_t out = cg_param_value(&b, "out", cg_result(e, 0), false);
+    attention_scale_params(&b, s);
     b.params[k_cache].is_const = b.params[v_cache].is_const = b.params[written].is_const = true;
     cg_kernel_launch(&b, (prog_affine){0, splits * s->kv_heads, 1}, cg_count_blocks(s->tokens, 1),
                      DECODE_THREADS);
@@ -323,6 +333,7 @@ void emit_attention_decode(cg_emit *e, const attention_shape *s) {
             attention_without_semicolon(e, cg_store(&b, out, "(i)", "(value)")));
     cg_line(t, "#define UNPACK_KEYS(chunk, key) %s((chunk), (key))", unpacker(s->key_dtype));
     cg_line(t, "#define UNPACK_VALUES(chunk, value) %s((chunk), (value))", unpacker(s->value_dtype));
+    attention_define_scales(t, s);
     cg_blank(t);
     cg_write_warp_sum(t);
     cg_write_warp_max(t);

@@ -13,8 +13,16 @@
  *                  B fragments read from shared memory.
  *
  * K and V tiles are double-buffered: the next tile's cp.async copies are in
- * flight while this one is computed. Whole tiles outside every row's
- * visible range (the causal mask, the sliding window) are never loaded, and
+ * flight while this one is computed. Over f8e4m3 caches (kv_dtype) a tile
+ * is loaded 16 codes (16 bytes) at a time into registers and widened to
+ * bf16 in shared memory — exact: every E4M3 value is a bf16 — with the
+ * rows' scales beside them; a key scale multiplies the scores of its
+ * position, a value scale the softmax weight that P V takes, so the mma
+ * computes on the codes and the cache is read once, at 1 byte an element
+ * (these loads are not asynchronous: the widening needs the registers, so
+ * the next tile's loads overlap this one's mma only across warps and
+ * blocks). Whole tiles outside every row's visible range (the causal mask,
+ * the sliding window) are never loaded, and
  * a warp skips the mma of a tile its 16 rows cannot see. Shared rows are
  * padded by 8 elements so that ldmatrix's eight row addresses fall in
  * different banks.
@@ -34,8 +42,12 @@ enum {
 };
 
 bool attention_prefill_supported(const attention_shape *s) {
-    return s->key_dtype == SMELT_DTYPE_BF16 && s->value_dtype == SMELT_DTYPE_BF16 && s->head_dim % 16 == 0 &&
-           s->value_dim % 8 == 0 && s->head_dim <= PREFILL_MAX_DIM && s->value_dim <= PREFILL_MAX_DIM;
+    /* f8e4m3 caches of bf16 activations (an f32 plan keeps its scalar kernel) */
+    bool fp8 = s->key_dtype == SMELT_DTYPE_F8E4M3 && s->value_dtype == SMELT_DTYPE_F8E4M3 &&
+               s->input_dtype == SMELT_DTYPE_BF16 && s->value_dim % 16 == 0;
+    bool bf16 = s->key_dtype == SMELT_DTYPE_BF16 && s->value_dtype == SMELT_DTYPE_BF16;
+    return (bf16 || fp8) && s->head_dim % 16 == 0 && s->value_dim % 8 == 0 &&
+           s->head_dim <= PREFILL_MAX_DIM && s->value_dim <= PREFILL_MAX_DIM;
 }
 
 /* The dynamic shared memory: the Q tile and two stages of K and V tiles, in bf16. */
@@ -75,7 +87,52 @@ SMELT_DEVICE void load_tile(smelt_bf16 *keys, smelt_bf16 *values, int *seen, con
         seen[i] = tile + i < MAX_SEQ ? written[tile + i] : 0;\n\
     }\n\
 }\n\
+\n";
+
+static const char prefill_fp8_helpers[] = "\
+/* Widens 16 f8e4m3 codes to bf16 (exactly) at `to`, 16-byte aligned in shared memory. */\n\
+SMELT_DEVICE void store_codes(smelt_bf16 *to, uint4 chunk)\n\
+{\n\
+    float code[16];\n\
+    smelt_unpack_f8e4m3x16(chunk, code);\n\
+    uint32_t words[8];\n\
+    for (int w = 0; w < 8; w++) {\n\
+        words[w] = smelt_bf16x2_pack(smelt_f32_to_bf16(code[2 * w]), smelt_f32_to_bf16(code[2 * w + 1]));\n\
+    }\n\
+    uint4 low = {words[0], words[1], words[2], words[3]}, high = {words[4], words[5], words[6], words[7]};\n\
+    *(uint4 *)to = low;\n\
+    *(uint4 *)(to + 8) = high;\n\
+}\n\
 \n\
+/* The K and V rows of positions [tile, tile + KEYS) of kv head kv_head\n\
+ * into one stage: f8e4m3 codes read 16 a load (ld.global.v4), widened to\n\
+ * bf16, and the rows' scales and written flags; rows past the cache are\n\
+ * zeros. */\n\
+SMELT_DEVICE void load_tile(smelt_bf16 *keys, smelt_bf16 *values, int *seen, float *key_scale, float *value_scale,\n\
+                            const smelt_f8e4m3 *k_cache, const smelt_f8e4m3 *v_cache, const int *written,\n\
+                            const float *k_scales, const float *v_scales, int tile, int kv_head)\n\
+{\n\
+    uint4 zero = {0u, 0u, 0u, 0u};\n\
+    for (int i = threadIdx.x; i < KEYS * (HEAD_DIM / 16); i += THREADS) {\n\
+        int row = i / (HEAD_DIM / 16), column = i % (HEAD_DIM / 16) * 16, p = tile + row;\n\
+        const uint4 *from = (const uint4 *)(k_cache + ((long long)p * KV_HEADS + kv_head) * HEAD_DIM + column);\n\
+        store_codes(keys + row * K_STRIDE + column, p < MAX_SEQ ? *from : zero);\n\
+    }\n\
+    for (int i = threadIdx.x; i < KEYS * (VALUE_DIM / 16); i += THREADS) {\n\
+        int row = i / (VALUE_DIM / 16), column = i % (VALUE_DIM / 16) * 16, p = tile + row;\n\
+        const uint4 *from = (const uint4 *)(v_cache + ((long long)p * KV_HEADS + kv_head) * VALUE_DIM + column);\n\
+        store_codes(values + row * V_STRIDE + column, p < MAX_SEQ ? *from : zero);\n\
+    }\n\
+    for (int i = threadIdx.x; i < KEYS; i += THREADS) {\n\
+        int p = tile + i;\n\
+        seen[i] = p < MAX_SEQ ? written[p] : 0;\n\
+        key_scale[i] = p < MAX_SEQ ? k_scales[(long long)p * KV_HEADS + kv_head] : 0.0f;\n\
+        value_scale[i] = p < MAX_SEQ ? v_scales[(long long)p * KV_HEADS + kv_head] : 0.0f;\n\
+    }\n\
+}\n\
+\n";
+
+static const char prefill_visible_range[] = "\
 /* The positions query token `token` sees: [*first, *last] (empty past the step). */\n\
 SMELT_DEVICE void visible_range(const int *pos, long long token, int rows, int *first, int *last)\n\
 {\n\
@@ -139,14 +196,13 @@ for (int n = 0; n < VALUE_TILES; n++) {\n\
     }\n\
 }\n\
 if (first_tile <= last_position) {\n\
-    load_tile(keys, values, seen[0], k_cache, v_cache, written, first_tile, kv_head);\n\
+    LOAD_TILE(0, first_tile);\n\
 }\n\
 smelt_cp_async_commit();\n\
 int stage = 0;\n\
 for (int tile = first_tile; tile <= last_position; tile += KEYS) {\n\
     if (tile + KEYS <= last_position) {\n\
-        load_tile(keys + (stage ^ 1) * KEYS * K_STRIDE, values + (stage ^ 1) * KEYS * V_STRIDE, seen[stage ^ 1],\n\
-                  k_cache, v_cache, written, tile + KEYS, kv_head);\n\
+        LOAD_TILE(stage ^ 1, tile + KEYS);\n\
     }\n\
     smelt_cp_async_commit();\n\
     smelt_cp_async_wait_group(1); /* this tile's copies are done; the next tile's may be in flight */\n\
@@ -180,7 +236,7 @@ for (int tile = first_tile; tile <= last_position; tile += KEYS) {\n\
             for (int i = 0; i < 4; i++) {\n\
                 int column = n * 8 + 2 * thread_in_group + i % 2, p = tile + column, half = i / 2;\n\
                 int visible = p >= row_first[half] && p <= row_last[half] && seen[stage][column];\n\
-                scores[n][i] = visible ? CAPPED(scores[n][i] * SCALE) : NEGATIVE_INFINITY;\n\
+                scores[n][i] = visible ? CAPPED(scores[n][i] * KEY_SCALE(stage, column) * SCALE) : NEGATIVE_INFINITY;\n\
                 tile_max[half] = fmaxf(tile_max[half], scores[n][i]);\n\
             }\n\
         }\n\
@@ -198,8 +254,8 @@ for (int tile = first_tile; tile <= last_position; tile += KEYS) {\n\
             for (int i = 0; i < 4; i++) {\n\
                 int half = i / 2;\n\
                 float weight = scores[n][i] > NEGATIVE_INFINITY ? expf(scores[n][i] - row_max[half]) : 0.0f;\n\
-                scores[n][i] = weight;\n\
                 row_sum[half] += weight;\n\
+                scores[n][i] = weight * VALUE_SCALE(stage, n * 8 + 2 * thread_in_group + i % 2); /* P for P V */\n\
             }\n\
         }\n\
         for (int n = 0; n < VALUE_TILES; n++) {\n\
@@ -265,6 +321,7 @@ void emit_attention_prefill(cg_emit *e, const attention_shape *s, prog_affine st
     uint32_t v_cache = cg_param_state(&b, "v_cache", CG_STATE_VALUES, s->value_dtype);
     uint32_t written = cg_param_state(&b, "written", CG_STATE_WRITTEN, SMELT_DTYPE_I32);
     uint32_t out = cg_param_value(&b, "out", cg_result(e, 0), false);
+    attention_scale_params(&b, s);
     b.params[k_cache].is_const = b.params[v_cache].is_const = b.params[written].is_const = true;
     cg_kernel_launch(&b, cg_count_blocks(s->tokens, PREFILL_ROWS), (prog_affine){0, s->query_heads, 1},
                      PREFILL_THREADS);
@@ -293,9 +350,27 @@ void emit_attention_prefill(cg_emit *e, const attention_shape *s, prog_affine st
     cg_line(t, "#define LOAD_QUERY(i) %s", cg_load(&b, q, "(i)"));
     cg_line(t, "#define STORE_OUTPUT(i, value) %s",
             attention_without_semicolon(e, cg_store(&b, out, "(i)", "(value)")));
+    const char *stage_arguments =
+        "keys + (stage) * KEYS * K_STRIDE, values + (stage) * KEYS * V_STRIDE, seen[stage]";
+    if (s->scaled) {
+        cg_line(t,
+                "#define LOAD_TILE(stage, at) load_tile(%s, key_scale[stage], value_scale[stage], "
+                "k_cache, v_cache, written, k_scales, v_scales, (at), kv_head)",
+                stage_arguments);
+        cg_line(t, "#define KEY_SCALE(stage, column) key_scale[stage][column] /* the codes' row scales */");
+        cg_line(t, "#define VALUE_SCALE(stage, column) value_scale[stage][column]");
+    } else {
+        cg_line(t, "#define LOAD_TILE(stage, at) load_tile(%s, k_cache, v_cache, written, (at), kv_head)",
+                stage_arguments);
+        cg_line(t, "#define KEY_SCALE(stage, column) 1.0f /* caches without scales */");
+        cg_line(t, "#define VALUE_SCALE(stage, column) 1.0f");
+    }
     cg_blank(t);
-    attention_write_template(t, prefill_helpers);
+    attention_write_template(t, s->scaled ? prefill_fp8_helpers : prefill_helpers);
+    attention_write_template(t, prefill_visible_range);
     cg_kernel_signature(&b);
+    if (s->scaled)
+        cg_line(t, "__shared__ float key_scale[2][KEYS], value_scale[2][KEYS]; /* the tiles' row scales */");
     attention_write_template(t, prefill_body);
     cg_kernel_end(&b);
 }

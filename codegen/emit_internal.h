@@ -187,7 +187,9 @@ void cg_kernel_signature(cg_kernel_builder *b);
 void cg_kernel_end(cg_kernel_builder *b);
 
 /* Snippets for parameter p: the element at `index` (a C expression) read as
- * a float (or an int for i32), and a statement storing float `value` there. */
+ * a float (or an int for i32; an f8e4m3 KV cache state gives the code, not
+ * yet times its row's scale), and a statement storing float `value` there
+ * (not for f8e4m3, whose rows are quantized with their scale as a whole). */
 const char *cg_load(cg_kernel_builder *b, uint32_t p, const char *index);
 const char *cg_store(cg_kernel_builder *b, uint32_t p, const char *index, const char *value);
 /* A statement copying element src_index of parameter src to dst_index of

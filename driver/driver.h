@@ -68,6 +68,18 @@ typedef enum drv_backend {
 
 /* "f32", "bf16" -> *out; false (nothing reported) for another name. */
 bool drv_precision_from_name(const char *name, drv_precision *out);
+/* The KV cache storage (--kv-cache): auto is the activation dtype; bf16 and
+ * f32 name it (and must be it); fp8 is E4M3 with a scale per cached row and
+ * kv head (passes/precision_kv_cache.c). */
+typedef enum drv_kv_cache {
+    DRV_KV_CACHE_AUTO,
+    DRV_KV_CACHE_BF16,
+    DRV_KV_CACHE_F32,
+    DRV_KV_CACHE_FP8
+} drv_kv_cache;
+bool drv_kv_cache_from_name(const char *name, drv_kv_cache *out);
+/* "auto", "bf16", "f32" or "fp8": the precision pass's kv_cache option. */
+const char *drv_kv_cache_name(drv_kv_cache k);
 /* "auto", "host", "cuda", "ref" -> *out; false (nothing reported) otherwise. */
 bool drv_backend_from_name(const char *name, drv_backend *out);
 
@@ -143,6 +155,7 @@ typedef struct drv_model_options {
                                  params when source.config_path is NULL); NULL: the plan holds them */
     drv_backend backend;
     drv_precision precision; /* when compiling a source */
+    drv_kv_cache kv_cache;   /* when compiling a source (and for the ref backend): --kv-cache */
     bool no_fuse;            /* when compiling a source: one op per kernel (--no-fuse) */
     bool byte_tokenizer;     /* when compiling a source: ids 0..255 are bytes (BOS/EOS from config.json) */
     bool random_weights;     /* bind every weight of the plan to noise (for timing) */
@@ -209,6 +222,7 @@ typedef void (*drv_progress_fn)(size_t done, size_t total, void *user);
 
 typedef struct drv_compile_options {
     drv_precision precision;
+    drv_kv_cache kv_cache;
     int archs[DRV_MAX_ARCHS]; /* CUDA targets: 80 = sm_80 */
     uint32_t arch_count;
     bool host;                /* build the host simulator's object */
@@ -252,6 +266,7 @@ typedef enum drv_ir_format { DRV_IR_TEXT, DRV_IR_JSON, DRV_IR_DOT } drv_ir_forma
  * step buffers are sized for (0: the model's bound) and --no-fuse. */
 typedef struct drv_lowering {
     drv_precision precision;
+    drv_kv_cache kv_cache; /* --kv-cache */
     int64_t max_step_tokens;
     bool no_fuse; /* --no-fuse: one op per kernel (the fuse pass applies no rule) */
 } drv_lowering;

@@ -162,8 +162,13 @@ static bool open_model(drv_model *r, const drv_model_options *o, diag_engine *d)
         return false;
     }
 
-    /* the reference interprets in f32 whatever the policy; a plan gets it */
-    drv_lowering lowering = {.precision = ref ? DRV_PRECISION_F32 : o->precision, .no_fuse = o->no_fuse};
+    /* the reference interprets in f32 whatever the policy (a cache in the
+     * activation dtype is f32 there too), with an fp8 KV cache's rounding;
+     * a plan gets both */
+    bool ref_auto_cache = ref && o->kv_cache != DRV_KV_CACHE_FP8;
+    drv_lowering lowering = {.precision = ref ? DRV_PRECISION_F32 : o->precision,
+                             .kv_cache = ref_auto_cache ? DRV_KV_CACHE_AUTO : o->kv_cache,
+                             .no_fuse = o->no_fuse};
     bool ok = drv_source_with_folder(&o->source, o->weights_path, &r->source, &r->config_path, d);
     if (ok)
         r->source = drv_source_options_for_weights(&r->source, o->weights_path); /* a GGUF: its metadata */

@@ -13,6 +13,21 @@ bool drv_precision_from_name(const char *name, drv_precision *out) {
     return true;
 }
 
+static const char *const kv_cache_names[] = {"auto", "bf16", "f32", "fp8"};
+
+bool drv_kv_cache_from_name(const char *name, drv_kv_cache *out) {
+    for (unsigned i = 0; i < sizeof kv_cache_names / sizeof kv_cache_names[0]; i++)
+        if (strcmp(name, kv_cache_names[i]) == 0) {
+            *out = (drv_kv_cache)i;
+            return true;
+        }
+    return false;
+}
+
+const char *drv_kv_cache_name(drv_kv_cache k) {
+    return (unsigned)k < sizeof kv_cache_names / sizeof kv_cache_names[0] ? kv_cache_names[k] : "auto";
+}
+
 bool drv_backend_from_name(const char *name, drv_backend *out) {
     static const char *const names[] = {"auto", "host", "cuda", "ref"};
     for (unsigned i = 0; i < sizeof names / sizeof names[0]; i++)

@@ -374,11 +374,13 @@ static bool heads_group(ir_dim query_heads, ir_dim kv_heads) {
 static bool infer_attention(rule_ctx *c, ir_type *out) {
     const ir_type *q = operand(c, 0), *k = operand(c, 1), *v = operand(c, 2), *pos = operand(c, 3);
     double scale, softcap;
-    int64_t max_seq, window;
+    int64_t max_seq, window, written_upto;
     bool causal;
+    const char *kv_dtype, *kv_scale;
     if (!rule_attr_float(c, "scale", &scale) || !rule_attr_bool(c, "causal", &causal) ||
         !rule_attr_int(c, "max_seq", &max_seq) || !rule_attr_int(c, "window", &window) ||
-        !rule_attr_float(c, "softcap", &softcap))
+        !rule_attr_float(c, "softcap", &softcap) || !rule_attr_int(c, "cache_written_upto", &written_upto) ||
+        !rule_attr_string(c, "kv_dtype", &kv_dtype) || !rule_attr_string(c, "kv_scale", &kv_scale))
         return false;
     if (!rule_rank(c, "q", q, 3) || !rule_rank(c, "k", k, 3) || !rule_rank(c, "v", v, 3) ||
         !rule_rank(c, "pos", pos, 1) || !rule_integer(c, "pos", pos) || !rule_same_dtype(c, "q", q, "k", k) ||
@@ -403,6 +405,17 @@ static bool infer_attention(rule_ctx *c, ir_type *out) {
     if (window < 0) return rule_fail(c, "window must be >= 0, found %lld", (long long)window);
     if (!(softcap >= 0 && isfinite(softcap)))
         return rule_fail(c, "softcap must be 0 (none) or a finite number > 0, found %g", softcap);
+    /* An E4M3 cache needs its scales; a row's scale is its whole head's
+     * max |x|, which a GEMV epilogue (one row element per unit) never has. */
+    bool fp8 = strcmp(kv_dtype, "f8e4m3") == 0, scaled = strcmp(kv_scale, "per_token_head") == 0;
+    if (fp8 != scaled)
+        return rule_fail(c, "kv_dtype \"%s\" needs kv_scale \"%s\", found \"%s\"", kv_dtype,
+                         fp8 ? "per_token_head" : "none", kv_scale);
+    if (fp8 && written_upto != 0)
+        return rule_fail(c,
+                         "an f8e4m3 KV cache is written by the attention op itself (its scale per row needs "
+                         "the whole head); found cache_written_upto = %lld",
+                         (long long)written_upto);
     *out = *q;
     out->dims[2] = v->dims[2];
     return true;

@@ -29,7 +29,9 @@
  *     fused GEMV group (k through rope or plain, v plain) gets
  *     cache_written_upto = IR_GEMV_MAX_TOKENS: that kernel writes the K/V
  *     cache in its epilogue in the steps it runs, so the attention group
- *     only reads the cache there (it writes it itself in larger steps).
+ *     only reads the cache there (it writes it itself in larger steps);
+ *     not for an f8e4m3 cache (kv_dtype), whose scale per row needs the
+ *     whole head that no single unit of the GEMV sees;
  *   and, where no GEMV group took the norm (GPT-2's in_out matmuls; a norm
  *   read by other ops),
  *   - fuse_residual_norm: add(a, b) and the rms_norm or layer_norm of its
@@ -293,7 +295,7 @@ static void fuse_kv_cache_write(fuse_state *s) {
         ir_value_id k = s->root[op->operands[1]], v = s->root[op->operands[2]];
         uint32_t g = gemv_output_group(s, k, true);
         if (g != IR_NONE && gemv_output_group(s, v, false) == g && is_float(type_of(s, k)) &&
-            is_float(type_of(s, v)))
+            is_float(type_of(s, v)) && strcmp(ir_op_string(m, i, "kv_dtype"), "auto") == 0)
             ir_op_set_int(m, i, "cache_written_upto", IR_GEMV_MAX_TOKENS);
     }
 }

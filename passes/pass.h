@@ -27,6 +27,8 @@
  * --max-step-tokens reach them here). Zero means the default. */
 typedef struct pass_options {
     const char *precision; /* precision policy: "f32" (NULL means it) or "bf16" */
+    const char *kv_cache;  /* precision: KV cache storage, "auto" (NULL means it), "fp8" or the
+                              activation dtype (passes/precision_kv_cache.c) */
     int64_t max_tokens;    /* plan-memory: tokens per step buffers are sized for; 0 or more than
                               the token dim's bound: that bound */
     bool no_fuse;          /* fuse: apply no fusion rule, one op per kernel group (--no-fuse) */
@@ -76,7 +78,10 @@ bool pass_run_list(ir_module *m, const pass_info *const *passes, size_t count,
 /* The passes (one per file; each file opens with its contract). */
 bool pass_infer_shapes(ir_module *m, diag_engine *d);
 bool pass_canonicalize(ir_module *m, diag_engine *d);
-bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d);   /* precision.c */
+bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d); /* precision.c */
+/* precision's choice of every attention op's KV cache dtype, under `policy`
+ * (the activation dtype's name): precision_kv_cache.c. */
+bool pass_precision_kv_cache(ir_module *m, const char *kv_cache, const char *policy, diag_engine *d);
 bool pass_fuse(ir_module *m, const pass_options *o, diag_engine *d);        /* fuse.c */
 bool pass_wanted_rows(ir_module *m, const pass_options *o, diag_engine *d); /* wanted_rows.c */
 bool pass_schedule(ir_module *m, const pass_options *o, diag_engine *d);    /* schedule.c */

@@ -12,6 +12,7 @@
  *   bf16  every float value bf16, except what an `output` op consumes, which
  *         stays f32 (the runtime returns f32 logits) — and with it every
  *         value that shares its buffer through reshape views.
+ * KV caches: their dtype, pass_options.kv_cache, is precision_kv_cache.c's.
  * Running it again recomputes every dtype from the float/integer class of
  * the value, so it is idempotent and a later policy replaces an earlier one.
  * Breaks: nothing; codegen refuses, at the op, a dtype it has no kernels for.
@@ -60,5 +61,5 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
     free(root);
     free(read_by_output);
     m->precision = bf16 ? "bf16" : "f32";
-    return true;
+    return pass_precision_kv_cache(m, o ? o->kv_cache : NULL, m->precision, d);
 }

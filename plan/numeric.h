@@ -130,4 +130,15 @@ static inline uint16_t plan_f32_to_f16(float f) { return (uint16_t)plan_f32_to_s
 static inline uint8_t plan_f32_to_f8e5m2(float f) { return (uint8_t)plan_f32_to_small_float(f, 5, 2, 1); }
 static inline uint8_t plan_f32_to_f8e4m3(float f) { return (uint8_t)plan_f32_to_small_float(f, 4, 3, 0); }
 
+/* ---- rows with their own scale: an f8e4m3 KV cache -------------------- */
+
+/* A row x[n] (one kv head's keys or values at one position) is stored as
+ * the codes plan_f32_to_f8e4m3(x[i] / scale) with scale = absmax / 448
+ * (absmax = the largest |x[i]|, by fmaxf, so a NaN element does not set it;
+ * 1 for a row of zeros), and read back as plan_f8e4m3_to_f32(code) * scale.
+ * The division and the product are single IEEE operations, so the
+ * reference, the host simulator and a GPU (smelt_kernel.h repeats this)
+ * store the same codes for the same row. */
+static inline float plan_f8e4m3_row_scale(float absmax) { return absmax > 0.0f ? absmax / 448.0f : 1.0f; }
+
 #endif

@@ -105,6 +105,7 @@ static ref_attrs read_attrs(const ir_module *m, uint32_t op) {
         a.causal = attr_bool(m, op, "causal");
         a.window = attr_int(m, op, "window");
         a.softcap = attr_float(m, op, "softcap");
+        a.kv_fp8 = attr_string_is(m, op, "kv_dtype", "f8e4m3");
         break;
     case IR_OP_GELU: a.gelu_tanh = attr_string_is(m, op, "approximate", "tanh"); break;
     case IR_OP_MOE:

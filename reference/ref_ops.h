@@ -46,6 +46,8 @@ typedef struct ref_attrs {
     bool causal;         /* attention */
     int64_t window;      /* attention: > 0 keeps positions p > pos - window */
     double softcap;      /* attention: > 0 caps scores as softcap * tanh(s / softcap) */
+    bool kv_fp8;         /* attention: the cache holds each kv head's row as f8e4m3 with its own
+                            scale (kv_dtype "f8e4m3"): rows are rounded through it when written */
     bool gelu_tanh;      /* gelu: tanh approximation, else erf */
     int64_t top_k;       /* moe */
     bool normalize;      /* moe: renormalise the top_k weights */

@@ -6,6 +6,8 @@
  */
 #include "ref_ops.h"
 
+#include "numeric.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,8 +95,29 @@ static bool positions_fit(const ref_call *c, const ref_tensor *pos, uint64_t max
     return true;
 }
 
+/* Copies rows[heads][dims] into the cache at `to`; with an f8e4m3 cache
+ * (kv_dtype, ir/ops.def) each head's row is rounded as the kernels store
+ * it: codes of x / scale, scale = plan_f8e4m3_row_scale(max |x|), read back
+ * as code * scale (the cache holds what a kernel reads back). */
+static void cache_rows(float *to, const float *rows, uint64_t heads, uint64_t dims, bool fp8) {
+    if (!fp8) {
+        memcpy(to, rows, heads * dims * sizeof(float));
+        return;
+    }
+    for (uint64_t h = 0; h < heads; h++) {
+        const float *x = rows + h * dims; /* [dims] */
+        float absmax = 0.0f;
+        for (uint64_t i = 0; i < dims; i++)
+            absmax = fmaxf(absmax, fabsf(x[i]));
+        float scale = plan_f8e4m3_row_scale(absmax);
+        for (uint64_t i = 0; i < dims; i++)
+            to[h * dims + i] = plan_f8e4m3_to_f32(plan_f32_to_f8e4m3(x[i] / scale)) * scale;
+    }
+}
+
 /* attention(q[T, Hq, D], k[T, Hkv, D], v[T, Hkv, Dv], pos[T]) -> [T, Hq, Dv]
- * First writes k and v of token t at cache position pos[t]; then query head h
+ * First writes k and v of token t at cache position pos[t] (rounded through
+ * E4M3 with a scale per kv head when the cache is f8e4m3); then query head h
  * of token t attends, through kv head h / (Hq / Hkv), to every written
  * position p with p <= pos[t] (causal; a non-causal op sees every written
  * position) and p > pos[t] - window when window > 0:
@@ -111,10 +134,10 @@ bool ref_op_attention(const ref_call *c) {
 
     for (uint64_t t = 0; t < tokens; t++) {
         uint64_t p = (uint64_t)pos->i[t];
-        memcpy(cache->keys + p * kv_heads * head_dim, k->f + t * kv_heads * head_dim,
-               kv_heads * head_dim * sizeof(float));
-        memcpy(cache->values + p * kv_heads * value_dim, v->f + t * kv_heads * value_dim,
-               kv_heads * value_dim * sizeof(float));
+        cache_rows(cache->keys + p * kv_heads * head_dim, k->f + t * kv_heads * head_dim, kv_heads, head_dim,
+                   c->attrs->kv_fp8);
+        cache_rows(cache->values + p * kv_heads * value_dim, v->f + t * kv_heads * value_dim, kv_heads,
+                   value_dim, c->attrs->kv_fp8);
         cache->written[p] = true;
         if (p + 1 > cache->end) cache->end = p + 1;
     }

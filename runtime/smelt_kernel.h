@@ -538,6 +538,62 @@ SMELT_DEVICE void smelt_unpack_f32x4(uint4 chunk, float out[4]) {
     out[3] = __uint_as_float(chunk.w);
 }
 
+/* f8e4m3 (OCP "fn": 4 exponent bits, bias 7, 3 mantissa bits, no infinity,
+ * 0x7f / 0xff NaN, largest finite 448) as 8-bit storage, with the same bits
+ * as plan/numeric.h's plan_f8e4m3_to_f32 / plan_f32_to_f8e4m3 (round to
+ * nearest even, saturating to +-448: CUDA's satfinite) and its row scale
+ * plan_f8e4m3_row_scale — repeated here for the reason given for bf16;
+ * tests/unit/test_host_sim.c checks every code and a sweep of floats. Bit
+ * operations on every arch (sm_80 has no fp8 conversion instruction). An
+ * f8e4m3 KV cache stores each row of a kv head as codes of x / scale with
+ * the row's scale beside it. */
+typedef unsigned char smelt_f8e4m3;
+
+SMELT_DEVICE float smelt_f8e4m3_to_f32(smelt_f8e4m3 b) {
+    unsigned int sign = (unsigned int)(b & 0x80u) << 24, magnitude = b & 0x7fu;
+    float value;
+    if (magnitude == 0x7fu)
+        value = __uint_as_float(0x7fc00000u); /* NaN */
+    else if (magnitude >= 0x08u)              /* normal: rebias the exponent, 7 -> 127 */
+        value = __uint_as_float((magnitude << 20) + (120u << 23));
+    else /* subnormal: mantissa * 2^-9 */
+        value = (float)magnitude * 0.001953125f;
+    return __uint_as_float(__float_as_uint(value) | sign);
+}
+
+SMELT_DEVICE smelt_f8e4m3 smelt_f32_to_f8e4m3(float f) {
+    unsigned int bits = __float_as_uint(f);
+    unsigned int sign = (bits >> 24) & 0x80u, magnitude = bits & 0x7fffffffu;
+    if (magnitude > 0x7f800000u) return (smelt_f8e4m3)(sign | 0x7fu); /* NaN */
+    int exponent = (int)(magnitude >> 23) - 127 + 7;                  /* biased as in e4m3 */
+    unsigned int mantissa = (magnitude & 0x7fffffu) | 0x800000u, shift, result;
+    if (exponent >= 1) { /* a normal: keep 3 of 23 mantissa bits */
+        if (exponent > 16) return (smelt_f8e4m3)(sign | 0x7eu);
+        shift = 20u;
+        result = ((unsigned int)(exponent - 1) << 3);
+    } else { /* a subnormal (or zero): value * 2^9 as an integer */
+        shift = (unsigned int)(21 - exponent);
+        if ((magnitude >> 23) == 0 || shift > 25u) return (smelt_f8e4m3)sign;
+        result = 0u;
+    }
+    unsigned int kept = mantissa >> shift, rest = mantissa & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    result += kept + (rest > half || (rest == half && (kept & 1u)));
+    return (smelt_f8e4m3)(sign | (result > 0x7eu ? 0x7eu : result));
+}
+
+SMELT_DEVICE float smelt_f8e4m3_row_scale(float absmax) { return absmax > 0.0f ? absmax / 448.0f : 1.0f; }
+
+/* A 16-byte chunk (one uint4 load) of sixteen f8e4m3 codes as floats, in
+ * memory order (the low byte of each word first). */
+SMELT_DEVICE void smelt_unpack_f8e4m3x16(uint4 chunk, float out[16]) {
+    unsigned int words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+    for (int i = 0; i < 4; i++) {
+        for (int j = 0; j < 4; j++) {
+            out[4 * i + j] = smelt_f8e4m3_to_f32((smelt_f8e4m3)((words[i] >> (8 * j)) & 0xffu));
+        }
+    }
+}
+
 SMELT_DEVICE int smelt_min_i32(int a, int b) { return a < b ? a : b; }
 SMELT_DEVICE int smelt_max_i32(int a, int b) { return a > b ? a : b; }
 

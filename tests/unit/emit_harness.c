@@ -118,6 +118,7 @@ typedef struct emit_case {
     char *log_text;
     size_t log_size;
     const char *precision; /* the precision pass's policy: "f32" or "bf16" */
+    const char *kv_cache;  /* its KV cache choice (NULL: auto; "fp8": f8e4m3 with row scales) */
     ir_value_id ids, pos;
     uint64_t random;
     value_data values[CASE_MAX_VALUES];
@@ -246,7 +247,7 @@ static void case_infer(emit_case *c) {
     if (!pass_infer_shapes(&c->m, &c->d)) fail_msg("infer-shapes failed:\n%s", case_log(c));
     /* Storage dtypes are the precision pass's; it recomputes them all, so
      * running it again after more ops were added is right. */
-    if (!pass_precision(&c->m, &(pass_options){.precision = c->precision}, &c->d))
+    if (!pass_precision(&c->m, &(pass_options){.precision = c->precision, .kv_cache = c->kv_cache}, &c->d))
         fail_msg("precision failed:\n%s", case_log(c));
     assert_true(c->m.value_count <= CASE_MAX_VALUES);
 }
@@ -457,6 +458,7 @@ static ref_attrs read_attrs(emit_case *c, uint32_t op) {
         a.causal = ir_op_bool(m, op, "causal");
         a.window = ir_op_int(m, op, "window");
         a.softcap = ir_op_float(m, op, "softcap");
+        a.kv_fp8 = strcmp(ir_op_string(m, op, "kv_dtype"), "f8e4m3") == 0;
         break;
     case IR_OP_GELU: a.gelu_tanh = strcmp(ir_op_string(m, op, "approximate"), "tanh") == 0; break;
     case IR_OP_MOE:

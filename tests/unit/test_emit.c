@@ -392,6 +392,52 @@ static void test_attention_ragged_lengths(void **state) {
             }
 }
 
+/* f8e4m3 KV caches (--kv-cache fp8): the kernels read codes and scales
+ * that kv_write stored, the reference rounds each row the same way, so the
+ * comparison is the one of the cache's own dtype (the quantization is the
+ * same arithmetic on both sides). Ragged lengths at GQA 1, 4 and 8 (the
+ * prefill kernel's tiles, then decode splits), head dims 64 to 256, and a
+ * value dim of 8 whose rows are too short for 16-byte loads (the scalar
+ * kernel in every step). */
+static void test_attention_fp8_cache_ragged_lengths(void **state) {
+    (void)state;
+    static const int64_t lengths[] = {1, 17, 127};
+    static const int64_t ratios[][2] = {{4, 4}, {4, 1}, {8, 1}};
+    for (int p = 0; p < 2; p++)
+        for (unsigned r = 0; r < 3; r++)
+            for (unsigned l = 0; l < sizeof lengths / sizeof lengths[0]; l++) {
+                emit_case *c = case_new(precisions[p]);
+                c->kv_cache = "fp8";
+                uint32_t op = attention_shaped_op(c, ratios[r][0], ratios[r][1], 64, 160, 0);
+                case_infer(c);
+                assert_string_equal(ir_op_string(&c->m, op, "kv_dtype"), "f8e4m3");
+                int64_t steps[3] = {lengths[l], 1, 3};
+                run_attention_steps(c, op, steps, 3);
+                case_free(c);
+            }
+}
+
+static void test_attention_fp8_cache_head_dims(void **state) {
+    (void)state;
+    static const int64_t dims[] = {64, 80, 128, 256};
+    static const int64_t steps[] = {17, 1, 2, 21};
+    for (int p = 0; p < 2; p++)
+        for (unsigned d = 0; d < sizeof dims / sizeof dims[0]; d++) {
+            emit_case *c = case_new(precisions[p]);
+            c->kv_cache = "fp8";
+            uint32_t op = attention_shaped_op(c, 4, 1, dims[d], 64, 0);
+            case_infer(c);
+            run_attention_steps(c, op, steps, 4);
+            case_free(c);
+        }
+    emit_case *c = case_new("f32");
+    c->kv_cache = "fp8";
+    uint32_t op = attention_op(c, "f32[tokens, 1, 16]", "f32[tokens, 1, 8]", 0.25, 0, false);
+    case_infer(c);
+    run_prefill_then_decode(c, op);
+    case_free(c);
+}
+
 /* 1000 positions: a prefill of 1000 tokens in 64-row blocks, then decode
  * with the positions split over 32 blocks and merged by the last one;
  * with a sliding window of 100, whole tiles outside it are skipped. */
@@ -416,11 +462,14 @@ static void test_attention_long_context(void **state) {
 /* What NVRTC makes of the attention kernels of a Llama-3-8B layer (Hq 32,
  * Hkv 8, D 128, bf16) for sm_90: no spills; the prefill kernel on tensor
  * cores (mma.sync m16n8k16 bf16 with f32 accumulation, ldmatrix, cp.async);
- * the decode kernel reading K and V with 128-bit global loads. */
-static void test_attention_ptx_for_sm90(void **state) {
-    (void)state;
+ * the decode kernel reading K and V with 128-bit global loads. Over f8e4m3
+ * caches (test_attention_fp8_ptx_for_sm90) the decode kernel keeps its
+ * 128-bit loads (16 codes each) and the prefill kernel its mma and
+ * ldmatrix, loading the tiles with 128-bit loads in place of cp.async. */
+static void check_attention_ptx_for_sm90(const char *kv_cache) {
     if (!harness_have_nvrtc) skip();
     emit_case *c = case_new("bf16");
+    c->kv_cache = kv_cache;
     uint32_t op = attention_shaped_op(c, 32, 8, 128, 8192, 0);
     case_infer(c);
     arena a;
@@ -463,13 +512,28 @@ static void test_attention_ptx_for_sm90(void **state) {
         } else { /* prefill */
             assert_non_null(strstr(compiled.ptx, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
             assert_non_null(strstr(compiled.ptx, "ldmatrix.sync.aligned.m8n8.x4.shared.b16"));
-            assert_non_null(strstr(compiled.ptx, "cp.async.cg.shared.global"));
-            assert_non_null(strstr(compiled.ptx, "cp.async.wait_group 1"));
+            if (kv_cache) {
+                assert_true(strstr(compiled.ptx, "ld.global.v4.u32") ||
+                            strstr(compiled.ptx, "ld.global.nc.v4.u32"));
+            } else {
+                assert_non_null(strstr(compiled.ptx, "cp.async.cg.shared.global"));
+                assert_non_null(strstr(compiled.ptx, "cp.async.wait_group 1"));
+            }
         }
         cg_compiled_free(&compiled);
     }
     arena_free(&a);
     case_free(c);
+}
+
+static void test_attention_ptx_for_sm90(void **state) {
+    (void)state;
+    check_attention_ptx_for_sm90(NULL);
+}
+
+static void test_attention_fp8_ptx_for_sm90(void **state) {
+    (void)state;
+    check_attention_ptx_for_sm90("fp8");
 }
 
 /* ---- moe ---------------------------------------------------------------------------------- */
@@ -1155,6 +1219,9 @@ int main(void) {
         cmocka_unit_test(test_attention_sliding_window),
         cmocka_unit_test(test_attention_mqa_noncausal),
         cmocka_unit_test(test_attention_skips_unwritten_positions),
+        cmocka_unit_test(test_attention_fp8_cache_ragged_lengths),
+        cmocka_unit_test(test_attention_fp8_cache_head_dims),
+        cmocka_unit_test(test_attention_fp8_ptx_for_sm90),
         cmocka_unit_test(test_attention_head_dims),
         cmocka_unit_test(test_attention_ragged_lengths),
         cmocka_unit_test(test_attention_long_context),

@@ -578,6 +578,57 @@ static void test_bf16_conversion_matches_plan_numeric(void **state) {
         assert_int_equal(smelt_f32_to_bf16(float_of_bits(bits)), plan_f32_to_bf16(float_of_bits(bits)));
 }
 
+/* ---- f8e4m3 ---- */
+
+/* smelt_kernel.h's f8e4m3 conversions (the KV cache's) give plan/numeric.h's
+ * bits: every code widened, f32 bit patterns across the whole range (every
+ * 4093rd) narrowed, and around every code the neighbours of its ties with
+ * the next code (round to nearest even) and the saturation at 448. */
+static void test_f8e4m3_conversion_matches_plan_numeric(void **state) {
+    (void)state;
+    for (uint32_t code = 0; code <= 0xffu; code++) {
+        float kernel = smelt_f8e4m3_to_f32((smelt_f8e4m3)code), plan = plan_f8e4m3_to_f32((uint8_t)code);
+        uint32_t kernel_bits, plan_bits;
+        memcpy(&kernel_bits, &kernel, sizeof kernel_bits);
+        memcpy(&plan_bits, &plan, sizeof plan_bits);
+        if (isnan(plan))
+            assert_true(isnan(kernel) && signbit(kernel) == signbit(plan));
+        else
+            assert_int_equal(kernel_bits, plan_bits);
+        if ((code & 0x7fu) >= 0x7eu || isnan(plan)) continue;
+        /* the tie between this code and the next magnitude, and its neighbours */
+        float next = plan_f8e4m3_to_f32((uint8_t)(code + 1));
+        uint32_t tie = plan_f32_to_bits((plan + next) / 2.0f);
+        for (uint32_t bits = tie - 2; bits != tie + 3; bits++)
+            assert_int_equal(smelt_f32_to_f8e4m3(float_of_bits(bits)),
+                             plan_f32_to_f8e4m3(float_of_bits(bits)));
+    }
+    for (uint64_t bits = 0; bits <= 0xffffffffu; bits += 4093)
+        assert_int_equal(smelt_f32_to_f8e4m3(float_of_bits((uint32_t)bits)),
+                         plan_f32_to_f8e4m3(float_of_bits((uint32_t)bits)));
+    assert_int_equal(smelt_f32_to_f8e4m3(448.0f), 0x7e);
+    assert_int_equal(smelt_f32_to_f8e4m3(1e9f), 0x7e);      /* saturates */
+    assert_int_equal(smelt_f32_to_f8e4m3(-INFINITY), 0xfe); /* no infinity */
+    assert_int_equal(smelt_f32_to_f8e4m3(NAN) & 0x7f, 0x7f);
+    assert_int_equal(smelt_f32_to_f8e4m3(0.001953125f), 0x01);  /* the least subnormal, 2^-9 */
+    assert_int_equal(smelt_f32_to_f8e4m3(0.0009765625f), 0x00); /* half of it: a tie, to even */
+    assert_float_equal(smelt_f8e4m3_row_scale(0.0f), 1.0f, 0.0f);
+    assert_float_equal(smelt_f8e4m3_row_scale(896.0f), plan_f8e4m3_row_scale(896.0f), 0.0f);
+    /* sixteen codes of one 16-byte load, low byte first */
+    uint4 chunk = {0x03020100u, 0x07060504u, 0x38b8407eu, 0xfe7f0880u};
+    float out[16];
+    smelt_unpack_f8e4m3x16(chunk, out);
+    for (int i = 0; i < 8; i++)
+        assert_float_equal(out[i], plan_f8e4m3_to_f32((uint8_t)i), 0.0f);
+    assert_float_equal(out[8], 448.0f, 0.0f);
+    assert_float_equal(out[9], 2.0f, 0.0f);
+    assert_float_equal(out[10], -1.0f, 0.0f);
+    assert_float_equal(out[11], 1.0f, 0.0f);
+    assert_float_equal(out[13], 0.015625f, 0.0f); /* 0x08: the least normal, 2^-6 */
+    assert_true(isnan(out[14]));
+    assert_float_equal(out[15], -448.0f, 0.0f);
+}
+
 /* ---- tensor cores ---- */
 
 static uint32_t random_state = 12345;
@@ -733,6 +784,7 @@ int main(void) {
         cmocka_unit_test(test_stack_overflow_hits_the_guard_page),
         cmocka_unit_test(test_bf16_conversion_bits),
         cmocka_unit_test(test_bf16_conversion_matches_plan_numeric),
+        cmocka_unit_test(test_f8e4m3_conversion_matches_plan_numeric),
         cmocka_unit_test(test_ldmatrix_x4_layout),
         cmocka_unit_test(test_mma_m16n8k16_against_triple_loop),
         cmocka_unit_test(test_nvrtc_compiles_the_same_kernels),
