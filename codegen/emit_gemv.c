@@ -51,6 +51,7 @@ typedef enum gemv_kind { GEMV_PLAIN, GEMV_SWIGLU, GEMV_ROPE } gemv_kind;
 typedef struct gemv_segment {
     gemv_kind kind;
     ir_value_id weight[2], bias[2]; /* [1]: swiglu's up; IR_NO_VALUE when absent */
+    int64_t first_row[2];           /* of weight[r] and bias[r]: the part of a concatenated weight */
     ir_value_id residual, out;
     int64_t rows; /* N of the output */
     int64_t heads, head_dim, half, passed;
@@ -108,10 +109,23 @@ static uint32_t position_in(const cg_group *g, uint32_t op) {
     return UINT32_MAX;
 }
 
+/* What one segment computes before its epilogue: a matmul's result, or one
+ * part of it that a split of the group takes (a matmul over a weight
+ * concatenated at compile time, passes/fuse.c), rows [row, row + rows) of
+ * its weight. */
+typedef struct gemv_part {
+    uint32_t matmul;
+    ir_value_id value;
+    int64_t row, rows;
+    bool up; /* SwiGLU's up: read by its gate's segment */
+} gemv_part;
+
 typedef struct group_reading {
     cg_emit *e;
     const cg_group *g;
     bool *taken; /* [g->op_count] ops accounted for */
+    gemv_part *parts;
+    uint32_t part_count;
 } group_reading;
 
 static void take(group_reading *r, uint32_t op) {
@@ -141,12 +155,26 @@ static uint32_t matmul_of(group_reading *r, ir_value_id v, ir_value_id *bias) {
     return IR_NONE;
 }
 
-/* The segment of matmul `index`: its weight and bias, then the chain of
- * epilogue ops of the group that read its result. */
-static bool read_segment(group_reading *r, gemv_plan *p, uint32_t index, const bool *is_up) {
+/* The part whose value is v, or made by the bias add that makes v
+ * (*bias receives the bias); UINT32_MAX when none. */
+static uint32_t part_of(group_reading *r, ir_value_id v, ir_value_id *bias) {
+    *bias = IR_NO_VALUE;
+    for (uint32_t i = 0; i < r->part_count; i++)
+        if (r->parts[i].value == v) return i;
+    uint32_t matmul = matmul_of(r, v, bias);
+    for (uint32_t i = 0; matmul != IR_NONE && i < r->part_count; i++)
+        if (r->parts[i].matmul == matmul && r->parts[i].value == r->e->m->ops[matmul].results[0]) return i;
+    return UINT32_MAX;
+}
+
+/* The segment of part `which`: its weight and bias, then the chain of
+ * epilogue ops of the group that read its value. */
+static bool read_segment(group_reading *r, gemv_plan *p, uint32_t which) {
     cg_emit *e = r->e;
     const ir_module *m = e->m;
     const cg_group *g = r->g;
+    const gemv_part *part = &r->parts[which];
+    uint32_t index = part->matmul;
     const ir_op *op = &m->ops[index];
     if (strcmp(ir_op_string(m, index, "layout"), "out_in") != 0)
         return refuse(e, "a matmul that is not out_in");
@@ -166,9 +194,10 @@ static bool read_segment(group_reading *r, gemv_plan *p, uint32_t index, const b
     s->weight[0] = op->operands[1];
     s->weight[1] = s->bias[1] = s->residual = IR_NO_VALUE;
     s->bias[0] = op->operand_count == 3 ? op->operands[2] : IR_NO_VALUE;
-    s->rows = m->values[op->results[0]].type.dims[1].size;
+    s->first_row[0] = part->row;
+    s->rows = part->rows;
     take(r, index);
-    ir_value_id v = op->results[0];
+    ir_value_id v = part->value;
     for (uint32_t c; (c = group_reader(m, g, v, true)) != IR_NONE;) {
         const ir_op *co = &m->ops[c];
         take(r, c);
@@ -210,9 +239,10 @@ static bool read_segment(group_reading *r, gemv_plan *p, uint32_t index, const b
             if (mul == IR_NONE || m->ops[mul].kind != IR_OP_MUL) return refuse(e, "a silu without its mul");
             const ir_op *mo = &m->ops[mul];
             ir_value_id u = mo->operands[0] == co->results[0] ? mo->operands[1] : mo->operands[0];
-            uint32_t up = matmul_of(r, u, &s->bias[1]);
-            if (up == IR_NONE || !is_up[position_in(g, up)])
+            uint32_t which_up = part_of(r, u, &s->bias[1]);
+            if (which_up == UINT32_MAX || !r->parts[which_up].up || r->parts[which_up].rows != s->rows)
                 return refuse(e, "a SwiGLU whose up is no matmul of the group");
+            uint32_t up = r->parts[which_up].matmul;
             if (m->ops[up].operand_count == 3) {
                 if (s->bias[1] != IR_NO_VALUE) return refuse(e, "two biases on SwiGLU's up");
                 s->bias[1] = m->ops[up].operands[2];
@@ -221,6 +251,7 @@ static bool read_segment(group_reading *r, gemv_plan *p, uint32_t index, const b
             take(r, up);
             s->kind = GEMV_SWIGLU;
             s->weight[1] = m->ops[up].operands[1];
+            s->first_row[1] = r->parts[which_up].row;
             v = mo->results[0];
             break;
         } else {
@@ -279,7 +310,32 @@ static bool read_group(cg_emit *e, const cg_group *g, gemv_plan *p) {
     p->x = p->norm_weight = p->pos = IR_NO_VALUE;
     bool *taken = arena_array(&e->scratch, g->op_count, sizeof *taken);
     bool *is_up = arena_array(&e->scratch, g->op_count, sizeof *is_up);
-    group_reading r = {e, g, taken};
+    group_reading r = {e, g, taken, NULL, 0};
+    /* The parts: each matmul's result, or the results of the split of it. */
+    uint32_t parts = 0;
+    for (uint32_t i = 0; i < g->op_count; i++)
+        parts += m->ops[g->ops[i]].kind == IR_OP_SPLIT ? m->ops[g->ops[i]].result_count : 1;
+    r.parts = arena_array(&e->scratch, parts, sizeof *r.parts);
+    for (uint32_t i = 0; i < g->op_count; i++) {
+        const ir_op *op = &m->ops[g->ops[i]];
+        if (op->kind != IR_OP_MATMUL) continue;
+        uint32_t split = group_reader(m, g, op->results[0], false);
+        if (split == IR_NONE || m->ops[split].kind != IR_OP_SPLIT) {
+            r.parts[r.part_count++] = (gemv_part){g->ops[i], op->results[0], 0,
+                                                  m->values[op->results[0]].type.dims[1].size, false};
+            continue;
+        }
+        const ir_op *so = &m->ops[split];
+        int64_t axis = ir_op_int(m, split, "axis");
+        if (axis != 1 && axis != -1) return refuse(e, "a split of a matmul's result not along its columns");
+        take(&r, split);
+        int64_t row = 0;
+        for (uint32_t k = 0; k < so->result_count; k++) {
+            int64_t rows = m->values[so->results[k]].type.dims[1].size;
+            r.parts[r.part_count++] = (gemv_part){g->ops[i], so->results[k], row, rows, false};
+            row += rows;
+        }
+    }
     for (uint32_t i = 0; i < g->op_count; i++) {
         const ir_op *op = &m->ops[g->ops[i]];
         if (op->kind == IR_OP_RMS_NORM) {
@@ -295,16 +351,14 @@ static bool read_group(cg_emit *e, const cg_group *g, gemv_plan *p) {
             const ir_op *mo = &m->ops[mul];
             ir_value_id u = mo->operands[0] == op->results[0] ? mo->operands[1] : mo->operands[0];
             ir_value_id bias;
-            group_reading probe = {e, g, is_up}; /* marks the up's bias add too; cleared below */
-            uint32_t up = matmul_of(&probe, u, &bias);
-            if (up != IR_NONE) is_up[position_in(g, up)] = true;
+            group_reading probe = r; /* marks the up's bias add in is_up, not in taken */
+            probe.taken = is_up;
+            uint32_t up = part_of(&probe, u, &bias);
+            if (up != UINT32_MAX) r.parts[up].up = true;
         }
     }
-    for (uint32_t i = 0; i < g->op_count; i++) /* keep only the matmuls marked */
-        if (m->ops[g->ops[i]].kind != IR_OP_MATMUL) is_up[i] = false;
-    for (uint32_t i = 0; i < g->op_count; i++)
-        if (m->ops[g->ops[i]].kind == IR_OP_MATMUL && !is_up[i] && !read_segment(&r, p, g->ops[i], is_up))
-            return false;
+    for (uint32_t i = 0; i < r.part_count; i++)
+        if (!r.parts[i].up && !read_segment(&r, p, i)) return false;
     for (uint32_t i = 0; i < g->op_count; i++)
         if (!taken[i]) return refuse(e, "an op that is neither the norm, a matmul nor an epilogue");
     if (p->segment_count == 0) return refuse(e, "no matmul");
@@ -391,20 +445,29 @@ static void write_position(cg_kernel_builder *b, const gemv_segment *s, uint32_t
     }
 }
 
+/* Row `row` of the output as a row of weight (and bias) r: past the rows of
+ * the parts before it in a concatenated weight. */
+static const char *weight_row(cg_emit *e, const gemv_segment *s, int r, uint32_t index, const char *row) {
+    if (s->first_row[r] == 0) return row;
+    return arena_printf(&e->scratch, "(%s_%u + %s)", r ? "UP_FIRST_ROW" : "FIRST_ROW", index, row);
+}
+
 /* The unit's rows of output `index`: row0 (and row1), the weight rows wa
  * and wb, rows = 1 or 2; pair for a rotary pair. */
 static void write_select(cg_kernel_builder *b, const gemv_segment *s, uint32_t index) {
+    cg_emit *e = b->e;
     cg_text *t = &b->text;
     const char *w0 = b->params[s->p_weight[0]].name;
     switch (s->kind) {
     case GEMV_PLAIN:
         cg_line(t, "row0 = unit;");
-        cg_line(t, "wa = wb = %s + row0 * K;", w0);
+        cg_line(t, "wa = wb = %s + %s * K;", w0, weight_row(e, s, 0, index, "row0"));
         break;
     case GEMV_SWIGLU:
         cg_line(t, "row0 = unit;");
-        cg_line(t, "wa = %s + row0 * K; /* gate */", w0);
-        cg_line(t, "wb = %s + row0 * K; /* up */", b->params[s->p_weight[1]].name);
+        cg_line(t, "wa = %s + %s * K; /* gate */", w0, weight_row(e, s, 0, index, "row0"));
+        cg_line(t, "wb = %s + %s * K; /* up */", b->params[s->p_weight[1]].name,
+                weight_row(e, s, 1, index, "row0"));
         cg_line(t, "rows = 2;");
         break;
     case GEMV_ROPE:
@@ -423,8 +486,8 @@ static void write_select(cg_kernel_builder *b, const gemv_segment *s, uint32_t i
                     index, index, index, index);
         }
         cg_line(t, "}");
-        cg_line(t, "wa = %s + row0 * K;", w0);
-        cg_line(t, "wb = %s + row1 * K;", w0);
+        cg_line(t, "wa = %s + %s * K;", w0, weight_row(e, s, 0, index, "row0"));
+        cg_line(t, "wb = %s + %s * K;", w0, weight_row(e, s, 0, index, "row1"));
         break;
     }
 }
@@ -436,7 +499,8 @@ static void write_epilogue(cg_kernel_builder *b, const gemv_plan *p, const gemv_
     cg_emit *e = b->e;
     cg_text *t = &b->text;
     const char *scale = p->norm ? "inverse_rms(squares[i])" : "1.0f";
-    const char *bias0 = s->bias[0] != IR_NO_VALUE ? cg_load(b, s->p_bias[0], "row0") : NULL;
+    const char *bias0 =
+        s->bias[0] != IR_NO_VALUE ? cg_load(b, s->p_bias[0], weight_row(e, s, 0, index, "row0")) : NULL;
     const char *plus0 = bias0 ? " + " : "";
     switch (s->kind) {
     case GEMV_PLAIN:
@@ -449,14 +513,16 @@ static void write_epilogue(cg_kernel_builder *b, const gemv_plan *p, const gemv_
         write_store(b, s, index, "row0", "value");
         break;
     case GEMV_SWIGLU: {
-        const char *bias1 = s->bias[1] != IR_NO_VALUE ? cg_load(b, s->p_bias[1], "row0") : NULL;
+        const char *bias1 =
+            s->bias[1] != IR_NO_VALUE ? cg_load(b, s->p_bias[1], weight_row(e, s, 1, index, "row0")) : NULL;
         cg_line(t, "float gate = sums[i][0] * %s%s%s;", scale, plus0, bias0 ? bias0 : "");
         cg_line(t, "float up = sums[i][1] * %s%s%s;", scale, bias1 ? " + " : "", bias1 ? bias1 : "");
         write_store(b, s, index, "row0", "gate / (1.0f + expf(-gate)) * up");
         break;
     }
     case GEMV_ROPE: {
-        const char *bias1 = s->bias[0] != IR_NO_VALUE ? cg_load(b, s->p_bias[0], "row1") : NULL;
+        const char *bias1 =
+            s->bias[0] != IR_NO_VALUE ? cg_load(b, s->p_bias[0], weight_row(e, s, 0, index, "row1")) : NULL;
         write_position(b, s, index, pos, true);
         cg_line(t, "float a = sums[i][0] * %s%s%s;", scale, plus0, bias0 ? bias0 : "");
         cg_line(t, "if (rows == 2) { /* a rotary pair */");
@@ -638,6 +704,11 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
         const gemv_segment *s = &p.segments[i];
         cg_line(t, "enum { ROWS_%u = %lld, UNITS_%u = %lld };", i, (long long)s->rows, i,
                 (long long)s->units);
+        if (s->first_row[0] != 0)
+            cg_line(t, "enum { FIRST_ROW_%u = %lld }; /* its rows of the concatenated weight start here */", i,
+                    (long long)s->first_row[0]);
+        if (s->first_row[1] != 0)
+            cg_line(t, "enum { UP_FIRST_ROW_%u = %lld }; /* and its up rows here */", i, (long long)s->first_row[1]);
         if (s->cache_role)
             cg_line(t, "enum { MAX_SEQ_%u = %lld }; /* positions of the KV cache */", i,
                     (long long)s->max_seq);

@@ -294,22 +294,51 @@ static bool build_launch(lowering_state *s, uint32_t g, const cg_kernel *k, prog
     return true;
 }
 
+/* The entry of a weight concat (ir_op_is_weight_concat): its parts by
+ * their names, and a name of its own, the parts' joined by " + " (or the
+ * first's and a count, were that too long for a plan). */
+static void concat_parts(lowering_state *s, uint32_t i, prog_weight *w) {
+    const ir_module *m = s->m;
+    const ir_op *op = &m->ops[i];
+    if (op->operand_count > PROG_MAX_WEIGHT_PARTS)
+        SMELT_DIE("a weight concat of %u parts (fuse makes at most %d)", op->operand_count, PROG_MAX_WEIGHT_PARTS);
+    w->part_count = op->operand_count;
+    w->parts = arena_array(&s->out->arena, op->operand_count, sizeof *w->parts);
+    const char *name = "";
+    for (uint32_t k = 0; k < op->operand_count; k++) {
+        ir_value_id part = op->operands[k];
+        w->parts[k].name = ir_op_string(m, m->values[part].def_op, "name");
+        w->parts[k].rows = m->values[part].type.dims[0].size;
+        name = arena_printf(&s->out->arena, "%s%s%s", name, k ? " + " : "", w->parts[k].name);
+    }
+    if (strlen(name) > 4096)
+        name = arena_printf(&s->out->arena, "%s + %u more", w->parts[0].name, op->operand_count - 1);
+    w->name = name;
+}
+
 static bool build_weight_table(lowering_state *s) {
     const ir_module *m = s->m;
     program *p = &s->out->program;
     for (uint32_t i = 0; i < m->op_count; i++)
-        if (!m->ops[i].dead && m->ops[i].kind == IR_OP_WEIGHT) p->weight_count++;
+        if (!m->ops[i].dead && m->ops[i].result_count == 1 &&
+            m->values[m->ops[i].results[0]].buffer.kind == IR_BUFFER_WEIGHT)
+            p->weight_count++;
     p->weights = arena_array(&s->out->arena, p->weight_count ? p->weight_count : 1, sizeof *p->weights);
     bool ok = true;
     for (uint32_t i = 0; i < m->op_count; i++) {
         const ir_op *op = &m->ops[i];
-        if (op->dead || op->kind != IR_OP_WEIGHT) continue;
+        if (op->dead || op->result_count != 1) continue;
         const ir_value *value = &m->values[op->results[0]];
-        if (value->buffer.kind != IR_BUFFER_WEIGHT || value->buffer.offset >= p->weight_count)
-            SMELT_DIE("weight op %u has no weight-table entry after plan-memory", i);
+        if (value->buffer.kind != IR_BUFFER_WEIGHT) continue;
+        if (value->buffer.offset >= p->weight_count || (op->kind != IR_OP_WEIGHT && !ir_op_is_weight_concat(m, i)))
+            SMELT_DIE("op %u has a weight buffer but is no weight-table entry", i);
         prog_weight *w = &p->weights[value->buffer.offset];
-        w->name = ir_op_string(m, i, "name");
-        w->stacked = ir_op_string(m, i, "stack")[0] != '\0';
+        if (op->kind == IR_OP_WEIGHT) {
+            w->name = ir_op_string(m, i, "name");
+            w->stacked = ir_op_string(m, i, "stack")[0] != '\0';
+        } else {
+            concat_parts(s, i, w);
+        }
         w->dtype = cg_storage_dtype(m, op->results[0]);
         w->rank = value->type.rank;
         for (unsigned d = 0; d < value->type.rank; d++)

@@ -13,7 +13,8 @@
  *   u32 state_count,  state_count  x {u64 bytes, u64 rows}
  *   u32 weight_count, weight_count x {string name, u8 dtype, u8 stacked,
  *                                     u32 rank, rank x i64 dim, u64 bytes,
- *                                     u64 data_offset}
+ *                                     u64 data_offset, u32 part_count,
+ *                                     part_count x {string name, i64 rows}}
  *   u32 instr_count,  instr_count  x {u8 op, u32 ir_op, i64 min_tokens, i64 max_tokens, then
  *     LAUNCH: u32 kernel, 3 x affine grid, 3 x u32 block, u32 dynamic_shared,
  *             u32 arg_count, arg_count x {u8 kind, then POINTER: ref,
@@ -35,12 +36,15 @@
  * the EOS ids (at most PROG_MAX_EOS, each in [0, vocab), distinct); version
  * 6 the greedy instruction and its token; version 7 the token range of each
  * instruction (0 <= min_tokens <= max_tokens <= max_tokens of the program,
- * or max_tokens 0: no upper bound).
+ * or max_tokens 0: no upper bound); version 8 the parts of a concatenated
+ * weight (0, or 2 to PROG_MAX_WEIGHT_PARTS parts of a weight that is not
+ * stacked, each of >= 1 rows, the rows summing to dim 0).
  *
  * What decoding checks (the executor relies on every item):
  *   - counts against the bytes left (no allocation a short section cannot
  *     back), enums, ranks <= 8, dims >= 0, bytes == product(shape) * size > 0;
- *   - weight names non-empty, without NUL, unique (binding is by name);
+ *   - weight and part names non-empty, without NUL, unique among all of
+ *     them (binding is by name);
  *   - affine rules: c >= 1 and no int64 overflow for T in [1, max_tokens];
  *     grids <= 2^31 - 1 (x) and 65535 (y, z); blocks 1..1024 threads;
  *   - every reference: buffer kind and index exist; a kernel pointer's whole
@@ -78,7 +82,7 @@ enum {
     /* The fewest bytes each element of a counted list takes, so that a count
      * can be checked against the bytes left before anything is allocated. */
     ENCODED_STATE_MIN = 16,
-    ENCODED_WEIGHT_MIN = 8 + 1 + 1 + 4 + 8 + 8,
+    ENCODED_WEIGHT_MIN = 8 + 1 + 1 + 4 + 8 + 8 + 4,
     ENCODED_COST = 3 * 5 * 8 + 1,
     ENCODED_INSTR_MIN = 1 + 4 + 16 + 4 + ENCODED_COST,
 };
@@ -242,6 +246,11 @@ bool program_encode(const program *p, uint8_t **bytes, size_t *size) {
             put_i64(&w, wt->shape[d]);
         put_u64(&w, wt->bytes);
         put_u64(&w, wt->data_offset);
+        put_u32(&w, wt->part_count);
+        for (uint32_t k = 0; k < wt->part_count; k++) {
+            put_string(&w, wt->parts[k].name);
+            put_i64(&w, wt->parts[k].rows);
+        }
     }
     put_u32(&w, p->instr_count);
     for (uint32_t i = 0; i < p->instr_count; i++) {
@@ -499,11 +508,10 @@ static bool check_id_bound(decoder *d) {
     return true;
 }
 
-static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
-    plan_cursor *c = &d->cursor;
+/* A weight's or a part's name, copied into *out. */
+static bool decode_name(decoder *d, uint32_t i, const char **out) {
     plan_text name;
-    uint8_t stacked;
-    if (!plan_cursor_text(c, &name)) return truncated(d, "a weight name");
+    if (!plan_cursor_text(&d->cursor, &name)) return truncated(d, "a weight name");
     if (name.length == 0 || name.length > PROGRAM_NAME_LIMIT || memchr(name.data, 0, name.length))
         return fail(d, "weight %u has an empty, NUL-holding or over-long (%llu bytes) name", i,
                     (unsigned long long)name.length);
@@ -511,11 +519,45 @@ static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
     if (!copy) return fail(d, "out of memory for a weight name");
     memcpy(copy, name.data, name.length);
     copy[name.length] = '\0';
-    w->name = copy;
+    *out = copy;
+    return true;
+}
+
+/* The parts of a concatenated weight, after its data offset. */
+static bool decode_parts(decoder *d, uint32_t i, prog_weight *w) {
+    plan_cursor *c = &d->cursor;
+    int name_length = (int)(strlen(w->name) > 64 ? 64 : strlen(w->name));
+    const char *ellipsis = strlen(w->name) > 64 ? "..." : "";
+    if (!plan_cursor_u32(c, &w->part_count)) return truncated(d, "a weight");
+    if (w->part_count == 0) return true;
+    if (w->part_count < 2 || w->part_count > PROG_MAX_WEIGHT_PARTS || w->stacked || w->rank < 1)
+        return fail(d, "weight '%.*s%s' has %u parts (a concatenation has 2 to %d, and is not stacked)",
+                    name_length, w->name, ellipsis, w->part_count, PROG_MAX_WEIGHT_PARTS);
+    w->parts = calloc(w->part_count, sizeof *w->parts);
+    if (!w->parts) return fail(d, "out of memory for the parts of a weight");
+    int64_t rows = 0;
+    for (uint32_t k = 0; k < w->part_count; k++) {
+        if (!decode_name(d, i, &w->parts[k].name)) return false;
+        if (!plan_cursor_i64(c, &w->parts[k].rows)) return truncated(d, "a weight part");
+        if (w->parts[k].rows < 1 || __builtin_add_overflow(rows, w->parts[k].rows, &rows))
+            return fail(d, "weight '%.*s%s' has a part of %lld rows", name_length, w->name, ellipsis,
+                        (long long)w->parts[k].rows);
+    }
+    if (rows != w->shape[0])
+        return fail(d, "the parts of weight '%.*s%s' have %lld rows, but it has %lld", name_length, w->name,
+                    ellipsis, (long long)rows, (long long)w->shape[0]);
+    return true;
+}
+
+static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
+    plan_cursor *c = &d->cursor;
+    uint8_t stacked;
+    if (!decode_name(d, i, &w->name)) return false;
+    const char *copy = w->name;
     if (!get_u8(d, &w->dtype) || !get_u8(d, &stacked) || !plan_cursor_u32(c, &w->rank))
         return truncated(d, "a weight");
-    int name_length = (int)(name.length > 64 ? 64 : name.length);
-    const char *ellipsis = name.length > 64 ? "..." : "";
+    int name_length = (int)(strlen(copy) > 64 ? 64 : strlen(copy));
+    const char *ellipsis = strlen(copy) > 64 ? "..." : "";
     if (!program_dtype_stored(w->dtype))
         return fail(d, "weight '%.*s%s' has dtype %u (expected f32, bf16 or i32)", name_length, copy,
                     ellipsis, w->dtype);
@@ -542,26 +584,33 @@ static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
     if (w->stacked && (w->rank < 1 || !strstr(copy, "{e}")))
         return fail(d, "stacked weight '%.*s%s' needs rank >= 1 and \"{e}\" in its name", name_length, copy,
                     ellipsis);
-    return true;
+    return decode_parts(d, i, w);
 }
 
 static int compare_names(const void *a, const void *b) {
-    return strcmp((*(const prog_weight *const *)a)->name, (*(const prog_weight *const *)b)->name);
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Binding is by name, so names must be unique: sort pointers, compare
- * neighbours (n log n, whatever the count). */
+/* Binding is by name, so names (of weights and of parts) must be unique:
+ * sort pointers, compare neighbours (n log n, whatever the count). */
 static bool check_unique_names(decoder *d) {
     program *p = d->out;
-    if (p->weight_count < 2) return true;
-    const prog_weight **sorted = malloc(p->weight_count * sizeof *sorted);
-    if (!sorted) return fail(d, "out of memory checking weight names");
+    uint64_t count = p->weight_count;
     for (uint32_t i = 0; i < p->weight_count; i++)
-        sorted[i] = &p->weights[i];
-    qsort(sorted, p->weight_count, sizeof *sorted, compare_names);
-    for (uint32_t i = 1; i < p->weight_count; i++)
-        if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0) {
-            const char *name = sorted[i]->name;
+        count += p->weights[i].part_count;
+    if (count < 2) return true;
+    const char **sorted = malloc(count * sizeof *sorted);
+    if (!sorted) return fail(d, "out of memory checking weight names");
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < p->weight_count; i++) {
+        sorted[n++] = p->weights[i].name;
+        for (uint32_t k = 0; k < p->weights[i].part_count; k++)
+            sorted[n++] = p->weights[i].parts[k].name;
+    }
+    qsort(sorted, count, sizeof *sorted, compare_names);
+    for (uint64_t i = 1; i < count; i++)
+        if (strcmp(sorted[i - 1], sorted[i]) == 0) {
+            const char *name = sorted[i];
             free(sorted);
             return fail(d, "weight '%.*s%s' appears twice", (int)(strlen(name) > 64 ? 64 : strlen(name)),
                         name, strlen(name) > 64 ? "..." : "");
@@ -939,8 +988,12 @@ bool program_check_plan(const program *p, const plan_kernel *kernels, uint32_t k
 }
 
 void program_free(program *p) {
-    for (uint32_t i = 0; p->weights && i < p->weight_count; i++)
+    for (uint32_t i = 0; p->weights && i < p->weight_count; i++) {
         free((char *)p->weights[i].name);
+        for (uint32_t k = 0; p->weights[i].parts && k < p->weights[i].part_count; k++)
+            free((char *)p->weights[i].parts[k].name);
+        free(p->weights[i].parts);
+    }
     free(p->weights);
     free(p->state_bytes);
     free(p->state_rows);

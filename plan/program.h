@@ -30,7 +30,7 @@
 
 #include "smelt_dtype.h"
 
-enum { PROGRAM_FORMAT_VERSION = 7, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16 };
+enum { PROGRAM_FORMAT_VERSION = 8, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16, PROG_MAX_WEIGHT_PARTS = 64 };
 
 /* ceil((a * T + b) / c) with c >= 1; a constant is {0, value, 1}. */
 typedef struct prog_affine {
@@ -168,9 +168,20 @@ typedef struct prog_instr {
     prog_cost cost; /* modeled; not used to execute */
 } prog_instr;
 
+/* One tensor of a concatenated weight: its Hugging Face name and the rows
+ * of dim 0 it fills (after the parts before it). */
+typedef struct prog_weight_part {
+    const char *name;
+    int64_t rows;
+} prog_weight_part;
+
 /* A weight-table entry: the tensor(s) of one IR weight op as the plan stores
  * them. `name` is the Hugging Face name; when stacked, a template holding
- * "{e}" whose parts 0..shape[0]-1 are stacked along dim 0. */
+ * "{e}" whose parts 0..shape[0]-1 are stacked along dim 0. A concatenated
+ * weight (an IR concat of weights along dim 0, passes/fuse.c: Q, K and V as
+ * one [Nq + Nk + Nv, K] weight) lists its parts, each bound by its own
+ * name into its rows; its `name` (the parts' names joined by " + ") binds
+ * the whole. */
 typedef struct prog_weight {
     const char *name;
     uint8_t dtype; /* smelt_dtype: storage dtype in the plan and on the device */
@@ -179,6 +190,8 @@ typedef struct prog_weight {
     int64_t shape[8];
     uint64_t bytes;
     uint64_t data_offset; /* in the WEIGHT_DATA section; UINT64_MAX: not in the plan, bind at run time */
+    uint32_t part_count;  /* 0, or 2..PROG_MAX_WEIGHT_PARTS: concatenated along dim 0 from these */
+    prog_weight_part *parts; /* [part_count], rows summing to shape[0] */
 } prog_weight;
 
 typedef struct program {
