@@ -893,7 +893,7 @@ static const char *op_text(const ir_module *m, uint32_t op, arena *a) {
 }
 
 static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule *rule, arena *a,
-                        cg_group_lowering *out, diag_engine *d);
+                        cg_group_lowering *out, diag_engine *d, bool gemm_epilogue);
 
 /* A fused group with a matmul: the GEMV emitter's (codegen/emit_gemv.c). */
 static bool group_is_gemv(const ir_module *m, const cg_group *g) {
@@ -926,7 +926,17 @@ bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_low
     const cg_op_rule *rule = fused ? &fused_rule : &op_rules[m->ops[op].kind];
     out->kind = rule->kind;
     if (rule->kind == CG_LOWER_NONE) return true;
-    return run_emitter(m, g, rule, a, out, d);
+    return run_emitter(m, g, rule, a, out, d, false);
+}
+
+bool cg_emit_gemm_epilogue(const ir_module *m, const cg_group *g, arena *a, cg_group_lowering *out,
+                           diag_engine *d) {
+    memset(out, 0, sizeof *out);
+    if (g->op_count < 2 || cg_group_concat_matmul(m, g) == IR_NONE)
+        SMELT_DIE("cg_emit_gemm_epilogue: group %u has no matmul over a concatenated weight", g->id);
+    static const cg_op_rule fused_rule = {CG_LOWER_KERNELS, NULL};
+    out->kind = CG_LOWER_KERNELS;
+    return run_emitter(m, g, &fused_rule, a, out, d, true);
 }
 
 bool cg_emit_greedy(const ir_module *m, uint32_t logits_op, arena *a, cg_group_lowering *out,
@@ -944,16 +954,23 @@ bool cg_emit_greedy(const ir_module *m, uint32_t logits_op, arena *a, cg_group_l
                   .inputs = o->operands,
                   .output_count = o->result_count,
                   .outputs = o->results};
-    return run_emitter(m, &g, &greedy, a, out, d);
+    return run_emitter(m, &g, &greedy, a, out, d, false);
 }
 
 /* Runs the emitter of group g (its fused emitter, or `rule`'s for one op)
  * into out (out->kind set). */
 static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule *rule, arena *a,
-                        cg_group_lowering *out, diag_engine *d) {
+                        cg_group_lowering *out, diag_engine *d, bool gemm_epilogue) {
     uint32_t op = g->ops[0];
     bool fused = g->op_count > 1, add_norm = fused && group_is_add_norm(m, g);
-    cg_emit e = {.m = m, .op = op, .ir = &m->ops[op], .a = a, .d = d, .out = out, .group = g};
+    cg_emit e = {.m = m,
+                 .op = op,
+                 .ir = &m->ops[op],
+                 .a = a,
+                 .d = d,
+                 .out = out,
+                 .group = g,
+                 .gemm_epilogue = gemm_epilogue};
     e.token_symbol = ir_token_symbol(m);
 
     /* Texts grow in the scratch arena; out of memory anywhere below frees it. */

@@ -454,20 +454,26 @@ static const char *weight_row(cg_emit *e, const gemv_segment *s, int r, uint32_t
 
 /* The unit's rows of output `index`: row0 (and row1), the weight rows wa
  * and wb, rows = 1 or 2; pair for a rotary pair. */
-static void write_select(cg_kernel_builder *b, const gemv_segment *s, uint32_t index) {
+static void write_select(cg_kernel_builder *b, const gemv_segment *s, uint32_t index, bool epilogue) {
     cg_emit *e = b->e;
     cg_text *t = &b->text;
-    const char *w0 = b->params[s->p_weight[0]].name;
+    /* GEMV: the weight rows' pointers; epilogue: the GEMM output's columns. */
+    const char *w0 = epilogue ? NULL : b->params[s->p_weight[0]].name;
+    const char *a = epilogue ? "ca = " : arena_printf(&e->scratch, "wa = %s + ", w0);
+    const char *bb = epilogue ? "cb = " : arena_printf(&e->scratch, "wb = %s + ", w0);
+    const char *times = epilogue ? "" : " * K";
     switch (s->kind) {
     case GEMV_PLAIN:
         cg_line(t, "row0 = unit;");
-        cg_line(t, "wa = wb = %s + %s * K;", w0, weight_row(e, s, 0, index, "row0"));
+        cg_line(t, "%s%s%s;", epilogue ? "ca = cb = " : arena_printf(&e->scratch, "wa = wb = %s + ", w0),
+                weight_row(e, s, 0, index, "row0"), times);
         break;
     case GEMV_SWIGLU:
         cg_line(t, "row0 = unit;");
-        cg_line(t, "wa = %s + %s * K; /* gate */", w0, weight_row(e, s, 0, index, "row0"));
-        cg_line(t, "wb = %s + %s * K; /* up */", b->params[s->p_weight[1]].name,
-                weight_row(e, s, 1, index, "row0"));
+        cg_line(t, "%s%s%s; /* gate */", a, weight_row(e, s, 0, index, "row0"), times);
+        cg_line(t, "%s%s%s; /* up */",
+                epilogue ? bb : arena_printf(&e->scratch, "wb = %s + ", b->params[s->p_weight[1]].name),
+                weight_row(e, s, 1, index, "row0"), times);
         cg_line(t, "rows = 2;");
         break;
     case GEMV_ROPE:
@@ -486,8 +492,8 @@ static void write_select(cg_kernel_builder *b, const gemv_segment *s, uint32_t i
                     index, index, index, index);
         }
         cg_line(t, "}");
-        cg_line(t, "wa = %s + %s * K;", w0, weight_row(e, s, 0, index, "row0"));
-        cg_line(t, "wb = %s + %s * K;", w0, weight_row(e, s, 0, index, "row1"));
+        cg_line(t, "%s%s%s;", a, weight_row(e, s, 0, index, "row0"), times);
+        cg_line(t, "%s%s%s;", bb, weight_row(e, s, 0, index, "row1"), times);
         break;
     }
 }
@@ -630,9 +636,65 @@ static uint32_t param_once(cg_kernel_builder *b, const char *name, ir_value_id v
     return cg_param_value(b, name, v, is_const);
 }
 
+/* The matmul of the group whose result a split of the group takes (its
+ * weight concatenated at compile time, passes/fuse.c); IR_NONE when none. */
+uint32_t cg_group_concat_matmul(const ir_module *m, const cg_group *g) {
+    for (uint32_t i = 0; i < g->op_count; i++) {
+        const ir_op *op = &m->ops[g->ops[i]];
+        if (op->kind != IR_OP_MATMUL) continue;
+        uint32_t split = group_reader(m, g, op->results[0], false);
+        if (split != IR_NONE && m->ops[split].kind == IR_OP_SPLIT) return g->ops[i];
+    }
+    return IR_NONE;
+}
+
+static bool emit_gemm_epilogue(cg_emit *e, const cg_group *g, gemv_plan *p);
+
+/* Each output's constants (rows, units, rope tables) and the first unit of each. */
+static void write_segment_constants(cg_kernel_builder *b, const gemv_plan *p) {
+    cg_emit *e = b->e;
+    cg_text *t = &b->text;
+    for (uint32_t i = 0; i < p->segment_count; i++) {
+        const gemv_segment *s = &p->segments[i];
+        cg_line(t, "enum { ROWS_%u = %lld, UNITS_%u = %lld };", i, (long long)s->rows, i,
+                (long long)s->units);
+        if (s->first_row[0] != 0)
+            cg_line(t, "enum { FIRST_ROW_%u = %lld }; /* its rows of the concatenated weight start here */", i,
+                    (long long)s->first_row[0]);
+        if (s->first_row[1] != 0)
+            cg_line(t, "enum { UP_FIRST_ROW_%u = %lld }; /* and its up rows here */", i, (long long)s->first_row[1]);
+        if (s->cache_role)
+            cg_line(t, "enum { MAX_SEQ_%u = %lld }; /* positions of the KV cache */", i,
+                    (long long)s->max_seq);
+        if (s->kind == GEMV_ROPE) {
+            cg_line(t, "enum { HEADS_%u = %lld, HEAD_DIM_%u = %lld, HALF_%u = %lld, PASSED_%u = %lld };", i,
+                    (long long)s->heads, i, (long long)s->head_dim, i, (long long)s->half, i,
+                    (long long)s->passed);
+            char theta_text[48];
+            cg_line(t,
+                    "/* inv_freq of rope_type %s (theta = %s, over %lld dims), in float32 as Hugging Face "
+                    "computes it (ir/rope.c). */",
+                    ir_rope_scaling_name(ir_rope_params_of(e->m, s->rope_op, s->head_dim).scaling),
+                    ir_format_float(s->theta, theta_text, sizeof theta_text), (long long)(2 * s->half));
+            cg_line(t, "static __device__ const float INVERSE_FREQUENCY_%u[HALF_%u] = {", i, i);
+            for (int64_t j = 0; j < s->half; j++)
+                cg_line(t, "%s%s", cg_float_literal(e, s->rope.inv_freq[j]), j + 1 < s->half ? "," : "");
+            cg_line(t, "};");
+            if (s->rope.attention_factor != 1.0f)
+                cg_line(t, "#define ATTENTION_FACTOR_%u %s /* cos and sin are scaled by it */", i,
+                        cg_float_literal(e, s->rope.attention_factor));
+        }
+    }
+    cg_text_printf(t, "enum { START_0 = 0"); /* the first unit of each output */
+    for (uint32_t i = 1; i <= p->segment_count; i++)
+        cg_text_printf(t, ", START_%u = START_%u + UNITS_%u", i, i - 1, i - 1);
+    cg_text_printf(t, " };\n");
+}
+
 bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     gemv_plan p;
     if (!read_group(e, g, &p)) return false;
+    if (e->gemm_epilogue) return emit_gemm_epilogue(e, g, &p);
     const ir_module *m = e->m;
     smelt_dtype weight_dtype = cg_storage_dtype(m, p.segments[0].weight[0]);
     for (uint32_t i = 0; i < p.segment_count; i++)
@@ -700,41 +762,7 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     cg_line(t, "enum { K = %lld, VECTOR = %d, WARPS = %d, LANES = %d, UNITS_PER_WARP = 32 / LANES };",
             (long long)p.k, vector ? GEMV_VECTOR : 1, warps, GEMV_LANES);
     cg_line(t, "enum { TOKEN_TILE = %d, UNITS = %lld };", GEMV_TOKEN_TILE, (long long)units);
-    for (uint32_t i = 0; i < p.segment_count; i++) {
-        const gemv_segment *s = &p.segments[i];
-        cg_line(t, "enum { ROWS_%u = %lld, UNITS_%u = %lld };", i, (long long)s->rows, i,
-                (long long)s->units);
-        if (s->first_row[0] != 0)
-            cg_line(t, "enum { FIRST_ROW_%u = %lld }; /* its rows of the concatenated weight start here */", i,
-                    (long long)s->first_row[0]);
-        if (s->first_row[1] != 0)
-            cg_line(t, "enum { UP_FIRST_ROW_%u = %lld }; /* and its up rows here */", i, (long long)s->first_row[1]);
-        if (s->cache_role)
-            cg_line(t, "enum { MAX_SEQ_%u = %lld }; /* positions of the KV cache */", i,
-                    (long long)s->max_seq);
-        if (s->kind == GEMV_ROPE) {
-            cg_line(t, "enum { HEADS_%u = %lld, HEAD_DIM_%u = %lld, HALF_%u = %lld, PASSED_%u = %lld };", i,
-                    (long long)s->heads, i, (long long)s->head_dim, i, (long long)s->half, i,
-                    (long long)s->passed);
-            char theta_text[48];
-            cg_line(t,
-                    "/* inv_freq of rope_type %s (theta = %s, over %lld dims), in float32 as Hugging Face "
-                    "computes it (ir/rope.c). */",
-                    ir_rope_scaling_name(ir_rope_params_of(e->m, s->rope_op, s->head_dim).scaling),
-                    ir_format_float(s->theta, theta_text, sizeof theta_text), (long long)(2 * s->half));
-            cg_line(t, "static __device__ const float INVERSE_FREQUENCY_%u[HALF_%u] = {", i, i);
-            for (int64_t j = 0; j < s->half; j++)
-                cg_line(t, "%s%s", cg_float_literal(e, s->rope.inv_freq[j]), j + 1 < s->half ? "," : "");
-            cg_line(t, "};");
-            if (s->rope.attention_factor != 1.0f)
-                cg_line(t, "#define ATTENTION_FACTOR_%u %s /* cos and sin are scaled by it */", i,
-                        cg_float_literal(e, s->rope.attention_factor));
-        }
-    }
-    cg_text_printf(t, "enum { START_0 = 0"); /* the first unit of each output */
-    for (uint32_t i = 1; i <= p.segment_count; i++)
-        cg_text_printf(t, ", START_%u = START_%u + UNITS_%u", i, i - 1, i - 1);
-    cg_text_printf(t, " };\n");
+    write_segment_constants(&b, &p);
     if (p.norm) cg_line(t, "#define EPS %s", cg_float_literal(e, p.eps));
     if (p.norm && p.norm_offset != 0.0)
         cg_line(t, "#define NORM_OFFSET %s /* the norm's weights are NORM_OFFSET + w (Gemma) */",
@@ -775,7 +803,7 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
             cg_line(t, "} else {");
         cg_line(t, "/* output %u: %s */", i, segment_tag(e, &p.segments[i]));
         cg_line(t, "unit = global_unit - START_%u;", i);
-        write_select(&b, &p.segments[i], i);
+        write_select(&b, &p.segments[i], i, false);
     }
     cg_line(t, "}");
     cg_line(t, "float sums[TOKEN_TILE][2], squares[TOKEN_TILE];");
@@ -805,5 +833,116 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     b.k->flops = (prog_poly){.per_token = 2.0 * rows * (double)p.k};
     e->out->kind = CG_LOWER_KERNELS;
     e->out->fused_max_tokens = IR_GEMV_MAX_TOKENS;
+    return true;
+}
+
+/* ---- the GEMM epilogue ------------------------------------------------------------------ */
+
+/* Above the GEMV's token counts, a group over a weight concatenated at
+ * compile time runs its matmul as one GEMM (cuBLASLt; OpenBLAS on the host),
+ * the concatenated bias in the GEMM's epilogue, and then this one kernel
+ * over the GEMM's output product [T, N]: each output's epilogue as the GEMV
+ * has it (a part of the split copied out, rotated, SwiGLU, a residual
+ * added), one thread per unit, TOKENS_PER_BLOCK tokens per block row. The KV
+ * caches are attention's to write in these steps (cache_written_upto). */
+enum { EPILOGUE_THREADS = 256, EPILOGUE_TOKENS_PER_BLOCK = 16 };
+
+static bool emit_gemm_epilogue(cg_emit *e, const cg_group *g, gemv_plan *p) {
+    const ir_module *m = e->m;
+    uint32_t matmul = cg_group_concat_matmul(m, g);
+    if (matmul == IR_NONE) return refuse(e, "no matmul over a concatenated weight for a GEMM epilogue");
+    ir_value_id product = m->ops[matmul].results[0];
+    int64_t n = m->values[product].type.dims[1].size, units = 0;
+    p->norm = false; /* the norm ran before the GEMM, the bias in it */
+    for (uint32_t i = 0; i < p->segment_count; i++) {
+        gemv_segment *s = &p->segments[i];
+        if (s->weight[0] != m->ops[matmul].operands[1]) return refuse(e, "outputs of more than one matmul");
+        s->bias[0] = s->bias[1] = IR_NO_VALUE;
+        s->cache_role = 0;
+        s->attention = IR_NONE;
+        units += s->units;
+    }
+    cg_text name;
+    cg_text_init(&name);
+    ir_value_id typed[2] = {product, p->segments[0].out};
+    cg_text_printf(&name, "gemm_epilogue_%s_n%lld", cg_dtype_tag(e, typed, 2), (long long)n);
+    for (uint32_t i = 0; i < p->segment_count; i++) {
+        cg_text_printf(&name, "_%s", segment_tag(e, &p->segments[i]));
+        if (cg_storage_dtype(m, p->segments[i].out) != cg_storage_dtype(m, p->segments[0].out))
+            cg_text_printf(&name, "%s", cg_dtype_name(cg_storage_dtype(m, p->segments[i].out)));
+    }
+    const char *kernel_name = arena_strdup(&e->scratch, name.data);
+    cg_text_free(&name);
+
+    cg_kernel_builder b;
+    cg_kernel_begin(&b, e, kernel_name,
+                    "The epilogue of a GEMM over concatenated weights: one thread per unit (an output column, "
+                    "or the two columns of a rotary pair or of SwiGLU's gate and up) of each output, "
+                    "TOKENS_PER_BLOCK tokens per block row");
+    b.k->family = "gemv";
+    uint32_t c = cg_param_value(&b, "product", product, true);
+    uint32_t pos = p->pos != IR_NO_VALUE ? cg_param_value(&b, "pos", p->pos, true) : UINT32_MAX;
+    for (uint32_t i = 0; i < p->segment_count; i++) {
+        gemv_segment *s = &p->segments[i];
+        if (s->residual != IR_NO_VALUE)
+            s->p_residual = param_once(&b, arena_printf(&e->scratch, "residual%u", i), s->residual, true);
+        s->p_out = cg_param_value(&b, arena_printf(&e->scratch, "out%u", i), s->out, false);
+    }
+    cg_param_tokens(&b);
+    cg_kernel_launch(&b, (prog_affine){0, units, EPILOGUE_THREADS},
+                     (prog_affine){1, EPILOGUE_TOKENS_PER_BLOCK - 1, EPILOGUE_TOKENS_PER_BLOCK},
+                     EPILOGUE_THREADS);
+    cg_kernel_open(&b);
+    cg_text *t = &b.text;
+    cg_line(t, "enum { N = %lld, UNITS = %lld, TOKENS_PER_BLOCK = %d }; /* product is [tokens, N] */",
+            (long long)n, (long long)units, EPILOGUE_TOKENS_PER_BLOCK);
+    write_segment_constants(&b, p);
+    cg_blank(t);
+    cg_kernel_signature(&b);
+    bool rope = false;
+    for (uint32_t i = 0; i < p->segment_count; i++)
+        rope |= p->segments[i].kind == GEMV_ROPE;
+    cg_line(t, "long long global_unit = (long long)blockIdx.x * blockDim.x + threadIdx.x;");
+    cg_line(t, "if (global_unit >= UNITS)");
+    cg_line(t, "    return;");
+    cg_line(t, "/* The unit's columns of product: ca (and cb, when rows == 2). */");
+    cg_line(t, "long long unit = 0, row0 = 0, ca = 0, cb = 0%s;", rope ? ", row1 = 0, pair = 0" : "");
+    cg_line(t, "int rows = 1;");
+    for (uint32_t i = 0; i < p->segment_count; i++) {
+        if (p->segment_count == 1)
+            cg_line(t, "{");
+        else if (i == 0)
+            cg_line(t, "if (global_unit < START_1) {");
+        else if (i + 1 < p->segment_count)
+            cg_line(t, "} else if (global_unit < START_%u) {", i + 1);
+        else
+            cg_line(t, "} else {");
+        cg_line(t, "/* output %u: %s */", i, segment_tag(e, &p->segments[i]));
+        cg_line(t, "unit = global_unit - START_%u;", i);
+        write_select(&b, &p->segments[i], i, true);
+    }
+    cg_line(t, "}");
+    cg_line(t, "long long first = (long long)blockIdx.y * TOKENS_PER_BLOCK;");
+    cg_line(t, "for (long long t0 = first; t0 < first + TOKENS_PER_BLOCK && t0 < tokens; t0++) {");
+    cg_line(t, "const int i = 0; /* the GEMV's epilogue on a tile of one token */");
+    cg_line(t, "float sums[1][2];");
+    cg_line(t, "sums[i][0] = %s;", cg_load(&b, c, "t0 * N + ca"));
+    cg_line(t, "sums[i][1] = rows == 2 ? %s : 0.0f;", cg_load(&b, c, "t0 * N + cb"));
+    for (uint32_t i = 0; i < p->segment_count; i++) {
+        if (p->segment_count == 1)
+            cg_line(t, "{");
+        else if (i == 0)
+            cg_line(t, "if (global_unit < START_1) {");
+        else if (i + 1 < p->segment_count)
+            cg_line(t, "} else if (global_unit < START_%u) {", i + 1);
+        else
+            cg_line(t, "} else {");
+        cg_line(t, "/* output %u */", i);
+        write_epilogue(&b, p, &p->segments[i], i, pos);
+    }
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_kernel_end(&b);
+    e->out->kind = CG_LOWER_KERNELS;
     return true;
 }

@@ -60,6 +60,7 @@ typedef struct cg_emit {
     int32_t token_symbol;
     cg_group_lowering *out;
     const cg_group *group; /* the group being emitted (its comment lists every op) */
+    bool gemm_epilogue;    /* emit the GEMM epilogue of a GEMV group (cg_emit_gemm_epilogue) */
 } cg_emit;
 
 /* The family emitters. Each fills e->out (kind, kernels, states) or reports

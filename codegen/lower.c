@@ -150,13 +150,23 @@ static uint32_t add_kernel(lowering_state *s, const cg_kernel *k) {
 
 /* A fused group's ops, each as it runs alone: what a step of more tokens than
  * the fused kernel is made for runs (the buffers of the group's inner values
- * are planned, plan-memory). */
+ * are planned, plan-memory). A group over a concatenated weight runs the ops
+ * up to its matmul so, the matmul as one GEMM, and the ops after it as one
+ * kernel over the GEMM's output (cg_emit_gemm_epilogue), the lowering of the
+ * op after the matmul; the rest lower to nothing. */
 static bool emit_unfused(lowering_state *s, uint32_t g) {
     const cg_group *group = &s->groups[g];
     s->unfused[g] = arena_array(&s->out->arena, group->op_count, sizeof *s->unfused[g]);
+    memset(s->unfused[g], 0, group->op_count * sizeof *s->unfused[g]);
+    uint32_t concat = cg_group_concat_matmul(s->m, group), epilogue = UINT32_MAX;
     bool ok = true;
     for (uint32_t i = 0; i < group->op_count && ok; i++) {
+        if (epilogue != UINT32_MAX) continue; /* in the epilogue kernel */
         ok = cg_emit_op(s->m, group->ops[i], &s->out->arena, &s->unfused[g][i], s->d);
+        if (ok && group->ops[i] == concat && i + 1 < group->op_count) {
+            epilogue = i + 1;
+            ok = cg_emit_gemm_epilogue(s->m, group, &s->out->arena, &s->unfused[g][epilogue], s->d);
+        }
         if (ok && s->unfused[g][i].state_count > 0)
             SMELT_DIE("op %u of fused group %u keeps state", group->ops[i], group->id);
     }
