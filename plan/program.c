@@ -21,7 +21,8 @@
  *                                         affine extent, u8 writes;
  *                                         INT: i64 value; TOKENS: nothing}
  *     GEMM:   affine m, i64 n, i64 k, u8 dtype_a, dtype_b, dtype_c,
- *             dtype_bias, u8 b_transposed, u8 has_bias, ref a, b, c, bias;
+ *             dtype_bias, u8 b_transposed, u8 has_bias, ref a, b, c, bias,
+ *             u8 has_residual, ref residual;
  *     then the cost: 3 x poly (read, written, flops), u8 tensor_cores}
  *   a poly: 5 x f64 {constant, per_token, per_context, per_token_context,
  *           per_token_squared}, each as the u64 of its IEEE-754 bits
@@ -38,7 +39,8 @@
  * instruction (0 <= min_tokens <= max_tokens <= max_tokens of the program,
  * or max_tokens 0: no upper bound); version 8 the parts of a concatenated
  * weight (0, or 2 to PROG_MAX_WEIGHT_PARTS parts of a weight that is not
- * stacked, each of >= 1 rows, the rows summing to dim 0).
+ * stacked, each of >= 1 rows, the rows summing to dim 0) and a GEMM's
+ * residual (M x N of C's dtype, not overlapping C).
  *
  * What decoding checks (the executor relies on every item):
  *   - counts against the bytes left (no allocation a short section cannot
@@ -190,6 +192,8 @@ static void put_gemm(byte_writer *w, const prog_gemm *g) {
     put_ref(w, g->b);
     put_ref(w, g->c);
     put_ref(w, g->bias);
+    put_u8(w, g->has_residual);
+    put_ref(w, g->residual);
 }
 
 static void put_f64(byte_writer *w, double v) {
@@ -731,23 +735,32 @@ static bool check_gemm(decoder *d, uint32_t i, const prog_gemm *g) {
                         "abcd"[k], dtypes[k]);
     if (g->c.buffer == PROG_BUFFER_WEIGHT) return fail(d, "instruction %u: gemm writes a weight", i);
     uint64_t rows = (uint64_t)m, n = (uint64_t)g->n, k = (uint64_t)g->k;
+    if (g->has_residual && g->residual.buffer == g->c.buffer && g->residual.index == g->c.index) {
+        uint64_t bytes = rows * n * smelt_dtype_element_bytes(g->dtype_c); /* check_operand bounds it below */
+        bool apart = g->residual.offset >= g->c.offset + bytes || g->c.offset >= g->residual.offset + bytes;
+        if (!apart && rows > 0) return fail(d, "instruction %u: gemm residual overlaps its output", i);
+    }
     return check_operand(d, i, "A", g->a, rows, k, g->dtype_a) &&
            check_operand(d, i, "B", g->b, n, k, g->dtype_b) &&
            check_operand(d, i, "C", g->c, rows, n, g->dtype_c) &&
-           (!g->has_bias || check_operand(d, i, "bias", g->bias, 1, n, g->dtype_bias));
+           (!g->has_bias || check_operand(d, i, "bias", g->bias, 1, n, g->dtype_bias)) &&
+           (!g->has_residual || check_operand(d, i, "residual", g->residual, rows, n, g->dtype_c));
 }
 
 static bool decode_gemm(decoder *d, uint32_t i, prog_gemm *g) {
     plan_cursor *c = &d->cursor;
-    uint8_t transposed, has_bias;
+    uint8_t transposed, has_bias, has_residual;
     bool ok = get_affine(d, &g->m) && plan_cursor_i64(c, &g->n) && plan_cursor_i64(c, &g->k) &&
               get_u8(d, &g->dtype_a) && get_u8(d, &g->dtype_b) && get_u8(d, &g->dtype_c) &&
               get_u8(d, &g->dtype_bias) && get_u8(d, &transposed) && get_u8(d, &has_bias) &&
-              get_ref(d, &g->a) && get_ref(d, &g->b) && get_ref(d, &g->c) && get_ref(d, &g->bias);
+              get_ref(d, &g->a) && get_ref(d, &g->b) && get_ref(d, &g->c) && get_ref(d, &g->bias) &&
+              get_u8(d, &has_residual) && get_ref(d, &g->residual);
     if (!ok) return truncated(d, "a gemm");
-    if (transposed > 1 || has_bias > 1) return fail(d, "instruction %u: gemm flags must be 0 or 1", i);
+    if (transposed > 1 || has_bias > 1 || has_residual > 1)
+        return fail(d, "instruction %u: gemm flags must be 0 or 1", i);
     g->b_transposed = transposed;
     g->has_bias = has_bias;
+    g->has_residual = has_residual;
     return check_gemm(d, i, g);
 }
 

@@ -75,7 +75,7 @@ typedef struct prog_arg {
 
 typedef enum prog_op {
     PROG_OP_LAUNCH = 0, /* a kernel of the plan's kernel table */
-    PROG_OP_GEMM = 1,   /* C[M, N] = A[M, K] x B (+ bias[N]); cuBLASLt / OpenBLAS */
+    PROG_OP_GEMM = 1,   /* C[M, N] = A[M, K] x B (+ bias[N]) (+ residual[M, N]); cuBLASLt / OpenBLAS */
 } prog_op;
 
 /* Launch geometry of a kernel: grid and block dims, dynamic shared memory. */
@@ -92,16 +92,19 @@ typedef struct prog_launch {
     prog_arg args[PROG_MAX_ARGS];
 } prog_launch;
 
-/* Row-major C[M, N] = A[M, K] . op(B) (+ bias[N]) with f32 accumulation.
- * B is a weight stored [N, K] (b_transposed: out_in layout, C = A B^T) or
- * [K, N] (in_out, C = A B). M is affine in T. */
+/* Row-major C[M, N] = A[M, K] . op(B) (+ bias[N]) (+ residual[M, N]) with
+ * f32 accumulation. B is a weight stored [N, K] (b_transposed: out_in
+ * layout, C = A B^T) or [K, N] (in_out, C = A B). M is affine in T. The bias
+ * is cuBLASLt's bias epilogue, the residual its C operand with beta = 1
+ * (of C's dtype, in another buffer than C: the output goes to D = C here). */
 typedef struct prog_gemm {
     prog_affine m;
     int64_t n, k;
     uint8_t dtype_a, dtype_b, dtype_c, dtype_bias; /* smelt_dtype */
     bool b_transposed;
     bool has_bias;
-    prog_ref a, b, c, bias;
+    bool has_residual;
+    prog_ref a, b, c, bias, residual;
 } prog_gemm;
 
 /* ---- The cost model ------------------------------------------------------
@@ -281,8 +284,9 @@ bool program_dtype_stored(uint8_t dtype);
  * buffer count nothing. */
 prog_cost program_launch_cost(const program *p, const prog_launch *l);
 
-/* The cost of a GEMM: A, B and the bias read once, C written once, 2 M N K
- * flops (+ M N for the bias), on tensor cores when A and B are bf16. */
+/* The cost of a GEMM: A, B, the bias and the residual read once, C written
+ * once, 2 M N K flops (+ M N for the bias, + M N for the residual), on
+ * tensor cores when A and B are bf16. */
 prog_cost program_gemm_cost(const prog_gemm *g);
 
 /* Does instruction `in` do work in a step of `tokens` tokens? Not when its

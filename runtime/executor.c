@@ -125,6 +125,7 @@ static smelt_status run_gemm(rt_executor *x, uint32_t index, const prog_gemm *g,
         .b = resolve(x, g->b),
         .c = resolve(x, g->c),
         .bias = g->has_bias ? resolve(x, g->bias) : NULL,
+        .residual = g->has_residual ? resolve(x, g->residual) : NULL,
         .b_weight = g->b.buffer == PROG_BUFFER_WEIGHT ? g->b.index : RT_NOT_A_WEIGHT,
         .b_weight_offset = g->b.offset,
     };
