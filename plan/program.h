@@ -285,8 +285,8 @@ bool program_dtype_stored(uint8_t dtype);
 prog_cost program_launch_cost(const program *p, const prog_launch *l);
 
 /* The cost of a GEMM: A, B, the bias and the residual read once, C written
- * once, 2 M N K flops (+ M N for the bias, + M N for the residual), on
- * tensor cores when A and B are bf16. */
+ * once, 2 M N K flops (+ M N for the bias; the residual's adds count none,
+ * as an add kernel's do not), on tensor cores when A and B are bf16. */
 prog_cost program_gemm_cost(const prog_gemm *g);
 
 /* Does instruction `in` do work in a step of `tokens` tokens? Not when its

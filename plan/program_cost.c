@@ -69,7 +69,8 @@ prog_cost program_gemm_cost(const prog_gemm *g) {
     if (g->has_residual) /* M x N of C's dtype */
         cost.read = prog_poly_sum(cost.read, affine_poly(g->m, n * (double)smelt_dtype_element_bytes(g->dtype_c)));
     cost.written = affine_poly(g->m, n * (double)smelt_dtype_element_bytes(g->dtype_c));
-    cost.flops = affine_poly(g->m, 2.0 * n * k + (g->has_bias ? n : 0.0) + (g->has_residual ? n : 0.0));
+    /* The residual's adds count no flops, as an add kernel's do not: its cost is the bytes. */
+    cost.flops = affine_poly(g->m, 2.0 * n * k + (g->has_bias ? n : 0.0));
     cost.tensor_cores = g->dtype_a == SMELT_DTYPE_BF16 && g->dtype_b == SMELT_DTYPE_BF16;
     cost.read = poly_checked(cost.read);
     cost.written = poly_checked(cost.written);

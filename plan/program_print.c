@@ -148,6 +148,10 @@ bool plan_print_program(FILE *out, const plan_file *plan, const uint8_t *data, u
                 fprintf(out, " + ");
                 print_ref(out, g->bias);
             }
+            if (g->has_residual) {
+                fprintf(out, " + residual ");
+                print_ref(out, g->residual);
+            }
             fprintf(out, " -> ");
             print_ref(out, g->c);
         } else {

@@ -306,6 +306,7 @@ typedef struct toy_plan_options {
     bool has_eos; /* the model has an EOS id: eos */
     int32_t eos;
     bool concat_head; /* toy.head.weight as a concatenation of toy.head.top (row 0) and toy.head.rest */
+    bool residual;    /* the f32 head GEMM adds h (WIDTH == VOCAB) as its residual */
 } toy_plan_options;
 
 static void write_toy_plan(const char *path, const toy_plan_options *o) {
@@ -319,6 +320,10 @@ static void write_toy_plan(const char *path, const toy_plan_options *o) {
         t.p.eos[0] = o->eos;
     }
     static prog_weight_part head_parts[2] = {{"toy.head.top", 1}, {"toy.head.rest", VOCAB - 1}};
+    if (o->residual) {
+        t.instrs[1].as.gemm.has_residual = true;
+        t.instrs[1].as.gemm.residual = arena_at(AT_H);
+    }
     if (o->concat_head) {
         t.weights[1].name = "toy.head.top + toy.head.rest";
         t.weights[1].part_count = 2;
@@ -555,6 +560,15 @@ static void test_program_decode_refuses_lies(void **state) {
     t.weights[1].part_count = 1;
     t.weights[1].parts = parts;
     expect_refused(&t, "has 1 parts");
+
+    toy_program_make(&t, false, true, 0); /* a GEMM's residual is not its output */
+    t.instrs[1].as.gemm.has_residual = true;
+    t.instrs[1].as.gemm.residual = t.instrs[1].as.gemm.c;
+    expect_refused(&t, "gemm residual overlaps its output");
+    toy_program_make(&t, false, true, 0); /* and lies inside its buffer */
+    t.instrs[1].as.gemm.has_residual = true;
+    t.instrs[1].as.gemm.residual = arena_at(ARENA_BYTES);
+    expect_refused(&t, "gemm operand residual");
 
     toy_program_make(&t, false, true, 0); /* EOS ids index the vocabulary, each once */
     t.p.eos_count = 1;
@@ -1195,6 +1209,23 @@ static void test_bind_and_generate(void **state) {
     smelt_engine_destroy(engine);
 }
 
+/* A GEMM's residual (cuBLASLt's C with beta = 1) is added to the product and
+ * the bias on the host as well: id 1 gives h = (0.5, 1, 3, 0.25),
+ * h W^T + bias = (0.5, 5, -1.25, 12.375), + h = (1, 6, 1.75, 12.625). */
+static void test_gemm_residual(void **state) {
+    (void)state;
+    toy_plan_options o = {.host_kernels = true, .weights_in_plan = true, .residual = true};
+    smelt_plan *plan = open_toy_plan("residual.plan", &o);
+    smelt_engine *engine = host_engine(plan);
+    smelt_plan_close(plan);
+    const int32_t id = 1, at = 0;
+    float row[VOCAB];
+    assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, row, VOCAB), SMELT_OK);
+    const float expected[VOCAB] = {1.0f, 6.0f, 1.75f, 12.625f};
+    assert_memory_equal(row, expected, sizeof expected);
+    smelt_engine_destroy(engine);
+}
+
 /* A concatenated weight (passes/fuse.c: Q, K and V as one) binds by its
  * parts' names, each into its rows: the successor model's head bound as
  * row 0 and rows 1..3 generates what it does bound whole. */
@@ -1809,6 +1840,7 @@ int main(void) {
         cmocka_unit_test(test_bind_and_generate),
         cmocka_unit_test(test_bind_stacked),
         cmocka_unit_test(test_bind_concatenated),
+        cmocka_unit_test(test_gemm_residual),
         cmocka_unit_test(test_plan_has_weight),
         cmocka_unit_test(test_cuda_driver_overrides),
         cmocka_unit_test(test_cuda_without_driver),
