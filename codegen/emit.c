@@ -909,13 +909,20 @@ static bool group_is_add_norm(const ir_module *m, const cg_group *g) {
            (last == IR_OP_RMS_NORM || last == IR_OP_LAYER_NORM);
 }
 
+/* Elementwise ops only (cg_emit_elementwise_chain). */
+static bool group_is_elementwise_chain(const ir_module *m, const cg_group *g) {
+    for (uint32_t i = 0; i < g->op_count; i++)
+        if (!(ir_op_info_of(m->ops[g->ops[i]].kind)->flags & IR_OPF_ELEMENTWISE)) return false;
+    return g->op_count > 1;
+}
+
 bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_lowering *out, diag_engine *d) {
     memset(out, 0, sizeof *out);
     if (g->op_count == 0) SMELT_DIE("cg_emit_group: group %u has no ops", g->id);
     uint32_t op = g->ops[0];
     if (op >= m->op_count || m->ops[op].dead) SMELT_DIE("cg_emit_group: op %u is not a live op", op);
     bool fused = g->op_count > 1;
-    if (fused && !group_is_gemv(m, g) && !group_is_add_norm(m, g)) {
+    if (fused && !group_is_gemv(m, g) && !group_is_add_norm(m, g) && !group_is_elementwise_chain(m, g)) {
         diag_error(d, m->ops[op].loc,
                    "codegen has no emitter for a kernel group of %u ops (group %u starts with '%s'): "
                    "the fusion rule that made it needs one",
@@ -963,6 +970,7 @@ static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule 
                         cg_group_lowering *out, diag_engine *d, bool gemm_epilogue) {
     uint32_t op = g->ops[0];
     bool fused = g->op_count > 1, add_norm = fused && group_is_add_norm(m, g);
+    bool chain = fused && !add_norm && group_is_elementwise_chain(m, g);
     cg_emit e = {.m = m,
                  .op = op,
                  .ir = &m->ops[op],
@@ -994,6 +1002,7 @@ static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule 
     e.ir = &m->ops[op];
     if (ok && rule->kind == CG_LOWER_KERNELS)
         ok = (add_norm ? cg_emit_add_norm(&e, g)
+              : chain  ? cg_emit_elementwise_chain(&e, g)
               : fused  ? cg_emit_gemv_group(&e, g)
                        : rule->emit(&e)) &&
              check_grids(&e);

@@ -494,6 +494,45 @@ static void fuse_residual_norm(fuse_state *s) {
     }
 }
 
+/* Is op i elementwise (add, mul, the activations: ops.def's flag), in a
+ * group of elementwise ops only (alone, or a chain this rule made)? */
+static bool in_elementwise_group(const fuse_state *s, uint32_t i) {
+    const ir_module *m = s->m;
+    uint32_t g = s->leader[i];
+    if (m->ops[i].dead || g == IR_NONE) return false;
+    for (uint32_t j = g; j < m->op_count; j++)
+        if (s->leader[j] == g && !(ir_op_info_of(m->ops[j].kind)->flags & IR_OPF_ELEMENTWISE)) return false;
+    return true;
+}
+
+/* An elementwise op whose result has one reader, an elementwise op whose
+ * result has the same dtype, joins that reader's group, when both groups
+ * hold elementwise ops only: Gemma 2's gelu(gate) * up and the mul and tanh
+ * of its softcap, Qwen2-MoE's sigmoid gate and its mul. The chain is one
+ * kernel over the elements of its last result, the inner values in
+ * registers (codegen/emit_elementwise.c); a result that broadcasts into its
+ * reader's (Qwen2-MoE's [T, 1] gate into [T, D]) is computed at each element
+ * it reaches. Not merged: a result read twice or by an op of another kind
+ * (a view that reshapes it, a norm), or by an op whose result has another
+ * dtype (the bf16 softcap's last mul into f32 logits: the rounding to bf16
+ * in between is the plan's). At most CHAIN_MAX_OPS ops (the emitter's
+ * bound). */
+enum { CHAIN_MAX_OPS = 16 };
+
+static void fuse_elementwise_chains(fuse_state *s) {
+    const ir_module *m = s->m;
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        if (!in_elementwise_group(s, i) || m->ops[i].result_count != 1) continue;
+        ir_value_id v = m->ops[i].results[0];
+        uint32_t c = only_reader(s, v);
+        if (c == IR_NONE || !in_elementwise_group(s, c) || s->leader[c] == s->leader[i] ||
+            type_of(s, m->ops[c].results[0])->dtype != type_of(s, v)->dtype || !is_float(type_of(s, v)) ||
+            group_size(s, i) + group_size(s, c) > CHAIN_MAX_OPS)
+            continue;
+        merge_groups(s, s->leader[i], s->leader[c]);
+    }
+}
+
 static void fuse_kv_cache_write(fuse_state *s) {
     ir_module *m = s->m;
     for (uint32_t i = 0; i < m->op_count; i++) {
@@ -521,6 +560,7 @@ static void apply_rules(fuse_state *s) {
     fuse_epilogues(s);
     fuse_kv_cache_write(s);
     fuse_residual_norm(s);
+    fuse_elementwise_chains(s);
 }
 
 static void free_state(fuse_state *s) {
