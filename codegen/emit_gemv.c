@@ -295,7 +295,7 @@ static bool find_caches(cg_emit *e, gemv_plan *p) {
                 found++;
             }
         if (found == 0) continue;
-        if (found != 2 || upto->as.i != IR_GEMV_MAX_TOKENS)
+        if (found != 2 || upto->as.i < IR_GEMV_MAX_TOKENS)
             return refuse(e, "an attention whose cache it writes only in part");
         if (p->pos != IR_NO_VALUE && p->pos != op->operands[3]) return refuse(e, "two position inputs");
         p->pos = op->operands[3];
@@ -630,6 +630,21 @@ static int block_warps(int64_t units) {
     return 8;
 }
 
+/* The K (and its written flags) or V cache output i stores into, when it does. */
+static void write_cache_params(cg_kernel_builder *b, gemv_segment *s, uint32_t i) {
+    cg_emit *e = b->e;
+    smelt_dtype stored = cg_storage_dtype(e->m, s->out);
+    if (s->cache_role == 1) {
+        s->p_cache = cg_param_op_state(b, arena_printf(&e->scratch, "k_cache%u", i), s->attention, CG_STATE_KEYS,
+                                       stored);
+        s->p_written = cg_param_op_state(b, arena_printf(&e->scratch, "written%u", i), s->attention,
+                                         CG_STATE_WRITTEN, SMELT_DTYPE_I32);
+    } else if (s->cache_role == 2) {
+        s->p_cache = cg_param_op_state(b, arena_printf(&e->scratch, "v_cache%u", i), s->attention,
+                                       CG_STATE_VALUES, stored);
+    }
+}
+
 static uint32_t param_once(cg_kernel_builder *b, const char *name, ir_value_id v, bool is_const) {
     for (uint32_t i = 0; i < b->k->param_count; i++)
         if (b->k->params[i].kind == CG_PARAM_VALUE && b->k->params[i].value == v) return i;
@@ -743,15 +758,7 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
         if (s->residual != IR_NO_VALUE)
             s->p_residual = param_once(&b, arena_printf(&e->scratch, "residual%u", i), s->residual, true);
         s->p_out = cg_param_value(&b, arena_printf(&e->scratch, "out%u", i), s->out, false);
-        if (s->cache_role == 1) {
-            s->p_cache = cg_param_op_state(&b, arena_printf(&e->scratch, "k_cache%u", i), s->attention,
-                                           CG_STATE_KEYS, cg_storage_dtype(m, s->out));
-            s->p_written = cg_param_op_state(&b, arena_printf(&e->scratch, "written%u", i), s->attention,
-                                             CG_STATE_WRITTEN, SMELT_DTYPE_I32);
-        } else if (s->cache_role == 2) {
-            s->p_cache = cg_param_op_state(&b, arena_printf(&e->scratch, "v_cache%u", i), s->attention,
-                                           CG_STATE_VALUES, cg_storage_dtype(m, s->out));
-        }
+        write_cache_params(&b, s, i);
     }
     cg_param_tokens(&b);
     int warps = block_warps(units);
@@ -843,8 +850,9 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
  * the concatenated bias in the GEMM's epilogue, and then this one kernel
  * over the GEMM's output product [T, N]: each output's epilogue as the GEMV
  * has it (a part of the split copied out, rotated, SwiGLU, a residual
- * added), one thread per unit, TOKENS_PER_BLOCK tokens per block row. The KV
- * caches are attention's to write in these steps (cache_written_upto). */
+ * added), one thread per unit, TOKENS_PER_BLOCK tokens per block row, and
+ * the KV cache rows of k and v when attention leaves them to the group in
+ * every step (cache_written_upto at the token bound, passes/fuse.c). */
 enum { EPILOGUE_THREADS = 256, EPILOGUE_TOKENS_PER_BLOCK = 16 };
 
 static bool emit_gemm_epilogue(cg_emit *e, const cg_group *g, gemv_plan *p) {
@@ -858,8 +866,11 @@ static bool emit_gemm_epilogue(cg_emit *e, const cg_group *g, gemv_plan *p) {
         gemv_segment *s = &p->segments[i];
         if (s->weight[0] != m->ops[matmul].operands[1]) return refuse(e, "outputs of more than one matmul");
         s->bias[0] = s->bias[1] = IR_NO_VALUE;
-        s->cache_role = 0;
-        s->attention = IR_NONE;
+        /* The KV cache: this kernel's to write when attention leaves it every step above the GEMV's. */
+        if (s->cache_role && ir_op_int(m, s->attention, "cache_written_upto") < m->planned_tokens) {
+            s->cache_role = 0;
+            s->attention = IR_NONE;
+        }
         units += s->units;
     }
     cg_text name;
@@ -887,6 +898,7 @@ static bool emit_gemm_epilogue(cg_emit *e, const cg_group *g, gemv_plan *p) {
         if (s->residual != IR_NO_VALUE)
             s->p_residual = param_once(&b, arena_printf(&e->scratch, "residual%u", i), s->residual, true);
         s->p_out = cg_param_value(&b, arena_printf(&e->scratch, "out%u", i), s->out, false);
+        write_cache_params(&b, s, i);
     }
     cg_param_tokens(&b);
     cg_kernel_launch(&b, (prog_affine){0, units, EPILOGUE_THREADS},

@@ -29,7 +29,10 @@
  *     fused GEMV group (k through rope or plain, v plain) gets
  *     cache_written_upto = IR_GEMV_MAX_TOKENS: that kernel writes the K/V
  *     cache in its epilogue in the steps it runs, so the attention group
- *     only reads the cache there (it writes it itself in larger steps).
+ *     only reads the cache there (it writes it itself in larger steps) —
+ *     or the token dim's bound, when k and v are parts of a matmul over
+ *     concatenated weights: its GEMM's epilogue kernel writes the cache in
+ *     the larger steps, so attention never does;
  *   and, where no GEMV group took the norm (GPT-2's in_out matmuls; a norm
  *   read by other ops),
  *   - fuse_residual_norm: add(a, b) and the rms_norm or layer_norm of its
@@ -533,6 +536,19 @@ static void fuse_elementwise_chains(fuse_state *s) {
     }
 }
 
+/* Is v (or the value a rope of the group makes it from) a part of the split
+ * of a matmul over a concatenated weight? Such a group runs, in steps above
+ * the GEMV's, one GEMM and one epilogue kernel (codegen/emit_gemv.c), which
+ * writes the KV cache too. */
+static bool from_concatenated_matmul(const fuse_state *s, ir_value_id v) {
+    const ir_module *m = s->m;
+    const ir_op *def = def_of(s, v);
+    if (def->kind == IR_OP_ROPE) def = def_of(s, s->root[def->operands[0]]);
+    if (def->kind != IR_OP_SPLIT) return false;
+    const ir_op *matmul = def_of(s, def->operands[0]);
+    return matmul->kind == IR_OP_MATMUL && ir_op_is_weight_concat(m, m->values[matmul->operands[1]].def_op);
+}
+
 static void fuse_kv_cache_write(fuse_state *s) {
     ir_module *m = s->m;
     for (uint32_t i = 0; i < m->op_count; i++) {
@@ -540,9 +556,13 @@ static void fuse_kv_cache_write(fuse_state *s) {
         if (op->dead || op->kind != IR_OP_ATTENTION) continue;
         ir_value_id k = s->root[op->operands[1]], v = s->root[op->operands[2]];
         uint32_t g = gemv_output_group(s, k, true);
-        if (g != IR_NONE && gemv_output_group(s, v, false) == g && is_float(type_of(s, k)) &&
-            is_float(type_of(s, v)))
-            ir_op_set_int(m, i, "cache_written_upto", IR_GEMV_MAX_TOKENS);
+        if (g == IR_NONE || gemv_output_group(s, v, false) != g || !is_float(type_of(s, k)) ||
+            !is_float(type_of(s, v)))
+            continue;
+        /* The GEMV writes the cache in its steps; a concatenated group's epilogue kernel in every larger one. */
+        bool every_step = from_concatenated_matmul(s, k) && from_concatenated_matmul(s, v) && s->token_symbol >= 0;
+        ir_op_set_int(m, i, "cache_written_upto",
+                      every_step ? m->symbols[s->token_symbol].bound : IR_GEMV_MAX_TOKENS);
     }
 }
 
