@@ -230,7 +230,8 @@ static activation activation_of(cg_emit *e, uint32_t op) {
 
 /* The constants an activation's formula names. */
 static void write_activation_constants(cg_text *t, const char *kind) {
-    if (strcmp(kind, "gelu_tanh") == 0) cg_line(t, "#define SQRT_2_OVER_PI 0.797884560802865f /* sqrt(2 / pi) */");
+    if (strcmp(kind, "gelu_tanh") == 0)
+        cg_line(t, "#define SQRT_2_OVER_PI 0.797884560802865f /* sqrt(2 / pi) */");
     if (strcmp(kind, "gelu_erf") == 0) cg_line(t, "#define SQRT_HALF 0.707106781186548f /* 1 / sqrt(2) */");
 }
 
@@ -267,7 +268,8 @@ bool cg_emit_activation(cg_emit *e) {
     return true;
 }
 
-/* ---- chains (passes/fuse.c, fuse_elementwise_chains) ------------------------------------------------------ */
+/* ---- chains (passes/fuse.c, fuse_elementwise_chains) ------------------------------------------------------
+ */
 
 /* A group of elementwise ops, each but the last read only by a later one of
  * the group, every result of the last one's type: one thread per element
@@ -276,15 +278,15 @@ bool cg_emit_activation(cg_emit *e) {
  * add/mul read theirs (broadcast, constants baked in), and stores what is
  * read outside (only the last result: fuse merges values with one reader).
  * An inner result that broadcasts into the last (a [T, 1] gate) is computed
- * at every element it reaches, from its operands' broadcast elements. One launch, each outside operand read once, one result
- * written, instead of a launch and a round trip through memory per op. */
+ * at every element it reaches, from its operands' broadcast elements. One launch, each outside operand read
+ * once, one result written, instead of a launch and a round trip through memory per op. */
 enum { CHAIN_MAX_OPS = 16, CHAIN_MAX_OPERANDS = 2 * CHAIN_MAX_OPS };
 
 bool cg_emit_elementwise_chain(cg_emit *e, const cg_group *g) {
     const ir_module *m = e->m;
     if (g->op_count > CHAIN_MAX_OPS) {
-        diag_error(e->d, e->ir->loc, "codegen cannot emit an elementwise chain of %u ops (at most %d)", g->op_count,
-                   CHAIN_MAX_OPS);
+        diag_error(e->d, e->ir->loc, "codegen cannot emit an elementwise chain of %u ops (at most %d)",
+                   g->op_count, CHAIN_MAX_OPS);
         return false;
     }
     ir_value_id last = m->ops[g->ops[g->op_count - 1]].results[0];
@@ -295,7 +297,8 @@ bool cg_emit_elementwise_chain(cg_emit *e, const cg_group *g) {
         const ir_op *op = &m->ops[g->ops[i]];
         cg_shape shape = cg_shape_of(e, op->results[0]);
         if (!require_float(e, op->results[0], "result", 0) ||
-            !cg_expect(e, broadcasts_to(&shape, &out), "every result of an elementwise chain to broadcast to its last"))
+            !cg_expect(e, broadcasts_to(&shape, &out),
+                       "every result of an elementwise chain to broadcast to its last"))
             return false;
         for (uint32_t j = 0; j < op->operand_count; j++) {
             ir_value_id v = op->operands[j];
@@ -307,8 +310,8 @@ bool cg_emit_elementwise_chain(cg_emit *e, const cg_group *g) {
             if (inner || seen) continue;
             if (!require_float(e, v, "operand", j)) return false;
             operands[operand_count] = (broadcast_operand){.value = v};
-            if (!cg_expect(e, classify(e, &operands[operand_count], &out), "operand %u to broadcast to the result",
-                           j))
+            if (!cg_expect(e, classify(e, &operands[operand_count], &out),
+                           "operand %u to broadcast to the result", j))
                 return false;
             operand_count++;
         }
@@ -323,22 +326,25 @@ bool cg_emit_elementwise_chain(cg_emit *e, const cg_group *g) {
     cg_text_printf(&name, "chain_%s", cg_dtype_tag(e, stored, stored_count));
     for (uint32_t i = 0; i < g->op_count; i++) {
         ir_op_kind k = m->ops[g->ops[i]].kind;
-        cg_text_printf(&name, "_%s", k == IR_OP_ADD   ? "add"
-                                     : k == IR_OP_MUL ? "mul"
-                                                      : activation_of(e, g->ops[i]).kind);
+        cg_text_printf(&name, "_%s",
+                       k == IR_OP_ADD   ? "add"
+                       : k == IR_OP_MUL ? "mul"
+                                        : activation_of(e, g->ops[i]).kind);
     }
     cg_text_printf(&name, "_%s", cg_shape_tag(e, &out));
     const char *kernel_name = arena_strdup(&e->scratch, name.data);
     cg_text_free(&name);
 
     cg_kernel_builder b;
-    cg_kernel_begin(&b, e, kernel_name,
-                    "One thread per element: the chain of elementwise ops in registers, operands from outside "
-                    "broadcast as numpy does, constants baked in, what is read outside stored.");
+    cg_kernel_begin(
+        &b, e, kernel_name,
+        "One thread per element: the chain of elementwise ops in registers, operands from outside "
+        "broadcast as numpy does, constants baked in, what is read outside stored.");
     b.k->family = "elementwise";
     for (uint32_t k = 0; k < operand_count; k++)
         if (operands[k].access != ACCESS_CONST)
-            operands[k].param = cg_param_value(&b, arena_printf(&e->scratch, "in%u", k), operands[k].value, true);
+            operands[k].param =
+                cg_param_value(&b, arena_printf(&e->scratch, "in%u", k), operands[k].value, true);
     uint32_t out_params[CHAIN_MAX_OPS];
     for (uint32_t i = 0; i < g->op_count; i++) {
         ir_value_id r = m->ops[g->ops[i]].results[0];
@@ -346,9 +352,11 @@ bool cg_emit_elementwise_chain(cg_emit *e, const cg_group *g) {
         for (uint32_t k = 0; k < g->output_count && !outside; k++)
             outside = g->outputs[k] == r;
         cg_shape shape = cg_shape_of(e, r);
-        if (outside && !cg_expect(e, cg_same_shape(&shape, &out), "a chain's stored results to have its last's shape"))
+        if (outside &&
+            !cg_expect(e, cg_same_shape(&shape, &out), "a chain's stored results to have its last's shape"))
             return false;
-        out_params[i] = outside ? cg_param_value(&b, arena_printf(&e->scratch, "out%u", i), r, false) : UINT32_MAX;
+        out_params[i] =
+            outside ? cg_param_value(&b, arena_printf(&e->scratch, "out%u", i), r, false) : UINT32_MAX;
     }
     cg_count elements = cg_shape_count(&out, 0, out.rank);
     if (elements.per_token) cg_param_tokens(&b);
@@ -359,7 +367,8 @@ bool cg_emit_elementwise_chain(cg_emit *e, const cg_group *g) {
     bool defined_tanh = false, defined_erf = false;
     for (uint32_t i = 0; i < g->op_count; i++) {
         const char *kind = m->ops[g->ops[i]].kind == IR_OP_GELU ? activation_of(e, g->ops[i]).kind : "";
-        if ((strcmp(kind, "gelu_tanh") == 0 && !defined_tanh) || (strcmp(kind, "gelu_erf") == 0 && !defined_erf))
+        if ((strcmp(kind, "gelu_tanh") == 0 && !defined_tanh) ||
+            (strcmp(kind, "gelu_erf") == 0 && !defined_erf))
             write_activation_constants(&b.text, kind);
         defined_tanh |= strcmp(kind, "gelu_tanh") == 0;
         defined_erf |= strcmp(kind, "gelu_erf") == 0;
@@ -394,8 +403,8 @@ bool cg_emit_elementwise_chain(cg_emit *e, const cg_group *g) {
                                   : cg_load(&b, operands[k].param, operand_index(e, &operands[k], &out));
         }
         if (op->kind == IR_OP_ADD || op->kind == IR_OP_MUL) {
-            cg_line(&b.text, "float v%u = %s %s %s; /* %s */", i, args[0], op->kind == IR_OP_ADD ? "+" : "*", args[1],
-                    op->kind == IR_OP_ADD ? "add" : "mul");
+            cg_line(&b.text, "float v%u = %s %s %s; /* %s */", i, args[0], op->kind == IR_OP_ADD ? "+" : "*",
+                    args[1], op->kind == IR_OP_ADD ? "add" : "mul");
         } else {
             activation act = activation_of(e, g->ops[i]);
             cg_line(&b.text, "float v%u; /* %s */", i, act.kind);

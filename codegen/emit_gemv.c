@@ -321,8 +321,8 @@ static bool read_group(cg_emit *e, const cg_group *g, gemv_plan *p) {
         if (op->kind != IR_OP_MATMUL) continue;
         uint32_t split = group_reader(m, g, op->results[0], false);
         if (split == IR_NONE || m->ops[split].kind != IR_OP_SPLIT) {
-            r.parts[r.part_count++] = (gemv_part){g->ops[i], op->results[0], 0,
-                                                  m->values[op->results[0]].type.dims[1].size, false};
+            r.parts[r.part_count++] =
+                (gemv_part){g->ops[i], op->results[0], 0, m->values[op->results[0]].type.dims[1].size, false};
             continue;
         }
         const ir_op *so = &m->ops[split];
@@ -635,8 +635,8 @@ static void write_cache_params(cg_kernel_builder *b, gemv_segment *s, uint32_t i
     cg_emit *e = b->e;
     smelt_dtype stored = cg_storage_dtype(e->m, s->out);
     if (s->cache_role == 1) {
-        s->p_cache = cg_param_op_state(b, arena_printf(&e->scratch, "k_cache%u", i), s->attention, CG_STATE_KEYS,
-                                       stored);
+        s->p_cache = cg_param_op_state(b, arena_printf(&e->scratch, "k_cache%u", i), s->attention,
+                                       CG_STATE_KEYS, stored);
         s->p_written = cg_param_op_state(b, arena_printf(&e->scratch, "written%u", i), s->attention,
                                          CG_STATE_WRITTEN, SMELT_DTYPE_I32);
     } else if (s->cache_role == 2) {
@@ -674,10 +674,11 @@ static void write_segment_constants(cg_kernel_builder *b, const gemv_plan *p) {
         cg_line(t, "enum { ROWS_%u = %lld, UNITS_%u = %lld };", i, (long long)s->rows, i,
                 (long long)s->units);
         if (s->first_row[0] != 0)
-            cg_line(t, "enum { FIRST_ROW_%u = %lld }; /* its rows of the concatenated weight start here */", i,
-                    (long long)s->first_row[0]);
+            cg_line(t, "enum { FIRST_ROW_%u = %lld }; /* its rows of the concatenated weight start here */",
+                    i, (long long)s->first_row[0]);
         if (s->first_row[1] != 0)
-            cg_line(t, "enum { UP_FIRST_ROW_%u = %lld }; /* and its up rows here */", i, (long long)s->first_row[1]);
+            cg_line(t, "enum { UP_FIRST_ROW_%u = %lld }; /* and its up rows here */", i,
+                    (long long)s->first_row[1]);
         if (s->cache_role)
             cg_line(t, "enum { MAX_SEQ_%u = %lld }; /* positions of the KV cache */", i,
                     (long long)s->max_seq);
@@ -886,10 +887,11 @@ static bool emit_gemm_epilogue(cg_emit *e, const cg_group *g, gemv_plan *p) {
     cg_text_free(&name);
 
     cg_kernel_builder b;
-    cg_kernel_begin(&b, e, kernel_name,
-                    "The epilogue of a GEMM over concatenated weights: one thread per unit (an output column, "
-                    "or the two columns of a rotary pair or of SwiGLU's gate and up) of each output, "
-                    "TOKENS_PER_BLOCK tokens per block row");
+    cg_kernel_begin(
+        &b, e, kernel_name,
+        "The epilogue of a GEMM over concatenated weights: one thread per unit (an output column, "
+        "or the two columns of a rotary pair or of SwiGLU's gate and up) of each output, "
+        "TOKENS_PER_BLOCK tokens per block row");
     b.k->family = "gemv";
     uint32_t c = cg_param_value(&b, "product", product, true);
     uint32_t pos = p->pos != IR_NO_VALUE ? cg_param_value(&b, "pos", p->pos, true) : UINT32_MAX;

@@ -81,9 +81,9 @@ bool cg_emit_split(cg_emit *e);      /* emit_layout.c */
 bool cg_emit_slice(cg_emit *e);      /* emit_layout.c */
 bool cg_emit_argmax(cg_emit *e);     /* emit_argmax.c */
 /* A fused group of several ops; e->op is its first. */
-bool cg_emit_gemv_group(cg_emit *e, const cg_group *g); /* emit_gemv.c */
+bool cg_emit_gemv_group(cg_emit *e, const cg_group *g);        /* emit_gemv.c */
 bool cg_emit_elementwise_chain(cg_emit *e, const cg_group *g); /* emit_elementwise.c */
-bool cg_emit_add_norm(cg_emit *e, const cg_group *g);   /* emit_norm.c: {add, rms_norm | layer_norm} */
+bool cg_emit_add_norm(cg_emit *e, const cg_group *g);          /* emit_norm.c: {add, rms_norm | layer_norm} */
 
 /* emit_argmax.c: the plan's greedy kernel; the op is the logits' output (cg_emit_greedy). */
 bool cg_emit_greedy_argmax(cg_emit *e);

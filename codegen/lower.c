@@ -172,7 +172,8 @@ static bool is_group_output(const cg_group *g, ir_value_id v) {
 
 /* The epilogue the GEMM of the matmul at position i of group g takes; the
  * ops it takes lower to nothing (*taken: how many after i). */
-static gemm_epilogue find_gemm_epilogue(const lowering_state *s, const cg_group *g, uint32_t i, uint32_t *taken) {
+static gemm_epilogue find_gemm_epilogue(const lowering_state *s, const cg_group *g, uint32_t i,
+                                        uint32_t *taken) {
     const ir_module *m = s->m;
     const ir_op *matmul = &m->ops[g->ops[i]];
     gemm_epilogue ep = {IR_NO_VALUE, IR_NO_VALUE, matmul->results[0]};
@@ -180,7 +181,8 @@ static gemm_epilogue find_gemm_epilogue(const lowering_state *s, const cg_group 
     smelt_dtype storage = cg_storage_dtype(m, ep.out);
     for (uint32_t j = i + 1; j < g->op_count && j <= i + 2; j++) {
         const ir_op *add = &m->ops[g->ops[j]];
-        if (add->kind != IR_OP_ADD || is_group_output(g, ep.out) || cg_storage_dtype(m, add->results[0]) != storage ||
+        if (add->kind != IR_OP_ADD || is_group_output(g, ep.out) ||
+            cg_storage_dtype(m, add->results[0]) != storage ||
             !ir_type_equal(&m->values[add->results[0]].type, &m->values[ep.out].type))
             break;
         ir_value_id other = add->operands[0] == ep.out ? add->operands[1] : add->operands[0];
@@ -209,7 +211,7 @@ static bool emit_unfused(lowering_state *s, uint32_t g) {
     bool ok = true;
     for (uint32_t i = 0; i < group->op_count && ok; i++) {
         if (epilogue != UINT32_MAX) continue; /* in the epilogue kernel */
-        if (skip > 0) { /* in the GEMM's epilogue */
+        if (skip > 0) {                       /* in the GEMM's epilogue */
             skip--;
             continue;
         }
@@ -217,7 +219,8 @@ static bool emit_unfused(lowering_state *s, uint32_t g) {
         if (ok && s->unfused[g][i].kind == CG_LOWER_GEMM && group->ops[i] != concat)
             s->epilogues[g][i] = find_gemm_epilogue(s, group, i, &skip);
         else if (ok && s->unfused[g][i].kind == CG_LOWER_GEMM)
-            s->epilogues[g][i] = (gemm_epilogue){IR_NO_VALUE, IR_NO_VALUE, s->m->ops[group->ops[i]].results[0]};
+            s->epilogues[g][i] =
+                (gemm_epilogue){IR_NO_VALUE, IR_NO_VALUE, s->m->ops[group->ops[i]].results[0]};
         if (ok && group->ops[i] == concat && i + 1 < group->op_count) {
             epilogue = i + 1;
             ok = cg_emit_gemm_epilogue(s->m, group, &s->out->arena, &s->unfused[g][epilogue], s->d);
@@ -373,7 +376,8 @@ static void concat_parts(lowering_state *s, uint32_t i, prog_weight *w) {
     const ir_module *m = s->m;
     const ir_op *op = &m->ops[i];
     if (op->operand_count > PROG_MAX_WEIGHT_PARTS)
-        SMELT_DIE("a weight concat of %u parts (fuse makes at most %d)", op->operand_count, PROG_MAX_WEIGHT_PARTS);
+        SMELT_DIE("a weight concat of %u parts (fuse makes at most %d)", op->operand_count,
+                  PROG_MAX_WEIGHT_PARTS);
     w->part_count = op->operand_count;
     w->parts = arena_array(&s->out->arena, op->operand_count, sizeof *w->parts);
     const char *name = "";
@@ -402,7 +406,8 @@ static bool build_weight_table(lowering_state *s) {
         if (op->dead || op->result_count != 1) continue;
         const ir_value *value = &m->values[op->results[0]];
         if (value->buffer.kind != IR_BUFFER_WEIGHT) continue;
-        if (value->buffer.offset >= p->weight_count || (op->kind != IR_OP_WEIGHT && !ir_op_is_weight_concat(m, i)))
+        if (value->buffer.offset >= p->weight_count ||
+            (op->kind != IR_OP_WEIGHT && !ir_op_is_weight_concat(m, i)))
             SMELT_DIE("op %u has a weight buffer but is no weight-table entry", i);
         prog_weight *w = &p->weights[value->buffer.offset];
         if (op->kind == IR_OP_WEIGHT) {

@@ -311,7 +311,8 @@ bool ir_op_launches(const ir_module *m, uint32_t op) {
     const ir_op *o = &m->ops[op];
     if (o->dead || (unsigned)o->kind >= IR_OP_COUNT) return false;
     const ir_op_info *info = ir_op_info_of(o->kind);
-    return strcmp(info->family, "decl") != 0 && !(info->flags & IR_OPF_VIEW) && !ir_op_is_weight_concat(m, op);
+    return strcmp(info->family, "decl") != 0 && !(info->flags & IR_OPF_VIEW) &&
+           !ir_op_is_weight_concat(m, op);
 }
 
 bool *ir_weight_table_ops(const ir_module *m) {

@@ -166,17 +166,19 @@ static bool concat_weight(const fuse_state *c, ir_value_id v, unsigned rank) {
 static bool concat_member_of(const fuse_state *c, uint32_t i, concat_member *out) {
     const ir_module *m = c->m;
     const ir_op *op = &m->ops[i];
-    if (op->dead || op->kind != IR_OP_MATMUL || strcmp(ir_op_string(m, i, "layout"), "out_in") != 0) return false;
+    if (op->dead || op->kind != IR_OP_MATMUL || strcmp(ir_op_string(m, i, "layout"), "out_in") != 0)
+        return false;
     const ir_type *x = concat_type(c, op->operands[0]), *y = concat_type(c, op->results[0]);
     if (x->rank != 2 || y->rank != 2 || c->token_symbol < 0 || x->dims[0].symbol != c->token_symbol ||
-        y->dims[0].symbol != c->token_symbol || ir_dim_is_symbol(x->dims[1]) || !is_float(x) || !is_float(y) ||
-        !concat_weight(c, op->operands[1], 2))
+        y->dims[0].symbol != c->token_symbol || ir_dim_is_symbol(x->dims[1]) || !is_float(x) ||
+        !is_float(y) || !concat_weight(c, op->operands[1], 2))
         return false;
     const ir_type *w = concat_type(c, op->operands[1]);
     if (w->dims[1].size != x->dims[1].size || w->dims[0].size != y->dims[1].size) return false;
     *out = (concat_member){i, IR_NONE, op->operands[1], IR_NO_VALUE, op->results[0]};
     if (op->operand_count == 3) {
-        if (!concat_weight(c, op->operands[2], 1) || concat_type(c, op->operands[2])->dims[0].size != w->dims[0].size)
+        if (!concat_weight(c, op->operands[2], 1) ||
+            concat_type(c, op->operands[2])->dims[0].size != w->dims[0].size)
             return false;
         out->bias = op->operands[2];
         return true;
@@ -247,7 +249,8 @@ static uint32_t concat_members(fuse_state *c, const concat_member *members, uint
     ir_value_id x = first->operands[0], weights[CONCAT_MAX_MEMBERS], biases[CONCAT_MAX_MEMBERS];
     ir_type y = *concat_type(c, members[0].result);
     y.dims[1].size = 0;
-    ir_attr sizes = {.kind = IR_ATTR_INTS, .as.ints = {count, arena_array(&m->arena, count, sizeof(int64_t))}};
+    ir_attr sizes = {.kind = IR_ATTR_INTS,
+                     .as.ints = {count, arena_array(&m->arena, count, sizeof(int64_t))}};
     for (uint32_t k = 0; k < count; k++) {
         weights[k] = members[k].weight;
         biases[k] = members[k].bias;
@@ -258,8 +261,10 @@ static uint32_t concat_members(fuse_state *c, const concat_member *members, uint
     }
     uint32_t inserted = 0;
     ir_value_id operands[3] = {x, insert_weight_concat(c, at + inserted++, weights, count, loc), IR_NO_VALUE};
-    if (members[0].bias != IR_NO_VALUE) operands[2] = insert_weight_concat(c, at + inserted++, biases, count, loc);
-    uint32_t matmul = ir_insert_op(m, at + inserted++, IR_OP_MATMUL, operands, operands[2] != IR_NO_VALUE ? 3 : 2, 1, loc);
+    if (members[0].bias != IR_NO_VALUE)
+        operands[2] = insert_weight_concat(c, at + inserted++, biases, count, loc);
+    uint32_t matmul =
+        ir_insert_op(m, at + inserted++, IR_OP_MATMUL, operands, operands[2] != IR_NO_VALUE ? 3 : 2, 1, loc);
     ir_op_fill_defaults(m, matmul);
     ir_op_set_string(m, matmul, "layout", "out_in");
     ir_value_id joined = m->ops[matmul].results[0];
@@ -309,7 +314,8 @@ static void concat_sibling_weights(fuse_state *c) {
         if (!concat_member_of(c, i, &members[0])) continue;
         uint32_t count = 1;
         for (uint32_t j = i + 1; j < m->op_count && count < CONCAT_MAX_MEMBERS; j++)
-            if (concat_member_of(c, j, &members[count]) && concat_siblings(c, &members[0], &members[count])) count++;
+            if (concat_member_of(c, j, &members[count]) && concat_siblings(c, &members[0], &members[count]))
+                count++;
         if (count < 2) continue;
         uint32_t inserted = concat_members(c, members, count);
         if (inserted == 0) continue;
@@ -374,7 +380,8 @@ static void fuse_epilogue_of(fuse_state *s, uint32_t i) {
     uint32_t g = s->leader[i];
     ir_value_id v = m->ops[i].results[0];
     uint32_t c = only_reader(s, v);
-    if (c != IR_NONE && m->ops[c].kind == IR_OP_SPLIT && (ir_op_int(m, c, "axis") == 1 || ir_op_int(m, c, "axis") == -1) &&
+    if (c != IR_NONE && m->ops[c].kind == IR_OP_SPLIT &&
+        (ir_op_int(m, c, "axis") == 1 || ir_op_int(m, c, "axis") == -1) &&
         type_of(s, v)->rank == 2) { /* axis 1 or -1: along N */
         bool floats = true;
         for (uint32_t r = 0; r < m->ops[c].result_count; r++)
@@ -559,8 +566,10 @@ static void fuse_kv_cache_write(fuse_state *s) {
         if (g == IR_NONE || gemv_output_group(s, v, false) != g || !is_float(type_of(s, k)) ||
             !is_float(type_of(s, v)))
             continue;
-        /* The GEMV writes the cache in its steps; a concatenated group's epilogue kernel in every larger one. */
-        bool every_step = from_concatenated_matmul(s, k) && from_concatenated_matmul(s, v) && s->token_symbol >= 0;
+        /* The GEMV writes the cache in its steps; a concatenated group's epilogue kernel in every larger one.
+         */
+        bool every_step =
+            from_concatenated_matmul(s, k) && from_concatenated_matmul(s, v) && s->token_symbol >= 0;
         ir_op_set_int(m, i, "cache_written_upto",
                       every_step ? m->symbols[s->token_symbol].bound : IR_GEMV_MAX_TOKENS);
     }

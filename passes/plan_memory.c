@@ -192,7 +192,8 @@ static bool place_values(memory_state *s) {
         ir_op *op = &m->ops[i];
         for (uint32_t r = 0; r < op->result_count; r++)
             m->values[op->results[r]].buffer = (ir_buffer){IR_BUFFER_NONE, 0};
-        if (!op->dead && entry[i]) m->values[op->results[0]].buffer = (ir_buffer){IR_BUFFER_WEIGHT, weights++};
+        if (!op->dead && entry[i])
+            m->values[op->results[0]].buffer = (ir_buffer){IR_BUFFER_WEIGHT, weights++};
     }
     free(entry);
     uint32_t count = 0;

@@ -192,8 +192,8 @@ typedef struct prog_weight {
     uint32_t rank;
     int64_t shape[8];
     uint64_t bytes;
-    uint64_t data_offset; /* in the WEIGHT_DATA section; UINT64_MAX: not in the plan, bind at run time */
-    uint32_t part_count;  /* 0, or 2..PROG_MAX_WEIGHT_PARTS: concatenated along dim 0 from these */
+    uint64_t data_offset;    /* in the WEIGHT_DATA section; UINT64_MAX: not in the plan, bind at run time */
+    uint32_t part_count;     /* 0, or 2..PROG_MAX_WEIGHT_PARTS: concatenated along dim 0 from these */
     prog_weight_part *parts; /* [part_count], rows summing to shape[0] */
 } prog_weight;
 

@@ -170,7 +170,9 @@ smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, sm
                                  RT_NAME(name));
     /* Where the part goes: the bytes of a row of dim 0 times its rows and the rows before it. */
     uint64_t row_bytes = w->shape[0] > 0 ? w->bytes / (uint64_t)w->shape[0] : 0, offset = 0;
-    uint64_t part_bytes = part < 0 ? w->bytes : concatenated ? (uint64_t)w->parts[part].rows * row_bytes : row_bytes;
+    uint64_t part_bytes = part < 0       ? w->bytes
+                          : concatenated ? (uint64_t)w->parts[part].rows * row_bytes
+                                         : row_bytes;
     if (concatenated)
         for (int64_t k = 0; k < part; k++)
             offset += (uint64_t)w->parts[k].rows * row_bytes;

@@ -515,7 +515,7 @@ static void gemm_alignments(const rt_gemm_args *g, uint32_t out[4]) {
     out[0] = alignment_of(g->b);
     out[1] = alignment_of(g->a);
     out[2] = alignment_of(g->residual ? g->residual : g->c); /* C: the residual read, when there is one */
-    out[3] = alignment_of(g->c);                              /* D: the output */
+    out[3] = alignment_of(g->c);                             /* D: the output */
 }
 
 /* Descriptors and algorithm for one shape, column-major view:
@@ -617,9 +617,9 @@ static smelt_status cuda_gemm(rt_device *device, const rt_gemm_args *g, rt_error
     const float alpha = 1.0f, beta = g->residual ? 1.0f : 0.0f;
     const void *c = g->residual ? g->residual : g->c;
     return LT_CALL(d, matmul,
-                   (d->lt_handle, p->desc, &alpha, g->b, p->layout_a, g->a, p->layout_b, &beta, c, p->layout_c,
-                    g->c, p->layout_c, &p->algo, (void *)(uintptr_t)d->workspace, GEMM_WORKSPACE_BYTES,
-                    d->stream),
+                   (d->lt_handle, p->desc, &alpha, g->b, p->layout_a, g->a, p->layout_b, &beta, c,
+                    p->layout_c, g->c, p->layout_c, &p->algo, (void *)(uintptr_t)d->workspace,
+                    GEMM_WORKSPACE_BYTES, d->stream),
                    e);
 }
 

@@ -1136,7 +1136,8 @@ static void test_elementwise_chain(void **state) {
             ir_value_id sum = case_result(c, add);
             uint32_t gelu = case_op(c, IR_OP_GELU, &sum, 1);
             ir_op_set_string(&c->m, gelu, "approximate", form ? "tanh" : "none");
-            uint32_t scale = case_op(c, IR_OP_MUL, (ir_value_id[]){case_result(c, gelu), case_const(c, 0.25)}, 2);
+            uint32_t scale =
+                case_op(c, IR_OP_MUL, (ir_value_id[]){case_result(c, gelu), case_const(c, 0.25)}, 2);
             ir_value_id scaled = case_result(c, scale);
             uint32_t tanh = case_op(c, IR_OP_TANH, &scaled, 1);
             case_infer(c);
