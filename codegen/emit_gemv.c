@@ -2,8 +2,10 @@
  * matmuls of one input x [T, K] with their prologue and epilogues, for the
  * small token counts of a decode step.
  *
- * The group's matmuls are laid side by side as one weight of N rows (as if
- * concatenated along N at compile time): the work is a list of segments,
+ * The group's matmuls are laid side by side as one weight of N rows — or
+ * are one matmul over a weight concatenated at compile time (passes/fuse.c)
+ * whose result a split takes apart, each part a segment starting at its
+ * FIRST_ROW of that weight: the work is a list of segments,
  * one per group output, each a number of units; a unit — one or two
  * weight rows against the rows of x — runs on LANES (4) lanes of a warp,
  * so a warp holds 8 units and one shuffle reduces 8 sums:
@@ -33,6 +35,11 @@
  * codegen/lower.c). Blocks are WARPS warps (2, 4 or 8, block_warps), as
  * many as keep every SM of an H200 busy (Llama-3-8B: QKV, o and down 224 to
  * 256 blocks of 2 warps, gate/up 448 of 4, the lm_head 2004 of 8).
+ *
+ * Above those token counts a group over a concatenated weight runs one GEMM
+ * and then this file's other kernel, the GEMM epilogue (below): the same
+ * segments and epilogues, reading the GEMM's output columns instead of dot
+ * products.
  * A unit's 4 lanes read 64 consecutive bytes of its bf16 row per load: whole
  * 32-byte sectors.
  */

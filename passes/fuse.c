@@ -11,10 +11,19 @@
  *   one GEMM), reading the group's inputs and writing its outputs
  *   (codegen/emit.h).
  * Rules (each a function below; none with pass_options.no_fuse, which keeps
- *   one op per group — the kernels smelt had before fusion). They build the
- *   fused groups codegen has emitters for: a GEMV group
- *   (codegen/emit_gemv.c), matmuls over one input, each weight read once by
- *   one kernel, with
+ *   separate weights and one op per group — the kernels smelt had before
+ *   fusion). First a rewrite:
+ *   - concat_sibling_weights: sibling matmuls (one x, out_in weights of one
+ *     dtype that nothing else reads, all with a bias or none) become one
+ *     matmul over concat(weights) {axis = 0} — a weight concatenated at
+ *     compile time: it launches nothing, has the weight-table entry
+ *     (plan-memory) and is filled from the parts by their names — with the
+ *     biases concatenated likewise, and a split of its result; refused where
+ *     a weight is read elsewhere (it would be held twice), dtypes or biases
+ *     differ, or a part is declared after a reader of a sibling's result.
+ *   Then the groups. They build the fused groups codegen has emitters for:
+ *   a GEMV group (codegen/emit_gemv.c), matmuls over one input, each weight
+ *   read once by one kernel, with
  *   - fuse_sibling_matmuls: matmuls (out_in layout, a [N, K] weight) that
  *     read the same [T, K] value and whose weights share a dtype (Q, K and
  *     V; gate and up) — one kernel over the weights side by side, as if
@@ -25,6 +34,8 @@
  *     reader: a bias add (a [N] weight), then one of: a residual add (an
  *     operand of exactly the result's type), rope through a reshape to
  *     [T, H, Dh], or SwiGLU — silu of it times the result of a sibling;
+ *     on a matmul over concatenated weights, the split of its result and
+ *     then that chain on each part;
  *   - fuse_kv_cache_write: an attention op whose k and v are made by one
  *     fused GEMV group (k through rope or plain, v plain) gets
  *     cache_written_upto = IR_GEMV_MAX_TOKENS: that kernel writes the K/V
@@ -37,10 +48,16 @@
  *   read by other ops),
  *   - fuse_residual_norm: add(a, b) and the rms_norm or layer_norm of its
  *     result, a, b and the result of one type [T, D]: one kernel writes the
- *     new residual and the normalised row (codegen/emit_norm.c).
+ *     new residual and the normalised row (codegen/emit_norm.c);
+ *   and last, among the ops left in groups of elementwise ops only,
+ *   - fuse_elementwise_chains: an elementwise op whose result has one
+ *     reader, elementwise with a result of the same dtype, joins the
+ *     reader's group: one kernel computes the chain in registers
+ *     (codegen/emit_elementwise.c).
  *   Other rules never merge a value that something outside the group reads
  *   (it would have to be written anyway), nor shapes or dtypes the kernel
- *   does not take; tests/ir/fuse.ir has a case for each refusal.
+ *   does not take; tests/ir/fuse.ir, fuse-concat.ir and fuse-chains.ir have
+ *   a case for each refusal.
  * Breaks: schedule and plan-memory (their annotations are cleared: a new
  *   grouping needs a new order and a new memory plan).
  */
