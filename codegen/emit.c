@@ -969,8 +969,7 @@ bool cg_emit_greedy(const ir_module *m, uint32_t logits_op, arena *a, cg_group_l
 static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule *rule, arena *a,
                         cg_group_lowering *out, diag_engine *d, bool gemm_epilogue) {
     uint32_t op = g->ops[0];
-    bool fused = g->op_count > 1, add_norm = fused && group_is_add_norm(m, g);
-    bool chain = fused && !add_norm && group_is_elementwise_chain(m, g);
+    bool fused = g->op_count > 1;
     cg_emit e = {.m = m,
                  .op = op,
                  .ir = &m->ops[op],
@@ -1000,6 +999,9 @@ static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule 
     }
     e.op = op;
     e.ir = &m->ops[op];
+    /* Which fused emitter: decided here, after the recovery point (nothing across the longjmp). */
+    bool add_norm = fused && group_is_add_norm(m, g);
+    bool chain = fused && !add_norm && group_is_elementwise_chain(m, g);
     if (ok && rule->kind == CG_LOWER_KERNELS)
         ok = (add_norm ? cg_emit_add_norm(&e, g)
               : chain  ? cg_emit_elementwise_chain(&e, g)
