@@ -316,7 +316,7 @@ static bool read_group(cg_emit *e, const cg_group *g, gemv_plan *p) {
     memset(p, 0, sizeof *p);
     p->x = p->norm_weight = p->pos = IR_NO_VALUE;
     bool *taken = arena_array(&e->scratch, g->op_count, sizeof *taken);
-    bool *is_up = arena_array(&e->scratch, g->op_count, sizeof *is_up);
+    bool *probed = arena_array(&e->scratch, g->op_count, sizeof *probed); /* what finding an up takes */
     group_reading r = {e, g, taken, NULL, 0};
     /* The parts: each matmul's result, or the results of the split of it. */
     uint32_t parts = 0;
@@ -358,8 +358,8 @@ static bool read_group(cg_emit *e, const cg_group *g, gemv_plan *p) {
             const ir_op *mo = &m->ops[mul];
             ir_value_id u = mo->operands[0] == op->results[0] ? mo->operands[1] : mo->operands[0];
             ir_value_id bias;
-            group_reading probe = r; /* marks the up's bias add in is_up, not in taken */
-            probe.taken = is_up;
+            group_reading probe = r; /* marks the up's bias add in probed, not in taken */
+            probe.taken = probed;
             uint32_t up = part_of(&probe, u, &bias);
             if (up != UINT32_MAX) r.parts[up].up = true;
         }
