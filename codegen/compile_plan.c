@@ -160,10 +160,12 @@ static bool stream_weights(void *context, plan_sink *sink) {
     const weight_stream *s = context;
     static const uint8_t zeros[WEIGHT_ALIGNMENT];
     uint64_t written = 0;
-    uint32_t index = 0;
-    for (uint32_t op = 0; op < s->m->op_count; op++) {
-        if (s->m->ops[op].dead || s->m->ops[op].kind != IR_OP_WEIGHT) continue;
-        const prog_weight *w = &s->p->weights[index++];
+    const ir_module *m = s->m;
+    for (uint32_t op = 0; op < m->op_count; op++) {
+        if (m->ops[op].dead || m->ops[op].result_count != 1) continue;
+        const ir_buffer *buffer = &m->values[m->ops[op].results[0]].buffer;
+        if (buffer->kind != IR_BUFFER_WEIGHT) continue;
+        const prog_weight *w = &s->p->weights[buffer->offset];
         if (!plan_sink_write(sink, zeros, w->data_offset - written)) return false;
         uint64_t count = w->bytes / smelt_dtype_element_bytes(w->dtype);
         float *values = malloc(count * sizeof *values + 1);
@@ -174,7 +176,18 @@ static bool stream_weights(void *context, plan_sink *sink) {
             plan_sink_fail(sink, "out of memory converting weight '%s'", w->name);
             return false;
         }
-        bool ok = s->o->read_weight(s->o->weight_context, op, values, count);
+        bool ok = true;
+        if (w->part_count == 0) {
+            ok = s->o->read_weight(s->o->weight_context, op, values, count);
+        } else { /* a concat of weights (passes/fuse.c): each part into its rows */
+            uint64_t at = 0, row = count / (uint64_t)w->shape[0];
+            for (uint32_t k = 0; k < w->part_count && ok; k++) {
+                uint32_t part = m->values[m->ops[op].operands[k]].def_op;
+                uint64_t part_count = (uint64_t)w->parts[k].rows * row;
+                ok = s->o->read_weight(s->o->weight_context, part, values + at, part_count);
+                at += part_count;
+            }
+        }
         if (!ok) plan_sink_fail(sink, "cannot read weight '%s'", w->name);
         if (ok && narrowed)
             for (uint64_t i = 0; i < count; i++)

@@ -897,7 +897,7 @@ static const char *op_text(const ir_module *m, uint32_t op, arena *a) {
 }
 
 static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule *rule, arena *a,
-                        cg_group_lowering *out, diag_engine *d);
+                        cg_group_lowering *out, diag_engine *d, bool gemm_epilogue);
 
 /* A fused group with a matmul: the GEMV emitter's (codegen/emit_gemv.c). */
 static bool group_is_gemv(const ir_module *m, const cg_group *g) {
@@ -913,13 +913,20 @@ static bool group_is_add_norm(const ir_module *m, const cg_group *g) {
            (last == IR_OP_RMS_NORM || last == IR_OP_LAYER_NORM);
 }
 
+/* Elementwise ops only (cg_emit_elementwise_chain). */
+static bool group_is_elementwise_chain(const ir_module *m, const cg_group *g) {
+    for (uint32_t i = 0; i < g->op_count; i++)
+        if (!(ir_op_info_of(m->ops[g->ops[i]].kind)->flags & IR_OPF_ELEMENTWISE)) return false;
+    return g->op_count > 1;
+}
+
 bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_lowering *out, diag_engine *d) {
     memset(out, 0, sizeof *out);
     if (g->op_count == 0) SMELT_DIE("cg_emit_group: group %u has no ops", g->id);
     uint32_t op = g->ops[0];
     if (op >= m->op_count || m->ops[op].dead) SMELT_DIE("cg_emit_group: op %u is not a live op", op);
     bool fused = g->op_count > 1;
-    if (fused && !group_is_gemv(m, g) && !group_is_add_norm(m, g)) {
+    if (fused && !group_is_gemv(m, g) && !group_is_add_norm(m, g) && !group_is_elementwise_chain(m, g)) {
         diag_error(d, m->ops[op].loc,
                    "codegen has no emitter for a kernel group of %u ops (group %u starts with '%s'): "
                    "the fusion rule that made it needs one",
@@ -930,7 +937,17 @@ bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_low
     const cg_op_rule *rule = fused ? &fused_rule : &op_rules[m->ops[op].kind];
     out->kind = rule->kind;
     if (rule->kind == CG_LOWER_NONE) return true;
-    return run_emitter(m, g, rule, a, out, d);
+    return run_emitter(m, g, rule, a, out, d, false);
+}
+
+bool cg_emit_gemm_epilogue(const ir_module *m, const cg_group *g, arena *a, cg_group_lowering *out,
+                           diag_engine *d) {
+    memset(out, 0, sizeof *out);
+    if (g->op_count < 2 || cg_group_concat_matmul(m, g) == IR_NONE)
+        SMELT_DIE("cg_emit_gemm_epilogue: group %u has no matmul over a concatenated weight", g->id);
+    static const cg_op_rule fused_rule = {CG_LOWER_KERNELS, NULL};
+    out->kind = CG_LOWER_KERNELS;
+    return run_emitter(m, g, &fused_rule, a, out, d, true);
 }
 
 bool cg_emit_greedy(const ir_module *m, uint32_t logits_op, arena *a, cg_group_lowering *out,
@@ -948,16 +965,23 @@ bool cg_emit_greedy(const ir_module *m, uint32_t logits_op, arena *a, cg_group_l
                   .inputs = o->operands,
                   .output_count = o->result_count,
                   .outputs = o->results};
-    return run_emitter(m, &g, &greedy, a, out, d);
+    return run_emitter(m, &g, &greedy, a, out, d, false);
 }
 
 /* Runs the emitter of group g (its fused emitter, or `rule`'s for one op)
  * into out (out->kind set). */
 static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule *rule, arena *a,
-                        cg_group_lowering *out, diag_engine *d) {
+                        cg_group_lowering *out, diag_engine *d, bool gemm_epilogue) {
     uint32_t op = g->ops[0];
-    bool fused = g->op_count > 1, add_norm = fused && group_is_add_norm(m, g);
-    cg_emit e = {.m = m, .op = op, .ir = &m->ops[op], .a = a, .d = d, .out = out, .group = g};
+    bool fused = g->op_count > 1;
+    cg_emit e = {.m = m,
+                 .op = op,
+                 .ir = &m->ops[op],
+                 .a = a,
+                 .d = d,
+                 .out = out,
+                 .group = g,
+                 .gemm_epilogue = gemm_epilogue};
     e.token_symbol = ir_token_symbol(m);
 
     /* Texts grow in the scratch arena; out of memory anywhere below frees it. */
@@ -979,8 +1003,12 @@ static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule 
     }
     e.op = op;
     e.ir = &m->ops[op];
+    /* Which fused emitter: decided here, after the recovery point (nothing across the longjmp). */
+    bool add_norm = fused && group_is_add_norm(m, g);
+    bool chain = fused && !add_norm && group_is_elementwise_chain(m, g);
     if (ok && rule->kind == CG_LOWER_KERNELS)
         ok = (add_norm ? cg_emit_add_norm(&e, g)
+              : chain  ? cg_emit_elementwise_chain(&e, g)
               : fused  ? cg_emit_gemv_group(&e, g)
                        : rule->emit(&e)) &&
              check_grids(&e);

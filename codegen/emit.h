@@ -159,6 +159,16 @@ bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_low
  * only the token crosses to the host (emit_argmax.c). */
 bool cg_emit_greedy(const ir_module *m, uint32_t logits_op, arena *a, cg_group_lowering *out, diag_engine *d);
 
+/* A GEMV group over a weight concatenated at compile time (passes/fuse.c),
+ * in the steps above its fused_max_tokens, runs its ops before the matmul
+ * one by one, the matmul as one GEMM, and then what follows the matmul as
+ * one kernel over the GEMM's output (emit_gemv.c): this is that kernel.
+ * cg_group_concat_matmul names the matmul (IR_NONE: the group has none, and
+ * runs its ops one by one). */
+uint32_t cg_group_concat_matmul(const ir_module *m, const cg_group *g);
+bool cg_emit_gemm_epilogue(const ir_module *m, const cg_group *g, arena *a, cg_group_lowering *out,
+                           diag_engine *d);
+
 /* The group of op `op` alone: what the emitter tests use. */
 bool cg_emit_op(const ir_module *m, uint32_t op, arena *a, cg_group_lowering *out, diag_engine *d);
 

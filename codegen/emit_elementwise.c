@@ -192,23 +192,30 @@ bool cg_emit_add_mul(cg_emit *e) {
 
 /* ---- silu, gelu, tanh, sigmoid ------------------------------------------------------------------------ */
 
-bool cg_emit_activation(cg_emit *e) {
-    ir_value_id x = cg_operand(e, 0), result = cg_result(e, 0);
-    if (!require_float(e, x, "operand", 0) || !require_float(e, result, "result", 0)) return false;
+/* What activation op `op` computes of v: its name in kernel names, its
+ * formula, a summary. */
+typedef struct activation {
     const char *kind, *formula, *summary;
-    if (e->ir->kind == IR_OP_SILU) {
+} activation;
+
+static activation activation_of(cg_emit *e, uint32_t op) {
+    const ir_module *m = e->m;
+    const char *kind, *formula, *summary;
+    ir_op_kind k = m->ops[op].kind;
+    const ir_attr *approximate = ir_op_attr(m, op, "approximate");
+    if (k == IR_OP_SILU) {
         kind = "silu";
         formula = "v / (1.0f + expf(-v))";
         summary = "One thread per element: silu(v) = v * sigmoid(v).";
-    } else if (e->ir->kind == IR_OP_TANH) {
+    } else if (k == IR_OP_TANH) {
         kind = "tanh";
         formula = "tanhf(v)";
         summary = "One thread per element: tanh(v).";
-    } else if (e->ir->kind == IR_OP_SIGMOID) {
+    } else if (k == IR_OP_SIGMOID) {
         kind = "sigmoid";
         formula = "1.0f / (1.0f + expf(-v))";
         summary = "One thread per element: sigmoid(v) = 1 / (1 + exp(-v)).";
-    } else if (strcmp(cg_attr_string(e, "approximate", "none"), "tanh") == 0) {
+    } else if (approximate && approximate->kind == IR_ATTR_STRING && strcmp(approximate->as.s, "tanh") == 0) {
         kind = "gelu_tanh";
         formula = "0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v)))";
         summary = "One thread per element: gelu with the tanh approximation (GPT-2's gelu_new).";
@@ -217,6 +224,22 @@ bool cg_emit_activation(cg_emit *e) {
         formula = "0.5f * v * (1.0f + erff(v * SQRT_HALF))";
         summary = "One thread per element: gelu(v) = v * Phi(v), with erf.";
     }
+    (void)e;
+    return (activation){kind, formula, summary};
+}
+
+/* The constants an activation's formula names. */
+static void write_activation_constants(cg_text *t, const char *kind) {
+    if (strcmp(kind, "gelu_tanh") == 0)
+        cg_line(t, "#define SQRT_2_OVER_PI 0.797884560802865f /* sqrt(2 / pi) */");
+    if (strcmp(kind, "gelu_erf") == 0) cg_line(t, "#define SQRT_HALF 0.707106781186548f /* 1 / sqrt(2) */");
+}
+
+bool cg_emit_activation(cg_emit *e) {
+    ir_value_id x = cg_operand(e, 0), result = cg_result(e, 0);
+    if (!require_float(e, x, "operand", 0) || !require_float(e, result, "result", 0)) return false;
+    activation act = activation_of(e, e->op);
+    const char *kind = act.kind, *formula = act.formula, *summary = act.summary;
     cg_shape shape = cg_shape_of(e, result), operand = cg_shape_of(e, x);
     if (!cg_expect(e, cg_same_shape(&shape, &operand), "the result to have the operand's shape"))
         return false;
@@ -234,15 +257,165 @@ bool cg_emit_activation(cg_emit *e) {
                      ELEMENTWISE_THREADS);
     cg_kernel_open(&b);
     cg_line(&b.text, "enum { THREADS = %d };", ELEMENTWISE_THREADS);
-    if (strcmp(kind, "gelu_tanh") == 0)
-        cg_line(&b.text, "#define SQRT_2_OVER_PI 0.797884560802865f /* sqrt(2 / pi) */");
-    if (strcmp(kind, "gelu_erf") == 0)
-        cg_line(&b.text, "#define SQRT_HALF 0.707106781186548f /* 1 / sqrt(2) */");
+    write_activation_constants(&b.text, kind);
     cg_blank(&b.text);
     cg_kernel_signature(&b);
     write_element_index(&b, elements);
     cg_line(&b.text, "float v = %s;", cg_load(&b, in, "i"));
     cg_line(&b.text, "%s", cg_store(&b, out, "i", formula));
+    cg_kernel_end(&b);
+    e->out->kind = CG_LOWER_KERNELS;
+    return true;
+}
+
+/* ---- chains (passes/fuse.c, fuse_elementwise_chains) ------------------------------------------------------
+ */
+
+/* A group of elementwise ops, each but the last read only by a later one of
+ * the group, every result of the last one's type: one thread per element
+ * computes the chain in registers (v0, v1, ... for the ops' results, in the
+ * order of the group), reading each operand from outside the group as
+ * add/mul read theirs (broadcast, constants baked in), and stores what is
+ * read outside (only the last result: fuse merges values with one reader).
+ * An inner result that broadcasts into the last (a [T, 1] gate) is computed
+ * at every element it reaches, from its operands' broadcast elements. One launch, each outside operand read
+ * once, one result written, instead of a launch and a round trip through memory per op. */
+enum { CHAIN_MAX_OPS = 16, CHAIN_MAX_OPERANDS = 2 * CHAIN_MAX_OPS };
+
+bool cg_emit_elementwise_chain(cg_emit *e, const cg_group *g) {
+    const ir_module *m = e->m;
+    if (g->op_count > CHAIN_MAX_OPS) {
+        diag_error(e->d, e->ir->loc, "codegen cannot emit an elementwise chain of %u ops (at most %d)",
+                   g->op_count, CHAIN_MAX_OPS);
+        return false;
+    }
+    ir_value_id last = m->ops[g->ops[g->op_count - 1]].results[0];
+    cg_shape out = cg_shape_of(e, last);
+    broadcast_operand operands[CHAIN_MAX_OPERANDS];
+    uint32_t operand_count = 0;
+    for (uint32_t i = 0; i < g->op_count; i++) {
+        const ir_op *op = &m->ops[g->ops[i]];
+        cg_shape shape = cg_shape_of(e, op->results[0]);
+        if (!require_float(e, op->results[0], "result", 0) ||
+            !cg_expect(e, broadcasts_to(&shape, &out),
+                       "every result of an elementwise chain to broadcast to its last"))
+            return false;
+        for (uint32_t j = 0; j < op->operand_count; j++) {
+            ir_value_id v = op->operands[j];
+            bool inner = false, seen = false;
+            for (uint32_t k = 0; k < i && !inner; k++)
+                inner = m->ops[g->ops[k]].results[0] == v;
+            for (uint32_t k = 0; k < operand_count && !seen; k++)
+                seen = operands[k].value == v;
+            if (inner || seen) continue;
+            if (!require_float(e, v, "operand", j)) return false;
+            operands[operand_count] = (broadcast_operand){.value = v};
+            if (!cg_expect(e, classify(e, &operands[operand_count], &out),
+                           "operand %u to broadcast to the result", j))
+                return false;
+            operand_count++;
+        }
+    }
+    ir_value_id stored[CHAIN_MAX_OPERANDS + 1];
+    uint32_t stored_count = 0;
+    for (uint32_t k = 0; k < operand_count; k++)
+        if (operands[k].access != ACCESS_CONST) stored[stored_count++] = operands[k].value;
+    stored[stored_count++] = last;
+    cg_text name;
+    cg_text_init(&name);
+    cg_text_printf(&name, "chain_%s", cg_dtype_tag(e, stored, stored_count));
+    for (uint32_t i = 0; i < g->op_count; i++) {
+        ir_op_kind k = m->ops[g->ops[i]].kind;
+        cg_text_printf(&name, "_%s",
+                       k == IR_OP_ADD   ? "add"
+                       : k == IR_OP_MUL ? "mul"
+                                        : activation_of(e, g->ops[i]).kind);
+    }
+    cg_text_printf(&name, "_%s", cg_shape_tag(e, &out));
+    const char *kernel_name = arena_strdup(&e->scratch, name.data);
+    cg_text_free(&name);
+
+    cg_kernel_builder b;
+    cg_kernel_begin(
+        &b, e, kernel_name,
+        "One thread per element: the chain of elementwise ops in registers, operands from outside "
+        "broadcast as numpy does, constants baked in, what is read outside stored.");
+    b.k->family = "elementwise";
+    for (uint32_t k = 0; k < operand_count; k++)
+        if (operands[k].access != ACCESS_CONST)
+            operands[k].param =
+                cg_param_value(&b, arena_printf(&e->scratch, "in%u", k), operands[k].value, true);
+    uint32_t out_params[CHAIN_MAX_OPS];
+    for (uint32_t i = 0; i < g->op_count; i++) {
+        ir_value_id r = m->ops[g->ops[i]].results[0];
+        bool outside = false;
+        for (uint32_t k = 0; k < g->output_count && !outside; k++)
+            outside = g->outputs[k] == r;
+        cg_shape shape = cg_shape_of(e, r);
+        if (outside &&
+            !cg_expect(e, cg_same_shape(&shape, &out), "a chain's stored results to have its last's shape"))
+            return false;
+        out_params[i] =
+            outside ? cg_param_value(&b, arena_printf(&e->scratch, "out%u", i), r, false) : UINT32_MAX;
+    }
+    cg_count elements = cg_shape_count(&out, 0, out.rank);
+    if (elements.per_token) cg_param_tokens(&b);
+    cg_kernel_launch(&b, cg_count_blocks(elements, ELEMENTWISE_THREADS), (prog_affine){0, 1, 1},
+                     ELEMENTWISE_THREADS);
+    cg_kernel_open(&b);
+    cg_line(&b.text, "enum { THREADS = %d };", ELEMENTWISE_THREADS);
+    bool defined_tanh = false, defined_erf = false;
+    for (uint32_t i = 0; i < g->op_count; i++) {
+        const char *kind = m->ops[g->ops[i]].kind == IR_OP_GELU ? activation_of(e, g->ops[i]).kind : "";
+        if ((strcmp(kind, "gelu_tanh") == 0 && !defined_tanh) ||
+            (strcmp(kind, "gelu_erf") == 0 && !defined_erf))
+            write_activation_constants(&b.text, kind);
+        defined_tanh |= strcmp(kind, "gelu_tanh") == 0;
+        defined_erf |= strcmp(kind, "gelu_erf") == 0;
+    }
+    cg_blank(&b.text);
+    cg_kernel_signature(&b);
+    write_element_index(&b, elements);
+    bool strided = false;
+    for (uint32_t k = 0; k < operand_count; k++)
+        strided |= operands[k].access == ACCESS_STRIDED;
+    if (strided) {
+        cg_line(&b.text, "/* coordinates of element i in the result %s */", cg_shape_tag(e, &out));
+        cg_write_coordinates(&b.text, "i", &out, "c");
+        for (unsigned j = 0; j < out.rank; j++) { /* a coordinate no operand reads */
+            bool read = false;
+            for (uint32_t k = 0; k < operand_count && !read; k++)
+                read = operands[k].access == ACCESS_STRIDED && operands[k].strides[j] != 0;
+            if (!read) cg_line(&b.text, "(void)c%u;", j);
+        }
+    }
+    for (uint32_t i = 0; i < g->op_count; i++) {
+        const ir_op *op = &m->ops[g->ops[i]];
+        const char *args[2] = {"0.0f", "0.0f"};
+        for (uint32_t j = 0; j < op->operand_count && j < 2; j++) {
+            ir_value_id v = op->operands[j];
+            for (uint32_t k = 0; k < i; k++)
+                if (m->ops[g->ops[k]].results[0] == v) args[j] = arena_printf(&e->scratch, "v%u", k);
+            for (uint32_t k = 0; k < operand_count; k++)
+                if (operands[k].value == v)
+                    args[j] = operands[k].access == ACCESS_CONST
+                                  ? operands[k].literal
+                                  : cg_load(&b, operands[k].param, operand_index(e, &operands[k], &out));
+        }
+        if (op->kind == IR_OP_ADD || op->kind == IR_OP_MUL) {
+            cg_line(&b.text, "float v%u = %s %s %s; /* %s */", i, args[0], op->kind == IR_OP_ADD ? "+" : "*",
+                    args[1], op->kind == IR_OP_ADD ? "add" : "mul");
+        } else {
+            activation act = activation_of(e, g->ops[i]);
+            cg_line(&b.text, "float v%u; /* %s */", i, act.kind);
+            cg_line(&b.text, "{");
+            cg_line(&b.text, "float v = %s;", args[0]);
+            cg_line(&b.text, "v%u = %s;", i, act.formula);
+            cg_line(&b.text, "}");
+        }
+        if (out_params[i] != UINT32_MAX)
+            cg_line(&b.text, "%s", cg_store(&b, out_params[i], "i", arena_printf(&e->scratch, "v%u", i)));
+    }
     cg_kernel_end(&b);
     e->out->kind = CG_LOWER_KERNELS;
     return true;

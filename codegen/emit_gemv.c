@@ -2,8 +2,10 @@
  * matmuls of one input x [T, K] with their prologue and epilogues, for the
  * small token counts of a decode step.
  *
- * The group's matmuls are laid side by side as one weight of N rows (as if
- * concatenated along N at compile time): the work is a list of segments,
+ * The group's matmuls are laid side by side as one weight of N rows — or
+ * are one matmul over a weight concatenated at compile time (passes/fuse.c)
+ * whose result a split takes apart, each part a segment starting at its
+ * FIRST_ROW of that weight: the work is a list of segments,
  * one per group output, each a number of units; a unit — one or two
  * weight rows against the rows of x — runs on LANES (4) lanes of a warp,
  * so a warp holds 8 units and one shuffle reduces 8 sums:
@@ -33,6 +35,11 @@
  * codegen/lower.c). Blocks are WARPS warps (2, 4 or 8, block_warps), as
  * many as keep every SM of an H200 busy (Llama-3-8B: QKV, o and down 224 to
  * 256 blocks of 2 warps, gate/up 448 of 4, the lm_head 2004 of 8).
+ *
+ * Above those token counts a group over a concatenated weight runs one GEMM
+ * and then this file's other kernel, the GEMM epilogue (below): the same
+ * segments and epilogues, reading the GEMM's output columns instead of dot
+ * products.
  * A unit's 4 lanes read 64 consecutive bytes of its bf16 row per load: whole
  * 32-byte sectors.
  */
@@ -51,6 +58,7 @@ typedef enum gemv_kind { GEMV_PLAIN, GEMV_SWIGLU, GEMV_ROPE } gemv_kind;
 typedef struct gemv_segment {
     gemv_kind kind;
     ir_value_id weight[2], bias[2]; /* [1]: swiglu's up; IR_NO_VALUE when absent */
+    int64_t first_row[2];           /* of weight[r] and bias[r]: the part of a concatenated weight */
     ir_value_id residual, out;
     int64_t rows; /* N of the output */
     int64_t heads, head_dim, half, passed;
@@ -108,10 +116,23 @@ static uint32_t position_in(const cg_group *g, uint32_t op) {
     return UINT32_MAX;
 }
 
+/* What one segment computes before its epilogue: a matmul's result, or one
+ * part of it that a split of the group takes (a matmul over a weight
+ * concatenated at compile time, passes/fuse.c), rows [row, row + rows) of
+ * its weight. */
+typedef struct gemv_part {
+    uint32_t matmul;
+    ir_value_id value;
+    int64_t row, rows;
+    bool up; /* SwiGLU's up: read by its gate's segment */
+} gemv_part;
+
 typedef struct group_reading {
     cg_emit *e;
     const cg_group *g;
     bool *taken; /* [g->op_count] ops accounted for */
+    gemv_part *parts;
+    uint32_t part_count;
 } group_reading;
 
 static void take(group_reading *r, uint32_t op) {
@@ -141,12 +162,26 @@ static uint32_t matmul_of(group_reading *r, ir_value_id v, ir_value_id *bias) {
     return IR_NONE;
 }
 
-/* The segment of matmul `index`: its weight and bias, then the chain of
- * epilogue ops of the group that read its result. */
-static bool read_segment(group_reading *r, gemv_plan *p, uint32_t index, const bool *is_up) {
+/* The part whose value is v, or made by the bias add that makes v
+ * (*bias receives the bias); UINT32_MAX when none. */
+static uint32_t part_of(group_reading *r, ir_value_id v, ir_value_id *bias) {
+    *bias = IR_NO_VALUE;
+    for (uint32_t i = 0; i < r->part_count; i++)
+        if (r->parts[i].value == v) return i;
+    uint32_t matmul = matmul_of(r, v, bias);
+    for (uint32_t i = 0; matmul != IR_NONE && i < r->part_count; i++)
+        if (r->parts[i].matmul == matmul && r->parts[i].value == r->e->m->ops[matmul].results[0]) return i;
+    return UINT32_MAX;
+}
+
+/* The segment of part `which`: its weight and bias, then the chain of
+ * epilogue ops of the group that read its value. */
+static bool read_segment(group_reading *r, gemv_plan *p, uint32_t which) {
     cg_emit *e = r->e;
     const ir_module *m = e->m;
     const cg_group *g = r->g;
+    const gemv_part *part = &r->parts[which];
+    uint32_t index = part->matmul;
     const ir_op *op = &m->ops[index];
     if (strcmp(ir_op_string(m, index, "layout"), "out_in") != 0)
         return refuse(e, "a matmul that is not out_in");
@@ -166,9 +201,10 @@ static bool read_segment(group_reading *r, gemv_plan *p, uint32_t index, const b
     s->weight[0] = op->operands[1];
     s->weight[1] = s->bias[1] = s->residual = IR_NO_VALUE;
     s->bias[0] = op->operand_count == 3 ? op->operands[2] : IR_NO_VALUE;
-    s->rows = m->values[op->results[0]].type.dims[1].size;
+    s->first_row[0] = part->row;
+    s->rows = part->rows;
     take(r, index);
-    ir_value_id v = op->results[0];
+    ir_value_id v = part->value;
     for (uint32_t c; (c = group_reader(m, g, v, true)) != IR_NONE;) {
         const ir_op *co = &m->ops[c];
         take(r, c);
@@ -210,9 +246,10 @@ static bool read_segment(group_reading *r, gemv_plan *p, uint32_t index, const b
             if (mul == IR_NONE || m->ops[mul].kind != IR_OP_MUL) return refuse(e, "a silu without its mul");
             const ir_op *mo = &m->ops[mul];
             ir_value_id u = mo->operands[0] == co->results[0] ? mo->operands[1] : mo->operands[0];
-            uint32_t up = matmul_of(r, u, &s->bias[1]);
-            if (up == IR_NONE || !is_up[position_in(g, up)])
+            uint32_t which_up = part_of(r, u, &s->bias[1]);
+            if (which_up == UINT32_MAX || !r->parts[which_up].up || r->parts[which_up].rows != s->rows)
                 return refuse(e, "a SwiGLU whose up is no matmul of the group");
+            uint32_t up = r->parts[which_up].matmul;
             if (m->ops[up].operand_count == 3) {
                 if (s->bias[1] != IR_NO_VALUE) return refuse(e, "two biases on SwiGLU's up");
                 s->bias[1] = m->ops[up].operands[2];
@@ -221,6 +258,7 @@ static bool read_segment(group_reading *r, gemv_plan *p, uint32_t index, const b
             take(r, up);
             s->kind = GEMV_SWIGLU;
             s->weight[1] = m->ops[up].operands[1];
+            s->first_row[1] = r->parts[which_up].row;
             v = mo->results[0];
             break;
         } else {
@@ -264,7 +302,7 @@ static bool find_caches(cg_emit *e, gemv_plan *p) {
                 found++;
             }
         if (found == 0) continue;
-        if (found != 2 || upto->as.i != IR_GEMV_MAX_TOKENS)
+        if (found != 2 || upto->as.i < IR_GEMV_MAX_TOKENS)
             return refuse(e, "an attention whose cache it writes only in part");
         if (p->pos != IR_NO_VALUE && p->pos != op->operands[3]) return refuse(e, "two position inputs");
         p->pos = op->operands[3];
@@ -278,8 +316,33 @@ static bool read_group(cg_emit *e, const cg_group *g, gemv_plan *p) {
     memset(p, 0, sizeof *p);
     p->x = p->norm_weight = p->pos = IR_NO_VALUE;
     bool *taken = arena_array(&e->scratch, g->op_count, sizeof *taken);
-    bool *is_up = arena_array(&e->scratch, g->op_count, sizeof *is_up);
-    group_reading r = {e, g, taken};
+    bool *probed = arena_array(&e->scratch, g->op_count, sizeof *probed); /* what finding an up takes */
+    group_reading r = {e, g, taken, NULL, 0};
+    /* The parts: each matmul's result, or the results of the split of it. */
+    uint32_t parts = 0;
+    for (uint32_t i = 0; i < g->op_count; i++)
+        parts += m->ops[g->ops[i]].kind == IR_OP_SPLIT ? m->ops[g->ops[i]].result_count : 1;
+    r.parts = arena_array(&e->scratch, parts, sizeof *r.parts);
+    for (uint32_t i = 0; i < g->op_count; i++) {
+        const ir_op *op = &m->ops[g->ops[i]];
+        if (op->kind != IR_OP_MATMUL) continue;
+        uint32_t split = group_reader(m, g, op->results[0], false);
+        if (split == IR_NONE || m->ops[split].kind != IR_OP_SPLIT) {
+            r.parts[r.part_count++] =
+                (gemv_part){g->ops[i], op->results[0], 0, m->values[op->results[0]].type.dims[1].size, false};
+            continue;
+        }
+        const ir_op *so = &m->ops[split];
+        int64_t axis = ir_op_int(m, split, "axis");
+        if (axis != 1 && axis != -1) return refuse(e, "a split of a matmul's result not along its columns");
+        take(&r, split);
+        int64_t row = 0;
+        for (uint32_t k = 0; k < so->result_count; k++) {
+            int64_t rows = m->values[so->results[k]].type.dims[1].size;
+            r.parts[r.part_count++] = (gemv_part){g->ops[i], so->results[k], row, rows, false};
+            row += rows;
+        }
+    }
     for (uint32_t i = 0; i < g->op_count; i++) {
         const ir_op *op = &m->ops[g->ops[i]];
         if (op->kind == IR_OP_RMS_NORM) {
@@ -295,16 +358,14 @@ static bool read_group(cg_emit *e, const cg_group *g, gemv_plan *p) {
             const ir_op *mo = &m->ops[mul];
             ir_value_id u = mo->operands[0] == op->results[0] ? mo->operands[1] : mo->operands[0];
             ir_value_id bias;
-            group_reading probe = {e, g, is_up}; /* marks the up's bias add too; cleared below */
-            uint32_t up = matmul_of(&probe, u, &bias);
-            if (up != IR_NONE) is_up[position_in(g, up)] = true;
+            group_reading probe = r; /* marks the up's bias add in probed, not in taken */
+            probe.taken = probed;
+            uint32_t up = part_of(&probe, u, &bias);
+            if (up != UINT32_MAX) r.parts[up].up = true;
         }
     }
-    for (uint32_t i = 0; i < g->op_count; i++) /* keep only the matmuls marked */
-        if (m->ops[g->ops[i]].kind != IR_OP_MATMUL) is_up[i] = false;
-    for (uint32_t i = 0; i < g->op_count; i++)
-        if (m->ops[g->ops[i]].kind == IR_OP_MATMUL && !is_up[i] && !read_segment(&r, p, g->ops[i], is_up))
-            return false;
+    for (uint32_t i = 0; i < r.part_count; i++)
+        if (!r.parts[i].up && !read_segment(&r, p, i)) return false;
     for (uint32_t i = 0; i < g->op_count; i++)
         if (!taken[i]) return refuse(e, "an op that is neither the norm, a matmul nor an epilogue");
     if (p->segment_count == 0) return refuse(e, "no matmul");
@@ -391,20 +452,35 @@ static void write_position(cg_kernel_builder *b, const gemv_segment *s, uint32_t
     }
 }
 
+/* Row `row` of the output as a row of weight (and bias) r: past the rows of
+ * the parts before it in a concatenated weight. */
+static const char *weight_row(cg_emit *e, const gemv_segment *s, int r, uint32_t index, const char *row) {
+    if (s->first_row[r] == 0) return row;
+    return arena_printf(&e->scratch, "(%s_%u + %s)", r ? "UP_FIRST_ROW" : "FIRST_ROW", index, row);
+}
+
 /* The unit's rows of output `index`: row0 (and row1), the weight rows wa
  * and wb, rows = 1 or 2; pair for a rotary pair. */
-static void write_select(cg_kernel_builder *b, const gemv_segment *s, uint32_t index) {
+static void write_select(cg_kernel_builder *b, const gemv_segment *s, uint32_t index, bool epilogue) {
+    cg_emit *e = b->e;
     cg_text *t = &b->text;
-    const char *w0 = b->params[s->p_weight[0]].name;
+    /* GEMV: the weight rows' pointers; epilogue: the GEMM output's columns. */
+    const char *w0 = epilogue ? NULL : b->params[s->p_weight[0]].name;
+    const char *a = epilogue ? "ca = " : arena_printf(&e->scratch, "wa = %s + ", w0);
+    const char *bb = epilogue ? "cb = " : arena_printf(&e->scratch, "wb = %s + ", w0);
+    const char *times = epilogue ? "" : " * K";
     switch (s->kind) {
     case GEMV_PLAIN:
         cg_line(t, "row0 = unit;");
-        cg_line(t, "wa = wb = %s + row0 * K;", w0);
+        cg_line(t, "%s%s%s;", epilogue ? "ca = cb = " : arena_printf(&e->scratch, "wa = wb = %s + ", w0),
+                weight_row(e, s, 0, index, "row0"), times);
         break;
     case GEMV_SWIGLU:
         cg_line(t, "row0 = unit;");
-        cg_line(t, "wa = %s + row0 * K; /* gate */", w0);
-        cg_line(t, "wb = %s + row0 * K; /* up */", b->params[s->p_weight[1]].name);
+        cg_line(t, "%s%s%s; /* gate */", a, weight_row(e, s, 0, index, "row0"), times);
+        cg_line(t, "%s%s%s; /* up */",
+                epilogue ? bb : arena_printf(&e->scratch, "wb = %s + ", b->params[s->p_weight[1]].name),
+                weight_row(e, s, 1, index, "row0"), times);
         cg_line(t, "rows = 2;");
         break;
     case GEMV_ROPE:
@@ -423,8 +499,8 @@ static void write_select(cg_kernel_builder *b, const gemv_segment *s, uint32_t i
                     index, index, index, index);
         }
         cg_line(t, "}");
-        cg_line(t, "wa = %s + row0 * K;", w0);
-        cg_line(t, "wb = %s + row1 * K;", w0);
+        cg_line(t, "%s%s%s;", a, weight_row(e, s, 0, index, "row0"), times);
+        cg_line(t, "%s%s%s;", bb, weight_row(e, s, 0, index, "row1"), times);
         break;
     }
 }
@@ -436,7 +512,8 @@ static void write_epilogue(cg_kernel_builder *b, const gemv_plan *p, const gemv_
     cg_emit *e = b->e;
     cg_text *t = &b->text;
     const char *scale = p->norm ? "inverse_rms(squares[i])" : "1.0f";
-    const char *bias0 = s->bias[0] != IR_NO_VALUE ? cg_load(b, s->p_bias[0], "row0") : NULL;
+    const char *bias0 =
+        s->bias[0] != IR_NO_VALUE ? cg_load(b, s->p_bias[0], weight_row(e, s, 0, index, "row0")) : NULL;
     const char *plus0 = bias0 ? " + " : "";
     switch (s->kind) {
     case GEMV_PLAIN:
@@ -449,14 +526,16 @@ static void write_epilogue(cg_kernel_builder *b, const gemv_plan *p, const gemv_
         write_store(b, s, index, "row0", "value");
         break;
     case GEMV_SWIGLU: {
-        const char *bias1 = s->bias[1] != IR_NO_VALUE ? cg_load(b, s->p_bias[1], "row0") : NULL;
+        const char *bias1 =
+            s->bias[1] != IR_NO_VALUE ? cg_load(b, s->p_bias[1], weight_row(e, s, 1, index, "row0")) : NULL;
         cg_line(t, "float gate = sums[i][0] * %s%s%s;", scale, plus0, bias0 ? bias0 : "");
         cg_line(t, "float up = sums[i][1] * %s%s%s;", scale, bias1 ? " + " : "", bias1 ? bias1 : "");
         write_store(b, s, index, "row0", "gate / (1.0f + expf(-gate)) * up");
         break;
     }
     case GEMV_ROPE: {
-        const char *bias1 = s->bias[0] != IR_NO_VALUE ? cg_load(b, s->p_bias[0], "row1") : NULL;
+        const char *bias1 =
+            s->bias[0] != IR_NO_VALUE ? cg_load(b, s->p_bias[0], weight_row(e, s, 0, index, "row1")) : NULL;
         write_position(b, s, index, pos, true);
         cg_line(t, "float a = sums[i][0] * %s%s%s;", scale, plus0, bias0 ? bias0 : "");
         cg_line(t, "if (rows == 2) { /* a rotary pair */");
@@ -558,15 +637,87 @@ static int block_warps(int64_t units) {
     return 8;
 }
 
+/* The K (and its written flags) or V cache output i stores into, when it does. */
+static void write_cache_params(cg_kernel_builder *b, gemv_segment *s, uint32_t i) {
+    cg_emit *e = b->e;
+    smelt_dtype stored = cg_storage_dtype(e->m, s->out);
+    if (s->cache_role == 1) {
+        s->p_cache = cg_param_op_state(b, arena_printf(&e->scratch, "k_cache%u", i), s->attention,
+                                       CG_STATE_KEYS, stored);
+        s->p_written = cg_param_op_state(b, arena_printf(&e->scratch, "written%u", i), s->attention,
+                                         CG_STATE_WRITTEN, SMELT_DTYPE_I32);
+    } else if (s->cache_role == 2) {
+        s->p_cache = cg_param_op_state(b, arena_printf(&e->scratch, "v_cache%u", i), s->attention,
+                                       CG_STATE_VALUES, stored);
+    }
+}
+
 static uint32_t param_once(cg_kernel_builder *b, const char *name, ir_value_id v, bool is_const) {
     for (uint32_t i = 0; i < b->k->param_count; i++)
         if (b->k->params[i].kind == CG_PARAM_VALUE && b->k->params[i].value == v) return i;
     return cg_param_value(b, name, v, is_const);
 }
 
+/* The matmul of the group whose result a split of the group takes (its
+ * weight concatenated at compile time, passes/fuse.c); IR_NONE when none. */
+uint32_t cg_group_concat_matmul(const ir_module *m, const cg_group *g) {
+    for (uint32_t i = 0; i < g->op_count; i++) {
+        const ir_op *op = &m->ops[g->ops[i]];
+        if (op->kind != IR_OP_MATMUL) continue;
+        uint32_t split = group_reader(m, g, op->results[0], false);
+        if (split != IR_NONE && m->ops[split].kind == IR_OP_SPLIT) return g->ops[i];
+    }
+    return IR_NONE;
+}
+
+static bool emit_gemm_epilogue(cg_emit *e, const cg_group *g, gemv_plan *p);
+
+/* Each output's constants (rows, units, rope tables) and the first unit of each. */
+static void write_segment_constants(cg_kernel_builder *b, const gemv_plan *p) {
+    cg_emit *e = b->e;
+    cg_text *t = &b->text;
+    for (uint32_t i = 0; i < p->segment_count; i++) {
+        const gemv_segment *s = &p->segments[i];
+        cg_line(t, "enum { ROWS_%u = %lld, UNITS_%u = %lld };", i, (long long)s->rows, i,
+                (long long)s->units);
+        if (s->first_row[0] != 0)
+            cg_line(t, "enum { FIRST_ROW_%u = %lld }; /* its rows of the concatenated weight start here */",
+                    i, (long long)s->first_row[0]);
+        if (s->first_row[1] != 0)
+            cg_line(t, "enum { UP_FIRST_ROW_%u = %lld }; /* and its up rows here */", i,
+                    (long long)s->first_row[1]);
+        if (s->cache_role)
+            cg_line(t, "enum { MAX_SEQ_%u = %lld }; /* positions of the KV cache */", i,
+                    (long long)s->max_seq);
+        if (s->kind == GEMV_ROPE) {
+            cg_line(t, "enum { HEADS_%u = %lld, HEAD_DIM_%u = %lld, HALF_%u = %lld, PASSED_%u = %lld };", i,
+                    (long long)s->heads, i, (long long)s->head_dim, i, (long long)s->half, i,
+                    (long long)s->passed);
+            char theta_text[48];
+            cg_line(t,
+                    "/* inv_freq of rope_type %s (theta = %s, over %lld dims), in float32 as Hugging Face "
+                    "computes it (ir/rope.c). */",
+                    ir_rope_scaling_name(ir_rope_params_of(e->m, s->rope_op, s->head_dim).scaling),
+                    ir_format_float(s->theta, theta_text, sizeof theta_text), (long long)(2 * s->half));
+            cg_line(t, "static __device__ const float INVERSE_FREQUENCY_%u[HALF_%u] = {", i, i);
+            for (int64_t j = 0; j < s->half; j++)
+                cg_line(t, "%s%s", cg_float_literal(e, s->rope.inv_freq[j]), j + 1 < s->half ? "," : "");
+            cg_line(t, "};");
+            if (s->rope.attention_factor != 1.0f)
+                cg_line(t, "#define ATTENTION_FACTOR_%u %s /* cos and sin are scaled by it */", i,
+                        cg_float_literal(e, s->rope.attention_factor));
+        }
+    }
+    cg_text_printf(t, "enum { START_0 = 0"); /* the first unit of each output */
+    for (uint32_t i = 1; i <= p->segment_count; i++)
+        cg_text_printf(t, ", START_%u = START_%u + UNITS_%u", i, i - 1, i - 1);
+    cg_text_printf(t, " };\n");
+}
+
 bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     gemv_plan p;
     if (!read_group(e, g, &p)) return false;
+    if (e->gemm_epilogue) return emit_gemm_epilogue(e, g, &p);
     const ir_module *m = e->m;
     smelt_dtype weight_dtype = cg_storage_dtype(m, p.segments[0].weight[0]);
     for (uint32_t i = 0; i < p.segment_count; i++)
@@ -615,15 +766,7 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
         if (s->residual != IR_NO_VALUE)
             s->p_residual = param_once(&b, arena_printf(&e->scratch, "residual%u", i), s->residual, true);
         s->p_out = cg_param_value(&b, arena_printf(&e->scratch, "out%u", i), s->out, false);
-        if (s->cache_role == 1) {
-            s->p_cache = cg_param_op_state(&b, arena_printf(&e->scratch, "k_cache%u", i), s->attention,
-                                           CG_STATE_KEYS, cg_storage_dtype(m, s->out));
-            s->p_written = cg_param_op_state(&b, arena_printf(&e->scratch, "written%u", i), s->attention,
-                                             CG_STATE_WRITTEN, SMELT_DTYPE_I32);
-        } else if (s->cache_role == 2) {
-            s->p_cache = cg_param_op_state(&b, arena_printf(&e->scratch, "v_cache%u", i), s->attention,
-                                           CG_STATE_VALUES, cg_storage_dtype(m, s->out));
-        }
+        write_cache_params(&b, s, i);
     }
     cg_param_tokens(&b);
     int warps = block_warps(units);
@@ -634,36 +777,7 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     cg_line(t, "enum { K = %lld, VECTOR = %d, WARPS = %d, LANES = %d, UNITS_PER_WARP = 32 / LANES };",
             (long long)p.k, vector ? GEMV_VECTOR : 1, warps, GEMV_LANES);
     cg_line(t, "enum { TOKEN_TILE = %d, UNITS = %lld };", GEMV_TOKEN_TILE, (long long)units);
-    for (uint32_t i = 0; i < p.segment_count; i++) {
-        const gemv_segment *s = &p.segments[i];
-        cg_line(t, "enum { ROWS_%u = %lld, UNITS_%u = %lld };", i, (long long)s->rows, i,
-                (long long)s->units);
-        if (s->cache_role)
-            cg_line(t, "enum { MAX_SEQ_%u = %lld }; /* positions of the KV cache */", i,
-                    (long long)s->max_seq);
-        if (s->kind == GEMV_ROPE) {
-            cg_line(t, "enum { HEADS_%u = %lld, HEAD_DIM_%u = %lld, HALF_%u = %lld, PASSED_%u = %lld };", i,
-                    (long long)s->heads, i, (long long)s->head_dim, i, (long long)s->half, i,
-                    (long long)s->passed);
-            char theta_text[48];
-            cg_line(t,
-                    "/* inv_freq of rope_type %s (theta = %s, over %lld dims), in float32 as Hugging Face "
-                    "computes it (ir/rope.c). */",
-                    ir_rope_scaling_name(ir_rope_params_of(e->m, s->rope_op, s->head_dim).scaling),
-                    ir_format_float(s->theta, theta_text, sizeof theta_text), (long long)(2 * s->half));
-            cg_line(t, "static __device__ const float INVERSE_FREQUENCY_%u[HALF_%u] = {", i, i);
-            for (int64_t j = 0; j < s->half; j++)
-                cg_line(t, "%s%s", cg_float_literal(e, s->rope.inv_freq[j]), j + 1 < s->half ? "," : "");
-            cg_line(t, "};");
-            if (s->rope.attention_factor != 1.0f)
-                cg_line(t, "#define ATTENTION_FACTOR_%u %s /* cos and sin are scaled by it */", i,
-                        cg_float_literal(e, s->rope.attention_factor));
-        }
-    }
-    cg_text_printf(t, "enum { START_0 = 0"); /* the first unit of each output */
-    for (uint32_t i = 1; i <= p.segment_count; i++)
-        cg_text_printf(t, ", START_%u = START_%u + UNITS_%u", i, i - 1, i - 1);
-    cg_text_printf(t, " };\n");
+    write_segment_constants(&b, &p);
     if (p.norm) cg_line(t, "#define EPS %s", cg_float_literal(e, p.eps));
     if (p.norm && p.norm_offset != 0.0)
         cg_line(t, "#define NORM_OFFSET %s /* the norm's weights are NORM_OFFSET + w (Gemma) */",
@@ -704,7 +818,7 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
             cg_line(t, "} else {");
         cg_line(t, "/* output %u: %s */", i, segment_tag(e, &p.segments[i]));
         cg_line(t, "unit = global_unit - START_%u;", i);
-        write_select(&b, &p.segments[i], i);
+        write_select(&b, &p.segments[i], i, false);
     }
     cg_line(t, "}");
     cg_line(t, "float sums[TOKEN_TILE][2], squares[TOKEN_TILE];");
@@ -734,5 +848,122 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     b.k->flops = (prog_poly){.per_token = 2.0 * rows * (double)p.k};
     e->out->kind = CG_LOWER_KERNELS;
     e->out->fused_max_tokens = IR_GEMV_MAX_TOKENS;
+    return true;
+}
+
+/* ---- the GEMM epilogue ------------------------------------------------------------------ */
+
+/* Above the GEMV's token counts, a group over a weight concatenated at
+ * compile time runs its matmul as one GEMM (cuBLASLt; OpenBLAS on the host),
+ * the concatenated bias in the GEMM's epilogue, and then this one kernel
+ * over the GEMM's output product [T, N]: each output's epilogue as the GEMV
+ * has it (a part of the split copied out, rotated, SwiGLU, a residual
+ * added), one thread per unit, TOKENS_PER_BLOCK tokens per block row, and
+ * the KV cache rows of k and v when attention leaves them to the group in
+ * every step (cache_written_upto at the token bound, passes/fuse.c). */
+enum { EPILOGUE_THREADS = 256, EPILOGUE_TOKENS_PER_BLOCK = 16 };
+
+static bool emit_gemm_epilogue(cg_emit *e, const cg_group *g, gemv_plan *p) {
+    const ir_module *m = e->m;
+    uint32_t matmul = cg_group_concat_matmul(m, g);
+    if (matmul == IR_NONE) return refuse(e, "no matmul over a concatenated weight for a GEMM epilogue");
+    ir_value_id product = m->ops[matmul].results[0];
+    int64_t n = m->values[product].type.dims[1].size, units = 0;
+    p->norm = false; /* the norm ran before the GEMM, the bias in it */
+    for (uint32_t i = 0; i < p->segment_count; i++) {
+        gemv_segment *s = &p->segments[i];
+        if (s->weight[0] != m->ops[matmul].operands[1]) return refuse(e, "outputs of more than one matmul");
+        s->bias[0] = s->bias[1] = IR_NO_VALUE;
+        /* The KV cache: this kernel's to write when attention leaves it every step above the GEMV's. */
+        if (s->cache_role && ir_op_int(m, s->attention, "cache_written_upto") < m->planned_tokens) {
+            s->cache_role = 0;
+            s->attention = IR_NONE;
+        }
+        units += s->units;
+    }
+    cg_text name;
+    cg_text_init(&name);
+    ir_value_id typed[2] = {product, p->segments[0].out};
+    cg_text_printf(&name, "gemm_epilogue_%s_n%lld", cg_dtype_tag(e, typed, 2), (long long)n);
+    for (uint32_t i = 0; i < p->segment_count; i++) {
+        cg_text_printf(&name, "_%s", segment_tag(e, &p->segments[i]));
+        if (cg_storage_dtype(m, p->segments[i].out) != cg_storage_dtype(m, p->segments[0].out))
+            cg_text_printf(&name, "%s", cg_dtype_name(cg_storage_dtype(m, p->segments[i].out)));
+    }
+    const char *kernel_name = arena_strdup(&e->scratch, name.data);
+    cg_text_free(&name);
+
+    cg_kernel_builder b;
+    cg_kernel_begin(
+        &b, e, kernel_name,
+        "The epilogue of a GEMM over concatenated weights: one thread per unit (an output column, "
+        "or the two columns of a rotary pair or of SwiGLU's gate and up) of each output, "
+        "TOKENS_PER_BLOCK tokens per block row");
+    b.k->family = "gemv";
+    uint32_t c = cg_param_value(&b, "product", product, true);
+    uint32_t pos = p->pos != IR_NO_VALUE ? cg_param_value(&b, "pos", p->pos, true) : UINT32_MAX;
+    for (uint32_t i = 0; i < p->segment_count; i++) {
+        gemv_segment *s = &p->segments[i];
+        if (s->residual != IR_NO_VALUE)
+            s->p_residual = param_once(&b, arena_printf(&e->scratch, "residual%u", i), s->residual, true);
+        s->p_out = cg_param_value(&b, arena_printf(&e->scratch, "out%u", i), s->out, false);
+        write_cache_params(&b, s, i);
+    }
+    cg_param_tokens(&b);
+    cg_kernel_launch(&b, (prog_affine){0, units, EPILOGUE_THREADS},
+                     (prog_affine){1, EPILOGUE_TOKENS_PER_BLOCK - 1, EPILOGUE_TOKENS_PER_BLOCK},
+                     EPILOGUE_THREADS);
+    cg_kernel_open(&b);
+    cg_text *t = &b.text;
+    cg_line(t, "enum { N = %lld, UNITS = %lld, TOKENS_PER_BLOCK = %d }; /* product is [tokens, N] */",
+            (long long)n, (long long)units, EPILOGUE_TOKENS_PER_BLOCK);
+    write_segment_constants(&b, p);
+    cg_blank(t);
+    cg_kernel_signature(&b);
+    bool rope = false;
+    for (uint32_t i = 0; i < p->segment_count; i++)
+        rope |= p->segments[i].kind == GEMV_ROPE;
+    cg_line(t, "long long global_unit = (long long)blockIdx.x * blockDim.x + threadIdx.x;");
+    cg_line(t, "if (global_unit >= UNITS)");
+    cg_line(t, "    return;");
+    cg_line(t, "/* The unit's columns of product: ca (and cb, when rows == 2). */");
+    cg_line(t, "long long unit = 0, row0 = 0, ca = 0, cb = 0%s;", rope ? ", row1 = 0, pair = 0" : "");
+    cg_line(t, "int rows = 1;");
+    for (uint32_t i = 0; i < p->segment_count; i++) {
+        if (p->segment_count == 1)
+            cg_line(t, "{");
+        else if (i == 0)
+            cg_line(t, "if (global_unit < START_1) {");
+        else if (i + 1 < p->segment_count)
+            cg_line(t, "} else if (global_unit < START_%u) {", i + 1);
+        else
+            cg_line(t, "} else {");
+        cg_line(t, "/* output %u: %s */", i, segment_tag(e, &p->segments[i]));
+        cg_line(t, "unit = global_unit - START_%u;", i);
+        write_select(&b, &p->segments[i], i, true);
+    }
+    cg_line(t, "}");
+    cg_line(t, "long long first = (long long)blockIdx.y * TOKENS_PER_BLOCK;");
+    cg_line(t, "for (long long t0 = first; t0 < first + TOKENS_PER_BLOCK && t0 < tokens; t0++) {");
+    cg_line(t, "const int i = 0; /* the GEMV's epilogue on a tile of one token */");
+    cg_line(t, "float sums[1][2];");
+    cg_line(t, "sums[i][0] = %s;", cg_load(&b, c, "t0 * N + ca"));
+    cg_line(t, "sums[i][1] = rows == 2 ? %s : 0.0f;", cg_load(&b, c, "t0 * N + cb"));
+    for (uint32_t i = 0; i < p->segment_count; i++) {
+        if (p->segment_count == 1)
+            cg_line(t, "{");
+        else if (i == 0)
+            cg_line(t, "if (global_unit < START_1) {");
+        else if (i + 1 < p->segment_count)
+            cg_line(t, "} else if (global_unit < START_%u) {", i + 1);
+        else
+            cg_line(t, "} else {");
+        cg_line(t, "/* output %u */", i);
+        write_epilogue(&b, p, &p->segments[i], i, pos);
+    }
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_kernel_end(&b);
+    e->out->kind = CG_LOWER_KERNELS;
     return true;
 }

@@ -60,6 +60,7 @@ typedef struct cg_emit {
     int32_t token_symbol;
     cg_group_lowering *out;
     const cg_group *group; /* the group being emitted (its comment lists every op) */
+    bool gemm_epilogue;    /* emit the GEMM epilogue of a GEMV group (cg_emit_gemm_epilogue) */
 } cg_emit;
 
 /* The family emitters. Each fills e->out (kind, kernels, states) or reports
@@ -80,8 +81,9 @@ bool cg_emit_split(cg_emit *e);      /* emit_layout.c */
 bool cg_emit_slice(cg_emit *e);      /* emit_layout.c */
 bool cg_emit_argmax(cg_emit *e);     /* emit_argmax.c */
 /* A fused group of several ops; e->op is its first. */
-bool cg_emit_gemv_group(cg_emit *e, const cg_group *g); /* emit_gemv.c */
-bool cg_emit_add_norm(cg_emit *e, const cg_group *g);   /* emit_norm.c: {add, rms_norm | layer_norm} */
+bool cg_emit_gemv_group(cg_emit *e, const cg_group *g);        /* emit_gemv.c */
+bool cg_emit_elementwise_chain(cg_emit *e, const cg_group *g); /* emit_elementwise.c */
+bool cg_emit_add_norm(cg_emit *e, const cg_group *g);          /* emit_norm.c: {add, rms_norm | layer_norm} */
 
 /* emit_argmax.c: the plan's greedy kernel; the op is the logits' output (cg_emit_greedy). */
 bool cg_emit_greedy_argmax(cg_emit *e);

@@ -12,6 +12,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* What a GEMM of a fused group's matmul takes from the ops after it in a
+ * step that runs the group op by op: a bias add (a [N] weight, when the
+ * matmul has none: cuBLASLt's bias epilogue) and a residual add (an operand
+ * of the result's type and storage: cuBLASLt's C with beta = 1). `out` is
+ * what the GEMM writes: the last of those adds' results, or the matmul's. */
+typedef struct gemm_epilogue {
+    ir_value_id bias, residual, out;
+} gemm_epilogue;
+
 typedef struct lowering_state {
     const ir_module *m;
     cg_lowered *out;
@@ -22,6 +31,7 @@ typedef struct lowering_state {
     uint32_t *state_base;         /* [step_count] first state buffer of the group */
     cg_group_lowering **unfused;  /* [step_count + 1] a fused group's ops one by one (its op_count
                                      lowerings), run above its fused_max_tokens; NULL: none */
+    gemm_epilogue **epilogues;    /* [step_count + 1] beside unfused: each matmul's GEMM epilogue */
     uint32_t kernel_capacity;     /* of out->kernels */
     bool greedy;                  /* groups[step_count] is the greedy kernel (cg_emit_greedy) */
 } lowering_state;
@@ -152,13 +162,71 @@ static uint32_t add_kernel(lowering_state *s, const cg_kernel *k) {
 
 /* A fused group's ops, each as it runs alone: what a step of more tokens than
  * the fused kernel is made for runs (the buffers of the group's inner values
- * are planned, plan-memory). */
+ * are planned, plan-memory). A group over a concatenated weight runs the ops
+ * up to its matmul so, the matmul as one GEMM, and the ops after it as one
+ * kernel over the GEMM's output (cg_emit_gemm_epilogue), the lowering of the
+ * op after the matmul; the rest lower to nothing. */
+static bool is_group_output(const cg_group *g, ir_value_id v) {
+    for (uint32_t i = 0; i < g->output_count; i++)
+        if (g->outputs[i] == v) return true;
+    return false;
+}
+
+/* The epilogue the GEMM of the matmul at position i of group g takes; the
+ * ops it takes lower to nothing (*taken: how many after i). */
+static gemm_epilogue find_gemm_epilogue(const lowering_state *s, const cg_group *g, uint32_t i,
+                                        uint32_t *taken) {
+    const ir_module *m = s->m;
+    const ir_op *matmul = &m->ops[g->ops[i]];
+    gemm_epilogue ep = {IR_NO_VALUE, IR_NO_VALUE, matmul->results[0]};
+    *taken = 0;
+    smelt_dtype storage = cg_storage_dtype(m, ep.out);
+    for (uint32_t j = i + 1; j < g->op_count && j <= i + 2; j++) {
+        const ir_op *add = &m->ops[g->ops[j]];
+        if (add->kind != IR_OP_ADD || is_group_output(g, ep.out) ||
+            cg_storage_dtype(m, add->results[0]) != storage ||
+            !ir_type_equal(&m->values[add->results[0]].type, &m->values[ep.out].type))
+            break;
+        ir_value_id other = add->operands[0] == ep.out ? add->operands[1] : add->operands[0];
+        if (other == ep.out || (add->operands[0] != ep.out && add->operands[1] != ep.out)) break;
+        const ir_type *t = &m->values[other].type;
+        bool weight = m->ops[m->values[other].def_op].kind == IR_OP_WEIGHT && t->rank == 1;
+        if (weight && ep.bias == IR_NO_VALUE && ep.residual == IR_NO_VALUE && matmul->operand_count == 2)
+            ep.bias = other;
+        else if (!weight && ep.residual == IR_NO_VALUE && ir_type_equal(t, &m->values[ep.out].type) &&
+                 cg_storage_dtype(m, other) == storage)
+            ep.residual = other;
+        else
+            break;
+        ep.out = add->results[0];
+        ++*taken;
+    }
+    return ep;
+}
+
 static bool emit_unfused(lowering_state *s, uint32_t g) {
     const cg_group *group = &s->groups[g];
     s->unfused[g] = arena_array(&s->out->arena, group->op_count, sizeof *s->unfused[g]);
+    memset(s->unfused[g], 0, group->op_count * sizeof *s->unfused[g]);
+    s->epilogues[g] = arena_array(&s->out->arena, group->op_count, sizeof *s->epilogues[g]);
+    uint32_t concat = cg_group_concat_matmul(s->m, group), epilogue = UINT32_MAX, skip = 0;
     bool ok = true;
     for (uint32_t i = 0; i < group->op_count && ok; i++) {
+        if (epilogue != UINT32_MAX) continue; /* in the epilogue kernel */
+        if (skip > 0) {                       /* in the GEMM's epilogue */
+            skip--;
+            continue;
+        }
         ok = cg_emit_op(s->m, group->ops[i], &s->out->arena, &s->unfused[g][i], s->d);
+        if (ok && s->unfused[g][i].kind == CG_LOWER_GEMM && group->ops[i] != concat)
+            s->epilogues[g][i] = find_gemm_epilogue(s, group, i, &skip);
+        else if (ok && s->unfused[g][i].kind == CG_LOWER_GEMM)
+            s->epilogues[g][i] =
+                (gemm_epilogue){IR_NO_VALUE, IR_NO_VALUE, s->m->ops[group->ops[i]].results[0]};
+        if (ok && group->ops[i] == concat && i + 1 < group->op_count) {
+            epilogue = i + 1;
+            ok = cg_emit_gemm_epilogue(s->m, group, &s->out->arena, &s->unfused[g][epilogue], s->d);
+        }
         if (ok && s->unfused[g][i].state_count > 0)
             SMELT_DIE("op %u of fused group %u keeps state", group->ops[i], group->id);
     }
@@ -171,6 +239,7 @@ static bool emit_groups(lowering_state *s) {
     /* One slot per step and the greedy kernel's; NULL: no unfused ops. */
     s->unfused = arena_array(&s->out->arena, s->step_count + 1, sizeof *s->unfused);
     memset(s->unfused, 0, (s->step_count + 1) * sizeof *s->unfused);
+    s->epilogues = arena_array(&s->out->arena, s->step_count + 1, sizeof *s->epilogues);
     for (uint32_t g = 0; g < s->step_count && !diag_should_stop(s->d); g++) {
         if (!cg_emit_group(s->m, &s->groups[g], &s->out->arena, &s->lowerings[g], s->d)) {
             ok = false;
@@ -226,28 +295,34 @@ static prog_affine rows_of(int32_t token_symbol, const ir_type *t) {
     return tokens ? (prog_affine){rows, 0, 1} : (prog_affine){0, rows, 1};
 }
 
-static bool build_gemm(lowering_state *s, uint32_t i, prog_instr *instr) {
+/* The GEMM of matmul i, with its epilogue (NULL: none; the matmul's own
+ * bias operand is the bias either way). */
+static bool build_gemm(lowering_state *s, uint32_t i, const gemm_epilogue *ep, prog_instr *instr) {
     const ir_module *m = s->m;
     const ir_op *op = &m->ops[i];
     prog_gemm *g = &instr->as.gemm;
     instr->wanted_rows = op->wanted_rows;
     const ir_type *x = &m->values[op->operands[0]].type;
     const ir_type *y = &m->values[op->results[0]].type;
+    ir_value_id out = ep ? ep->out : op->results[0];
+    ir_value_id bias = op->operand_count == 3 ? op->operands[2] : ep ? ep->bias : IR_NO_VALUE;
     instr->op = PROG_OP_GEMM;
     g->m = rows_of(ir_token_symbol(m), x);
     g->k = x->dims[x->rank - 1].size;
     g->n = y->dims[y->rank - 1].size;
     g->b_transposed = strcmp(ir_op_string(m, i, "layout"), "out_in") == 0;
-    g->has_bias = op->operand_count == 3;
+    g->has_bias = bias != IR_NO_VALUE;
+    g->has_residual = ep && ep->residual != IR_NO_VALUE;
     g->dtype_a = cg_storage_dtype(m, op->operands[0]);
     g->dtype_b = cg_storage_dtype(m, op->operands[1]);
-    g->dtype_c = cg_storage_dtype(m, op->results[0]);
+    g->dtype_c = cg_storage_dtype(m, out);
     bool ok = value_ref(s, op->operands[0], &g->a) && value_ref(s, op->operands[1], &g->b) &&
-              value_ref(s, op->results[0], &g->c);
+              value_ref(s, out, &g->c);
     if (g->has_bias) {
-        g->dtype_bias = cg_storage_dtype(m, op->operands[2]);
-        ok = ok && value_ref(s, op->operands[2], &g->bias);
+        g->dtype_bias = cg_storage_dtype(m, bias);
+        ok = ok && value_ref(s, bias, &g->bias);
     }
+    if (g->has_residual) ok = ok && value_ref(s, ep->residual, &g->residual);
     if (!ok)
         diag_error(s->d, op->loc, "matmul: an operand has no buffer (a constant cannot be a matmul operand)");
     return ok;
@@ -309,22 +384,53 @@ static bool build_launch(lowering_state *s, uint32_t g, const cg_kernel *k, prog
     return true;
 }
 
+/* The entry of a weight concat (ir_op_is_weight_concat): its parts by
+ * their names, and a name of its own, the parts' joined by " + " (or the
+ * first's and a count, were that too long for a plan). */
+static void concat_parts(lowering_state *s, uint32_t i, prog_weight *w) {
+    const ir_module *m = s->m;
+    const ir_op *op = &m->ops[i];
+    if (op->operand_count > PROG_MAX_WEIGHT_PARTS)
+        SMELT_DIE("a weight concat of %u parts (fuse makes at most %d)", op->operand_count,
+                  PROG_MAX_WEIGHT_PARTS);
+    w->part_count = op->operand_count;
+    w->parts = arena_array(&s->out->arena, op->operand_count, sizeof *w->parts);
+    const char *name = "";
+    for (uint32_t k = 0; k < op->operand_count; k++) {
+        ir_value_id part = op->operands[k];
+        w->parts[k].name = ir_op_string(m, m->values[part].def_op, "name");
+        w->parts[k].rows = m->values[part].type.dims[0].size;
+        name = arena_printf(&s->out->arena, "%s%s%s", name, k ? " + " : "", w->parts[k].name);
+    }
+    if (strlen(name) > 4096)
+        name = arena_printf(&s->out->arena, "%s + %u more", w->parts[0].name, op->operand_count - 1);
+    w->name = name;
+}
+
 static bool build_weight_table(lowering_state *s) {
     const ir_module *m = s->m;
     program *p = &s->out->program;
     for (uint32_t i = 0; i < m->op_count; i++)
-        if (!m->ops[i].dead && m->ops[i].kind == IR_OP_WEIGHT) p->weight_count++;
+        if (!m->ops[i].dead && m->ops[i].result_count == 1 &&
+            m->values[m->ops[i].results[0]].buffer.kind == IR_BUFFER_WEIGHT)
+            p->weight_count++;
     p->weights = arena_array(&s->out->arena, p->weight_count ? p->weight_count : 1, sizeof *p->weights);
     bool ok = true;
     for (uint32_t i = 0; i < m->op_count; i++) {
         const ir_op *op = &m->ops[i];
-        if (op->dead || op->kind != IR_OP_WEIGHT) continue;
+        if (op->dead || op->result_count != 1) continue;
         const ir_value *value = &m->values[op->results[0]];
-        if (value->buffer.kind != IR_BUFFER_WEIGHT || value->buffer.offset >= p->weight_count)
-            SMELT_DIE("weight op %u has no weight-table entry after plan-memory", i);
+        if (value->buffer.kind != IR_BUFFER_WEIGHT) continue;
+        if (value->buffer.offset >= p->weight_count ||
+            (op->kind != IR_OP_WEIGHT && !ir_op_is_weight_concat(m, i)))
+            SMELT_DIE("op %u has a weight buffer but is no weight-table entry", i);
         prog_weight *w = &p->weights[value->buffer.offset];
-        w->name = ir_op_string(m, i, "name");
-        w->stacked = ir_op_string(m, i, "stack")[0] != '\0';
+        if (op->kind == IR_OP_WEIGHT) {
+            w->name = ir_op_string(m, i, "name");
+            w->stacked = ir_op_string(m, i, "stack")[0] != '\0';
+        } else {
+            concat_parts(s, i, w);
+        }
         w->dtype = cg_storage_dtype(m, op->results[0]);
         w->rank = value->type.rank;
         for (unsigned d = 0; d < value->type.rank; d++)
@@ -378,7 +484,7 @@ static bool build_program(lowering_state *s) {
         if (lo->kind == CG_LOWER_GEMM) {
             prog_instr *instr = &p->instrs[p->instr_count++];
             instr->ir_op = first;
-            ok = build_gemm(s, first, instr) && ok;
+            ok = build_gemm(s, first, NULL, instr) && ok;
             instr->cost = program_gemm_cost(&instr->as.gemm);
         } else if (lo->kind == CG_LOWER_KERNELS) {
             for (uint32_t k = 0; k < lo->kernel_count; k++) {
@@ -398,7 +504,7 @@ static bool build_program(lowering_state *s) {
             if (one->kind == CG_LOWER_GEMM) {
                 prog_instr *instr = &p->instrs[p->instr_count++];
                 instr->ir_op = op;
-                ok = build_gemm(s, op, instr) && ok;
+                ok = build_gemm(s, op, &s->epilogues[g][i], instr) && ok;
                 instr->cost = program_gemm_cost(&instr->as.gemm);
             }
             for (uint32_t k = 0; one->kind == CG_LOWER_KERNELS && k < one->kernel_count; k++) {

@@ -80,9 +80,14 @@ bool drv_bind_checkpoint(const smelt_plan *plan, const program *p, smelt_engine 
     uint32_t missing = 0;
     for (uint32_t i = 0; p && i < p->weight_count; i++) {
         const prog_weight *w = &p->weights[i];
-        if (w->data_offset != UINT64_MAX || st_checkpoint_find(&ck, w->name)) continue;
-        if (!first_missing) first_missing = w->name;
-        missing++;
+        if (w->data_offset != UINT64_MAX) continue;
+        /* A concatenated weight (passes/fuse.c) is bound by its parts' names. */
+        for (uint32_t k = 0; k < (w->part_count ? w->part_count : 1); k++) {
+            const char *name = w->part_count ? w->parts[k].name : w->name;
+            if (st_checkpoint_find(&ck, name)) continue;
+            if (!first_missing) first_missing = name;
+            missing++;
+        }
     }
     if (missing) {
         char more[96] = "";

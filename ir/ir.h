@@ -325,6 +325,17 @@ bool ir_type_bytes(const ir_module *m, const ir_type *t, int32_t token_symbol, i
  * weight, const, output) and views (IR_OPF_VIEW: reshape) do not; nor do
  * dead ops. */
 bool ir_op_launches(const ir_module *m, uint32_t op);
+/* Is op `op` a concatenation of weights along dim 0 (concat {axis = 0} of
+ * two or more values that weight ops declare)? The weight it makes is
+ * assembled at compile time (or when the parts are bound by name) and
+ * launches nothing: passes/fuse.c makes them for sibling matmuls. */
+bool ir_op_is_weight_concat(const ir_module *m, uint32_t op);
+/* Which ops have a weight-table entry (a buffer of their own, plan-memory):
+ * every weight concat, and every weight op that something other than a
+ * weight concat reads (or nothing reads); a weight op read only by weight
+ * concats is a part of theirs. op_count entries, malloc'd (the caller
+ * frees); NULL when out of memory. */
+bool *ir_weight_table_ops(const ir_module *m);
 /* The view root of every value: the value whose buffer it is — itself, or
  * the operand at the end of the chain of views (IR_OPF_VIEW: reshape) that
  * defines it. value_count entries, malloc'd (the caller frees); NULL when

@@ -297,11 +297,52 @@ bool ir_type_bytes(const ir_module *m, const ir_type *t, int32_t token_symbol, i
     return smelt_dtype_storage_bytes(t->dtype, elements, out);
 }
 
+bool ir_op_is_weight_concat(const ir_module *m, uint32_t op) {
+    const ir_op *o = &m->ops[op];
+    if (o->dead || o->kind != IR_OP_CONCAT || o->operand_count < 2) return false;
+    const ir_attr *axis = ir_op_attr(m, op, "axis");
+    if (!axis || axis->kind != IR_ATTR_INT || axis->as.i != 0) return false;
+    for (uint32_t j = 0; j < o->operand_count; j++)
+        if (m->ops[m->values[o->operands[j]].def_op].kind != IR_OP_WEIGHT) return false;
+    return true;
+}
+
 bool ir_op_launches(const ir_module *m, uint32_t op) {
     const ir_op *o = &m->ops[op];
     if (o->dead || (unsigned)o->kind >= IR_OP_COUNT) return false;
     const ir_op_info *info = ir_op_info_of(o->kind);
-    return strcmp(info->family, "decl") != 0 && !(info->flags & IR_OPF_VIEW);
+    return strcmp(info->family, "decl") != 0 && !(info->flags & IR_OPF_VIEW) &&
+           !ir_op_is_weight_concat(m, op);
+}
+
+bool *ir_weight_table_ops(const ir_module *m) {
+    bool *entry = calloc(m->op_count ? m->op_count : 1, sizeof *entry);
+    bool *other_reader = calloc(m->op_count ? m->op_count : 1, sizeof *other_reader);
+    bool *in_concat = calloc(m->op_count ? m->op_count : 1, sizeof *in_concat);
+    if (!entry || !other_reader || !in_concat) {
+        free(entry);
+        free(other_reader);
+        free(in_concat);
+        return NULL;
+    }
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *o = &m->ops[i];
+        if (o->dead) continue;
+        bool concat = ir_op_is_weight_concat(m, i);
+        entry[i] = concat;
+        for (uint32_t j = 0; j < o->operand_count; j++) {
+            uint32_t def = m->values[o->operands[j]].def_op;
+            if (concat)
+                in_concat[def] = true;
+            else
+                other_reader[def] = true;
+        }
+    }
+    for (uint32_t i = 0; i < m->op_count; i++)
+        if (!m->ops[i].dead && m->ops[i].kind == IR_OP_WEIGHT) entry[i] = other_reader[i] || !in_concat[i];
+    free(other_reader);
+    free(in_concat);
+    return entry;
 }
 
 ir_value_id *ir_view_roots(const ir_module *m) {

@@ -11,10 +11,19 @@
  *   one GEMM), reading the group's inputs and writing its outputs
  *   (codegen/emit.h).
  * Rules (each a function below; none with pass_options.no_fuse, which keeps
- *   one op per group — the kernels smelt had before fusion). They build the
- *   fused groups codegen has emitters for: a GEMV group
- *   (codegen/emit_gemv.c), matmuls over one input, each weight read once by
- *   one kernel, with
+ *   separate weights and one op per group — the kernels smelt had before
+ *   fusion). First a rewrite:
+ *   - concat_sibling_weights: sibling matmuls (one x, out_in weights of one
+ *     dtype that nothing else reads, all with a bias or none) become one
+ *     matmul over concat(weights) {axis = 0} — a weight concatenated at
+ *     compile time: it launches nothing, has the weight-table entry
+ *     (plan-memory) and is filled from the parts by their names — with the
+ *     biases concatenated likewise, and a split of its result; refused where
+ *     a weight is read elsewhere (it would be held twice), dtypes or biases
+ *     differ, or a part is declared after a reader of a sibling's result.
+ *   Then the groups. They build the fused groups codegen has emitters for:
+ *   a GEMV group (codegen/emit_gemv.c), matmuls over one input, each weight
+ *   read once by one kernel, with
  *   - fuse_sibling_matmuls: matmuls (out_in layout, a [N, K] weight) that
  *     read the same [T, K] value and whose weights share a dtype (Q, K and
  *     V; gate and up) — one kernel over the weights side by side, as if
@@ -25,21 +34,32 @@
  *     reader: a bias add (a [N] weight), then one of: a residual add (an
  *     operand of exactly the result's type), rope through a reshape to
  *     [T, H, Dh], or SwiGLU — silu of it times the result of a sibling;
+ *     on a matmul over concatenated weights, the split of its result and
+ *     then that chain on each part;
  *   - fuse_kv_cache_write: an attention op whose k and v are made by one
  *     fused GEMV group (k through rope or plain, v plain) gets
  *     cache_written_upto = IR_GEMV_MAX_TOKENS: that kernel writes the K/V
  *     cache in its epilogue in the steps it runs, so the attention group
- *     only reads the cache there (it writes it itself in larger steps);
- *     not for an f8e4m3 cache (kv_dtype), whose scale per row needs the
- *     whole head that no single unit of the GEMV sees;
+ *     only reads the cache there (it writes it itself in larger steps) —
+ *     or the token dim's bound, when k and v are parts of a matmul over
+ *     concatenated weights: its GEMM's epilogue kernel writes the cache in
+ *     the larger steps, so attention never does; not for an f8e4m3 cache
+ *     (kv_dtype), whose scale per row needs the whole head that no single
+ *     unit of the GEMV sees;
  *   and, where no GEMV group took the norm (GPT-2's in_out matmuls; a norm
  *   read by other ops),
  *   - fuse_residual_norm: add(a, b) and the rms_norm or layer_norm of its
  *     result, a, b and the result of one type [T, D]: one kernel writes the
- *     new residual and the normalised row (codegen/emit_norm.c).
+ *     new residual and the normalised row (codegen/emit_norm.c);
+ *   and last, among the ops left in groups of elementwise ops only,
+ *   - fuse_elementwise_chains: an elementwise op whose result has one
+ *     reader, elementwise with a result of the same dtype, joins the
+ *     reader's group: one kernel computes the chain in registers
+ *     (codegen/emit_elementwise.c).
  *   Other rules never merge a value that something outside the group reads
  *   (it would have to be written anyway), nor shapes or dtypes the kernel
- *   does not take; tests/ir/fuse.ir has a case for each refusal.
+ *   does not take; tests/ir/fuse.ir, fuse-concat.ir and fuse-chains.ir have
+ *   a case for each refusal.
  * Breaks: schedule and plan-memory (their annotations are cleared: a new
  *   grouping needs a new order and a new memory plan).
  */
@@ -90,7 +110,10 @@ static const ir_type *type_of(const fuse_state *s, ir_value_id v) { return &s->m
 
 static const ir_op *def_of(const fuse_state *s, ir_value_id v) { return &s->m->ops[s->m->values[v].def_op]; }
 
-static bool is_weight(const fuse_state *s, ir_value_id v) { return def_of(s, v)->kind == IR_OP_WEIGHT; }
+/* A weight, or weights concatenated at compile time (concat_sibling_weights). */
+static bool is_weight(const fuse_state *s, ir_value_id v) {
+    return def_of(s, v)->kind == IR_OP_WEIGHT || ir_op_is_weight_concat(s->m, s->m->values[v].def_op);
+}
 
 static bool is_float(const ir_type *t) { return t->dtype == SMELT_DTYPE_F32 || t->dtype == SMELT_DTYPE_BF16; }
 
@@ -127,6 +150,196 @@ static uint32_t only_reader(const fuse_state *s, ir_value_id v) {
     if (s->uses[v] != 1) return IR_NONE;
     uint32_t r = s->reader[v];
     return s->m->ops[r].kind == IR_OP_OUTPUT ? IR_NONE : r;
+}
+
+/* ---- weights concatenated at compile time --------------------------------------------------- */
+
+enum { CONCAT_MAX_MEMBERS = 8 }; /* the GEMV kernel's outputs (codegen/emit_gemv.c) */
+
+/* One matmul of a concatenation: y = matmul(x, weight) (+ bias, as its
+ * third operand or as the add that is y's only reader). `result` is what a
+ * result of the split replaces: y, or the bias add's result. */
+typedef struct concat_member {
+    uint32_t matmul, bias_add; /* bias_add: IR_NONE when none */
+    ir_value_id weight, bias, result;
+} concat_member;
+
+static const ir_type *concat_type(const fuse_state *c, ir_value_id v) { return &c->m->values[v].type; }
+
+/* A weight the concatenation may take: declared by a plain weight op (not
+ * stacked, not quantized, row-major), float, read by nothing else. */
+static bool concat_weight(const fuse_state *c, ir_value_id v, unsigned rank) {
+    const ir_module *m = c->m;
+    uint32_t def = m->values[v].def_op;
+    const ir_type *t = concat_type(c, v);
+    if (m->ops[def].kind != IR_OP_WEIGHT || c->uses[v] != 1 || t->rank != rank || !is_float(t) ||
+        ir_op_string(m, def, "stack")[0] != '\0' || strcmp(ir_op_string(m, def, "quant"), "none") != 0 ||
+        strcmp(ir_op_string(m, def, "layout"), "row_major") != 0)
+        return false;
+    for (unsigned d = 0; d < rank; d++)
+        if (ir_dim_is_symbol(t->dims[d])) return false;
+    return true;
+}
+
+/* Matmul i as a member: x [T, K] and y [T, N] float, an out_in [N, K] weight. */
+static bool concat_member_of(const fuse_state *c, uint32_t i, concat_member *out) {
+    const ir_module *m = c->m;
+    const ir_op *op = &m->ops[i];
+    if (op->dead || op->kind != IR_OP_MATMUL || strcmp(ir_op_string(m, i, "layout"), "out_in") != 0)
+        return false;
+    const ir_type *x = concat_type(c, op->operands[0]), *y = concat_type(c, op->results[0]);
+    if (x->rank != 2 || y->rank != 2 || c->token_symbol < 0 || x->dims[0].symbol != c->token_symbol ||
+        y->dims[0].symbol != c->token_symbol || ir_dim_is_symbol(x->dims[1]) || !is_float(x) ||
+        !is_float(y) || !concat_weight(c, op->operands[1], 2))
+        return false;
+    const ir_type *w = concat_type(c, op->operands[1]);
+    if (w->dims[1].size != x->dims[1].size || w->dims[0].size != y->dims[1].size) return false;
+    *out = (concat_member){i, IR_NONE, op->operands[1], IR_NO_VALUE, op->results[0]};
+    if (op->operand_count == 3) {
+        if (!concat_weight(c, op->operands[2], 1) ||
+            concat_type(c, op->operands[2])->dims[0].size != w->dims[0].size)
+            return false;
+        out->bias = op->operands[2];
+        return true;
+    }
+    ir_value_id v = op->results[0];
+    if (c->uses[v] != 1) return true;
+    uint32_t r = c->reader[v];
+    const ir_op *add = &m->ops[r];
+    if (add->kind != IR_OP_ADD) return true;
+    ir_value_id b = add->operands[0] == v ? add->operands[1] : add->operands[0];
+    if (b != v && concat_weight(c, b, 1) && concat_type(c, b)->dims[0].size == w->dims[0].size &&
+        ir_type_equal(concat_type(c, add->results[0]), y)) {
+        out->bias_add = r;
+        out->bias = b;
+        out->result = add->results[0];
+    }
+    return true;
+}
+
+/* Can b join a concatenation led by a: the same x, dtypes of weight, bias
+ * and result, both with a bias or neither. */
+static bool concat_siblings(const fuse_state *c, const concat_member *a, const concat_member *b) {
+    const ir_module *m = c->m;
+    if (m->ops[a->matmul].operands[0] != m->ops[b->matmul].operands[0] ||
+        concat_type(c, a->weight)->dtype != concat_type(c, b->weight)->dtype ||
+        concat_type(c, a->result)->dtype != concat_type(c, b->result)->dtype ||
+        (a->bias == IR_NO_VALUE) != (b->bias == IR_NO_VALUE))
+        return false;
+    return a->bias == IR_NO_VALUE || concat_type(c, a->bias)->dtype == concat_type(c, b->bias)->dtype;
+}
+
+/* concat(parts...) {axis = 0} of the members' weights (or biases) at `at`. */
+static ir_value_id insert_weight_concat(fuse_state *c, uint32_t at, const ir_value_id *parts, uint32_t count,
+                                        smelt_loc loc) {
+    ir_module *m = c->m;
+    uint32_t op = ir_insert_op(m, at, IR_OP_CONCAT, parts, count, 1, loc);
+    ir_op_fill_defaults(m, op);
+    ir_op_set_int(m, op, "axis", 0);
+    ir_type t = *concat_type(c, parts[0]);
+    for (uint32_t j = 1; j < count; j++)
+        t.dims[0].size += concat_type(c, parts[j])->dims[0].size;
+    m->values[m->ops[op].results[0]].type = t;
+    return m->ops[op].results[0];
+}
+
+/* Replaces the members by one matmul over their weights (and biases)
+ * concatenated along N, and a split of its result into theirs. Returns the
+ * ops inserted, 0 when the members' operands are not all defined before the
+ * first reader of their results (the new ops go between them). */
+static uint32_t concat_members(fuse_state *c, const concat_member *members, uint32_t count) {
+    ir_module *m = c->m;
+    const ir_op *first = &m->ops[members[0].matmul];
+    uint32_t at = m->values[first->operands[0]].def_op + 1, first_use = UINT32_MAX;
+    for (uint32_t k = 0; k < count; k++) {
+        ir_value_id defined[2] = {members[k].weight, members[k].bias};
+        for (int j = 0; j < 2; j++)
+            if (defined[j] != IR_NO_VALUE && m->values[defined[j]].def_op + 1 > at)
+                at = m->values[defined[j]].def_op + 1;
+    }
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *op = &m->ops[i];
+        for (uint32_t j = 0; j < op->operand_count && !op->dead && i < first_use; j++)
+            for (uint32_t k = 0; k < count; k++)
+                if (op->operands[j] == members[k].result) first_use = i;
+    }
+    if (at > first_use) return 0;
+    smelt_loc loc = first->loc;
+    ir_value_id x = first->operands[0], weights[CONCAT_MAX_MEMBERS], biases[CONCAT_MAX_MEMBERS];
+    ir_type y = *concat_type(c, members[0].result);
+    y.dims[1].size = 0;
+    ir_attr sizes = {.kind = IR_ATTR_INTS,
+                     .as.ints = {count, arena_array(&m->arena, count, sizeof(int64_t))}};
+    for (uint32_t k = 0; k < count; k++) {
+        weights[k] = members[k].weight;
+        biases[k] = members[k].bias;
+        sizes.as.ints.items[k] = concat_type(c, members[k].result)->dims[1].size;
+        y.dims[1].size += sizes.as.ints.items[k];
+        m->ops[members[k].matmul].dead = true;
+        if (members[k].bias_add != IR_NONE) m->ops[members[k].bias_add].dead = true;
+    }
+    uint32_t inserted = 0;
+    ir_value_id operands[3] = {x, insert_weight_concat(c, at + inserted++, weights, count, loc), IR_NO_VALUE};
+    if (members[0].bias != IR_NO_VALUE)
+        operands[2] = insert_weight_concat(c, at + inserted++, biases, count, loc);
+    uint32_t matmul =
+        ir_insert_op(m, at + inserted++, IR_OP_MATMUL, operands, operands[2] != IR_NO_VALUE ? 3 : 2, 1, loc);
+    ir_op_fill_defaults(m, matmul);
+    ir_op_set_string(m, matmul, "layout", "out_in");
+    ir_value_id joined = m->ops[matmul].results[0];
+    m->values[joined].type = y;
+    uint32_t split = ir_insert_op(m, at + inserted++, IR_OP_SPLIT, &joined, 1, count, loc);
+    ir_op_fill_defaults(m, split);
+    ir_op_set_int(m, split, "axis", 1);
+    ir_op_set_attr(m, split, "sizes", &sizes);
+    for (uint32_t k = 0; k < count; k++) {
+        ir_value_id part = m->ops[split].results[k];
+        m->values[part].type = *concat_type(c, members[k].result);
+        ir_replace_uses(m, members[k].result, part);
+    }
+    return inserted;
+}
+
+/* The use tables of the module as it is now (after a rewrite, again):
+ * readers of each value, and the op reading it when there is one. */
+static void count_uses(fuse_state *c) {
+    ir_module *m = c->m;
+    free(c->uses);
+    c->uses = NULL;
+    c->uses = ir_use_counts(m);
+    free(c->reader);
+    c->reader = NULL;
+    c->reader = malloc((m->value_count ? m->value_count : 1) * sizeof *c->reader);
+    if (!c->reader) arena_out_of_memory();
+    for (uint32_t i = 0; i < m->op_count; i++)
+        if (!m->ops[i].dead)
+            for (uint32_t j = 0; j < m->ops[i].operand_count; j++)
+                c->reader[m->ops[i].operands[j]] = i;
+}
+
+/* Sibling matmuls (the same x, out_in weights of one dtype that nothing
+ * else reads, all with a bias or none: Q, K and V; gate and up) become one
+ * matmul over their weights concatenated along N at compile time
+ * (concat {axis = 0} of weights, which launches nothing: the plan holds the
+ * one [sum N, K] weight, filled from the parts by their names), with their
+ * biases likewise, and a split of its [T, sum N] result into theirs. The
+ * decode GEMV reads that weight; a prefill step runs one GEMM over it. */
+static void concat_sibling_weights(fuse_state *c) {
+    ir_module *m = c->m;
+    c->token_symbol = ir_token_symbol(m);
+    count_uses(c);
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        concat_member members[CONCAT_MAX_MEMBERS];
+        if (!concat_member_of(c, i, &members[0])) continue;
+        uint32_t count = 1;
+        for (uint32_t j = i + 1; j < m->op_count && count < CONCAT_MAX_MEMBERS; j++)
+            if (concat_member_of(c, j, &members[count]) && concat_siblings(c, &members[0], &members[count]))
+                count++;
+        if (count < 2) continue;
+        uint32_t inserted = concat_members(c, members, count);
+        if (inserted == 0) continue;
+        count_uses(c);
+    }
 }
 
 /* ---- the rules ---------------------------------------------------------------------------- */
@@ -176,11 +389,33 @@ static void fuse_norm_prologue(fuse_state *s) {
 /* Op c (the only reader of the group's value it reads) joins group g. */
 static bool absorb(fuse_state *s, uint32_t c, uint32_t g) { return merge_groups(s, g, s->leader[c]); }
 
-/* The epilogue chain on the result of matmul i: bias, then residual | rope | SwiGLU. */
+static void fuse_epilogue_chain(fuse_state *s, uint32_t g, ir_value_id v);
+
+/* The epilogue chain on the result of matmul i: bias, then residual | rope |
+ * SwiGLU; or, on a matmul over concatenated weights, the split of its result
+ * along N and a chain on each part. */
 static void fuse_epilogue_of(fuse_state *s, uint32_t i) {
     ir_module *m = s->m;
     uint32_t g = s->leader[i];
     ir_value_id v = m->ops[i].results[0];
+    uint32_t c = only_reader(s, v);
+    if (c != IR_NONE && m->ops[c].kind == IR_OP_SPLIT &&
+        (ir_op_int(m, c, "axis") == 1 || ir_op_int(m, c, "axis") == -1) &&
+        type_of(s, v)->rank == 2) { /* axis 1 or -1: along N */
+        bool floats = true;
+        for (uint32_t r = 0; r < m->ops[c].result_count; r++)
+            floats = floats && is_token_rows(s, type_of(s, m->ops[c].results[r]));
+        if (!floats || !absorb(s, c, g)) return;
+        for (uint32_t r = 0; r < m->ops[c].result_count; r++)
+            fuse_epilogue_chain(s, g, m->ops[c].results[r]);
+        return;
+    }
+    fuse_epilogue_chain(s, g, v);
+}
+
+/* The epilogue chain on v, a matmul's result (or a part of it) in group g. */
+static void fuse_epilogue_chain(fuse_state *s, uint32_t g, ir_value_id v) {
+    ir_module *m = s->m;
     uint32_t c = only_reader(s, v);
     if (c == IR_NONE) return;
     const ir_op *op = &m->ops[c];
@@ -228,7 +463,7 @@ static void fuse_epilogue_of(fuse_state *s, uint32_t i) {
             !ir_type_equal(type_of(s, op->results[0]), type_of(s, v)))
             return;
         const ir_op *ud = def_of(s, u);
-        bool sibling = ud->kind == IR_OP_MATMUL ||
+        bool sibling = ud->kind == IR_OP_MATMUL || ud->kind == IR_OP_SPLIT ||
                        (ud->kind == IR_OP_ADD && def_of(s, ud->operands[0])->kind == IR_OP_MATMUL);
         if (sibling && absorb(s, c, g)) absorb(s, mul, g);
     }
@@ -246,7 +481,8 @@ static uint32_t gemv_output_group(const fuse_state *s, ir_value_id v, bool rope_
     const ir_module *m = s->m;
     uint32_t def = m->values[v].def_op, g = s->leader[def];
     ir_op_kind kind = m->ops[def].kind;
-    if (g == IR_NONE || !(kind == IR_OP_MATMUL || kind == IR_OP_ADD || (rope_allowed && kind == IR_OP_ROPE)))
+    if (g == IR_NONE || !(kind == IR_OP_MATMUL || kind == IR_OP_ADD || kind == IR_OP_SPLIT ||
+                          (rope_allowed && kind == IR_OP_ROPE)))
         return IR_NONE;
     uint32_t ops = 0;
     bool matmul = false;
@@ -287,6 +523,58 @@ static void fuse_residual_norm(fuse_state *s) {
     }
 }
 
+/* Is op i elementwise (add, mul, the activations: ops.def's flag), in a
+ * group of elementwise ops only (alone, or a chain this rule made)? */
+static bool in_elementwise_group(const fuse_state *s, uint32_t i) {
+    const ir_module *m = s->m;
+    uint32_t g = s->leader[i];
+    if (m->ops[i].dead || g == IR_NONE) return false;
+    for (uint32_t j = g; j < m->op_count; j++)
+        if (s->leader[j] == g && !(ir_op_info_of(m->ops[j].kind)->flags & IR_OPF_ELEMENTWISE)) return false;
+    return true;
+}
+
+/* An elementwise op whose result has one reader, an elementwise op whose
+ * result has the same dtype, joins that reader's group, when both groups
+ * hold elementwise ops only: Gemma 2's gelu(gate) * up and the mul and tanh
+ * of its softcap, Qwen2-MoE's sigmoid gate and its mul. The chain is one
+ * kernel over the elements of its last result, the inner values in
+ * registers (codegen/emit_elementwise.c); a result that broadcasts into its
+ * reader's (Qwen2-MoE's [T, 1] gate into [T, D]) is computed at each element
+ * it reaches. Not merged: a result read twice or by an op of another kind
+ * (a view that reshapes it, a norm), or by an op whose result has another
+ * dtype (the bf16 softcap's last mul into f32 logits: the rounding to bf16
+ * in between is the plan's). At most CHAIN_MAX_OPS ops (the emitter's
+ * bound). */
+enum { CHAIN_MAX_OPS = 16 };
+
+static void fuse_elementwise_chains(fuse_state *s) {
+    const ir_module *m = s->m;
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        if (!in_elementwise_group(s, i) || m->ops[i].result_count != 1) continue;
+        ir_value_id v = m->ops[i].results[0];
+        uint32_t c = only_reader(s, v);
+        if (c == IR_NONE || !in_elementwise_group(s, c) || s->leader[c] == s->leader[i] ||
+            type_of(s, m->ops[c].results[0])->dtype != type_of(s, v)->dtype || !is_float(type_of(s, v)) ||
+            group_size(s, i) + group_size(s, c) > CHAIN_MAX_OPS)
+            continue;
+        merge_groups(s, s->leader[i], s->leader[c]);
+    }
+}
+
+/* Is v (or the value a rope of the group makes it from) a part of the split
+ * of a matmul over a concatenated weight? Such a group runs, in steps above
+ * the GEMV's, one GEMM and one epilogue kernel (codegen/emit_gemv.c), which
+ * writes the KV cache too. */
+static bool from_concatenated_matmul(const fuse_state *s, ir_value_id v) {
+    const ir_module *m = s->m;
+    const ir_op *def = def_of(s, v);
+    if (def->kind == IR_OP_ROPE) def = def_of(s, s->root[def->operands[0]]);
+    if (def->kind != IR_OP_SPLIT) return false;
+    const ir_op *matmul = def_of(s, def->operands[0]);
+    return matmul->kind == IR_OP_MATMUL && ir_op_is_weight_concat(m, m->values[matmul->operands[1]].def_op);
+}
+
 static void fuse_kv_cache_write(fuse_state *s) {
     ir_module *m = s->m;
     for (uint32_t i = 0; i < m->op_count; i++) {
@@ -294,9 +582,15 @@ static void fuse_kv_cache_write(fuse_state *s) {
         if (op->dead || op->kind != IR_OP_ATTENTION) continue;
         ir_value_id k = s->root[op->operands[1]], v = s->root[op->operands[2]];
         uint32_t g = gemv_output_group(s, k, true);
-        if (g != IR_NONE && gemv_output_group(s, v, false) == g && is_float(type_of(s, k)) &&
-            is_float(type_of(s, v)) && strcmp(ir_op_string(m, i, "kv_dtype"), "auto") == 0)
-            ir_op_set_int(m, i, "cache_written_upto", IR_GEMV_MAX_TOKENS);
+        if (g == IR_NONE || gemv_output_group(s, v, false) != g || !is_float(type_of(s, k)) ||
+            !is_float(type_of(s, v)) || strcmp(ir_op_string(m, i, "kv_dtype"), "auto") != 0)
+            continue;
+        /* The GEMV writes the cache in its steps; a concatenated group's epilogue kernel in every larger one.
+         */
+        bool every_step =
+            from_concatenated_matmul(s, k) && from_concatenated_matmul(s, v) && s->token_symbol >= 0;
+        ir_op_set_int(m, i, "cache_written_upto",
+                      every_step ? m->symbols[s->token_symbol].bound : IR_GEMV_MAX_TOKENS);
     }
 }
 
@@ -306,20 +600,15 @@ static void fuse_kv_cache_write(fuse_state *s) {
 static void apply_rules(fuse_state *s) {
     ir_module *m = s->m;
     s->token_symbol = ir_token_symbol(m);
-    s->uses = ir_use_counts(m);
-    s->reader = malloc((m->value_count ? m->value_count : 1) * sizeof *s->reader);
-    if (!s->reader) arena_out_of_memory();
+    count_uses(s);
     s->root = ir_view_roots(m);
     if (!s->root) arena_out_of_memory();
-    for (uint32_t i = 0; i < m->op_count; i++)
-        if (!m->ops[i].dead)
-            for (uint32_t j = 0; j < m->ops[i].operand_count; j++)
-                s->reader[m->ops[i].operands[j]] = i;
     fuse_sibling_matmuls(s);
     fuse_norm_prologue(s);
     fuse_epilogues(s);
     fuse_kv_cache_write(s);
     fuse_residual_norm(s);
+    fuse_elementwise_chains(s);
 }
 
 static void free_state(fuse_state *s) {
@@ -344,6 +633,7 @@ bool pass_fuse(ir_module *m, const pass_options *o, diag_engine *d) {
         free_state(s);
         arena_out_of_memory();
     }
+    if (!(o && o->no_fuse)) concat_sibling_weights(s); /* inserts ops: before the tables by op */
     s->leader = malloc((m->op_count ? m->op_count : 1) * sizeof *s->leader);
     if (!s->leader) arena_out_of_memory();
     uint32_t *leader = s->leader;

@@ -4,7 +4,9 @@
  *   interface's token dim (dim 0 of input 'ids', ir/interface.h).
  * Guarantees:
  *   - every weight has buffer weight(i): its entry in the weight table, i in
- *     program order of the weight ops;
+ *     program order of the weight ops — but a weight read only by weight
+ *     concats (passes/fuse.c), which has none: it is a part of theirs, and
+ *     each such concat has the entry (ir_weight_table_ops);
  *   - every input and every result of an op in a group has buffer arena(o):
  *     o a multiple of 256, the value's bytes (its storage dtype, sub-byte
  *     dtypes packed) with the token dim at m->planned_tokens and any other
@@ -181,14 +183,19 @@ static void compute_liveness(memory_state *s) {
 static bool place_values(memory_state *s) {
     ir_module *m = s->m;
     uint64_t weights = 0;
+    bool *entry = ir_weight_table_ops(m);
+    if (!entry) {
+        diag_error(s->d, SMELT_NO_LOC, "out of memory listing the weights of %u ops", m->op_count);
+        return false;
+    }
     for (uint32_t i = 0; i < m->op_count; i++) {
         ir_op *op = &m->ops[i];
         for (uint32_t r = 0; r < op->result_count; r++)
             m->values[op->results[r]].buffer = (ir_buffer){IR_BUFFER_NONE, 0};
-        if (op->dead) continue;
-        if (op->kind == IR_OP_WEIGHT)
+        if (!op->dead && entry[i])
             m->values[op->results[0]].buffer = (ir_buffer){IR_BUFFER_WEIGHT, weights++};
     }
+    free(entry);
     uint32_t count = 0;
     uint32_t *order = launch_order(m, &count);
     if (!order) {

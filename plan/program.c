@@ -13,7 +13,8 @@
  *   u32 state_count,  state_count  x {u64 bytes, u64 rows}
  *   u32 weight_count, weight_count x {string name, u8 dtype, u8 stacked,
  *                                     u32 rank, rank x i64 dim, u64 bytes,
- *                                     u64 data_offset}
+ *                                     u64 data_offset, u32 part_count,
+ *                                     part_count x {string name, i64 rows}}
  *   u32 instr_count,  instr_count  x {u8 op, u32 ir_op, i64 min_tokens, i64 max_tokens,
  *                                     u8 wanted_rows, then
  *     LAUNCH: u32 kernel, 3 x affine grid, 3 x u32 block, u32 dynamic_shared,
@@ -21,7 +22,8 @@
  *                                         affine extent, u8 writes, u64 row_bytes;
  *                                         INT: i64 value; TOKENS: nothing}
  *     GEMM:   affine m, i64 n, i64 k, u8 dtype_a, dtype_b, dtype_c,
- *             dtype_bias, u8 b_transposed, u8 has_bias, ref a, b, c, bias;
+ *             dtype_bias, u8 b_transposed, u8 has_bias, ref a, b, c, bias,
+ *             u8 has_residual, ref residual;
  *     then the cost: 3 x poly (read, written, flops), u8 tensor_cores}
  *   a poly: 5 x f64 {constant, per_token, per_context, per_token_context,
  *           per_token_squared}, each as the u64 of its IEEE-754 bits
@@ -37,12 +39,16 @@
  * 6 the greedy instruction and its token; version 7 the token range of each
  * instruction (0 <= min_tokens <= max_tokens <= max_tokens of the program,
  * or max_tokens 0: no upper bound); version 8 the wanted-rows instructions
- * (program.h, "Wanted rows") and their pointers' row_bytes.
+ * (program.h, "Wanted rows") and their pointers' row_bytes; version 9 the
+ * parts of a concatenated weight (0, or 2 to PROG_MAX_WEIGHT_PARTS parts of
+ * a weight that is not stacked, each of >= 1 rows, the rows summing to
+ * dim 0) and a GEMM's residual (M x N of C's dtype, not overlapping C).
  *
  * What decoding checks (the executor relies on every item):
  *   - counts against the bytes left (no allocation a short section cannot
  *     back), enums, ranks <= 8, dims >= 0, bytes == product(shape) * size > 0;
- *   - weight names non-empty, without NUL, unique (binding is by name);
+ *   - weight and part names non-empty, without NUL, unique among all of
+ *     them (binding is by name);
  *   - affine rules: c >= 1 and no int64 overflow for T in [1, max_tokens];
  *     grids <= 2^31 - 1 (x) and 65535 (y, z); blocks 1..1024 threads;
  *   - every reference: buffer kind and index exist; a kernel pointer's whole
@@ -87,7 +93,7 @@ enum {
     /* The fewest bytes each element of a counted list takes, so that a count
      * can be checked against the bytes left before anything is allocated. */
     ENCODED_STATE_MIN = 16,
-    ENCODED_WEIGHT_MIN = 8 + 1 + 1 + 4 + 8 + 8,
+    ENCODED_WEIGHT_MIN = 8 + 1 + 1 + 4 + 8 + 8 + 4,
     ENCODED_COST = 3 * 5 * 8 + 1,
     ENCODED_INSTR_MIN = 1 + 4 + 16 + 1 + 4 + ENCODED_COST,
 };
@@ -196,6 +202,8 @@ static void put_gemm(byte_writer *w, const prog_gemm *g) {
     put_ref(w, g->b);
     put_ref(w, g->c);
     put_ref(w, g->bias);
+    put_u8(w, g->has_residual);
+    put_ref(w, g->residual);
 }
 
 static void put_f64(byte_writer *w, double v) {
@@ -252,6 +260,11 @@ bool program_encode(const program *p, uint8_t **bytes, size_t *size) {
             put_i64(&w, wt->shape[d]);
         put_u64(&w, wt->bytes);
         put_u64(&w, wt->data_offset);
+        put_u32(&w, wt->part_count);
+        for (uint32_t k = 0; k < wt->part_count; k++) {
+            put_string(&w, wt->parts[k].name);
+            put_i64(&w, wt->parts[k].rows);
+        }
     }
     put_u32(&w, p->instr_count);
     for (uint32_t i = 0; i < p->instr_count; i++) {
@@ -510,11 +523,10 @@ static bool check_id_bound(decoder *d) {
     return true;
 }
 
-static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
-    plan_cursor *c = &d->cursor;
+/* A weight's or a part's name, copied into *out. */
+static bool decode_name(decoder *d, uint32_t i, const char **out) {
     plan_text name;
-    uint8_t stacked;
-    if (!plan_cursor_text(c, &name)) return truncated(d, "a weight name");
+    if (!plan_cursor_text(&d->cursor, &name)) return truncated(d, "a weight name");
     if (name.length == 0 || name.length > PROGRAM_NAME_LIMIT || memchr(name.data, 0, name.length))
         return fail(d, "weight %u has an empty, NUL-holding or over-long (%llu bytes) name", i,
                     (unsigned long long)name.length);
@@ -522,11 +534,45 @@ static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
     if (!copy) return fail(d, "out of memory for a weight name");
     memcpy(copy, name.data, name.length);
     copy[name.length] = '\0';
-    w->name = copy;
+    *out = copy;
+    return true;
+}
+
+/* The parts of a concatenated weight, after its data offset. */
+static bool decode_parts(decoder *d, uint32_t i, prog_weight *w) {
+    plan_cursor *c = &d->cursor;
+    int name_length = (int)(strlen(w->name) > 64 ? 64 : strlen(w->name));
+    const char *ellipsis = strlen(w->name) > 64 ? "..." : "";
+    if (!plan_cursor_u32(c, &w->part_count)) return truncated(d, "a weight");
+    if (w->part_count == 0) return true;
+    if (w->part_count < 2 || w->part_count > PROG_MAX_WEIGHT_PARTS || w->stacked || w->rank < 1)
+        return fail(d, "weight '%.*s%s' has %u parts (a concatenation has 2 to %d, and is not stacked)",
+                    name_length, w->name, ellipsis, w->part_count, PROG_MAX_WEIGHT_PARTS);
+    w->parts = calloc(w->part_count, sizeof *w->parts);
+    if (!w->parts) return fail(d, "out of memory for the parts of a weight");
+    int64_t rows = 0;
+    for (uint32_t k = 0; k < w->part_count; k++) {
+        if (!decode_name(d, i, &w->parts[k].name)) return false;
+        if (!plan_cursor_i64(c, &w->parts[k].rows)) return truncated(d, "a weight part");
+        if (w->parts[k].rows < 1 || __builtin_add_overflow(rows, w->parts[k].rows, &rows))
+            return fail(d, "weight '%.*s%s' has a part of %lld rows", name_length, w->name, ellipsis,
+                        (long long)w->parts[k].rows);
+    }
+    if (rows != w->shape[0])
+        return fail(d, "the parts of weight '%.*s%s' have %lld rows, but it has %lld", name_length, w->name,
+                    ellipsis, (long long)rows, (long long)w->shape[0]);
+    return true;
+}
+
+static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
+    plan_cursor *c = &d->cursor;
+    uint8_t stacked;
+    if (!decode_name(d, i, &w->name)) return false;
+    const char *copy = w->name;
     if (!get_u8(d, &w->dtype) || !get_u8(d, &stacked) || !plan_cursor_u32(c, &w->rank))
         return truncated(d, "a weight");
-    int name_length = (int)(name.length > 64 ? 64 : name.length);
-    const char *ellipsis = name.length > 64 ? "..." : "";
+    int name_length = (int)(strlen(copy) > 64 ? 64 : strlen(copy));
+    const char *ellipsis = strlen(copy) > 64 ? "..." : "";
     if (!program_dtype_stored(w->dtype))
         return fail(d, "weight '%.*s%s' has dtype %u (expected f32, bf16 or i32)", name_length, copy,
                     ellipsis, w->dtype);
@@ -553,26 +599,33 @@ static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
     if (w->stacked && (w->rank < 1 || !strstr(copy, "{e}")))
         return fail(d, "stacked weight '%.*s%s' needs rank >= 1 and \"{e}\" in its name", name_length, copy,
                     ellipsis);
-    return true;
+    return decode_parts(d, i, w);
 }
 
 static int compare_names(const void *a, const void *b) {
-    return strcmp((*(const prog_weight *const *)a)->name, (*(const prog_weight *const *)b)->name);
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Binding is by name, so names must be unique: sort pointers, compare
- * neighbours (n log n, whatever the count). */
+/* Binding is by name, so names (of weights and of parts) must be unique:
+ * sort pointers, compare neighbours (n log n, whatever the count). */
 static bool check_unique_names(decoder *d) {
     program *p = d->out;
-    if (p->weight_count < 2) return true;
-    const prog_weight **sorted = malloc(p->weight_count * sizeof *sorted);
-    if (!sorted) return fail(d, "out of memory checking weight names");
+    uint64_t count = p->weight_count;
     for (uint32_t i = 0; i < p->weight_count; i++)
-        sorted[i] = &p->weights[i];
-    qsort(sorted, p->weight_count, sizeof *sorted, compare_names);
-    for (uint32_t i = 1; i < p->weight_count; i++)
-        if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0) {
-            const char *name = sorted[i]->name;
+        count += p->weights[i].part_count;
+    if (count < 2) return true;
+    const char **sorted = malloc(count * sizeof *sorted);
+    if (!sorted) return fail(d, "out of memory checking weight names");
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < p->weight_count; i++) {
+        sorted[n++] = p->weights[i].name;
+        for (uint32_t k = 0; k < p->weights[i].part_count; k++)
+            sorted[n++] = p->weights[i].parts[k].name;
+    }
+    qsort(sorted, count, sizeof *sorted, compare_names);
+    for (uint64_t i = 1; i < count; i++)
+        if (strcmp(sorted[i - 1], sorted[i]) == 0) {
+            const char *name = sorted[i];
             free(sorted);
             return fail(d, "weight '%.*s%s' appears twice", (int)(strlen(name) > 64 ? 64 : strlen(name)),
                         name, strlen(name) > 64 ? "..." : "");
@@ -717,23 +770,32 @@ static bool check_gemm(decoder *d, uint32_t i, const prog_gemm *g) {
                         "abcd"[k], dtypes[k]);
     if (g->c.buffer == PROG_BUFFER_WEIGHT) return fail(d, "instruction %u: gemm writes a weight", i);
     uint64_t rows = (uint64_t)m, n = (uint64_t)g->n, k = (uint64_t)g->k;
+    if (g->has_residual && g->residual.buffer == g->c.buffer && g->residual.index == g->c.index) {
+        uint64_t bytes = rows * n * smelt_dtype_element_bytes(g->dtype_c); /* check_operand bounds it below */
+        bool apart = g->residual.offset >= g->c.offset + bytes || g->c.offset >= g->residual.offset + bytes;
+        if (!apart && rows > 0) return fail(d, "instruction %u: gemm residual overlaps its output", i);
+    }
     return check_operand(d, i, "A", g->a, rows, k, g->dtype_a) &&
            check_operand(d, i, "B", g->b, n, k, g->dtype_b) &&
            check_operand(d, i, "C", g->c, rows, n, g->dtype_c) &&
-           (!g->has_bias || check_operand(d, i, "bias", g->bias, 1, n, g->dtype_bias));
+           (!g->has_bias || check_operand(d, i, "bias", g->bias, 1, n, g->dtype_bias)) &&
+           (!g->has_residual || check_operand(d, i, "residual", g->residual, rows, n, g->dtype_c));
 }
 
 static bool decode_gemm(decoder *d, uint32_t i, prog_gemm *g) {
     plan_cursor *c = &d->cursor;
-    uint8_t transposed, has_bias;
+    uint8_t transposed, has_bias, has_residual;
     bool ok = get_affine(d, &g->m) && plan_cursor_i64(c, &g->n) && plan_cursor_i64(c, &g->k) &&
               get_u8(d, &g->dtype_a) && get_u8(d, &g->dtype_b) && get_u8(d, &g->dtype_c) &&
               get_u8(d, &g->dtype_bias) && get_u8(d, &transposed) && get_u8(d, &has_bias) &&
-              get_ref(d, &g->a) && get_ref(d, &g->b) && get_ref(d, &g->c) && get_ref(d, &g->bias);
+              get_ref(d, &g->a) && get_ref(d, &g->b) && get_ref(d, &g->c) && get_ref(d, &g->bias) &&
+              get_u8(d, &has_residual) && get_ref(d, &g->residual);
     if (!ok) return truncated(d, "a gemm");
-    if (transposed > 1 || has_bias > 1) return fail(d, "instruction %u: gemm flags must be 0 or 1", i);
+    if (transposed > 1 || has_bias > 1 || has_residual > 1)
+        return fail(d, "instruction %u: gemm flags must be 0 or 1", i);
     g->b_transposed = transposed;
     g->has_bias = has_bias;
+    g->has_residual = has_residual;
     return check_gemm(d, i, g);
 }
 
@@ -991,8 +1053,12 @@ bool program_check_plan(const program *p, const plan_kernel *kernels, uint32_t k
 }
 
 void program_free(program *p) {
-    for (uint32_t i = 0; p->weights && i < p->weight_count; i++)
+    for (uint32_t i = 0; p->weights && i < p->weight_count; i++) {
         free((char *)p->weights[i].name);
+        for (uint32_t k = 0; p->weights[i].parts && k < p->weights[i].part_count; k++)
+            free((char *)p->weights[i].parts[k].name);
+        free(p->weights[i].parts);
+    }
     free(p->weights);
     free(p->state_bytes);
     free(p->state_rows);

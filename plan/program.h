@@ -23,9 +23,9 @@
  * wanted-rows pass) run on the wanted rows only: on a step that wants all,
  * as every instruction; on one that wants the last row, at one token (their
  * launch rule, GEMM rows and token argument at T = 1), each pointer into a
- * row-indexed value moved to its last row (by (T - 1) row_bytes; a GEMM's A
- * and C by T - 1 rows), so that the logits' row T - 1 is where it always
- * is; on one that wants none, not at all. They are chosen by the step's T
+ * row-indexed value moved to its last row (by (T - 1) row_bytes; a GEMM's
+ * A, C and residual by T - 1 rows), so that the logits' row T - 1 is where
+ * it always is; on one that wants none, not at all. They are chosen by the step's T
  * like every instruction (prog_instr_runs), so the last row's logits are
  * the same kernels' as when every row is computed; and a wanted-rows GEMM
  * on a step that wants all rows computes its last row by itself (a BLAS
@@ -45,7 +45,7 @@
 
 #include "smelt_dtype.h"
 
-enum { PROGRAM_FORMAT_VERSION = 8, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16 };
+enum { PROGRAM_FORMAT_VERSION = 9, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16, PROG_MAX_WEIGHT_PARTS = 64 };
 
 /* ceil((a * T + b) / c) with c >= 1; a constant is {0, value, 1}. */
 typedef struct prog_affine {
@@ -94,7 +94,7 @@ typedef struct prog_arg {
 
 typedef enum prog_op {
     PROG_OP_LAUNCH = 0, /* a kernel of the plan's kernel table */
-    PROG_OP_GEMM = 1,   /* C[M, N] = A[M, K] x B (+ bias[N]); cuBLASLt / OpenBLAS */
+    PROG_OP_GEMM = 1,   /* C[M, N] = A[M, K] x B (+ bias[N]) (+ residual[M, N]); cuBLASLt / OpenBLAS */
 } prog_op;
 
 /* Launch geometry of a kernel: grid and block dims, dynamic shared memory. */
@@ -111,16 +111,19 @@ typedef struct prog_launch {
     prog_arg args[PROG_MAX_ARGS];
 } prog_launch;
 
-/* Row-major C[M, N] = A[M, K] . op(B) (+ bias[N]) with f32 accumulation.
- * B is a weight stored [N, K] (b_transposed: out_in layout, C = A B^T) or
- * [K, N] (in_out, C = A B). M is affine in T. */
+/* Row-major C[M, N] = A[M, K] . op(B) (+ bias[N]) (+ residual[M, N]) with
+ * f32 accumulation. B is a weight stored [N, K] (b_transposed: out_in
+ * layout, C = A B^T) or [K, N] (in_out, C = A B). M is affine in T. The bias
+ * is cuBLASLt's bias epilogue, the residual its C operand with beta = 1
+ * (of C's dtype, in another buffer than C: the output goes to D = C here). */
 typedef struct prog_gemm {
     prog_affine m;
     int64_t n, k;
     uint8_t dtype_a, dtype_b, dtype_c, dtype_bias; /* smelt_dtype */
     bool b_transposed;
     bool has_bias;
-    prog_ref a, b, c, bias;
+    bool has_residual;
+    prog_ref a, b, c, bias, residual;
 } prog_gemm;
 
 /* ---- The cost model ------------------------------------------------------
@@ -188,9 +191,20 @@ typedef struct prog_instr {
     prog_cost cost; /* modeled; not used to execute */
 } prog_instr;
 
+/* One tensor of a concatenated weight: its Hugging Face name and the rows
+ * of dim 0 it fills (after the parts before it). */
+typedef struct prog_weight_part {
+    const char *name;
+    int64_t rows;
+} prog_weight_part;
+
 /* A weight-table entry: the tensor(s) of one IR weight op as the plan stores
  * them. `name` is the Hugging Face name; when stacked, a template holding
- * "{e}" whose parts 0..shape[0]-1 are stacked along dim 0. */
+ * "{e}" whose parts 0..shape[0]-1 are stacked along dim 0. A concatenated
+ * weight (an IR concat of weights along dim 0, passes/fuse.c: Q, K and V as
+ * one [Nq + Nk + Nv, K] weight) lists its parts, each bound by its own
+ * name into its rows; its `name` (the parts' names joined by " + ") binds
+ * the whole. */
 typedef struct prog_weight {
     const char *name;
     uint8_t dtype; /* smelt_dtype: storage dtype in the plan and on the device */
@@ -198,7 +212,9 @@ typedef struct prog_weight {
     uint32_t rank;
     int64_t shape[8];
     uint64_t bytes;
-    uint64_t data_offset; /* in the WEIGHT_DATA section; UINT64_MAX: not in the plan, bind at run time */
+    uint64_t data_offset;    /* in the WEIGHT_DATA section; UINT64_MAX: not in the plan, bind at run time */
+    uint32_t part_count;     /* 0, or 2..PROG_MAX_WEIGHT_PARTS: concatenated along dim 0 from these */
+    prog_weight_part *parts; /* [part_count], rows summing to shape[0] */
 } prog_weight;
 
 typedef struct program {
@@ -288,8 +304,9 @@ bool program_dtype_stored(uint8_t dtype);
  * buffer count nothing. */
 prog_cost program_launch_cost(const program *p, const prog_launch *l);
 
-/* The cost of a GEMM: A, B and the bias read once, C written once, 2 M N K
- * flops (+ M N for the bias), on tensor cores when A and B are bf16. */
+/* The cost of a GEMM: A, B, the bias and the residual read once, C written
+ * once, 2 M N K flops (+ M N for the bias; the residual's adds count none,
+ * as an add kernel's do not), on tensor cores when A and B are bf16. */
 prog_cost program_gemm_cost(const prog_gemm *g);
 
 /* Does instruction `in` do work in a step of `tokens` tokens? Not when its

@@ -66,7 +66,11 @@ prog_cost program_gemm_cost(const prog_gemm *g) {
     cost.read = affine_poly(g->m, k * (double)smelt_dtype_element_bytes(g->dtype_a));
     cost.read.constant += n * k * (double)smelt_dtype_element_bytes(g->dtype_b);
     if (g->has_bias) cost.read.constant += n * (double)smelt_dtype_element_bytes(g->dtype_bias);
+    if (g->has_residual) /* M x N of C's dtype */
+        cost.read =
+            prog_poly_sum(cost.read, affine_poly(g->m, n * (double)smelt_dtype_element_bytes(g->dtype_c)));
     cost.written = affine_poly(g->m, n * (double)smelt_dtype_element_bytes(g->dtype_c));
+    /* The residual's adds count no flops, as an add kernel's do not: its cost is the bytes. */
     cost.flops = affine_poly(g->m, 2.0 * n * k + (g->has_bias ? n : 0.0));
     cost.tensor_cores = g->dtype_a == SMELT_DTYPE_BF16 && g->dtype_b == SMELT_DTYPE_BF16;
     cost.read = poly_checked(cost.read);

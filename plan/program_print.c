@@ -78,6 +78,7 @@ static void print_weights(FILE *out, const program *p) {
         for (uint32_t d = 0; d < w->rank; d++)
             fprintf(out, "%s%" PRId64, d ? ", " : "", w->shape[d]);
         fprintf(out, "]%s %" PRIu64 " bytes", w->stacked ? " stacked" : "", w->bytes);
+        if (w->part_count) fprintf(out, " concatenated from %" PRIu32 " tensors", w->part_count);
         if (w->data_offset != UINT64_MAX) fprintf(out, " at %" PRIu64, w->data_offset);
         fputc('\n', out);
     }
@@ -146,6 +147,10 @@ bool plan_print_program(FILE *out, const plan_file *plan, const uint8_t *data, u
             if (g->has_bias) {
                 fprintf(out, " + ");
                 print_ref(out, g->bias);
+            }
+            if (g->has_residual) {
+                fprintf(out, " + residual ");
+                print_ref(out, g->residual);
             }
             fprintf(out, " -> ");
             print_ref(out, g->c);

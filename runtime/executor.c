@@ -118,7 +118,8 @@ static smelt_status run_launch(rt_executor *x, uint32_t index, const prog_launch
     return SMELT_OK;
 }
 
-/* GEMM g at `tokens` rows, A and C moved `skipped` rows on (as run_launch). */
+/* GEMM g at `tokens` rows, A, C and the residual moved `skipped` rows on (as
+ * run_launch). */
 static smelt_status run_gemm(rt_executor *x, uint32_t index, const prog_gemm *g, uint32_t tokens,
                              uint32_t skipped, rt_error *e) {
     uint64_t a_row = (uint64_t)g->k * smelt_dtype_element_bytes(g->dtype_a);
@@ -137,6 +138,7 @@ static smelt_status run_gemm(rt_executor *x, uint32_t index, const prog_gemm *g,
         .b = resolve(x, g->b),
         .c = resolve_row(x, g->c, c_row, skipped),
         .bias = g->has_bias ? resolve(x, g->bias) : NULL,
+        .residual = g->has_residual ? resolve_row(x, g->residual, c_row, skipped) : NULL,
         .b_weight = g->b.buffer == PROG_BUFFER_WEIGHT ? g->b.index : RT_NOT_A_WEIGHT,
         .b_weight_offset = g->b.offset,
     };

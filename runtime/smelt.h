@@ -144,7 +144,9 @@ smelt_status smelt_plan_get_info(const smelt_plan *plan, smelt_plan_info *out);
 
 /* True when the plan's weight table has a weight that `name` binds (its
  * Hugging Face name, or one part of a stacked weight such as an expert's
- * "model.layers.0.mlp.experts.3.w1.weight"): exactly the names
+ * "model.layers.0.mlp.experts.3.w1.weight", or one part of a weight
+ * concatenated at compile time such as "model.layers.0.self_attn.k_proj.weight"
+ * of the layer's Q/K/V weight): exactly the names
  * smelt_engine_bind_weight does not refuse as unknown. A loader binding a
  * whole checkpoint asks this to skip the tensors the model does not use.
  * False for a NULL plan or name. */
@@ -185,9 +187,10 @@ const char *smelt_engine_device_name(const smelt_engine *engine);
 
 /* Binds weight `name` (its Hugging Face name, as the plan's weight table has
  * it) from `data`, a row-major tensor of `dtype` with the given shape, which
- * must equal the plan's. The data is converted to the plan's storage dtype
- * and copied: it need not outlive the call. Binding a weight the plan holds
- * replaces it. */
+ * must equal the plan's (a part of a stacked or concatenated weight: that
+ * part's shape; it goes to its rows). The data is converted to the plan's
+ * storage dtype and copied: it need not outlive the call. Binding a weight
+ * the plan holds replaces it. */
 smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, smelt_dtype dtype,
                                       const void *data, const int64_t *shape, uint32_t rank);
 

@@ -1,7 +1,8 @@
 /* weights.c - an engine's weights: the plan's own, put on the device when
  * the engine is created, and those bound by the caller
  * (smelt_engine_bind_weight), converted to the plan's storage dtype; a
- * stacked weight (experts) may be bound part by part. Before every step all
+ * stacked weight (experts) may be bound part by part, and a concatenated one
+ * (Q, K and V as one weight, passes/fuse.c) is bound by its parts' names. Before every step all
  * must be bound and the device is told which changed.
  */
 #include "engine_internal.h"
@@ -59,11 +60,23 @@ static int64_t stacked_part(const prog_weight *w, const char *name) {
     return value < w->shape[0] ? value : -1;
 }
 
+/* Part k of concatenated weight w when `name` is that part's; -1 otherwise. */
+static int64_t concat_part(const prog_weight *w, const char *name) {
+    for (uint32_t k = 0; k < w->part_count; k++)
+        if (strcmp(w->parts[k].name, name) == 0) return k;
+    return -1;
+}
+
+/* Part of w that `name` binds: a stacked part or a concatenated one; -1: none. */
+static int64_t weight_part(const prog_weight *w, const char *name) {
+    return w->stacked ? stacked_part(w, name) : concat_part(w, name);
+}
+
 bool smelt_plan_has_weight(const smelt_plan *plan, const char *name) {
     if (!plan || !name) return false;
     const program *p = &plan->program;
     for (uint32_t i = 0; i < p->weight_count; i++)
-        if (strcmp(p->weights[i].name, name) == 0 || stacked_part(&p->weights[i], name) >= 0) return true;
+        if (strcmp(p->weights[i].name, name) == 0 || weight_part(&p->weights[i], name) >= 0) return true;
     return false;
 }
 
@@ -121,7 +134,7 @@ smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, sm
     for (uint32_t i = 0; i < p->weight_count && index == UINT32_MAX; i++) {
         if (strcmp(p->weights[i].name, name) == 0)
             index = i;
-        else if ((part = stacked_part(&p->weights[i], name)) >= 0)
+        else if ((part = weight_part(&p->weights[i], name)) >= 0)
             index = i;
     }
     if (index == UINT32_MAX)
@@ -129,16 +142,21 @@ smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, sm
                                  RT_NAME(name));
     const prog_weight *w = &p->weights[index];
     engine_weight *ew = &engine->weights[index];
-    /* A part is the stacked tensor without its dim 0. */
-    uint32_t skip = part >= 0 ? 1 : 0;
+    /* A stacked part is the stacked tensor without its dim 0; a concatenated
+     * one has its own rows of dim 0. */
+    bool concatenated = part >= 0 && w->part_count > 0;
+    uint32_t skip = part >= 0 && !concatenated ? 1 : 0;
+    int64_t part_shape[8];
+    memcpy(part_shape, w->shape, sizeof part_shape);
+    if (concatenated) part_shape[0] = w->parts[part].rows;
     bool same = rank + skip == w->rank;
     for (uint32_t k = 0; same && k < rank; k++)
-        same = shape[k] == w->shape[k + skip];
+        same = shape[k] == part_shape[k + skip];
     if (!same) {
         char expected[160] = "", got[160] = "";
         for (uint32_t k = skip; k < w->rank; k++)
             snprintf(expected + strlen(expected), sizeof expected - strlen(expected), "%s%lld",
-                     k > skip ? ", " : "", (long long)w->shape[k]);
+                     k > skip ? ", " : "", (long long)part_shape[k]);
         for (uint32_t k = 0; k < rank && k < 8; k++)
             snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", k ? ", " : "",
                      (long long)shape[k]);
@@ -150,7 +168,16 @@ smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, sm
         return rt_last_error_set(SMELT_ERROR_UNSUPPORTED,
                                  "weight '%.*s%s' is stored as i32 and cannot be bound from floats",
                                  RT_NAME(name));
-    uint64_t part_bytes = part >= 0 ? w->bytes / (uint64_t)w->shape[0] : w->bytes;
+    /* Where the part goes: the bytes of a row of dim 0 times its rows and the rows before it. */
+    uint64_t row_bytes = w->shape[0] > 0 ? w->bytes / (uint64_t)w->shape[0] : 0, offset = 0;
+    uint64_t part_bytes = part < 0       ? w->bytes
+                          : concatenated ? (uint64_t)w->parts[part].rows * row_bytes
+                                         : row_bytes;
+    if (concatenated)
+        for (int64_t k = 0; k < part; k++)
+            offset += (uint64_t)w->parts[k].rows * row_bytes;
+    else if (part >= 0)
+        offset = (uint64_t)part * part_bytes;
     uint64_t count = part_bytes / smelt_dtype_element_bytes(w->dtype);
     rt_error e = {0};
     smelt_status s = own_weight(engine, index, &e);
@@ -160,7 +187,6 @@ smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, sm
         return rt_last_error_set(SMELT_ERROR_OUT_OF_MEMORY, "out of memory converting '%.*s%s'",
                                  RT_NAME(name));
     convert(converted, (smelt_dtype)w->dtype, data, dtype, count);
-    uint64_t offset = part >= 0 ? (uint64_t)part * part_bytes : 0;
     if (part_bytes)
         s = engine->device->ops->copy_in(engine->device, rt_address_at(ew->address, offset), converted,
                                          part_bytes, &e);
@@ -172,12 +198,13 @@ smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, sm
         ew->state = WEIGHT_COMPLETE;
         return SMELT_OK;
     }
-    if (!ew->parts_bound && !(ew->parts_bound = calloc((size_t)w->shape[0], 1)))
+    int64_t parts = concatenated ? (int64_t)w->part_count : w->shape[0];
+    if (!ew->parts_bound && !(ew->parts_bound = calloc((size_t)parts, 1)))
         return rt_last_error_set(SMELT_ERROR_OUT_OF_MEMORY, "out of memory tracking the parts of '%.*s%s'",
                                  RT_NAME(name));
     ew->parts_bound[part] = 1;
     ew->state = WEIGHT_COMPLETE;
-    for (int64_t i = 0; i < w->shape[0]; i++)
+    for (int64_t i = 0; i < parts; i++)
         if (!ew->parts_bound[i]) ew->state = WEIGHT_PARTIAL;
     if (ew->state == WEIGHT_COMPLETE) {
         free(ew->parts_bound);

@@ -62,6 +62,7 @@ typedef struct rt_gemm_args {
     bool b_transposed; /* B is [n, k] (C = A B^T); else [k, n] */
     bool has_bias;
     const void *a, *b, *bias;
+    const void *residual; /* NULL, or [m, n] of dtype_c added to the product (beta = 1) */
     void *c;
     /* When B lies in a weight: its index and B's byte offset inside it, so a
      * device may use a copy it prepared (the host's f32 shadow of bf16). */

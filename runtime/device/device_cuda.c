@@ -514,7 +514,8 @@ static uint32_t alignment_of(const void *address) {
 static void gemm_alignments(const rt_gemm_args *g, uint32_t out[4]) {
     out[0] = alignment_of(g->b);
     out[1] = alignment_of(g->a);
-    out[2] = out[3] = alignment_of(g->c);
+    out[2] = alignment_of(g->residual ? g->residual : g->c); /* C: the residual read, when there is one */
+    out[3] = alignment_of(g->c);                             /* D: the output */
 }
 
 /* Descriptors and algorithm for one shape, column-major view:
@@ -612,9 +613,11 @@ static smelt_status cuda_gemm(rt_device *device, const rt_gemm_args *g, rt_error
             SMELT_OK)
             return s;
     }
-    const float alpha = 1.0f, beta = 0.0f;
+    /* D = A B (+ bias) + beta C: C is the residual (beta 1), or D itself unread (beta 0). */
+    const float alpha = 1.0f, beta = g->residual ? 1.0f : 0.0f;
+    const void *c = g->residual ? g->residual : g->c;
     return LT_CALL(d, matmul,
-                   (d->lt_handle, p->desc, &alpha, g->b, p->layout_a, g->a, p->layout_b, &beta, g->c,
+                   (d->lt_handle, p->desc, &alpha, g->b, p->layout_a, g->a, p->layout_b, &beta, c,
                     p->layout_c, g->c, p->layout_c, &p->algo, (void *)(uintptr_t)d->workspace,
                     GEMM_WORKSPACE_BYTES, d->stream),
                    e);

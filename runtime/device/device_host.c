@@ -338,6 +338,14 @@ static smelt_status host_gemm(rt_device *device, const rt_gemm_args *g, rt_error
             memcpy(c + (size_t)i * n, c, (size_t)n * sizeof *c);
         beta = 1.0f;
     }
+    if (g->residual) { /* and the residual (of C's dtype), as cuBLASLt's C with beta = 1 */
+        for (uint64_t i = 0; i < mn; i++) {
+            float r = g->dtype_c == SMELT_DTYPE_F32 ? ((const float *)g->residual)[i]
+                                                    : plan_bf16_to_f32(((const uint16_t *)g->residual)[i]);
+            c[i] = beta != 0.0f ? c[i] + r : r;
+        }
+        beta = 1.0f;
+    }
     if (plain)
         plain_sgemm(m, n, k, a, b, g->b_transposed, beta, c);
     else

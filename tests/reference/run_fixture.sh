@@ -3,8 +3,9 @@
 # then check_fixture against its PyTorch logits and greedy tokens.
 #   run_fixture.sh SMELT CHECK_FIXTURE MODEL.smelt FIXTURE_DIR WORK_DIR BACKEND PRECISION TOLERANCE [GGUF]
 # BACKEND ref interprets the IR; host compiles a plan of PRECISION (f32 or
-# bf16) and runs its kernels on the host simulator. With GGUF, the weights
-# and the params come from that GGUF file alone (no --config).
+# bf16) and runs its kernels on the host simulator; host-nofuse the same
+# with --no-fuse (one op per kernel). With GGUF, the weights and the params
+# come from that GGUF file alone (no --config).
 set -eu
 smelt=$1 check=$2 model=$3 fixture=$4 work=$5 backend=$6 precision=$7 tolerance=$8 gguf=${9:-}
 mkdir -p "$work"
@@ -16,6 +17,10 @@ else
     set -- --config "$fixture/config.json" --weights "$fixture/model.safetensors"
 fi
 rows=$(( $(tr ',' '\n' <"$fixture/tokens.txt" | grep -c .) + 1 ))
+if [ "$backend" = host-nofuse ]; then
+    backend=host
+    set -- "$@" --no-fuse
+fi
 "$smelt" run "$model" "$@" \
     --backend "$backend" --precision "$precision" --prompt-ids "$(cat "$fixture/prompt.txt")" \
     --max-tokens "$rows" --dump-logits "$work/$name.npy" >"$work/$name.out"

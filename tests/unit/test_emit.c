@@ -1057,7 +1057,7 @@ static void test_group_without_emitter_is_refused(void **state) {
     ir_value_id x = case_input(c, "x", "f32[tokens, 8]");
     uint32_t first = case_op(c, IR_OP_SILU, &x, 1);
     ir_value_id y = case_result(c, first);
-    uint32_t second = case_op(c, IR_OP_SILU, &y, 1);
+    uint32_t second = case_op(c, IR_OP_SOFTMAX, &y, 1); /* no chain: softmax is not elementwise */
     case_infer(c);
     const uint32_t ops[] = {first, second};
     ir_value_id z = case_result(c, second);
@@ -1185,6 +1185,48 @@ static void test_residual_norm(void **state) {
         }
 }
 
+/* An elementwise chain as one kernel (passes/fuse.c, fuse_elementwise_chains):
+ * a bias add, gelu (both forms), a constant scale, tanh; and a [T, 1] gate
+ * through sigmoid into a mul with a [T, 3, 5] value and a [3, 1] operand
+ * read through the result's coordinates (strided), then silu: against the
+ * reference, f32 and bf16, on a token count that is no multiple of a block. */
+static void test_elementwise_chain(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++)
+        for (int form = 0; form < 2; form++) {
+            emit_case *c = case_new(precisions[p]);
+            ir_value_id x = case_input(c, "x", "f32[tokens, 300]"), bias = case_weight(c, "f32[300]");
+            uint32_t add = case_op(c, IR_OP_ADD, (ir_value_id[]){x, bias}, 2);
+            ir_value_id sum = case_result(c, add);
+            uint32_t gelu = case_op(c, IR_OP_GELU, &sum, 1);
+            ir_op_set_string(&c->m, gelu, "approximate", form ? "tanh" : "none");
+            uint32_t scale =
+                case_op(c, IR_OP_MUL, (ir_value_id[]){case_result(c, gelu), case_const(c, 0.25)}, 2);
+            ir_value_id scaled = case_result(c, scale);
+            uint32_t tanh = case_op(c, IR_OP_TANH, &scaled, 1);
+            case_infer(c);
+            const uint32_t ops[4] = {add, gelu, scale, tanh};
+            const ir_value_id out = case_result(c, tanh);
+            case_run_group(c, ops, 4, &out, 1, 37, p ? BF16_TOLERANCE : F32_TOLERANCE);
+            case_free(c);
+        }
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        ir_value_id g = case_input(c, "g", "f32[tokens, 1, 1]"), h = case_input(c, "h", "f32[tokens, 3, 5]");
+        ir_value_id column = case_weight(c, "f32[3, 1]");
+        uint32_t sigmoid = case_op(c, IR_OP_SIGMOID, &g, 1);
+        uint32_t gate = case_op(c, IR_OP_MUL, (ir_value_id[]){case_result(c, sigmoid), h}, 2);
+        uint32_t shift = case_op(c, IR_OP_ADD, (ir_value_id[]){column, case_result(c, gate)}, 2);
+        ir_value_id shifted = case_result(c, shift);
+        uint32_t silu = case_op(c, IR_OP_SILU, &shifted, 1);
+        case_infer(c);
+        const uint32_t ops[4] = {sigmoid, gate, shift, silu};
+        const ir_value_id out = case_result(c, silu);
+        case_run_group(c, ops, 4, &out, 1, 5, p ? BF16_TOLERANCE : F32_TOLERANCE);
+        case_free(c);
+    }
+}
+
 /* Rows that int indices cannot hold, and grids a GPU cannot launch, are
  * errors at compile time, not faults at run time. */
 static void test_sizes_beyond_kernel_limits(void **state) {
@@ -1248,6 +1290,7 @@ int main(void) {
         cmocka_unit_test(test_gemv_norm_qkv_rope),
         cmocka_unit_test(test_gemv_residual_and_swiglu),
         cmocka_unit_test(test_residual_norm),
+        cmocka_unit_test(test_elementwise_chain),
     };
     /* SMELT_TEST_FILTER=pattern runs only the matching tests (cmocka's glob). */
     const char *filter = getenv("SMELT_TEST_FILTER");

@@ -306,6 +306,8 @@ typedef struct toy_plan_options {
     bool has_eos; /* the model has an EOS id: eos */
     int32_t eos;
     bool wanted_head; /* the GEMMs are the output head: wanted-rows instructions */
+    bool concat_head; /* toy.head.weight as a concatenation of toy.head.top (row 0) and toy.head.rest */
+    bool residual;    /* the f32 head GEMM adds h (WIDTH == VOCAB) as its residual */
 } toy_plan_options;
 
 static void write_toy_plan(const char *path, const toy_plan_options *o) {
@@ -320,6 +322,16 @@ static void write_toy_plan(const char *path, const toy_plan_options *o) {
     }
     for (uint32_t i = 1; o->wanted_head && i < t.p.instr_count; i++)
         t.instrs[i].wanted_rows = true; /* bf16: h2 feeds only the head */
+    static prog_weight_part head_parts[2] = {{"toy.head.top", 1}, {"toy.head.rest", VOCAB - 1}};
+    if (o->residual) {
+        t.instrs[1].as.gemm.has_residual = true;
+        t.instrs[1].as.gemm.residual = arena_at(AT_H);
+    }
+    if (o->concat_head) {
+        t.weights[1].name = "toy.head.top + toy.head.rest";
+        t.weights[1].part_count = 2;
+        t.weights[1].parts = head_parts;
+    }
     uint8_t *program_bytes;
     size_t program_size;
     assert_true(program_encode(&t.p, &program_bytes, &program_size));
@@ -534,8 +546,32 @@ static void test_program_decode_refuses_lies(void **state) {
     toy_program t;
 
     toy_program_make(&t, false, true, 0);
-    t.p.format_version = 9;
-    expect_refused(&t, "format version 9 is not the version 8 this smelt reads: rebuild the plan");
+    t.p.format_version = 10;
+    expect_refused(&t, "format version 10 is not the version 9 this smelt reads: rebuild the plan");
+
+    prog_weight_part parts[2] = {{"toy.head.top", 1}, {"toy.head.rest", VOCAB}};
+    toy_program_make(&t, false, true, 0); /* a concatenation's parts fill its rows exactly */
+    t.weights[1].part_count = 2;
+    t.weights[1].parts = parts;
+    expect_refused(&t, "the parts of weight 'toy.head.weight' have 5 rows, but it has 4");
+    parts[1] = (prog_weight_part){"toy.head.bias", VOCAB - 1}; /* names unique among weights and parts */
+    toy_program_make(&t, false, true, 0);
+    t.weights[1].part_count = 2;
+    t.weights[1].parts = parts;
+    expect_refused(&t, "weight 'toy.head.bias' appears twice");
+    toy_program_make(&t, false, true, 0);
+    t.weights[1].part_count = 1;
+    t.weights[1].parts = parts;
+    expect_refused(&t, "has 1 parts");
+
+    toy_program_make(&t, false, true, 0); /* a GEMM's residual is not its output */
+    t.instrs[1].as.gemm.has_residual = true;
+    t.instrs[1].as.gemm.residual = t.instrs[1].as.gemm.c;
+    expect_refused(&t, "gemm residual overlaps its output");
+    toy_program_make(&t, false, true, 0); /* and lies inside its buffer */
+    t.instrs[1].as.gemm.has_residual = true;
+    t.instrs[1].as.gemm.residual = arena_at(ARENA_BYTES);
+    expect_refused(&t, "gemm operand residual");
 
     toy_program_make(&t, false, true, 0); /* EOS ids index the vocabulary, each once */
     t.p.eos_count = 1;
@@ -1226,6 +1262,72 @@ static void test_bind_and_generate(void **state) {
     smelt_engine_destroy(engine);
 }
 
+/* A GEMM's residual (cuBLASLt's C with beta = 1) is added to the product and
+ * the bias on the host as well: id 1 gives h = (0.5, 1, 3, 0.25),
+ * h W^T + bias = (0.5, 5, -1.25, 12.375), + h = (1, 6, 1.75, 12.625). */
+static void test_gemm_residual(void **state) {
+    (void)state;
+    toy_plan_options o = {.host_kernels = true, .weights_in_plan = true, .residual = true};
+    smelt_plan *plan = open_toy_plan("residual.plan", &o);
+    smelt_engine *engine = host_engine(plan);
+    smelt_plan_close(plan);
+    const int32_t id = 1, at = 0;
+    float row[VOCAB];
+    assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, SMELT_LOGITS_LAST, row, VOCAB), SMELT_OK);
+    const float expected[VOCAB] = {1.0f, 6.0f, 1.75f, 12.625f};
+    assert_memory_equal(row, expected, sizeof expected);
+    smelt_engine_destroy(engine);
+}
+
+/* A concatenated weight (passes/fuse.c: Q, K and V as one) binds by its
+ * parts' names, each into its rows: the successor model's head bound as
+ * row 0 and rows 1..3 generates what it does bound whole. */
+static void test_bind_concatenated(void **state) {
+    (void)state;
+    toy_plan_options o = {.host_kernels = true, .weights_in_plan = false, .concat_head = true};
+    smelt_plan *plan = open_toy_plan("concat.plan", &o);
+    assert_true(smelt_plan_has_weight(plan, "toy.head.top"));
+    assert_true(smelt_plan_has_weight(plan, "toy.head.rest"));
+    assert_true(smelt_plan_has_weight(plan, "toy.head.top + toy.head.rest"));
+    assert_false(smelt_plan_has_weight(plan, "toy.head.weight"));
+    smelt_engine *engine = host_engine(plan);
+    smelt_plan_close(plan);
+    const float zeros[WIDTH] = {0};
+    const int64_t vector[1] = {WIDTH}, top_shape[2] = {1, WIDTH}, rest_shape[2] = {VOCAB - 1, WIDTH};
+    assert_int_equal(smelt_engine_bind_weight(engine, "toy.embed_bias", SMELT_DTYPE_F32, zeros, vector, 1),
+                     SMELT_OK);
+    assert_int_equal(smelt_engine_bind_weight(engine, "toy.head.bias", SMELT_DTYPE_F32, zeros, vector, 1),
+                     SMELT_OK);
+    float w[VOCAB][WIDTH] = {{0}};
+    for (int j = 0; j < WIDTH; j++)
+        w[(j + 1) % VOCAB][j] = 1.0f;
+    assert_int_equal(smelt_engine_bind_weight(engine, "toy.head.rest", SMELT_DTYPE_F32, w[1], top_shape, 2),
+                     SMELT_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(smelt_last_error(), "has shape [3, 4] in the plan but [1, 4] was given"));
+    assert_int_equal(smelt_engine_bind_weight(engine, "toy.head.rest", SMELT_DTYPE_F32, w[1], rest_shape, 2),
+                     SMELT_OK);
+    const int32_t id = 1, at = 0;
+    float row[VOCAB];
+    assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, SMELT_LOGITS_LAST, row, VOCAB),
+                     SMELT_ERROR_MISSING_WEIGHT);
+    assert_non_null(strstr(smelt_last_error(), "(in part) is not bound"));
+    assert_int_equal(smelt_engine_bind_weight(engine, "toy.head.top", SMELT_DTYPE_F32, w[0], top_shape, 2),
+                     SMELT_OK);
+    int32_t prompt[1] = {1}, out[16];
+    smelt_request req = smelt_request_default();
+    req.prompt = prompt;
+    req.prompt_length = 1;
+    req.max_tokens = 4;
+    req.output = out;
+    req.output_capacity = 16;
+    smelt_generation g;
+    assert_int_equal(smelt_engine_generate(engine, &req, &g), SMELT_OK);
+    const int32_t successors[4] = {2, 3, 0, 1};
+    assert_int_equal(g.token_count, 4);
+    assert_memory_equal(out, successors, sizeof successors);
+    smelt_engine_destroy(engine);
+}
+
 /* A stacked weight binds whole, or part by part by the names its template
  * makes ("experts.{e}.w" -> "experts.0.w", "experts.1.w"). */
 static void test_bind_stacked(void **state) {
@@ -1866,6 +1968,8 @@ int main(void) {
         cmocka_unit_test(test_host_forward_bf16),
         cmocka_unit_test(test_bind_and_generate),
         cmocka_unit_test(test_bind_stacked),
+        cmocka_unit_test(test_bind_concatenated),
+        cmocka_unit_test(test_gemm_residual),
         cmocka_unit_test(test_plan_has_weight),
         cmocka_unit_test(test_cuda_driver_overrides),
         cmocka_unit_test(test_cuda_without_driver),
