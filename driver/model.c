@@ -203,6 +203,10 @@ bool drv_model_open(const drv_model_options *o, drv_model **out, diag_engine *d)
 
 const drv_model_info *drv_model_get_info(const drv_model *m) { return &m->info; }
 
+ref_model *drv_model_ref(drv_model *m) { return m->ref; }
+
+const ir_module *drv_model_module(const drv_model *m) { return &m->module; }
+
 bool drv_model_step(drv_model *m, const int32_t *ids, const int32_t *pos, uint32_t n, float *logits,
                     diag_engine *d) {
     if (m->ref) return ref_model_step(m->ref, ids, pos, n, logits, (uint64_t)n * m->info.vocab, d);
