@@ -51,7 +51,7 @@ static void test_stats_by_hand(void **state) {
     assert_false(quant_act_stats_init(&s, 0, false));
 }
 
-enum { ROWS = 64, COLS = 256, TOKENS = 1024 };
+enum { ROWS = 32, COLS = 256, TOKENS = 1024 };
 
 typedef struct layer {
     float *w, *x, mean_abs[COLS];
