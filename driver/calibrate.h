@@ -59,4 +59,17 @@ const quant_act_stats *drv_calibration_stats(const drv_calibration *c, const cha
 /* Harmless on a zeroed drv_calibration. */
 void drv_calibration_free(drv_calibration *c);
 
+/* Fills t (format and layout set, data zeroed; quant.h) from the f32
+ * weight w[rows][cols] named `name` by t's method, with the statistics
+ * calibration gathered for its input (quantize_calibrated.c):
+ *   awq     quant_awq with the clip search (mean |x| and XᵀX);
+ *   gptq    quant_gptq, act-order when the format has a group_index
+ *           (XᵀX; damp 0.01, lazy batches of 128);
+ *   smooth  quant_smooth, alpha 0.5 (max |x|).
+ * False after reporting, naming the weight: no statistics for it (cal
+ * NULL, or no observed matmul reads it), no XᵀX when the method needs it,
+ * another method, or the quantizer's refusal. */
+bool drv_quantize_calibrated(const char *name, const float *w, const drv_calibration *cal, quant_tensor *t,
+                             diag_engine *d);
+
 #endif
