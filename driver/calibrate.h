@@ -71,5 +71,8 @@ void drv_calibration_free(drv_calibration *c);
  * another method, or the quantizer's refusal. */
 bool drv_quantize_calibrated(const char *name, const float *w, const drv_calibration *cal, quant_tensor *t,
                              diag_engine *d);
+/* The same with the weight's input statistics s at hand (NULL: none):
+ * NULL on success, else why not, for the caller to report. */
+const char *drv_quantize_from_stats(const quant_act_stats *s, const float *w, quant_tensor *t);
 
 #endif
