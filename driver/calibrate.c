@@ -112,7 +112,8 @@ bool drv_calibrate(const drv_model_options *model, const drv_calib_options *o, d
         const ir_module *m = drv_model_module(opened);
         observer_state state = {out, malloc((m->op_count ? m->op_count : 1) * sizeof *state.input_of_op)};
         ok = state.input_of_op && plan_records(m, out, state.input_of_op, o->xtx);
-        if (!ok) diag_error(d, SMELT_NO_LOC, "calibration: out of memory for the statistics");
+        if (!ok)
+            diag_error(d, SMELT_NO_LOC, "calibration: cannot allocate the statistics of the matmul inputs");
         if (ok) {
             ref_model_observe_matmuls(drv_model_ref(opened), observe, &state);
             ok = run_windows(opened, ids, count, context, o->progress, d);

@@ -150,6 +150,8 @@ const char *quant_gptq(const float *w, const double *h, const quant_gptq_options
             return "the Hessian's diagonal is not finite";
     uint64_t batch = batch_size(o.block ? o.block : 128, group);
     if (batch > cols) batch = cols;
+    if (cols && (cols > SIZE_MAX / sizeof(double) / cols || rows > SIZE_MAX / sizeof(double) / cols))
+        return "the weight is too large for GPTQ's working copies";
     gptq_work g = {
         .w = malloc(rows * cols * sizeof *g.w),
         .h = malloc(cols * cols * sizeof *g.h),
