@@ -81,59 +81,6 @@ static int parse_arguments(int argc, char **argv, eval_command *c) {
     return cli_check_plan_options(&a, &c->model) ? CLI_OK : CLI_USAGE_ERROR;
 }
 
-static bool is_id_separator(char c) { return c != '\0' && strchr(", \t\r\n", c) != NULL; }
-
-/* The format is chosen by the name, never guessed from the bytes (a binary
- * file can consist of digits): FILE.bin holds little-endian uint16 ids (an
- * even number of bytes); any other name holds decimal ids as text, separated
- * by commas, spaces or newlines, and any other byte is an error. */
-static int32_t *read_ids(const char *path, size_t *count, diag_engine *d) {
-    size_t length, name_length = strlen(path);
-    char *bytes = cli_read_file(path, &length, d);
-    if (!bytes) return NULL;
-    bool text = !(name_length >= 4 && strcmp(path + name_length - 4, ".bin") == 0);
-    int32_t *ids = cli_alloc((length / 2 + 1) * sizeof *ids); /* an id and a separator take 2 bytes */
-    size_t n = 0;
-    if (text) {
-        for (size_t i = 0; i < length;) {
-            if (is_id_separator(bytes[i])) {
-                i++;
-                continue;
-            }
-            if (bytes[i] < '0' || bytes[i] > '9') {
-                diag_error(d, SMELT_NO_LOC,
-                           "'%s': byte %zu (0x%02x) is not a digit, comma, space or newline; text ids are "
-                           "decimal (a file of uint16 ids must be named *.bin)",
-                           path, i, (unsigned char)bytes[i]);
-                free(ids);
-                free(bytes);
-                return NULL;
-            }
-            long long v = 0;
-            while (i < length && bytes[i] >= '0' && bytes[i] <= '9' && v <= INT32_MAX)
-                v = v * 10 + (bytes[i++] - '0');
-            if (v > INT32_MAX) {
-                diag_error(d, SMELT_NO_LOC, "'%s': id %zu does not fit in 32 bits", path, n + 1);
-                free(ids);
-                free(bytes);
-                return NULL;
-            }
-            ids[n++] = (int32_t)v;
-        }
-    } else if (length % 2 != 0) {
-        diag_error(d, SMELT_NO_LOC, "'%s': %zu bytes is not a whole number of uint16 ids", path, length);
-        free(ids);
-        free(bytes);
-        return NULL;
-    } else {
-        for (size_t i = 0; i + 1 < length; i += 2)
-            ids[n++] = (int32_t)((unsigned char)bytes[i] | (unsigned char)bytes[i + 1] << 8);
-    }
-    free(bytes);
-    *count = n;
-    return ids;
-}
-
 /* -log softmax(row)[target], computed stably in double. */
 static double negative_log_likelihood(const float *row, uint64_t vocab, int32_t target) {
     double max = row[0];
@@ -183,7 +130,7 @@ int cmd_eval(int argc, char **argv) {
     diag_init(&d, stderr);
     d.max_errors = c.max_errors;
     size_t count = 0;
-    int32_t *ids = read_ids(c.ids_path, &count, &d);
+    int32_t *ids = drv_token_ids_read(c.ids_path, &count, &d);
     drv_model *model = NULL;
     bool ok = ids != NULL && drv_model_open(&c.model, &model, &d);
     const drv_model_info *r = ok ? drv_model_get_info(model) : NULL;

@@ -135,6 +135,15 @@ size_t drv_tokenizer_encode(const drv_tokenizer *t, const char *text, size_t len
 /* The byte token `id` stands for, or -1 when it is no byte. */
 int drv_tokenizer_byte(const drv_tokenizer *t, int32_t id);
 
+/* ---- Files of token ids --------------------------------------------------------- */
+
+/* The ids in `path`, as `smelt eval --ids` and `--calib` read them. The name
+ * decides the format: FILE.bin holds little-endian uint16 ids (as
+ * tests/fixtures/demo/heldout_ids.bin); any other FILE holds decimal ids as
+ * text, separated by commas, spaces or newlines, and nothing else. Returns
+ * the ids (free them) and their number in *count; NULL after reporting. */
+int32_t *drv_token_ids_read(const char *path, size_t *count, diag_engine *d);
+
 /* ---- Where generation stops ------------------------------------------------------ */
 
 enum { DRV_MAX_EOS = 16 };

@@ -46,6 +46,14 @@ bool drv_source_weights_read(void *context, uint32_t op, float *dst, uint64_t co
 /* Harmless on a zeroed drv_source_weights. */
 void drv_source_weights_close(drv_source_weights *w);
 
+/* ---- model.c: what calibration (calibrate.c) reaches inside a model ---- */
+
+/* The reference interpreter of a model opened on the ref backend; NULL on
+ * any other backend. */
+struct ref_model *drv_model_ref(drv_model *m);
+/* The module of a model opened from a source (empty for a plan). */
+const ir_module *drv_model_module(const drv_model *m);
+
 /* ---- plan_compile.c: the one call into codegen ---- */
 
 /* What a plan holds besides its kernels. */

@@ -208,6 +208,10 @@ bool drv_model_open(const drv_model_options *o, drv_model **out, diag_engine *d)
 
 const drv_model_info *drv_model_get_info(const drv_model *m) { return &m->info; }
 
+ref_model *drv_model_ref(drv_model *m) { return m->ref; }
+
+const ir_module *drv_model_module(const drv_model *m) { return &m->module; }
+
 /* The reference computes every row; the last is copied out when that is all
  * that is asked for. */
 static bool ref_step(drv_model *m, const int32_t *ids, const int32_t *pos, uint32_t n, drv_rows rows,

@@ -1,6 +1,7 @@
 /* quant.c - the packed layout of quantized weights, dequantization and
  * round-to-nearest quantization (quant.h has the contract). */
 #include "quant.h"
+#include "quant_group.h"
 
 #include <math.h>
 #include <string.h>
@@ -143,11 +144,7 @@ void quant_dequantize(const quant_tensor *t, float *out) {
             out[n * t->layout.cols + k] = quant_value(t, n, k);
 }
 
-static void store_scale(quant_tensor *t, uint64_t row, uint64_t group, float s) {
-    uint16_t h = plan_f32_to_f16(s);
-    uint8_t *p = t->data + t->layout.scales + 2 * (row * t->layout.groups + group);
-    p[0] = (uint8_t)h, p[1] = (uint8_t)(h >> 8);
-}
+/* ---- one group's parameters and codes (quant_group.h) ----------------------------- */
 
 static float clampf(float v, float lo, float hi) { return v < lo ? lo : v > hi ? hi : v; }
 
@@ -158,6 +155,71 @@ static float stored_scale(float s) {
     return h > 0 && isfinite(h) ? h : 1.0f;
 }
 
+quant_group_params quant_group_params_from_range(const quant_format *f, float lo, float hi) {
+    float amax = hi > -lo ? hi : -lo;
+    switch (f->kind) {
+    case QUANT_INT4:
+        if (f->has_zero) {
+            float s = stored_scale((hi - lo) / 15.0f);
+            return (quant_group_params){s, (unsigned)clampf(nearbyintf(-lo / s), 0, 15)};
+        }
+        return (quant_group_params){stored_scale(amax / 7.0f), 8};
+    case QUANT_INT8: return (quant_group_params){stored_scale(amax / 127.0f), 0};
+    default: return (quant_group_params){stored_scale(amax / 448.0f), 0};
+    }
+}
+
+quant_group_params quant_group_params_of(const quant_format *f, const float *values, uint64_t count) {
+    float lo = 0, hi = 0;
+    for (uint64_t i = 0; i < count; i++)
+        lo = values[i] < lo ? values[i] : lo, hi = values[i] > hi ? values[i] : hi;
+    return quant_group_params_from_range(f, lo, hi);
+}
+
+unsigned quant_group_encode(const quant_format *f, quant_group_params p, float v) {
+    v /= p.scale;
+    switch (f->kind) {
+    case QUANT_INT4: return (unsigned)clampf(nearbyintf(v) + (float)p.zero, 0, 15);
+    case QUANT_INT8: return (uint8_t)(int8_t)clampf(nearbyintf(v), -127, 127);
+    default: return plan_f32_to_f8e4m3(clampf(v, -448, 448));
+    }
+}
+
+float quant_group_decode(const quant_format *f, quant_group_params p, unsigned q) {
+    switch (f->kind) {
+    case QUANT_INT4: return (float)((int)q - (int)p.zero) * p.scale;
+    case QUANT_INT8: return (float)(int8_t)(uint8_t)q * p.scale;
+    default: return plan_f8e4m3_to_f32((uint8_t)q) * p.scale;
+    }
+}
+
+void quant_store_code(quant_tensor *t, uint64_t row, uint64_t col, unsigned code) {
+    uint64_t i = row * t->layout.cols + col;
+    uint8_t *codes = t->data + t->layout.codes;
+    if (t->format.kind == QUANT_INT4)
+        set_nibble(codes, i, code);
+    else
+        codes[i] = (uint8_t)code;
+}
+
+void quant_store_params(quant_tensor *t, uint64_t row, uint64_t group, quant_group_params p) {
+    uint64_t i = row * t->layout.groups + group;
+    uint16_t h = plan_f32_to_f16(p.scale);
+    uint8_t *at = t->data + t->layout.scales + 2 * i;
+    at[0] = (uint8_t)h, at[1] = (uint8_t)(h >> 8);
+    if (t->format.has_zero) set_nibble(t->data + t->layout.zeros, i, p.zero);
+}
+
+void quant_store_group_index(quant_tensor *t, uint64_t col, uint32_t group) {
+    store_u32(t->data + t->layout.group_index + 4 * col, group);
+}
+
+void quant_store_column_scale(quant_tensor *t, uint64_t col, float c) {
+    store_u32(t->data + t->layout.column_scale + 4 * col, plan_f32_to_bits(c));
+}
+
+/* ---- round to nearest --------------------------------------------------------------- */
+
 const char *quant_rtn(const float *w, const float *column_scale, quant_tensor *t) {
     const quant_format *f = &t->format;
     const quant_layout *l = &t->layout;
@@ -166,47 +228,22 @@ const char *quant_rtn(const float *w, const float *column_scale, quant_tensor *t
         return "column scales are given exactly when the format has them";
     for (uint64_t k = 0; column_scale && k < l->cols; k++) {
         if (!(column_scale[k] > 0) || !isfinite(column_scale[k])) return "a column scale is not positive";
-        store_u32(t->data + l->column_scale + 4 * k, plan_f32_to_bits(column_scale[k]));
+        quant_store_column_scale(t, k, column_scale[k]);
     }
     for (uint64_t n = 0; n < l->rows; n++) {
         const float *row = w + n * l->cols;
         for (uint64_t g = 0; g < l->groups; g++) {
             uint64_t k0 = g * f->group;
-            float lo = 0, hi = 0, amax = 0;
+            float lo = 0, hi = 0;
             for (uint64_t k = k0; k < k0 + f->group; k++) {
                 float v = row[k] / (column_scale ? column_scale[k] : 1.0f);
                 lo = v < lo ? v : lo, hi = v > hi ? v : hi;
-                amax = fabsf(v) > amax ? fabsf(v) : amax;
             }
-            float s;
-            unsigned z = 0;
-            switch (f->kind) {
-            case QUANT_INT4:
-                if (f->has_zero) {
-                    s = stored_scale((hi - lo) / 15.0f);
-                    z = (unsigned)clampf(nearbyintf(-lo / s), 0, 15);
-                    set_nibble(t->data + l->zeros, n * l->groups + g, z);
-                } else {
-                    s = stored_scale(amax / 7.0f);
-                    z = 8;
-                }
-                break;
-            case QUANT_INT8: s = stored_scale(amax / 127.0f); break;
-            default: s = stored_scale(amax / 448.0f); break;
-            }
-            store_scale(t, n, g, s);
-            for (uint64_t k = k0; k < k0 + f->group; k++) {
-                float v = row[k] / (column_scale ? column_scale[k] : 1.0f) / s;
-                uint64_t i = n * l->cols + k;
-                uint8_t *codes = t->data + l->codes;
-                switch (f->kind) {
-                case QUANT_INT4:
-                    set_nibble(codes, i, (unsigned)clampf(nearbyintf(v) + (float)z, 0, 15));
-                    break;
-                case QUANT_INT8: codes[i] = (uint8_t)(int8_t)clampf(nearbyintf(v), -127, 127); break;
-                default: codes[i] = plan_f32_to_f8e4m3(clampf(v, -448, 448)); break;
-                }
-            }
+            quant_group_params p = quant_group_params_from_range(f, lo, hi);
+            quant_store_params(t, n, g, p);
+            for (uint64_t k = k0; k < k0 + f->group; k++)
+                quant_store_code(t, n, k,
+                                 quant_group_encode(f, p, row[k] / (column_scale ? column_scale[k] : 1.0f)));
         }
     }
     return NULL;

@@ -28,6 +28,8 @@ struct ref_model {
     ref_tensor *tensors;                /* [value_count] */
     bool *persistent;                   /* [value_count]: weights and constants */
     uint32_t *last_use;                 /* [value_count]: last live op reading it, UINT32_MAX: none */
+    ref_matmul_observer observer;       /* NULL: none */
+    void *observer_context;
 };
 
 enum { NO_OP = UINT32_MAX };
@@ -520,6 +522,11 @@ void ref_model_free(ref_model *r) {
 
 uint64_t ref_model_vocab(const ref_model *r) { return r->vocab; }
 
+void ref_model_observe_matmuls(ref_model *r, ref_matmul_observer observer, void *context) {
+    r->observer = observer;
+    r->observer_context = context;
+}
+
 uint64_t ref_model_output_count(const ref_model *r, uint32_t n) {
     if (n > r->token_bound) return 0;
     const ir_module *m = r->m;
@@ -564,6 +571,11 @@ static bool run_compute(ref_model *r, uint32_t op, uint32_t n, diag_engine *d) {
     if (!results) {
         diag_error(d, o->loc, "%s: out of memory", op_name(m, op));
         return false;
+    }
+    if (r->observer && o->kind == IR_OP_MATMUL) {
+        const ref_tensor *x = operands[0];
+        uint64_t cols = x->rank ? x->dims[x->rank - 1] : 1;
+        r->observer(r->observer_context, op, x->f, cols ? x->count / cols : 0, cols);
     }
     bool ok = true;
     for (uint32_t i = 0; ok && i < o->result_count; i++)

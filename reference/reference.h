@@ -61,6 +61,15 @@ uint64_t ref_model_vocab(const ref_model *r);
 /* Floats that ref_model_step writes for n tokens (0 when n is beyond the
  * token bound). */
 uint64_t ref_model_output_count(const ref_model *r, uint32_t n);
+/* An observer of matmul inputs, for calibration (driver/calibrate.c):
+ * called as each live matmul op `op` is about to run, with its input x as
+ * `rows` rows of `cols` floats (x's leading dims flattened, row-major; cols
+ * is its last dim, the matmul's inner dim). The pointer is valid during the
+ * call only. With none set (the default) a step does nothing extra. */
+typedef void (*ref_matmul_observer)(void *context, uint32_t op, const float *x, uint64_t rows, uint64_t cols);
+/* Sets the observer (NULL: none) for the steps that follow. */
+void ref_model_observe_matmuls(ref_model *r, ref_matmul_observer observer, void *context);
+
 /* Forgets the KV caches (a new sequence). */
 void ref_model_reset(ref_model *r);
 void ref_model_free(ref_model *r);

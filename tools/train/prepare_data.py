@@ -18,6 +18,12 @@ Output (in --out):
                         endian uint16, no header; BOS (256) and then the bytes
                         of the first held-out verses, whole verses only, at
                         most MAX_HELDOUT_IDS ids in all (so <= 200,000 bytes)
+        calib_ids.bin   a calibration slice of the *training* text for
+                        quantization (`smelt compile --calib`), in the same
+                        format: BOS, then whole training verses taken every
+                        len(train) // CALIB_SPREAD verses from the first (so
+                        from across the whole book), at most MAX_CALIB_IDS ids;
+                        never held-out text
         split.json      sizes and the split rule, for the record
 
 The split is deterministic: verses are gathered, in order, into chunks of at
@@ -34,6 +40,8 @@ import sys
 
 CHUNK_BYTES = 4096
 MAX_HELDOUT_IDS = 100_000
+MAX_CALIB_IDS = 4096
+CALIB_SPREAD = 30
 BOS = 256
 HOLDOUT_EVERY = 20
 # "Ge1:1 ", "1Sa3:10 ", "Song2:4 ": optional digit, book abbreviation, chapter:verse.
@@ -93,6 +101,17 @@ def heldout_ids(lines):
     return ids
 
 
+def calib_ids(train):
+    """BOS, then every (len(train) // CALIB_SPREAD)-th training verse while they fit."""
+    ids, every = [BOS], max(1, len(train) // CALIB_SPREAD)
+    for line in train[::every]:
+        data = (line + "\n").encode("utf-8")
+        if len(ids) + len(data) > MAX_CALIB_IDS:
+            break
+        ids.extend(data)
+    return ids
+
+
 def write_uint16_le(path, ids):
     with open(path, "wb") as f:
         f.write(b"".join(i.to_bytes(2, "little") for i in ids))
@@ -119,6 +138,8 @@ def main():
     write_lines(os.path.join(args.out, "heldout.txt"), heldout)
     ids = heldout_ids(heldout)
     write_uint16_le(os.path.join(args.out, "heldout_ids.bin"), ids)
+    calib = calib_ids(train)
+    write_uint16_le(os.path.join(args.out, "calib_ids.bin"), calib)
     summary = {
         "source": "Debian bible-kjv-text (dumped with `bible -f Gen1:1-Rev22:21`)",
         "verses": len(verses),
@@ -132,6 +153,8 @@ def main():
         "heldout_bytes": sum(len(v) + 1 for v in heldout),
         "heldout_ids": len(ids),
         "heldout_ids_bytes_of_text": len(ids) - 1,
+        "calib_ids": len(calib),
+        "calib_verse_every": max(1, len(train) // CALIB_SPREAD),
     }
     with open(os.path.join(args.out, "split.json"), "w") as f:
         json.dump(summary, f, indent=2)

@@ -1,0 +1,78 @@
+/* calibrate.h - calibration: the fp32 reference run over sample token ids,
+ * gathering the statistics of every matmul's input that the calibrated
+ * quantizers need (quant/calib.h: mean |x|, absmax, XᵀX). Internal to the
+ * driver: the compile step that quantizes weights looks a weight's input up
+ * here by the weight's name.
+ *
+ *   drv_calib_options c = {.ids_path = "tests/fixtures/demo/calib_ids.bin", .xtx = true};
+ *   drv_calibration cal;
+ *   if (!drv_calibrate(&model_options, &c, &cal, &d)) ...    // reported to d
+ *   const quant_act_stats *s = drv_calibration_stats(&cal, "model.layers.0.mlp.down_proj.weight");
+ *   ...
+ *   drv_calibration_free(&cal);
+ *
+ * The ids run in consecutive windows of `context` ids, each from an empty
+ * KV cache (the last window may be shorter); every token of every window is
+ * gathered. Weights that multiply the same input value (q/k/v, gate/up)
+ * share one record, so XᵀX is gathered once for them. Only matmuls whose
+ * weight operand is a weight op are observed (the experts inside a `moe` op
+ * are not matmul ops and are not calibrated).
+ */
+#ifndef SMELT_DRIVER_CALIBRATE_H
+#define SMELT_DRIVER_CALIBRATE_H
+
+#include "driver.h"
+
+#include "calib.h"
+
+typedef struct drv_calib_options {
+    const char *ids_path; /* token ids, read by drv_token_ids_read */
+    unsigned context;     /* ids per window; 0: 256 (capped at the model's positions) */
+    unsigned max_ids;     /* use only the first max_ids ids; 0: all */
+    bool xtx;             /* gather XᵀX (GPTQ; AWQ's error): cols^2 doubles per input */
+    bool progress;        /* "smelt: calibrate: N of M ids" on stderr when it is a terminal */
+} drv_calib_options;
+
+typedef struct drv_calib_weight {
+    char *name;     /* the weight's external name */
+    uint32_t input; /* index into drv_calibration.inputs */
+} drv_calib_weight;
+
+typedef struct drv_calibration {
+    quant_act_stats *inputs; /* [input_count]: one per distinct matmul input */
+    uint32_t input_count;
+    drv_calib_weight *weights; /* [weight_count] */
+    uint32_t weight_count;
+    uint64_t ids; /* ids run */
+} drv_calibration;
+
+/* Opens `model` (a source with its weights) on the reference backend in
+ * f32, whatever its precision says, and runs o's ids through it. *out is
+ * zeroed on failure (after reporting). */
+bool drv_calibrate(const drv_model_options *model, const drv_calib_options *o, drv_calibration *out,
+                   diag_engine *d);
+
+/* The statistics of the input that weight `name` multiplies; NULL when no
+ * observed matmul reads that weight. */
+const quant_act_stats *drv_calibration_stats(const drv_calibration *c, const char *name);
+
+/* Harmless on a zeroed drv_calibration. */
+void drv_calibration_free(drv_calibration *c);
+
+/* Fills t (format and layout set, data zeroed; quant.h) from the f32
+ * weight w[rows][cols] named `name` by t's method, with the statistics
+ * calibration gathered for its input (quantize_calibrated.c):
+ *   awq     quant_awq with the clip search (mean |x| and XᵀX);
+ *   gptq    quant_gptq, act-order when the format has a group_index
+ *           (XᵀX; damp 0.01, lazy batches of 128);
+ *   smooth  quant_smooth, alpha 0.5 (max |x|).
+ * False after reporting, naming the weight: no statistics for it (cal
+ * NULL, or no observed matmul reads it), no XᵀX when the method needs it,
+ * another method, or the quantizer's refusal. */
+bool drv_quantize_calibrated(const char *name, const float *w, const drv_calibration *cal, quant_tensor *t,
+                             diag_engine *d);
+/* The same with the weight's input statistics s at hand (NULL: none):
+ * NULL on success, else why not, for the caller to report. */
+const char *drv_quantize_from_stats(const quant_act_stats *s, const float *w, quant_tensor *t);
+
+#endif

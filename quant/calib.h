@@ -1,0 +1,49 @@
+/* calib.h - what calibration measures of a matmul's input, and the output
+ * error a quantized weight makes on it.
+ *
+ * For a matmul y = x W^T with W[rows][cols] (quant.h), calibration runs the
+ * fp32 reference over sample text and gathers, over every token's input row
+ * x[cols]:
+ *   abs_sum[k]   sum |x[k]|            (mean |x| = abs_sum / tokens: AWQ)
+ *   absmax[k]    max |x[k]|            (SmoothQuant, static activation scales)
+ *   xtx[j][k]    sum x[j] x[k] (f64)   (XᵀX: GPTQ's Hessian up to a factor,
+ *                                       and the output error below)
+ * Weights that multiply the same input (q/k/v, gate/up) share one record.
+ *
+ * The output error of a quantized weight Ŵ on those tokens is
+ *   ||X W^T - X Ŵ^T||_F^2 = sum_n (w_n - ŵ_n)^T (XᵀX) (w_n - ŵ_n)
+ * so XᵀX measures it exactly without keeping X.
+ */
+#ifndef SMELT_QUANT_CALIB_H
+#define SMELT_QUANT_CALIB_H
+
+#include "quant.h"
+
+typedef struct quant_act_stats {
+    uint64_t cols;
+    uint64_t tokens; /* input rows seen */
+    double *abs_sum; /* [cols] */
+    float *absmax;   /* [cols] */
+    double *xtx;     /* [cols][cols], symmetric; NULL when not gathered */
+} quant_act_stats;
+
+/* Zeroed statistics of an input of `cols` features; XᵀX only when asked
+ * (cols^2 doubles). False when memory runs out or the size overflows. */
+bool quant_act_stats_init(quant_act_stats *s, uint64_t cols, bool with_xtx);
+void quant_act_stats_free(quant_act_stats *s);
+
+/* Adds `rows` input rows x[rows][cols] (row-major). */
+void quant_act_stats_add(quant_act_stats *s, const float *x, uint64_t rows);
+
+/* mean |x[k]| over the tokens seen (0 before any), into out[cols]. */
+void quant_act_stats_mean_abs(const quant_act_stats *s, float *out);
+
+/* sum_n (w_n - ŵ_n)^T xtx (w_n - ŵ_n): the squared output error of the
+ * quantized t against w[rows][cols] on the calibration inputs. */
+double quant_output_error(const float *w, const quant_tensor *t, const double *xtx);
+
+/* The same for a float matrix w_hat[rows][cols] in place of t. */
+double quant_output_error_dense(const float *w, const float *w_hat, uint64_t rows, uint64_t cols,
+                                const double *xtx);
+
+#endif

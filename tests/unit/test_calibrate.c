@@ -1,0 +1,235 @@
+/* test_calibrate.c - calibration (driver/calibrate.c) on tests/fixtures/llama:
+ * mean |x|, max |x| and XᵀX of three matmul inputs against the same
+ * statistics captured from Hugging Face transformers with forward pre-hooks
+ * (tests/reference/make_calib_fixture.py); weights that share an input share
+ * one record; bad ids files are refused with a message. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "calibrate.h"
+#include "safetensors.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define FIXTURE SMELT_SOURCE_DIR "/tests/fixtures/llama"
+#define MODEL SMELT_SOURCE_DIR "/examples/llama.smelt"
+
+static drv_model_options llama_options(void) {
+    drv_model_options o = drv_model_options_default();
+    o.model_path = MODEL;
+    o.source.config_path = FIXTURE "/config.json";
+    o.weights_path = FIXTURE "/model.safetensors";
+    return o;
+}
+
+static void read_exact(FILE *f, void *dst, size_t bytes) { assert_int_equal(fread(dst, 1, bytes, f), bytes); }
+
+static uint32_t read_u32(FILE *f) {
+    uint8_t b[4];
+    read_exact(f, b, 4);
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+
+/* max |a - b| <= 1e-4 * max |b|: the fp32 reference's bound against PyTorch. */
+static void assert_close_f32(const float *b, const double *a_or_null, const float *a_f32, uint64_t n) {
+    double scale = 0, worst = 0;
+    for (uint64_t i = 0; i < n; i++)
+        scale = fabs(b[i]) > scale ? fabs(b[i]) : scale;
+    for (uint64_t i = 0; i < n; i++) {
+        double a = a_or_null ? a_or_null[i] : a_f32[i];
+        worst = fabs(a - b[i]) > worst ? fabs(a - b[i]) : worst;
+    }
+    assert_true(scale > 0);
+    assert_true(worst <= 1e-4 * scale);
+}
+
+static void test_matches_transformers(void **state) {
+    (void)state;
+    FILE *f = fopen(SMELT_SOURCE_DIR "/tests/fixtures/quant/calib_llama.bin", "rb");
+    assert_non_null(f);
+    char magic[8];
+    read_exact(f, magic, 8);
+    assert_memory_equal(magic, "CALIBFX1", 8);
+    uint32_t id_count = read_u32(f), context = read_u32(f), records = read_u32(f);
+    char ids_path[] = "/tmp/smelt-calib-ids-XXXXXX";
+    int fd = mkstemp(ids_path);
+    assert_true(fd >= 0);
+    FILE *ids = fdopen(fd, "w");
+    for (uint32_t i = 0; i < id_count; i++)
+        fprintf(ids, "%u%s", read_u32(f), i + 1 < id_count ? "," : "\n");
+    fclose(ids);
+
+    drv_model_options model = llama_options();
+    drv_calib_options o = {.ids_path = ids_path, .context = context, .xtx = true};
+    drv_calibration cal;
+    diag_engine d;
+    diag_init(&d, stderr);
+    assert_true(drv_calibrate(&model, &o, &cal, &d));
+    unlink(ids_path);
+    assert_int_equal(cal.ids, id_count);
+    /* per layer the q/k/v input, o's, gate/up's and down's; then lm_head's */
+    assert_int_equal(cal.input_count, 2 * 4 + 1);
+    assert_int_equal(cal.weight_count, 2 * 7 + 1);
+
+    for (uint32_t r = 0; r < records; r++) {
+        char name[256] = {0};
+        uint32_t length = read_u32(f);
+        assert_true(length < sizeof name);
+        read_exact(f, name, length);
+        uint32_t cols = read_u32(f), tokens = read_u32(f);
+        float *mean = malloc(cols * sizeof *mean), *absmax = malloc(cols * sizeof *absmax);
+        float *xtx = malloc((size_t)cols * cols * sizeof *xtx), *ours = malloc(cols * sizeof *ours);
+        read_exact(f, mean, cols * sizeof *mean);
+        read_exact(f, absmax, cols * sizeof *absmax);
+        read_exact(f, xtx, (size_t)cols * cols * sizeof *xtx);
+        const quant_act_stats *s = drv_calibration_stats(&cal, name);
+        assert_non_null(s);
+        assert_int_equal(s->cols, cols);
+        assert_int_equal(s->tokens, tokens);
+        quant_act_stats_mean_abs(s, ours);
+        assert_close_f32(mean, NULL, ours, cols);
+        assert_close_f32(absmax, NULL, s->absmax, cols);
+        assert_close_f32(xtx, s->xtx, NULL, (uint64_t)cols * cols);
+        free(mean), free(absmax), free(xtx), free(ours);
+    }
+    assert_int_equal(fgetc(f), EOF);
+    fclose(f);
+
+    /* Shared inputs share one record. */
+    const quant_act_stats *q = drv_calibration_stats(&cal, "model.layers.0.self_attn.q_proj.weight");
+    assert_ptr_equal(drv_calibration_stats(&cal, "model.layers.0.self_attn.k_proj.weight"), q);
+    assert_ptr_equal(drv_calibration_stats(&cal, "model.layers.0.self_attn.v_proj.weight"), q);
+    assert_ptr_equal(drv_calibration_stats(&cal, "model.layers.1.mlp.up_proj.weight"),
+                     drv_calibration_stats(&cal, "model.layers.1.mlp.gate_proj.weight"));
+    const quant_act_stats *down = drv_calibration_stats(&cal, "model.layers.1.mlp.down_proj.weight");
+    assert_non_null(down);
+    assert_int_equal(down->cols, 128);
+    assert_null(drv_calibration_stats(&cal, "model.embed_tokens.weight")); /* no matmul reads it */
+    drv_calibration_free(&cal);
+    diag_free(&d);
+}
+
+static void test_bad_ids(void **state) {
+    (void)state;
+    drv_model_options model = llama_options();
+    drv_calib_options o = {.ids_path = SMELT_SOURCE_DIR "/tests/fixtures/no-such-ids.bin"};
+    drv_calibration cal;
+    char *text = NULL;
+    size_t size = 0;
+    FILE *log = open_memstream(&text, &size);
+    diag_engine d;
+    diag_init(&d, log);
+    assert_false(drv_calibrate(&model, &o, &cal, &d));
+    assert_int_equal(cal.input_count, 0);
+    /* an id outside the vocabulary: the reference step refuses it */
+    char ids_path[] = "/tmp/smelt-calib-ids-XXXXXX";
+    int fd = mkstemp(ids_path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "1,2,500", 7), 7);
+    close(fd);
+    o.ids_path = ids_path;
+    assert_false(drv_calibrate(&model, &o, &cal, &d));
+    unlink(ids_path);
+    diag_free(&d);
+    fclose(log);
+    assert_non_null(strstr(text, "no-such-ids.bin"));
+    assert_non_null(strstr(text, "500"));
+    free(text);
+}
+
+/* The calibrated quantizers on the fixture's real statistics: for every
+ * matmul weight, AWQ and GPTQ (int4, groups of 32) make less output error
+ * on the calibration tokens than round to nearest. */
+static void test_quantize_calibrated(void **state) {
+    (void)state;
+    char ids_path[] = "/tmp/smelt-calib-ids-XXXXXX";
+    int fd = mkstemp(ids_path);
+    assert_true(fd >= 0);
+    FILE *ids = fdopen(fd, "w");
+    uint32_t x = 99;
+    for (int i = 0; i < 96; i++) {
+        x = x * 1664525u + 1013904223u;
+        fprintf(ids, "%u ", (x >> 8) % 97);
+    }
+    fclose(ids);
+    drv_model_options model = llama_options();
+    drv_calibration cal;
+    diag_engine d;
+    diag_init(&d, stderr);
+    assert_true(drv_calibrate(&model, &(drv_calib_options){.ids_path = ids_path, .context = 32, .xtx = true},
+                              &cal, &d));
+    unlink(ids_path);
+    st_file f;
+    assert_true(st_file_open(FIXTURE "/model.safetensors", &f, &d));
+    unsigned quantized = 0;
+    for (uint32_t i = 0; i < f.tensor_count; i++) {
+        const st_tensor *t = &f.tensors[i];
+        const quant_act_stats *s = drv_calibration_stats(&cal, t->name);
+        if (!s) continue;
+        uint64_t rows = t->shape[0], cols = t->shape[1];
+        float *w = malloc(rows * cols * sizeof *w);
+        assert_true(st_tensor_read_f32(t, w, &d));
+        quant_format formats[3] = {{QUANT_INT4, QUANT_METHOD_RTN, 32, true, false, false},
+                                   {QUANT_INT4, QUANT_METHOD_AWQ, 32, true, false, true},
+                                   {QUANT_INT4, QUANT_METHOD_GPTQ, 32, true, false, false}};
+        double error[3];
+        for (int m = 0; m < 3; m++) {
+            quant_tensor q = {.format = formats[m]};
+            assert_null(quant_layout_of(&q.format, rows, cols, &q.layout));
+            q.data = calloc(1, q.layout.total);
+            if (m == 0)
+                assert_null(quant_rtn(w, NULL, &q));
+            else
+                assert_true(drv_quantize_calibrated(t->name, w, &cal, &q, &d));
+            error[m] = quant_output_error(w, &q, s->xtx);
+            free(q.data);
+        }
+        printf("%-40s rtn %.4g  awq %.4g (%.0f%%)  gptq %.4g (%.0f%%)\n", t->name, error[0], error[1],
+               100 * (1 - error[1] / error[0]), error[2], 100 * (1 - error[2] / error[0]));
+        assert_true(error[1] < error[0]);
+        assert_true(error[2] < error[0]);
+        quantized++;
+        free(w);
+    }
+    assert_int_equal(quantized, 2 * 7 + 1);
+    /* A weight calibration never saw, a method that learns nothing, no calibration. */
+    float w[64 * 64] = {0};
+    quant_tensor q = {.format = {QUANT_INT4, QUANT_METHOD_GPTQ, 32, true, false, false}};
+    assert_null(quant_layout_of(&q.format, 64, 64, &q.layout));
+    q.data = calloc(1, q.layout.total);
+    char *text = NULL;
+    size_t size = 0;
+    FILE *log = open_memstream(&text, &size);
+    diag_engine quiet;
+    diag_init(&quiet, log);
+    assert_false(drv_quantize_calibrated("model.embed_tokens.weight", w, &cal, &q, &quiet));
+    assert_false(drv_quantize_calibrated("model.layers.0.self_attn.q_proj.weight", w, NULL, &q, &quiet));
+    q.format.method = QUANT_METHOD_RTN;
+    assert_false(drv_quantize_calibrated("model.layers.0.self_attn.q_proj.weight", w, &cal, &q, &quiet));
+    diag_free(&quiet);
+    fclose(log);
+    assert_non_null(
+        strstr(text, "cannot quantize weight 'model.embed_tokens.weight' (gptq): it needs calibration"));
+    free(text);
+    free(q.data);
+    st_file_close(&f);
+    drv_calibration_free(&cal);
+    diag_free(&d);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matches_transformers),
+        cmocka_unit_test(test_bad_ids),
+        cmocka_unit_test(test_quantize_calibrated),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
