@@ -28,17 +28,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define SIM_FIBER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SIM_FIBER_ASAN 1
-#endif
-#endif
-#ifndef SIM_FIBER_ASAN
-#define SIM_FIBER_ASAN 0
-#endif
-
 #if SIM_FIBER_ASAN
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
@@ -83,9 +72,8 @@ static _Noreturn void sim_fiber_start(sim_fiber *self) {
 
 #if SIM_FIBER_ASSEMBLY
 
-/* void sim_fiber_switch_raw(void **save_stack_pointer, void *load_stack_pointer); */
-__attribute__((visibility("hidden"))) void sim_fiber_switch_raw(void **save_stack_pointer,
-                                                                void *load_stack_pointer);
+/* void sim_fiber_switch_raw(void **save_stack_pointer, void *load_stack_pointer);
+ * declared in fiber.h */
 /* Entered by `ret` from the switch into a new fiber; calls
  * sim_fiber_start(fiber) with both taken from callee-saved registers. */
 __attribute__((visibility("hidden"))) void sim_fiber_trampoline(void);
@@ -253,6 +241,7 @@ void sim_fiber_init_thread(sim_fiber *fiber) {
     memset(fiber, 0, sizeof *fiber); /* stack bounds unknown until ASan reports them */
 }
 
+#if !SIM_FIBER_ASSEMBLY || SIM_FIBER_ASAN /* else inline in fiber.h */
 void sim_fiber_switch(sim_fiber *from, sim_fiber *to) {
     sim_fiber_switching_from = from;
 #if SIM_FIBER_ASAN
@@ -261,6 +250,7 @@ void sim_fiber_switch(sim_fiber *from, sim_fiber *to) {
     sim_fiber_switch_machine(from, to);
     sim_fiber_arrived(from);
 }
+#endif
 
 _Noreturn void sim_fiber_exit(sim_fiber *from, sim_fiber *to) {
     sim_fiber_switching_from = from;

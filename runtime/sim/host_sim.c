@@ -47,7 +47,11 @@ enum { SIM_MAX_WORKERS = 1024, SIM_KERNEL_NAME_MAX = 64, SIM_DYNAMIC_SHARED_ALIG
  * every thread's hot frames would fall in the same few sets of the L1 cache
  * and a block would miss on every switch. The stacks are mapped that much
  * larger, so each still has SIM_STACK_SIZE. */
-enum { SIM_STACK_COLORS = 64, SIM_CACHE_LINE = 64, SIM_STACK_COLOR_BYTES = SIM_STACK_COLORS * SIM_CACHE_LINE };
+enum {
+    SIM_STACK_COLORS = 64,
+    SIM_CACHE_LINE = 64,
+    SIM_STACK_COLOR_BYTES = SIM_STACK_COLORS * SIM_CACHE_LINE
+};
 
 /* How long an idle worker, or sim_launch waiting for the last blocks, polls
  * before it sleeps on the condition variable: longer than the host's work
@@ -313,9 +317,9 @@ static bool sim_worker_run_block(sim_worker *worker, const sim_job *job, uint64_
         if (sim_stack_region_canary_intact(&worker->stacks, i)) continue;
         /* Too late to be sure of anything this block did: fail the launch. */
         snprintf(block->message, sizeof block->message,
-                 "kernel '%.*s%s' block (%u, %u, %u): thread %u overran its %zu KiB fiber stack",
+                 "kernel '%.*s%s' block (%u, %u, %u): thread %u overran its %u KiB fiber stack",
                  SIM_NAME(block->kernel->name), block->index.x, block->index.y, block->index.z, i,
-                 worker->stacks.stack_size / 1024);
+                 SIM_STACK_SIZE / 1024);
         block->status = SIM_ERROR_STACK_OVERFLOW;
         return false;
     }

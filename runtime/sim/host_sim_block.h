@@ -69,9 +69,9 @@ typedef struct sim_thread {
 /* A warp's barrier and what its lanes exchange through it, side by side so
  * the lane that completes the barrier reads and writes them in one sweep. */
 typedef struct sim_warp {
-    uint32_t live_lanes;    /* lanes that exist and have not returned */
-    uint32_t arrived_lanes; /* lanes waiting at the warp barrier */
-    sim_warp_op op;         /* what the arrived lanes wait at */
+    uint32_t live_lanes;              /* lanes that exist and have not returned */
+    uint32_t arrived_lanes;           /* lanes waiting at the warp barrier */
+    sim_warp_op op;                   /* what the arrived lanes wait at */
     uint32_t value[SIM_WARP_LANES];   /* shuffle input, or vote predicate (0 or 1) */
     uint32_t operand[SIM_WARP_LANES]; /* shuffle: source lane, delta or xor mask; vote: the mask */
     /* Written when the barrier completes, read by each lane when it resumes
@@ -95,7 +95,7 @@ struct sim_block {
     unsigned queue_head, queue_length;
     uint32_t resumed_lanes; /* lanes of one warp that run before the queue */
     unsigned resumed_base;  /* the index of that warp's lane 0 */
-    sim_fiber scheduler; /* the worker thread's own context */
+    sim_fiber scheduler;    /* the worker thread's own context */
     sim_status status;
     char message[SIM_MESSAGE_SIZE];
 };

@@ -193,20 +193,29 @@ static void sim_warp_release(sim_block *block, sim_thread *self, unsigned warp_i
 /* The calling lane arrives at a warp operation with its operands posted
  * (or, for mma and ldmatrix, its request); returns when every live lane has
  * arrived and the results are in the warp record. */
+/* A lane whose mask leaves it out, or that arrives at another operation
+ * than the lanes waiting: ends the block. Out of line, so that the arrival
+ * itself stays a few instructions. */
+static _Noreturn __attribute__((noinline, cold)) void
+sim_warp_misuse(sim_block *block, sim_thread *self, const sim_warp *warp, sim_warp_op op, unsigned mask) {
+    unsigned lane = self->view.lane, warp_index = self->index / SIM_WARP_LANES;
+    if (!(mask >> lane & 1))
+        sim_block_fail(block, self, SIM_ERROR_WARP_MISUSE,
+                       "%s in warp %u, lane %u: the mask 0x%08x does not include the calling lane",
+                       sim_warp_op_name(op), warp_index, lane, mask);
+    sim_block_fail(block, self, SIM_ERROR_WARP_MISUSE,
+                   "threads of warp %u wait at different warp operations: %d at %s, lane %u at %s",
+                   warp_index, __builtin_popcount(warp->arrived_lanes), sim_warp_op_name(warp->op), lane,
+                   sim_warp_op_name(op));
+}
+
 static inline void sim_warp_arrive(sim_warp_op op, unsigned mask) {
     sim_thread *self = sim_thread_running();
     sim_block *block = self->block;
     unsigned lane = self->view.lane, warp_index = self->index / SIM_WARP_LANES;
     sim_warp *warp = &block->warps[warp_index];
-    if (!(mask >> lane & 1))
-        sim_block_fail(block, self, SIM_ERROR_WARP_MISUSE,
-                       "%s in warp %u, lane %u: the mask 0x%08x does not include the calling lane",
-                       sim_warp_op_name(op), warp_index, lane, mask);
-    if (warp->arrived_lanes && warp->op != op)
-        sim_block_fail(block, self, SIM_ERROR_WARP_MISUSE,
-                       "threads of warp %u wait at different warp operations: %d at %s, lane %u at %s",
-                       warp_index, __builtin_popcount(warp->arrived_lanes), sim_warp_op_name(warp->op), lane,
-                       sim_warp_op_name(op));
+    if (__builtin_expect(!(mask >> lane & 1) || (warp->arrived_lanes && warp->op != op), 0))
+        sim_warp_misuse(block, self, warp, op, mask);
     warp->op = op;
     warp->arrived_lanes |= 1u << lane;
     if (warp->arrived_lanes == warp->live_lanes) {
