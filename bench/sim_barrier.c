@@ -90,16 +90,17 @@ static int bench(sim_pool *pool, const char *what, sim_kernel kernel, int worker
     }
     for (int b = 0; b < blocks; b++)
         if (out[b] != iterations) {
-            fprintf(stderr, "bench_sim_barrier: %s: block %d counted %d rounds, expected %d\n", what, b, out[b],
-                    iterations);
+            fprintf(stderr, "bench_sim_barrier: %s: block %d counted %d rounds, expected %d\n", what, b,
+                    out[b], iterations);
             free(out);
             return 1;
         }
     double arrivals = (double)blocks * BENCH_THREADS * iterations * arrivals_per_iteration;
     printf("%s: %d workers, %d blocks of %d threads, %d rounds each: %.3f s (%.3f s of CPU)\n", what, workers,
            blocks, BENCH_THREADS, iterations, elapsed, cpu);
-    printf("  %.1f million arrivals/s in all, %.1f million arrivals/s per worker, %.1f million per CPU-second\n",
-           arrivals / elapsed / 1e6, arrivals / elapsed / 1e6 / workers, arrivals / cpu / 1e6);
+    printf(
+        "  %.1f million arrivals/s in all, %.1f million arrivals/s per worker, %.1f million per CPU-second\n",
+        arrivals / elapsed / 1e6, arrivals / elapsed / 1e6 / workers, arrivals / cpu / 1e6);
     free(out);
     return 0;
 }
