@@ -17,6 +17,7 @@
 #include "host_sim_block.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -362,19 +363,18 @@ static inline void sim_cpu_relax(void) {
 }
 
 /* Polls until done() holds or SIM_SPIN_NANOSECONDS have passed; whether it
- * holds. */
+ * holds. After the first few polls it yields the core between polls: on a
+ * busy machine the thread it waits for may need this very core. */
 static bool sim_spin_until(bool (*done)(sim_pool *, uint64_t), sim_pool *pool, uint64_t value) {
-    long long deadline = 0;
+    long long deadline = sim_nanoseconds() + SIM_SPIN_NANOSECONDS;
     for (unsigned i = 0;; i++) {
         if (done(pool, value)) return true;
-        if (i % 64 == 0) {
-            long long now = sim_nanoseconds();
-            if (deadline == 0)
-                deadline = now + SIM_SPIN_NANOSECONDS;
-            else if (now > deadline)
-                return false;
+        if (i < 64) {
+            sim_cpu_relax();
+            continue;
         }
-        sim_cpu_relax();
+        if (sim_nanoseconds() > deadline) return false;
+        sched_yield();
     }
 }
 
