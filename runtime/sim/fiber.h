@@ -65,9 +65,11 @@ void sim_fiber_prepare(sim_fiber *fiber, void *stack_bottom, size_t stack_size, 
 /* Suspends `from` (the running fiber) and resumes `to`; returns when some
  * fiber switches back to `from`. Without ASan and ucontext, nothing but the
  * assembly: inline, one call. */
-#if SIM_FIBER_ASSEMBLY && !SIM_FIBER_ASAN
+#if SIM_FIBER_ASSEMBLY
 __attribute__((visibility("hidden"))) void sim_fiber_switch_raw(void **save_stack_pointer,
                                                                 void *load_stack_pointer);
+#endif
+#if SIM_FIBER_ASSEMBLY && !SIM_FIBER_ASAN
 static inline void sim_fiber_switch(sim_fiber *from, sim_fiber *to) {
     sim_fiber_switch_raw(&from->stack_pointer, to->stack_pointer);
 }
