@@ -7,10 +7,12 @@
  * launch, runs each block to completion on its own fibers, and reports back.
  * Worker 0 is the thread that calls sim_launch (a pool of N workers starts
  * N - 1 threads): it starts on the blocks at once instead of sleeping while
- * the others wake up, which is most of a small launch. The other workers,
- * done with a launch, watch for the next one for a short while
- * (SIM_SPIN_NANOSECONDS) before they sleep, as a decode step posts its
- * launches back to back. Per worker and reused across blocks and launches:
+ * the others wake up, which is most of a small launch, and when the blocks
+ * run out it closes the launch and waits only for the workers that joined
+ * it before that (a worker still asleep, or descheduled on a busy machine,
+ * holds nothing up). The other workers, done with a launch, watch for the
+ * next one for a short while (SIM_SPIN_NANOSECONDS) before they sleep, as a
+ * decode step posts its launches back to back. Per worker and reused across blocks and launches:
  * the fiber stacks, the thread and warp records, the run queue and the
  * dynamic shared memory.
  */
@@ -95,10 +97,15 @@ struct sim_pool {
     pthread_mutex_t launch_lock; /* one launch at a time */
     pthread_mutex_t lock;        /* guards the fields below (the atomics are also read without it) */
     pthread_cond_t job_posted, job_finished;
-    atomic_uint_least64_t job_generation;
-    atomic_uint workers_busy; /* threads still on the job */
+    atomic_uint_least64_t job_generation; /* of the last launch posted */
+    /* The generation of the launch workers may still join, 0 once closed.
+     * A worker counts itself in `joined`, then checks it is open; the
+     * launching thread closes it, then waits for `joined` to drop to 0
+     * (sequentially consistent: one of the two sees the other). */
+    atomic_uint_least64_t open_generation;
+    atomic_uint joined;
     atomic_bool shutting_down;
-    sim_job *job;
+    _Atomic(sim_job *) job; /* the open launch's */
 };
 
 const char *sim_status_name(sim_status status) {
@@ -385,7 +392,7 @@ static bool sim_job_posted_since(sim_pool *pool, uint64_t generation) {
 
 static bool sim_workers_done(sim_pool *pool, uint64_t unused) {
     (void)unused;
-    return atomic_load_explicit(&pool->workers_busy, memory_order_acquire) == 0;
+    return atomic_load(&pool->joined) == 0;
 }
 
 static void *sim_worker_main(void *argument) {
@@ -401,14 +408,17 @@ static void *sim_worker_main(void *argument) {
             pthread_mutex_unlock(&pool->lock);
         }
         if (atomic_load(&pool->shutting_down)) break;
-        pthread_mutex_lock(&pool->lock);
-        generation_done = atomic_load(&pool->job_generation);
-        sim_job *job = pool->job;
-        pthread_mutex_unlock(&pool->lock);
-        sim_worker_run_job(worker, job);
-        pthread_mutex_lock(&pool->lock);
-        if (atomic_fetch_sub(&pool->workers_busy, 1) == 1) pthread_cond_signal(&pool->job_finished);
-        pthread_mutex_unlock(&pool->lock);
+        uint64_t generation = atomic_load(&pool->job_generation);
+        generation_done = generation;
+        atomic_fetch_add(&pool->joined, 1);
+        /* Closed already (or a newer one posted, joined next time round). */
+        if (atomic_load(&pool->open_generation) == generation)
+            sim_worker_run_job(worker, atomic_load(&pool->job));
+        if (atomic_fetch_sub(&pool->joined, 1) == 1) {
+            pthread_mutex_lock(&pool->lock);
+            pthread_cond_signal(&pool->job_finished);
+            pthread_mutex_unlock(&pool->lock);
+        }
     }
     return NULL;
 }
@@ -442,7 +452,9 @@ sim_pool *sim_pool_create(unsigned workers) {
     pthread_cond_init(&pool->job_posted, NULL);
     pthread_cond_init(&pool->job_finished, NULL);
     atomic_init(&pool->job_generation, 0);
-    atomic_init(&pool->workers_busy, 0);
+    atomic_init(&pool->open_generation, 0);
+    atomic_init(&pool->joined, 0);
+    atomic_init(&pool->job, NULL);
     atomic_init(&pool->shutting_down, false);
     pool->workers[0].pool = pool;
     for (unsigned i = 1; i < workers; i++) {
@@ -559,33 +571,31 @@ sim_status sim_launch(sim_pool *pool, const sim_kernel *kernel, sim_dim3 grid, s
     pthread_mutex_init(&job.error_lock, NULL);
 
     pthread_mutex_lock(&pool->launch_lock);
-    unsigned threads = pool->worker_count - 1;
     /* A grid of one block needs no other worker. */
-    if (threads > 0 && job.block_count > 1) {
+    bool posted = pool->worker_count > 1 && job.block_count > 1;
+    if (posted) {
+        atomic_store(&pool->job, &job);
+        uint64_t generation = atomic_load(&pool->job_generation) + 1;
+        atomic_store(&pool->open_generation, generation);
         pthread_mutex_lock(&pool->lock);
-        pool->job = &job;
-        atomic_store(&pool->workers_busy, threads);
-        atomic_fetch_add_explicit(&pool->job_generation, 1, memory_order_release);
+        atomic_store(&pool->job_generation, generation);
         pthread_cond_broadcast(&pool->job_posted);
         pthread_mutex_unlock(&pool->lock);
-    } else {
-        threads = 0;
     }
     /* This thread is worker 0 (the launching thread may differ from launch to
      * launch: its scheduler context is its own). */
     sim_worker *caller = &pool->workers[0];
     sim_fiber_init_thread(&caller->block.scheduler);
     sim_worker_run_job(caller, &job);
-    if (threads > 0 && !sim_spin_until(sim_workers_done, pool, 0)) {
-        pthread_mutex_lock(&pool->lock);
-        while (!sim_workers_done(pool, 0))
-            pthread_cond_wait(&pool->job_finished, &pool->lock);
-        pthread_mutex_unlock(&pool->lock);
-    }
-    if (threads > 0) {
-        pthread_mutex_lock(&pool->lock); /* the workers are done with `job` */
-        pool->job = NULL;
-        pthread_mutex_unlock(&pool->lock);
+    if (posted) {
+        atomic_store(&pool->open_generation, 0); /* no worker joins from here on */
+        if (!sim_spin_until(sim_workers_done, pool, 0)) {
+            pthread_mutex_lock(&pool->lock);
+            while (!sim_workers_done(pool, 0))
+                pthread_cond_wait(&pool->job_finished, &pool->lock);
+            pthread_mutex_unlock(&pool->lock);
+        }
+        atomic_store(&pool->job, NULL);
     }
     pthread_mutex_unlock(&pool->launch_lock);
 
