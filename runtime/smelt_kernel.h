@@ -252,7 +252,11 @@ typedef struct smelt_sim_thread_view {
     unsigned char *dynamic_shared; /* this worker's buffer, 16-byte aligned */
 } smelt_sim_thread_view;
 
-extern _Thread_local const smelt_sim_thread_view *smelt_sim_current;
+/* Defined by the simulator in the executable (static TLS), so the kernels'
+ * shared object, dlopen()ed, reads it at a fixed offset from the thread
+ * pointer instead of calling __tls_get_addr at every threadIdx. */
+extern _Thread_local const smelt_sim_thread_view *smelt_sim_current
+    __attribute__((tls_model("initial-exec")));
 
 /* Entry points of the simulator (runtime/sim/host_sim.c). A host kernel object
  * resolves them from the process that loads it. */

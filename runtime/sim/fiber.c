@@ -1,14 +1,15 @@
 /* fiber.c - the context switch and the fiber stacks (see fiber.h).
  *
- * The assembly switch saves exactly what the System V (x86-64) and AAPCS64
+ * The assembly switch saves the registers the System V (x86-64) and AAPCS64
  * (aarch64) calling conventions say a callee must preserve, because the
  * switch is, to the compiler, an ordinary function call:
- *   x86-64   rbx rbp r12-r15, and the MXCSR and x87 control words (their
- *            control bits are callee-saved too; kernels never change them,
- *            but saving them costs two instructions and keeps a fiber that
- *            does from leaking its rounding mode into the next one);
- *   aarch64  x19-x29, the link register x30, d8-d15 (FPCR is left alone:
- *            nothing here changes it).
+ *   x86-64   rbx rbp r12-r15;
+ *   aarch64  x19-x29, the link register x30, d8-d15.
+ * The floating-point control state (MXCSR and the x87 control word, FPCR) is
+ * callee-saved too, but left alone: every fiber of a worker shares it, as
+ * CUDA threads share one rounding mode, and kernels (smelt_kernel.h's
+ * subset) have no way to change it. Saving it cost a third of a switch
+ * (ldmxcsr and fldcw stall the pipeline).
  * Everything is pushed on the suspended fiber's own stack; the fiber keeps
  * only its stack pointer. A new fiber's stack is laid out as if it had been
  * suspended inside the switch, with the return address pointing at a small
@@ -26,17 +27,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
-
-#if defined(__SANITIZE_ADDRESS__)
-#define SIM_FIBER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SIM_FIBER_ASAN 1
-#endif
-#endif
-#ifndef SIM_FIBER_ASAN
-#define SIM_FIBER_ASAN 0
-#endif
 
 #if SIM_FIBER_ASAN
 #include <sanitizer/asan_interface.h>
@@ -82,9 +72,8 @@ static _Noreturn void sim_fiber_start(sim_fiber *self) {
 
 #if SIM_FIBER_ASSEMBLY
 
-/* void sim_fiber_switch_raw(void **save_stack_pointer, void *load_stack_pointer); */
-__attribute__((visibility("hidden"))) void sim_fiber_switch_raw(void **save_stack_pointer,
-                                                                void *load_stack_pointer);
+/* void sim_fiber_switch_raw(void **save_stack_pointer, void *load_stack_pointer);
+ * declared in fiber.h */
 /* Entered by `ret` from the switch into a new fiber; calls
  * sim_fiber_start(fiber) with both taken from callee-saved registers. */
 __attribute__((visibility("hidden"))) void sim_fiber_trampoline(void);
@@ -102,14 +91,8 @@ __asm__(".text\n"
         "    pushq %r13\n"
         "    pushq %r14\n"
         "    pushq %r15\n"
-        "    subq $8, %rsp\n"
-        "    stmxcsr (%rsp)\n"
-        "    fnstcw 4(%rsp)\n"
         "    movq %rsp, (%rdi)\n"
         "    movq %rsi, %rsp\n"
-        "    ldmxcsr (%rsp)\n"
-        "    fldcw 4(%rsp)\n"
-        "    addq $8, %rsp\n"
         "    popq %r15\n"
         "    popq %r14\n"
         "    popq %r13\n"
@@ -131,7 +114,6 @@ __asm__(".text\n"
 
 /* Slots of a suspended x86-64 fiber, from its saved stack pointer up. */
 enum {
-    SIM_X86_CONTROL_WORDS, /* MXCSR (low 4 bytes), x87 control word (next 2) */
     SIM_X86_R15,
     SIM_X86_R14,
     SIM_X86_R13,
@@ -149,11 +131,6 @@ static void sim_fiber_initial_frame(sim_fiber *fiber, uintptr_t stack_top) {
      * return address stay zero (a null return address ends backtraces). */
     uint64_t *frame = (uint64_t *)(stack_top - 16) - SIM_X86_SLOTS;
     memset(frame, 0, (SIM_X86_SLOTS + 2) * sizeof *frame);
-    uint32_t mxcsr;
-    uint16_t x87_control;
-    __asm__ __volatile__("stmxcsr %0" : "=m"(mxcsr));
-    __asm__ __volatile__("fnstcw %0" : "=m"(x87_control));
-    frame[SIM_X86_CONTROL_WORDS] = (uint64_t)mxcsr | ((uint64_t)x87_control << 32);
     frame[SIM_X86_R12] = (uint64_t)(uintptr_t)sim_fiber_start;
     frame[SIM_X86_R13] = (uint64_t)(uintptr_t)fiber;
     frame[SIM_X86_RETURN_ADDRESS] = (uint64_t)(uintptr_t)sim_fiber_trampoline;
@@ -264,6 +241,7 @@ void sim_fiber_init_thread(sim_fiber *fiber) {
     memset(fiber, 0, sizeof *fiber); /* stack bounds unknown until ASan reports them */
 }
 
+#if !SIM_FIBER_ASSEMBLY || SIM_FIBER_ASAN /* else inline in fiber.h */
 void sim_fiber_switch(sim_fiber *from, sim_fiber *to) {
     sim_fiber_switching_from = from;
 #if SIM_FIBER_ASAN
@@ -272,6 +250,7 @@ void sim_fiber_switch(sim_fiber *from, sim_fiber *to) {
     sim_fiber_switch_machine(from, to);
     sim_fiber_arrived(from);
 }
+#endif
 
 _Noreturn void sim_fiber_exit(sim_fiber *from, sim_fiber *to) {
     sim_fiber_switching_from = from;

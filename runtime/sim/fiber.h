@@ -51,9 +51,31 @@ void sim_fiber_init_thread(sim_fiber *fiber);
 void sim_fiber_prepare(sim_fiber *fiber, void *stack_bottom, size_t stack_size, sim_fiber_entry entry,
                        void *argument);
 
+#if defined(__SANITIZE_ADDRESS__)
+#define SIM_FIBER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SIM_FIBER_ASAN 1
+#endif
+#endif
+#ifndef SIM_FIBER_ASAN
+#define SIM_FIBER_ASAN 0
+#endif
+
 /* Suspends `from` (the running fiber) and resumes `to`; returns when some
- * fiber switches back to `from`. */
+ * fiber switches back to `from`. Without ASan and ucontext, nothing but the
+ * assembly: inline, one call. */
+#if SIM_FIBER_ASSEMBLY
+__attribute__((visibility("hidden"))) void sim_fiber_switch_raw(void **save_stack_pointer,
+                                                                void *load_stack_pointer);
+#endif
+#if SIM_FIBER_ASSEMBLY && !SIM_FIBER_ASAN
+static inline void sim_fiber_switch(sim_fiber *from, sim_fiber *to) {
+    sim_fiber_switch_raw(&from->stack_pointer, to->stack_pointer);
+}
+#else
 void sim_fiber_switch(sim_fiber *from, sim_fiber *to);
+#endif
 
 /* Like sim_fiber_switch for a `from` that will not be resumed again (until
  * it is prepared anew); lets ASan drop its state for that stack. */

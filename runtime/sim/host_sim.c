@@ -5,18 +5,28 @@
  * A launch is posted to every worker of the pool; each worker takes block
  * numbers from one atomic counter until they run out or an error stops the
  * launch, runs each block to completion on its own fibers, and reports back.
- * Per worker and reused across blocks and launches: the fiber stacks, the
- * thread and warp records, the run queue and the dynamic shared memory.
+ * Worker 0 is the thread that calls sim_launch (a pool of N workers starts
+ * N - 1 threads): it starts on the blocks at once instead of sleeping while
+ * the others wake up, which is most of a small launch, and when the blocks
+ * run out it closes the launch and waits only for the workers that joined
+ * it before that (a worker still asleep, or descheduled on a busy machine,
+ * holds nothing up). The other workers, done with a launch, watch for the
+ * next one for a short while (SIM_SPIN_NANOSECONDS) before they sleep, as a
+ * decode step posts its launches back to back. Per worker and reused across blocks and launches:
+ * the fiber stacks, the thread and warp records, the run queue and the
+ * dynamic shared memory.
  */
 #include "host_sim_block.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The fiber running on this worker thread, read by every threadIdx. */
@@ -34,6 +44,22 @@ _Thread_local const smelt_sim_thread_view *smelt_sim_current;
 #endif
 
 enum { SIM_MAX_WORKERS = 1024, SIM_KERNEL_NAME_MAX = 64, SIM_DYNAMIC_SHARED_ALIGNMENT = 128 };
+
+/* Fiber i's stack starts (i % SIM_STACK_COLORS) cache lines below the top of
+ * its mapping. The mappings are a whole number of pages apart, so without it
+ * every thread's hot frames would fall in the same few sets of the L1 cache
+ * and a block would miss on every switch. The stacks are mapped that much
+ * larger, so each still has SIM_STACK_SIZE. */
+enum {
+    SIM_STACK_COLORS = 64,
+    SIM_CACHE_LINE = 64,
+    SIM_STACK_COLOR_BYTES = SIM_STACK_COLORS * SIM_CACHE_LINE
+};
+
+/* How long an idle worker, or sim_launch waiting for the last blocks, polls
+ * before it sleeps on the condition variable: longer than the host's work
+ * between two launches of a step, short enough not to matter to others. */
+#define SIM_SPIN_NANOSECONDS 100000ll
 
 /* One launch, as the workers see it. */
 typedef struct sim_job {
@@ -65,15 +91,21 @@ typedef struct sim_worker {
 } sim_worker;
 
 struct sim_pool {
-    unsigned worker_count;
+    unsigned worker_count; /* workers[0] is sim_launch's caller, the others have threads */
+    unsigned threads_started;
     sim_worker *workers;
     pthread_mutex_t launch_lock; /* one launch at a time */
-    pthread_mutex_t lock;        /* guards the fields below */
+    pthread_mutex_t lock;        /* guards the fields below (the atomics are also read without it) */
     pthread_cond_t job_posted, job_finished;
-    uint64_t job_generation;
-    unsigned workers_busy;
-    bool shutting_down;
-    sim_job *job;
+    atomic_uint_least64_t job_generation; /* of the last launch posted */
+    /* The generation of the launch workers may still join, 0 once closed.
+     * A worker counts itself in `joined`, then checks it is open; the
+     * launching thread closes it, then waits for `joined` to drop to 0
+     * (sequentially consistent: one of the two sees the other). */
+    atomic_uint_least64_t open_generation;
+    atomic_uint joined;
+    atomic_bool shutting_down;
+    _Atomic(sim_job *) job; /* the open launch's */
 };
 
 const char *sim_status_name(sim_status status) {
@@ -105,14 +137,6 @@ static void sim_job_fail(sim_job *job, sim_status status, const char *message) {
 
 /* ---- inside a block ---- */
 
-static sim_thread *sim_block_pop_runnable(sim_block *block) {
-    if (block->queue_length == 0) return NULL;
-    unsigned index = block->run_queue[block->queue_head];
-    if (++block->queue_head == block->thread_count) block->queue_head = 0;
-    block->queue_length--;
-    return &block->threads[index];
-}
-
 static void sim_block_set_message(sim_block *block, sim_status status, const char *format, va_list args) {
     const char *name = block->kernel->name;
     int used = snprintf(block->message, sizeof block->message,
@@ -133,8 +157,7 @@ _Noreturn void sim_block_fail(sim_block *block, sim_thread *self, sim_status sta
     sim_fiber_exit(&self->fiber, &block->scheduler);
 }
 
-/* No thread can run but some have not returned: say who waits at what. */
-static _Noreturn void sim_block_deadlock(sim_block *block, sim_thread *self) {
+_Noreturn void sim_block_deadlock(sim_block *block, sim_thread *self) {
     for (unsigned w = 0; w < block->warp_count; w++) {
         const sim_warp *warp = &block->warps[w];
         if (!warp->arrived_lanes) continue;
@@ -151,27 +174,16 @@ static _Noreturn void sim_block_deadlock(sim_block *block, sim_thread *self) {
                    block->at_block_barrier, block->returned_count);
 }
 
-void sim_block_wait(sim_block *block, sim_thread *self) {
-    sim_thread *next = sim_block_pop_runnable(block);
-    if (!next) sim_block_deadlock(block, self);
-    smelt_sim_current = &next->view;
-    sim_fiber_switch(&self->fiber, &next->fiber);
-    /* Released and resumed: whoever switched here set smelt_sim_current. */
-}
-
 void smelt_sim_syncthreads(void) {
     sim_thread *self = sim_thread_running();
     sim_block *block = self->block;
     if (++block->at_block_barrier == block->live_count && block->returned_count == 0) {
         /* Everyone is here: release them all, and run on. */
         block->at_block_barrier = 0;
-        for (unsigned i = 0; i < block->thread_count; i++) {
-            sim_thread *thread = &block->threads[i];
-            if (thread != self) sim_block_make_runnable(block, thread);
-        }
+        for (unsigned i = 0; i < block->thread_count; i++)
+            if (i != self->index) sim_block_make_runnable(block, i);
         return;
     }
-    self->state = SIM_THREAD_AT_BLOCK_BARRIER;
     sim_block_wait(block, self);
 }
 
@@ -181,7 +193,6 @@ static void sim_thread_main(void *argument) {
     sim_block *block = self->block;
     block->kernel->host_entry(block->args);
 
-    self->state = SIM_THREAD_RETURNED;
     block->live_count--;
     block->returned_count++;
     sim_warp_lane_returned(block, self);
@@ -202,7 +213,7 @@ static bool sim_worker_reserve(sim_worker *worker, const sim_job *job, char *mes
     unsigned threads = job->threads_per_block;
     if (threads > worker->thread_capacity) {
         unsigned warps = (threads + SIM_WARP_LANES - 1) / SIM_WARP_LANES;
-        sim_thread *thread_records = calloc(threads, sizeof *thread_records);
+        sim_thread *thread_records = aligned_alloc(_Alignof(sim_thread), threads * sizeof *thread_records);
         sim_warp *warp_records = calloc(warps, sizeof *warp_records);
         unsigned *queue = calloc(threads, sizeof *queue);
         if (!thread_records || !warp_records || !queue) {
@@ -220,7 +231,7 @@ static bool sim_worker_reserve(sim_worker *worker, const sim_job *job, char *mes
         worker->run_queue = queue;
         worker->thread_capacity = threads;
     }
-    if (!sim_stack_region_reserve(&worker->stacks, threads, SIM_STACK_SIZE)) {
+    if (!sim_stack_region_reserve(&worker->stacks, threads, SIM_STACK_SIZE + SIM_STACK_COLOR_BYTES)) {
         snprintf(message, message_size, "cannot map %u fiber stacks of %u KiB", threads,
                  SIM_STACK_SIZE / 1024);
         return false;
@@ -267,6 +278,7 @@ static bool sim_worker_run_block(sim_worker *worker, const sim_job *job, uint64_
     block->run_queue = worker->run_queue;
     block->queue_head = 0;
     block->queue_length = 0;
+    block->resumed_lanes = 0;
     block->status = SIM_OK;
     block->message[0] = '\0';
 
@@ -294,11 +306,11 @@ static bool sim_worker_run_block(sim_worker *worker, const sim_job *job, uint64_
         thread->view.dynamic_shared = worker->dynamic_shared;
         thread->block = block;
         thread->index = i;
-        thread->request = NULL;
         sim_fiber_prepare(&thread->fiber, sim_stack_region_stack(&worker->stacks, i),
-                          worker->stacks.stack_size, sim_thread_main, thread);
+                          worker->stacks.stack_size - i % SIM_STACK_COLORS * SIM_CACHE_LINE, sim_thread_main,
+                          thread);
         if (i >= worker->stacks.guarded_count) sim_stack_region_set_canary(&worker->stacks, i);
-        sim_block_make_runnable(block, thread);
+        sim_block_make_runnable(block, i);
     }
 
     sim_thread *first = sim_block_pop_runnable(block);
@@ -313,9 +325,9 @@ static bool sim_worker_run_block(sim_worker *worker, const sim_job *job, uint64_
         if (sim_stack_region_canary_intact(&worker->stacks, i)) continue;
         /* Too late to be sure of anything this block did: fail the launch. */
         snprintf(block->message, sizeof block->message,
-                 "kernel '%.*s%s' block (%u, %u, %u): thread %u overran its %zu KiB fiber stack",
+                 "kernel '%.*s%s' block (%u, %u, %u): thread %u overran its %u KiB fiber stack",
                  SIM_NAME(block->kernel->name), block->index.x, block->index.y, block->index.z, i,
-                 worker->stacks.stack_size / 1024);
+                 SIM_STACK_SIZE / 1024);
         block->status = SIM_ERROR_STACK_OVERFLOW;
         return false;
     }
@@ -343,24 +355,71 @@ static void sim_worker_run_job(sim_worker *worker, sim_job *job) {
     }
 }
 
+static long long sim_nanoseconds(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long long)now.tv_sec * 1000000000ll + now.tv_nsec;
+}
+
+static inline void sim_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Polls until done() holds or SIM_SPIN_NANOSECONDS have passed; whether it
+ * holds. After the first few polls it yields the core between polls: on a
+ * busy machine the thread it waits for may need this very core. */
+static bool sim_spin_until(bool (*done)(sim_pool *, uint64_t), sim_pool *pool, uint64_t value) {
+    long long deadline = sim_nanoseconds() + SIM_SPIN_NANOSECONDS;
+    for (unsigned i = 0;; i++) {
+        if (done(pool, value)) return true;
+        if (i < 64) {
+            sim_cpu_relax();
+            continue;
+        }
+        if (sim_nanoseconds() > deadline) return false;
+        sched_yield();
+    }
+}
+
+static bool sim_job_posted_since(sim_pool *pool, uint64_t generation) {
+    return atomic_load_explicit(&pool->job_generation, memory_order_acquire) != generation ||
+           atomic_load_explicit(&pool->shutting_down, memory_order_relaxed);
+}
+
+static bool sim_workers_done(sim_pool *pool, uint64_t unused) {
+    (void)unused;
+    return atomic_load(&pool->joined) == 0;
+}
+
 static void *sim_worker_main(void *argument) {
     sim_worker *worker = argument;
     sim_pool *pool = worker->pool;
     sim_fiber_init_thread(&worker->block.scheduler);
     uint64_t generation_done = 0;
-    pthread_mutex_lock(&pool->lock);
     for (;;) {
-        while (!pool->shutting_down && pool->job_generation == generation_done)
-            pthread_cond_wait(&pool->job_posted, &pool->lock);
-        if (pool->shutting_down) break;
-        generation_done = pool->job_generation;
-        sim_job *job = pool->job;
-        pthread_mutex_unlock(&pool->lock);
-        sim_worker_run_job(worker, job);
-        pthread_mutex_lock(&pool->lock);
-        if (--pool->workers_busy == 0) pthread_cond_signal(&pool->job_finished);
+        if (!sim_spin_until(sim_job_posted_since, pool, generation_done)) {
+            pthread_mutex_lock(&pool->lock);
+            while (!sim_job_posted_since(pool, generation_done))
+                pthread_cond_wait(&pool->job_posted, &pool->lock);
+            pthread_mutex_unlock(&pool->lock);
+        }
+        if (atomic_load(&pool->shutting_down)) break;
+        uint64_t generation = atomic_load(&pool->job_generation);
+        generation_done = generation;
+        atomic_fetch_add(&pool->joined, 1);
+        /* Closed already (or a newer one posted, joined next time round). */
+        if (atomic_load(&pool->open_generation) == generation)
+            sim_worker_run_job(worker, atomic_load(&pool->job));
+        if (atomic_fetch_sub(&pool->joined, 1) == 1) {
+            pthread_mutex_lock(&pool->lock);
+            pthread_cond_signal(&pool->job_finished);
+            pthread_mutex_unlock(&pool->lock);
+        }
     }
-    pthread_mutex_unlock(&pool->lock);
     return NULL;
 }
 
@@ -387,32 +446,38 @@ sim_pool *sim_pool_create(unsigned workers) {
         free(pool);
         return NULL;
     }
+    pool->worker_count = workers;
     pthread_mutex_init(&pool->launch_lock, NULL);
     pthread_mutex_init(&pool->lock, NULL);
     pthread_cond_init(&pool->job_posted, NULL);
     pthread_cond_init(&pool->job_finished, NULL);
-    for (unsigned i = 0; i < workers; i++) {
+    atomic_init(&pool->job_generation, 0);
+    atomic_init(&pool->open_generation, 0);
+    atomic_init(&pool->joined, 0);
+    atomic_init(&pool->job, NULL);
+    atomic_init(&pool->shutting_down, false);
+    pool->workers[0].pool = pool;
+    for (unsigned i = 1; i < workers; i++) {
         pool->workers[i].pool = pool;
         if (pthread_create(&pool->workers[i].thread, NULL, sim_worker_main, &pool->workers[i]) != 0) {
-            pool->worker_count = i; /* free the ones that started */
-            sim_pool_free(pool);
+            sim_pool_free(pool); /* frees the ones that started */
             return NULL;
         }
+        pool->threads_started = i;
     }
-    pool->worker_count = workers;
     return pool;
 }
 
 void sim_pool_free(sim_pool *pool) {
     if (!pool) return;
     pthread_mutex_lock(&pool->lock);
-    pool->shutting_down = true;
+    atomic_store(&pool->shutting_down, true);
     pthread_cond_broadcast(&pool->job_posted);
     pthread_mutex_unlock(&pool->lock);
-    for (unsigned i = 0; i < pool->worker_count; i++) {
+    for (unsigned i = 1; i <= pool->threads_started; i++)
         pthread_join(pool->workers[i].thread, NULL);
+    for (unsigned i = 0; i < pool->worker_count; i++)
         sim_worker_release(&pool->workers[i]);
-    }
     pthread_cond_destroy(&pool->job_finished);
     pthread_cond_destroy(&pool->job_posted);
     pthread_mutex_destroy(&pool->lock);
@@ -506,15 +571,32 @@ sim_status sim_launch(sim_pool *pool, const sim_kernel *kernel, sim_dim3 grid, s
     pthread_mutex_init(&job.error_lock, NULL);
 
     pthread_mutex_lock(&pool->launch_lock);
-    pthread_mutex_lock(&pool->lock);
-    pool->job = &job;
-    pool->workers_busy = pool->worker_count;
-    pool->job_generation++;
-    pthread_cond_broadcast(&pool->job_posted);
-    while (pool->workers_busy > 0)
-        pthread_cond_wait(&pool->job_finished, &pool->lock);
-    pool->job = NULL;
-    pthread_mutex_unlock(&pool->lock);
+    /* A grid of one block needs no other worker. */
+    bool posted = pool->worker_count > 1 && job.block_count > 1;
+    if (posted) {
+        atomic_store(&pool->job, &job);
+        uint64_t generation = atomic_load(&pool->job_generation) + 1;
+        atomic_store(&pool->open_generation, generation);
+        pthread_mutex_lock(&pool->lock);
+        atomic_store(&pool->job_generation, generation);
+        pthread_cond_broadcast(&pool->job_posted);
+        pthread_mutex_unlock(&pool->lock);
+    }
+    /* This thread is worker 0 (the launching thread may differ from launch to
+     * launch: its scheduler context is its own). */
+    sim_worker *caller = &pool->workers[0];
+    sim_fiber_init_thread(&caller->block.scheduler);
+    sim_worker_run_job(caller, &job);
+    if (posted) {
+        atomic_store(&pool->open_generation, 0); /* no worker joins from here on */
+        if (!sim_spin_until(sim_workers_done, pool, 0)) {
+            pthread_mutex_lock(&pool->lock);
+            while (!sim_workers_done(pool, 0))
+                pthread_cond_wait(&pool->job_finished, &pool->lock);
+            pthread_mutex_unlock(&pool->lock);
+        }
+        atomic_store(&pool->job, NULL);
+    }
     pthread_mutex_unlock(&pool->launch_lock);
 
     pthread_mutex_destroy(&job.error_lock);

@@ -13,13 +13,15 @@
  *   sim_pool_free(pool);
  *
  * How it runs: blocks are handed to the pool's workers through an atomic
- * counter; a worker runs one block at a time, each CUDA thread of it as a
- * fiber on a 64 KiB stack (256 KiB under ASan; guard page below; one
- * mapping per worker, reused by every block and launch). Fibers run in
- * round-robin order until they return or wait at a barrier: the block
- * barrier (__syncthreads) releases when every live thread of the block has
- * arrived, a warp barrier (shuffles, votes, __syncwarp, mma, ldmatrix) when
- * every live lane of the warp has. A barrier that can never release (some
+ * counter (worker 0 is the thread that calls sim_launch); a worker runs one
+ * block at a time, each CUDA thread of it as a fiber on a 64 KiB stack
+ * (256 KiB under ASan; guard page below; one mapping per worker, reused by
+ * every block and launch). Fibers run until they return or wait at a
+ * barrier: the block barrier (__syncthreads) releases when every live thread
+ * of the block has arrived, a warp barrier (shuffles, votes, __syncwarp,
+ * mma, ldmatrix) when every live lane of the warp has; the lanes a warp
+ * barrier releases run next, so a warp runs on through its shuffles before
+ * another warp takes over (host_sim_block.h). A barrier that can never release (some
  * threads returned while others wait at __syncthreads; lanes of one warp
  * waiting at different barriers) stops the launch with SIM_ERROR_DEADLOCK
  * and a message naming the kernel, the block and what each thread waits at.
@@ -30,7 +32,10 @@
  *
  * The pool runs one launch at a time (sim_launch serializes callers). A host
  * kernel object loaded with dlopen must resolve the smelt_sim_* symbols of
- * this library from the process (link the executable with --export-dynamic).
+ * this library from the process (link the executable with --export-dynamic),
+ * and reads smelt_sim_current with the initial-exec TLS model: the library
+ * must be part of the executable or of a library loaded with it, not
+ * dlopen()ed itself.
  */
 #ifndef SMELT_HOST_SIM_H
 #define SMELT_HOST_SIM_H

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -140,6 +141,49 @@ static void test_pool_of_zero_workers_uses_every_core(void **state) {
 
 /* ---- __syncthreads ---- */
 
+/* sim_launch from another thread than the last one: the launching thread is
+ * worker 0, with its own scheduler context each time. */
+typedef struct launch_from_thread {
+    sim_pool *pool;
+    unsigned *out;
+    sim_status status;
+} launch_from_thread;
+
+static void *launch_on_thread(void *argument) {
+    launch_from_thread *l = argument;
+    void *args[] = {&l->out};
+    l->status = sim_launch(l->pool, &KERNEL(sim_test_indices), sim_dim3_make(4, 1, 1),
+                           sim_dim3_make(64, 1, 1), 0, args, NULL, 0);
+    return NULL;
+}
+
+static void test_launches_from_several_threads(void **state) {
+    (void)state;
+    sim_pool *pool = sim_pool_create(2);
+    assert_non_null(pool);
+    for (int round = 0; round < 3; round++) {
+        unsigned *out = calloc(4 * 64 * SIM_TEST_INDEX_FIELDS, sizeof *out);
+        launch_from_thread l = {pool, out, SIM_ERROR_INVALID_LAUNCH};
+        pthread_t thread;
+        assert_int_equal(pthread_create(&thread, NULL, launch_on_thread, &l), 0);
+        assert_int_equal(pthread_join(thread, NULL), 0);
+        assert_int_equal(l.status, SIM_OK);
+        for (unsigned b = 0; b < 4; b++)
+            for (unsigned t = 0; t < 64; t++) {
+                assert_int_equal(out[(b * 64 + t) * SIM_TEST_INDEX_FIELDS + 0], t);
+                assert_int_equal(out[(b * 64 + t) * SIM_TEST_INDEX_FIELDS + 3], b);
+            }
+        free(out);
+        check_indices(pool, sim_dim3_make(3, 1, 1), sim_dim3_make(64, 1, 1)); /* and from this one */
+    }
+    sim_pool_free(pool);
+    /* One worker: no thread but the caller's. */
+    pool = sim_pool_create(1);
+    assert_int_equal(sim_pool_worker_count(pool), 1);
+    check_indices(pool, sim_dim3_make(2, 2, 1), sim_dim3_make(40, 1, 1));
+    sim_pool_free(pool);
+}
+
 static void test_syncthreads_orders_shared_memory(void **state) {
     (void)state;
     sim_pool *pool = sim_pool_create(2);
@@ -256,6 +300,51 @@ static void test_shuffles_and_votes_with_partial_warp(void **state) {
     assert_int_equal(out[31 * SIM_TEST_WARP_FIELDS + 1], 311); /* down 3 past the end: own */
     assert_int_equal(out[40 * SIM_TEST_WARP_FIELDS + 3], 391); /* lane 7 of warp 1 is thread 39 */
     assert_int_equal(out[47 * SIM_TEST_WARP_FIELDS + 4], 471); /* lane 31-15=16 of warp 1 does not exist */
+    sim_pool_free(pool);
+}
+
+static void test_xor_shuffle_paths(void **state) {
+    (void)state;
+    sim_pool *pool = sim_pool_create(2);
+    enum { N = 64 };
+    int out[3 * N];
+    memset(out, 0x55, sizeof out);
+    void *args[] = {&(int *){out}};
+    launch_ok(pool, KERNEL(sim_test_xor_paths), sim_dim3_make(3, 1, 1), sim_dim3_make(N, 1, 1), 0, args);
+    for (int t = 0; t < N; t++) {
+        int lane = t % 32;
+        assert_int_equal(out[3 * t], shuffled(t, lane ^ 5, N));
+        assert_int_equal(out[3 * t + 1], shuffled(t, lane ^ (lane % 4), N));
+        assert_int_equal(out[3 * t + 2], value_of(t)); /* lane ^ 35 is past the warp */
+    }
+    assert_int_equal(out[3 * 0], 51);       /* lane 0 gets lane 5's 51 */
+    assert_int_equal(out[3 * 7 + 1], 41);   /* lane 7 xor 3 is lane 4 */
+    assert_int_equal(out[3 * 33 + 1], 321); /* thread 33: lane 1 xor 1 is thread 32 */
+    sim_pool_free(pool);
+}
+
+static void test_returning_lanes_complete_a_shuffle(void **state) {
+    (void)state;
+    sim_pool *pool = sim_pool_create(1);
+    enum { N = 64 };
+    int out[N];
+    for (int t = 0; t < N; t++)
+        out[t] = -1;
+    void *args[] = {&(int *){out}};
+    launch_ok(pool, KERNEL(sim_test_return_completes_shuffle), sim_dim3_make(1, 1, 1), sim_dim3_make(N, 1, 1),
+              0, args);
+    for (int t = 0; t < N; t++) {
+        int lane = t % 32;
+        if (lane >= 16) {
+            assert_int_equal(out[t], -1);
+            continue;
+        }
+        int a = value_of(t ^ 1);
+        /* down 8 from lanes 8-15 reaches lanes 16-23, which have returned: own */
+        int b = lane < 8 ? value_of((t + 8) ^ 1) : a;
+        assert_int_equal(out[t], a * 1000 + b);
+    }
+    assert_int_equal(out[0], 11 * 1000 + 91); /* lane 0: lane 1's 11, then lane 8's a = lane 9's 91 */
     sim_pool_free(pool);
 }
 
@@ -391,6 +480,15 @@ static void test_warp_misuse_is_reported(void **state) {
         error, "kernel 'sim_test_warp_divergence' block (0, 0, 0): __shfl_xor_sync() in warp 0 is not "
                "reached by every thread of the warp: 16 threads wait at it, 16 wait at __syncthreads()");
 
+    /* A lane that leaves a reduction halfway, after the warp has run on
+     * through its first shuffle. */
+    status = launch(pool, KERNEL(sim_test_lane_leaves_reduction), sim_dim3_make(1, 1, 1),
+                    sim_dim3_make(64, 1, 1), 0, args, error, sizeof error);
+    assert_int_equal(status, SIM_ERROR_DEADLOCK);
+    assert_string_equal(
+        error, "kernel 'sim_test_lane_leaves_reduction' block (0, 0, 0): __shfl_xor_sync() in warp 0 is not "
+               "reached by every thread of the warp: 31 threads wait at it, 1 wait at __syncthreads()");
+
     status = launch(pool, KERNEL(sim_test_mixed_warp_ops), sim_dim3_make(1, 1, 1), sim_dim3_make(32, 1, 1), 0,
                     args, error, sizeof error);
     assert_int_equal(status, SIM_ERROR_WARP_MISUSE);
@@ -480,6 +578,39 @@ static int deep_recursion(int depth) {
     return depth > 0 ? deep_recursion(depth - 1) + frame[0] : frame[0];
 }
 static void stack_overflow_entry(void **args) { *(int *)args[0] = deep_recursion(100000); }
+
+/* 60 KiB of locals in every thread: each fiber has its 64 KiB, whichever
+ * cache colour its stack starts at (thread 63 starts 63 lines down). */
+static int big_frame(int seed) {
+    volatile unsigned char frame[60 * 1024];
+    for (size_t i = 0; i < sizeof frame; i += 512)
+        frame[i] = (unsigned char)(seed + (int)i);
+    int sum = 0;
+    for (size_t i = 0; i < sizeof frame; i += 512)
+        sum += frame[i];
+    return sum;
+}
+static void big_frame_entry(void **args) { smelt_atomic_add_i32(*(int **)args[0], big_frame(1) > 0); }
+
+static void test_every_thread_has_its_whole_stack(void **state) {
+    (void)state;
+    fflush(NULL);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        sim_pool *pool = sim_pool_create(1);
+        int count = 0;
+        void *args[] = {&(int *){&count}};
+        sim_kernel k = {"big_frame", big_frame_entry};
+        sim_status status =
+            sim_launch(pool, &k, sim_dim3_make(2, 1, 1), sim_dim3_make(128, 1, 1), 0, args, NULL, 0);
+        _exit(status == SIM_OK && count == 256 ? 0 : 3);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
 
 static void test_stack_overflow_hits_the_guard_page(void **state) {
     (void)state;
@@ -770,17 +901,21 @@ int main(void) {
         cmocka_unit_test(test_fiber_switches_back_and_forth),
         cmocka_unit_test(test_indices_over_3d_grids_and_blocks),
         cmocka_unit_test(test_pool_of_zero_workers_uses_every_core),
+        cmocka_unit_test(test_launches_from_several_threads),
         cmocka_unit_test(test_syncthreads_orders_shared_memory),
         cmocka_unit_test(test_shared_memory_reduction),
         cmocka_unit_test(test_shared_memory_is_per_block),
         cmocka_unit_test(test_barrier_loop_many_blocks),
         cmocka_unit_test(test_shuffles_and_votes_with_partial_warp),
+        cmocka_unit_test(test_xor_shuffle_paths),
+        cmocka_unit_test(test_returning_lanes_complete_a_shuffle),
         cmocka_unit_test(test_rms_norm_example),
         cmocka_unit_test(test_cp_async_and_math),
         cmocka_unit_test(test_atomics_from_many_blocks),
         cmocka_unit_test(test_half_return_before_barrier_is_a_deadlock),
         cmocka_unit_test(test_warp_misuse_is_reported),
         cmocka_unit_test(test_bad_launch_dimensions),
+        cmocka_unit_test(test_every_thread_has_its_whole_stack),
         cmocka_unit_test(test_stack_overflow_hits_the_guard_page),
         cmocka_unit_test(test_bf16_conversion_bits),
         cmocka_unit_test(test_bf16_conversion_matches_plan_numeric),

@@ -103,6 +103,39 @@ SMELT_KERNEL void sim_test_warp_ops(int *out) {
     record[11] = (int)smelt_shfl_down_u32(SIM_TEST_FULL_MASK, (unsigned int)v, 16);
 }
 
+/* The xor shuffle's paths: one lane mask for the whole warp (a butterfly),
+ * a mask that differs by lane, and one that points past the warp (every
+ * lane keeps its own value). Launched with full warps. */
+SMELT_KERNEL void sim_test_xor_paths(int *out) {
+    int t = threadIdx.x, lane = t % 32;
+    int v = t * 10 + 1;
+    out[3 * t] = smelt_shfl_xor_i32(SIM_TEST_FULL_MASK, v, 5);
+    out[3 * t + 1] = smelt_shfl_xor_i32(SIM_TEST_FULL_MASK, v, lane % 4);
+    out[3 * t + 2] = smelt_shfl_xor_i32(SIM_TEST_FULL_MASK, v, 35);
+}
+
+/* Lanes 16-31 of a full warp return at once; lanes 0-15 shuffle among
+ * themselves, so the last lane to return completes their first shuffle. */
+SMELT_KERNEL void sim_test_return_completes_shuffle(int *out) {
+    int t = threadIdx.x;
+    if (t % 32 >= 16) return;
+    int v = t * 10 + 1;
+    int a = smelt_shfl_xor_i32(0x0000ffffu, v, 1);
+    __syncwarp(0x0000ffffu);
+    int b = smelt_shfl_down_i32(0x0000ffffu, a, 8);
+    out[t] = a * 1000 + b;
+}
+
+/* Lane 5 of each warp leaves a reduction after its first step for
+ * __syncthreads, where the other 31 lanes never come. */
+SMELT_KERNEL void sim_test_lane_leaves_reduction(int *out) {
+    int v = threadIdx.x;
+    v += smelt_shfl_xor_i32(SIM_TEST_FULL_MASK, v, 1);
+    if (threadIdx.x % 32 != 5) v += smelt_shfl_xor_i32(SIM_TEST_FULL_MASK, v, 2);
+    __syncthreads();
+    out[threadIdx.x] = v;
+}
+
 /* Atomics from every thread of the grid. */
 SMELT_KERNEL void sim_test_atomics(int *count, float *sum, int *max_int, float *max_float,
                                    unsigned int *cas_winners) {
@@ -284,6 +317,11 @@ SMELT_HOST_ENTRY(sim_test_shared_isolation) {
     sim_test_shared_isolation(SMELT_ARG(int *, 0), SMELT_ARG(int, 1));
 }
 SMELT_HOST_ENTRY(sim_test_warp_ops) { sim_test_warp_ops(SMELT_ARG(int *, 0)); }
+SMELT_HOST_ENTRY(sim_test_xor_paths) { sim_test_xor_paths(SMELT_ARG(int *, 0)); }
+SMELT_HOST_ENTRY(sim_test_return_completes_shuffle) {
+    sim_test_return_completes_shuffle(SMELT_ARG(int *, 0));
+}
+SMELT_HOST_ENTRY(sim_test_lane_leaves_reduction) { sim_test_lane_leaves_reduction(SMELT_ARG(int *, 0)); }
 SMELT_HOST_ENTRY(sim_test_atomics) {
     sim_test_atomics(SMELT_ARG(int *, 0), SMELT_ARG(float *, 1), SMELT_ARG(int *, 2), SMELT_ARG(float *, 3),
                      SMELT_ARG(unsigned int *, 4));
