@@ -5,8 +5,8 @@
  * Jobs are grouped by their cache key (sorted, so a thousand jobs cost no
  * quadratic compare). Each group's first job is its representative. The
  * representatives and the caller's tasks are put in one list, costliest
- * first (ties in job order, then task order: the same inputs give the same
- * order); workers take items from a shared counter, and when one finishes,
+ * first (at equal cost compiles before tasks, each in their own order: the
+ * same inputs give the same order); workers take items from a shared counter, and when one finishes,
  * its whole group (or the one task) counts as done for the progress
  * callback, which runs on the calling thread. Afterwards every other job of
  * a group gets its own copy of the representative's result.
