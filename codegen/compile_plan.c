@@ -59,7 +59,6 @@ static bool make_cuda_jobs(const cg_lowered *l, const cg_plan_options *o, compil
                 .arch = o->archs[j],
                 .want_cubin = true,
                 .want_ptx = o->archs[j] == newest,
-                .precompile_headers = true, /* the embedded header: one text for the process */
             };
     return true;
 }

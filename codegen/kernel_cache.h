@@ -87,9 +87,7 @@ void cg_cache_key_hex(const cg_cache_key *key, char out[33]);
 
 /* The key of a kernel compile: source, headers, arch, cubin/PTX wanted, the
  * full NVRTC option list, NVRTC's version, the format version (and the
- * kernel name when -lineinfo puts it into the output). Not the options that
- * only make NVRTC faster (precompile_headers, cg_nvrtc_speed_options): they
- * give the same bytes. */
+ * kernel name when -lineinfo puts it into the output). */
 cg_cache_key cg_kernel_cache_key(const cg_compile_request *req);
 
 /* A piece of an entry. */

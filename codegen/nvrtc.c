@@ -89,9 +89,6 @@ void cg_nvrtc_fixed_options(const cg_compile_request *req, cg_fixed_options *out
     if (req->line_info) out->options[out->count++] = "-lineinfo";
 }
 
-const char *const cg_nvrtc_speed_options[] = {"-pch", "-pch-messages=false", "-pch-verbose=false"};
-const size_t cg_nvrtc_speed_option_count = sizeof cg_nvrtc_speed_options / sizeof cg_nvrtc_speed_options[0];
-
 /* ---- the ptxas log parser ------------------------------------------------ */
 
 static uint32_t saturating_add(uint32_t a, uint32_t b) { return a > UINT32_MAX - b ? UINT32_MAX : a + b; }
@@ -549,8 +546,7 @@ bool cg_compile_kernel(const cg_compile_request *req, cg_compiled *out, char *er
 
     cg_fixed_options fixed;
     cg_nvrtc_fixed_options(req, &fixed);
-    size_t speed_count = req->precompile_headers ? cg_nvrtc_speed_option_count : 0;
-    size_t option_count = fixed.count + speed_count + req->extra_option_count;
+    size_t option_count = fixed.count + req->extra_option_count;
     const char **options = allocate(option_count * sizeof *options);
     if (!options) {
         nvrtcDestroyProgram(&program);
@@ -558,9 +554,8 @@ bool cg_compile_kernel(const cg_compile_request *req, cg_compiled *out, char *er
         return false;
     }
     memcpy(options, fixed.options, fixed.count * sizeof *options);
-    memcpy(options + fixed.count, cg_nvrtc_speed_options, speed_count * sizeof *options);
     for (size_t i = 0; i < req->extra_option_count; i++)
-        options[fixed.count + speed_count + i] = req->extra_options[i];
+        options[fixed.count + i] = req->extra_options[i];
     result = nvrtcCompileProgram(program, (int)option_count, options);
     free(options);
 

@@ -38,14 +38,10 @@ typedef struct cg_compile_request {
     const char *kernel_name; /* for messages and the NVRTC program name; may be NULL */
     const cg_header *headers;
     size_t header_count;
-    int arch;        /* compute capability as one number: 80 = sm_80, 90 = sm_90 */
-    bool want_cubin; /* machine code for sm_<arch> */
-    bool want_ptx;   /* PTX; alone it compiles for the virtual compute_<arch> */
-    bool line_info;  /* -lineinfo (source lines in profilers); off by default */
-    /* The headers' texts never change under their names in this process
-     * (smelt's embedded smelt_kernel.h): NVRTC may parse them once into a
-     * precompiled header and reuse it (see cg_nvrtc_speed_options). */
-    bool precompile_headers;
+    int arch;                         /* compute capability as one number: 80 = sm_80, 90 = sm_90 */
+    bool want_cubin;                  /* machine code for sm_<arch> */
+    bool want_ptx;                    /* PTX; alone it compiles for the virtual compute_<arch> */
+    bool line_info;                   /* -lineinfo (source lines in profilers); off by default */
     const char *const *extra_options; /* appended after the fixed options */
     size_t extra_option_count;
 } cg_compile_request;
@@ -95,30 +91,13 @@ bool cg_nvrtc_supports_arch(int arch);
  * --gpu-architecture=sm_XY (compute_XY when only PTX is wanted),
  * -default-device, --std=c++17, --ptxas-options=-v, -minimal, and -lineinfo
  * on request. The disk cache keys entries on exactly these. `options` points
- * into the struct itself (arch_option), so use it where it was filled.
- *
- * After them (and before the extra options) cg_compile_kernel passes the
- * options that only make NVRTC faster, never change what it makes, and are
- * not part of the key: cg_nvrtc_speed_options. */
+ * into the struct itself (arch_option), so use it where it was filled. */
 typedef struct cg_fixed_options {
     const char *options[8];
     size_t count;
     char arch_option[48];
 } cg_fixed_options;
 void cg_nvrtc_fixed_options(const cg_compile_request *req, cg_fixed_options *out);
-
-/* Automatic precompiled headers (NVRTC 12.8+), for a request with
- * precompile_headers: the first compile of a process with a given option
- * list parses the headers it includes first (smelt_kernel.h and NVRTC's
- * own) into a PCH, in a folder of NVRTC's under /tmp that it removes at
- * exit; every later compile with those options reads the PCH instead:
- * ~15 ms less per compile, the same cubin and PTX byte for byte
- * (tests/unit/test_nvrtc.c). NVRTC matches a PCH by the options and the
- * directives before the include, never by the header's text (a header
- * given to nvrtcCreateProgram has no file to compare), so a request whose
- * header texts may change must not ask for it. No messages in the log. */
-extern const char *const cg_nvrtc_speed_options[];
-extern const size_t cg_nvrtc_speed_option_count;
 
 /* Parses a ptxas -v log ("ptxas info : Used 10 registers, ..."). Lines that
  * are not understood are skipped; a log without ptxas lines gives an empty

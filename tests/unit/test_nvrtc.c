@@ -207,9 +207,6 @@ static void test_fixed_options(void **state) {
     req.line_info = false;
     cg_nvrtc_fixed_options(&req, &fixed);
     assert_int_equal(fixed.count, 5);
-    /* the speed-only options never reach the key */
-    assert_int_equal(cg_nvrtc_speed_option_count, 3);
-    assert_string_equal(cg_nvrtc_speed_options[0], "-pch");
 }
 
 static void test_shared_memory_and_barrier(void **state) {
@@ -604,39 +601,6 @@ static void test_pool_collects_every_error(void **state) {
     assert_int_equal(compile_all(jobs, 0, 2, NULL, results, NULL, NULL), 0);
 }
 
-/* The precompiled header changes how long a compile takes, never what it
- * makes: the compile that creates the PCH, one that reads it, and one
- * without it give the same cubin, PTX and resources; another arch gets its
- * own PCH (its options differ). */
-static void test_precompiled_header_gives_the_same_bytes(void **state) {
-    (void)state;
-    if (!have_nvrtc()) skip();
-    for (int arch = 80; arch <= 90; arch += 10) {
-        cg_compile_request plain = request(scale_source, "scale_f32", arch), pch = plain;
-        pch.precompile_headers = true;
-        cg_compiled outs[3];
-        char error[4096];
-        const cg_compile_request *order[3] = {&pch, &pch, &plain};
-        for (int i = 0; i < 3; i++)
-            if (!cg_compile_kernel(order[i], &outs[i], error, sizeof error)) fail_msg("%s", error);
-        for (int i = 1; i < 3; i++) {
-            assert_int_equal(outs[i].cubin_size, outs[0].cubin_size);
-            assert_memory_equal(outs[i].cubin, outs[0].cubin, outs[0].cubin_size);
-            assert_string_equal(outs[i].ptx, outs[0].ptx);
-            const cg_kernel_resources *a = cg_resource_find(&outs[0].resources, "scale_f32");
-            const cg_kernel_resources *b = cg_resource_find(&outs[i].resources, "scale_f32");
-            assert_non_null(a);
-            assert_non_null(b);
-            assert_int_equal(a->registers, b->registers);
-        }
-        /* NVRTC says nothing about the PCH in the log */
-        assert_null(strstr(outs[0].log, "precompiled"));
-        assert_null(strstr(outs[1].log, "precompiled"));
-        for (int i = 0; i < 3; i++)
-            cg_compiled_free(&outs[i]);
-    }
-}
-
 /* ---- tasks on the pool ------------------------------------------------------ */
 
 typedef struct task_log {
@@ -754,7 +718,6 @@ int main(void) {
         cmocka_unit_test(test_parse_odd_input),
         cmocka_unit_test(test_pool_dedupes_and_keeps_order),
         cmocka_unit_test(test_pool_collects_every_error),
-        cmocka_unit_test(test_precompiled_header_gives_the_same_bytes),
         cmocka_unit_test(test_pool_runs_tasks_costliest_first),
         cmocka_unit_test(test_compile_cost_grows_with_source),
         cmocka_unit_test(test_pool_mixes_compiles_and_tasks),
