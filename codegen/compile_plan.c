@@ -2,6 +2,7 @@
  * plan (see compile_plan.h). */
 #include "compile_plan.h"
 
+#include "compile_pool.h"
 #include "host_build.h"
 #include "ir_io.h"
 #include "lower.h"
@@ -29,11 +30,14 @@ typedef struct compiled_kernels {
     cg_compile_request *jobs; /* kernel i, arch j at i * arch_count + j */
     cg_compile_result *results;
     size_t job_count;
+    cg_host_source *host_sources; /* per kernel, for the host build */
     cg_host_object host;
 } compiled_kernels;
 
-static bool compile_for_cuda(const cg_lowered *l, const cg_plan_options *o, cg_cache *cache,
-                             compiled_kernels *c, cg_plan_report *report, diag_engine *d) {
+/* The NVRTC jobs: every kernel for every arch; the newest arch's job gives
+ * the PTX too (one compile makes both). */
+static bool make_cuda_jobs(const cg_lowered *l, const cg_plan_options *o, compiled_kernels *c,
+                           diag_engine *d) {
     c->job_count = (size_t)l->kernel_count * o->arch_count;
     if (c->job_count == 0) return true;
     c->jobs = calloc(c->job_count, sizeof *c->jobs);
@@ -56,10 +60,49 @@ static bool compile_for_cuda(const cg_lowered *l, const cg_plan_options *o, cg_c
                 .want_cubin = true,
                 .want_ptx = o->archs[j] == newest,
             };
+    return true;
+}
+
+static uint64_t host_unit_cost(void *build, size_t unit) { return cg_host_build_unit_cost(build, unit); }
+static void host_unit_run(void *build, size_t unit) { cg_host_build_run_unit(build, unit); }
+
+/* NVRTC for every arch and the host object (when o->host), all on one pool:
+ * the host compiler's per-kernel compiles run beside NVRTC's, so both
+ * cores stay busy until the end (compile_pool.h). */
+static bool compile_kernels(const cg_lowered *l, const cg_plan_options *o, cg_cache *cache,
+                            compiled_kernels *c, cg_plan_report *report, diag_engine *d) {
+    if (!make_cuda_jobs(l, o, c, d)) return false;
+    static const char *const link_flags[] = {"-lm"};
+    cg_host_build_request host_request = {
+        .headers = &kernel_header,
+        .header_count = 1,
+        .sanitize_address = cg_host_build_process_is_sanitized(),
+        .link_flags = link_flags,
+        .link_flag_count = 1,
+    };
+    cg_host_builder *host = NULL;
+    char error[4096];
+    if (o->host) {
+        c->host_sources = calloc(l->kernel_count ? l->kernel_count : 1, sizeof *c->host_sources);
+        if (!c->host_sources) {
+            diag_error(d, SMELT_NO_LOC, "out of memory");
+            return false;
+        }
+        for (uint32_t i = 0; i < l->kernel_count; i++)
+            c->host_sources[i] = (cg_host_source){l->kernels[i].name, l->kernels[i].source};
+        host_request.sources = c->host_sources;
+        host_request.source_count = l->kernel_count;
+        if (!cg_host_build_begin(&host_request, cache, &host, error, sizeof error)) {
+            diag_error(d, SMELT_NO_LOC, "building the host kernels: %s", error);
+            return false;
+        }
+    }
+    cg_pool_tasks host_tasks = {host ? cg_host_build_unit_count(host) : 0, host, host_unit_cost,
+                                host_unit_run};
     size_t failed;
-    char error[256];
-    if (!cg_compile_all(c->jobs, c->job_count, o->jobs, cache, c->results, o->progress, o->progress_user,
-                        &failed, error, sizeof error)) {
+    if (!cg_compile_all_with_tasks(c->jobs, c->job_count, &host_tasks, o->jobs, cache, c->results,
+                                   o->progress, o->progress_user, &failed, error, sizeof error)) {
+        cg_host_build_cancel(host);
         diag_error(d, SMELT_NO_LOC, "compiling the kernels: %s", error);
         return false;
     }
@@ -70,31 +113,11 @@ static bool compile_for_cuda(const cg_lowered *l, const cg_plan_options *o, cg_c
             report->cache_hits += c->results[i].from_cache;
     }
     report->compile_jobs = (uint32_t)c->job_count;
-    return failed == 0;
-}
-
-static bool compile_for_host(const cg_lowered *l, cg_cache *cache, compiled_kernels *c, diag_engine *d) {
-    cg_host_source *sources = calloc(l->kernel_count ? l->kernel_count : 1, sizeof *sources);
-    if (!sources) {
-        diag_error(d, SMELT_NO_LOC, "out of memory");
-        return false;
+    bool ok = failed == 0;
+    if (host && !cg_host_build_finish(host, &c->host, error, sizeof error)) {
+        diag_error(d, SMELT_NO_LOC, "building the host kernels: %s", error);
+        ok = false;
     }
-    for (uint32_t i = 0; i < l->kernel_count; i++)
-        sources[i] = (cg_host_source){l->kernels[i].name, l->kernels[i].source};
-    static const char *const link_flags[] = {"-lm"};
-    cg_host_build_request req = {
-        .sources = sources,
-        .source_count = l->kernel_count,
-        .headers = &kernel_header,
-        .header_count = 1,
-        .sanitize_address = cg_host_build_process_is_sanitized(),
-        .link_flags = link_flags,
-        .link_flag_count = 1,
-    };
-    char error[4096];
-    bool ok = cg_host_build(&req, cache, &c->host, error, sizeof error);
-    if (!ok) diag_error(d, SMELT_NO_LOC, "building the host kernels: %s", error);
-    free(sources);
     return ok;
 }
 
@@ -324,8 +347,7 @@ bool cg_compile_plan(const ir_module *m, const cg_plan_options *o, const char *p
         for (uint32_t i = 0; i < o->eos_token_count; i++)
             l.program.eos[i] = o->eos_tokens[i];
     }
-    ok = ok && compile_for_cuda(&l, o, cache, &c, report, d);
-    ok = ok && (!o->host || compile_for_host(&l, cache, &c, d));
+    ok = ok && compile_kernels(&l, o, cache, &c, report, d);
     if (ok) {
         if (o->read_weight) report->weight_bytes = place_weights(&l.program);
         uint8_t *encoded = NULL;
@@ -373,6 +395,7 @@ done:
     if (c.results) cg_compile_results_free(c.results, c.job_count);
     free(c.results);
     free(c.jobs);
+    free(c.host_sources);
     plan_writer_free(&w);
     arena_free(&scratch);
     cg_lowered_free(&l);

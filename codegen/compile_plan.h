@@ -7,10 +7,11 @@
  *
  * The module is rendered (lower.h), every distinct kernel is compiled by
  * NVRTC for each CUDA arch to cubin (plus PTX of the newest arch, which the
- * driver can JIT on later GPUs) over a thread pool with the disk cache, the
- * same sources are built into the host simulator's shared object, and the
- * plan is written atomically: manifest, kernels, host kernels, program,
- * memory plan, and the weights when a reader is given.
+ * driver can JIT on later GPUs) and, at the same time on the same thread
+ * pool (compile_pool.h: the costliest compiles first), by the host C
+ * compiler into the host simulator's shared object, both through the disk
+ * cache; then the plan is written atomically: manifest, kernels, host
+ * kernels, program, memory plan, and the weights when a reader is given.
  */
 #ifndef SMELT_CG_COMPILE_PLAN_H
 #define SMELT_CG_COMPILE_PLAN_H

@@ -3,6 +3,8 @@
  * host_build.h). */
 #include "host_build.h"
 
+#include "compile_pool.h"
+
 #include "arena.h"
 #include "diag.h"
 
@@ -10,6 +12,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -153,6 +156,12 @@ static bool split_compiler(const cg_host_build_request *req, compiler_command *c
  * stderr into one pipe; *output gets the first OUTPUT_KEEP bytes of it
  * (malloc'd, NUL-terminated) and *status the wait status. False with errno
  * when the program could not be started. */
+/* Compilers are started from several threads at once (the compile pool):
+ * from pipe() until the write end is closed here, no other thread may
+ * spawn, or its child would inherit the write end before FD_CLOEXEC is set
+ * and keep this pipe open (our read would wait for that child to exit). */
+static pthread_mutex_t spawn_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static bool run_capture(const char *const *argv, char **output, int *status) {
     *output = NULL;
     char *text = allocate(OUTPUT_KEEP + 1);
@@ -161,8 +170,12 @@ static bool run_capture(const char *const *argv, char **output, int *status) {
         return false;
     }
     int fds[2];
+    pthread_mutex_lock(&spawn_lock);
     if (pipe(fds) != 0) {
+        int saved = errno;
+        pthread_mutex_unlock(&spawn_lock);
         free(text);
+        errno = saved;
         return false;
     }
     fcntl(fds[0], F_SETFD, FD_CLOEXEC);
@@ -176,6 +189,7 @@ static bool run_capture(const char *const *argv, char **output, int *status) {
     int spawn_error = posix_spawnp(&pid, argv[0], &actions, NULL, (char *const *)argv, environ);
     posix_spawn_file_actions_destroy(&actions);
     close(fds[1]);
+    pthread_mutex_unlock(&spawn_lock);
     if (spawn_error != 0) {
         close(fds[0]);
         free(text);
@@ -442,152 +456,329 @@ static void remove_folder(const char *folder) {
     rmdir(folder);
 }
 
-/* Writes the files, runs the compiler, reads the object back. */
-static bool build_in(const char *folder, const cg_host_build_request *req, const compiler_command *compiler,
-                     cg_host_object *out, char *error, size_t error_size) {
-    size_t argument_count = compiler->count + COUNT_OF(fixed_flags) + 2 + COUNT_OF(sanitizer_flags) +
-                            req->extra_flag_count + 2 + req->source_count + req->link_flag_count + 1;
-    const char **argv = allocate(argument_count * sizeof *argv);
-    char **owned = allocate((req->source_count + 4) * sizeof *owned); /* strings argv points to */
-    if (!argv || !owned) {
-        free(argv);
-        free(owned);
+/* ---- the build in steps ------------------------------------------------------ */
+
+/* One kernel's compile to an object file in the build's folder. */
+typedef struct host_unit {
+    char *source_path; /* <folder>/kernel_NNNN.c */
+    char *object_path; /* <folder>/kernel_NNNN.o */
+    bool ran;          /* the compiler was started and waited for */
+    int status;        /* its wait status */
+    char *output;      /* what it printed (malloc'd), or NULL */
+    int start_errno;   /* !ran: why it could not be started (ENOMEM: out of memory) */
+} host_unit;
+
+struct cg_host_builder {
+    cg_host_build_request req; /* a copy; what it points to is the caller's */
+    cg_cache *cache;
+    compiler_command compiler;
+    cg_cache_key key;
+    char *folder; /* the temporary folder; NULL on a cache hit */
+    host_unit *units;
+    size_t unit_count;
+    cg_host_object cached; /* a hit's object */
+};
+
+/* A fixed part (the driver, cc1 and the assembler starting, the header
+ * parsed) and a part per source byte, in microseconds: gcc 12 -O2 on the
+ * Llama-3-8B kernels (a 1 KB kernel ~40 ms, the 13 KB attention ~200 ms). */
+enum { HOST_CC_FIXED_COST = 30000, HOST_CC_COST_PER_BYTE = 12 };
+
+/* The compiler words, the fixed flags, and the flags every step shares. */
+static size_t common_arguments(const cg_host_builder *b, const char **argv) {
+    size_t argc = 0;
+    for (size_t i = 0; i < b->compiler.count; i++)
+        argv[argc++] = b->compiler.words[i];
+    for (size_t i = 0; i < COUNT_OF(fixed_flags); i++)
+        argv[argc++] = fixed_flags[i];
+    if (b->req.sanitize_address)
+        for (size_t i = 0; i < COUNT_OF(sanitizer_flags); i++)
+            argv[argc++] = sanitizer_flags[i];
+    for (size_t i = 0; i < b->req.extra_flag_count; i++)
+        argv[argc++] = b->req.extra_flags[i];
+    return argc;
+}
+
+static size_t common_argument_count(const cg_host_builder *b) {
+    return b->compiler.count + COUNT_OF(fixed_flags) + COUNT_OF(sanitizer_flags) + b->req.extra_flag_count;
+}
+
+/* Writes the headers and every source (each after a #line naming its
+ * kernel) into b->folder and names each unit's files. */
+static bool write_sources(cg_host_builder *b, char *error, size_t error_size) {
+    for (size_t i = 0; i < b->req.header_count; i++) {
+        char *path = format("%s/%s", b->folder, b->req.headers[i].name);
+        if (!path) {
+            set_error(error, error_size, "host build: out of memory");
+            return false;
+        }
+        bool ok = write_file(path, "", b->req.headers[i].text);
+        if (!ok) set_error(error, error_size, "host build: cannot write '%s': %s", path, strerror(errno));
+        free(path);
+        if (!ok) return false;
+    }
+    for (size_t i = 0; i < b->unit_count; i++) {
+        host_unit *u = &b->units[i];
+        u->source_path = format("%s/kernel_%04zu.c", b->folder, i);
+        u->object_path = format("%s/kernel_%04zu.o", b->folder, i);
+        if (!u->source_path || !u->object_path) {
+            set_error(error, error_size, "host build: out of memory");
+            return false;
+        }
+        char name[FILE_NAME_MAX + 8];
+        line_name(b->req.sources[i].name, i, name, sizeof name);
+        char prefix[FILE_NAME_MAX + 32];
+        snprintf(prefix, sizeof prefix, "#line 1 \"%s\"\n", name);
+        if (!write_file(u->source_path, prefix, b->req.sources[i].text)) {
+            set_error(error, error_size, "host build: cannot write '%s': %s", u->source_path,
+                      strerror(errno));
+            return false;
+        }
+    }
+    return true;
+}
+
+static void free_build(cg_host_builder *b) {
+    if (b->folder) remove_folder(b->folder);
+    free(b->folder);
+    for (size_t i = 0; i < b->unit_count && b->units; i++) {
+        free(b->units[i].source_path);
+        free(b->units[i].object_path);
+        free(b->units[i].output);
+    }
+    free(b->units);
+    cg_host_object_free(&b->cached);
+    free(b->compiler.text);
+    free(b);
+}
+
+bool cg_host_build_begin(const cg_host_build_request *req, cg_cache *cache, cg_host_builder **out,
+                         char *error, size_t error_size) {
+    *out = NULL;
+    if (!check_request(req, error, error_size)) return false;
+    cg_host_builder *b = allocate(sizeof *b);
+    if (!b) {
         set_error(error, error_size, "host build: out of memory");
         return false;
     }
-    size_t argc = 0, owned_count = 0;
-    bool ok = true;
-
-    for (size_t i = 0; i < req->header_count && ok; i++) {
-        char *path = format("%s/%s", folder, req->headers[i].name);
-        if (!path) {
-            set_error(error, error_size, "host build: out of memory");
-            ok = false;
-            break;
-        }
-        ok = write_file(path, "", req->headers[i].text);
-        if (!ok) set_error(error, error_size, "host build: cannot write '%s': %s", path, strerror(errno));
-        free(path);
+    memset(b, 0, sizeof *b);
+    b->req = *req;
+    b->cache = cache;
+    if (!split_compiler(req, &b->compiler, error, error_size)) {
+        free(b);
+        return false;
     }
-
-    for (size_t i = 0; i < compiler->count; i++)
-        argv[argc++] = compiler->words[i];
-    for (size_t i = 0; i < COUNT_OF(fixed_flags); i++)
-        argv[argc++] = fixed_flags[i];
-    argv[argc++] = owned[owned_count++] = format("-I%s", folder);
-    if (req->include_dir) argv[argc++] = owned[owned_count++] = format("-I%s", req->include_dir);
-    if (req->sanitize_address)
-        for (size_t i = 0; i < COUNT_OF(sanitizer_flags); i++)
-            argv[argc++] = sanitizer_flags[i];
-    for (size_t i = 0; i < req->extra_flag_count; i++)
-        argv[argc++] = req->extra_flags[i];
-    char *object_path = owned[owned_count++] = format("%s/kernels.so", folder);
-    argv[argc++] = "-o";
-    argv[argc++] = object_path;
-    for (size_t i = 0; i < req->source_count && ok; i++) {
-        char *path = owned[owned_count++] = format("%s/kernel_%04zu.c", folder, i);
-        if (!path) break; /* reported below */
-        char name[FILE_NAME_MAX + 8];
-        line_name(req->sources[i].name, i, name, sizeof name);
-        char prefix[FILE_NAME_MAX + 32];
-        snprintf(prefix, sizeof prefix, "#line 1 \"%s\"\n", name);
-        ok = write_file(path, prefix, req->sources[i].text);
-        if (!ok) set_error(error, error_size, "host build: cannot write '%s': %s", path, strerror(errno));
-        argv[argc++] = path;
-    }
-    for (size_t i = 0; i < req->link_flag_count; i++)
-        argv[argc++] = req->link_flags[i];
-    argv[argc] = NULL;
-    for (size_t i = 0; i < owned_count && ok; i++)
-        if (!owned[i]) {
-            set_error(error, error_size, "host build: out of memory");
-            ok = false;
-        }
-
-    if (ok) {
-        char *output = NULL;
-        int status = 0;
-        if (!run_capture(argv, &output, &status)) {
-            set_error(error, error_size, "host compiler '%.*s%s' could not be started: %s",
-                      DIAG_NAME(compiler->words[0]), strerror(errno));
-            ok = false;
-        } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-            char how[64];
-            describe_status(status, how, sizeof how);
-            set_error(error, error_size, "host compiler '%.*s%s' failed (%s) building %zu kernel%s%s",
-                      DIAG_NAME(compiler->words[0]), how, req->source_count,
-                      req->source_count == 1 ? "" : "s", output[0] ? ":\n" : "");
-            append_lines(error, error_size, output, ERROR_OUTPUT_LINES);
-            ok = false;
-        } else if (!read_object(object_path, out)) {
-            set_error(error, error_size, "host build: cannot read the compiler's output '%s': %s",
-                      object_path, strerror(errno));
-            ok = false;
-        }
-        free(output);
-    }
-    for (size_t i = 0; i < owned_count; i++)
-        free(owned[i]);
-    free(owned);
-    free(argv);
-    return ok;
-}
-
-bool cg_host_build(const cg_host_build_request *req, cg_cache *cache, cg_host_object *out, char *error,
-                   size_t error_size) {
-    memset(out, 0, sizeof *out);
-    if (!check_request(req, error, error_size)) return false;
-    compiler_command compiler;
-    if (!split_compiler(req, &compiler, error, error_size)) return false;
 
     /* The compiler's identity is part of the key: a new gcc, a new object. */
     const char *version_argv[MAX_COMPILER_WORDS + 2];
-    memcpy(version_argv, compiler.words, compiler.count * sizeof *version_argv);
-    version_argv[compiler.count] = "--version";
-    version_argv[compiler.count + 1] = NULL;
+    memcpy(version_argv, b->compiler.words, b->compiler.count * sizeof *version_argv);
+    version_argv[b->compiler.count] = "--version";
+    version_argv[b->compiler.count + 1] = NULL;
     char *version = NULL;
     int status = 0;
     if (!run_capture(version_argv, &version, &status)) {
         set_error(error, error_size, "host compiler '%.*s%s' could not be started: %s",
-                  DIAG_NAME(compiler.words[0]), strerror(errno));
-        free(compiler.text);
+                  DIAG_NAME(b->compiler.words[0]), strerror(errno));
+        free_build(b);
         return false;
     }
-    cg_cache_key key = host_key(req, &compiler, version);
+    b->key = host_key(req, &b->compiler, version);
     free(version);
 
-    bool ok = false;
     cg_cache_entry entry;
-    if (cache && cg_cache_load(cache, &key, CG_CACHE_HOST_OBJECT, &entry)) {
+    if (cache && cg_cache_load(cache, &b->key, CG_CACHE_HOST_OBJECT, &entry)) {
         if (entry.blob_count == 1 && entry.blobs[0].size > 0) {
-            out->size = entry.blobs[0].size;
-            out->bytes = allocate(out->size);
-            if (out->bytes) { /* else built again */
-                memcpy(out->bytes, entry.blobs[0].data, out->size);
-                out->from_cache = true;
-                ok = true;
+            b->cached.bytes = allocate(entry.blobs[0].size);
+            if (b->cached.bytes) { /* else built again */
+                memcpy(b->cached.bytes, entry.blobs[0].data, entry.blobs[0].size);
+                b->cached.size = entry.blobs[0].size;
+                b->cached.from_cache = true;
             }
         }
         cg_cache_entry_free(&entry);
-    }
-    if (!ok) {
-        const char *tmp = getenv("TMPDIR");
-        char *folder = format("%s/smelt-host-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-        if (!folder) {
-            set_error(error, error_size, "host build: out of memory");
-        } else if (!mkdtemp(folder)) {
-            set_error(error, error_size, "host build: cannot make a temporary folder '%s': %s", folder,
-                      strerror(errno));
-        } else {
-            ok = build_in(folder, req, &compiler, out, error, error_size);
-            remove_folder(folder);
+        if (b->cached.bytes) {
+            *out = b;
+            return true;
         }
+    }
+
+    const char *tmp = getenv("TMPDIR");
+    char *folder = format("%s/smelt-host-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+    b->units = allocate(req->source_count * sizeof *b->units);
+    if (!folder || !b->units) {
         free(folder);
-        if (ok && cache) {
+        set_error(error, error_size, "host build: out of memory");
+        free_build(b);
+        return false;
+    }
+    memset(b->units, 0, req->source_count * sizeof *b->units);
+    b->unit_count = req->source_count;
+    if (!mkdtemp(folder)) {
+        set_error(error, error_size, "host build: cannot make a temporary folder '%s': %s", folder,
+                  strerror(errno));
+        free(folder);
+        free_build(b);
+        return false;
+    }
+    b->folder = folder;
+    if (!write_sources(b, error, error_size)) {
+        free_build(b);
+        return false;
+    }
+    *out = b;
+    return true;
+}
+
+size_t cg_host_build_unit_count(const cg_host_builder *b) { return b->folder ? b->unit_count : 0; }
+
+uint64_t cg_host_build_unit_cost(const cg_host_builder *b, size_t unit) {
+    return HOST_CC_FIXED_COST + HOST_CC_COST_PER_BYTE * (uint64_t)strlen(b->req.sources[unit].text);
+}
+
+void cg_host_build_run_unit(cg_host_builder *b, size_t unit) {
+    host_unit *u = &b->units[unit];
+    /* compiler, flags, -c, -I x2, -o OBJECT, SOURCE, NULL */
+    const char **argv = allocate((common_argument_count(b) + 8) * sizeof *argv);
+    char *local_include = format("-I%s", b->folder);
+    char *include = b->req.include_dir ? format("-I%s", b->req.include_dir) : NULL;
+    if (!argv || !local_include || (b->req.include_dir && !include)) {
+        u->start_errno = ENOMEM;
+    } else {
+        size_t argc = common_arguments(b, argv);
+        argv[argc++] = "-c";
+        argv[argc++] = local_include;
+        if (include) argv[argc++] = include;
+        argv[argc++] = "-o";
+        argv[argc++] = u->object_path;
+        argv[argc++] = u->source_path;
+        argv[argc] = NULL;
+        u->ran = run_capture(argv, &u->output, &u->status);
+        if (!u->ran) u->start_errno = errno;
+    }
+    free(include);
+    free(local_include);
+    free(argv);
+}
+
+static bool unit_failed(const host_unit *u) {
+    return !u->ran || !(WIFEXITED(u->status) && WEXITSTATUS(u->status) == 0);
+}
+
+/* The message of the first unit that failed, and how many others did. */
+static void describe_failed_units(const cg_host_builder *b, char *error, size_t error_size) {
+    size_t failed = 0, first = 0;
+    for (size_t i = 0; i < b->unit_count; i++)
+        if (unit_failed(&b->units[i]) && failed++ == 0) first = i;
+    const host_unit *u = &b->units[first];
+    const char *compiler = b->compiler.words[0];
+    if (!u->ran && u->start_errno == ENOMEM) {
+        set_error(error, error_size, "host build: out of memory");
+        return;
+    }
+    if (!u->ran) {
+        set_error(error, error_size, "host compiler '%.*s%s' could not be started: %s", DIAG_NAME(compiler),
+                  strerror(u->start_errno));
+        return;
+    }
+    char how[64], name[FILE_NAME_MAX + 8];
+    describe_status(u->status, how, sizeof how);
+    line_name(b->req.sources[first].name, first, name, sizeof name);
+    name[strlen(name) - 2] = '\0'; /* without ".c" */
+    char others[64] = "";
+    if (failed > 1) snprintf(others, sizeof others, " (and %zu more of %zu)", failed - 1, b->unit_count);
+    set_error(error, error_size, "host compiler '%.*s%s' failed (%s) building kernel '%s'%s%s",
+              DIAG_NAME(compiler), how, name, others, u->output && u->output[0] ? ":\n" : "");
+    append_lines(error, error_size, u->output, ERROR_OUTPUT_LINES);
+}
+
+/* Links the units' objects into <folder>/kernels.so and reads it back. */
+static bool link_units(const cg_host_builder *b, cg_host_object *out, char *error, size_t error_size) {
+    size_t argument_count = common_argument_count(b) + 2 + b->unit_count + b->req.link_flag_count + 1;
+    const char **argv = allocate(argument_count * sizeof *argv);
+    char *object_path = format("%s/kernels.so", b->folder);
+    if (!argv || !object_path) {
+        free(argv);
+        free(object_path);
+        set_error(error, error_size, "host build: out of memory");
+        return false;
+    }
+    size_t argc = common_arguments(b, argv);
+    argv[argc++] = "-o";
+    argv[argc++] = object_path;
+    for (size_t i = 0; i < b->unit_count; i++)
+        argv[argc++] = b->units[i].object_path;
+    for (size_t i = 0; i < b->req.link_flag_count; i++)
+        argv[argc++] = b->req.link_flags[i];
+    argv[argc] = NULL;
+
+    const char *compiler = b->compiler.words[0];
+    char *output = NULL;
+    int status = 0;
+    bool ok = false;
+    if (!run_capture(argv, &output, &status)) {
+        set_error(error, error_size, "host compiler '%.*s%s' could not be started: %s", DIAG_NAME(compiler),
+                  strerror(errno));
+    } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        char how[64];
+        describe_status(status, how, sizeof how);
+        set_error(error, error_size, "host compiler '%.*s%s' failed (%s) linking %zu kernel%s%s",
+                  DIAG_NAME(compiler), how, b->unit_count, b->unit_count == 1 ? "" : "s",
+                  output[0] ? ":\n" : "");
+        append_lines(error, error_size, output, ERROR_OUTPUT_LINES);
+    } else if (!read_object(object_path, out)) {
+        set_error(error, error_size, "host build: cannot read the compiler's output '%s': %s", object_path,
+                  strerror(errno));
+    } else {
+        ok = true;
+    }
+    free(output);
+    free(object_path);
+    free(argv);
+    return ok;
+}
+
+bool cg_host_build_finish(cg_host_builder *b, cg_host_object *out, char *error, size_t error_size) {
+    memset(out, 0, sizeof *out);
+    bool ok = true;
+    if (b->cached.bytes) {
+        *out = b->cached;
+        memset(&b->cached, 0, sizeof b->cached);
+    } else {
+        for (size_t i = 0; i < b->unit_count && ok; i++)
+            ok = !unit_failed(&b->units[i]);
+        if (!ok)
+            describe_failed_units(b, error, error_size);
+        else
+            ok = link_units(b, out, error, error_size);
+        if (ok && b->cache) {
             cg_cache_blob blob = {out->bytes, out->size};
-            cg_cache_store(cache, &key, CG_CACHE_HOST_OBJECT, &blob, 1);
+            cg_cache_store(b->cache, &b->key, CG_CACHE_HOST_OBJECT, &blob, 1);
         }
     }
-    free(compiler.text);
+    free_build(b);
     return ok;
+}
+
+void cg_host_build_cancel(cg_host_builder *b) {
+    if (b) free_build(b);
+}
+
+/* ---- the build in one call ------------------------------------------------------ */
+
+static uint64_t unit_cost(void *context, size_t unit) { return cg_host_build_unit_cost(context, unit); }
+static void run_unit(void *context, size_t unit) { cg_host_build_run_unit(context, unit); }
+
+bool cg_host_build(const cg_host_build_request *req, cg_cache *cache, cg_host_object *out, char *error,
+                   size_t error_size) {
+    memset(out, 0, sizeof *out);
+    cg_host_builder *b;
+    if (!cg_host_build_begin(req, cache, &b, error, error_size)) return false;
+    cg_pool_tasks tasks = {cg_host_build_unit_count(b), b, unit_cost, run_unit};
+    size_t failed;
+    if (!cg_compile_all_with_tasks(NULL, 0, &tasks, 0, NULL, NULL, NULL, NULL, &failed, NULL, 0)) {
+        cg_host_build_cancel(b);
+        set_error(error, error_size, "host build: out of memory");
+        return false;
+    }
+    return cg_host_build_finish(b, out, error, error_size);
 }

@@ -89,9 +89,9 @@ bool cg_nvrtc_supports_arch(int arch);
 
 /* The options NVRTC gets before req->extra_options, in order:
  * --gpu-architecture=sm_XY (compute_XY when only PTX is wanted),
- * -default-device, --std=c++17, --ptxas-options=-v, and -lineinfo on request.
- * The disk cache keys entries on exactly these. `options` points into the
- * struct itself (arch_option), so use it where it was filled. */
+ * -default-device, --std=c++17, --ptxas-options=-v, -minimal, and -lineinfo
+ * on request. The disk cache keys entries on exactly these. `options` points
+ * into the struct itself (arch_option), so use it where it was filled. */
 typedef struct cg_fixed_options {
     const char *options[8];
     size_t count;

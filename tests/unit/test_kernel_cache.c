@@ -704,11 +704,43 @@ static void test_host_build_errors(void **state) {
     char error[4096];
     assert_false(cg_host_build(&req, cache, &object, error, sizeof error));
     assert_null(object.bytes);
-    assert_non_null(strstr(error, "host compiler 'cc' failed (exit status 1) building 2 kernels:"));
+    /* each kernel is compiled on its own: the message names the one that failed */
+    assert_non_null(
+        strstr(error, "host compiler 'cc' failed (exit status 1) building kernel 'broken_kernel':"));
     /* the compiler's message names the kernel and the line in its source */
     assert_non_null(strstr(error, "broken_kernel.c:2:"));
     assert_non_null(strstr(error, "error"));
+    assert_null(strstr(error, "fine.c"));
     assert_int_equal(cg_cache_get_stats(cache).stores, 0);
+
+    /* Two broken kernels: the first is quoted, the other counted. */
+    cg_host_source two_broken[] = {{"fine", "int fine(int x) { return x; }\n"},
+                                   {"first_broken", "int a(void) { return ; }}\n"},
+                                   {"second_broken", "int b(int x) { return x +; }\n"}};
+    req = (cg_host_build_request){.sources = two_broken, .source_count = 3};
+    assert_false(cg_host_build(&req, cache, &object, error, sizeof error));
+    assert_non_null(strstr(error, "building kernel 'first_broken' (and 1 more of 3):"));
+    assert_non_null(strstr(error, "first_broken.c:1:"));
+
+    /* Each compiles, the link does not: two kernels define one symbol. */
+    cg_host_source clash[] = {{"left", "int twin(void) { return 1; }\n"},
+                              {"right", "int twin(void) { return 2; }\n"}};
+    req = (cg_host_build_request){.sources = clash, .source_count = 2};
+    assert_false(cg_host_build(&req, cache, &object, error, sizeof error));
+    assert_non_null(strstr(error, "host compiler 'cc' failed (exit status 1) linking 2 kernels:"));
+    assert_non_null(strstr(error, "twin"));
+
+    /* a failed build leaves no temporary folder behind either */
+    char tmp[128];
+    snprintf(tmp, sizeof tmp, "%s/tmp-failed", folder);
+    assert_int_equal(mkdir(tmp, 0700), 0);
+    setenv("TMPDIR", tmp, 1);
+    req = (cg_host_build_request){.sources = two_broken, .source_count = 3};
+    assert_false(cg_host_build(&req, NULL, &object, error, sizeof error));
+    req = (cg_host_build_request){.sources = clash, .source_count = 2};
+    assert_false(cg_host_build(&req, NULL, &object, error, sizeof error));
+    unsetenv("TMPDIR");
+    assert_int_equal(rmdir(tmp), 0); /* empty */
 
     /* A name longer than 64 keeps its head and its hash in the message. */
     cg_host_source long_name[] = {

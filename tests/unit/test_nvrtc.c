@@ -15,6 +15,7 @@
 #include "compile_pool.h"
 #include "nvrtc.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,15 +197,16 @@ static void test_fixed_options(void **state) {
     req.line_info = true;
     cg_fixed_options fixed;
     cg_nvrtc_fixed_options(&req, &fixed);
-    assert_int_equal(fixed.count, 5);
+    assert_int_equal(fixed.count, 6);
     assert_string_equal(fixed.options[0], "--gpu-architecture=sm_80");
     assert_string_equal(fixed.options[1], "-default-device");
     assert_string_equal(fixed.options[2], "--std=c++17");
     assert_string_equal(fixed.options[3], "--ptxas-options=-v");
-    assert_string_equal(fixed.options[4], "-lineinfo");
+    assert_string_equal(fixed.options[4], "-minimal");
+    assert_string_equal(fixed.options[5], "-lineinfo");
     req.line_info = false;
     cg_nvrtc_fixed_options(&req, &fixed);
-    assert_int_equal(fixed.count, 4);
+    assert_int_equal(fixed.count, 5);
 }
 
 static void test_shared_memory_and_barrier(void **state) {
@@ -599,6 +601,101 @@ static void test_pool_collects_every_error(void **state) {
     assert_int_equal(compile_all(jobs, 0, 2, NULL, results, NULL, NULL), 0);
 }
 
+/* ---- tasks on the pool ------------------------------------------------------ */
+
+typedef struct task_log {
+    pthread_mutex_t lock;
+    const uint64_t *costs;
+    size_t runs[64];  /* how often each task ran */
+    size_t order[64]; /* task indices in the order they started */
+    size_t started;
+} task_log;
+
+static uint64_t task_cost(void *context, size_t index) { return ((task_log *)context)->costs[index]; }
+
+static void task_run(void *context, size_t index) {
+    task_log *log = context;
+    pthread_mutex_lock(&log->lock);
+    log->runs[index]++;
+    log->order[log->started++] = index;
+    pthread_mutex_unlock(&log->lock);
+}
+
+static size_t run_tasks(const cg_compile_request *jobs, size_t count, cg_pool_tasks *tasks, unsigned threads,
+                        cg_compile_result *results, progress_record *progress) {
+    size_t failed = SIZE_MAX;
+    char error[256];
+    assert_true(cg_compile_all_with_tasks(jobs, count, tasks, threads, NULL, results, record_progress,
+                                          progress, &failed, error, sizeof error));
+    return failed;
+}
+
+/* One worker takes the costliest first; equal costs keep their order. */
+static void test_pool_runs_tasks_costliest_first(void **state) {
+    (void)state;
+    static const uint64_t costs[6] = {10, 500, 40, 500, 0, 90};
+    task_log log = {.lock = PTHREAD_MUTEX_INITIALIZER, .costs = costs};
+    cg_pool_tasks tasks = {6, &log, task_cost, task_run};
+    progress_record progress = {.increasing = true};
+    assert_int_equal(run_tasks(NULL, 0, &tasks, 1, NULL, &progress), 0);
+    static const size_t expected[6] = {1, 3, 5, 2, 0, 4};
+    assert_int_equal(log.started, 6);
+    for (size_t i = 0; i < 6; i++) {
+        assert_int_equal(log.runs[i], 1);
+        assert_int_equal(log.order[i], expected[i]);
+    }
+    assert_true(progress.increasing);
+    assert_int_equal(progress.last_done, 6);
+    assert_int_equal(progress.last_total, 6);
+
+    /* many workers: each task still runs exactly once */
+    static uint64_t many[64];
+    for (size_t i = 0; i < 64; i++)
+        many[i] = (i * 37) % 11;
+    task_log wide = {.lock = PTHREAD_MUTEX_INITIALIZER, .costs = many};
+    tasks = (cg_pool_tasks){64, &wide, task_cost, task_run};
+    progress = (progress_record){.increasing = true};
+    assert_int_equal(run_tasks(NULL, 0, &tasks, 8, NULL, &progress), 0);
+    for (size_t i = 0; i < 64; i++)
+        assert_int_equal(wide.runs[i], 1);
+    assert_int_equal(progress.last_done, 64);
+}
+
+/* The estimate orders a long kernel before a short one. */
+static void test_compile_cost_grows_with_source(void **state) {
+    (void)state;
+    cg_compile_request small = request(second_source, "add_one", 90), large = request(scale_source, "s", 90);
+    assert_true(cg_compile_cost_estimate(&large) > cg_compile_cost_estimate(&small));
+    cg_compile_request none = {0};
+    assert_true(cg_compile_cost_estimate(&none) > 0);
+}
+
+/* Compiles and tasks on one pool: every compile's result in job order,
+ * every task once, progress over both. */
+static void test_pool_mixes_compiles_and_tasks(void **state) {
+    (void)state;
+    if (!have_nvrtc()) skip();
+    cg_compile_request jobs[3] = {request(scale_source, "scale_f32", 80),
+                                  request(second_source, "add_one", 90),
+                                  request(scale_source, "scale_f32", 80)};
+    static const uint64_t costs[4] = {1, 1000000000, 2, 3};
+    task_log log = {.lock = PTHREAD_MUTEX_INITIALIZER, .costs = costs};
+    cg_pool_tasks tasks = {4, &log, task_cost, task_run};
+    cg_compile_result results[3];
+    progress_record progress = {.increasing = true};
+    assert_int_equal(run_tasks(jobs, 3, &tasks, 2, results, &progress), 0);
+    assert_true(results[0].ok && results[1].ok && results[2].ok);
+    assert_true(results[2].deduplicated);
+    assert_non_null(cg_resource_find(&results[1].compiled.resources, "add_one"));
+    assert_non_null(strstr(results[1].compiled.ptx, ".target sm_90"));
+    for (size_t i = 0; i < 4; i++)
+        assert_int_equal(log.runs[i], 1);
+    assert_int_equal(log.order[0], 1); /* costlier than any compile: taken first */
+    assert_int_equal(progress.last_done, 7);
+    assert_int_equal(progress.last_total, 7);
+    cg_compile_results_free(results, 3);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_compile_sm80),
@@ -621,6 +718,9 @@ int main(void) {
         cmocka_unit_test(test_parse_odd_input),
         cmocka_unit_test(test_pool_dedupes_and_keeps_order),
         cmocka_unit_test(test_pool_collects_every_error),
+        cmocka_unit_test(test_pool_runs_tasks_costliest_first),
+        cmocka_unit_test(test_compile_cost_grows_with_source),
+        cmocka_unit_test(test_pool_mixes_compiles_and_tasks),
     };
     return cmocka_run_group_tests(tests, load_kernel_header, free_kernel_header);
 }
