@@ -23,6 +23,7 @@ bool drv_write_plan(const ir_module *m, const drv_compile_options *o, const drv_
     p.no_cache = o->no_cache;
     if (contents->weights) {
         p.read_weight = drv_source_weights_read;
+        p.read_packed_weight = drv_source_weights_read_packed;
         p.weight_context = contents->weights;
     }
     p.tokenizer_json = contents->tokenizer_json;
