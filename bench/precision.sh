@@ -10,23 +10,29 @@
 #     (DRAM bytes and H200 time, driver/inspect.c's model).
 #
 #   bench/precision.sh [--smelt PATH] [--context C] [--ids N] [--presets "bf16 int8 ..."]
+#                      [--backend host|ref]
 #
 # PATH defaults to build-release/cli/smelt, else build/cli/smelt; C to 256;
 # N to 4097; presets to "bf16 fp8 int8 int4-rtn int4-rtn/64 int4-rtn/32"
-# (PRESET/G: int4 with --group-size G). Needs jq.
+# (PRESET/G: int4 with --group-size G). The perplexity is the plan's on the
+# host simulator (bf16 activations), or with --backend ref the reference
+# interpreter's with the preset's dequantized weights and f32 arithmetic
+# (the weights' error alone, and ~40x faster on a CPU). Needs jq.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 smelt=""
 context=256
 ids=4097
 presets="bf16 fp8 int8 int4-rtn int4-rtn/64 int4-rtn/32"
+backend=host
 while [ $# -gt 0 ]; do
     case "$1" in
+    --backend) backend=$2; shift 2 ;;
     --smelt) smelt=$2; shift 2 ;;
     --context) context=$2; shift 2 ;;
     --ids) ids=$2; shift 2 ;;
     --presets) presets=$2; shift 2 ;;
-    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "usage: bench/precision.sh [--smelt PATH] [--context C] [--ids N] [--presets LIST]" >&2; exit 2 ;;
     esac
 done
@@ -53,7 +59,7 @@ options() {
 }
 decode() { jq -r ".steps[] | select(.kind == \"decode\") | $2" "$1"; }
 
-echo "demo model (tests/fixtures/demo), host simulator; held-out perplexity over the first $ids ids, context $context"
+echo "demo model (tests/fixtures/demo); held-out perplexity ($backend) over the first $ids ids, context $context"
 printf '  %-13s %12s %12s %18s %11s %9s\n' preset "plan bytes" "weight bytes" "decode bytes@$context" perplexity "vs bf16"
 base=""
 for preset in $presets; do
@@ -63,8 +69,16 @@ for preset in $presets; do
         --target host $(options "$preset") -o "$work/demo-$name.plan" 2>"$work/compile.log" ||
         { cat "$work/compile.log" >&2; exit 1; }
     "$smelt" inspect "$work/demo-$name.plan" --json --decode-context "$context" >"$work/demo-$name.json"
-    perplexity=$("$smelt" eval "$work/demo-$name.plan" --backend host --ids "$demo/heldout_ids.bin" \
-        --max-ids "$ids" --context "$context" | sed -n 's/^perplexity \([0-9.]*\) .*/\1/p')
+    if [ "$backend" = ref ]; then
+        # shellcheck disable=SC2046
+        set -- "$root/examples/llama.smelt" --config "$demo/config.json" --weights "$demo/model.safetensors" \
+            $(options "$preset")
+    else
+        set -- "$work/demo-$name.plan"
+    fi
+    perplexity=$("$smelt" eval "$@" --backend "$backend" --ids "$demo/heldout_ids.bin" --max-ids "$ids" \
+        --context "$context" 2>"$work/eval.log" | sed -n 's/^perplexity \([0-9.]*\) .*/\1/p')
+    [ -n "$perplexity" ] || { cat "$work/eval.log" >&2; exit 1; }
     [ -n "$base" ] || base=$perplexity
     printf '  %-13s %12s %12s %18s %11s %9s\n' "$preset" "$(wc -c <"$work/demo-$name.plan" | tr -d ' ')" \
         "$(jq -r .weight_bytes "$work/demo-$name.json")" "$(decode "$work/demo-$name.json" .modeled_dram_bytes)" \
