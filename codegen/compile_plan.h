@@ -31,10 +31,10 @@ typedef bool (*cg_packed_weight_reader)(void *context, uint32_t op, uint8_t *dst
 typedef struct cg_plan_options {
     int archs[CG_MAX_ARCHS]; /* CUDA targets: 80 = sm_80 */
     uint32_t arch_count;
-    bool host;                    /* build the host simulator's object */
-    unsigned jobs;                /* compile threads; 0: every core */
-    bool no_cache;                /* do not use the disk cache */
-    cg_weight_reader read_weight; /* NULL: a plan without weights (bound at run time) */
+    bool host;                                  /* build the host simulator's object */
+    unsigned jobs;                              /* compile threads; 0: every core */
+    bool no_cache;                              /* do not use the disk cache */
+    cg_weight_reader read_weight;               /* NULL: a plan without weights (bound at run time) */
     cg_packed_weight_reader read_packed_weight; /* the quantized weights' (with read_weight) */
     void *weight_context;
     const char *tokenizer_json; /* NULL, or the TOKENIZER section: {"type": "bytes", "bos": N, "eos": N} */

@@ -350,7 +350,8 @@ static void write_loader(cg_text *t, smelt_dtype dtype, int vector) {
             cg_line(t, "v[8 * h + 2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);");
             cg_line(t, "}");
         } else {
-            cg_line(t, "smelt_u32x4 a = smelt_load_global_128(p + 8 * h), b = smelt_load_global_128(p + 8 * h + 4);");
+            cg_line(t, "smelt_u32x4 a = smelt_load_global_128(p + 8 * h), b = smelt_load_global_128(p + 8 * "
+                       "h + 4);");
             cg_line(t, "uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};");
             cg_line(t, "for (int i = 0; i < 8; i++)");
             cg_line(t, "    v[8 * h + i] = __uint_as_float(words[i]);");
@@ -389,7 +390,8 @@ static void write_quant_loader(cg_text *t, const quant_format *f, int vector) {
     cg_line(t, "long long scales, zeros, column_scales, group_index;");
     cg_line(t, "} quant_row;");
     cg_blank(t);
-    cg_line(t, "SMELT_DEVICE quant_row quant_row_at(const uint8_t *w, long long row, long long scales, long long zeros,");
+    cg_line(t, "SMELT_DEVICE quant_row quant_row_at(const uint8_t *w, long long row, long long scales, long "
+               "long zeros,");
     cg_line(t, "                                    long long column_scales, long long group_index)");
     cg_line(t, "{");
     cg_line(t, "quant_row r;");
@@ -405,12 +407,14 @@ static void write_quant_loader(cg_text *t, const quant_format *f, int vector) {
     cg_blank(t);
     bool int4 = f->kind == QUANT_INT4;
     /* The code of element i of the load (or of the one element), as a float. */
-    const char *code = vector > 1 ? (int4                    ? "(float)((int)((words[i / 8] >> (i % 8 * 4)) & 15u) - zero)"
-                                     : f->kind == QUANT_INT8 ? "(float)(int8_t)(uint8_t)(words[i / 4] >> (i % 4 * 8))"
-                                                             : "smelt_e4m3_to_f32((uint8_t)(words[i / 4] >> (i % 4 * 8)))")
-                                  : (int4 ? "(float)((int)((r.w[(r.first + k0) / 2] >> ((r.first + k0) % 2 * 4)) & 15u) - zero)"
-                                     : f->kind == QUANT_INT8 ? "(float)(int8_t)r.w[r.first + k0]"
-                                                             : "smelt_e4m3_to_f32(r.w[r.first + k0])");
+    const char *code =
+        vector > 1
+            ? (int4                    ? "(float)((int)((words[i / 8] >> (i % 8 * 4)) & 15u) - zero)"
+               : f->kind == QUANT_INT8 ? "(float)(int8_t)(uint8_t)(words[i / 4] >> (i % 4 * 8))"
+                                       : "smelt_e4m3_to_f32((uint8_t)(words[i / 4] >> (i % 4 * 8)))")
+            : (int4 ? "(float)((int)((r.w[(r.first + k0) / 2] >> ((r.first + k0) % 2 * 4)) & 15u) - zero)"
+               : f->kind == QUANT_INT8 ? "(float)(int8_t)r.w[r.first + k0]"
+                                       : "smelt_e4m3_to_f32(r.w[r.first + k0])");
     cg_line(t, "/* VECTOR weights of row r from column c * VECTOR: (q - z) * s%s, in f32. */",
             f->has_column_scale ? " * c[k]" : "");
     cg_line(t, "SMELT_DEVICE void load_weight(quant_row r, int c, float v[VECTOR])");
@@ -502,9 +506,10 @@ static const char *weight_row(cg_kernel_builder *b, bool quantized, uint32_t wei
                               const char *row) {
     const char *w = b->params[weight].name;
     if (!quantized) return arena_printf(&b->e->scratch, "%s + %s * K", w, row);
-    return arena_printf(&b->e->scratch,
-                        "quant_row_at(%s, %s, SCALES_AT_%u, ZEROS_AT_%u, COLUMN_SCALES_AT_%u, GROUP_INDEX_AT_%u)",
-                        w, row, index, index, index, index);
+    return arena_printf(
+        &b->e->scratch,
+        "quant_row_at(%s, %s, SCALES_AT_%u, ZEROS_AT_%u, COLUMN_SCALES_AT_%u, GROUP_INDEX_AT_%u)", w, row,
+        index, index, index, index);
 }
 
 static void write_select(cg_kernel_builder *b, const gemv_plan *p, const gemv_segment *s, uint32_t index) {
@@ -619,10 +624,12 @@ static void write_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x,
     cg_line(t, " * its lanes take VECTOR consecutive k at a time, every weight byte read once. Called");
     cg_line(t, " * by every lane of the warp together (the reductions shuffle). */");
     if (p->quantized)
-        cg_line(t, "SMELT_DEVICE void dot_rows(quant_row w0, quant_row w1, int rows, const %s *x, const %s *g,", xt,
-                gt);
+        cg_line(t,
+                "SMELT_DEVICE void dot_rows(quant_row w0, quant_row w1, int rows, const %s *x, const %s *g,",
+                xt, gt);
     else
-        cg_line(t, "SMELT_DEVICE void dot_rows(const %s *w0, const %s *w1, int rows, const %s *x, const %s *g,",
+        cg_line(t,
+                "SMELT_DEVICE void dot_rows(const %s *w0, const %s *w1, int rows, const %s *x, const %s *g,",
                 wt, wt, xt, gt);
     cg_line(t, "                           long long t0, int tokens, float sums[TOKEN_TILE][2],");
     cg_line(t, "                           float squares[TOKEN_TILE])");
@@ -776,8 +783,9 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     cg_line(t, "enum { K = %lld, VECTOR = %d, WARPS = %d, LANES = %d, UNITS_PER_WARP = 32 / LANES };",
             (long long)p.k, vector, warps, GEMV_LANES);
     if (p.quantized)
-        cg_line(t, "enum { GROUP = %u, GROUPS = K / GROUP }; /* %s codes, one f16 scale per GROUP columns%s */",
-                p.format.group, quant_kind_name(p.format.kind), p.format.has_zero ? " with a zero point" : "");
+        cg_line(
+            t, "enum { GROUP = %u, GROUPS = K / GROUP }; /* %s codes, one f16 scale per GROUP columns%s */",
+            p.format.group, quant_kind_name(p.format.kind), p.format.has_zero ? " with a zero point" : "");
     cg_line(t, "enum { TOKEN_TILE = %d, UNITS = %lld };", GEMV_TOKEN_TILE, (long long)units);
     for (uint32_t i = 0; i < p.segment_count; i++) {
         const gemv_segment *s = &p.segments[i];
@@ -788,7 +796,8 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
             if (quant_layout_of(&p.format, (uint64_t)s->rows, (uint64_t)p.k, &l))
                 return refuse(e, "a quantized weight whose format does not fit it");
             cg_line(t,
-                    "enum { SCALES_AT_%u = %llu, ZEROS_AT_%u = %llu, COLUMN_SCALES_AT_%u = %llu, GROUP_INDEX_AT_%u = "
+                    "enum { SCALES_AT_%u = %llu, ZEROS_AT_%u = %llu, COLUMN_SCALES_AT_%u = %llu, "
+                    "GROUP_INDEX_AT_%u = "
                     "%llu }; /* its weights' sections */",
                     i, (unsigned long long)l.scales, i, (unsigned long long)l.zeros, i,
                     (unsigned long long)l.column_scale, i, (unsigned long long)l.group_index);
@@ -828,7 +837,8 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
         write_quant_loader(t, &p.format, vector);
     else
         write_loader(t, weight_dtype, vector);
-    if (p.quantized || cg_storage_dtype(m, p.x) != weight_dtype) write_loader(t, cg_storage_dtype(m, p.x), vector);
+    if (p.quantized || cg_storage_dtype(m, p.x) != weight_dtype)
+        write_loader(t, cg_storage_dtype(m, p.x), vector);
     if (p.norm && (p.quantized || cg_storage_dtype(m, p.norm_weight) != weight_dtype) &&
         cg_storage_dtype(m, p.norm_weight) != cg_storage_dtype(m, p.x))
         write_loader(t, cg_storage_dtype(m, p.norm_weight), vector);

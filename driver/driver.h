@@ -161,9 +161,9 @@ typedef struct drv_model_options {
     drv_backend backend;
     drv_precision precision; /* when compiling a source */
     drv_precision_options precision_options;
-    bool no_fuse;            /* when compiling a source: one op per kernel (--no-fuse) */
-    bool byte_tokenizer;     /* when compiling a source: ids 0..255 are bytes (BOS/EOS from config.json) */
-    bool random_weights;     /* bind every weight of the plan to noise (for timing) */
+    bool no_fuse;        /* when compiling a source: one op per kernel (--no-fuse) */
+    bool byte_tokenizer; /* when compiling a source: ids 0..255 are bytes (BOS/EOS from config.json) */
+    bool random_weights; /* bind every weight of the plan to noise (for timing) */
     unsigned random_seed;
     const char *expected_hash; /* a plan's content hash to require (smelt_engine_options); NULL: any */
     drv_source_options source; /* when compiling a source */

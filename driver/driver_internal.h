@@ -61,8 +61,9 @@ typedef struct drv_weight_stats drv_weight_stats;
  * *out in format f (quant/quant.h's packed layout; out->data malloc'd, the
  * caller frees it), by f->method: rtn is quant_rtn; awq, gptq and smooth
  * need `stats` (NULL: none). Reports at no location, naming the weight. */
-bool drv_quantize_weight(const char *name, const float *w, uint64_t rows, uint64_t cols, const quant_format *f,
-                         const drv_weight_stats *stats, quant_tensor *out, diag_engine *d);
+bool drv_quantize_weight(const char *name, const float *w, uint64_t rows, uint64_t cols,
+                         const quant_format *f, const drv_weight_stats *stats, quant_tensor *out,
+                         diag_engine *d);
 
 /* ---- plan_compile.c: the one call into codegen ---- */
 

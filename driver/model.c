@@ -106,8 +106,8 @@ static bool open_engine(drv_model *r, const drv_model_options *o, const char *pl
 
 /* A source on the reference interpreter. */
 static bool open_ref(drv_model *r, const drv_model_options *o, diag_engine *d) {
-    r->ref =
-        ref_model_create_packed(&r->module, drv_source_weights_read, drv_source_weights_read_packed, &r->weights, d);
+    r->ref = ref_model_create_packed(&r->module, drv_source_weights_read, drv_source_weights_read_packed,
+                                     &r->weights, d);
     r->info.name = "ref";
     r->info.vocab = r->ref ? ref_model_vocab(r->ref) : 0;
     bool ok = r->ref != NULL;

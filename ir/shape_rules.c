@@ -271,7 +271,8 @@ static bool infer_matmul(rule_ctx *c, ir_type *out) {
     /* A quantized weight holds codes (i4, i8, f8e4m3) that dequantize to floats. */
     quant_format quantized;
     bool codes = ir_weight_quant(c->m, c->m->values[c->op->operands[1]].def_op, &quantized);
-    if (!rule_min_rank(c, "x", x, 1) || !rule_rank(c, "w", w, 2) || (!codes && !rule_same_dtype(c, "x", x, "w", w)))
+    if (!rule_min_rank(c, "x", x, 1) || !rule_rank(c, "w", w, 2) ||
+        (!codes && !rule_same_dtype(c, "x", x, "w", w)))
         return false;
     ir_dim inner = w->dims[in_out ? 0 : 1], columns = w->dims[in_out ? 1 : 0];
     if (!ir_dim_equal(x->dims[x->rank - 1], inner))

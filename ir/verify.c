@@ -352,7 +352,8 @@ static void check_weight_quant(verifier *v, uint32_t index) {
         return;
     }
     const ir_attr *stack = ir_op_attr(m, index, "stack");
-    if (stack && stack->kind == IR_ATTR_STRING && stack->as.s[0] != '\0') violation(v, op, "a stacked weight cannot be quantized");
+    if (stack && stack->kind == IR_ATTR_STRING && stack->as.s[0] != '\0')
+        violation(v, op, "a stacked weight cannot be quantized");
     const ir_attr *method = ir_op_attr(m, index, "method");
     if (!method || method->kind != IR_ATTR_STRING || strcmp(method->as.s, "none") == 0)
         violation(v, op, "a quantized weight needs a method (rtn, awq, gptq, smooth or checkpoint)");
@@ -371,10 +372,13 @@ static void check_quant_readers(verifier *v, uint32_t index) {
         quant_format f;
         if (!ir_weight_quant(m, m->values[id].def_op, &f)) continue;
         const ir_attr *layout = op->kind == IR_OP_MATMUL ? ir_op_attr(m, index, "layout") : NULL;
-        bool matmul = layout && layout->kind == IR_ATTR_STRING && strcmp(layout->as.s, "out_in") == 0 && i == 1;
+        bool matmul =
+            layout && layout->kind == IR_ATTR_STRING && strcmp(layout->as.s, "out_in") == 0 && i == 1;
         if (!matmul)
-            violation(v, op, "operand %u is a quantized weight, which only a matmul (layout out_in) reads as its "
-                             "weight", i);
+            violation(v, op,
+                      "operand %u is a quantized weight, which only a matmul (layout out_in) reads as its "
+                      "weight",
+                      i);
     }
 }
 

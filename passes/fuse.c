@@ -103,7 +103,8 @@ static bool is_token_rows(const fuse_state *s, const ir_type *t) {
  * one format (the GEMV kernel dequantizes every row the same way). */
 static bool same_storage(const fuse_state *s, ir_value_id v, ir_value_id w) {
     quant_format a, b;
-    bool qa = ir_weight_quant(s->m, s->m->values[v].def_op, &a), qb = ir_weight_quant(s->m, s->m->values[w].def_op, &b);
+    bool qa = ir_weight_quant(s->m, s->m->values[v].def_op, &a),
+         qb = ir_weight_quant(s->m, s->m->values[w].def_op, &b);
     return type_of(s, v)->dtype == type_of(s, w)->dtype && qa == qb &&
            (!qa || (a.kind == b.kind && a.group == b.group && a.has_zero == b.has_zero &&
                     a.has_group_index == b.has_group_index && a.has_column_scale == b.has_column_scale));
@@ -151,7 +152,8 @@ static void fuse_sibling_matmuls(fuse_state *s) {
         for (uint32_t j = i + 1; j < m->op_count; j++) {
             if (!is_gemv_matmul(s, j) || s->leader[j] == s->leader[i]) continue;
             const ir_op *b = &m->ops[j];
-            if (b->operands[0] != a->operands[0] || !same_storage(s, b->operands[1], a->operands[1])) continue;
+            if (b->operands[0] != a->operands[0] || !same_storage(s, b->operands[1], a->operands[1]))
+                continue;
             merge_groups(s, s->leader[i], s->leader[j]);
         }
     }

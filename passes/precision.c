@@ -55,7 +55,7 @@ typedef struct precision_preset {
 } precision_preset;
 
 static const precision_preset presets[] = {
-    {"f32", SMELT_DTYPE_F32, QUANT_NONE},  {"bf16", SMELT_DTYPE_BF16, QUANT_NONE},
+    {"f32", SMELT_DTYPE_F32, QUANT_NONE},       {"bf16", SMELT_DTYPE_BF16, QUANT_NONE},
     {"int4-rtn", SMELT_DTYPE_BF16, QUANT_INT4}, {"int8", SMELT_DTYPE_BF16, QUANT_INT8},
     {"fp8", SMELT_DTYPE_BF16, QUANT_FP8},
 };
@@ -71,7 +71,8 @@ static bool kept(const char *keep, const char *name) {
     if (stem && patterns) {
         memcpy(stem, name, length + 1);
         if (length > 7 && strcmp(name + length - 7, ".weight") == 0) stem[length - 7] = '\0';
-        for (char *save = NULL, *p = strtok_r(patterns, ",", &save); p && !found; p = strtok_r(NULL, ",", &save))
+        for (char *save = NULL, *p = strtok_r(patterns, ",", &save); p && !found;
+             p = strtok_r(NULL, ",", &save))
             found = fnmatch(p, name, 0) == 0 || fnmatch(p, stem, 0) == 0;
     }
     free(stem);
@@ -116,7 +117,8 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
     for (unsigned i = 0; i < PRESET_COUNT && !preset; i++)
         if (strcmp(name, presets[i].name) == 0) preset = &presets[i];
     if (!preset) {
-        diag_error(d, SMELT_NO_LOC, "unknown precision '%.*s%s'; known presets: f32, bf16, int4-rtn, int8, fp8",
+        diag_error(d, SMELT_NO_LOC,
+                   "unknown precision '%.*s%s'; known presets: f32, bf16, int4-rtn, int8, fp8",
                    DIAG_NAME(name));
         return false;
     }
@@ -189,6 +191,7 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
     free(only_matmul);
     m->precision = preset->name;
     if (activations != preset->activations)
-        m->precision = arena_printf(&m->arena, "%s, activations %s", preset->name, smelt_dtype_name(activations));
+        m->precision =
+            arena_printf(&m->arena, "%s, activations %s", preset->name, smelt_dtype_name(activations));
     return true;
 }

@@ -515,13 +515,15 @@ static bool decode_weight_quant(decoder *d, prog_weight *w, uint64_t elements, i
                                 const char *ellipsis) {
     static const uint8_t code_dtype[] = {0, SMELT_DTYPE_I4, SMELT_DTYPE_I8, SMELT_DTYPE_F8E4M3};
     const char *name = w->name;
-    if (!get_u8(d, &w->quant.method) || !get_u8(d, &w->quant.flags) || !plan_cursor_u32(&d->cursor, &w->quant.group))
+    if (!get_u8(d, &w->quant.method) || !get_u8(d, &w->quant.flags) ||
+        !plan_cursor_u32(&d->cursor, &w->quant.group))
         return truncated(d, "a weight's quantization");
     if (w->quant.kind > PROG_QUANT_FP8 || w->dtype != code_dtype[w->quant.kind])
-        return fail(d, "weight '%.*s%s' has quantization %u with codes of dtype %u", name_length, name, ellipsis,
-                    w->quant.kind, w->dtype);
+        return fail(d, "weight '%.*s%s' has quantization %u with codes of dtype %u", name_length, name,
+                    ellipsis, w->quant.kind, w->dtype);
     if (w->quant.flags > 7 || ((w->quant.flags & PROG_QUANT_ZERO) && w->quant.kind != PROG_QUANT_INT4))
-        return fail(d, "weight '%.*s%s' has quantization flags %u", name_length, name, ellipsis, w->quant.flags);
+        return fail(d, "weight '%.*s%s' has quantization flags %u", name_length, name, ellipsis,
+                    w->quant.flags);
     if (w->rank != 2 || w->stacked || w->quant.group == 0 || w->shape[1] % w->quant.group != 0)
         return fail(d, "quantized weight '%.*s%s' is not [N, K] with groups that divide K", name_length, name,
                     ellipsis);

@@ -59,10 +59,11 @@ static smelt_status plan_load(smelt_plan *plan, const char *name) {
         quant_layout l;
         const char *why = quant_layout_of(&f, (uint64_t)w->shape[0], (uint64_t)w->shape[1], &l);
         if (why || l.total != w->bytes)
-            return rt_last_error_set(SMELT_ERROR_BAD_PLAN,
-                                     "%s: quantized weight '%.*s%s' has %llu bytes but its format makes %llu%s%s",
-                                     name, RT_NAME(w->name), (unsigned long long)w->bytes,
-                                     (unsigned long long)l.total, why ? ": " : "", why ? why : "");
+            return rt_last_error_set(
+                SMELT_ERROR_BAD_PLAN,
+                "%s: quantized weight '%.*s%s' has %llu bytes but its format makes %llu%s%s", name,
+                RT_NAME(w->name), (unsigned long long)w->bytes, (unsigned long long)l.total, why ? ": " : "",
+                why ? why : "");
     }
     for (uint32_t i = 0; i < plan->kernels.count; i++)
         if (plan->kernels.kernels[i].binary_count > 0) plan->has_cuda_kernels = true;

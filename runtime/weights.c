@@ -194,21 +194,24 @@ smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, sm
 smelt_status smelt_engine_bind_weight_bytes(smelt_engine *engine, const char *name, const void *data,
                                             uint64_t bytes) {
     if (!engine || !name || !data)
-        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "smelt_engine_bind_weight_bytes: a NULL argument");
+        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT,
+                                 "smelt_engine_bind_weight_bytes: a NULL argument");
     const program *p = engine->program;
     uint32_t index = UINT32_MAX;
     for (uint32_t i = 0; i < p->weight_count && index == UINT32_MAX; i++)
         if (strcmp(p->weights[i].name, name) == 0) index = i;
     if (index == UINT32_MAX)
-        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "the plan has no weight '%.*s%s'", RT_NAME(name));
+        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "the plan has no weight '%.*s%s'",
+                                 RT_NAME(name));
     const prog_weight *w = &p->weights[index];
     if (bytes != w->bytes)
         return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT,
-                                 "weight '%.*s%s' takes %llu bytes in the plan but %llu were given", RT_NAME(name),
-                                 (unsigned long long)w->bytes, (unsigned long long)bytes);
+                                 "weight '%.*s%s' takes %llu bytes in the plan but %llu were given",
+                                 RT_NAME(name), (unsigned long long)w->bytes, (unsigned long long)bytes);
     rt_error e = {0};
     smelt_status s = own_weight(engine, index, &e);
-    if (s == SMELT_OK) s = engine->device->ops->copy_in(engine->device, engine->weights[index].address, data, bytes, &e);
+    if (s == SMELT_OK)
+        s = engine->device->ops->copy_in(engine->device, engine->weights[index].address, data, bytes, &e);
     if (s != SMELT_OK) return rt_last_error_publish(&e);
     engine_weight *ew = &engine->weights[index];
     free(ew->parts_bound);

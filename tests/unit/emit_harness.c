@@ -255,9 +255,9 @@ static void case_infer(emit_case *c) {
     if (!pass_infer_shapes(&c->m, &c->d)) fail_msg("infer-shapes failed:\n%s", case_log(c));
     /* Storage dtypes are the precision pass's; it recomputes them all, so
      * running it again after more ops were added is right. */
-    pass_options options = {.precision = c->precision, .activations = c->activations, .group_size = c->group_size};
-    if (!pass_precision(&c->m, &options, &c->d))
-        fail_msg("precision failed:\n%s", case_log(c));
+    pass_options options = {
+        .precision = c->precision, .activations = c->activations, .group_size = c->group_size};
+    if (!pass_precision(&c->m, &options, &c->d)) fail_msg("precision failed:\n%s", case_log(c));
     assert_true(c->m.value_count <= CASE_MAX_VALUES);
 }
 
@@ -334,7 +334,8 @@ static void fill_operand(emit_case *c, ir_value_id v, int64_t tokens) {
         if (d->buffer) return;
         const ir_type *t = &c->m.values[v].type;
         quant_tensor q = {.format = format};
-        assert_null(quant_layout_of(&format, (uint64_t)t->dims[0].size, (uint64_t)t->dims[1].size, &q.layout));
+        assert_null(
+            quant_layout_of(&format, (uint64_t)t->dims[0].size, (uint64_t)t->dims[1].size, &q.layout));
         d->buffer = q.data = calloc(q.layout.total, 1);
         assert_null(quant_rtn(d->f, NULL, &q));
         quant_dequantize(&q, d->f);

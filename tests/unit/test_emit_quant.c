@@ -56,14 +56,17 @@ static void test_gemv_quantized_norm_rope_bias(void **state) {
             uint32_t q = ops[n++] = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wq}, 2);
             uint32_t v = ops[n++] = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wv}, 2);
             uint32_t vb = ops[n++] = case_op(c, IR_OP_ADD, (ir_value_id[]){case_result(c, v), bv}, 2);
-            ir_dim dims[3] = {ir_dim_symbol(ir_find_symbol(&c->m, "tokens")), ir_dim_const(2), ir_dim_const(16)};
+            ir_dim dims[3] = {ir_dim_symbol(ir_find_symbol(&c->m, "tokens")), ir_dim_const(2),
+                              ir_dim_const(16)};
             uint32_t q3 = ops[n++] = case_op(c, IR_OP_RESHAPE, (ir_value_id[]){case_result(c, q)}, 1);
-            assert_true(ir_op_set_attr(&c->m, q3, "shape", &(ir_attr){.kind = IR_ATTR_SHAPE, .as.shape = {3, dims}}));
+            assert_true(
+                ir_op_set_attr(&c->m, q3, "shape", &(ir_attr){.kind = IR_ATTR_SHAPE, .as.shape = {3, dims}}));
             uint32_t qr = ops[n++] = case_op(c, IR_OP_ROPE, (ir_value_id[]){case_result(c, q3), c->pos}, 2);
             ir_op_set_float(&c->m, qr, "theta", 10000.0);
             case_infer(c);
             quant_format f;
-            if (!ir_weight_quant(&c->m, c->m.values[wq].def_op, &f)) { /* int4 groups of 32 do not divide 40 */
+            if (!ir_weight_quant(&c->m, c->m.values[wq].def_op,
+                                 &f)) { /* int4 groups of 32 do not divide 40 */
                 assert_true(presets[p].group_size == 32 && widths[w] == 40);
                 case_free(c);
                 continue;
@@ -120,7 +123,8 @@ static void test_quantized_matmul_alone(void **state) {
             uint32_t op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wt}, 2);
             case_infer(c);
             quant_format f;
-            if (!ir_weight_quant(&c->m, c->m.values[wt].def_op, &f)) { /* int4 groups of 32 do not divide 24 */
+            if (!ir_weight_quant(&c->m, c->m.values[wt].def_op,
+                                 &f)) { /* int4 groups of 32 do not divide 24 */
                 assert_true(presets[p].group_size == 32 && widths[w] == 24);
                 case_free(c);
                 continue;
