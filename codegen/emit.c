@@ -979,7 +979,6 @@ static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule 
                         cg_group_lowering *out, diag_engine *d) {
     uint32_t op = g->ops[0];
     bool fused = g->op_count > 1, add_norm = fused && group_is_add_norm(m, g);
-    bool gemv = fused || is_quantized_matmul(m, g);
     cg_emit e = {.m = m, .op = op, .ir = &m->ops[op], .a = a, .d = d, .out = out, .group = g};
     e.token_symbol = ir_token_symbol(m);
 
@@ -1003,9 +1002,9 @@ static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule 
     e.op = op;
     e.ir = &m->ops[op];
     if (ok && rule->kind == CG_LOWER_KERNELS)
-        ok = (add_norm ? cg_emit_add_norm(&e, g)
-              : gemv   ? cg_emit_gemv_group(&e, g)
-                       : rule->emit(&e)) &&
+        ok = (add_norm                             ? cg_emit_add_norm(&e, g)
+              : fused || is_quantized_matmul(m, g) ? cg_emit_gemv_group(&e, g)
+                                                   : rule->emit(&e)) &&
              check_grids(&e);
     text_arena = NULL;
     arena_free(&e.scratch);
