@@ -532,7 +532,7 @@ static void test_program_decode_refuses_lies(void **state) {
 
     toy_program_make(&t, false, true, 0);
     t.p.format_version = 9;
-    expect_refused(&t, "format version 9 is not the version 7 this smelt reads: rebuild the plan");
+    expect_refused(&t, "format version 9 is not the version 8 this smelt reads: rebuild the plan");
 
     toy_program_make(&t, false, true, 0); /* EOS ids index the vocabulary, each once */
     t.p.eos_count = 1;
