@@ -534,6 +534,28 @@ static void test_program_decode_refuses_lies(void **state) {
     t.p.format_version = 9;
     expect_refused(&t, "format version 9 is not the version 8 this smelt reads: rebuild the plan");
 
+    /* A quantized weight: codes of its kind's dtype, [N, K] with groups that
+     * divide K, zero points on int4 alone, at least its codes' bytes. */
+    toy_program_make(&t, false, true, 0);
+    t.weights[1].quant = (prog_quant){.kind = PROG_QUANT_INT4, .method = 0, .group = WIDTH};
+    expect_refused(&t, "weight 'toy.head.weight' has quantization 1 with codes of dtype 1");
+    toy_program_make(&t, false, true, 0);
+    t.weights[1].dtype = SMELT_DTYPE_I4;
+    expect_refused(&t, "weight 'toy.head.weight' has the codes' dtype 7 but is not quantized");
+    toy_program_make(&t, false, true, 0);
+    t.weights[1].dtype = SMELT_DTYPE_I8;
+    t.weights[1].quant = (prog_quant){.kind = PROG_QUANT_INT8, .flags = PROG_QUANT_ZERO, .group = WIDTH};
+    expect_refused(&t, "weight 'toy.head.weight' has quantization flags 1");
+    toy_program_make(&t, false, true, 0);
+    t.weights[1].dtype = SMELT_DTYPE_I8;
+    t.weights[1].quant = (prog_quant){.kind = PROG_QUANT_INT8, .group = WIDTH + 1};
+    expect_refused(&t, "quantized weight 'toy.head.weight' is not [N, K] with groups that divide K");
+    toy_program_make(&t, false, true, 0);
+    t.weights[1].dtype = SMELT_DTYPE_I8;
+    t.weights[1].quant = (prog_quant){.kind = PROG_QUANT_INT8, .group = WIDTH};
+    t.weights[1].bytes = VOCAB * WIDTH - 1;
+    expect_refused(&t, "has 15 bytes, fewer than its codes");
+
     toy_program_make(&t, false, true, 0); /* EOS ids index the vocabulary, each once */
     t.p.eos_count = 1;
     t.p.eos[0] = (int32_t)t.p.vocab;
