@@ -337,7 +337,11 @@ static void fill_operand(emit_case *c, ir_value_id v, int64_t tokens) {
         assert_null(
             quant_layout_of(&format, (uint64_t)t->dims[0].size, (uint64_t)t->dims[1].size, &q.layout));
         d->buffer = q.data = calloc(q.layout.total, 1);
-        assert_null(quant_rtn(d->f, NULL, &q));
+        float *columns = format.has_column_scale ? malloc(q.layout.cols * sizeof *columns) : NULL;
+        for (uint64_t k = 0; columns && k < q.layout.cols; k++) /* AWQ-like scales in [0.5, 1.5) */
+            columns[k] = 1.0f + next_uniform(c) / 4.0f;
+        assert_null(quant_rtn(d->f, columns, &q));
+        free(columns);
         quant_dequantize(&q, d->f);
         return;
     }

@@ -6,8 +6,10 @@
  * kernel's paths — K a multiple of the 128-bit load (32 int4 or 16 int8
  * codes) and K that is not (one code at a time) — with row counts and
  * groups per row that are odd (zero points straddling bytes), token counts
- * inside one tile and across two, the fused prologue and epilogues, and a
- * quantized matmul alone (which serves every step: prefill included). */
+ * inside one tile and across two, the fused prologue and epilogues, a
+ * quantized matmul alone (which serves every step: prefill included) and
+ * column scales (AWQ's). The act-order group index is emitted but untested:
+ * no quantizer here makes one yet (GPTQ's will). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -136,11 +138,46 @@ static void test_quantized_matmul_alone(void **state) {
         }
 }
 
+/* Column scales (AWQ's and SmoothQuant's c[k], quant/quant.h): the kernel
+ * multiplies each dequantized weight by its column's scale; the 128-bit
+ * path (K = 64) and the one-code path (K = 20), in a fused norm + matmul. */
+static void test_gemv_quantized_column_scales(void **state) {
+    (void)state;
+    const int64_t widths[2] = {64, 20};
+    for (int w = 0; w < 2; w++) {
+        emit_case *c = quant_case_new(&presets[1]); /* int4, groups of up to 128 */
+        char type[64];
+        snprintf(type, sizeof type, "f32[tokens, %lld]", (long long)widths[w]);
+        ir_value_id h = case_input(c, "h", type);
+        snprintf(type, sizeof type, "f32[%lld]", (long long)widths[w]);
+        ir_value_id g = case_weight(c, type);
+        snprintf(type, sizeof type, "f32[11, %lld]", (long long)widths[w]);
+        ir_value_id wt = case_weight(c, type);
+        uint32_t norm = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){h, g}, 2);
+        ir_op_set_float(&c->m, norm, "eps", 1e-5);
+        uint32_t op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){case_result(c, norm), wt}, 2);
+        case_infer(c);
+        uint32_t weight = c->m.values[wt].def_op;
+        quant_format f;
+        assert_true(ir_weight_quant(&c->m, weight, &f));
+        f.has_column_scale = true;
+        f.method = QUANT_METHOD_AWQ;
+        ir_weight_set_quant(&c->m, weight, &f);
+        assert_true(ir_verify(&c->m, &c->d));
+        const uint32_t ops[2] = {norm, op};
+        const ir_value_id out = case_result(c, op);
+        for (int64_t t = 1; t <= 5; t += 4)
+            case_run_group(c, ops, 2, &out, 1, t, F32_TOLERANCE);
+        case_free(c);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemv_quantized_norm_rope_bias),
         cmocka_unit_test(test_gemv_quantized_residual_and_swiglu),
         cmocka_unit_test(test_quantized_matmul_alone),
+        cmocka_unit_test(test_gemv_quantized_column_scales),
     };
     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
 }
