@@ -15,7 +15,7 @@ static const char usage[] =
     "        print the IR of a model\n"
     "  opt   --pass NAME[,NAME...] IN.ir   run passes on text IR and print the result\n"
     "  compile MODEL [--config C] [--weights W] [--target sm_80,sm_90,host]\n"
-    "        [--precision f32|bf16] -o model.plan   compile to a plan file\n"
+    "        [--precision f32|bf16|int4-rtn|int8|fp8] -o model.plan   compile to a plan file\n"
     "  inspect model.plan                  print everything a plan holds\n"
     "  run   MODEL|PLAN --prompt-ids 1,2,3 | --prompt TEXT [--max-tokens N] [--backend B]\n"
     "        generate greedily: on a GPU, the host simulator, or the reference\n"

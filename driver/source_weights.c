@@ -6,6 +6,7 @@
 
 bool drv_source_weights_open(drv_source_weights *w, const char *path, const ir_module *m, diag_engine *d) {
     memset(w, 0, sizeof *w);
+    w->module = m;
     return st_checkpoint_open(path, &w->checkpoint, d) && fe_bind_weights(m, &w->checkpoint, d, &w->binding);
 }
 

@@ -23,7 +23,9 @@ static const pass_info pipeline[] = {
     {"infer-shapes", "infer the dtype and shape of every value from the op shape rules", run_infer_shapes},
     {"canonicalize", "fold constants, simplify identities, merge equal ops (CSE), drop unused ops (DCE)",
      run_canonicalize},
-    {"precision", "set the storage dtype of every value from the precision policy (f32, bf16)",
+    {"precision",
+     "set the storage dtype of every value, and quantize matmul weights, from the precision preset (f32, "
+     "bf16, int4-rtn, int8, fp8)",
      pass_precision},
     {"fuse", "assign every op that does work to a kernel group (one op per group today)", pass_fuse},
     {"wanted-rows", "mark the output head: the ops that compute only the rows whose logits a step wants",

@@ -14,7 +14,9 @@
  *   u32 weight_count, weight_count x {string name, u8 dtype, u8 stacked,
  *                                     u32 rank, rank x i64 dim, u64 bytes,
  *                                     u64 data_offset, u32 part_count,
- *                                     part_count x {string name, i64 rows}}
+ *                                     part_count x {string name, i64 rows},
+ *                                     u8 quant kind, then when it is not 0:
+ *                                     u8 method, u8 flags, u32 group}
  *   u32 instr_count,  instr_count  x {u8 op, u32 ir_op, i64 min_tokens, i64 max_tokens,
  *                                     u8 wanted_rows, then
  *     LAUNCH: u32 kernel, 3 x affine grid, 3 x u32 block, u32 dynamic_shared,
@@ -42,7 +44,9 @@
  * (program.h, "Wanted rows") and their pointers' row_bytes; version 9 the
  * parts of a concatenated weight (0, or 2 to PROG_MAX_WEIGHT_PARTS parts of
  * a weight that is not stacked, each of >= 1 rows, the rows summing to
- * dim 0) and a GEMM's residual (M x N of C's dtype, not overlapping C).
+ * dim 0) and a GEMM's residual (M x N of C's dtype, not overlapping C);
+ * version 10 a weight's quantization (quant/quant.h's format; a quantized
+ * weight is [N, K], not stacked nor concatenated).
  *
  * What decoding checks (the executor relies on every item):
  *   - counts against the bytes left (no allocation a short section cannot
@@ -93,7 +97,7 @@ enum {
     /* The fewest bytes each element of a counted list takes, so that a count
      * can be checked against the bytes left before anything is allocated. */
     ENCODED_STATE_MIN = 16,
-    ENCODED_WEIGHT_MIN = 8 + 1 + 1 + 4 + 8 + 8 + 4,
+    ENCODED_WEIGHT_MIN = 8 + 1 + 1 + 4 + 8 + 8 + 4 + 1,
     ENCODED_COST = 3 * 5 * 8 + 1,
     ENCODED_INSTR_MIN = 1 + 4 + 16 + 1 + 4 + ENCODED_COST,
 };
@@ -264,6 +268,12 @@ bool program_encode(const program *p, uint8_t **bytes, size_t *size) {
         for (uint32_t k = 0; k < wt->part_count; k++) {
             put_string(&w, wt->parts[k].name);
             put_i64(&w, wt->parts[k].rows);
+        }
+        put_u8(&w, wt->quant.kind);
+        if (wt->quant.kind != PROG_QUANT_NONE) {
+            put_u8(&w, wt->quant.method);
+            put_u8(&w, wt->quant.flags);
+            put_u32(&w, wt->quant.group);
         }
     }
     put_u32(&w, p->instr_count);
@@ -523,6 +533,33 @@ static bool check_id_bound(decoder *d) {
     return true;
 }
 
+/* The rest of a quantized weight: its format agrees with its dtype and
+ * shape, and its bytes hold at least the codes (the exact size of the
+ * packed layout is quant_layout_of's, which the runtime checks: plan/
+ * depends on nothing). */
+static bool decode_weight_quant(decoder *d, prog_weight *w, uint64_t elements, int name_length,
+                                const char *ellipsis) {
+    static const uint8_t code_dtype[] = {0, SMELT_DTYPE_I4, SMELT_DTYPE_I8, SMELT_DTYPE_F8E4M3};
+    const char *name = w->name;
+    if (!get_u8(d, &w->quant.method) || !get_u8(d, &w->quant.flags) ||
+        !plan_cursor_u32(&d->cursor, &w->quant.group))
+        return truncated(d, "a weight's quantization");
+    if (w->quant.kind > PROG_QUANT_FP8 || w->dtype != code_dtype[w->quant.kind])
+        return fail(d, "weight '%.*s%s' has quantization %u with codes of dtype %u", name_length, name,
+                    ellipsis, w->quant.kind, w->dtype);
+    if (w->quant.flags > 7 || ((w->quant.flags & PROG_QUANT_ZERO) && w->quant.kind != PROG_QUANT_INT4))
+        return fail(d, "weight '%.*s%s' has quantization flags %u", name_length, name, ellipsis,
+                    w->quant.flags);
+    if (w->rank != 2 || w->stacked || w->quant.group == 0 || w->shape[1] % w->quant.group != 0)
+        return fail(d, "quantized weight '%.*s%s' is not [N, K] with groups that divide K", name_length, name,
+                    ellipsis);
+    uint64_t codes = w->quant.kind == PROG_QUANT_INT4 ? elements / 2 + elements % 2 : elements;
+    if (w->bytes < codes || elements == 0)
+        return fail(d, "quantized weight '%.*s%s' has %llu bytes, fewer than its codes", name_length, name,
+                    ellipsis, (unsigned long long)w->bytes);
+    return true;
+}
+
 /* A weight's or a part's name, copied into *out. */
 static bool decode_name(decoder *d, uint32_t i, const char **out) {
     plan_text name;
@@ -573,9 +610,10 @@ static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
         return truncated(d, "a weight");
     int name_length = (int)(strlen(copy) > 64 ? 64 : strlen(copy));
     const char *ellipsis = strlen(copy) > 64 ? "..." : "";
-    if (!program_dtype_stored(w->dtype))
-        return fail(d, "weight '%.*s%s' has dtype %u (expected f32, bf16 or i32)", name_length, copy,
-                    ellipsis, w->dtype);
+    if (!program_dtype_stored(w->dtype) && w->dtype != SMELT_DTYPE_I4 && w->dtype != SMELT_DTYPE_I8 &&
+        w->dtype != SMELT_DTYPE_F8E4M3)
+        return fail(d, "weight '%.*s%s' has dtype %u (expected f32, bf16, i32 or a quantized weight's codes)",
+                    name_length, copy, ellipsis, w->dtype);
     if (stacked > 1)
         return fail(d, "weight '%.*s%s' has a stacked flag of %u", name_length, copy, ellipsis, stacked);
     w->stacked = stacked;
@@ -590,7 +628,17 @@ static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
     }
     if (!plan_cursor_u64(c, &w->bytes) || !plan_cursor_u64(c, &w->data_offset))
         return truncated(d, "a weight");
+    if (!decode_parts(d, i, w)) return false;
+    if (!get_u8(d, &w->quant.kind)) return truncated(d, "a weight");
+    if (w->quant.kind != PROG_QUANT_NONE) {
+        if (w->part_count)
+            return fail(d, "weight '%.*s%s' is both concatenated and quantized", name_length, copy, ellipsis);
+        return decode_weight_quant(d, w, elements, name_length, ellipsis);
+    }
     uint64_t expected;
+    if (!program_dtype_stored(w->dtype))
+        return fail(d, "weight '%.*s%s' has the codes' dtype %u but is not quantized", name_length, copy,
+                    ellipsis, w->dtype);
     if (__builtin_mul_overflow(elements, smelt_dtype_element_bytes(w->dtype), &expected) ||
         expected != w->bytes)
         return fail(d, "weight '%.*s%s' says it has %llu bytes but its shape and dtype make %llu",
@@ -599,7 +647,7 @@ static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
     if (w->stacked && (w->rank < 1 || !strstr(copy, "{e}")))
         return fail(d, "stacked weight '%.*s%s' needs rank >= 1 and \"{e}\" in its name", name_length, copy,
                     ellipsis);
-    return decode_parts(d, i, w);
+    return true;
 }
 
 static int compare_names(const void *a, const void *b) {
@@ -1037,9 +1085,11 @@ bool program_check_plan(const program *p, const plan_kernel *kernels, uint32_t k
     for (uint32_t i = 0; i < p->weight_count; i++) {
         const prog_weight *w = &p->weights[i];
         uint64_t end;
+        /* A quantized weight's sections are 16-byte aligned from its start (QUANT_ALIGN). */
+        uint64_t alignment = w->quant.kind != PROG_QUANT_NONE ? 16 : smelt_dtype_element_bytes(w->dtype);
         if (w->data_offset == UINT64_MAX) continue; /* bound at run time */
         if (__builtin_add_overflow(w->data_offset, w->bytes, &end) || end > weight_data_size ||
-            w->data_offset % smelt_dtype_element_bytes(w->dtype) != 0) {
+            w->data_offset % alignment != 0) {
             snprintf(error, error_size,
                      "program: weight '%.*s%s' (%llu bytes at offset %llu) lies outside the %llu bytes of "
                      "weight data or is misaligned",

@@ -194,6 +194,16 @@ const char *smelt_engine_device_name(const smelt_engine *engine);
 smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, smelt_dtype dtype,
                                       const void *data, const int64_t *shape, uint32_t rank);
 
+/* Binds weight `name` from `bytes` bytes that are already in the plan's
+ * storage: a quantized weight's packed layout (quant/quant.h: codes, f16
+ * scales, zero points, ...), which is what a quantized weight takes, since
+ * smelt_engine_bind_weight does not quantize; or the storage dtype's
+ * elements of any other weight. `bytes` must equal the weight's size in the
+ * plan (`smelt inspect` prints it); the data is copied. Stacked weights are
+ * bound whole. */
+smelt_status smelt_engine_bind_weight_bytes(smelt_engine *engine, const char *name, const void *data,
+                                            uint64_t bytes);
+
 /* Which rows of logits a step returns. The plan's output head runs on those
  * rows alone; the logits of a row are the same whichever is asked for. */
 typedef enum smelt_logits {

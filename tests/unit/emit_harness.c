@@ -25,6 +25,12 @@
  * bf16 storage uses BF16_TOLERANCE = 1e-2 relative to the result's largest
  * magnitude (bf16 keeps 8 bits: one rounding of the result is 2^-9 relative,
  * a few roundings of intermediates stay well inside 1e-2 of the range).
+ *
+ * Quantizing presets (case_new("int4-rtn"), with c->activations "f32" to
+ * compare at f32 tolerances): a quantized weight's random data is quantized
+ * (quant_rtn) into the kernel's packed buffer and the reference reads its
+ * dequantized values (quant_dequantize), so that the comparison measures
+ * the kernel's dequantization and dot products alone.
  */
 #include "emit.h"
 #include "host_build.h"
@@ -33,6 +39,7 @@
 #include "nvrtc.h"
 #include "numeric.h"
 #include "pass.h"
+#include "quant.h"
 #include "ref_ops.h"
 
 #include <dlfcn.h>
@@ -117,8 +124,10 @@ typedef struct emit_case {
     FILE *log;
     char *log_text;
     size_t log_size;
-    const char *precision; /* the precision pass's policy: "f32" or "bf16" */
-    const char *kv_cache;  /* its KV cache choice (NULL: auto; "fp8": f8e4m3 with row scales) */
+    const char *precision;   /* the precision pass's preset: "f32", "bf16", "int4-rtn", ... */
+    const char *activations; /* its activation storage; NULL: the preset's */
+    int64_t group_size;      /* int4's; 0: the pass's default */
+    const char *kv_cache;    /* its KV cache choice (NULL: auto; "fp8": f8e4m3 with row scales) */
     ir_value_id ids, pos;
     uint64_t random;
     value_data values[CASE_MAX_VALUES];
@@ -247,8 +256,11 @@ static void case_infer(emit_case *c) {
     if (!pass_infer_shapes(&c->m, &c->d)) fail_msg("infer-shapes failed:\n%s", case_log(c));
     /* Storage dtypes are the precision pass's; it recomputes them all, so
      * running it again after more ops were added is right. */
-    if (!pass_precision(&c->m, &(pass_options){.precision = c->precision, .kv_cache = c->kv_cache}, &c->d))
-        fail_msg("precision failed:\n%s", case_log(c));
+    pass_options options = {.precision = c->precision,
+                            .activations = c->activations,
+                            .group_size = c->group_size,
+                            .kv_cache = c->kv_cache};
+    if (!pass_precision(&c->m, &options, &c->d)) fail_msg("precision failed:\n%s", case_log(c));
     assert_true(c->m.value_count <= CASE_MAX_VALUES);
 }
 
@@ -306,8 +318,10 @@ static void case_set_ints_data(emit_case *c, ir_value_id v, int64_t tokens, cons
  * stored as bf16; the kernel's buffer in its storage dtype. */
 static void fill_operand(emit_case *c, ir_value_id v, int64_t tokens) {
     value_data *d = prepare_value(c, v, tokens);
-    bool is_float = smelt_dtype_is_float(c->m.values[v].type.dtype);
     uint32_t constant = c->m.values[v].def_op;
+    quant_format format;
+    bool quantized = ir_weight_quant(&c->m, constant, &format);
+    bool is_float = smelt_dtype_is_float(c->m.values[v].type.dtype) || quantized;
     if (c->m.ops[constant].kind == IR_OP_CONST) {
         if (!d->f) d->f = malloc(d->count * sizeof *d->f);
         for (uint64_t i = 0; i < d->count; i++)
@@ -318,6 +332,21 @@ static void fill_operand(emit_case *c, ir_value_id v, int64_t tokens) {
         d->f = malloc(d->count * sizeof *d->f);
         for (uint64_t i = 0; i < d->count; i++)
             d->f[i] = next_uniform(c);
+    }
+    if (quantized) { /* packed for the kernel, dequantized for the reference; once */
+        if (d->buffer) return;
+        const ir_type *t = &c->m.values[v].type;
+        quant_tensor q = {.format = format};
+        assert_null(
+            quant_layout_of(&format, (uint64_t)t->dims[0].size, (uint64_t)t->dims[1].size, &q.layout));
+        d->buffer = q.data = calloc(q.layout.total, 1);
+        float *columns = format.has_column_scale ? malloc(q.layout.cols * sizeof *columns) : NULL;
+        for (uint64_t k = 0; columns && k < q.layout.cols; k++) /* AWQ-like scales in [0.5, 1.5) */
+            columns[k] = 1.0f + next_uniform(c) / 4.0f;
+        assert_null(quant_rtn(d->f, columns, &q));
+        free(columns);
+        quant_dequantize(&q, d->f);
+        return;
     }
     if (!is_float && !d->i) fail_msg("integer value %u has no data at T = %lld", v, (long long)tokens);
     smelt_dtype storage = cg_storage_dtype(&c->m, v);
@@ -488,7 +517,9 @@ static ref_tensor tensor_of(emit_case *c, ir_value_id v, int64_t tokens) {
     ref_tensor t = {0};
     t.rank = c->m.values[v].type.rank;
     t.count = dims_at(c, v, tokens, t.dims);
-    t.elem = smelt_dtype_is_float(c->m.values[v].type.dtype) ? REF_F32 : REF_I32;
+    quant_format f; /* a quantized weight: its dequantized values */
+    bool quantized = ir_weight_quant(&c->m, c->m.values[v].def_op, &f);
+    t.elem = smelt_dtype_is_float(c->m.values[v].type.dtype) || quantized ? REF_F32 : REF_I32;
     t.f = t.elem == REF_F32 ? c->values[v].f : NULL;
     t.i = t.elem == REF_I32 ? c->values[v].i : NULL;
     return t;

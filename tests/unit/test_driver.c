@@ -274,7 +274,10 @@ static void test_names_and_tokenizer(void **state) {
     drv_precision p;
     assert_true(drv_precision_from_name("bf16", &p) && p == DRV_PRECISION_BF16);
     assert_true(drv_precision_from_name("f32", &p) && p == DRV_PRECISION_F32);
-    assert_false(drv_precision_from_name("fp8", &p));
+    assert_true(drv_precision_from_name("int4-rtn", &p) && p == DRV_PRECISION_INT4_RTN);
+    assert_true(drv_precision_from_name("fp8", &p) && p == DRV_PRECISION_FP8);
+    assert_string_equal(drv_precision_name(DRV_PRECISION_INT8), "int8");
+    assert_false(drv_precision_from_name("int4", &p));
     drv_backend b;
     assert_true(drv_backend_from_name("ref", &b) && b == DRV_BACKEND_REF);
     assert_true(drv_backend_from_name("cuda", &b) && b == DRV_BACKEND_CUDA);

@@ -546,8 +546,8 @@ static void test_program_decode_refuses_lies(void **state) {
     toy_program t;
 
     toy_program_make(&t, false, true, 0);
-    t.p.format_version = 10;
-    expect_refused(&t, "format version 10 is not the version 9 this smelt reads: rebuild the plan");
+    t.p.format_version = 11;
+    expect_refused(&t, "format version 11 is not the version 10 this smelt reads: rebuild the plan");
 
     prog_weight_part parts[2] = {{"toy.head.top", 1}, {"toy.head.rest", VOCAB}};
     toy_program_make(&t, false, true, 0); /* a concatenation's parts fill its rows exactly */
@@ -572,6 +572,34 @@ static void test_program_decode_refuses_lies(void **state) {
     t.instrs[1].as.gemm.has_residual = true;
     t.instrs[1].as.gemm.residual = arena_at(ARENA_BYTES);
     expect_refused(&t, "gemm operand residual");
+    /* A quantized weight: codes of its kind's dtype, [N, K] with groups that
+     * divide K, zero points on int4 alone, at least its codes' bytes. */
+    toy_program_make(&t, false, true, 0);
+    t.weights[1].quant = (prog_quant){.kind = PROG_QUANT_INT4, .method = 0, .group = WIDTH};
+    expect_refused(&t, "weight 'toy.head.weight' has quantization 1 with codes of dtype 1");
+    toy_program_make(&t, false, true, 0);
+    t.weights[1].dtype = SMELT_DTYPE_I4;
+    expect_refused(&t, "weight 'toy.head.weight' has the codes' dtype 7 but is not quantized");
+    toy_program_make(&t, false, true, 0);
+    t.weights[1].dtype = SMELT_DTYPE_I8;
+    t.weights[1].quant = (prog_quant){.kind = PROG_QUANT_INT8, .flags = PROG_QUANT_ZERO, .group = WIDTH};
+    expect_refused(&t, "weight 'toy.head.weight' has quantization flags 1");
+    toy_program_make(&t, false, true, 0);
+    t.weights[1].dtype = SMELT_DTYPE_I8;
+    t.weights[1].quant = (prog_quant){.kind = PROG_QUANT_INT8, .group = WIDTH + 1};
+    expect_refused(&t, "quantized weight 'toy.head.weight' is not [N, K] with groups that divide K");
+    toy_program_make(&t, false, true, 0);
+    t.weights[1].dtype = SMELT_DTYPE_I8;
+    t.weights[1].quant = (prog_quant){.kind = PROG_QUANT_INT8, .group = WIDTH};
+    t.weights[1].bytes = VOCAB * WIDTH - 1;
+    expect_refused(&t, "has 15 bytes, fewer than its codes");
+    prog_weight_part halves[2] = {{"toy.head.top", 1}, {"toy.head.rest", VOCAB - 1}};
+    toy_program_make(&t, false, true, 0); /* a concatenation is not quantized */
+    t.weights[1].dtype = SMELT_DTYPE_I8;
+    t.weights[1].quant = (prog_quant){.kind = PROG_QUANT_INT8, .group = WIDTH};
+    t.weights[1].part_count = 2;
+    t.weights[1].parts = halves;
+    expect_refused(&t, "weight 'toy.head.weight' is both concatenated and quantized");
 
     toy_program_make(&t, false, true, 0); /* EOS ids index the vocabulary, each once */
     t.p.eos_count = 1;
