@@ -40,7 +40,8 @@ typedef struct drv_source_weights {
     st_checkpoint checkpoint;
     fe_weight_binding binding;
 } drv_source_weights;
-bool drv_source_weights_open(drv_source_weights *w, const char *path, const ir_module *m, diag_engine *d);
+bool drv_source_weights_open(drv_source_weights *w, const char *path, const char *config_path,
+                             const ir_module *m, diag_engine *d);
 /* A ref_weight_reader / cg_weight_reader over a drv_source_weights. */
 bool drv_source_weights_read(void *context, uint32_t op, float *dst, uint64_t count);
 /* Harmless on a zeroed drv_source_weights. */

@@ -175,7 +175,7 @@ static bool open_model(drv_model *r, const drv_model_options *o, diag_engine *d)
     if (ok) ok = drv_eos_tokens(r->source.config_path, drv_module_vocab(&r->module), &r->info.eos, d);
     if (ok) {
         r->weights_open = true; /* closed later even when binding fails half way */
-        ok = drv_source_weights_open(&r->weights, o->weights_path, &r->module, d);
+        ok = drv_source_weights_open(&r->weights, o->weights_path, r->source.config_path, &r->module, d);
     }
     if (ok && ref) return open_ref(r, o, d);
     char plan_path[4096] = "";

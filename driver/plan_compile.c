@@ -62,7 +62,8 @@ bool drv_compile(const char *model_path, const drv_source_options *given, const 
     bool ok = drv_source_with_folder(given, o->weights_path, &source, &config_path, d);
     if (ok) source = drv_source_options_for_weights(&source, o->weights_path); /* a GGUF: its metadata */
     ok = ok && drv_source_load(model_path, &source, &lowering, o->print_after, &m, d);
-    if (ok && o->weights_path) ok = drv_source_weights_open(&weights, o->weights_path, &m, d);
+    if (ok && o->weights_path)
+        ok = drv_source_weights_open(&weights, o->weights_path, source.config_path, &m, d);
     drv_eos eos = {.count = 0};
     if (ok) ok = drv_eos_tokens(source.config_path, drv_module_vocab(&m), &eos, d);
     char *tokenizer = NULL;

@@ -413,12 +413,23 @@ bool qck_scheme_of_config(const fe_config *c, qck_scheme *out, diag_engine *d) {
     return r.ok;
 }
 
+bool qck_scheme_of_file(const char *path, qck_scheme *out, diag_engine *d) {
+    memset(out, 0, sizeof *out);
+    if (!path) return true;
+    fe_config c;
+    bool ok = fe_config_open(&c, path, d) && qck_scheme_of_config(&c, out, d);
+    fe_config_close(&c);
+    return ok;
+}
+
 /* ---- tensors ------------------------------------------------------------- */
 
 typedef struct qck_read {
     const st_checkpoint *ck;
     diag_engine *d;
     const char *weight; /* the weight's name, for messages */
+    bool check_only;    /* stop after the dtype and shape checks (qck_weight_shape) */
+    uint64_t rows, cols;
 } qck_read;
 
 static smelt_loc file_of(const st_tensor *t) { return (smelt_loc){t->diag_file, 0, 0}; }
@@ -607,6 +618,8 @@ static qck_result read_int4_weight(const qck_scheme *s, qck_read *r, const char 
               check_tensor(r, scales, ST_DTYPE_F16, 2, scales_dims);
     if (g_idx) ok &= check_tensor(r, g_idx, ST_DTYPE_I32, 1, g_dims);
     if (!ok) return QCK_FAILED;
+    r->rows = out_features, r->cols = in;
+    if (r->check_only) return QCK_QUANTIZED;
 
     uint8_t *w = read_bytes(r, qweight), *z = read_bytes(r, qzeros), *sc = read_bytes(r, scales);
     uint8_t *gi = g_idx ? read_bytes(r, g_idx) : NULL;
@@ -742,6 +755,8 @@ static qck_result read_fp8_weight(const qck_scheme *s, qck_read *r, const char *
     uint64_t rows = weight->shape[0], cols = weight->shape[1];
     if (!scale_shape(r, scale, s->fp8_per_channel, rows) || (input && !scale_shape(r, input, false, 1)))
         return QCK_FAILED;
+    r->rows = rows, r->cols = cols;
+    if (r->check_only) return QCK_QUANTIZED;
     quant_format f = s->format;
     f.group = cols > UINT32_MAX ? 0 : (uint32_t)cols;
     float *scales = malloc((s->fp8_per_channel ? rows : 1) * sizeof *scales + 1);
@@ -795,14 +810,28 @@ static bool linear_of(const char *weight_name, size_t *base_length) {
     return true;
 }
 
+static qck_result read_weight(const qck_scheme *s, qck_read *r, qck_weight *out) {
+    size_t base_length;
+    if (s->method == QCK_METHOD_NONE || !linear_of(r->weight, &base_length)) return QCK_NOT_QUANTIZED;
+    if (s->method == QCK_METHOD_FP8) return read_fp8_weight(s, r, r->weight, base_length, out);
+    return read_int4_weight(s, r, r->weight, base_length, out);
+}
+
 qck_result qck_read_weight(const qck_scheme *s, const st_checkpoint *ck, const char *weight_name,
                            qck_weight *out, diag_engine *d) {
     memset(out, 0, sizeof *out);
-    size_t base_length;
-    if (s->method == QCK_METHOD_NONE || !linear_of(weight_name, &base_length)) return QCK_NOT_QUANTIZED;
-    qck_read r = {ck, d, weight_name};
-    if (s->method == QCK_METHOD_FP8) return read_fp8_weight(s, &r, weight_name, base_length, out);
-    return read_int4_weight(s, &r, weight_name, base_length, out);
+    qck_read r = {.ck = ck, .d = d, .weight = weight_name};
+    return read_weight(s, &r, out);
+}
+
+qck_result qck_weight_shape(const qck_scheme *s, const st_checkpoint *ck, const char *weight_name,
+                            uint64_t *rows, uint64_t *cols, diag_engine *d) {
+    qck_read r = {.ck = ck, .d = d, .weight = weight_name, .check_only = true};
+    qck_weight unused;
+    memset(&unused, 0, sizeof unused);
+    qck_result result = read_weight(s, &r, &unused);
+    *rows = r.rows, *cols = r.cols;
+    return result;
 }
 
 uint32_t qck_weight_tensors(const qck_scheme *s, const st_checkpoint *ck, const char *weight_name,

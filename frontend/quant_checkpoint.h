@@ -116,4 +116,13 @@ qck_result qck_read_weight(const qck_scheme *s, const st_checkpoint *ck, const c
                            qck_weight *out, diag_engine *d);
 void qck_weight_free(qck_weight *w);
 
+/* The checks of qck_read_weight without reading any data: on
+ * QCK_QUANTIZED, *rows x *cols is the weight's [out, in]. */
+qck_result qck_weight_shape(const qck_scheme *s, const st_checkpoint *ck, const char *weight_name,
+                            uint64_t *rows, uint64_t *cols, diag_engine *d);
+
+/* The scheme of the config at `path` (NULL: none, QCK_METHOD_NONE): a
+ * config.json, or a GGUF file (which has no quantization_config). */
+bool qck_scheme_of_file(const char *path, qck_scheme *out, diag_engine *d);
+
 #endif

@@ -295,6 +295,89 @@ def write(out, name, quantization_config, tensors, truth):
               os.path.join(folder, "dequantized.safetensors"), metadata={"format": "pt"})
 
 
+# ---- whole models: the tiny llama, every Linear of its layers quantized ----
+
+MODEL_LINEARS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+NEW_TOKENS = 8
+
+
+def greedy_logits(state, config):
+    """The tiny llama's transformers model on `state` (f32): rows [9, V]
+    (row 0 after the prefill of prompt.txt, row i after feeding generated
+    token i) and the 8 greedy tokens, decoded with a KV cache as
+    tests/reference/make_fixtures.py does; checked against one full pass."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = {k: v for k, v in config.items() if k != "quantization_config"}
+    model = LlamaForCausalLM(LlamaConfig(**cfg)).eval()
+    missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
+    assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
+    with open(os.path.join(FIXTURES, "llama", "prompt.txt")) as f:
+        prompt = torch.tensor([int(t) for t in f.read().strip().split(",")])
+    with torch.no_grad():
+        out = model(input_ids=prompt[None, :], use_cache=True)
+        cache, rows, tokens = out.cache if hasattr(out, "cache") else out.past_key_values, [out.logits[0, -1]], []
+        for _ in range(NEW_TOKENS):
+            tokens.append(int(torch.argmax(rows[-1])))
+            kwargs = {"cache": cache} if hasattr(out, "cache") else {"past_key_values": cache}
+            out = model(input_ids=torch.tensor([[tokens[-1]]]), use_cache=True, **kwargs)
+            cache = out.cache if hasattr(out, "cache") else out.past_key_values
+            rows.append(out.logits[0, -1])
+        full = model(input_ids=torch.cat([prompt, torch.tensor(tokens)])[None, :], use_cache=False).logits[0]
+    rows = torch.stack(rows)
+    assert torch.max(torch.abs(full[len(prompt) - 1:] - rows)) < 1e-5
+    return prompt.tolist(), rows.numpy().astype(np.float32), tokens
+
+
+def write_model(out, name, quantization_config, quantize, dequantize):
+    """tests/fixtures/quant/<name>/: the whole tiny llama with every Linear
+    of its layers quantized by `quantize` (embeddings, norms and lm_head in
+    f16, as the tools leave them), and the logits of transformers' model on
+    the tool's dequantized weights (f32): what smelt must compute from the
+    checkpoint."""
+    folder = os.path.join(out, name)
+    os.makedirs(folder, exist_ok=True)
+    source = load_file(os.path.join(FIXTURES, "llama", "model.safetensors"))
+    config = base_config()
+    tensors, state = {}, {}
+    for key, value in source.items():
+        linear = key[:-len(".weight")]
+        if key.endswith(".weight") and any(linear.endswith(m) for m in MODEL_LINEARS):
+            t, expected = quantize(value.astype(np.float32))
+            d = dequantize(t)
+            assert np.array_equal(d, expected), (name, key)
+            for suffix, v in t.items():
+                tensors[linear + "." + suffix] = v
+            state[key] = d
+        else:
+            half = value.astype(np.float16)
+            tensors[key] = half
+            state[key] = half.astype(np.float32)
+    prompt, rows, tokens = greedy_logits(state, config)
+    top2 = np.sort(rows, axis=1)[:, -2:]
+    gaps = top2[:, 1] - top2[:, 0]
+    logit_range = float(rows.max() - rows.min())
+    assert gaps[:NEW_TOKENS].min() > 1e-3 * logit_range, gaps  # the f32 bound cannot flip a token
+    config["quantization_config"] = quantization_config
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+    as_torch = {k: (v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(v)))
+                for k, v in tensors.items()}
+    save_file(as_torch, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    np.save(os.path.join(folder, "logits.npy"), rows)
+    with open(os.path.join(folder, "prompt.txt"), "w") as f:
+        f.write(",".join(map(str, prompt)) + "\n")
+    with open(os.path.join(folder, "tokens.txt"), "w") as f:
+        f.write(",".join(map(str, tokens)) + "\n")
+    meta = {"source": "tests/fixtures/llama", "logit_range": logit_range,
+            "min_top2_gap": float(gaps[:NEW_TOKENS].min()),
+            "versions": {"torch": torch.__version__, "numpy": np.__version__}}
+    with open(os.path.join(folder, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=2)
+        f.write("\n")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.path.join(FIXTURES, "quant"))
@@ -327,6 +410,12 @@ def main():
           dequantize_fp8)
     build("fp8-channel", FP8_CHANNEL_CONFIG, lambda w: make_fp8(w, True, torch.bfloat16, False, rng),
           dequantize_fp8)
+
+    write_model(args.out, "llama-awq", AWQ_CONFIG, lambda w: make_awq(w, 32), lambda t: dequantize_awq(t, 32))
+    write_model(args.out, "llama-gptq", gptq_config(32, False, True, "gptq"),
+                lambda w: gptq_pack(w, 32, False, True, False, rng), lambda t: dequantize_gptq(t, False))
+    write_model(args.out, "llama-fp8", FP8_TENSOR_CONFIG, lambda w: make_fp8(w, False, torch.float32, True, rng),
+                dequantize_fp8)
 
 
 if __name__ == "__main__":
