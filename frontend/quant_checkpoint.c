@@ -855,6 +855,16 @@ uint32_t qck_weight_tensors(const qck_scheme *s, const st_checkpoint *ck, const 
     return count;
 }
 
+qck_result qck_weight_format(const qck_scheme *s, const st_checkpoint *ck, const char *weight_name,
+                             quant_format *out, uint64_t *rows, uint64_t *cols, diag_engine *d) {
+    memset(out, 0, sizeof *out);
+    qck_result r = qck_weight_shape(s, ck, weight_name, rows, cols, d);
+    if (r != QCK_QUANTIZED) return r;
+    *out = s->format;
+    if (out->group == 0) out->group = *cols <= UINT32_MAX ? (uint32_t)*cols : 0;
+    return r;
+}
+
 void qck_weight_free(qck_weight *w) {
     free(w->tensor.data);
     memset(w, 0, sizeof *w);

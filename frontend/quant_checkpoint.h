@@ -121,6 +121,14 @@ void qck_weight_free(qck_weight *w);
 qck_result qck_weight_shape(const qck_scheme *s, const st_checkpoint *ck, const char *weight_name,
                             uint64_t *rows, uint64_t *cols, diag_engine *d);
 
+/* The format weight `weight_name` is stored in (qck_weight_shape's checks):
+ * on QCK_QUANTIZED, s->format with the group of a per-channel scheme set to
+ * the weight's input columns, *rows x *cols its [out, in]. What the
+ * precision pass gives the weight op (method "checkpoint") before the
+ * driver copies qck_read_weight's bytes into the plan. */
+qck_result qck_weight_format(const qck_scheme *s, const st_checkpoint *ck, const char *weight_name,
+                             quant_format *out, uint64_t *rows, uint64_t *cols, diag_engine *d);
+
 /* The scheme of the config at `path` (NULL: none, QCK_METHOD_NONE): a
  * config.json, or a GGUF file (which has no quantization_config). */
 bool qck_scheme_of_file(const char *path, qck_scheme *out, diag_engine *d);

@@ -303,3 +303,16 @@ bool fe_weight_read_f32(const fe_weight_binding *b, uint32_t op, float *dst, uin
         if (!st_tensor_read_f32(w->parts[i], dst + (uint64_t)i * per_part, b->diag)) return false;
     return true;
 }
+
+bool fe_weight_read_packed(const fe_weight_binding *b, uint32_t op, quant_format *format, uint8_t *dst,
+                           uint64_t bytes) {
+    const fe_bound_weight *w = fe_weight_binding_get(b, op);
+    if (!w || !w->quantized || w->part_count != 1) return false;
+    qck_weight q;
+    if (qck_read_weight(&b->scheme, b->checkpoint, w->names[0], &q, b->diag) != QCK_QUANTIZED) return false;
+    bool ok = !dst || q.tensor.layout.total == bytes;
+    if (ok) *format = q.tensor.format;
+    if (ok && dst) memcpy(dst, q.tensor.data, bytes);
+    qck_weight_free(&q);
+    return ok;
+}

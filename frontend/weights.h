@@ -79,4 +79,13 @@ const fe_bound_weight *fe_weight_binding_get(const fe_weight_binding *b, uint32_
  * was truncated after it was opened (st_tensor_read_f32). */
 bool fe_weight_read_f32(const fe_weight_binding *b, uint32_t op, float *dst, uint64_t count);
 
+/* A bound pre-quantized weight (unstacked) as the checkpoint packs it, in
+ * quant.h's layout: *format (method "checkpoint") and, when dst is not NULL,
+ * its layout's `bytes` bytes copied into dst exactly as qck_read_weight
+ * unpacks them. False when the op is no bound pre-quantized weight, or
+ * `bytes` is not its layout's size, or the read fails (reported to the
+ * binding's diag engine). */
+bool fe_weight_read_packed(const fe_weight_binding *b, uint32_t op, quant_format *format, uint8_t *dst,
+                           uint64_t bytes);
+
 #endif

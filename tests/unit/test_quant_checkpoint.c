@@ -19,6 +19,7 @@
 #include "numeric.h"
 #include "quant_checkpoint.h"
 #include "safetensors.h"
+#include "weights.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -536,6 +537,84 @@ static void test_fp8_tensors_refused(void **state) {
     refused_weight(per_tensor, mixed, 3, "weight 'm.p.weight' has a weight_scale but is not F8_E4M3");
 }
 
+/* ---- binding weight ops to a pre-quantized checkpoint ----------------- */
+
+static uint32_t add_weight(ir_module *m, const char *name, int64_t rows, int64_t cols) {
+    int32_t file = diag_file_id(&diag, "model.smelt");
+    uint32_t op = ir_append_op(m, IR_OP_WEIGHT, NULL, 0, UINT32_MAX, (smelt_loc){file, 7, 0});
+    assert_true(ir_op_set_string(m, op, "name", name));
+    ir_op_fill_defaults(m, op);
+    m->values[ir_op_result(m, op, 0)].type =
+        (ir_type){.dtype = SMELT_DTYPE_F32, .rank = 2, .dims = {ir_dim_const(rows), ir_dim_const(cols)}};
+    return op;
+}
+
+static bool same_format(const quant_format *a, const quant_format *b) {
+    return a->kind == b->kind && a->method == b->method && a->group == b->group &&
+           a->has_zero == b->has_zero && a->has_group_index == b->has_group_index &&
+           a->has_column_scale == b->has_column_scale;
+}
+
+static void test_binding(void **state) {
+    (void)state;
+    static const char *const names[] = {"model.layers.0.self_attn.k_proj.weight",
+                                        "model.layers.0.self_attn.v_proj.weight"};
+    qck_scheme s;
+    assert_true(qck_scheme_of_file(fixture("gptq-actorder", "config.json"), &s, &diag));
+    st_checkpoint ck;
+    st_file truth;
+    assert_true(st_checkpoint_open(fixture("gptq-actorder", "model.safetensors"), &ck, &diag));
+    assert_true(st_file_open(fixture("gptq-actorder", "dequantized.safetensors"), &truth, &diag));
+    ir_module m;
+    ir_module_init(&m, "m");
+    uint32_t ops[2] = {add_weight(&m, names[0], 32, 64), add_weight(&m, names[1], 32, 64)};
+    fe_weight_binding b;
+    assert_true(fe_bind_weights_quantized(&m, &ck, &s, &diag, &b));
+    assert_int_equal(b.unused_count, 0); /* qweight, qzeros, scales and g_idx all used */
+    for (int i = 0; i < 2; i++) {
+        const fe_bound_weight *w = fe_weight_binding_get(&b, ops[i]);
+        assert_non_null(w);
+        assert_true(w->quantized);
+        /* Read as f32: the tool's dequantization, bit for bit. */
+        float got[32 * 64];
+        assert_true(fe_weight_read_f32(&b, ops[i], got, 32 * 64));
+        assert_memory_equal(got, st_file_find(&truth, names[i])->data, sizeof got);
+        /* Read packed: qck_read_weight's bytes, in the format qck_weight_format gives. */
+        quant_format f, want;
+        uint64_t rows, cols;
+        assert_int_equal(qck_weight_format(&s, &ck, names[i], &want, &rows, &cols, &diag), QCK_QUANTIZED);
+        assert_int_equal(rows, 32), assert_int_equal(cols, 64);
+        qck_weight q;
+        assert_int_equal(qck_read_weight(&s, &ck, names[i], &q, &diag), QCK_QUANTIZED);
+        assert_true(same_format(&q.tensor.format, &want));
+        uint8_t *bytes = malloc(q.tensor.layout.total);
+        assert_non_null(bytes);
+        assert_false(fe_weight_read_packed(&b, ops[i], &f, bytes, q.tensor.layout.total - 1));
+        assert_true(fe_weight_read_packed(&b, ops[i], &f, bytes, q.tensor.layout.total));
+        assert_true(same_format(&f, &want));
+        assert_memory_equal(bytes, q.tensor.data, q.tensor.layout.total);
+        free(bytes);
+        qck_weight_free(&q);
+    }
+    fe_weight_binding_free(&b);
+    assert_int_equal(diag.error_count, 0);
+
+    /* The op's shape is checked against the unpacked weight's. */
+    m.values[ir_op_result(&m, ops[1], 0)].type.dims[1] = ir_dim_const(32);
+    assert_false(fe_bind_weights_quantized(&m, &ck, &s, &diag, &b));
+    expect_diag("model.smelt:7: error: weight 'model.layers.0.self_attn.v_proj.weight' is [32, 64] in the "
+                "checkpoint (gptq quantized) but the model expects [32, 32]");
+    fe_weight_binding_free(&b);
+    /* Without the scheme the quantized tensors bind to nothing. */
+    m.values[ir_op_result(&m, ops[1], 0)].type.dims[1] = ir_dim_const(64);
+    assert_false(fe_bind_weights(&m, &ck, &diag, &b));
+    expect_diag("weight 'model.layers.0.self_attn.k_proj.weight' is not in the checkpoint");
+    fe_weight_binding_free(&b);
+    ir_module_free(&m);
+    st_file_close(&truth);
+    st_checkpoint_close(&ck);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_awq, setup, teardown),
@@ -548,6 +627,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_no_quantization, setup, teardown),
         cmocka_unit_test_setup_teardown(test_int4_tensors_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fp8_tensors_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_binding, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
