@@ -600,6 +600,11 @@ static qck_result read_int4_weight(const qck_scheme *s, qck_read *r, const char 
                    DIAG_NAME(g_idx->name));
         return QCK_FAILED;
     }
+    if (in == 0 || out_features == 0) {
+        diag_error(r->d, file_of(qweight), "tensor '%.*s%s' holds no weights (%llu inputs, %llu outputs)",
+                   DIAG_NAME(qweight->name), (unsigned long long)in, (unsigned long long)out_features);
+        return QCK_FAILED;
+    }
     quant_format f = s->format;
     if (f.group == 0) f.group = in > UINT32_MAX ? 0 : (uint32_t)in;
     if (f.group == 0 || in % f.group != 0 || out_features % 8 != 0) {
@@ -753,6 +758,11 @@ static qck_result read_fp8_weight(const qck_scheme *s, qck_read *r, const char *
         return QCK_FAILED;
     }
     uint64_t rows = weight->shape[0], cols = weight->shape[1];
+    if (rows == 0 || cols == 0) {
+        diag_error(r->d, file_of(weight), "tensor '%.*s%s' holds no weights (shape [%llu, %llu])",
+                   DIAG_NAME(weight->name), (unsigned long long)rows, (unsigned long long)cols);
+        return QCK_FAILED;
+    }
     if (!scale_shape(r, scale, s->fp8_per_channel, rows) || (input && !scale_shape(r, input, false, 1)))
         return QCK_FAILED;
     r->rows = rows, r->cols = cols;

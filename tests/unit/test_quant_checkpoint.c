@@ -424,6 +424,14 @@ static void test_int4_tensors_refused(void **state) {
     /* A group that does not divide the inputs. */
     refused_weight("{\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 24, \"zero_point\": true}", awq,
                    3, "the group size 24 must divide the inputs");
+    /* No weights at all: refused before any loop over their rows. */
+    part empty[] = {
+        {"m.p.qweight", ST_DTYPE_I32, 2, {1u << 30, 0}, NULL},
+        {"m.p.qzeros", ST_DTYPE_I32, 2, {GROUPS, 0}, NULL},
+        {"m.p.scales", ST_DTYPE_F16, 2, {GROUPS, 0}, NULL},
+    };
+    refused_weight(awq_config, empty, 3,
+                   "tensor 'm.p.qweight' holds no weights (1073741824 inputs, 0 outputs)");
     float plain[OUT * IN] = {0};
     part both[4];
     memcpy(both, awq, sizeof awq);
@@ -502,6 +510,12 @@ static void test_fp8_tensors_refused(void **state) {
     memcpy(bad, fp8, sizeof bad);
     bad[0].data = nan_codes;
     refused_weight(per_tensor, bad, 3, "tensor 'm.p.weight' holds NaN at [1, 3]");
+    part empty[] = {
+        {"m.p.weight", ST_DTYPE_F8_E4M3, 2, {0, 1u << 30}, NULL},
+        {"m.p.weight_scale", ST_DTYPE_F32, 0, {0, 0}, &one},
+        {"m.p.input_scale", ST_DTYPE_F32, 1, {1, 0}, &input},
+    };
+    refused_weight(per_tensor, empty, 3, "tensor 'm.p.weight' holds no weights (shape [0, 1073741824])");
     /* Per channel: f32 scales must be ones f16 holds exactly. */
     part channel_parts[] = {
         {"m.p.weight", ST_DTYPE_F8_E4M3, 2, {OUT, IN}, codes},
