@@ -194,24 +194,26 @@ static const char *get_string(qck_reader *r, const json_t *o, const char *name, 
 
 static bool string_is(const char *s, const char *want) { return s && strcasecmp(s, want) == 0; }
 
-/* bits must be 4; group_size a positive divisor-to-be or -1 (per channel). */
-static void read_int4_group(qck_reader *r, const json_t *qc, const char *path, qck_scheme *s) {
+/* bits must be 4 (or 8 when `eight`: GPTQ); group_size a positive
+ * divisor-to-be or -1 (per channel). */
+static void read_int4_group(qck_reader *r, const json_t *qc, const char *path, bool eight, qck_scheme *s) {
     int64_t bits = 0, group = 0;
-    if (get_int(r, qc, "bits", path, NULL, &bits) && bits != 4)
-        QCK_ERROR(r, "bits", "%s.bits is %lld; smelt imports 4-bit %s checkpoints only", path,
-                  (long long)bits, qck_method_name(s->method));
+    if (get_int(r, qc, "bits", path, NULL, &bits) && bits != 4 && !(eight && bits == 8))
+        QCK_ERROR(r, "bits", "%s.bits is %lld; smelt imports %s %s checkpoints only", path, (long long)bits,
+                  eight ? "4- and 8-bit" : "4-bit", qck_method_name(s->method));
     if (get_int(r, qc, "group_size", path, NULL, &group) && group != -1 && (group <= 0 || group > UINT32_MAX))
         QCK_ERROR(r, "group_size",
                   "%s.group_size is %lld; expected a positive group size or -1 (per channel)", path,
                   (long long)group);
-    s->format = (quant_format){.kind = QUANT_INT4, .method = QUANT_METHOD_CHECKPOINT};
+    s->format =
+        (quant_format){.kind = bits == 8 ? QUANT_INT8 : QUANT_INT4, .method = QUANT_METHOD_CHECKPOINT};
     s->format.group = group > 0 && group <= UINT32_MAX ? (uint32_t)group : 0;
 }
 
 static void read_awq(qck_reader *r, const json_t *qc, qck_scheme *s) {
     const char *path = "quantization_config";
     check_keys(r, qc, path, NULL, awq_keys);
-    read_int4_group(r, qc, path, s);
+    read_int4_group(r, qc, path, false, s);
     if (!get_bool(r, qc, "zero_point", path, NULL, true))
         QCK_ERROR(r, "zero_point", "%s.zero_point is false: AWQ's GEMM layout has zero points", path);
     const char *version = get_string(r, qc, "version", path, NULL, "gemm");
@@ -226,9 +228,12 @@ static void read_awq(qck_reader *r, const json_t *qc, qck_scheme *s) {
 static void read_gptq(qck_reader *r, const json_t *qc, qck_scheme *s) {
     const char *path = "quantization_config";
     check_keys(r, qc, path, NULL, gptq_keys);
-    read_int4_group(r, qc, path, s);
+    read_int4_group(r, qc, path, true, s);
     bool sym = get_bool(r, qc, "sym", path, NULL, true);
-    s->format.has_zero = !sym;
+    s->format.has_zero = !sym && s->format.kind == QUANT_INT4;
+    if (!sym && s->format.kind == QUANT_INT8)
+        QCK_ERROR(r, "sym",
+                  "%s.sym is false: 8-bit GPTQ with zero points has no int8 layout (symmetric only)", path);
     s->format.has_group_index = get_bool(r, qc, "desc_act", path, NULL, false);
     const char *format = get_string(r, qc, "checkpoint_format", path, NULL, NULL);
     const char *member = "checkpoint_format";
@@ -575,6 +580,8 @@ static qck_result read_int4_weight(const qck_scheme *s, qck_read *r, const char 
         return QCK_FAILED;
     }
     bool awq = s->method == QCK_METHOD_AWQ;
+    /* Codes of `bits` bits, `per` to an I32 word (8 int4 or 4 int8). */
+    unsigned bits = s->format.kind == QUANT_INT8 ? 8 : 4, per = 32 / bits, mask = (1u << bits) - 1;
     if (qweight->rank != 2 || qweight->dtype != ST_DTYPE_I32) {
         char shape[ST_SHAPE_TEXT_MAX];
         diag_error(r->d, file_of(qweight), "tensor '%.*s%s' is %s %s; %s's qweight is an I32 matrix",
@@ -582,14 +589,14 @@ static qck_result read_int4_weight(const qck_scheme *s, qck_read *r, const char 
                    st_format_shape(qweight->shape, qweight->rank, shape, sizeof shape), awq ? "AWQ" : "GPTQ");
         return QCK_FAILED;
     }
-    /* AWQ: [in, out/8]; GPTQ: [in/8, out]. */
+    /* AWQ: [in, out/8]; GPTQ: [in/per, out]. */
     uint64_t in = qweight->shape[0], out_features = qweight->shape[1];
     uint64_t *packed = awq ? &out_features : &in;
     if (*packed > UINT64_MAX / 8 / 4) {
         diag_error(r->d, file_of(qweight), "tensor '%.*s%s' is too large", DIAG_NAME(qweight->name));
         return QCK_FAILED;
     }
-    *packed *= 8;
+    *packed *= per;
     if (!g_idx && s->format.has_group_index) {
         diag_error(r->d, file_of(qweight),
                    "weight '%.*s%s' has no g_idx, which desc_act (act-order) requires", DIAG_NAME(r->weight));
@@ -607,16 +614,16 @@ static qck_result read_int4_weight(const qck_scheme *s, qck_read *r, const char 
     }
     quant_format f = s->format;
     if (f.group == 0) f.group = in > UINT32_MAX ? 0 : (uint32_t)in;
-    if (f.group == 0 || in % f.group != 0 || out_features % 8 != 0) {
+    if (f.group == 0 || in % f.group != 0 || out_features % per != 0) {
         diag_error(
             r->d, file_of(qweight),
             "weight '%.*s%s' has %llu input and %llu output features; the group size %u must divide the "
-            "inputs and 8 the outputs",
-            DIAG_NAME(r->weight), (unsigned long long)in, (unsigned long long)out_features, f.group);
+            "inputs and %u the outputs",
+            DIAG_NAME(r->weight), (unsigned long long)in, (unsigned long long)out_features, f.group, per);
         return QCK_FAILED;
     }
     uint64_t groups = in / f.group;
-    uint64_t zeros_dims[2] = {groups, out_features / 8}, scales_dims[2] = {groups, out_features};
+    uint64_t zeros_dims[2] = {groups, out_features / per}, scales_dims[2] = {groups, out_features};
     uint64_t g_dims[1] = {in};
     bool ok = check_tensor(r, qweight, ST_DTYPE_I32, 2, qweight->shape) &
               check_tensor(r, qzeros, ST_DTYPE_I32, 2, zeros_dims) &
@@ -631,17 +638,23 @@ static qck_result read_int4_weight(const qck_scheme *s, qck_read *r, const char 
     if (!w || !z || !sc || (g_idx && !gi) || !make_tensor(r, qweight, f, out_features, in, out)) goto fail;
     quant_tensor *q = &out->tensor;
     const quant_layout *l = &q->layout;
+    /* int8 (8-bit GPTQ, symmetric): the code q - 128 as a signed byte. */
     for (uint64_t k = 0; k < in; k++)
         for (uint64_t n = 0; n < out_features; n++) {
             unsigned code = awq ? word_at(w, k * (out_features / 8) + n / 8) >> (4 * awq_nibble[n % 8])
-                                : word_at(w, k / 8 * out_features + n) >> (4 * (k % 8));
-            set_nibble(q->data + l->codes, n * in + k, code & 15u);
+                                : word_at(w, k / per * out_features + n) >> (bits * (k % per));
+            if (bits == 4)
+                set_nibble(q->data + l->codes, n * in + k, code & mask);
+            else
+                q->data[l->codes + n * in + k] = (uint8_t)((code & mask) - 128u);
         }
     for (uint64_t g = 0; g < groups; g++)
         for (uint64_t n = 0; n < out_features; n++) {
-            unsigned shift = 4 * (awq ? awq_nibble[n % 8] : (unsigned)(n % 8));
-            unsigned zero = (word_at(z, g * (out_features / 8) + n / 8) >> shift & 15u) + s->zeros_minus_one;
-            if (zero > 15) {
+            unsigned shift = bits * (awq ? awq_nibble[n % 8] : (unsigned)(n % per));
+            unsigned zero =
+                (word_at(z, g * (out_features / per) + n / per) >> shift & mask) + s->zeros_minus_one;
+            unsigned symmetric = bits == 4 ? 8 : 128;
+            if (bits == 4 && zero > 15) {
                 diag_error(
                     r->d, file_of(qzeros),
                     "tensor '%.*s%s' holds zero point 16 at [%llu, %llu] (a v1 zero of 0 stored as -1, "
@@ -651,11 +664,11 @@ static qck_result read_int4_weight(const qck_scheme *s, qck_read *r, const char 
             }
             if (f.has_zero) {
                 set_nibble(q->data + l->zeros, n * groups + g, zero);
-            } else if (zero != 8) {
+            } else if (zero != symmetric) {
                 diag_error(
                     r->d, file_of(qzeros),
-                    "tensor '%.*s%s' holds zero point %u at [%llu, %llu], but sym is true (every zero 8)",
-                    DIAG_NAME(qzeros->name), zero, (unsigned long long)g, (unsigned long long)n);
+                    "tensor '%.*s%s' holds zero point %u at [%llu, %llu], but sym is true (every zero %u)",
+                    DIAG_NAME(qzeros->name), zero, (unsigned long long)g, (unsigned long long)n, symmetric);
                 goto fail;
             }
         }

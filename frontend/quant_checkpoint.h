@@ -18,7 +18,8 @@
  *     [in, out/8], P.qzeros I32 [in/group, out/8], each word holding 8
  *     output columns in AWQ's nibble order [0, 2, 4, 6, 1, 3, 5, 7];
  *     P.scales F16 [in/group, out].
- *   quant_method "gptq"  AutoGPTQ / gptqmodel, 4 bits. P.qweight I32
+ *   quant_method "gptq"  AutoGPTQ / gptqmodel, 4 bits (8 bits: 4 codes to
+ *     a word in place of 8, symmetric only, read as quant.h's int8). P.qweight I32
  *     [in/8, out] (8 input rows a word, row 8r+i in nibble i); P.qzeros I32
  *     [groups, out/8] (column 8j+i in nibble i), holding zero - 1 when
  *     checkpoint_format is "gptq" (v1, the default) and the zero itself for
@@ -45,6 +46,7 @@
  *               refused); GPTQ with sym true stores no zeros (every zero
  *               must be 8: quant.h's symmetric int4); with desc_act its
  *               g_idx is the group_index section.
+ *   GPTQ 8-bit  int8 codes q - 128 (every zero must be 128), f16 scales.
  *   FP8 channel the E4M3 bytes as codes, one f16 scale per row: a scale
  *               f16 cannot hold exactly is refused (bf16 and f16 scales
  *               always fit in f16's range of normal numbers).

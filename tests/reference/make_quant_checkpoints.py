@@ -14,6 +14,7 @@ What it makes: tests/fixtures/quant/<name>/ for each of
                    decreasing order of a Hessian diagonal)
     gptq-v2        gptqmodel's checkpoint_format "gptq_v2" (zero points
                    stored as they are), asymmetric, group 32
+    gptq-int8      8 bits (4 codes to a word), sym, group 32, v1
     fp8-tensor     AutoFP8 / transformers "fp8": float8_e4m3fn weights, one
                    f32 weight_scale and one f32 input_scale per Linear
                    (activation_scheme "static")
@@ -51,6 +52,8 @@ dequantization does, with separate code):
     nibble i = column 8j + i, of (zero - 1) in v1 ("gptq") and of zero in
     "gptq_v2"; scales f16 [groups, out]; g_idx int32 [in], the group of
     each input column. w[n][k] = (q[k][n] - z[g][n]) * s[g][n], g = g_idx[k].
+    8 bits pack the same way with 4 codes (bytes) to a word: qweight
+    [in / 4, out], qzeros [groups, out / 4].
   FP8: weight float8_e4m3fn [out, in]; weight_scale f32 [] (per tensor) or
     [out, 1] (per channel); w[n][k] = f32(weight[n][k]) * weight_scale[n];
     input_scale f32 [] for static activation quantization.
@@ -90,12 +93,13 @@ def base_config():
 
 # ---- asymmetric / symmetric 4-bit group quantization ---------------------
 
-def group_params(w, columns_of_group, sym):
+def group_params(w, columns_of_group, sym, bits=4):
     """Scales (f16) and integer zero points [out, groups] for the columns of
     each group, as AutoAWQ's pseudo_quantize_tensor and GPTQ's Quantizer
     choose them (min/max over the group, 0 included; scales rounded to f16,
     the dtype they are stored in, before the codes are chosen)."""
     out = w.shape[0]
+    maxq = 2 ** bits - 1
     groups = len(columns_of_group)
     scales = np.zeros((out, groups), np.float16)
     zeros = np.zeros((out, groups), np.int64)
@@ -105,11 +109,11 @@ def group_params(w, columns_of_group, sym):
         hi = np.maximum(part.max(axis=1), 0)
         if sym:
             amax = np.maximum(np.abs(lo), hi)
-            s = (2 * amax / 15).astype(np.float16)
-            z = np.full(out, 8)
+            s = (2 * amax / maxq).astype(np.float16)
+            z = np.full(out, (maxq + 1) // 2)
         else:
-            s = ((hi - lo) / 15).astype(np.float16)
-            z = np.clip(np.round(-lo / s.astype(np.float32)), 0, 15).astype(np.int64)
+            s = ((hi - lo) / maxq).astype(np.float16)
+            z = np.clip(np.round(-lo / s.astype(np.float32)), 0, maxq).astype(np.int64)
         assert np.all(s > 0)
         scales[:, g] = s
         zeros[:, g] = z
@@ -123,10 +127,10 @@ def direct(q, zeros, scales, group_of_column):
             * scales[:, group_of_column].astype(np.float32))
 
 
-def codes_for(w, scales, zeros, group_of_column):
+def codes_for(w, scales, zeros, group_of_column, bits=4):
     s = scales[:, group_of_column].astype(np.float32)  # [out, in]
     z = zeros[:, group_of_column]
-    return np.clip(np.round(w / s) + z, 0, 15).astype(np.int64)  # [out, in]
+    return np.clip(np.round(w / s) + z, 0, 2 ** bits - 1).astype(np.int64)  # [out, in]
 
 
 # ---- AWQ GEMM ------------------------------------------------------------
@@ -176,8 +180,9 @@ def dequantize_awq(t, group):
 
 # ---- GPTQ ----------------------------------------------------------------
 
-def gptq_pack(w, group, sym, act_order, v2, rng):
+def gptq_pack(w, group, sym, act_order, v2, rng, bits=4):
     out, inp = w.shape
+    per = 32 // bits  # codes to an int32 word
     groups = inp // group
     if act_order:
         # Columns are quantized in decreasing order of the Hessian's
@@ -190,23 +195,23 @@ def gptq_pack(w, group, sym, act_order, v2, rng):
     else:
         g_idx = np.arange(inp) // group
     cols = [list(np.nonzero(g_idx == g)[0]) for g in range(groups)]
-    scales, zeros = group_params(w, cols, sym)
-    q = codes_for(w, scales, zeros, g_idx)              # [out, in]
+    scales, zeros = group_params(w, cols, sym, bits)
+    q = codes_for(w, scales, zeros, g_idx, bits)        # [out, in]
     intweight = q.T.astype(np.uint32)                   # [in, out]
-    qweight = np.zeros((inp // 8, out), np.uint32)
-    for r in range(inp // 8):
-        for i in range(8):
-            qweight[r] |= intweight[8 * r + i] << np.uint32(4 * i)
+    qweight = np.zeros((inp // per, out), np.uint32)
+    for r in range(inp // per):
+        for i in range(per):
+            qweight[r] |= intweight[per * r + i] << np.uint32(bits * i)
     stored = zeros.T.copy()                             # [groups, out]
     if not v2:
         # v1 stores zero - 1; a zero of 0 would wrap to -1 and spill into the
         # next nibbles (AutoGPTQ's known overflow), so the fixture has none.
         assert np.all(stored >= 1)
         stored -= 1
-    qzeros = np.zeros((groups, out // 8), np.uint32)
-    for j in range(out // 8):
-        for i in range(8):
-            qzeros[:, j] |= stored[:, 8 * j + i].astype(np.uint32) << np.uint32(4 * i)
+    qzeros = np.zeros((groups, out // per), np.uint32)
+    for j in range(out // per):
+        for i in range(per):
+            qzeros[:, j] |= stored[:, per * j + i].astype(np.uint32) << np.uint32(bits * i)
     return {
         "qweight": qweight.view(np.int32),
         "qzeros": qzeros.view(np.int32),
@@ -215,16 +220,17 @@ def gptq_pack(w, group, sym, act_order, v2, rng):
     }, direct(q, zeros, scales, g_idx)
 
 
-def dequantize_gptq(t, v2):
-    """AutoGPTQ's dequantization: shift the words by 0, 4, ..., 28, mask,
-    add 1 to v1 zero points, index scales and zeros by g_idx."""
-    shifts = np.arange(0, 32, 4, dtype=np.uint32)
+def dequantize_gptq(t, v2, bits=4):
+    """AutoGPTQ's dequantization: shift the words by 0, bits, ..., 32 - bits,
+    mask, add 1 to v1 zero points, index scales and zeros by g_idx."""
+    shifts = np.arange(0, 32, bits, dtype=np.uint32)
+    mask = 2 ** bits - 1
     qz = t["qzeros"].view(np.uint32)
-    zeros = ((qz[:, :, None] >> shifts[None, None, :]) & 15).reshape(qz.shape[0], -1).astype(np.int64)
+    zeros = ((qz[:, :, None] >> shifts[None, None, :]) & mask).reshape(qz.shape[0], -1).astype(np.int64)
     if not v2:
         zeros = zeros + 1
     qw = t["qweight"].view(np.uint32)
-    weight = ((qw[:, None, :] >> shifts[None, :, None]) & 15).reshape(-1, qw.shape[1]).astype(np.int64)
+    weight = ((qw[:, None, :] >> shifts[None, :, None]) & mask).reshape(-1, qw.shape[1]).astype(np.int64)
     g = t["g_idx"].astype(np.int64)
     s = t["scales"].astype(np.float32)[g]               # [in, out]
     return ((weight - zeros[g]).astype(np.float32) * s).T
@@ -256,8 +262,8 @@ AWQ_CONFIG = {"bits": 4, "group_size": 32, "modules_to_not_convert": None, "quan
               "version": "gemm", "zero_point": True}
 
 
-def gptq_config(group, sym, desc_act, checkpoint_format):
-    return {"bits": 4, "checkpoint_format": checkpoint_format, "damp_percent": 0.01, "desc_act": desc_act,
+def gptq_config(group, sym, desc_act, checkpoint_format, bits=4):
+    return {"bits": bits, "checkpoint_format": checkpoint_format, "damp_percent": 0.01, "desc_act": desc_act,
             "group_size": group, "model_file_base_name": None, "model_name_or_path": None,
             "quant_method": "gptq", "static_groups": False, "sym": sym, "true_sequential": True}
 
@@ -406,6 +412,8 @@ def main():
           lambda w: gptq_pack(w, 16, False, True, False, rng), lambda t: dequantize_gptq(t, False))
     build("gptq-v2", gptq_config(32, False, False, "gptq_v2"),
           lambda w: gptq_pack(w, 32, False, False, True, rng), lambda t: dequantize_gptq(t, True))
+    build("gptq-int8", gptq_config(32, True, False, "gptq", bits=8),
+          lambda w: gptq_pack(w, 32, True, False, False, rng, bits=8), lambda t: dequantize_gptq(t, False, bits=8))
     build("fp8-tensor", FP8_TENSOR_CONFIG, lambda w: make_fp8(w, False, torch.float32, True, rng),
           dequantize_fp8)
     build("fp8-channel", FP8_CHANNEL_CONFIG, lambda w: make_fp8(w, True, torch.bfloat16, False, rng),

@@ -183,6 +183,18 @@ static void test_gptq_v2(void **state) {
     qck_weight_free(&w);
 }
 
+static void test_gptq_int8(void **state) {
+    (void)state;
+    qck_scheme s;
+    qck_weight w;
+    assert_int_equal(check_fixture("gptq-int8", &s, &w), 2);
+    /* 8-bit sym: q - 128 as quant.h's int8 code, no zero points. */
+    assert_int_equal(w.tensor.format.kind, QUANT_INT8);
+    assert_false(w.tensor.format.has_zero);
+    assert_int_equal(w.tensor.format.group, 32);
+    qck_weight_free(&w);
+}
+
 static void test_fp8_per_tensor(void **state) {
     (void)state;
     qck_scheme s;
@@ -253,8 +265,12 @@ static void test_configs_refused(void **state) {
                    "quantization_config.version is \"gemv\"; smelt imports AWQ's GEMM layout");
     refused_config("{\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": 32, \"zero_point\": false}",
                    "zero_point is false");
-    refused_config("{\"quant_method\": \"gptq\", \"bits\": 8, \"group_size\": 128}",
-                   "quantization_config.bits is 8; smelt imports 4-bit gptq checkpoints only");
+    refused_config("{\"quant_method\": \"gptq\", \"bits\": 3, \"group_size\": 128}",
+                   "quantization_config.bits is 3; smelt imports 4- and 8-bit gptq checkpoints only");
+    refused_config("{\"quant_method\": \"awq\", \"bits\": 8, \"group_size\": 128}",
+                   "quantization_config.bits is 8; smelt imports 4-bit awq checkpoints only");
+    refused_config("{\"quant_method\": \"gptq\", \"bits\": 8, \"group_size\": 128, \"sym\": false}",
+                   "quantization_config.sym is false: 8-bit GPTQ with zero points has no int8 layout");
     refused_config("{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 0}",
                    "quantization_config.group_size is 0");
     refused_config(
@@ -635,6 +651,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_gptq_symmetric, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gptq_act_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gptq_v2, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gptq_int8, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fp8_per_tensor, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fp8_per_channel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_configs_refused, setup, teardown),
