@@ -56,6 +56,7 @@ static const qck_key gptq_keys[] = {
     {"format", NULL},
     {"pack_dtype", NULL},
     {"dynamic", NULL},
+    {"is_marlin_format", NULL},
     {"static_groups", PROVENANCE},
     {"damp_percent", PROVENANCE},
     {"damp_auto_increment", PROVENANCE},
@@ -251,6 +252,9 @@ static void read_gptq(qck_reader *r, const json_t *qc, qck_scheme *s) {
     if (pack && strcmp(pack, "int32") != 0)
         QCK_ERROR(r, "pack_dtype", "%s.pack_dtype is \"%.*s%s\"; GPTQ's layout packs int32 words", path,
                   DIAG_NAME(pack));
+    if (get_bool(r, qc, "is_marlin_format", path, NULL, false))
+        QCK_ERROR(r, "is_marlin_format",
+                  "%s.is_marlin_format is true: Marlin's repacked layout is not imported", path);
     const json_t *dynamic = json_object_get(qc, "dynamic");
     if (!is_absent(dynamic) && !(json_is_object(dynamic) && json_object_size(dynamic) == 0))
         QCK_ERROR(

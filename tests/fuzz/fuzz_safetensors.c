@@ -17,6 +17,7 @@ static void read_quantized(const char *path, const st_file *f, diag_engine *d) {
         {QCK_METHOD_AWQ, {QUANT_INT4, QUANT_METHOD_CHECKPOINT, 32, true, false, false}, false, false, false},
         {QCK_METHOD_GPTQ, {QUANT_INT4, QUANT_METHOD_CHECKPOINT, 16, true, true, false}, true, false, false},
         {QCK_METHOD_GPTQ, {QUANT_INT4, QUANT_METHOD_CHECKPOINT, 0, false, false, false}, false, false, false},
+        {QCK_METHOD_GPTQ, {QUANT_INT8, QUANT_METHOD_CHECKPOINT, 32, false, false, false}, true, false, false},
         {QCK_METHOD_FP8, {QUANT_FP8, QUANT_METHOD_CHECKPOINT, 0, false, false, true}, false, false, true},
         {QCK_METHOD_FP8, {QUANT_FP8, QUANT_METHOD_CHECKPOINT, 0, false, false, false}, false, true, false},
     };

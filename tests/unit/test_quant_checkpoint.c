@@ -282,6 +282,9 @@ static void test_configs_refused(void **state) {
     refused_config(
         "{\"quant_method\": \"fp8\", \"activation_scheme\": \"static\", \"weight_block_size\": [128, 128]}",
         "block-wise FP8 scales");
+    refused_config(
+        "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, \"is_marlin_format\": true}",
+        "is_marlin_format is true");
     refused_config("{\"quant_method\": \"bitsandbytes\"}", "quant_method is \"bitsandbytes\"");
     refused_config("{\"bits\": 4}", "quantization_config has no quant_method");
     refused_config(
