@@ -38,6 +38,7 @@ static int setup(void **state) {
     (void)state;
     diag_stream = open_memstream(&diag_buffer, &diag_size);
     diag_init(&diag, diag_stream);
+    diag.max_errors = 0; /* every refusal's message, however many */
     snprintf(folder, sizeof folder, "/tmp/smelt-test-qck-XXXXXX");
     if (!mkdtemp(folder)) fail_msg("mkdtemp failed");
     return 0;
