@@ -131,6 +131,15 @@ qck_result qck_weight_shape(const qck_scheme *s, const st_checkpoint *ck, const 
 qck_result qck_weight_format(const qck_scheme *s, const st_checkpoint *ck, const char *weight_name,
                              quant_format *out, uint64_t *rows, uint64_t *cols, diag_engine *d);
 
+/* The format of every live weight op of m (formats[op], m->op_count
+ * entries; kind QUANT_NONE for ops that are no weight or whose tensor is a
+ * plain float one) from checkpoint ck of scheme s: what the precision pass
+ * keeps for pre-quantized weights. Stacked weights (MoE experts) whose parts
+ * are quantized are refused: the layout holds one matrix. False after
+ * reporting, at the weight's location. */
+bool qck_module_formats(const ir_module *m, const qck_scheme *s, const st_checkpoint *ck,
+                        quant_format *formats, diag_engine *d);
+
 /* The scheme of the config at `path` (NULL: none, QCK_METHOD_NONE): a
  * config.json, or a GGUF file (which has no quantization_config). */
 bool qck_scheme_of_file(const char *path, qck_scheme *out, diag_engine *d);

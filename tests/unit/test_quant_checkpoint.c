@@ -633,6 +633,18 @@ static void test_binding(void **state) {
     fe_weight_binding_free(&b);
     assert_int_equal(diag.error_count, 0);
 
+    /* Each weight op's format, for the precision pass: both quantized. */
+    uint32_t plain = add_weight(&m, "model.layers.0.self_attn.q_proj.weight", 64, 64);
+    quant_format formats[3];
+    assert_true(qck_module_formats(&m, &s, &ck, formats, &diag));
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(formats[ops[i]].kind, QUANT_INT4);
+        assert_int_equal(formats[ops[i]].method, QUANT_METHOD_CHECKPOINT);
+        assert_true(formats[ops[i]].has_group_index);
+    }
+    assert_int_equal(formats[plain].kind, QUANT_NONE); /* not in this checkpoint: the binder says so */
+    m.ops[plain].dead = true;
+
     /* The op's shape is checked against the unpacked weight's. */
     m.values[ir_op_result(&m, ops[1], 0)].type.dims[1] = ir_dim_const(32);
     assert_false(fe_bind_weights_quantized(&m, &ck, &s, &diag, &b));
