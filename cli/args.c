@@ -55,7 +55,7 @@ bool cli_parse_format(const cli_args *a, const char *text, drv_ir_format *out) {
 
 bool cli_parse_precision(const cli_args *a, const char *text, drv_precision *out) {
     if (drv_precision_from_name(text, out)) return true;
-    cli_usage_error(a, "unknown precision '%s' (f32 or bf16; fp8 and int4 come later)", text);
+    cli_usage_error(a, "unknown precision '%s' (f32, bf16, int4-rtn, int8 or fp8)", text);
     return false;
 }
 
@@ -182,9 +182,37 @@ bool cli_parse_count(const cli_args *a, const char *text, unsigned *out) {
     return true;
 }
 
+int cli_precision_option(cli_args *a, drv_precision_options *o) {
+    const char *value;
+    unsigned group;
+    if (cli_flag_value(a, "--act", &value)) {
+        if (!value) return CLI_USAGE_ERROR;
+        if (strcmp(value, "f32") != 0 && strcmp(value, "bf16") != 0) {
+            cli_usage_error(a, "unknown activation dtype '%s' (f32 or bf16)", value);
+            return CLI_USAGE_ERROR;
+        }
+        o->activations = value;
+    } else if (cli_flag_value(a, "--group-size", &value)) {
+        if (!value || !cli_parse_count(a, value, &group)) return CLI_USAGE_ERROR;
+        if (group != 32 && group != 64 && group != 128) {
+            cli_usage_error(a, "--group-size %u: int4 groups are 32, 64 or 128 input columns", group);
+            return CLI_USAGE_ERROR;
+        }
+        o->group_size = group;
+    } else if (cli_flag_value(a, "--keep", &value)) {
+        if (!value) return CLI_USAGE_ERROR;
+        o->keep = value;
+    } else {
+        return CLI_NOT_MINE;
+    }
+    return CLI_OK;
+}
+
 int cli_lowering_option(cli_args *a, drv_lowering *o) {
     const char *value;
     unsigned tokens;
+    int precision = cli_precision_option(a, &o->precision_options);
+    if (precision != CLI_NOT_MINE) return precision;
     if (cli_flag_value(a, "--precision", &value)) {
         if (!value || !cli_parse_precision(a, value, &o->precision)) return CLI_USAGE_ERROR;
     } else if (cli_flag(a, "--no-fuse")) {
@@ -202,6 +230,11 @@ int cli_model_option(cli_args *a, drv_model_options *o) {
     const char *value;
     int allowance = cli_allowance_option(a, &o->source);
     if (allowance != CLI_NOT_MINE) return allowance;
+    int precision = cli_precision_option(a, &o->precision_options);
+    if (precision != CLI_NOT_MINE) {
+        if (!a->source_option) a->source_option = "--act, --group-size or --keep";
+        return precision;
+    }
     if (cli_flag_value(a, "--config", &value)) {
         if (!value) return CLI_USAGE_ERROR;
         o->source.config_path = value;

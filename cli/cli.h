@@ -55,6 +55,10 @@ bool cli_parse_count(const cli_args *a, const char *text, unsigned *out);
  * or CLI_USAGE_ERROR after a message, or CLI_NOT_MINE. */
 enum { CLI_NOT_MINE = -2 };
 int cli_model_option(cli_args *a, drv_model_options *o);
+/* Consumes one of the precision pass's options besides --precision (--act
+ * f32|bf16, --group-size 32|64|128, --keep GLOBS): CLI_OK, CLI_USAGE_ERROR
+ * after a message, or CLI_NOT_MINE. */
+int cli_precision_option(cli_args *a, drv_precision_options *o);
 /* Consumes one of the lowering passes' options that `smelt ir` and `smelt opt`
  * take (--precision, --max-step-tokens): CLI_OK, CLI_USAGE_ERROR after a
  * message, or CLI_NOT_MINE. */

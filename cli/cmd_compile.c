@@ -27,8 +27,15 @@ static const char usage[] = "usage: smelt compile MODEL [options] -o model.plan\
                             "  --weights PATH            a .safetensors file, an index.json, or a model's\n"
                             "                            folder; without it weights are bound at run time\n"
                             "  --target LIST             sm_80,sm_90,host (default: all three)\n"
-                            "  --precision f32|bf16      storage of weights and activations (default bf16;\n"
-                            "                            arithmetic is f32 either way)\n"
+                            "  --precision P             f32, bf16 (the default), or bf16 with weight-only\n"
+                            "                            quantized matmul weights: int4-rtn (W4A16, f16\n"
+                            "                            scales and zero points per group), int8 (W8A16)\n"
+                            "                            or fp8 (E4M3), both per output channel;\n"
+                            "                            arithmetic is f32 either way\n"
+                            "  --group-size 32|64|128    int4's input columns per scale (default 128)\n"
+                            "  --keep GLOBS              weights kept bf16: lm_head,*.down_proj (matched\n"
+                            "                            with and without '.weight'; '*' any run)\n"
+                            "  --act f32|bf16            activation storage (default: the preset's)\n"
                             "  --tokenizer bytes         store a byte tokenizer (ids 0..255 are bytes; BOS\n"
                             "                            and EOS from config.json) for `smelt run --prompt`\n"
                             "                            (the plan keeps the model's EOS ids either way)\n"
@@ -93,6 +100,9 @@ static int parse_arguments(int argc, char **argv, compile_command *c) {
         int allowance = cli_allowance_option(&a, &c->source);
         if (allowance == CLI_USAGE_ERROR) return CLI_USAGE_ERROR;
         if (allowance == CLI_OK) continue;
+        int precision = cli_precision_option(&a, &c->plan.precision_options);
+        if (precision == CLI_USAGE_ERROR) return CLI_USAGE_ERROR;
+        if (precision == CLI_OK) continue;
         if (cli_flag(&a, "--help") || cli_flag(&a, "-h")) {
             fputs(usage, stdout);
             return CLI_HELP_SHOWN;

@@ -165,6 +165,17 @@ static bool stream_weights(void *context, plan_sink *sink) {
         if (s->m->ops[op].dead || s->m->ops[op].kind != IR_OP_WEIGHT) continue;
         const prog_weight *w = &s->p->weights[index++];
         if (!plan_sink_write(sink, zeros, w->data_offset - written)) return false;
+        if (w->quant.kind != PROG_QUANT_NONE) { /* the packed layout, from the driver's quantizer */
+            uint8_t *packed = calloc(w->bytes, 1);
+            bool ok = packed && s->o->read_packed_weight &&
+                      s->o->read_packed_weight(s->o->weight_context, op, packed, w->bytes);
+            if (!ok) plan_sink_fail(sink, "cannot quantize weight '%s'", w->name);
+            ok = ok && plan_sink_write(sink, packed, w->bytes);
+            free(packed);
+            if (!ok) return false;
+            written = w->data_offset + w->bytes;
+            continue;
+        }
         uint64_t count = w->bytes / smelt_dtype_element_bytes(w->dtype);
         float *values = malloc(count * sizeof *values + 1);
         uint16_t *narrowed = w->dtype == SMELT_DTYPE_BF16 ? malloc(count * sizeof *narrowed + 1) : NULL;

@@ -24,6 +24,9 @@ enum { CG_MAX_ARCHS = 8 };
 /* Fills dst (count floats, row-major in the weight's IR type) with the data
  * of weight op `op`. */
 typedef bool (*cg_weight_reader)(void *context, uint32_t op, float *dst, uint64_t count);
+/* Fills dst (bytes, the weight's whole packed layout, quant/quant.h) with
+ * quantized weight op `op` in the format of its attributes. */
+typedef bool (*cg_packed_weight_reader)(void *context, uint32_t op, uint8_t *dst, uint64_t bytes);
 
 typedef struct cg_plan_options {
     int archs[CG_MAX_ARCHS]; /* CUDA targets: 80 = sm_80 */
@@ -32,6 +35,7 @@ typedef struct cg_plan_options {
     unsigned jobs;                /* compile threads; 0: every core */
     bool no_cache;                /* do not use the disk cache */
     cg_weight_reader read_weight; /* NULL: a plan without weights (bound at run time) */
+    cg_packed_weight_reader read_packed_weight; /* the quantized weights' (with read_weight) */
     void *weight_context;
     const char *tokenizer_json; /* NULL, or the TOKENIZER section: {"type": "bytes", "bos": N, "eos": N} */
     const int32_t *eos_tokens;  /* the model's EOS ids, kept in the launch program; each < vocab */

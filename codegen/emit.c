@@ -36,6 +36,7 @@
  * hash (name_by_source), so a name stands for one source.
  */
 #include "emit_internal.h"
+#include "quant.h"
 
 #include "interface.h"
 #include "ir_io.h"
@@ -133,10 +134,15 @@ void cg_text_comment_safe(cg_text *t, const char *s) {
 
 /* ---- storage dtypes ------------------------------------------------------------------ */
 
+bool cg_is_quantized(const ir_module *m, ir_value_id v) {
+    quant_format f;
+    return v < m->value_count && ir_weight_quant(m, m->values[v].def_op, &f);
+}
+
 smelt_dtype cg_storage_dtype(const ir_module *m, ir_value_id v) {
     if (v >= m->value_count) SMELT_DIE("value %u out of range", v);
     smelt_dtype t = m->values[v].type.dtype;
-    if (!program_dtype_stored(t))
+    if (!program_dtype_stored(t) && !cg_is_quantized(m, v))
         SMELT_DIE("value %u has dtype %s, which check_value refuses", v, smelt_dtype_name(t));
     return t;
 }
@@ -146,6 +152,9 @@ const char *cg_dtype_name(smelt_dtype t) {
     case SMELT_DTYPE_F32: return "f32";
     case SMELT_DTYPE_BF16: return "bf16";
     case SMELT_DTYPE_I32: return "i32";
+    case SMELT_DTYPE_I4: return "i4";
+    case SMELT_DTYPE_I8: return "i8";
+    case SMELT_DTYPE_F8E4M3: return "f8e4m3";
     default: break;
     }
     SMELT_DIE("bad storage dtype %d", (int)t);
@@ -156,6 +165,9 @@ const char *cg_dtype_ctype(smelt_dtype t) {
     case SMELT_DTYPE_F32: return "float";
     case SMELT_DTYPE_BF16: return "smelt_bf16";
     case SMELT_DTYPE_I32: return "int";
+    case SMELT_DTYPE_I4: /* a quantized weight: its packed layout's bytes (quant/quant.h) */
+    case SMELT_DTYPE_I8:
+    case SMELT_DTYPE_F8E4M3: return "uint8_t";
     default: break;
     }
     SMELT_DIE("bad storage dtype %d", (int)t);
@@ -188,7 +200,7 @@ static bool check_value(cg_emit *e, ir_value_id v, const char *role, uint32_t in
         return false;
     }
     const ir_type *t = &e->m->values[v].type;
-    if (!program_dtype_stored(t->dtype)) {
+    if (!program_dtype_stored(t->dtype) && !cg_is_quantized(e->m, v)) {
         diag_error(
             e->d, e->ir->loc,
             "codegen has no kernels for %s values yet (%s %u of '%s'); kernels exist for f32, bf16 and "
@@ -525,6 +537,12 @@ uint32_t cg_param_value(cg_kernel_builder *b, const char *name, ir_value_id v, b
     cg_param p = {.kind = CG_PARAM_VALUE,
                   .value = v,
                   .extent = {elements.per_token * element, elements.constant * element, 1}};
+    uint64_t packed;
+    if (cg_is_quantized(b->e->m, v)) { /* the whole packed layout: codes, scales, zeros, ... */
+        if (!ir_value_bytes(b->e->m, v, -1, 0, &packed) || packed > INT64_MAX)
+            SMELT_DIE("quantized weight %u has no size (the verifier checks its format)", v);
+        p.extent = (prog_affine){0, (int64_t)packed, 1};
+    }
     cg_kernel_param kp = {name, cg_storage_dtype(b->e->m, v), is_const};
     return add_param(b, p, kp);
 }
@@ -902,6 +920,14 @@ static bool group_is_gemv(const ir_module *m, const cg_group *g) {
     return false;
 }
 
+/* A matmul alone whose weight is quantized: no GEMM takes its packed
+ * layout, so the GEMV kernel serves it at every token count. */
+static bool is_quantized_matmul(const ir_module *m, const cg_group *g) {
+    const ir_op *op = &m->ops[g->ops[0]];
+    return g->op_count == 1 && op->kind == IR_OP_MATMUL && op->operand_count >= 2 &&
+           cg_is_quantized(m, op->operands[1]);
+}
+
 /* A residual add and the norm of its sum (cg_emit_add_norm). */
 static bool group_is_add_norm(const ir_module *m, const cg_group *g) {
     ir_op_kind last = m->ops[g->ops[g->op_count - 1]].kind;
@@ -923,7 +949,7 @@ bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_low
         return false;
     }
     static const cg_op_rule fused_rule = {CG_LOWER_KERNELS, NULL};
-    const cg_op_rule *rule = fused ? &fused_rule : &op_rules[m->ops[op].kind];
+    const cg_op_rule *rule = fused || is_quantized_matmul(m, g) ? &fused_rule : &op_rules[m->ops[op].kind];
     out->kind = rule->kind;
     if (rule->kind == CG_LOWER_NONE) return true;
     return run_emitter(m, g, rule, a, out, d);
@@ -953,6 +979,7 @@ static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule 
                         cg_group_lowering *out, diag_engine *d) {
     uint32_t op = g->ops[0];
     bool fused = g->op_count > 1, add_norm = fused && group_is_add_norm(m, g);
+    bool gemv = fused || is_quantized_matmul(m, g);
     cg_emit e = {.m = m, .op = op, .ir = &m->ops[op], .a = a, .d = d, .out = out, .group = g};
     e.token_symbol = ir_token_symbol(m);
 
@@ -977,7 +1004,7 @@ static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule 
     e.ir = &m->ops[op];
     if (ok && rule->kind == CG_LOWER_KERNELS)
         ok = (add_norm ? cg_emit_add_norm(&e, g)
-              : fused  ? cg_emit_gemv_group(&e, g)
+              : gemv   ? cg_emit_gemv_group(&e, g)
                        : rule->emit(&e)) &&
              check_grids(&e);
     text_arena = NULL;

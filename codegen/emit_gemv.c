@@ -35,16 +35,30 @@
  * 256 blocks of 2 warps, gate/up 448 of 4, the lm_head 2004 of 8).
  * A unit's 4 lanes read 64 consecutive bytes of its bf16 row per load: whole
  * 32-byte sectors.
+ *
+ * Quantized weights (quant/quant.h's packed layout, set by `precision`) are
+ * read once as well and dequantized in registers, exactly as quant_value
+ * defines: w = (q - z) * s (* c[k] with column scales), then the same f32
+ * dot product. A lane then takes VECTOR = 32 int4 codes or 16 int8 / E4M3
+ * codes at a time — one 128-bit load — with the group's f16 scale (and
+ * zero point) read once per load, when K and the group are multiples of
+ * VECTOR (else one code at a time); x and the norm weight are read with as
+ * many 128-bit loads as those VECTOR elements take. All of a group's
+ * weights share one format (passes/fuse.c); a matmul of a quantized weight
+ * alone runs this kernel for every step, tile by tile of TOKEN_TILE tokens
+ * (there is no dequantizing GEMM for prefill yet: see docs/design.md §4).
  */
 #include "emit_internal.h"
 
 #include "ir_io.h"
+#include "quant.h"
 #include "rope.h"
 
 #include <math.h>
 #include <string.h>
 
 enum { GEMV_LANES = 4, GEMV_TOKEN_TILE = IR_GEMV_MAX_TOKENS, GEMV_VECTOR = 8, GEMV_MAX_SEGMENTS = 8 };
+enum { GEMV_INT4_VECTOR = 32, GEMV_BYTE_CODE_VECTOR = 16 }; /* codes per 128-bit load */
 
 typedef enum gemv_kind { GEMV_PLAIN, GEMV_SWIGLU, GEMV_ROPE } gemv_kind;
 
@@ -73,6 +87,8 @@ typedef struct gemv_plan {
     int64_t k;
     uint32_t segment_count;
     gemv_segment segments[GEMV_MAX_SEGMENTS];
+    bool quantized;      /* the weights are in quant/quant.h's packed layout, of this format: */
+    quant_format format; /* one for all of them */
 } gemv_plan;
 
 /* The op of the group reading v (directly, or a rope reading a reshape of
@@ -309,17 +325,38 @@ static bool read_group(cg_emit *e, const cg_group *g, gemv_plan *p) {
         if (!taken[i]) return refuse(e, "an op that is neither the norm, a matmul nor an epilogue");
     if (p->segment_count == 0) return refuse(e, "no matmul");
     p->k = m->values[p->x].type.dims[1].size;
-    return find_caches(e, p);
+    /* A matmul alone (a quantized weight's, codegen/emit.c) leaves its KV cache to attention. */
+    for (uint32_t i = 0; i < p->segment_count; i++)
+        p->segments[i].attention = IR_NONE;
+    return g->op_count == 1 || find_caches(e, p);
 }
 
 /* ---- the kernel ------------------------------------------------------------------------- */
 
 /* The helper reading 8 (or 1) elements of one storage dtype as floats. */
-static void write_loader(cg_text *t, smelt_dtype dtype, bool vector) {
+/* The loader of VECTOR elements of a float dtype: one 128-bit load per 8
+ * bf16 (two per 8 f32), `vector` elements at a time (1: one by one). */
+static void write_loader(cg_text *t, smelt_dtype dtype, int vector) {
     const char *name = cg_dtype_name(dtype), *ctype = cg_dtype_ctype(dtype);
     cg_line(t, "SMELT_DEVICE void load_%s(const %s *p, float v[VECTOR])", name, ctype);
     cg_line(t, "{");
-    if (!vector) {
+    if (vector > GEMV_VECTOR) { /* the VECTOR elements of a quantized weight's load, 8 at a time */
+        cg_line(t, "for (int h = 0; h < VECTOR / 8; h++) {");
+        if (dtype == SMELT_DTYPE_BF16) {
+            cg_line(t, "smelt_u32x4 q = smelt_load_global_128(p + 8 * h); /* 8 bf16, low half first */");
+            cg_line(t, "uint32_t words[4] = {q.x, q.y, q.z, q.w};");
+            cg_line(t, "for (int i = 0; i < 4; i++) {");
+            cg_line(t, "v[8 * h + 2 * i] = __uint_as_float(words[i] << 16);");
+            cg_line(t, "v[8 * h + 2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);");
+            cg_line(t, "}");
+        } else {
+            cg_line(t, "smelt_u32x4 a = smelt_load_global_128(p + 8 * h), b = smelt_load_global_128(p + 8 * h + 4);");
+            cg_line(t, "uint32_t words[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};");
+            cg_line(t, "for (int i = 0; i < 8; i++)");
+            cg_line(t, "    v[8 * h + i] = __uint_as_float(words[i]);");
+        }
+        cg_line(t, "}");
+    } else if (vector == 1) {
         cg_line(t, "v[0] = %s;", dtype == SMELT_DTYPE_BF16 ? "smelt_bf16_to_f32(p[0])" : "p[0]");
     } else if (dtype == SMELT_DTYPE_BF16) {
         cg_line(t, "smelt_u32x4 q = smelt_load_global_128(p); /* 8 bf16, low half first */");
@@ -334,6 +371,72 @@ static void write_loader(cg_text *t, smelt_dtype dtype, bool vector) {
         cg_line(t, "for (int i = 0; i < 8; i++)");
         cg_line(t, "    v[i] = __uint_as_float(words[i]);");
     }
+    cg_line(t, "}");
+    cg_blank(t);
+}
+
+/* One row of a quantized weight (quant/quant.h's packed layout) and its
+ * loader: VECTOR codes from column c * VECTOR, dequantized as quant_value
+ * does, (q - z) * s (* c[k]). */
+static void write_quant_loader(cg_text *t, const quant_format *f, int vector) {
+    cg_line(t, "/* A row of a quantized weight: its codes start at code `first` of the codes section");
+    cg_line(t, " * (at byte 0 of w), its group scales%s at entry `first_group` of theirs; the other",
+            f->has_zero ? " and zero points" : "");
+    cg_line(t, " * sections start at their byte offsets (quant/quant.h). */");
+    cg_line(t, "typedef struct quant_row {");
+    cg_line(t, "const uint8_t *w;");
+    cg_line(t, "long long first, first_group;");
+    cg_line(t, "long long scales, zeros, column_scales, group_index;");
+    cg_line(t, "} quant_row;");
+    cg_blank(t);
+    cg_line(t, "SMELT_DEVICE quant_row quant_row_at(const uint8_t *w, long long row, long long scales, long long zeros,");
+    cg_line(t, "                                    long long column_scales, long long group_index)");
+    cg_line(t, "{");
+    cg_line(t, "quant_row r;");
+    cg_line(t, "r.w = w;");
+    cg_line(t, "r.first = row * K;");
+    cg_line(t, "r.first_group = row * GROUPS;");
+    cg_line(t, "r.scales = scales;");
+    cg_line(t, "r.zeros = zeros;");
+    cg_line(t, "r.column_scales = column_scales;");
+    cg_line(t, "r.group_index = group_index;");
+    cg_line(t, "return r;");
+    cg_line(t, "}");
+    cg_blank(t);
+    bool int4 = f->kind == QUANT_INT4;
+    /* The code of element i of the load (or of the one element), as a float. */
+    const char *code = vector > 1 ? (int4                    ? "(float)((int)((words[i / 8] >> (i % 8 * 4)) & 15u) - zero)"
+                                     : f->kind == QUANT_INT8 ? "(float)(int8_t)(uint8_t)(words[i / 4] >> (i % 4 * 8))"
+                                                             : "smelt_e4m3_to_f32((uint8_t)(words[i / 4] >> (i % 4 * 8)))")
+                                  : (int4 ? "(float)((int)((r.w[(r.first + k0) / 2] >> ((r.first + k0) % 2 * 4)) & 15u) - zero)"
+                                     : f->kind == QUANT_INT8 ? "(float)(int8_t)r.w[r.first + k0]"
+                                                             : "smelt_e4m3_to_f32(r.w[r.first + k0])");
+    cg_line(t, "/* VECTOR weights of row r from column c * VECTOR: (q - z) * s%s, in f32. */",
+            f->has_column_scale ? " * c[k]" : "");
+    cg_line(t, "SMELT_DEVICE void load_weight(quant_row r, int c, float v[VECTOR])");
+    cg_line(t, "{");
+    cg_line(t, "long long k0 = (long long)c * VECTOR;");
+    cg_line(t, "const uint16_t *scales = (const uint16_t *)(r.w + r.scales);");
+    if (vector > 1) {
+        cg_line(t, "smelt_u32x4 q = smelt_load_global_128(r.w + %s); /* %d codes%s */",
+                int4 ? "(r.first + k0) / 2" : "r.first + k0", vector, int4 ? ", the low nibble first" : "");
+        cg_line(t, "uint32_t words[4] = {q.x, q.y, q.z, q.w};");
+    }
+    if (f->has_group_index) { /* act-order: each column's own group */
+        cg_line(t, "const uint32_t *group_of = (const uint32_t *)(r.w + r.group_index);");
+        cg_line(t, "for (int i = 0; i < VECTOR; i++) {");
+        cg_line(t, "long long group = r.first_group + group_of[k0 + i];");
+    } else {
+        cg_line(t, "long long group = r.first_group + k0 / GROUP; /* one group for all VECTOR */");
+    }
+    if (int4)
+        cg_line(t, f->has_zero ? "int zero = (r.w[r.zeros + group / 2] >> (group %% 2 * 4)) & 15u;"
+                               : "int zero = 8; /* symmetric codes */");
+    cg_line(t, "float scale = smelt_f16_to_f32(scales[group]);");
+    if (!f->has_group_index) cg_line(t, "for (int i = 0; i < VECTOR; i++) {");
+    cg_line(t, "v[i] = %s * scale;", code);
+    if (f->has_column_scale) cg_line(t, "v[i] *= ((const float *)(r.w + r.column_scales))[k0 + i];");
+    cg_line(t, "}");
     cg_line(t, "}");
     cg_blank(t);
 }
@@ -393,18 +496,29 @@ static void write_position(cg_kernel_builder *b, const gemv_segment *s, uint32_t
 
 /* The unit's rows of output `index`: row0 (and row1), the weight rows wa
  * and wb, rows = 1 or 2; pair for a rotary pair. */
-static void write_select(cg_kernel_builder *b, const gemv_segment *s, uint32_t index) {
+/* Row `row` of weight parameter `weight` of output `index`: a pointer, or a
+ * quantized weight's quant_row. */
+static const char *weight_row(cg_kernel_builder *b, bool quantized, uint32_t weight, uint32_t index,
+                              const char *row) {
+    const char *w = b->params[weight].name;
+    if (!quantized) return arena_printf(&b->e->scratch, "%s + %s * K", w, row);
+    return arena_printf(&b->e->scratch,
+                        "quant_row_at(%s, %s, SCALES_AT_%u, ZEROS_AT_%u, COLUMN_SCALES_AT_%u, GROUP_INDEX_AT_%u)",
+                        w, row, index, index, index, index);
+}
+
+static void write_select(cg_kernel_builder *b, const gemv_plan *p, const gemv_segment *s, uint32_t index) {
     cg_text *t = &b->text;
-    const char *w0 = b->params[s->p_weight[0]].name;
+    bool q = p->quantized;
     switch (s->kind) {
     case GEMV_PLAIN:
         cg_line(t, "row0 = unit;");
-        cg_line(t, "wa = wb = %s + row0 * K;", w0);
+        cg_line(t, "wa = wb = %s;", weight_row(b, q, s->p_weight[0], index, "row0"));
         break;
     case GEMV_SWIGLU:
         cg_line(t, "row0 = unit;");
-        cg_line(t, "wa = %s + row0 * K; /* gate */", w0);
-        cg_line(t, "wb = %s + row0 * K; /* up */", b->params[s->p_weight[1]].name);
+        cg_line(t, "wa = %s; /* gate */", weight_row(b, q, s->p_weight[0], index, "row0"));
+        cg_line(t, "wb = %s; /* up */", weight_row(b, q, s->p_weight[1], index, "row0"));
         cg_line(t, "rows = 2;");
         break;
     case GEMV_ROPE:
@@ -423,8 +537,8 @@ static void write_select(cg_kernel_builder *b, const gemv_segment *s, uint32_t i
                     index, index, index, index);
         }
         cg_line(t, "}");
-        cg_line(t, "wa = %s + row0 * K;", w0);
-        cg_line(t, "wb = %s + row1 * K;", w0);
+        cg_line(t, "wa = %s;", weight_row(b, q, s->p_weight[0], index, "row0"));
+        cg_line(t, "wb = %s;", weight_row(b, q, s->p_weight[0], index, "row1"));
         break;
     }
 }
@@ -487,7 +601,8 @@ static void write_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x,
     for (uint32_t i = 0; i < p->segment_count; i++)
         two_rows |= p->segments[i].kind != GEMV_PLAIN;
     cg_text *t = &b->text;
-    const char *wt = cg_dtype_ctype(b->params[weight].dtype), *wn = cg_dtype_name(b->params[weight].dtype);
+    const char *wt = p->quantized ? "" : cg_dtype_ctype(b->params[weight].dtype);
+    const char *wn = p->quantized ? "" : cg_dtype_name(b->params[weight].dtype);
     const char *xt = cg_dtype_ctype(b->params[x].dtype), *xn = cg_dtype_name(b->params[x].dtype);
     const char *gt = p->norm ? cg_dtype_ctype(b->params[norm_weight].dtype) : "float";
     cg_line(t, "/* The sum over the LANES lanes of a unit (an aligned group of the warp), in each;");
@@ -503,8 +618,12 @@ static void write_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x,
     cg_line(t, " * squares[i] = x[t0 + i] . x[t0 + i], over the whole row, in every lane of the unit;");
     cg_line(t, " * its lanes take VECTOR consecutive k at a time, every weight byte read once. Called");
     cg_line(t, " * by every lane of the warp together (the reductions shuffle). */");
-    cg_line(t, "SMELT_DEVICE void dot_rows(const %s *w0, const %s *w1, int rows, const %s *x, const %s *g,",
-            wt, wt, xt, gt);
+    if (p->quantized)
+        cg_line(t, "SMELT_DEVICE void dot_rows(quant_row w0, quant_row w1, int rows, const %s *x, const %s *g,", xt,
+                gt);
+    else
+        cg_line(t, "SMELT_DEVICE void dot_rows(const %s *w0, const %s *w1, int rows, const %s *x, const %s *g,",
+                wt, wt, xt, gt);
     cg_line(t, "                           long long t0, int tokens, float sums[TOKEN_TILE][2],");
     cg_line(t, "                           float squares[TOKEN_TILE])");
     cg_line(t, "{");
@@ -514,9 +633,15 @@ static void write_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x,
     cg_line(t, "}");
     cg_line(t, "for (int c = lane; c < K / VECTOR; c += LANES) {");
     cg_line(t, "float a[VECTOR], b[VECTOR], xv[VECTOR];");
-    cg_line(t, "load_%s(w0 + c * VECTOR, a);", wn);
-    cg_line(t, "if (rows == 2)");
-    cg_line(t, "    load_%s(w1 + c * VECTOR, b);", wn);
+    if (p->quantized) {
+        cg_line(t, "load_weight(w0, c, a);");
+        cg_line(t, "if (rows == 2)");
+        cg_line(t, "    load_weight(w1, c, b);");
+    } else {
+        cg_line(t, "load_%s(w0 + c * VECTOR, a);", wn);
+        cg_line(t, "if (rows == 2)");
+        cg_line(t, "    load_%s(w1 + c * VECTOR, b);", wn);
+    }
     if (p->norm) {
         cg_line(t, "float gv[VECTOR];");
         cg_line(t, "load_%s(g + c * VECTOR, gv);", cg_dtype_name(b->params[norm_weight].dtype));
@@ -569,17 +694,34 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     if (!read_group(e, g, &p)) return false;
     const ir_module *m = e->m;
     smelt_dtype weight_dtype = cg_storage_dtype(m, p.segments[0].weight[0]);
+    p.quantized = ir_weight_quant(m, m->values[p.segments[0].weight[0]].def_op, &p.format);
     for (uint32_t i = 0; i < p.segment_count; i++)
-        for (int r = 0; r < 2; r++)
-            if (p.segments[i].weight[r] != IR_NO_VALUE &&
-                cg_storage_dtype(m, p.segments[i].weight[r]) != weight_dtype)
-                return refuse(e, "weights of different dtypes");
-    bool vector = p.k % GEMV_VECTOR == 0;
+        for (int r = 0; r < 2; r++) {
+            ir_value_id w = p.segments[i].weight[r];
+            quant_format f;
+            if (w == IR_NO_VALUE) continue;
+            bool quantized = ir_weight_quant(m, m->values[w].def_op, &f);
+            if (cg_storage_dtype(m, w) != weight_dtype || quantized != p.quantized ||
+                (quantized && (f.group != p.format.group || f.has_zero != p.format.has_zero ||
+                               f.has_group_index != p.format.has_group_index ||
+                               f.has_column_scale != p.format.has_column_scale)))
+                return refuse(e, "weights stored differently (dtype or quantization format)");
+        }
+    /* Elements per load: 8 floats; a quantized weight's 128 bits of codes
+     * when K and its group are multiples of them; else one. */
+    int vector = p.k % GEMV_VECTOR == 0 ? GEMV_VECTOR : 1;
+    if (p.quantized) {
+        int codes = p.format.kind == QUANT_INT4 ? GEMV_INT4_VECTOR : GEMV_BYTE_CODE_VECTOR;
+        vector = p.k % codes == 0 && p.format.group % (uint32_t)codes == 0 ? codes : 1;
+    }
     int64_t units = 0;
     cg_text name;
     cg_text_init(&name);
     ir_value_id typed[3] = {p.x, p.segments[0].weight[0], p.segments[0].out};
     cg_text_printf(&name, "gemv_%s_k%lld", cg_dtype_tag(e, typed, 3), (long long)p.k);
+    if (p.quantized) /* the format: group, zero points, act-order, column scales */
+        cg_text_printf(&name, "_g%u%s%s%s", p.format.group, p.format.has_zero ? "z" : "",
+                       p.format.has_group_index ? "o" : "", p.format.has_column_scale ? "c" : "");
     if (p.norm) cg_text_printf(&name, "_rms%s", cg_float_name(e, p.eps));
     for (uint32_t i = 0; i < p.segment_count; i++) {
         cg_text_printf(&name, "_%s", segment_tag(e, &p.segments[i]));
@@ -632,12 +774,25 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     cg_kernel_open(&b);
     cg_text *t = &b.text;
     cg_line(t, "enum { K = %lld, VECTOR = %d, WARPS = %d, LANES = %d, UNITS_PER_WARP = 32 / LANES };",
-            (long long)p.k, vector ? GEMV_VECTOR : 1, warps, GEMV_LANES);
+            (long long)p.k, vector, warps, GEMV_LANES);
+    if (p.quantized)
+        cg_line(t, "enum { GROUP = %u, GROUPS = K / GROUP }; /* %s codes, one f16 scale per GROUP columns%s */",
+                p.format.group, quant_kind_name(p.format.kind), p.format.has_zero ? " with a zero point" : "");
     cg_line(t, "enum { TOKEN_TILE = %d, UNITS = %lld };", GEMV_TOKEN_TILE, (long long)units);
     for (uint32_t i = 0; i < p.segment_count; i++) {
         const gemv_segment *s = &p.segments[i];
         cg_line(t, "enum { ROWS_%u = %lld, UNITS_%u = %lld };", i, (long long)s->rows, i,
                 (long long)s->units);
+        if (p.quantized) {
+            quant_layout l;
+            if (quant_layout_of(&p.format, (uint64_t)s->rows, (uint64_t)p.k, &l))
+                return refuse(e, "a quantized weight whose format does not fit it");
+            cg_line(t,
+                    "enum { SCALES_AT_%u = %llu, ZEROS_AT_%u = %llu, COLUMN_SCALES_AT_%u = %llu, GROUP_INDEX_AT_%u = "
+                    "%llu }; /* its weights' sections */",
+                    i, (unsigned long long)l.scales, i, (unsigned long long)l.zeros, i,
+                    (unsigned long long)l.column_scale, i, (unsigned long long)l.group_index);
+        }
         if (s->cache_role)
             cg_line(t, "enum { MAX_SEQ_%u = %lld }; /* positions of the KV cache */", i,
                     (long long)s->max_seq);
@@ -669,9 +824,12 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
         cg_line(t, "#define NORM_OFFSET %s /* the norm's weights are NORM_OFFSET + w (Gemma) */",
                 cg_float_literal(e, p.norm_offset));
     cg_blank(t);
-    write_loader(t, weight_dtype, vector);
-    if (cg_storage_dtype(m, p.x) != weight_dtype) write_loader(t, cg_storage_dtype(m, p.x), vector);
-    if (p.norm && cg_storage_dtype(m, p.norm_weight) != weight_dtype &&
+    if (p.quantized)
+        write_quant_loader(t, &p.format, vector);
+    else
+        write_loader(t, weight_dtype, vector);
+    if (p.quantized || cg_storage_dtype(m, p.x) != weight_dtype) write_loader(t, cg_storage_dtype(m, p.x), vector);
+    if (p.norm && (p.quantized || cg_storage_dtype(m, p.norm_weight) != weight_dtype) &&
         cg_storage_dtype(m, p.norm_weight) != cg_storage_dtype(m, p.x))
         write_loader(t, cg_storage_dtype(m, p.norm_weight), vector);
     if (p.norm) {
@@ -694,7 +852,10 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     cg_line(t, "int active = global_unit < UNITS, first_lane = threadIdx.x %% LANES == 0;");
     cg_line(t, "/* The unit's weight rows (an inactive unit reads row 0 and stores nothing). */");
     cg_line(t, "long long unit = 0, row0 = 0%s;", rope ? ", row1 = 0, pair = 0" : "");
-    cg_line(t, "const %s *wa = %s, *wb = %s;", wtype, first, first);
+    if (p.quantized)
+        cg_line(t, "quant_row wa = %s, wb = wa;", weight_row(&b, true, p.segments[0].p_weight[0], 0, "0"));
+    else
+        cg_line(t, "const %s *wa = %s, *wb = %s;", wtype, first, first);
     cg_line(t, "int rows = 1;");
     for (uint32_t i = 0; i < p.segment_count; i++) {
         if (i == 0) cg_line(t, "if (!active) {");
@@ -704,7 +865,7 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
             cg_line(t, "} else {");
         cg_line(t, "/* output %u: %s */", i, segment_tag(e, &p.segments[i]));
         cg_line(t, "unit = global_unit - START_%u;", i);
-        write_select(&b, &p.segments[i], i);
+        write_select(&b, &p, &p.segments[i], i);
     }
     cg_line(t, "}");
     cg_line(t, "float sums[TOKEN_TILE][2], squares[TOKEN_TILE];");
@@ -733,6 +894,7 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
         rows += (double)p.segments[i].rows * (p.segments[i].kind == GEMV_SWIGLU ? 2 : 1);
     b.k->flops = (prog_poly){.per_token = 2.0 * rows * (double)p.k};
     e->out->kind = CG_LOWER_KERNELS;
-    e->out->fused_max_tokens = IR_GEMV_MAX_TOKENS;
+    /* A matmul alone (a quantized weight's, which has no GEMM) serves every step. */
+    e->out->fused_max_tokens = g->op_count > 1 ? IR_GEMV_MAX_TOKENS : 0;
     return true;
 }

@@ -6,6 +6,7 @@
 #include "lower.h"
 
 #include "interface.h"
+#include "quant.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -314,7 +315,9 @@ static bool build_weight_table(lowering_state *s) {
         w->rank = value->type.rank;
         for (unsigned d = 0; d < value->type.rank; d++)
             w->shape[d] = value->type.dims[d].size;
-        if (!ir_type_bytes(m, &value->type, -1, 0, &w->bytes)) {
+        quant_format f;
+        if (ir_weight_quant(m, i, &f)) w->quant = quant_format_to_program(&f);
+        if (!ir_value_bytes(m, op->results[0], -1, 0, &w->bytes)) {
             diag_error(s->d, op->loc, "weight '%.*s%s' has no size in bytes", DIAG_NAME(w->name));
             ok = false;
         }

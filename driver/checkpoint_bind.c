@@ -1,8 +1,31 @@
 /* checkpoint_bind.c - weights into an engine for a plan compiled without
- * them: a checkpoint's tensors by name, or noise for timing. */
+ * them: a checkpoint's tensors by name, or noise for timing. A weight the
+ * plan quantized is quantized here, into the plan's format, by the method
+ * the plan names (drv_quantize_weight), and bound as packed bytes. */
 #include "driver_internal.h"
 
 #include <stdlib.h>
+#include <string.h>
+
+/* The plan's weight called `name` (not a stacked part), or NULL. */
+static const prog_weight *plan_weight(const program *p, const char *name) {
+    for (uint32_t i = 0; p && i < p->weight_count; i++)
+        if (strcmp(p->weights[i].name, name) == 0) return &p->weights[i];
+    return NULL;
+}
+
+/* values (w's [N, K] f32) quantized into w's format and bound as its packed
+ * bytes: the runtime takes quantized weights already packed. */
+static bool bind_quantized(smelt_engine *engine, const prog_weight *w, const float *values, diag_engine *d) {
+    quant_format f = quant_format_from_program(&w->quant);
+    quant_tensor q;
+    if (!drv_quantize_weight(w->name, values, (uint64_t)w->shape[0], (uint64_t)w->shape[1], &f, NULL, &q, d))
+        return false;
+    smelt_status s = smelt_engine_bind_weight_bytes(engine, w->name, q.data, q.layout.total);
+    free(q.data);
+    if (s != SMELT_OK) diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
+    return s == SMELT_OK;
+}
 
 static bool is_ignored(const char *name, const drv_ignored_tensors *ignored,
                        const drv_source_options *allowed) {
@@ -57,12 +80,22 @@ bool drv_bind_checkpoint(const smelt_plan *plan, const program *p, smelt_engine 
         int64_t shape[ST_MAX_RANK];
         for (uint32_t k = 0; k < t->rank; k++)
             shape[k] = (int64_t)t->shape[k];
-        smelt_status s = smelt_engine_bind_weight(engine, t->name, SMELT_DTYPE_F32, values, shape, t->rank);
-        free(values);
-        if (s != SMELT_OK) {
-            diag_error(d, loc, "%s", smelt_last_error());
+        const prog_weight *w = plan_weight(p, t->name);
+        if (w && w->quant.kind != PROG_QUANT_NONE &&
+            (t->rank != 2 || shape[0] != w->shape[0] || shape[1] != w->shape[1])) {
+            diag_error(d, loc, "tensor '%.*s%s' is not the [%lld, %lld] matrix the plan quantized", DIAG_NAME(t->name),
+                       (long long)w->shape[0], (long long)w->shape[1]);
             ok = false;
+        } else if (w && w->quant.kind != PROG_QUANT_NONE) {
+            ok = bind_quantized(engine, w, values, d) && ok;
+        } else {
+            smelt_status s = smelt_engine_bind_weight(engine, t->name, SMELT_DTYPE_F32, values, shape, t->rank);
+            if (s != SMELT_OK) {
+                diag_error(d, loc, "%s", smelt_last_error());
+                ok = false;
+            }
         }
+        free(values);
     }
     if (unused) {
         char more[64] = "";
@@ -104,7 +137,9 @@ bool drv_bind_random_weights(smelt_engine *engine, const program *p, unsigned se
     bool ok = true;
     for (uint32_t i = 0; i < p->weight_count && ok; i++) {
         const prog_weight *w = &p->weights[i];
-        uint64_t count = w->bytes / smelt_dtype_element_bytes(w->dtype);
+        bool quantized = w->quant.kind != PROG_QUANT_NONE;
+        uint64_t count = quantized ? (uint64_t)w->shape[0] * (uint64_t)w->shape[1]
+                                   : w->bytes / smelt_dtype_element_bytes(w->dtype);
         float *values = malloc(count * sizeof *values + 1);
         if (!values) {
             diag_error(d, SMELT_NO_LOC, "out of memory making weight '%.*s%s'", DIAG_NAME(w->name));
@@ -114,9 +149,13 @@ bool drv_bind_random_weights(smelt_engine *engine, const program *p, unsigned se
             state ^= state << 13, state ^= state >> 7, state ^= state << 17;
             values[k] = (float)((double)(state >> 11) / 9007199254740992.0 - 0.5) * 0.1f;
         }
-        ok =
-            smelt_engine_bind_weight(engine, w->name, SMELT_DTYPE_F32, values, w->shape, w->rank) == SMELT_OK;
-        if (!ok) diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
+        if (quantized) {
+            ok = bind_quantized(engine, w, values, d);
+        } else {
+            ok = smelt_engine_bind_weight(engine, w->name, SMELT_DTYPE_F32, values, w->shape, w->rank) ==
+                 SMELT_OK;
+            if (!ok) diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
+        }
         free(values);
     }
     return ok;

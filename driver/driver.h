@@ -52,9 +52,26 @@
 /* ---- Names of choices ----------------------------------------------------- */
 
 /* Storage of weights and activations in a compiled plan (arithmetic is f32
- * either way). bf16: every float value bf16 except what an `output` op
- * consumes. */
-typedef enum drv_precision { DRV_PRECISION_F32, DRV_PRECISION_BF16 } drv_precision;
+ * either way): the precision pass's presets (passes/precision.c). bf16:
+ * every float value bf16 except what an `output` op consumes; int4-rtn,
+ * int8 and fp8: bf16 with the matmul weights quantized (weight-only). */
+typedef enum drv_precision {
+    DRV_PRECISION_F32,
+    DRV_PRECISION_BF16,
+    DRV_PRECISION_INT4_RTN,
+    DRV_PRECISION_INT8,
+    DRV_PRECISION_FP8
+} drv_precision;
+
+/* The precision pass's other options (--act, --group-size, --keep). */
+typedef struct drv_precision_options {
+    const char *activations; /* "f32" or "bf16"; NULL: the preset's */
+    int64_t group_size;      /* int4: 32, 64 or 128; 0: 128 */
+    const char *keep;        /* comma-separated globs of weights kept unquantized; NULL: none */
+} drv_precision_options;
+
+/* The preset's name, as --precision spells it. */
+const char *drv_precision_name(drv_precision p);
 
 /* What steps a model: "auto" (cuda where a GPU is present, else host),
  * "host" (the CPU simulator running the plan's kernels), "cuda", or "ref"
@@ -66,7 +83,7 @@ typedef enum drv_backend {
     DRV_BACKEND_REF
 } drv_backend;
 
-/* "f32", "bf16" -> *out; false (nothing reported) for another name. */
+/* "f32", "bf16", "int4-rtn", "int8", "fp8" -> *out; false (nothing reported) for another name. */
 bool drv_precision_from_name(const char *name, drv_precision *out);
 /* "auto", "host", "cuda", "ref" -> *out; false (nothing reported) otherwise. */
 bool drv_backend_from_name(const char *name, drv_backend *out);
@@ -143,6 +160,7 @@ typedef struct drv_model_options {
                                  params when source.config_path is NULL); NULL: the plan holds them */
     drv_backend backend;
     drv_precision precision; /* when compiling a source */
+    drv_precision_options precision_options;
     bool no_fuse;            /* when compiling a source: one op per kernel (--no-fuse) */
     bool byte_tokenizer;     /* when compiling a source: ids 0..255 are bytes (BOS/EOS from config.json) */
     bool random_weights;     /* bind every weight of the plan to noise (for timing) */
@@ -203,6 +221,7 @@ typedef void (*drv_progress_fn)(size_t done, size_t total, void *user);
 
 typedef struct drv_compile_options {
     drv_precision precision;
+    drv_precision_options precision_options;
     int archs[DRV_MAX_ARCHS]; /* CUDA targets: 80 = sm_80 */
     uint32_t arch_count;
     bool host;                /* build the host simulator's object */
@@ -246,6 +265,7 @@ typedef enum drv_ir_format { DRV_IR_TEXT, DRV_IR_JSON, DRV_IR_DOT } drv_ir_forma
  * step buffers are sized for (0: the model's bound) and --no-fuse. */
 typedef struct drv_lowering {
     drv_precision precision;
+    drv_precision_options precision_options;
     int64_t max_step_tokens;
     bool no_fuse; /* --no-fuse: one op per kernel (the fuse pass applies no rule) */
 } drv_lowering;

@@ -9,6 +9,7 @@
 #include "checkpoint.h"
 #include "ir.h"
 #include "program.h"
+#include "quant.h"
 #include "smelt.h"
 #include "weights.h"
 
@@ -39,6 +40,7 @@ bool drv_run_passes(ir_module *m, const char *after, const char *names, const dr
 typedef struct drv_source_weights {
     st_checkpoint checkpoint;
     fe_weight_binding binding;
+    const ir_module *module; /* the weights' module (their quantization formats) */
 } drv_source_weights;
 bool drv_source_weights_open(drv_source_weights *w, const char *path, const char *config_path,
                              const ir_module *m, diag_engine *d);
@@ -46,6 +48,22 @@ bool drv_source_weights_open(drv_source_weights *w, const char *path, const char
 bool drv_source_weights_read(void *context, uint32_t op, float *dst, uint64_t count);
 /* Harmless on a zeroed drv_source_weights. */
 void drv_source_weights_close(drv_source_weights *w);
+/* A cg_packed_weight_reader / ref_packed_weight_reader: quantized weight op
+ * `op` read as f32 and quantized into its format (drv_quantize_weight);
+ * false unless its packed layout is `bytes` bytes. */
+bool drv_source_weights_read_packed(void *context, uint32_t op, uint8_t *dst, uint64_t bytes);
+
+/* ---- quantize.c: the one place a quantizer is chosen ---- */
+
+/* Calibration statistics of one weight's input (per-channel absmax and mean
+ * |x|, XᵀX), which AWQ, GPTQ and SmoothQuant take; defined with them. */
+typedef struct drv_weight_stats drv_weight_stats;
+/* w[rows][cols] (row-major f32, a Hugging Face Linear's [out, in]) into
+ * *out in format f (quant/quant.h's packed layout; out->data malloc'd, the
+ * caller frees it), by f->method: rtn is quant_rtn; awq, gptq and smooth
+ * need `stats` (NULL: none). Reports at no location, naming the weight. */
+bool drv_quantize_weight(const char *name, const float *w, uint64_t rows, uint64_t cols, const quant_format *f,
+                         const drv_weight_stats *stats, quant_tensor *out, diag_engine *d);
 
 /* ---- plan_compile.c: the one call into codegen ---- */
 

@@ -106,7 +106,8 @@ static bool open_engine(drv_model *r, const drv_model_options *o, const char *pl
 
 /* A source on the reference interpreter. */
 static bool open_ref(drv_model *r, const drv_model_options *o, diag_engine *d) {
-    r->ref = ref_model_create(&r->module, drv_source_weights_read, &r->weights, d);
+    r->ref =
+        ref_model_create_packed(&r->module, drv_source_weights_read, drv_source_weights_read_packed, &r->weights, d);
     r->info.name = "ref";
     r->info.vocab = r->ref ? ref_model_vocab(r->ref) : 0;
     bool ok = r->ref != NULL;
@@ -162,8 +163,12 @@ static bool open_model(drv_model *r, const drv_model_options *o, diag_engine *d)
         return false;
     }
 
-    /* the reference interprets in f32 whatever the policy; a plan gets it */
-    drv_lowering lowering = {.precision = ref ? DRV_PRECISION_F32 : o->precision, .no_fuse = o->no_fuse};
+    /* The reference interprets in f32 whatever the preset, with the preset's
+     * quantized weights dequantized (quant_value): the oracle of a plan
+     * compiled with the same preset. */
+    drv_lowering lowering = {
+        .precision = o->precision, .precision_options = o->precision_options, .no_fuse = o->no_fuse};
+    if (ref) lowering.precision_options.activations = "f32";
     bool ok = drv_source_with_folder(&o->source, o->weights_path, &r->source, &r->config_path, d);
     if (ok)
         r->source = drv_source_options_for_weights(&r->source, o->weights_path); /* a GGUF: its metadata */

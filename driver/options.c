@@ -3,14 +3,19 @@
 
 #include <string.h>
 
+static const char *const precision_names[] = {"f32", "bf16", "int4-rtn", "int8", "fp8"};
+
 bool drv_precision_from_name(const char *name, drv_precision *out) {
-    if (strcmp(name, "f32") == 0)
-        *out = DRV_PRECISION_F32;
-    else if (strcmp(name, "bf16") == 0)
-        *out = DRV_PRECISION_BF16;
-    else
-        return false;
-    return true;
+    for (unsigned i = 0; i < sizeof precision_names / sizeof precision_names[0]; i++)
+        if (strcmp(name, precision_names[i]) == 0) {
+            *out = (drv_precision)i;
+            return true;
+        }
+    return false;
+}
+
+const char *drv_precision_name(drv_precision p) {
+    return (unsigned)p < sizeof precision_names / sizeof precision_names[0] ? precision_names[p] : "f32";
 }
 
 bool drv_backend_from_name(const char *name, drv_backend *out) {

@@ -34,7 +34,10 @@ bool drv_run_passes(ir_module *m, const char *after, const char *names, const dr
     }
     pass_driver_options o = {.print_after = print_after, .print_out = stderr};
     if (l) {
-        o.pass.precision = l->precision == DRV_PRECISION_BF16 ? "bf16" : "f32";
+        o.pass.precision = drv_precision_name(l->precision);
+        o.pass.activations = l->precision_options.activations;
+        o.pass.group_size = l->precision_options.group_size;
+        o.pass.keep = l->precision_options.keep;
         o.pass.max_tokens = l->max_step_tokens;
         o.pass.no_fuse = l->no_fuse;
     }

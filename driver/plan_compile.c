@@ -23,6 +23,7 @@ bool drv_write_plan(const ir_module *m, const drv_compile_options *o, const drv_
     p.no_cache = o->no_cache;
     if (contents->weights) {
         p.read_weight = drv_source_weights_read;
+        p.read_packed_weight = drv_source_weights_read_packed;
         p.weight_context = contents->weights;
     }
     p.tokenizer_json = contents->tokenizer_json;
@@ -56,7 +57,9 @@ bool drv_compile(const char *model_path, const drv_source_options *given, const 
     ir_module m = {0};
     drv_source_weights weights = {0};
     drv_lowering lowering = {
-        .precision = o->precision, .max_step_tokens = o->max_step_tokens, .no_fuse = o->no_fuse};
+        .precision = o->precision,
+        .precision_options = o->precision_options,
+        .max_step_tokens = o->max_step_tokens, .no_fuse = o->no_fuse};
     drv_source_options source;
     char *config_path = NULL;
     bool ok = drv_source_with_folder(given, o->weights_path, &source, &config_path, d);

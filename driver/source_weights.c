@@ -7,7 +7,8 @@
 bool drv_source_weights_open(drv_source_weights *w, const char *path, const char *config_path,
                              const ir_module *m, diag_engine *d) {
     memset(w, 0, sizeof *w);
-    /* A pre-quantized checkpoint (quantization_config) reads its weights dequantized. */
+    w->module = m;
+    /* A pre-quantized checkpoint (quantization_config) binds its quantized tensors. */
     qck_scheme scheme;
     return qck_scheme_of_file(config_path, &scheme, d) && st_checkpoint_open(path, &w->checkpoint, d) &&
            fe_bind_weights_quantized(m, &w->checkpoint, &scheme, d, &w->binding);

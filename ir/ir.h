@@ -316,6 +316,22 @@ bool ir_type_max_elements(const ir_module *m, const ir_type *t, uint64_t *out);
  * bound: what plan-memory allocates and what a kernel may touch. False on
  * overflow, a negative dim or an unknown dtype. */
 bool ir_type_bytes(const ir_module *m, const ir_type *t, int32_t token_symbol, int64_t tokens, uint64_t *out);
+/* ---- quantized weights (quant.c; the attributes are ops.def's) ----------- */
+
+struct quant_format;
+/* The packed format (quant/quant.h) of weight op `op` from its attributes
+ * quant, group, zero, method, act_order, column_scale: false when it is not
+ * quantized (quant = "none", or no weight op). No checks beyond reading:
+ * the verifier checks that the format fits the weight. */
+bool ir_weight_quant(const ir_module *m, uint32_t op, struct quant_format *out);
+/* Writes the format into weight op `op`'s attributes (method included). */
+void ir_weight_set_quant(ir_module *m, uint32_t op, const struct quant_format *f);
+/* Back to unquantized: every quantization attribute at its default. */
+void ir_weight_clear_quant(ir_module *m, uint32_t op);
+/* Bytes of value v in storage: a quantized weight's whole packed layout
+ * (codes, scales, zeros, ...: quant_layout_of), else ir_type_bytes. False
+ * on overflow or a format that does not fit the weight's shape. */
+bool ir_value_bytes(const ir_module *m, ir_value_id v, int32_t token_symbol, int64_t tokens, uint64_t *out);
 /* Does op `op` launch work on a device (a kernel or a GEMM), so that it
  * belongs to a kernel group? Declarations (ops.def family "decl": input,
  * weight, const, output) and views (IR_OPF_VIEW: reshape) do not; nor do

@@ -12,6 +12,7 @@
  * bad op is reported at its location as "<op>: <what is wrong>".
  */
 #include "ir.h"
+#include "quant.h"
 #include "rope.h"
 
 #include <math.h>
@@ -267,7 +268,10 @@ static bool infer_matmul(rule_ctx *c, ir_type *out) {
     bool in_out = strcmp(layout, "in_out") == 0;
     if (!in_out && strcmp(layout, "out_in") != 0)
         return rule_fail(c, "layout must be 'out_in' or 'in_out', found '%.*s%s'", DIAG_NAME(layout));
-    if (!rule_min_rank(c, "x", x, 1) || !rule_rank(c, "w", w, 2) || !rule_same_dtype(c, "x", x, "w", w))
+    /* A quantized weight holds codes (i4, i8, f8e4m3) that dequantize to floats. */
+    quant_format quantized;
+    bool codes = ir_weight_quant(c->m, c->m->values[c->op->operands[1]].def_op, &quantized);
+    if (!rule_min_rank(c, "x", x, 1) || !rule_rank(c, "w", w, 2) || (!codes && !rule_same_dtype(c, "x", x, "w", w)))
         return false;
     ir_dim inner = w->dims[in_out ? 0 : 1], columns = w->dims[in_out ? 1 : 0];
     if (!ir_dim_equal(x->dims[x->rank - 1], inner))

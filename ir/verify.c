@@ -12,12 +12,17 @@
  *     and an element count and byte size (symbols at their bounds) that fit
  *     in 64 bits; declared-type ops (input, weight, const) have a type;
  *   - output names are unique;
+ *   - a quantized weight (quant != "none") has its codes' dtype, the shape
+ *     [N, K] that its format fits (quant_layout_of), a method, and only
+ *     matmuls (out_in) read it, as their weight; an unquantized one has
+ *     every other quantization attribute at its default;
  *   - where every operand and result type is known, the shape rule gives the
  *     result types back.
  * Unknown result types are allowed: a module is valid before infer-shapes.
  */
 #include "interface.h"
 #include "ir.h"
+#include "quant.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -321,6 +326,58 @@ static void check_output_names(verifier *v) {
     free(outputs);
 }
 
+/* ---- quantized weights --------------------------------------------------------- */
+
+static void check_weight_quant(verifier *v, uint32_t index) {
+    const ir_module *m = v->m;
+    const ir_op *op = &m->ops[index];
+    quant_format f;
+    if (!ir_weight_quant(m, index, &f)) {
+        const ir_attr *group = ir_op_attr(m, index, "group"), *zero = ir_op_attr(m, index, "zero");
+        const ir_attr *method = ir_op_attr(m, index, "method"), *order = ir_op_attr(m, index, "act_order");
+        const ir_attr *columns = ir_op_attr(m, index, "column_scale");
+        if ((group && group->as.i != 0) || (zero && zero->as.b) || (order && order->as.b) ||
+            (columns && columns->as.b) || (method && strcmp(method->as.s, "none") != 0))
+            violation(v, op, "quantization attributes on a weight with quant = \"none\"");
+        return;
+    }
+    const ir_type *t = &m->values[op->results[0]].type;
+    if (t->dtype != quant_code_dtype(f.kind)) {
+        violation(v, op, "%s codes are stored as %s, not %s", quant_kind_name(f.kind),
+                  smelt_dtype_name(quant_code_dtype(f.kind)), smelt_dtype_name(t->dtype));
+        return;
+    }
+    if (t->rank != 2 || ir_dim_is_symbol(t->dims[0]) || ir_dim_is_symbol(t->dims[1])) {
+        violation(v, op, "a quantized weight is a constant [N, K] matrix, not %s", TYPE_TEXT(v, t));
+        return;
+    }
+    const ir_attr *stack = ir_op_attr(m, index, "stack");
+    if (stack && stack->kind == IR_ATTR_STRING && stack->as.s[0] != '\0') violation(v, op, "a stacked weight cannot be quantized");
+    const ir_attr *method = ir_op_attr(m, index, "method");
+    if (!method || method->kind != IR_ATTR_STRING || strcmp(method->as.s, "none") == 0)
+        violation(v, op, "a quantized weight needs a method (rtn, awq, gptq, smooth or checkpoint)");
+    quant_layout l;
+    const char *why = quant_layout_of(&f, (uint64_t)t->dims[0].size, (uint64_t)t->dims[1].size, &l);
+    if (why) violation(v, op, "group %u on %s: %s", f.group, TYPE_TEXT(v, t), why);
+}
+
+/* Only a matmul reads a quantized weight, as its out_in weight (operand 1). */
+static void check_quant_readers(verifier *v, uint32_t index) {
+    const ir_module *m = v->m;
+    const ir_op *op = &m->ops[index];
+    for (uint32_t i = 0; i < op->operand_count; i++) {
+        ir_value_id id = op->operands[i];
+        if (id >= m->value_count || v->state[id] != VALUE_DEFINED) continue;
+        quant_format f;
+        if (!ir_weight_quant(m, m->values[id].def_op, &f)) continue;
+        const ir_attr *layout = op->kind == IR_OP_MATMUL ? ir_op_attr(m, index, "layout") : NULL;
+        bool matmul = layout && layout->kind == IR_ATTR_STRING && strcmp(layout->as.s, "out_in") == 0 && i == 1;
+        if (!matmul)
+            violation(v, op, "operand %u is a quantized weight, which only a matmul (layout out_in) reads as its "
+                             "weight", i);
+    }
+}
+
 /* ---- the module --------------------------------------------------------------- */
 
 static void verify_op(verifier *v, uint32_t index, ir_type *scratch) {
@@ -336,6 +393,8 @@ static void verify_op(verifier *v, uint32_t index, ir_type *scratch) {
     bool all_known = true;
     bool types_ok = check_result_types(v, op, &all_known) && results_ok;
     if (!operands_ok || !attrs_ok || !types_ok || op->result_count > IR_MAX_RESULTS) return;
+    if (op->kind == IR_OP_WEIGHT) check_weight_quant(v, index);
+    check_quant_readers(v, index);
     for (uint32_t i = 0; i < op->operand_count; i++) {
         ir_value_id id = op->operands[i];
         if (v->m->values[id].type.dtype == SMELT_DTYPE_UNKNOWN || v->state[id] == VALUE_BAD_TYPE)

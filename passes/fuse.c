@@ -43,6 +43,7 @@
  */
 #include "interface.h"
 #include "pass.h"
+#include "quant.h"
 #include "rope.h"
 
 #include <stdlib.h>
@@ -98,8 +99,19 @@ static bool is_token_rows(const fuse_state *s, const ir_type *t) {
            !ir_dim_is_symbol(t->dims[1]) && is_float(t);
 }
 
-/* A matmul the GEMV kernel takes: x [T, K], an out_in weight [N, K], an
- * optional [N] weight as bias, a [T, N] float result. */
+/* The weights of v and w are stored alike: one dtype and, when quantized,
+ * one format (the GEMV kernel dequantizes every row the same way). */
+static bool same_storage(const fuse_state *s, ir_value_id v, ir_value_id w) {
+    quant_format a, b;
+    bool qa = ir_weight_quant(s->m, s->m->values[v].def_op, &a), qb = ir_weight_quant(s->m, s->m->values[w].def_op, &b);
+    return type_of(s, v)->dtype == type_of(s, w)->dtype && qa == qb &&
+           (!qa || (a.kind == b.kind && a.group == b.group && a.has_zero == b.has_zero &&
+                    a.has_group_index == b.has_group_index && a.has_column_scale == b.has_column_scale));
+}
+
+/* A matmul the GEMV kernel takes: x [T, K], an out_in weight [N, K] (float,
+ * or quantized: precision), an optional [N] weight as bias, a [T, N] float
+ * result. */
 static bool is_gemv_matmul(const fuse_state *s, uint32_t i) {
     const ir_module *m = s->m;
     const ir_op *op = &m->ops[i];
@@ -108,7 +120,8 @@ static bool is_gemv_matmul(const fuse_state *s, uint32_t i) {
     const ir_type *x = type_of(s, op->operands[0]), *w = type_of(s, op->operands[1]);
     const ir_type *y = type_of(s, op->results[0]);
     if (!is_token_rows(s, x) || !is_token_rows(s, y) || !is_weight(s, op->operands[1]) || w->rank != 2 ||
-        !is_float(w) || ir_dim_is_symbol(w->dims[0]) || w->dims[1].size != x->dims[1].size ||
+        !(is_float(w) || ir_weight_quant(m, m->values[op->operands[1]].def_op, &(quant_format){0})) ||
+        ir_dim_is_symbol(w->dims[0]) || w->dims[1].size != x->dims[1].size ||
         w->dims[0].size != y->dims[1].size)
         return false;
     if (op->operand_count == 3) {
@@ -129,7 +142,7 @@ static uint32_t only_reader(const fuse_state *s, ir_value_id v) {
 
 /* ---- the rules ---------------------------------------------------------------------------- */
 
-/* Matmuls reading the same x with weights of one dtype: one group. */
+/* Matmuls reading the same x with weights stored alike: one group. */
 static void fuse_sibling_matmuls(fuse_state *s) {
     const ir_module *m = s->m;
     for (uint32_t i = 0; i < m->op_count; i++) {
@@ -138,9 +151,7 @@ static void fuse_sibling_matmuls(fuse_state *s) {
         for (uint32_t j = i + 1; j < m->op_count; j++) {
             if (!is_gemv_matmul(s, j) || s->leader[j] == s->leader[i]) continue;
             const ir_op *b = &m->ops[j];
-            if (b->operands[0] != a->operands[0] ||
-                type_of(s, b->operands[1])->dtype != type_of(s, a->operands[1])->dtype)
-                continue;
+            if (b->operands[0] != a->operands[0] || !same_storage(s, b->operands[1], a->operands[1])) continue;
             merge_groups(s, s->leader[i], s->leader[j]);
         }
     }

@@ -26,7 +26,10 @@
 /* What the lowering passes are told (smelt compile's --precision and
  * --max-step-tokens reach them here). Zero means the default. */
 typedef struct pass_options {
-    const char *precision; /* precision policy: "f32" (NULL means it) or "bf16" */
+    const char *precision;   /* precision preset: "f32" (NULL means it), "bf16", "int4-rtn", "int8" or "fp8" */
+    const char *activations; /* precision: "f32" or "bf16" storage of float values; NULL: the preset's */
+    int64_t group_size;      /* precision: int4's columns per scale (32, 64 or 128); 0: 128 */
+    const char *keep;        /* precision: comma-separated globs of weights kept unquantized; NULL: none */
     int64_t max_tokens;    /* plan-memory: tokens per step buffers are sized for; 0 or more than
                               the token dim's bound: that bound */
     bool no_fuse;          /* fuse: apply no fusion rule, one op per kernel group (--no-fuse) */

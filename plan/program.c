@@ -13,7 +13,9 @@
  *   u32 state_count,  state_count  x {u64 bytes, u64 rows}
  *   u32 weight_count, weight_count x {string name, u8 dtype, u8 stacked,
  *                                     u32 rank, rank x i64 dim, u64 bytes,
- *                                     u64 data_offset}
+ *                                     u64 data_offset, u8 quant kind, then
+ *                                     when it is not 0: u8 method, u8 flags,
+ *                                     u32 group}
  *   u32 instr_count,  instr_count  x {u8 op, u32 ir_op, i64 min_tokens, i64 max_tokens, then
  *     LAUNCH: u32 kernel, 3 x affine grid, 3 x u32 block, u32 dynamic_shared,
  *             u32 arg_count, arg_count x {u8 kind, then POINTER: ref,
@@ -78,7 +80,7 @@ enum {
     /* The fewest bytes each element of a counted list takes, so that a count
      * can be checked against the bytes left before anything is allocated. */
     ENCODED_STATE_MIN = 16,
-    ENCODED_WEIGHT_MIN = 8 + 1 + 1 + 4 + 8 + 8,
+    ENCODED_WEIGHT_MIN = 8 + 1 + 1 + 4 + 8 + 8 + 1,
     ENCODED_COST = 3 * 5 * 8 + 1,
     ENCODED_INSTR_MIN = 1 + 4 + 16 + 4 + ENCODED_COST,
 };
@@ -242,6 +244,12 @@ bool program_encode(const program *p, uint8_t **bytes, size_t *size) {
             put_i64(&w, wt->shape[d]);
         put_u64(&w, wt->bytes);
         put_u64(&w, wt->data_offset);
+        put_u8(&w, wt->quant.kind);
+        if (wt->quant.kind != PROG_QUANT_NONE) {
+            put_u8(&w, wt->quant.method);
+            put_u8(&w, wt->quant.flags);
+            put_u32(&w, wt->quant.group);
+        }
     }
     put_u32(&w, p->instr_count);
     for (uint32_t i = 0; i < p->instr_count; i++) {
@@ -499,6 +507,31 @@ static bool check_id_bound(decoder *d) {
     return true;
 }
 
+/* The rest of a quantized weight: its format agrees with its dtype and
+ * shape, and its bytes hold at least the codes (the exact size of the
+ * packed layout is quant_layout_of's, which the runtime checks: plan/
+ * depends on nothing). */
+static bool decode_weight_quant(decoder *d, prog_weight *w, uint64_t elements, int name_length,
+                                const char *ellipsis) {
+    static const uint8_t code_dtype[] = {0, SMELT_DTYPE_I4, SMELT_DTYPE_I8, SMELT_DTYPE_F8E4M3};
+    const char *name = w->name;
+    if (!get_u8(d, &w->quant.method) || !get_u8(d, &w->quant.flags) || !plan_cursor_u32(&d->cursor, &w->quant.group))
+        return truncated(d, "a weight's quantization");
+    if (w->quant.kind > PROG_QUANT_FP8 || w->dtype != code_dtype[w->quant.kind])
+        return fail(d, "weight '%.*s%s' has quantization %u with codes of dtype %u", name_length, name, ellipsis,
+                    w->quant.kind, w->dtype);
+    if (w->quant.flags > 7 || ((w->quant.flags & PROG_QUANT_ZERO) && w->quant.kind != PROG_QUANT_INT4))
+        return fail(d, "weight '%.*s%s' has quantization flags %u", name_length, name, ellipsis, w->quant.flags);
+    if (w->rank != 2 || w->stacked || w->quant.group == 0 || w->shape[1] % w->quant.group != 0)
+        return fail(d, "quantized weight '%.*s%s' is not [N, K] with groups that divide K", name_length, name,
+                    ellipsis);
+    uint64_t codes = w->quant.kind == PROG_QUANT_INT4 ? elements / 2 + elements % 2 : elements;
+    if (w->bytes < codes || elements == 0)
+        return fail(d, "quantized weight '%.*s%s' has %llu bytes, fewer than its codes", name_length, name,
+                    ellipsis, (unsigned long long)w->bytes);
+    return true;
+}
+
 static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
     plan_cursor *c = &d->cursor;
     plan_text name;
@@ -516,9 +549,10 @@ static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
         return truncated(d, "a weight");
     int name_length = (int)(name.length > 64 ? 64 : name.length);
     const char *ellipsis = name.length > 64 ? "..." : "";
-    if (!program_dtype_stored(w->dtype))
-        return fail(d, "weight '%.*s%s' has dtype %u (expected f32, bf16 or i32)", name_length, copy,
-                    ellipsis, w->dtype);
+    if (!program_dtype_stored(w->dtype) && w->dtype != SMELT_DTYPE_I4 && w->dtype != SMELT_DTYPE_I8 &&
+        w->dtype != SMELT_DTYPE_F8E4M3)
+        return fail(d, "weight '%.*s%s' has dtype %u (expected f32, bf16, i32 or a quantized weight's codes)",
+                    name_length, copy, ellipsis, w->dtype);
     if (stacked > 1)
         return fail(d, "weight '%.*s%s' has a stacked flag of %u", name_length, copy, ellipsis, stacked);
     w->stacked = stacked;
@@ -531,9 +565,13 @@ static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
             return fail(d, "weight '%.*s%s' has a negative or overflowing shape", name_length, copy,
                         ellipsis);
     }
-    if (!plan_cursor_u64(c, &w->bytes) || !plan_cursor_u64(c, &w->data_offset))
+    if (!plan_cursor_u64(c, &w->bytes) || !plan_cursor_u64(c, &w->data_offset) || !get_u8(d, &w->quant.kind))
         return truncated(d, "a weight");
+    if (w->quant.kind != PROG_QUANT_NONE) return decode_weight_quant(d, w, elements, name_length, ellipsis);
     uint64_t expected;
+    if (!program_dtype_stored(w->dtype))
+        return fail(d, "weight '%.*s%s' has the codes' dtype %u but is not quantized", name_length, copy,
+                    ellipsis, w->dtype);
     if (__builtin_mul_overflow(elements, smelt_dtype_element_bytes(w->dtype), &expected) ||
         expected != w->bytes)
         return fail(d, "weight '%.*s%s' says it has %llu bytes but its shape and dtype make %llu",
@@ -923,9 +961,11 @@ bool program_check_plan(const program *p, const plan_kernel *kernels, uint32_t k
     for (uint32_t i = 0; i < p->weight_count; i++) {
         const prog_weight *w = &p->weights[i];
         uint64_t end;
+        /* A quantized weight's sections are 16-byte aligned from its start (QUANT_ALIGN). */
+        uint64_t alignment = w->quant.kind != PROG_QUANT_NONE ? 16 : smelt_dtype_element_bytes(w->dtype);
         if (w->data_offset == UINT64_MAX) continue; /* bound at run time */
         if (__builtin_add_overflow(w->data_offset, w->bytes, &end) || end > weight_data_size ||
-            w->data_offset % smelt_dtype_element_bytes(w->dtype) != 0) {
+            w->data_offset % alignment != 0) {
             snprintf(error, error_size,
                      "program: weight '%.*s%s' (%llu bytes at offset %llu) lies outside the %llu bytes of "
                      "weight data or is misaligned",

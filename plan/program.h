@@ -30,7 +30,7 @@
 
 #include "smelt_dtype.h"
 
-enum { PROGRAM_FORMAT_VERSION = 7, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16 };
+enum { PROGRAM_FORMAT_VERSION = 8, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16 };
 
 /* ceil((a * T + b) / c) with c >= 1; a constant is {0, value, 1}. */
 typedef struct prog_affine {
@@ -168,9 +168,24 @@ typedef struct prog_instr {
     prog_cost cost; /* modeled; not used to execute */
 } prog_instr;
 
+/* A quantized weight's format, as quant/quant.h's quant_format says it
+ * (plan/ includes nothing of smelt: quant.c asserts that the numbers agree).
+ * kind 0: not quantized. */
+enum { PROG_QUANT_NONE = 0, PROG_QUANT_INT4 = 1, PROG_QUANT_INT8 = 2, PROG_QUANT_FP8 = 3 };
+enum { PROG_QUANT_ZERO = 1, PROG_QUANT_GROUP_INDEX = 2, PROG_QUANT_COLUMN_SCALE = 4 };
+typedef struct prog_quant {
+    uint8_t kind;   /* PROG_QUANT_* */
+    uint8_t method; /* quant_method: how the codes were chosen (binding at run time re-quantizes by it) */
+    uint8_t flags;  /* PROG_QUANT_ZERO | PROG_QUANT_GROUP_INDEX | PROG_QUANT_COLUMN_SCALE */
+    uint32_t group; /* input columns per scale; divides shape[1] */
+} prog_quant;
+
 /* A weight-table entry: the tensor(s) of one IR weight op as the plan stores
  * them. `name` is the Hugging Face name; when stacked, a template holding
- * "{e}" whose parts 0..shape[0]-1 are stacked along dim 0. */
+ * "{e}" whose parts 0..shape[0]-1 are stacked along dim 0. A quantized
+ * weight [N, K] (quant.kind != 0) is stored in quant/quant.h's packed layout:
+ * dtype is its codes' (i4, i8, f8e4m3) and bytes the whole layout (codes,
+ * scales, zeros, ...), which the runtime checks with quant_layout_of. */
 typedef struct prog_weight {
     const char *name;
     uint8_t dtype; /* smelt_dtype: storage dtype in the plan and on the device */
@@ -179,6 +194,7 @@ typedef struct prog_weight {
     int64_t shape[8];
     uint64_t bytes;
     uint64_t data_offset; /* in the WEIGHT_DATA section; UINT64_MAX: not in the plan, bind at run time */
+    prog_quant quant;
 } prog_weight;
 
 typedef struct program {

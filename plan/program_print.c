@@ -11,6 +11,9 @@ static const char *dtype_name(uint8_t dtype) {
     case SMELT_DTYPE_F32: return "f32";
     case SMELT_DTYPE_BF16: return "bf16";
     case SMELT_DTYPE_I32: return "i32";
+    case SMELT_DTYPE_I4: return "i4";
+    case SMELT_DTYPE_I8: return "i8";
+    case SMELT_DTYPE_F8E4M3: return "f8e4m3";
     default: return "?";
     }
 }
@@ -77,7 +80,15 @@ static void print_weights(FILE *out, const program *p) {
         fprintf(out, " %s[", dtype_name(w->dtype));
         for (uint32_t d = 0; d < w->rank; d++)
             fprintf(out, "%s%" PRId64, d ? ", " : "", w->shape[d]);
-        fprintf(out, "]%s %" PRIu64 " bytes", w->stacked ? " stacked" : "", w->bytes);
+        fprintf(out, "]%s", w->stacked ? " stacked" : "");
+        if (w->quant.kind != PROG_QUANT_NONE) {
+            static const char *const kinds[] = {"none", "int4", "int8", "fp8"};
+            fprintf(out, " %s group %" PRIu32 "%s%s%s", kinds[w->quant.kind], w->quant.group,
+                    w->quant.flags & PROG_QUANT_ZERO ? " zero" : "",
+                    w->quant.flags & PROG_QUANT_GROUP_INDEX ? " act-order" : "",
+                    w->quant.flags & PROG_QUANT_COLUMN_SCALE ? " column-scales" : "");
+        }
+        fprintf(out, " %" PRIu64 " bytes", w->bytes);
         if (w->data_offset != UINT64_MAX) fprintf(out, " at %" PRIu64, w->data_offset);
         fputc('\n', out);
     }

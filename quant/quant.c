@@ -6,6 +6,29 @@
 #include <string.h>
 
 #include "numeric.h"
+#include "program.h"
+
+_Static_assert((int)PROG_QUANT_NONE == (int)QUANT_NONE && (int)PROG_QUANT_INT4 == (int)QUANT_INT4 &&
+                   (int)PROG_QUANT_INT8 == (int)QUANT_INT8 && (int)PROG_QUANT_FP8 == (int)QUANT_FP8,
+               "a plan's quantization kinds are quant_kind's");
+
+quant_format quant_format_from_program(const prog_quant *q) {
+    return (quant_format){.kind = (quant_kind)q->kind,
+                          .method = (quant_method)q->method,
+                          .group = q->group,
+                          .has_zero = q->flags & PROG_QUANT_ZERO,
+                          .has_group_index = q->flags & PROG_QUANT_GROUP_INDEX,
+                          .has_column_scale = q->flags & PROG_QUANT_COLUMN_SCALE};
+}
+
+prog_quant quant_format_to_program(const quant_format *f) {
+    return (prog_quant){.kind = (uint8_t)f->kind,
+                        .method = (uint8_t)f->method,
+                        .flags = (uint8_t)((f->has_zero ? PROG_QUANT_ZERO : 0) |
+                                           (f->has_group_index ? PROG_QUANT_GROUP_INDEX : 0) |
+                                           (f->has_column_scale ? PROG_QUANT_COLUMN_SCALE : 0)),
+                        .group = f->group};
+}
 
 static const char *const kind_names[] = {"none", "int4", "int8", "fp8"};
 static const char *const method_names[] = {"rtn", "awq", "gptq", "smooth", "checkpoint"};

@@ -117,6 +117,12 @@ float quant_value(const quant_tensor *t, uint64_t row, uint64_t col);
 /* All of them, row-major [rows][cols]. */
 void quant_dequantize(const quant_tensor *t, float *out);
 
+/* A plan weight-table entry's format (plan/program.h's prog_quant, which
+ * holds the same numbers) and back. */
+struct prog_quant;
+quant_format quant_format_from_program(const struct prog_quant *q);
+struct prog_quant quant_format_to_program(const quant_format *f);
+
 /* Round-to-nearest quantization of w[rows][cols] (row-major f32) into `t`,
  * whose format and layout are set and whose data holds layout.total bytes
  * (zeroed by the caller). `column_scale` (cols values, or NULL) is c[k]: the

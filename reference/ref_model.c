@@ -9,6 +9,7 @@
  * as the model; every other value is allocated when its op runs, at the
  * step's token count, and freed after its last use.
  */
+#include "quant.h"
 #include "reference.h"
 
 #include "ref_ops.h"
@@ -257,7 +258,8 @@ static bool operand_needs_float(ir_op_kind kind, uint32_t index) {
     }
 }
 
-/* A weight's data comes as floats over constant dims. */
+/* A weight's data comes as floats (or packed codes that dequantize to
+ * them) over constant dims. */
 static bool check_weight(const ir_module *m, uint32_t op, diag_engine *d) {
     const ir_type *t = &m->values[ir_op_result(m, op, 0)].type;
     const char *name = ir_op_string(m, op, "name");
@@ -265,7 +267,8 @@ static bool check_weight(const ir_module *m, uint32_t op, diag_engine *d) {
     bool constant = true;
     for (unsigned i = 0; i < t->rank; i++)
         constant = constant && !ir_dim_is_symbol(t->dims[i]);
-    if (!smelt_dtype_is_float(t->dtype) || !constant) {
+    quant_format f;
+    if (!(smelt_dtype_is_float(t->dtype) || ir_weight_quant(m, op, &f)) || !constant) {
         diag_error(d, m->ops[op].loc, "weight '%.*s%s' must be float with constant dims, found %s",
                    DIAG_NAME(name), value_type_text(m, ir_op_result(m, op, 0), text));
         return false;
@@ -297,8 +300,9 @@ static bool check_op(const ref_model *r, uint32_t op, diag_engine *d) {
     }
     for (uint32_t i = 0; i < o->operand_count; i++) {
         const ir_type *t = &m->values[o->operands[i]].type;
+        quant_format f; /* a quantized weight's codes dequantize to floats (load_quantized) */
         if (t->dtype == SMELT_DTYPE_UNKNOWN || smelt_dtype_is_float(t->dtype) ||
-            !operand_needs_float(o->kind, i))
+            !operand_needs_float(o->kind, i) || ir_weight_quant(m, m->values[o->operands[i]].def_op, &f))
             continue;
         diag_error(d, o->loc, "%s: the reference backend computes only on float values, but operand %u is %s",
                    op_name(m, op), i, value_type_text(m, o->operands[i], text));
@@ -369,8 +373,27 @@ static void tensor_free(ref_tensor *tensor) {
     tensor->i = NULL;
 }
 
+/* Quantized weight op `op` into t->f: its packed bytes, dequantized. */
+static bool load_quantized(const ir_module *m, uint32_t op, const quant_format *f, ref_tensor *t,
+                           ref_packed_weight_reader read_packed, void *context, diag_engine *d) {
+    const ir_op *o = &m->ops[op];
+    const char *name = ir_op_string(m, op, "name");
+    quant_tensor q = {.format = *f};
+    if (quant_layout_of(f, t->dims[0], t->dims[1], &q.layout) != NULL) return false; /* the verifier's */
+    q.data = malloc(q.layout.total ? q.layout.total : 1);
+    bool ok = q.data && read_packed && read_packed(context, op, q.data, q.layout.total);
+    if (ok)
+        quant_dequantize(&q, t->f);
+    else
+        diag_error(d, o->loc, "weight '%.*s%s': its %s data (%llu bytes) could not be read", DIAG_NAME(name),
+                   quant_kind_name(f->kind), (unsigned long long)q.layout.total);
+    free(q.data);
+    return ok;
+}
+
 /* Reads every live weight once and sets every constant. */
-static bool load_weights(ref_model *r, ref_weight_reader read_weight, void *context, diag_engine *d) {
+static bool load_weights(ref_model *r, ref_weight_reader read_weight, ref_packed_weight_reader read_packed,
+                         void *context, diag_engine *d) {
     const ir_module *m = r->m;
     bool ok = true;
     for (uint32_t i = 0; i < m->op_count && !diag_should_stop(d); i++) {
@@ -379,13 +402,19 @@ static bool load_weights(ref_model *r, ref_weight_reader read_weight, void *cont
         ir_value_id v = o->results[0];
         ref_tensor *t = &r->tensors[v];
         const char *name = o->kind == IR_OP_WEIGHT ? ir_op_string(m, i, "name") : "const";
-        if (!tensor_alloc(t, &m->values[v].type, 0, name, o->loc, d)) {
+        quant_format f;
+        bool quantized = ir_weight_quant(m, i, &f);
+        ir_type type = m->values[v].type;
+        if (quantized) type.dtype = SMELT_DTYPE_F32; /* its dequantized values */
+        if (!tensor_alloc(t, &type, 0, name, o->loc, d)) {
             ok = false;
             continue;
         }
         r->persistent[v] = true;
         if (o->kind == IR_OP_CONST) {
             t->f[0] = r->attrs[i].value;
+        } else if (quantized) {
+            if (!load_quantized(m, i, &f, t, read_packed, context, d)) ok = false;
         } else if (!read_weight(context, i, t->f, t->count)) {
             diag_error(d, o->loc, "weight '%.*s%s': its data (%llu floats) could not be read",
                        DIAG_NAME(name), (unsigned long long)t->count);
@@ -441,6 +470,11 @@ static void cache_free(ref_kv_cache *c) {
 
 ref_model *ref_model_create(const ir_module *m, ref_weight_reader read_weight, void *context,
                             diag_engine *d) {
+    return ref_model_create_packed(m, read_weight, NULL, context, d);
+}
+
+ref_model *ref_model_create_packed(const ir_module *m, ref_weight_reader read_weight,
+                                   ref_packed_weight_reader read_packed, void *context, diag_engine *d) {
     if (!ir_verify(m, d)) return NULL;
     ref_model *r = calloc(1, sizeof *r);
     if (!r) {
@@ -484,7 +518,7 @@ ref_model *ref_model_create(const ir_module *m, ref_weight_reader read_weight, v
             r->last_use[o->operands[j]] = i;
         if (o->kind == IR_OP_ATTENTION && !cache_alloc(r, i, d)) ok = false;
     }
-    if (ok && !load_weights(r, read_weight, context, d)) ok = false;
+    if (ok && !load_weights(r, read_weight, read_packed, context, d)) ok = false;
     if (!ok) {
         ref_model_free(r);
         return NULL;

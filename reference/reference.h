@@ -40,12 +40,22 @@
  * of weight op `op` (an index into m->ops). False when it cannot. */
 typedef bool (*ref_weight_reader)(void *context, uint32_t op, float *dst, uint64_t count);
 
+/* Fills dst (bytes) with quantized weight op `op` in quant/quant.h's packed
+ * layout, in the format its attributes give. False when it cannot. */
+typedef bool (*ref_packed_weight_reader)(void *context, uint32_t op, uint8_t *dst, uint64_t bytes);
+
 typedef struct ref_model ref_model;
 
 /* Prepares to run module m (infer-shapes has run: all types known; it must
  * stay alive while the ref_model lives). Loads every weight through
  * read_weight once. NULL after reporting every problem found. */
 ref_model *ref_model_create(const ir_module *m, ref_weight_reader read_weight, void *context, diag_engine *d);
+/* The same, for a module with quantized weights (precision): each is read
+ * packed through read_packed and dequantized once, element by element, as
+ * quant_value defines; its matmuls then compute in f32 on those values, the
+ * arithmetic every backend of a quantized plan is checked against. */
+ref_model *ref_model_create_packed(const ir_module *m, ref_weight_reader read_weight,
+                                   ref_packed_weight_reader read_packed, void *context, diag_engine *d);
 
 /* One step: n tokens with their ids and positions (prefill: the prompt with
  * positions 0..n-1; decode: one token at the next position). Binds the token

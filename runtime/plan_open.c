@@ -9,6 +9,7 @@
 #include "error.h"
 #include "plan_read.h"
 #include "program.h"
+#include "quant.h"
 #include "smelt.h"
 
 #include <stdio.h>
@@ -49,6 +50,20 @@ static smelt_status plan_load(smelt_plan *plan, const char *name) {
     if (!program_check_plan(&plan->program, plan->kernels.kernels, plan->kernels.count,
                             plan->weight_data_size, error, sizeof error))
         return rt_last_error_set(SMELT_ERROR_BAD_PLAN, "%s: %s", name, error);
+    /* A quantized weight's bytes are its whole packed layout: what its
+     * kernels read at the offsets quant_layout_of gives. */
+    for (uint32_t i = 0; i < plan->program.weight_count; i++) {
+        const prog_weight *w = &plan->program.weights[i];
+        if (w->quant.kind == PROG_QUANT_NONE) continue;
+        quant_format f = quant_format_from_program(&w->quant);
+        quant_layout l;
+        const char *why = quant_layout_of(&f, (uint64_t)w->shape[0], (uint64_t)w->shape[1], &l);
+        if (why || l.total != w->bytes)
+            return rt_last_error_set(SMELT_ERROR_BAD_PLAN,
+                                     "%s: quantized weight '%.*s%s' has %llu bytes but its format makes %llu%s%s",
+                                     name, RT_NAME(w->name), (unsigned long long)w->bytes,
+                                     (unsigned long long)l.total, why ? ": " : "", why ? why : "");
+    }
     for (uint32_t i = 0; i < plan->kernels.count; i++)
         if (plan->kernels.kernels[i].binary_count > 0) plan->has_cuda_kernels = true;
     return SMELT_OK;

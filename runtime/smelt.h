@@ -188,6 +188,16 @@ const char *smelt_engine_device_name(const smelt_engine *engine);
 smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, smelt_dtype dtype,
                                       const void *data, const int64_t *shape, uint32_t rank);
 
+/* Binds weight `name` from `bytes` bytes that are already in the plan's
+ * storage: a quantized weight's packed layout (quant/quant.h: codes, f16
+ * scales, zero points, ...), which is what a quantized weight takes, since
+ * smelt_engine_bind_weight does not quantize; or the storage dtype's
+ * elements of any other weight. `bytes` must equal the weight's size in the
+ * plan (`smelt inspect` prints it); the data is copied. Stacked weights are
+ * bound whole. */
+smelt_status smelt_engine_bind_weight_bytes(smelt_engine *engine, const char *name, const void *data,
+                                            uint64_t bytes);
+
 /* One step: n tokens (1 <= n <= max_tokens) with their ids and positions;
  * writes the logits of all n tokens, [n, vocab] row-major, into logits
  * (capacity in floats). The caches keep what the step wrote; the engine's

@@ -150,6 +150,11 @@ smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, sm
         return rt_last_error_set(SMELT_ERROR_UNSUPPORTED,
                                  "weight '%.*s%s' is stored as i32 and cannot be bound from floats",
                                  RT_NAME(name));
+    if (w->quant.kind != PROG_QUANT_NONE)
+        return rt_last_error_set(SMELT_ERROR_UNSUPPORTED,
+                                 "weight '%.*s%s' is quantized in the plan: bind its packed bytes "
+                                 "(smelt_engine_bind_weight_bytes; the driver quantizes checkpoints)",
+                                 RT_NAME(name));
     uint64_t part_bytes = part >= 0 ? w->bytes / (uint64_t)w->shape[0] : w->bytes;
     uint64_t count = part_bytes / smelt_dtype_element_bytes(w->dtype);
     rt_error e = {0};
@@ -183,6 +188,34 @@ smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, sm
         free(ew->parts_bound);
         ew->parts_bound = NULL;
     }
+    return SMELT_OK;
+}
+
+smelt_status smelt_engine_bind_weight_bytes(smelt_engine *engine, const char *name, const void *data,
+                                            uint64_t bytes) {
+    if (!engine || !name || !data)
+        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "smelt_engine_bind_weight_bytes: a NULL argument");
+    const program *p = engine->program;
+    uint32_t index = UINT32_MAX;
+    for (uint32_t i = 0; i < p->weight_count && index == UINT32_MAX; i++)
+        if (strcmp(p->weights[i].name, name) == 0) index = i;
+    if (index == UINT32_MAX)
+        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT, "the plan has no weight '%.*s%s'", RT_NAME(name));
+    const prog_weight *w = &p->weights[index];
+    if (bytes != w->bytes)
+        return rt_last_error_set(SMELT_ERROR_INVALID_ARGUMENT,
+                                 "weight '%.*s%s' takes %llu bytes in the plan but %llu were given", RT_NAME(name),
+                                 (unsigned long long)w->bytes, (unsigned long long)bytes);
+    rt_error e = {0};
+    smelt_status s = own_weight(engine, index, &e);
+    if (s == SMELT_OK) s = engine->device->ops->copy_in(engine->device, engine->weights[index].address, data, bytes, &e);
+    if (s != SMELT_OK) return rt_last_error_publish(&e);
+    engine_weight *ew = &engine->weights[index];
+    free(ew->parts_bound);
+    ew->parts_bound = NULL;
+    ew->dirty = true;
+    ew->state = WEIGHT_COMPLETE;
+    engine->last_logits_valid = false;
     return SMELT_OK;
 }
 

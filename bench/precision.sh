@@ -1,0 +1,86 @@
+#!/bin/sh
+# The precision presets side by side (issue 10), read from plans and from
+# `smelt eval` on the host simulator (no GPU needed):
+#   - the bundled demo model (tests/fixtures/demo), per preset: plan file
+#     size, weight bytes, modeled DRAM bytes of a batch-1 decode step at
+#     context C, held-out perplexity (heldout_ids.bin, the first N ids,
+#     windows of C tokens) and its ratio to bf16;
+#   - the Llama-3-8B spec (examples/configs/llama-3-8b.json, no weights),
+#     per preset: weight bytes and the modeled decode step at context 1024
+#     (DRAM bytes and H200 time, driver/inspect.c's model).
+#
+#   bench/precision.sh [--smelt PATH] [--context C] [--ids N] [--presets "bf16 int8 ..."]
+#
+# PATH defaults to build-release/cli/smelt, else build/cli/smelt; C to 256;
+# N to 4097; presets to "bf16 fp8 int8 int4-rtn int4-rtn/64 int4-rtn/32"
+# (PRESET/G: int4 with --group-size G). Needs jq.
+set -eu
+root=$(cd "$(dirname "$0")/.." && pwd)
+smelt=""
+context=256
+ids=4097
+presets="bf16 fp8 int8 int4-rtn int4-rtn/64 int4-rtn/32"
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --smelt) smelt=$2; shift 2 ;;
+    --context) context=$2; shift 2 ;;
+    --ids) ids=$2; shift 2 ;;
+    --presets) presets=$2; shift 2 ;;
+    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "usage: bench/precision.sh [--smelt PATH] [--context C] [--ids N] [--presets LIST]" >&2; exit 2 ;;
+    esac
+done
+if [ -z "$smelt" ]; then
+    for candidate in "$root/build-release/cli/smelt" "$root/build/cli/smelt"; do
+        if [ -x "$candidate" ]; then smelt=$candidate; break; fi
+    done
+fi
+if [ -z "$smelt" ] || [ ! -x "$smelt" ]; then
+    echo "bench/precision.sh: no smelt binary (build one, or pass --smelt PATH)" >&2
+    exit 2
+fi
+command -v jq >/dev/null 2>&1 || { echo "bench/precision.sh: needs jq" >&2; exit 2; }
+work=$(mktemp -d "${TMPDIR:-/tmp}/smelt-precision-XXXXXX")
+trap 'rm -rf "$work"' EXIT INT TERM
+demo=$root/tests/fixtures/demo
+
+# The options of PRESET[/GROUP].
+options() {
+    case "$1" in
+    */*) echo "--precision ${1%/*} --group-size ${1#*/}" ;;
+    *) echo "--precision $1" ;;
+    esac
+}
+decode() { jq -r ".steps[] | select(.kind == \"decode\") | $2" "$1"; }
+
+echo "demo model (tests/fixtures/demo), host simulator; held-out perplexity over the first $ids ids, context $context"
+printf '  %-13s %12s %12s %18s %11s %9s\n' preset "plan bytes" "weight bytes" "decode bytes@$context" perplexity "vs bf16"
+base=""
+for preset in $presets; do
+    name=$(echo "$preset" | tr / g)
+    # shellcheck disable=SC2046 # options() is a list of words
+    "$smelt" compile "$root/examples/llama.smelt" --config "$demo/config.json" --weights "$demo/model.safetensors" \
+        --target host $(options "$preset") -o "$work/demo-$name.plan" 2>"$work/compile.log" ||
+        { cat "$work/compile.log" >&2; exit 1; }
+    "$smelt" inspect "$work/demo-$name.plan" --json --decode-context "$context" >"$work/demo-$name.json"
+    perplexity=$("$smelt" eval "$work/demo-$name.plan" --backend host --ids "$demo/heldout_ids.bin" \
+        --max-ids "$ids" --context "$context" | sed -n 's/^perplexity \([0-9.]*\) .*/\1/p')
+    [ -n "$base" ] || base=$perplexity
+    printf '  %-13s %12s %12s %18s %11s %9s\n' "$preset" "$(wc -c <"$work/demo-$name.plan" | tr -d ' ')" \
+        "$(jq -r .weight_bytes "$work/demo-$name.json")" "$(decode "$work/demo-$name.json" .modeled_dram_bytes)" \
+        "$perplexity" "$(echo "$perplexity $base" | awk '{printf "%.4f", $1 / $2}')"
+done
+
+echo "Llama-3-8B spec (no weights), modeled decode step at context 1024 (H200: 4.8 TB/s)"
+printf '  %-13s %16s %20s %16s\n' preset "weight bytes" "decode DRAM bytes" "decode time"
+for preset in $presets; do
+    name=$(echo "$preset" | tr / g)
+    # shellcheck disable=SC2046
+    "$smelt" compile "$root/examples/llama.smelt" --config "$root/examples/configs/llama-3-8b.json" --target host \
+        $(options "$preset") -o "$work/8b-$name.plan" 2>"$work/compile.log" || { cat "$work/compile.log" >&2; exit 1; }
+    "$smelt" inspect "$work/8b-$name.plan" --json --decode-context 1024 >"$work/8b-$name.json"
+    printf '  %-13s %13.3f GB %17.3f GB %13.3f ms\n' "$preset" \
+        "$(jq -r '.weight_bytes / 1e9' "$work/8b-$name.json")" \
+        "$(decode "$work/8b-$name.json" '.modeled_dram_bytes / 1e9')" \
+        "$(decode "$work/8b-$name.json" '.modeled_seconds.h200 * 1e3')"
+done
