@@ -83,13 +83,14 @@ bool drv_bind_checkpoint(const smelt_plan *plan, const program *p, smelt_engine 
         const prog_weight *w = plan_weight(p, t->name);
         if (w && w->quant.kind != PROG_QUANT_NONE &&
             (t->rank != 2 || shape[0] != w->shape[0] || shape[1] != w->shape[1])) {
-            diag_error(d, loc, "tensor '%.*s%s' is not the [%lld, %lld] matrix the plan quantized", DIAG_NAME(t->name),
-                       (long long)w->shape[0], (long long)w->shape[1]);
+            diag_error(d, loc, "tensor '%.*s%s' is not the [%lld, %lld] matrix the plan quantized",
+                       DIAG_NAME(t->name), (long long)w->shape[0], (long long)w->shape[1]);
             ok = false;
         } else if (w && w->quant.kind != PROG_QUANT_NONE) {
             ok = bind_quantized(engine, w, values, d) && ok;
         } else {
-            smelt_status s = smelt_engine_bind_weight(engine, t->name, SMELT_DTYPE_F32, values, shape, t->rank);
+            smelt_status s =
+                smelt_engine_bind_weight(engine, t->name, SMELT_DTYPE_F32, values, shape, t->rank);
             if (s != SMELT_OK) {
                 diag_error(d, loc, "%s", smelt_last_error());
                 ok = false;

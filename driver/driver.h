@@ -161,9 +161,9 @@ typedef struct drv_model_options {
     drv_backend backend;
     drv_precision precision; /* when compiling a source */
     drv_precision_options precision_options;
-    bool no_fuse;            /* when compiling a source: one op per kernel (--no-fuse) */
-    bool byte_tokenizer;     /* when compiling a source: ids 0..255 are bytes (BOS/EOS from config.json) */
-    bool random_weights;     /* bind every weight of the plan to noise (for timing) */
+    bool no_fuse;        /* when compiling a source: one op per kernel (--no-fuse) */
+    bool byte_tokenizer; /* when compiling a source: ids 0..255 are bytes (BOS/EOS from config.json) */
+    bool random_weights; /* bind every weight of the plan to noise (for timing) */
     unsigned random_seed;
     const char *expected_hash; /* a plan's content hash to require (smelt_engine_options); NULL: any */
     drv_source_options source; /* when compiling a source */
@@ -268,6 +268,9 @@ typedef struct drv_lowering {
     drv_precision_options precision_options;
     int64_t max_step_tokens;
     bool no_fuse; /* --no-fuse: one op per kernel (the fuse pass applies no rule) */
+    /* The checkpoint: when the config says it is pre-quantized (AWQ, GPTQ,
+     * FP8), its quantized weights keep their format (drv_import_checkpoint_formats). */
+    const char *weights_path;
 } drv_lowering;
 
 bool drv_ir_print_model(const char *model_path, const drv_source_options *source, const char *after,

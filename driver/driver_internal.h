@@ -53,6 +53,21 @@ void drv_source_weights_close(drv_source_weights *w);
  * false unless its packed layout is `bytes` bytes. */
 bool drv_source_weights_read_packed(void *context, uint32_t op, uint8_t *dst, uint64_t bytes);
 
+/* ---- quant_import.c: pre-quantized checkpoints ---- */
+
+/* Before the passes: every weight op whose Linear the checkpoint at
+ * weights_path holds pre-quantized (config_path's quantization_config:
+ * AWQ, GPTQ, FP8) takes the checkpoint's format, method "checkpoint", and
+ * its codes' dtype; the precision pass keeps it under every preset and
+ * drv_source_weights_read_packed copies the checkpoint's bytes. Nothing to
+ * do without a quantization_config or a weights path. */
+bool drv_import_checkpoint_formats(ir_module *m, const char *config_path, const char *weights_path,
+                                   diag_engine *d);
+/* Weight op `op` of format f (method "checkpoint") as the checkpoint packs
+ * it: `bytes` bytes into dst, the format checked against f. */
+bool drv_read_checkpoint_packed(const drv_source_weights *w, uint32_t op, const quant_format *f, uint8_t *dst,
+                                uint64_t bytes);
+
 /* ---- quantize.c: the one place a quantizer is chosen ---- */
 
 /* Calibration statistics of one weight's input (per-channel absmax and mean
@@ -62,8 +77,9 @@ typedef struct drv_weight_stats drv_weight_stats;
  * *out in format f (quant/quant.h's packed layout; out->data malloc'd, the
  * caller frees it), by f->method: rtn is quant_rtn; awq, gptq and smooth
  * need `stats` (NULL: none). Reports at no location, naming the weight. */
-bool drv_quantize_weight(const char *name, const float *w, uint64_t rows, uint64_t cols, const quant_format *f,
-                         const drv_weight_stats *stats, quant_tensor *out, diag_engine *d);
+bool drv_quantize_weight(const char *name, const float *w, uint64_t rows, uint64_t cols,
+                         const quant_format *f, const drv_weight_stats *stats, quant_tensor *out,
+                         diag_engine *d);
 
 /* ---- plan_compile.c: the one call into codegen ---- */
 

@@ -106,8 +106,8 @@ static bool open_engine(drv_model *r, const drv_model_options *o, const char *pl
 
 /* A source on the reference interpreter. */
 static bool open_ref(drv_model *r, const drv_model_options *o, diag_engine *d) {
-    r->ref =
-        ref_model_create_packed(&r->module, drv_source_weights_read, drv_source_weights_read_packed, &r->weights, d);
+    r->ref = ref_model_create_packed(&r->module, drv_source_weights_read, drv_source_weights_read_packed,
+                                     &r->weights, d);
     r->info.name = "ref";
     r->info.vocab = r->ref ? ref_model_vocab(r->ref) : 0;
     bool ok = r->ref != NULL;
@@ -166,8 +166,10 @@ static bool open_model(drv_model *r, const drv_model_options *o, diag_engine *d)
     /* The reference interprets in f32 whatever the preset, with the preset's
      * quantized weights dequantized (quant_value): the oracle of a plan
      * compiled with the same preset. */
-    drv_lowering lowering = {
-        .precision = o->precision, .precision_options = o->precision_options, .no_fuse = o->no_fuse};
+    drv_lowering lowering = {.precision = o->precision,
+                             .precision_options = o->precision_options,
+                             .no_fuse = o->no_fuse,
+                             .weights_path = o->weights_path};
     if (ref) lowering.precision_options.activations = "f32";
     bool ok = drv_source_with_folder(&o->source, o->weights_path, &r->source, &r->config_path, d);
     if (ok)

@@ -56,10 +56,11 @@ bool drv_compile(const char *model_path, const drv_source_options *given, const 
                  const char *plan_path, drv_compile_report *report, diag_engine *d) {
     ir_module m = {0};
     drv_source_weights weights = {0};
-    drv_lowering lowering = {
-        .precision = o->precision,
-        .precision_options = o->precision_options,
-        .max_step_tokens = o->max_step_tokens, .no_fuse = o->no_fuse};
+    drv_lowering lowering = {.precision = o->precision,
+                             .precision_options = o->precision_options,
+                             .max_step_tokens = o->max_step_tokens,
+                             .no_fuse = o->no_fuse,
+                             .weights_path = o->weights_path};
     drv_source_options source;
     char *config_path = NULL;
     bool ok = drv_source_with_folder(given, o->weights_path, &source, &config_path, d);

@@ -7,8 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-bool drv_quantize_weight(const char *name, const float *w, uint64_t rows, uint64_t cols, const quant_format *f,
-                         const drv_weight_stats *stats, quant_tensor *out, diag_engine *d) {
+bool drv_quantize_weight(const char *name, const float *w, uint64_t rows, uint64_t cols,
+                         const quant_format *f, const drv_weight_stats *stats, quant_tensor *out,
+                         diag_engine *d) {
     memset(out, 0, sizeof *out);
     out->format = *f;
     const char *why = quant_layout_of(f, rows, cols, &out->layout);
@@ -17,13 +18,15 @@ bool drv_quantize_weight(const char *name, const float *w, uint64_t rows, uint64
     if (!why) {
         switch (f->method) {
         case QUANT_METHOD_RTN: why = quant_rtn(w, NULL, out); break;
-        default: why = "this quantization method needs calibration data (--calib), which is not built yet"; break;
+        default:
+            why = "this quantization method needs calibration data (--calib), which is not built yet";
+            break;
         }
     }
     if (why) {
         diag_error(d, SMELT_NO_LOC, "cannot quantize weight '%.*s%s' (%s %llu x %llu, group %u, %s): %s",
-                   DIAG_NAME(name), quant_kind_name(f->kind), (unsigned long long)rows, (unsigned long long)cols,
-                   f->group, quant_method_name(f->method), why);
+                   DIAG_NAME(name), quant_kind_name(f->kind), (unsigned long long)rows,
+                   (unsigned long long)cols, f->group, quant_method_name(f->method), why);
         free(out->data);
         out->data = NULL;
         return false;
@@ -36,6 +39,7 @@ bool drv_source_weights_read_packed(void *context, uint32_t op, uint8_t *dst, ui
     const ir_module *m = w->module;
     quant_format f;
     if (!m || !ir_weight_quant(m, op, &f)) return false;
+    if (f.method == QUANT_METHOD_CHECKPOINT) return drv_read_checkpoint_packed(w, op, &f, dst, bytes);
     const ir_type *t = &m->values[m->ops[op].results[0]].type;
     uint64_t rows = (uint64_t)t->dims[0].size, cols = (uint64_t)t->dims[1].size;
     float *values = malloc(rows * cols * sizeof *values + 1);
