@@ -901,24 +901,9 @@ bool qck_module_formats(const ir_module *m, const qck_scheme *s, const st_checkp
         if (o->dead || o->kind != IR_OP_WEIGHT || s->method == QCK_METHOD_NONE) continue;
         const ir_attr *name = ir_op_attr(m, op, "name"), *stack = ir_op_attr(m, op, "stack");
         if (!name || name->kind != IR_ATTR_STRING) continue; /* the binder reports it */
-        if (stack && stack->kind == IR_ATTR_STRING && stack->as.s[0]) {
-            /* Part 0 stands for all: the binder checks each. */
-            char part[1024];
-            const char *brace = strchr(name->as.s, '{');
-            const char *close = brace ? strchr(brace, '}') : NULL;
-            if (!close || strlen(name->as.s) > 1000) continue;
-            snprintf(part, sizeof part, "%.*s0%s", (int)(brace - name->as.s), name->as.s, close + 1);
-            uint64_t rows, cols;
-            qck_result r = qck_weight_shape(s, ck, part, &rows, &cols, d);
-            if (r == QCK_QUANTIZED)
-                diag_error(
-                    d, o->loc,
-                    "stacked weight '%.*s%s' is pre-quantized in the checkpoint; smelt imports quantized "
-                    "weights of one matrix only",
-                    DIAG_NAME(name->as.s));
-            ok &= r == QCK_NOT_QUANTIZED;
-            continue;
-        }
+        /* Stacked parts (MoE experts): one matrix per weight in the layout,
+         * so they stay float and bind dequantized, exactly. */
+        if (stack && stack->kind == IR_ATTR_STRING && stack->as.s[0]) continue;
         uint64_t rows, cols;
         qck_result r = qck_weight_format(s, ck, name->as.s, &formats[op], &rows, &cols, d);
         ok &= r != QCK_FAILED;

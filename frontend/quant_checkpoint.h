@@ -134,9 +134,9 @@ qck_result qck_weight_format(const qck_scheme *s, const st_checkpoint *ck, const
 /* The format of every live weight op of m (formats[op], m->op_count
  * entries; kind QUANT_NONE for ops that are no weight or whose tensor is a
  * plain float one) from checkpoint ck of scheme s: what the precision pass
- * keeps for pre-quantized weights. Stacked weights (MoE experts) whose parts
- * are quantized are refused: the layout holds one matrix. False after
- * reporting, at the weight's location. */
+ * keeps for pre-quantized weights. Stacked weights (MoE experts) get none:
+ * the layout holds one matrix, so their parts stay float and bind
+ * dequantized (fe_bind_weights_quantized), exactly. False after reporting. */
 bool qck_module_formats(const ir_module *m, const qck_scheme *s, const st_checkpoint *ck,
                         quant_format *formats, diag_engine *d);
 
