@@ -982,7 +982,8 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     cg_line(t, "/* The unit's weight rows (an inactive unit reads row 0 and stores nothing). */");
     cg_line(t, "long long unit = 0, row0 = 0%s;", rope ? ", row1 = 0, pair = 0" : "");
     if (p.quantized)
-        cg_line(t, "quant_row wa = %s, wb = wa;", weight_pointer(&b, true, p.segments[0].p_weight[0], 0, "0"));
+        cg_line(t, "quant_row wa = %s, wb = wa;",
+                weight_pointer(&b, true, p.segments[0].p_weight[0], 0, "0"));
     else
         cg_line(t, "const %s *wa = %s, *wb = %s;", wtype, first, first);
     cg_line(t, "int rows = 1;");

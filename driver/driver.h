@@ -298,6 +298,9 @@ typedef struct drv_lowering {
     drv_precision_options precision_options;
     int64_t max_step_tokens;
     bool no_fuse; /* --no-fuse: one op per kernel (the fuse pass applies no rule) */
+    /* The checkpoint: when the config says it is pre-quantized (AWQ, GPTQ,
+     * FP8), its quantized weights keep their format (drv_import_checkpoint_formats). */
+    const char *weights_path;
 } drv_lowering;
 
 bool drv_ir_print_model(const char *model_path, const drv_source_options *source, const char *after,

@@ -42,7 +42,8 @@ typedef struct drv_source_weights {
     fe_weight_binding binding;
     const ir_module *module; /* the weights' module (their quantization formats) */
 } drv_source_weights;
-bool drv_source_weights_open(drv_source_weights *w, const char *path, const ir_module *m, diag_engine *d);
+bool drv_source_weights_open(drv_source_weights *w, const char *path, const char *config_path,
+                             const ir_module *m, diag_engine *d);
 /* A ref_weight_reader / cg_weight_reader over a drv_source_weights. */
 bool drv_source_weights_read(void *context, uint32_t op, float *dst, uint64_t count);
 /* Harmless on a zeroed drv_source_weights. */
@@ -51,6 +52,21 @@ void drv_source_weights_close(drv_source_weights *w);
  * `op` read as f32 and quantized into its format (drv_quantize_weight);
  * false unless its packed layout is `bytes` bytes. */
 bool drv_source_weights_read_packed(void *context, uint32_t op, uint8_t *dst, uint64_t bytes);
+
+/* ---- quant_import.c: pre-quantized checkpoints ---- */
+
+/* Before the passes: every weight op whose Linear the checkpoint at
+ * weights_path holds pre-quantized (config_path's quantization_config:
+ * AWQ, GPTQ, FP8) takes the checkpoint's format, method "checkpoint", and
+ * its codes' dtype; the precision pass keeps it under every preset and
+ * drv_source_weights_read_packed copies the checkpoint's bytes. Nothing to
+ * do without a quantization_config or a weights path. */
+bool drv_import_checkpoint_formats(ir_module *m, const char *config_path, const char *weights_path,
+                                   diag_engine *d);
+/* Weight op `op` of format f (method "checkpoint") as the checkpoint packs
+ * it: `bytes` bytes into dst, the format checked against f. */
+bool drv_read_checkpoint_packed(const drv_source_weights *w, uint32_t op, const quant_format *f, uint8_t *dst,
+                                uint64_t bytes);
 
 /* ---- quantize.c: the one place a quantizer is chosen ---- */
 

@@ -171,7 +171,8 @@ static bool open_model(drv_model *r, const drv_model_options *o, diag_engine *d)
     drv_lowering lowering = {.precision = o->precision,
                              .precision_options = o->precision_options,
                              .kv_cache = ref_auto_cache ? DRV_KV_CACHE_AUTO : o->kv_cache,
-                             .no_fuse = o->no_fuse};
+                             .no_fuse = o->no_fuse,
+                             .weights_path = o->weights_path};
     if (ref) lowering.precision_options.activations = "f32";
     bool ok = drv_source_with_folder(&o->source, o->weights_path, &r->source, &r->config_path, d);
     if (ok)
@@ -184,7 +185,7 @@ static bool open_model(drv_model *r, const drv_model_options *o, diag_engine *d)
     if (ok) ok = drv_eos_tokens(r->source.config_path, drv_module_vocab(&r->module), &r->info.eos, d);
     if (ok) {
         r->weights_open = true; /* closed later even when binding fails half way */
-        ok = drv_source_weights_open(&r->weights, o->weights_path, &r->module, d);
+        ok = drv_source_weights_open(&r->weights, o->weights_path, r->source.config_path, &r->module, d);
     }
     if (ok && ref) return open_ref(r, o, d);
     char plan_path[4096] = "";

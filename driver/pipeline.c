@@ -59,5 +59,7 @@ bool drv_source_parse(const char *path, const drv_source_options *o, ir_module *
 
 bool drv_source_load(const char *path, const drv_source_options *o, const drv_lowering *l,
                      const char *print_after, ir_module *m, diag_engine *d) {
-    return drv_source_parse(path, o, m, d) && drv_run_passes(m, "all", NULL, l, print_after, d);
+    return drv_source_parse(path, o, m, d) &&
+           (!l || drv_import_checkpoint_formats(m, o->config_path, l->weights_path, d)) &&
+           drv_run_passes(m, "all", NULL, l, print_after, d);
 }

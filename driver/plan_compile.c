@@ -60,13 +60,15 @@ bool drv_compile(const char *model_path, const drv_source_options *given, const 
                              .kv_cache = o->kv_cache,
                              .precision_options = o->precision_options,
                              .max_step_tokens = o->max_step_tokens,
-                             .no_fuse = o->no_fuse};
+                             .no_fuse = o->no_fuse,
+                             .weights_path = o->weights_path};
     drv_source_options source;
     char *config_path = NULL;
     bool ok = drv_source_with_folder(given, o->weights_path, &source, &config_path, d);
     if (ok) source = drv_source_options_for_weights(&source, o->weights_path); /* a GGUF: its metadata */
     ok = ok && drv_source_load(model_path, &source, &lowering, o->print_after, &m, d);
-    if (ok && o->weights_path) ok = drv_source_weights_open(&weights, o->weights_path, &m, d);
+    if (ok && o->weights_path)
+        ok = drv_source_weights_open(&weights, o->weights_path, source.config_path, &m, d);
     drv_eos eos = {.count = 0};
     if (ok) ok = drv_eos_tokens(source.config_path, drv_module_vocab(&m), &eos, d);
     char *tokenizer = NULL;

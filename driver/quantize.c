@@ -39,6 +39,7 @@ bool drv_source_weights_read_packed(void *context, uint32_t op, uint8_t *dst, ui
     const ir_module *m = w->module;
     quant_format f;
     if (!m || !ir_weight_quant(m, op, &f)) return false;
+    if (f.method == QUANT_METHOD_CHECKPOINT) return drv_read_checkpoint_packed(w, op, &f, dst, bytes);
     const ir_type *t = &m->values[m->ops[op].results[0]].type;
     uint64_t rows = (uint64_t)t->dims[0].size, cols = (uint64_t)t->dims[1].size;
     float *values = malloc(rows * cols * sizeof *values + 1);

@@ -4,10 +4,14 @@
 
 #include <string.h>
 
-bool drv_source_weights_open(drv_source_weights *w, const char *path, const ir_module *m, diag_engine *d) {
+bool drv_source_weights_open(drv_source_weights *w, const char *path, const char *config_path,
+                             const ir_module *m, diag_engine *d) {
     memset(w, 0, sizeof *w);
     w->module = m;
-    return st_checkpoint_open(path, &w->checkpoint, d) && fe_bind_weights(m, &w->checkpoint, d, &w->binding);
+    /* A pre-quantized checkpoint (quantization_config) binds its quantized tensors. */
+    qck_scheme scheme;
+    return qck_scheme_of_file(config_path, &scheme, d) && st_checkpoint_open(path, &w->checkpoint, d) &&
+           fe_bind_weights_quantized(m, &w->checkpoint, &scheme, d, &w->binding);
 }
 
 bool drv_source_weights_read(void *context, uint32_t op, float *dst, uint64_t count) {

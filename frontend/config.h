@@ -69,6 +69,9 @@ typedef struct fe_config_key {
 /* The object whose members bind params as if they were top-level keys
  * (transformers 5's "rope_parameters"); config_value looks there too. */
 extern const char *const fe_config_nested_object;
+/* The object a pre-quantized checkpoint's config carries ("quantization_config"):
+ * fe_check_config_keys leaves it to qck_scheme_of_config (quant_checkpoint.h). */
+extern const char *const fe_config_quantization_object;
 
 /* The keys of config.json: every top-level key, then every member of the
  * nested object (named by the member, shown as "rope_parameters.member").

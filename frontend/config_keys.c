@@ -10,6 +10,10 @@
  * and states what it implements with `require` (examples/llama.smelt:
  * `require hidden_act == "silu"`).
  *
+ * "quantization_config" (a pre-quantized AWQ, GPTQ or FP8 checkpoint) is
+ * bound by the checkpoint import (quant_checkpoint.h), whose own tables say
+ * which of its members are read, harmless or refused.
+ *
  * The table is the one place that says which keys are harmless; docs/json.md
  * ("Config keys") lists it for users. Add a key only with its reason.
  */
@@ -17,6 +21,8 @@
 
 #include <jansson.h>
 #include <string.h>
+
+const char *const fe_config_quantization_object = "quantization_config";
 
 /* When an entry holds: for any value, or only for one string value (also
  * when the value is a list of that string only). */
@@ -133,6 +139,9 @@ bool fe_check_config_keys(const fe_config_key *keys, uint32_t count, const fe_co
         bool nested = strcmp(k->name, k->shown) != 0;
         if (!k->value || json_is_null(k->value)) continue;
         if (nested && nested_bound) continue; /* the spec binds the whole object */
+        /* Read by the checkpoint import (qck_scheme_of_config, which the
+         * elaborator runs): it refuses every member it does not understand. */
+        if (!nested && strcmp(k->name, fe_config_quantization_object) == 0) continue;
         /* The nested object itself: its members are checked one by one. */
         if (!nested && strcmp(k->name, fe_config_nested_object) == 0 && json_is_object(k->value)) continue;
         if (name_in(k->name, check->params, check->param_count)) {

@@ -17,6 +17,7 @@
  * error with poison values so that later, independent errors are found too.
  */
 #include "elaborate.h"
+#include "quant_checkpoint.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -797,6 +798,9 @@ static void check_config_keys(fe_elaborator *el) {
         .allowed_count = o ? o->allowed_key_count : 0,
     };
     if (!fe_check_config_keys(keys, key_count, &check, el->diag)) el->failed = true;
+    /* quantization_config: every member understood or refused by name. */
+    qck_scheme scheme;
+    if (!qck_scheme_of_config(&el->config, &scheme, el->diag)) el->failed = true;
 }
 
 bool fe_elaborate(const ast_model *model, const fe_options *o, diag_engine *d, ir_module *out) {

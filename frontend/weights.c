@@ -42,7 +42,31 @@ static char *expand_part_name(arena *a, const char *template, const char *var, u
 /* The tensor `name` of the checkpoint, checked against dtype and `shape`;
  * NULL after reporting. */
 static const st_tensor *find_part(fe_binder *b, const ir_op *op, const char *name, const uint64_t *shape,
-                                  uint32_t rank) {
+                                  uint32_t rank, bool *quantized) {
+    *quantized = false;
+    if (b->out->scheme.method != QCK_METHOD_NONE) {
+        uint64_t rows, cols;
+        qck_result r = qck_weight_shape(&b->out->scheme, b->ck, name, &rows, &cols, b->d);
+        if (r == QCK_FAILED) return NULL;
+        if (r == QCK_QUANTIZED) {
+            uint32_t indices[QCK_MAX_TENSORS];
+            uint32_t count = qck_weight_tensors(&b->out->scheme, b->ck, name, indices);
+            for (uint32_t i = 0; i < count; i++)
+                b->used[indices[i]] = 1;
+            if (rank != 2 || shape[0] != rows || shape[1] != cols) {
+                uint64_t found[2] = {rows, cols};
+                char text[ST_SHAPE_TEXT_MAX], expected[ST_SHAPE_TEXT_MAX];
+                diag_error(b->d, op->loc,
+                           "weight '%.*s%s' is %s in the checkpoint (%s quantized) but the model expects %s",
+                           DIAG_NAME(name), st_format_shape(found, 2, text, sizeof text),
+                           qck_method_name(b->out->scheme.method),
+                           st_format_shape(shape, rank, expected, sizeof expected));
+                return NULL;
+            }
+            *quantized = true;
+            return b->ck->tensors[indices[0]];
+        }
+    }
     uint32_t index = st_checkpoint_index(b->ck, name);
     if (index == UINT32_MAX) {
         diag_error(b->d, op->loc, "weight '%.*s%s' is not in the checkpoint", DIAG_NAME(name));
@@ -117,10 +141,14 @@ static void bind_weight(fe_binder *b, uint32_t op_index) {
 
     fe_bound_weight *w = &b->out->weights[op_index];
     if (!*stack) {
-        const st_tensor *t = find_part(b, op, name, shape, type->rank);
+        bool quantized;
+        const st_tensor *t = find_part(b, op, name, shape, type->rank, &quantized);
         if (!t) return;
         w->parts = arena_array(&b->out->arena, 1, sizeof *w->parts);
         w->parts[0] = t;
+        w->quantized = quantized;
+        w->names = arena_array(&b->out->arena, 1, sizeof *w->names);
+        w->names[0] = name;
         w->part_count = 1;
         w->element_count = elements;
         w->bound = true;
@@ -147,11 +175,20 @@ static void bind_weight(fe_binder *b, uint32_t op_index) {
     }
     uint32_t parts = (uint32_t)shape[0];
     w->parts = arena_array(&b->out->arena, parts ? parts : 1, sizeof *w->parts);
+    w->names = arena_array(&b->out->arena, parts ? parts : 1, sizeof *w->names);
     bool ok = true;
     for (uint32_t i = 0; i < parts && !diag_should_stop(b->d); i++) {
         char *part_name = expand_part_name(&b->out->arena, name, stack, i);
-        w->parts[i] = find_part(b, op, part_name, shape + 1, type->rank - 1u);
+        bool quantized;
+        w->parts[i] = find_part(b, op, part_name, shape + 1, type->rank - 1u, &quantized);
+        w->names[i] = part_name;
         ok &= w->parts[i] != NULL;
+        if (w->parts[i] && i == 0) w->quantized = quantized;
+        if (w->parts[i] && quantized != w->quantized) {
+            diag_error(b->d, op->loc, "stacked weight '%.*s%s': part %u is %squantized, part 0 is %s",
+                       DIAG_NAME(name), i, quantized ? "" : "not ", w->quantized ? "" : "not");
+            ok = false;
+        }
     }
     if (!ok || diag_should_stop(b->d)) return;
     w->part_count = parts;
@@ -197,7 +234,13 @@ static void refuse_unused(fe_binder *b) {
 }
 
 bool fe_bind_weights(const ir_module *m, const st_checkpoint *ck, diag_engine *d, fe_weight_binding *out) {
+    return fe_bind_weights_quantized(m, ck, NULL, d, out);
+}
+
+bool fe_bind_weights_quantized(const ir_module *m, const st_checkpoint *ck, const qck_scheme *scheme,
+                               diag_engine *d, fe_weight_binding *out) {
     memset(out, 0, sizeof *out);
+    if (scheme) out->scheme = *scheme;
     arena_init(&out->arena);
     arena_recovery recovery;
     if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
@@ -234,13 +277,42 @@ const fe_bound_weight *fe_weight_binding_get(const fe_weight_binding *b, uint32_
     return &b->weights[op];
 }
 
+/* A pre-quantized weight's parts, unpacked and dequantized exactly. */
+static bool read_quantized(const fe_weight_binding *b, const fe_bound_weight *w, float *dst,
+                           uint64_t per_part) {
+    for (uint32_t i = 0; i < w->part_count; i++) {
+        qck_weight q;
+        if (qck_read_weight(&b->scheme, b->checkpoint, w->names[i], &q, b->diag) != QCK_QUANTIZED)
+            return false;
+        bool fits = q.tensor.layout.rows * q.tensor.layout.cols == per_part;
+        if (fits) quant_dequantize(&q.tensor, dst + (uint64_t)i * per_part);
+        qck_weight_free(&q);
+        if (!fits) return false;
+    }
+    return true;
+}
+
 bool fe_weight_read_f32(const fe_weight_binding *b, uint32_t op, float *dst, uint64_t count) {
     const fe_bound_weight *w = fe_weight_binding_get(b, op);
     if (!w || count != w->element_count) return false;
     uint64_t per_part = w->part_count ? count / w->part_count : 0;
+    if (w->quantized) return read_quantized(b, w, dst, per_part);
     for (uint32_t i = 0; i < w->part_count; i++)
         if (w->parts[i]->byte_size / st_dtype_size(w->parts[i]->dtype) != per_part) return false;
     for (uint32_t i = 0; i < w->part_count; i++)
         if (!st_tensor_read_f32(w->parts[i], dst + (uint64_t)i * per_part, b->diag)) return false;
     return true;
+}
+
+bool fe_weight_read_packed(const fe_weight_binding *b, uint32_t op, quant_format *format, uint8_t *dst,
+                           uint64_t bytes) {
+    const fe_bound_weight *w = fe_weight_binding_get(b, op);
+    if (!w || !w->quantized || w->part_count != 1) return false;
+    qck_weight q;
+    if (qck_read_weight(&b->scheme, b->checkpoint, w->names[0], &q, b->diag) != QCK_QUANTIZED) return false;
+    bool ok = !dst || q.tensor.layout.total == bytes;
+    if (ok) *format = q.tensor.format;
+    if (ok && dst) memcpy(dst, q.tensor.data, bytes);
+    qck_weight_free(&q);
+    return ok;
 }

@@ -21,6 +21,9 @@
  * lm_head.weight copy, rotary inv_freq buffers, what --allow-unused-tensor
  * names): a tensor left out is a part of the network not computed.
  *
+ * A pre-quantized checkpoint (AWQ, GPTQ, FP8: fe_bind_weights_quantized)
+ * binds each quantized Linear to its tensors and reads it dequantized.
+ *
  * The binding points into the checkpoint, which must stay open while the
  * binding is used.
  */
@@ -29,16 +32,23 @@
 
 #include "checkpoint.h"
 #include "ir.h"
+#include "quant_checkpoint.h"
 
 typedef struct fe_bound_weight {
     bool bound;              /* the op is a weight and all its parts were found and match */
     uint32_t part_count;     /* 1, or dim 0 of the type when stacked */
     const st_tensor **parts; /* part_count tensors, in stack order */
     uint64_t element_count;  /* of the whole weight: product of the IR type's dims */
+    /* Pre-quantized (quant_checkpoint.h): each part is the Linear weight
+     * names[i] of the checkpoint's scheme (parts[i] is then its first
+     * tensor, qweight or the F8 weight). */
+    bool quantized;
+    const char **names;
 } fe_bound_weight;
 
 typedef struct fe_weight_binding {
     arena arena;
+    qck_scheme scheme; /* of a pre-quantized checkpoint; QCK_METHOD_NONE else */
     const ir_module *module;
     const st_checkpoint *checkpoint;
     diag_engine *diag;        /* fe_bind_weights's: fe_weight_read_f32 reports there */
@@ -52,6 +62,13 @@ typedef struct fe_weight_binding {
 bool fe_bind_weights(const ir_module *m, const st_checkpoint *ck, diag_engine *d, fe_weight_binding *out);
 void fe_weight_binding_free(fe_weight_binding *b);
 
+/* The same for a pre-quantized checkpoint of `scheme` (quant_checkpoint.h;
+ * NULL: none): a weight whose Linear has quantized tensors binds to them
+ * (all of them counted as used), its [out, in] checked against the op's
+ * type, and reads as its exact dequantized values (quant_value). */
+bool fe_bind_weights_quantized(const ir_module *m, const st_checkpoint *ck, const qck_scheme *scheme,
+                               diag_engine *d, fe_weight_binding *out);
+
 /* The binding of op `op`, or NULL when it is no successfully bound weight. */
 const fe_bound_weight *fe_weight_binding_get(const fe_weight_binding *b, uint32_t op);
 
@@ -61,5 +78,14 @@ const fe_bound_weight *fe_weight_binding_get(const fe_weight_binding *b, uint32_
  * false after an error (to the binding's diag engine) when the checkpoint
  * was truncated after it was opened (st_tensor_read_f32). */
 bool fe_weight_read_f32(const fe_weight_binding *b, uint32_t op, float *dst, uint64_t count);
+
+/* A bound pre-quantized weight (unstacked) as the checkpoint packs it, in
+ * quant.h's layout: *format (method "checkpoint") and, when dst is not NULL,
+ * its layout's `bytes` bytes copied into dst exactly as qck_read_weight
+ * unpacks them. False when the op is no bound pre-quantized weight, or
+ * `bytes` is not its layout's size, or the read fails (reported to the
+ * binding's diag engine). */
+bool fe_weight_read_packed(const fe_weight_binding *b, uint32_t op, quant_format *format, uint8_t *dst,
+                           uint64_t bytes);
 
 #endif

@@ -1,10 +1,41 @@
 /* fuzz_safetensors.c - the safetensors reader on arbitrary bytes (it maps
  * files, so each input goes through a temporary file). */
+#include "checkpoint.h"
 #include "fuzz.h"
+#include "quant_checkpoint.h"
 #include "safetensors.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
+
+/* Every Linear the file may hold ("P.qweight", "P.weight") read under each
+ * pre-quantized scheme (quant_checkpoint.h): refused or unpacked, never a
+ * crash. */
+static void read_quantized(const char *path, const st_file *f, diag_engine *d) {
+    static const qck_scheme schemes[] = {
+        {QCK_METHOD_AWQ, {QUANT_INT4, QUANT_METHOD_CHECKPOINT, 32, true, false, false}, false, false, false},
+        {QCK_METHOD_GPTQ, {QUANT_INT4, QUANT_METHOD_CHECKPOINT, 16, true, true, false}, true, false, false},
+        {QCK_METHOD_GPTQ, {QUANT_INT4, QUANT_METHOD_CHECKPOINT, 0, false, false, false}, false, false, false},
+        {QCK_METHOD_GPTQ, {QUANT_INT8, QUANT_METHOD_CHECKPOINT, 32, false, false, false}, true, false, false},
+        {QCK_METHOD_FP8, {QUANT_FP8, QUANT_METHOD_CHECKPOINT, 0, false, false, true}, false, false, true},
+        {QCK_METHOD_FP8, {QUANT_FP8, QUANT_METHOD_CHECKPOINT, 0, false, false, false}, false, true, false},
+    };
+    st_checkpoint ck;
+    if (!st_checkpoint_open(path, &ck, d)) return;
+    for (uint32_t i = 0; i < f->tensor_count && i < 16; i++) {
+        const char *name = f->tensors[i].name;
+        const char *dot = strrchr(name, '.');
+        if (!dot || strlen(name) > 900) continue;
+        char weight[1024];
+        snprintf(weight, sizeof weight, "%.*s.weight", (int)(dot - name), name);
+        for (size_t s = 0; s < sizeof schemes / sizeof *schemes; s++) {
+            qck_weight w;
+            if (qck_read_weight(&schemes[s], &ck, weight, &w, d) == QCK_QUANTIZED) qck_weight_free(&w);
+        }
+    }
+    st_checkpoint_close(&ck);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char path[] = "/tmp/smelt-fuzz-XXXXXX";
@@ -30,6 +61,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 free(values);
             }
         }
+        read_quantized(path, &f, &d);
         st_file_close(&f);
     }
     diag_free(&d);

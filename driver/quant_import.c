@@ -1,0 +1,38 @@
+/* quant_import.c - a pre-quantized checkpoint (AWQ, GPTQ, FP8:
+ * frontend/quant_checkpoint.h) into a plan without re-quantizing: each
+ * quantized weight op takes the checkpoint's format before the passes run
+ * (the precision pass keeps method "checkpoint" under every preset), and
+ * its bytes are the checkpoint's, unpacked into quant.h's layout. */
+#include "driver_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+bool drv_import_checkpoint_formats(ir_module *m, const char *config_path, const char *weights_path,
+                                   diag_engine *d) {
+    qck_scheme s;
+    if (!qck_scheme_of_file(config_path, &s, d)) return false;
+    if (s.method == QCK_METHOD_NONE || !weights_path) return true;
+    st_checkpoint ck;
+    if (!st_checkpoint_open(weights_path, &ck, d)) return false;
+    quant_format *formats = malloc((m->op_count ? m->op_count : 1) * sizeof *formats);
+    bool ok = formats != NULL;
+    if (!ok) diag_error(d, SMELT_NO_LOC, "out of memory reading the checkpoint's quantization formats");
+    ok = ok && qck_module_formats(m, &s, &ck, formats, d);
+    for (uint32_t op = 0; ok && op < m->op_count; op++) {
+        if (formats[op].kind == QUANT_NONE) continue;
+        ir_weight_set_quant(m, op, &formats[op]);
+        m->values[m->ops[op].results[0]].type.dtype = quant_code_dtype(formats[op].kind);
+    }
+    free(formats);
+    st_checkpoint_close(&ck);
+    return ok;
+}
+
+bool drv_read_checkpoint_packed(const drv_source_weights *w, uint32_t op, const quant_format *f, uint8_t *dst,
+                                uint64_t bytes) {
+    quant_format got;
+    if (!fe_weight_read_packed(&w->binding, op, &got, dst, bytes)) return false;
+    return got.kind == f->kind && got.group == f->group && got.has_zero == f->has_zero &&
+           got.has_group_index == f->has_group_index && got.has_column_scale == f->has_column_scale;
+}
