@@ -13,8 +13,10 @@
 #                      [--backend host|ref]
 #
 # PATH defaults to build-release/cli/smelt, else build/cli/smelt; C to 256;
-# N to 4097; presets to "bf16 fp8 int8 int4-rtn int4-rtn/64 int4-rtn/32"
-# (PRESET/G: int4 with --group-size G). The perplexity is the plan's on the
+# N to 4097; presets to "bf16 fp8 int8 int4-rtn int4-awq int4-gptq
+# int4-rtn/32 int4-awq/32 int4-gptq/32" (PRESET/G: int4 with --group-size G;
+# int4-awq and int4-gptq calibrate on the demo's training slice,
+# calib_ids.bin, never the held-out text). The perplexity is the plan's on the
 # host simulator (bf16 activations), or with --backend ref the reference
 # interpreter's with the preset's dequantized weights and f32 arithmetic
 # (the weights' error alone, and ~40x faster on a CPU). Needs jq.
@@ -23,7 +25,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 smelt=""
 context=256
 ids=4097
-presets="bf16 fp8 int8 int4-rtn int4-rtn/64 int4-rtn/32"
+presets="bf16 fp8 int8 int4-rtn int4-awq int4-gptq int4-rtn/32 int4-awq/32 int4-gptq/32"
 backend=host
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -55,6 +57,9 @@ options() {
     case "$1" in
     */*) echo "--precision ${1%/*} --group-size ${1#*/}" ;;
     *) echo "--precision $1" ;;
+    esac
+    case "$1" in
+    int4-awq* | int4-gptq*) echo "--calib $demo/calib_ids.bin" ;;
     esac
 }
 decode() { jq -r ".steps[] | select(.kind == \"decode\") | $2" "$1"; }
@@ -89,6 +94,11 @@ echo "Llama-3-8B spec (no weights), modeled decode step at context 1024 (H200: 4
 printf '  %-13s %16s %20s %16s\n' preset "weight bytes" "decode DRAM bytes" "decode time"
 for preset in $presets; do
     name=$(echo "$preset" | tr / g)
+    case "$preset" in
+    int4-awq* | int4-gptq*) # calibrated: only with weights; the bytes are int4-rtn's (+ AWQ's 4 B a column)
+        printf '  %-13s %s\n' "$preset" "(needs weights to calibrate: int4-rtn's bytes at its group size)"
+        continue ;;
+    esac
     # shellcheck disable=SC2046
     "$smelt" compile "$root/examples/llama.smelt" --config "$root/examples/configs/llama-3-8b.json" --target host \
         $(options "$preset") -o "$work/8b-$name.plan" 2>"$work/compile.log" || { cat "$work/compile.log" >&2; exit 1; }

@@ -55,7 +55,8 @@ bool cli_parse_format(const cli_args *a, const char *text, drv_ir_format *out) {
 
 bool cli_parse_precision(const cli_args *a, const char *text, drv_precision *out) {
     if (drv_precision_from_name(text, out)) return true;
-    cli_usage_error(a, "unknown precision '%s' (f32, bf16, int4-rtn, int8 or fp8)", text);
+    cli_usage_error(a, "unknown precision '%s' (f32, bf16, int4-rtn, int4-awq, int4-gptq, int8 or fp8)",
+                    text);
     return false;
 }
 
@@ -208,6 +209,11 @@ int cli_precision_option(cli_args *a, drv_precision_options *o) {
     } else if (cli_flag_value(a, "--keep", &value)) {
         if (!value) return CLI_USAGE_ERROR;
         o->keep = value;
+    } else if (cli_flag_value(a, "--calib", &value)) {
+        if (!value) return CLI_USAGE_ERROR;
+        o->calib_path = value;
+    } else if (cli_flag(a, "--act-order")) {
+        o->act_order = true;
     } else {
         return CLI_NOT_MINE;
     }
@@ -240,7 +246,7 @@ int cli_model_option(cli_args *a, drv_model_options *o) {
     if (allowance != CLI_NOT_MINE) return allowance;
     int precision = cli_precision_option(a, &o->precision_options);
     if (precision != CLI_NOT_MINE) {
-        if (!a->source_option) a->source_option = "--act, --group-size or --keep";
+        if (!a->source_option) a->source_option = "--act, --group-size, --keep, --calib or --act-order";
         return precision;
     }
     if (cli_flag_value(a, "--config", &value)) {

@@ -100,6 +100,7 @@ bool drv_calibrate(const drv_model_options *model, const drv_calib_options *o, d
     drv_model_options f32 = *model;
     f32.backend = DRV_BACKEND_REF;
     f32.precision = DRV_PRECISION_F32; /* statistics of the model as trained */
+    f32.no_fuse = true; /* each matmul reads its own weight op (no concatenation), named as the plan's */
     drv_model *opened = NULL;
     bool ok = count > 0 && drv_model_open(&f32, &opened, d);
     if (count == 0) diag_error(d, SMELT_NO_LOC, "'%s' holds no ids to calibrate on", o->ids_path);
@@ -141,4 +142,24 @@ void drv_calibration_free(drv_calibration *c) {
     free(c->inputs);
     free(c->weights);
     memset(c, 0, sizeof *c);
+}
+
+bool drv_calibrate_for_precision(const drv_model_options *model, drv_calibration *out, diag_engine *d) {
+    memset(out, 0, sizeof *out);
+    if (!drv_precision_needs_calibration(model->precision)) return true;
+    const char *preset = drv_precision_name(model->precision);
+    if (!model->precision_options.calib_path) {
+        diag_error(d, SMELT_NO_LOC, "--precision %s learns from calibration data: pass --calib IDS", preset);
+        diag_note(d, SMELT_NO_LOC,
+                  "IDS holds token ids as `smelt eval --ids` reads them (for the demo model: "
+                  "tests/fixtures/demo/calib_ids.bin, a slice of its training text)");
+        return false;
+    }
+    if (!model->weights_path) {
+        diag_error(d, SMELT_NO_LOC,
+                   "--precision %s quantizes the weights as they are compiled: it needs --weights", preset);
+        return false;
+    }
+    drv_calib_options c = {.ids_path = model->precision_options.calib_path, .xtx = true, .progress = true};
+    return drv_calibrate(model, &c, out, d);
 }

@@ -60,7 +60,9 @@ typedef enum drv_precision {
     DRV_PRECISION_BF16,
     DRV_PRECISION_INT4_RTN,
     DRV_PRECISION_INT8,
-    DRV_PRECISION_FP8
+    DRV_PRECISION_FP8,
+    DRV_PRECISION_INT4_AWQ, /* int4 with AWQ's column scales, from calibration (--calib) */
+    DRV_PRECISION_INT4_GPTQ /* int4 with GPTQ's error compensation, from calibration (--calib) */
 } drv_precision;
 
 /* The precision pass's other options (--act, --group-size, --keep). */
@@ -68,7 +70,12 @@ typedef struct drv_precision_options {
     const char *activations; /* "f32" or "bf16"; NULL: the preset's */
     int64_t group_size;      /* int4: 32, 64 or 128; 0: 128 */
     const char *keep;        /* comma-separated globs of weights kept unquantized; NULL: none */
+    const char *calib_path;  /* int4-awq, int4-gptq: token ids to calibrate on (--calib) */
+    bool act_order;          /* int4-gptq: columns by descending activation energy (--act-order) */
 } drv_precision_options;
+
+/* Whether the preset's quantizers learn from calibration data (--calib). */
+bool drv_precision_needs_calibration(drv_precision p);
 
 /* The preset's name, as --precision spells it. */
 const char *drv_precision_name(drv_precision p);

@@ -40,7 +40,8 @@ bool drv_run_passes(ir_module *m, const char *after, const char *names, const dr
 typedef struct drv_source_weights {
     st_checkpoint checkpoint;
     fe_weight_binding binding;
-    const ir_module *module; /* the weights' module (their quantization formats) */
+    const ir_module *module;                   /* the weights' module (their quantization formats) */
+    const struct drv_calibration *calibration; /* AWQ's and GPTQ's statistics; NULL: none */
 } drv_source_weights;
 bool drv_source_weights_open(drv_source_weights *w, const char *path, const char *config_path,
                              const ir_module *m, diag_engine *d);
@@ -71,8 +72,8 @@ bool drv_read_checkpoint_packed(const drv_source_weights *w, uint32_t op, const 
 /* ---- quantize.c: the one place a quantizer is chosen ---- */
 
 /* Calibration statistics of one weight's input (per-channel absmax and mean
- * |x|, XᵀX), which AWQ, GPTQ and SmoothQuant take; defined with them. */
-typedef struct drv_weight_stats drv_weight_stats;
+ * |x|, XᵀX), which AWQ, GPTQ and SmoothQuant take (quant/calib.h). */
+typedef struct quant_act_stats drv_weight_stats;
 /* w[rows][cols] (row-major f32, a Hugging Face Linear's [out, in]) into
  * *out in format f (quant/quant.h's packed layout; out->data malloc'd, the
  * caller frees it), by f->method: rtn is quant_rtn; awq, gptq and smooth

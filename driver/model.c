@@ -1,6 +1,7 @@
 /* model.c - opening and stepping a model (driver.h): a plan on an engine,
  * a model source compiled in memory to a temporary plan, or a model source
  * interpreted by the reference backend. */
+#include "calibrate.h"
 #include "driver_internal.h"
 
 #include "reference.h"
@@ -20,6 +21,7 @@ struct drv_model {
     smelt_engine *engine;      /* every other backend */
     ir_module module;          /* a source: the module compiled or interpreted */
     drv_source_weights weights;
+    drv_calibration calibration; /* int4-awq, int4-gptq: their quantizers' statistics */
     bool weights_open;
 };
 
@@ -187,6 +189,8 @@ static bool open_model(drv_model *r, const drv_model_options *o, diag_engine *d)
         r->weights_open = true; /* closed later even when binding fails half way */
         ok = drv_source_weights_open(&r->weights, o->weights_path, r->source.config_path, &r->module, d);
     }
+    ok = ok && drv_calibrate_for_precision(o, &r->calibration, d);
+    r->weights.calibration = &r->calibration;
     if (ok && ref) return open_ref(r, o, d);
     char plan_path[4096] = "";
     ok = ok && compile_temporary_plan(o, r, plan_path, sizeof plan_path, d);
@@ -281,6 +285,7 @@ void drv_model_close(drv_model *m) {
     ref_model_free(m->ref);
     smelt_engine_destroy(m->engine);
     if (m->weights_open) drv_source_weights_close(&m->weights);
+    drv_calibration_free(&m->calibration);
     ir_module_free(&m->module);
     free(m->config_path);
     free(m);

@@ -3,7 +3,8 @@
 
 #include <string.h>
 
-static const char *const precision_names[] = {"f32", "bf16", "int4-rtn", "int8", "fp8"};
+static const char *const precision_names[] = {"f32", "bf16",     "int4-rtn", "int8",
+                                              "fp8", "int4-awq", "int4-gptq"};
 
 bool drv_precision_from_name(const char *name, drv_precision *out) {
     for (unsigned i = 0; i < sizeof precision_names / sizeof precision_names[0]; i++)
@@ -16,6 +17,10 @@ bool drv_precision_from_name(const char *name, drv_precision *out) {
 
 const char *drv_precision_name(drv_precision p) {
     return (unsigned)p < sizeof precision_names / sizeof precision_names[0] ? precision_names[p] : "f32";
+}
+
+bool drv_precision_needs_calibration(drv_precision p) {
+    return p == DRV_PRECISION_INT4_AWQ || p == DRV_PRECISION_INT4_GPTQ;
 }
 
 static const char *const kv_cache_names[] = {"auto", "bf16", "f32", "fp8"};

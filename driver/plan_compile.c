@@ -2,6 +2,7 @@
  * one call into codegen (compile_plan.h), on a module the passes have
  * lowered (drv_source_load): the driver's options become the codegen's here
  * and nowhere else. */
+#include "calibrate.h"
 #include "driver_internal.h"
 
 #include "compile_plan.h"
@@ -69,6 +70,15 @@ bool drv_compile(const char *model_path, const drv_source_options *given, const 
     ok = ok && drv_source_load(model_path, &source, &lowering, o->print_after, &m, d);
     if (ok && o->weights_path)
         ok = drv_source_weights_open(&weights, o->weights_path, source.config_path, &m, d);
+    drv_model_options calibrated = drv_model_options_default();
+    calibrated.model_path = model_path;
+    calibrated.weights_path = o->weights_path;
+    calibrated.precision = o->precision;
+    calibrated.precision_options = o->precision_options;
+    calibrated.source = *given;
+    drv_calibration calibration = {0};
+    ok = ok && drv_calibrate_for_precision(&calibrated, &calibration, d);
+    weights.calibration = &calibration;
     drv_eos eos = {.count = 0};
     if (ok) ok = drv_eos_tokens(source.config_path, drv_module_vocab(&m), &eos, d);
     char *tokenizer = NULL;
@@ -79,6 +89,7 @@ bool drv_compile(const char *model_path, const drv_source_options *given, const 
     free(tokenizer);
     free(config_path);
     if (o->weights_path) drv_source_weights_close(&weights);
+    drv_calibration_free(&calibration);
     ir_module_free(&m);
     return ok;
 }

@@ -2,6 +2,7 @@
  * place a quantizer is chosen (by the format's method), for plans compiled
  * with weights, for the reference backend, and for checkpoints bound to a
  * plan at run time. */
+#include "calibrate.h"
 #include "driver_internal.h"
 
 #include <stdlib.h>
@@ -14,13 +15,13 @@ bool drv_quantize_weight(const char *name, const float *w, uint64_t rows, uint64
     out->format = *f;
     const char *why = quant_layout_of(f, rows, cols, &out->layout);
     if (!why && !(out->data = calloc(out->layout.total ? out->layout.total : 1, 1))) why = "out of memory";
-    (void)stats; /* AWQ and GPTQ take calibration statistics: quant/awq.c, quant/gptq.c */
     if (!why) {
         switch (f->method) {
         case QUANT_METHOD_RTN: why = quant_rtn(w, NULL, out); break;
-        default:
-            why = "this quantization method needs calibration data (--calib), which is not built yet";
-            break;
+        case QUANT_METHOD_AWQ:
+        case QUANT_METHOD_GPTQ:
+        case QUANT_METHOD_SMOOTH: why = drv_quantize_from_stats(stats, w, out); break;
+        default: why = "a pre-quantized checkpoint's weight is copied, not quantized"; break;
         }
     }
     if (why) {
@@ -47,7 +48,9 @@ bool drv_source_weights_read_packed(void *context, uint32_t op, uint8_t *dst, ui
     quant_tensor q = {0};
     diag_engine why; /* to stderr; the caller then reports the weight it could not read */
     diag_init(&why, NULL);
-    ok = ok && drv_quantize_weight(ir_op_string(m, op, "name"), values, rows, cols, &f, NULL, &q, &why);
+    const char *name = ir_op_string(m, op, "name");
+    const drv_weight_stats *stats = w->calibration ? drv_calibration_stats(w->calibration, name) : NULL;
+    ok = ok && drv_quantize_weight(name, values, rows, cols, &f, stats, &q, &why);
     ok = ok && q.layout.total == bytes;
     if (ok) memcpy(dst, q.data, bytes);
     diag_free(&why);

@@ -30,6 +30,7 @@ typedef struct pass_options {
     const char *activations; /* precision: "f32" or "bf16" storage of float values; NULL: the preset's */
     int64_t group_size;      /* precision: int4's columns per scale (32, 64 or 128); 0: 128 */
     const char *keep;        /* precision: comma-separated globs of weights kept unquantized; NULL: none */
+    bool act_order;          /* precision, int4-gptq: act-order (each column's group in a group index) */
     const char *kv_cache;    /* precision: KV cache storage, "auto" (NULL means it), "fp8" or the
                                 activation dtype (passes/precision_kv_cache.c) */
     int64_t max_tokens;      /* plan-memory: tokens per step buffers are sized for; 0 or more than

@@ -22,6 +22,12 @@
  *             int4 zero points per group of `group_size` input columns
  *             (32, 64 or 128; a weight of fewer columns has one group per
  *             row), rounded to nearest;
+ *   int4-awq  int4-rtn's format with column scales: AWQ's activation-aware
+ *             per-input-channel scaling (quant/awq.c), searched on
+ *             calibration statistics when the driver fills the weights;
+ *   int4-gptq int4-rtn's format, codes chosen by GPTQ's Hessian-based error
+ *             compensation (quant/gptq.c); with act_order each column's
+ *             group is in a group index (columns by descending XᵀX diagonal);
  *   int8      bf16, and matmul weights W8A16: int8 codes, one f16 scale per
  *             output channel (symmetric), rounded to nearest;
  *   fp8       bf16, and matmul weights E4M3 codes, one f16 scale per output
@@ -53,12 +59,17 @@ typedef struct precision_preset {
     const char *name;
     smelt_dtype activations;
     quant_kind weights; /* QUANT_NONE: matmul weights in the activation dtype */
+    quant_method method;
 } precision_preset;
 
 static const precision_preset presets[] = {
-    {"f32", SMELT_DTYPE_F32, QUANT_NONE},       {"bf16", SMELT_DTYPE_BF16, QUANT_NONE},
-    {"int4-rtn", SMELT_DTYPE_BF16, QUANT_INT4}, {"int8", SMELT_DTYPE_BF16, QUANT_INT8},
-    {"fp8", SMELT_DTYPE_BF16, QUANT_FP8},
+    {"f32", SMELT_DTYPE_F32, QUANT_NONE, QUANT_METHOD_RTN},
+    {"bf16", SMELT_DTYPE_BF16, QUANT_NONE, QUANT_METHOD_RTN},
+    {"int4-rtn", SMELT_DTYPE_BF16, QUANT_INT4, QUANT_METHOD_RTN},
+    {"int8", SMELT_DTYPE_BF16, QUANT_INT8, QUANT_METHOD_RTN},
+    {"fp8", SMELT_DTYPE_BF16, QUANT_FP8, QUANT_METHOD_RTN},
+    {"int4-awq", SMELT_DTYPE_BF16, QUANT_INT4, QUANT_METHOD_AWQ},
+    {"int4-gptq", SMELT_DTYPE_BF16, QUANT_INT4, QUANT_METHOD_GPTQ},
 };
 enum { PRESET_COUNT = sizeof presets / sizeof presets[0] };
 
@@ -85,7 +96,7 @@ static bool kept(const char *keep, const char *name) {
  * in the activation dtype. only_matmul[v]: every reader of v is a matmul
  * (out_in) reading it as its weight. */
 static bool weight_format(const ir_module *m, uint32_t op, const precision_preset *preset, int64_t group_size,
-                          const char *keep, const bool *only_matmul, quant_format *out) {
+                          const char *keep, bool act_order, const bool *only_matmul, quant_format *out) {
     const ir_value *value = &m->values[m->ops[op].results[0]];
     const ir_type *t = &value->type;
     if (preset->weights == QUANT_NONE || !only_matmul[m->ops[op].results[0]] || t->rank != 2 ||
@@ -93,7 +104,10 @@ static bool weight_format(const ir_module *m, uint32_t op, const precision_prese
         ir_op_string(m, op, "stack")[0] != '\0' || kept(keep, ir_op_string(m, op, "name")))
         return false;
     int64_t columns = t->dims[1].size;
-    *out = (quant_format){.kind = preset->weights, .method = QUANT_METHOD_RTN};
+    *out = (quant_format){.kind = preset->weights,
+                          .method = preset->method,
+                          .has_column_scale = preset->method == QUANT_METHOD_AWQ,
+                          .has_group_index = preset->method == QUANT_METHOD_GPTQ && act_order};
     if (preset->weights == QUANT_INT4) {
         int64_t group = columns < group_size ? columns : group_size;
         if (group <= 0 || columns % group != 0) return false;
@@ -118,9 +132,10 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
     for (unsigned i = 0; i < PRESET_COUNT && !preset; i++)
         if (strcmp(name, presets[i].name) == 0) preset = &presets[i];
     if (!preset) {
-        diag_error(d, SMELT_NO_LOC,
-                   "unknown precision '%.*s%s'; known presets: f32, bf16, int4-rtn, int8, fp8",
-                   DIAG_NAME(name));
+        diag_error(
+            d, SMELT_NO_LOC,
+            "unknown precision '%.*s%s'; known presets: f32, bf16, int4-rtn, int4-awq, int4-gptq, int8, fp8",
+            DIAG_NAME(name));
         return false;
     }
     smelt_dtype activations = preset->activations;
@@ -169,7 +184,8 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
             quant_format f;
             if (ir_weight_quant(m, i, &f)) t->dtype = SMELT_DTYPE_F32; /* a former decision: floats again */
             ir_weight_clear_quant(m, i);
-            if (weight_format(m, i, preset, group_size, o ? o->keep : NULL, only_matmul, &f)) {
+            if (weight_format(m, i, preset, group_size, o ? o->keep : NULL, o && o->act_order, only_matmul,
+                              &f)) {
                 ir_weight_set_quant(m, i, &f);
                 t->dtype = quant_code_dtype(f.kind);
                 continue;

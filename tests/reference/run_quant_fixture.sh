@@ -8,9 +8,12 @@
 # quantized kernels (the bound is 1e-3); bf16 is the preset as deployed.
 # PROMPT (comma-separated ids) and ROWS (steps) stand in for the fixture's
 # prompt.txt and tokens.txt where it has none (the demo model).
+# SMELT_QUANT_FLAGS (environment, optional) adds options to both runs: the
+# calibration of int4-awq and int4-gptq (--calib IDS, --act-order).
 set -eu
 smelt=$1 check=$2 model=$3 fixture=$4 work=$5 preset=$6 act=$7 tolerance=$8
 name=$(basename "$fixture")-$preset
+[ -z "${SMELT_QUANT_FLAGS:-}" ] || name=$name-$(printf %s "$SMELT_QUANT_FLAGS" | cksum | cut -d" " -f1)
 oracle=$work/$name-ref
 mkdir -p "$oracle"
 if [ $# -ge 10 ]; then
@@ -19,7 +22,7 @@ else
     prompt=$(cat "$fixture/prompt.txt") rows=$(( $(tr ',' '\n' <"$fixture/tokens.txt" | grep -c .) + 1 ))
 fi
 set -- --config "$fixture/config.json" --weights "$fixture/model.safetensors" --precision "$preset" \
-    --prompt-ids "$prompt" --max-tokens "$rows"
+    --prompt-ids "$prompt" --max-tokens "$rows" ${SMELT_QUANT_FLAGS:-}
 "$smelt" run "$model" "$@" --backend ref --dump-logits "$oracle/logits.npy" >"$oracle/stdout"
 sed -n 's/^tokens: //p' "$oracle/stdout" | tr ' ' ',' >"$oracle/tokens.txt"
 "$smelt" run "$model" "$@" --backend host --act "$act" --dump-logits "$work/$name-host-$act.npy" \
