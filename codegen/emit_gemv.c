@@ -722,12 +722,14 @@ static void write_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x,
     cg_line(t, "sums[i][0] = sums[i][1] = squares[i] = 0.0f;");
     cg_line(t, "}");
     cg_line(t, "for (int c = lane; c < K / VECTOR; c += LANES) {");
-    cg_line(t, "float a[VECTOR], b[VECTOR], xv[VECTOR];");
     if (p->quantized) {
+        /* b zeroed: a C compiler cannot see that load_weight fills it whenever rows == 2 reads it */
+        cg_line(t, "float a[VECTOR], b[VECTOR] = {0.0f}, xv[VECTOR];");
         cg_line(t, "load_weight(w0, c, a);");
         cg_line(t, "if (rows == 2)");
         cg_line(t, "    load_weight(w1, c, b);");
     } else {
+        cg_line(t, "float a[VECTOR], b[VECTOR], xv[VECTOR];");
         cg_line(t, "load_%s(w0 + c * VECTOR, a);", wn);
         cg_line(t, "if (rows == 2)");
         cg_line(t, "    load_%s(w1 + c * VECTOR, b);", wn);
@@ -795,11 +797,15 @@ static uint32_t param_once(cg_kernel_builder *b, const char *name, ir_value_id v
 }
 
 /* The matmul of the group whose result a split of the group takes (its
- * weight concatenated at compile time, passes/fuse.c); IR_NONE when none. */
+ * weight concatenated at compile time, passes/fuse.c, or one fused weight as
+ * Phi-3's qkv_proj) over a float weight, which a GEMM runs in larger steps;
+ * IR_NONE when none (a quantized weight runs in the GEMV at every step). */
 uint32_t cg_group_concat_matmul(const ir_module *m, const cg_group *g) {
     for (uint32_t i = 0; i < g->op_count; i++) {
         const ir_op *op = &m->ops[g->ops[i]];
-        if (op->kind != IR_OP_MATMUL) continue;
+        if (op->kind != IR_OP_MATMUL || op->operand_count < 2 ||
+            !smelt_dtype_is_float(m->values[op->operands[1]].type.dtype))
+            continue;
         uint32_t split = group_reader(m, g, op->results[0], false);
         if (split != IR_NONE && m->ops[split].kind == IR_OP_SPLIT) return g->ops[i];
     }
@@ -824,8 +830,11 @@ static bool write_segment_constants(cg_kernel_builder *b, const gemv_plan *p) {
             cg_line(t, "enum { UP_FIRST_ROW_%u = %lld }; /* and its up rows here */", i,
                     (long long)s->first_row[1]);
         if (p->quantized) {
+            /* the sections of the whole weight the output's rows are in (one
+             * fused weight as Phi-3's qkv_proj holds several outputs' rows) */
+            const ir_type *w = &e->m->values[b->k->params[s->p_weight[0]].value].type;
             quant_layout l;
-            if (quant_layout_of(&p->format, (uint64_t)s->rows, (uint64_t)p->k, &l))
+            if (w->rank != 2 || quant_layout_of(&p->format, (uint64_t)w->dims[0].size, (uint64_t)p->k, &l))
                 return refuse(e, "a quantized weight whose format does not fit it");
             cg_line(t,
                     "enum { SCALES_AT_%u = %llu, ZEROS_AT_%u = %llu, COLUMN_SCALES_AT_%u = %llu, "
