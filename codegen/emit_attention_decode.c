@@ -106,146 +106,170 @@ int chunk = (length + SPLITS - 1) / SPLITS;\n\
 chunk = (chunk + MIN_CHUNK - 1) / MIN_CHUNK * MIN_CHUNK;\n\
 int begin = first + split * chunk;\n\
 int end = smelt_min_i32(begin + chunk, last + 1);\n\
-\n\
-for (int i = threadIdx.x; i < GROUP * HEAD_DIM; i += THREADS) {\n\
-    query[i / HEAD_DIM][i % HEAD_DIM] = LOAD_QUERY((token * QUERY_HEADS + kv_head * GROUP) * HEAD_DIM + i);\n\
-}\n\
-__syncthreads();\n\
-\n\
-/* The online softmax: the running max is the same in every thread; each\n\
- * thread sums the weights of its own positions (merged at the end). */\n\
-float running_max[GROUP], running_sum[GROUP], accumulator[GROUP][VALUE_VEC];\n\
-for (int h = 0; h < GROUP; h++) {\n\
-    running_max[h] = NEGATIVE_INFINITY;\n\
-    running_sum[h] = 0.0f;\n\
-    for (int e = 0; e < VALUE_VEC; e++) {\n\
-        accumulator[h][e] = 0.0f;\n\
-    }\n\
-}\n\
-for (int tile = begin; tile < end; tile += TILE) {\n\
-    /* 1. thread j scores position tile + j for every head of the group */\n\
-    int p = tile + threadIdx.x;\n\
-    float score[GROUP];\n\
-    for (int h = 0; h < GROUP; h++) {\n\
-        score[h] = NEGATIVE_INFINITY;\n\
-    }\n\
-    if (p < end && written[p]) {\n\
-        const uint4 *row = (const uint4 *)(k_cache + ((long long)p * KV_HEADS + kv_head) * HEAD_DIM);\n\
-        float dot[GROUP];\n\
-        for (int h = 0; h < GROUP; h++) {\n\
-            dot[h] = 0.0f;\n\
-        }\n\
-        for (int c = 0; c < HEAD_DIM / KEY_VEC; c++) {\n\
-            float key[KEY_VEC];\n\
-            UNPACK_KEYS(row[c], key);\n\
-            for (int h = 0; h < GROUP; h++) {\n\
-                for (int e = 0; e < KEY_VEC; e++) {\n\
-                    dot[h] += query[h][c * KEY_VEC + e] * key[e];\n\
-                }\n\
-            }\n\
-        }\n\
-        for (int h = 0; h < GROUP; h++) {\n\
-            score[h] = CAPPED(dot[h] * KEY_SCALE(p) * SCALE);\n\
-        }\n\
-    }\n\
-    /* 2. the tile's max per head, and each position's weight */\n\
-    for (int h = 0; h < GROUP; h++) {\n\
-        float most = warp_max(score[h]);\n\
-        if (lane == 0) {\n\
-            warp_partial[h][warp] = most;\n\
-        }\n\
-    }\n\
-    __syncthreads();\n\
-    float correction[GROUP];\n\
-    for (int h = 0; h < GROUP; h++) {\n\
-        float new_max = running_max[h];\n\
-        for (int w = 0; w < WARPS; w++) {\n\
-            new_max = fmaxf(new_max, warp_partial[h][w]);\n\
-        }\n\
-        /* 0 for the first tile that sees a position; 1 while none is seen */\n\
-        correction[h] = new_max > NEGATIVE_INFINITY ? expf(running_max[h] - new_max) : 1.0f;\n\
-        float weight = score[h] > NEGATIVE_INFINITY ? expf(score[h] - new_max) : 0.0f;\n\
-        weights[h][threadIdx.x] = weight;\n\
-        running_sum[h] = running_sum[h] * correction[h] + weight;\n\
-        running_max[h] = new_max;\n\
-    }\n\
-    __syncthreads();\n\
-    /* 3. thread (key lane, value chunk) folds the values of positions\n\
-     *    key_lane, key_lane + KEY_LANES, ... of the tile */\n\
-    if (key_lane < KEY_LANES) {\n\
-        for (int h = 0; h < GROUP; h++) {\n\
-            for (int e = 0; e < VALUE_VEC; e++) {\n\
-                accumulator[h][e] *= correction[h];\n\
-            }\n\
-        }\n\
-        for (int j = key_lane; j < TILE && tile + j < end; j += KEY_LANES) {\n\
-            const uint4 *row =\n\
-                (const uint4 *)(v_cache + ((long long)(tile + j) * KV_HEADS + kv_head) * VALUE_DIM);\n\
-            float value[VALUE_VEC];\n\
-            UNPACK_VALUES(row[value_chunk], value);\n\
-            float value_scale = VALUE_SCALE(tile + j);\n\
-            for (int h = 0; h < GROUP; h++) {\n\
-                float weight = weights[h][j] * value_scale;\n\
-                for (int e = 0; e < VALUE_VEC; e++) {\n\
-                    accumulator[h][e] += weight * value[e];\n\
-                }\n\
-            }\n\
-        }\n\
-    }\n\
-    __syncthreads(); /* weights is rewritten by the next tile */\n\
-}\n\
-\n\
-/* 4. this split's result: the key lanes' accumulators and the threads' sums merged */\n\
-if (key_lane < KEY_LANES) {\n\
-    for (int h = 0; h < GROUP; h++) {\n\
-        for (int e = 0; e < VALUE_VEC; e++) {\n\
-            merged[key_lane][h * VALUE_DIM + value_chunk * VALUE_VEC + e] = accumulator[h][e];\n\
-        }\n\
-    }\n\
-}\n\
-for (int h = 0; h < GROUP; h++) {\n\
-    float sum = warp_sum(running_sum[h]);\n\
-    if (lane == 0) {\n\
-        warp_partial[h][warp] = sum;\n\
-    }\n\
-}\n\
-__syncthreads();\n\
+/* the splits with positions: 0 .. used - 1; the same in every block of the\n\
+ * (token, kv head), so a split past them is empty in all its threads */\n\
+int used = chunk > 0 ? (length + chunk - 1) / chunk : 0;\n\
 long long group_row = (token * QUERY_HEADS + kv_head * GROUP) * VALUE_DIM;\n\
-if (SPLITS == 1) {\n\
+if (SPLITS == 1 && used == 0) {\n\
     for (int i = threadIdx.x; i < GROUP * VALUE_DIM; i += THREADS) {\n\
-        float sum = 0.0f, value = 0.0f;\n\
-        for (int w = 0; w < WARPS; w++) {\n\
-            sum += warp_partial[i / VALUE_DIM][w];\n\
-        }\n\
-        for (int k = 0; k < KEY_LANES; k++) {\n\
-            value += merged[k][i];\n\
-        }\n\
-        STORE_OUTPUT(group_row + i, sum > 0.0f ? value / sum : 0.0f);\n\
+        STORE_OUTPUT(group_row + i, 0.0f); /* no position to attend */\n\
     }\n\
     return;\n\
 }\n\
-float *partial = partials + ((token * KV_HEADS + kv_head) * SPLITS + split) * PARTIAL;\n\
-for (int i = threadIdx.x; i < GROUP * VALUE_DIM; i += THREADS) {\n\
-    float value = 0.0f;\n\
-    for (int k = 0; k < KEY_LANES; k++) {\n\
-        value += merged[k][i];\n\
+/* An empty split writes no partial (the merge reads the used ones only)\n\
+ * and only counts itself done: one barrier, no reduction. */\n\
+if (split < used) {\n\
+    for (int i = threadIdx.x; i < GROUP * HEAD_DIM; i += THREADS) {\n\
+        query[i / HEAD_DIM][i % HEAD_DIM] = LOAD_QUERY((token * QUERY_HEADS + kv_head * GROUP) * HEAD_DIM + i);\n\
     }\n\
-    partial[i] = value;\n\
-}\n\
-if (threadIdx.x == 0) {\n\
+    __syncthreads();\n\
+\n\
+    /* The online softmax: the running max is the same in every thread; each\n\
+     * thread sums the weights of its own positions (merged at the end). */\n\
+    float running_max[GROUP], running_sum[GROUP], accumulator[GROUP][VALUE_VEC];\n\
+    for (int h = 0; h < GROUP; h++) {\n\
+        running_max[h] = NEGATIVE_INFINITY;\n\
+        running_sum[h] = 0.0f;\n\
+        for (int e = 0; e < VALUE_VEC; e++) {\n\
+            accumulator[h][e] = 0.0f;\n\
+        }\n\
+    }\n\
+    for (int tile = begin; tile < end; tile += TILE) {\n\
+        /* 1. thread j scores position tile + j for every head of the group */\n\
+        int p = tile + threadIdx.x;\n\
+        float score[GROUP];\n\
+        for (int h = 0; h < GROUP; h++) {\n\
+            score[h] = NEGATIVE_INFINITY;\n\
+        }\n\
+        if (p < end && written[p]) {\n\
+            const uint4 *row = (const uint4 *)(k_cache + ((long long)p * KV_HEADS + kv_head) * HEAD_DIM);\n\
+            float dot[GROUP];\n\
+            for (int h = 0; h < GROUP; h++) {\n\
+                dot[h] = 0.0f;\n\
+            }\n\
+            for (int c = 0; c < HEAD_DIM / KEY_VEC; c++) {\n\
+                float key[KEY_VEC];\n\
+                UNPACK_KEYS(row[c], key);\n\
+                for (int h = 0; h < GROUP; h++) {\n\
+                    for (int e = 0; e < KEY_VEC; e++) {\n\
+                        dot[h] += query[h][c * KEY_VEC + e] * key[e];\n\
+                    }\n\
+                }\n\
+            }\n\
+            for (int h = 0; h < GROUP; h++) {\n\
+                score[h] = CAPPED(dot[h] * KEY_SCALE(p) * SCALE);\n\
+            }\n\
+        }\n\
+        /* 2. the tile's max per head, and each position's weight (a warp\n\
+         *    wholly past the split's end has only -inf scores: no shuffles) */\n\
+        int warp_sees = tile + warp * 32 < end;\n\
+        for (int h = 0; h < GROUP; h++) {\n\
+            float most = NEGATIVE_INFINITY;\n\
+            if (warp_sees) {\n\
+                most = warp_max(score[h]);\n\
+            }\n\
+            if (lane == 0) {\n\
+                warp_partial[h][warp] = most;\n\
+            }\n\
+        }\n\
+        __syncthreads();\n\
+        float correction[GROUP];\n\
+        for (int h = 0; h < GROUP; h++) {\n\
+            float new_max = running_max[h];\n\
+            for (int w = 0; w < WARPS; w++) {\n\
+                new_max = fmaxf(new_max, warp_partial[h][w]);\n\
+            }\n\
+            /* 0 for the first tile that sees a position; 1 while none is seen */\n\
+            correction[h] = new_max > NEGATIVE_INFINITY ? expf(running_max[h] - new_max) : 1.0f;\n\
+            float weight = score[h] > NEGATIVE_INFINITY ? expf(score[h] - new_max) : 0.0f;\n\
+            weights[h][threadIdx.x] = weight;\n\
+            running_sum[h] = running_sum[h] * correction[h] + weight;\n\
+            running_max[h] = new_max;\n\
+        }\n\
+        __syncthreads();\n\
+        /* 3. thread (key lane, value chunk) folds the values of positions\n\
+         *    key_lane, key_lane + KEY_LANES, ... of the tile */\n\
+        if (key_lane < KEY_LANES) {\n\
+            for (int h = 0; h < GROUP; h++) {\n\
+                for (int e = 0; e < VALUE_VEC; e++) {\n\
+                    accumulator[h][e] *= correction[h];\n\
+                }\n\
+            }\n\
+            for (int j = key_lane; j < TILE && tile + j < end; j += KEY_LANES) {\n\
+                const uint4 *row =\n\
+                    (const uint4 *)(v_cache + ((long long)(tile + j) * KV_HEADS + kv_head) * VALUE_DIM);\n\
+                float value[VALUE_VEC];\n\
+                UNPACK_VALUES(row[value_chunk], value);\n\
+                float value_scale = VALUE_SCALE(tile + j);\n\
+                for (int h = 0; h < GROUP; h++) {\n\
+                    float weight = weights[h][j] * value_scale;\n\
+                    for (int e = 0; e < VALUE_VEC; e++) {\n\
+                        accumulator[h][e] += weight * value[e];\n\
+                    }\n\
+                }\n\
+            }\n\
+        }\n\
+        __syncthreads(); /* weights is rewritten by the next tile */\n\
+    }\n\
+\n\
+    /* 4. this split's result: the key lanes' accumulators and the threads' sums merged */\n\
+    if (key_lane < KEY_LANES) {\n\
+        for (int h = 0; h < GROUP; h++) {\n\
+            for (int e = 0; e < VALUE_VEC; e++) {\n\
+                merged[key_lane][h * VALUE_DIM + value_chunk * VALUE_VEC + e] = accumulator[h][e];\n\
+            }\n\
+        }\n\
+    }\n\
+    /* a warp that saw no position of any tile summed only zeros */\n\
+    int warp_saw = begin + warp * 32 < end;\n\
     for (int h = 0; h < GROUP; h++) {\n\
         float sum = 0.0f;\n\
-        for (int w = 0; w < WARPS; w++) {\n\
-            sum += warp_partial[h][w];\n\
+        if (warp_saw) {\n\
+            sum = warp_sum(running_sum[h]);\n\
         }\n\
-        partial[GROUP * VALUE_DIM + h] = running_max[h];\n\
-        partial[GROUP * VALUE_DIM + GROUP + h] = sum;\n\
+        if (lane == 0) {\n\
+            warp_partial[h][warp] = sum;\n\
+        }\n\
     }\n\
+    __syncthreads();\n\
+    if (SPLITS == 1) {\n\
+        for (int i = threadIdx.x; i < GROUP * VALUE_DIM; i += THREADS) {\n\
+            float sum = 0.0f, value = 0.0f;\n\
+            for (int w = 0; w < WARPS; w++) {\n\
+                sum += warp_partial[i / VALUE_DIM][w];\n\
+            }\n\
+            for (int k = 0; k < KEY_LANES; k++) {\n\
+                value += merged[k][i];\n\
+            }\n\
+            STORE_OUTPUT(group_row + i, sum > 0.0f ? value / sum : 0.0f);\n\
+        }\n\
+        return;\n\
+    }\n\
+    float *partial = partials + ((token * KV_HEADS + kv_head) * SPLITS + split) * PARTIAL;\n\
+    for (int i = threadIdx.x; i < GROUP * VALUE_DIM; i += THREADS) {\n\
+        float value = 0.0f;\n\
+        for (int k = 0; k < KEY_LANES; k++) {\n\
+            value += merged[k][i];\n\
+        }\n\
+        partial[i] = value;\n\
+    }\n\
+    if (threadIdx.x == 0) {\n\
+        for (int h = 0; h < GROUP; h++) {\n\
+            float sum = 0.0f;\n\
+            for (int w = 0; w < WARPS; w++) {\n\
+                sum += warp_partial[h][w];\n\
+            }\n\
+            partial[GROUP * VALUE_DIM + h] = running_max[h];\n\
+            partial[GROUP * VALUE_DIM + GROUP + h] = sum;\n\
+        }\n\
+    }\n\
+\n\
+    __threadfence(); /* this split's partial is visible before it counts itself done */\n\
+    __syncthreads();\n\
 }\n\
 \n\
-/* 5. the last split of this (token, kv head) to finish merges them all */\n\
-__threadfence(); /* this split's partial is visible before it counts itself done */\n\
-__syncthreads();\n\
+/* 5. the last split of this (token, kv head) to finish, empty or not, merges\n\
+ *    the used ones (every split counts itself, so SPLITS counts are the end) */\n\
 if (threadIdx.x == 0) {\n\
     int done = smelt_atomic_add_i32(&counters[token * KV_HEADS + kv_head], 1);\n\
     is_last = done == SPLITS - 1;\n\
@@ -260,13 +284,13 @@ const volatile float *all = partials + (token * KV_HEADS + kv_head) * SPLITS * P
 for (int i = threadIdx.x; i < GROUP * VALUE_DIM; i += THREADS) {\n\
     int h = i / VALUE_DIM;\n\
     float most = NEGATIVE_INFINITY;\n\
-    for (int s = 0; s < SPLITS; s++) {\n\
+    for (int s = 0; s < used; s++) {\n\
         if (all[s * PARTIAL + GROUP * VALUE_DIM + GROUP + h] > 0.0f) {\n\
             most = fmaxf(most, all[s * PARTIAL + GROUP * VALUE_DIM + h]);\n\
         }\n\
     }\n\
     float sum = 0.0f, value = 0.0f;\n\
-    for (int s = 0; s < SPLITS; s++) {\n\
+    for (int s = 0; s < used; s++) {\n\
         float split_sum = all[s * PARTIAL + GROUP * VALUE_DIM + GROUP + h];\n\
         if (split_sum > 0.0f) {\n\
             float rescale = expf(all[s * PARTIAL + GROUP * VALUE_DIM + h] - most);\n\

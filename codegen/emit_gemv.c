@@ -8,7 +8,8 @@
  * FIRST_ROW of that weight: the work is a list of segments,
  * one per group output, each a number of units; a unit — one or two
  * weight rows against the rows of x — runs on LANES (4) lanes of a warp,
- * so a warp holds 8 units and one shuffle reduces 8 sums:
+ * so a warp holds 8 units and one shuffle reduces 8 sums (a group too small
+ * to fill an H200 takes one lane a unit and no shuffles, gemv_shape):
  *
  *   plain   out[t, n] = x[t] . w[n] (+ bias[n]) (+ residual[t, n])
  *   swiglu  out[t, n] = silu(x[t] . gate[n] + bg[n]) * (x[t] . up[n] + bu[n])
@@ -41,7 +42,7 @@
  * segments and epilogues, reading the GEMM's output columns instead of dot
  * products.
  * A unit's 4 lanes read 64 consecutive bytes of its bf16 row per load: whole
- * 32-byte sectors.
+ * 32-byte sectors (a one-lane unit reads a sector's two halves in two loads).
  *
  * Quantized weights (quant/quant.h's packed layout, set by `precision`) are
  * read once as well and dequantized in registers, exactly as quant_value
@@ -684,7 +685,7 @@ static void write_epilogue(cg_kernel_builder *b, const gemv_plan *p, const gemv_
 }
 
 static void write_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x, uint32_t norm_weight,
-                           uint32_t weight) {
+                           uint32_t weight, int lanes) {
     bool two_rows = false; /* a rotary or SwiGLU pair: some unit reads two rows */
     for (uint32_t i = 0; i < p->segment_count; i++)
         two_rows |= p->segments[i].kind != GEMV_PLAIN;
@@ -693,19 +694,25 @@ static void write_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x,
     const char *wn = p->quantized ? "" : cg_dtype_name(b->params[weight].dtype);
     const char *xt = cg_dtype_ctype(b->params[x].dtype), *xn = cg_dtype_name(b->params[x].dtype);
     const char *gt = p->norm ? cg_dtype_ctype(b->params[norm_weight].dtype) : "float";
-    cg_line(t, "/* The sum over the LANES lanes of a unit (an aligned group of the warp), in each;");
-    cg_line(t, " * every lane of the warp takes part. */");
-    cg_line(t, "SMELT_DEVICE float unit_sum(float v)");
-    cg_line(t, "{");
-    cg_line(t, "for (int offset = LANES / 2; offset > 0; offset /= 2)");
-    cg_line(t, "    v += smelt_shfl_xor_f32(0xffffffffu, v, offset);");
-    cg_line(t, "return v;");
-    cg_line(t, "}");
-    cg_blank(t);
+    if (lanes > 1) {
+        cg_line(t, "/* The sum over the LANES lanes of a unit (an aligned group of the warp), in each;");
+        cg_line(t, " * every lane of the warp takes part. */");
+        cg_line(t, "SMELT_DEVICE float unit_sum(float v)");
+        cg_line(t, "{");
+        cg_line(t, "for (int offset = LANES / 2; offset > 0; offset /= 2)");
+        cg_line(t, "    v += smelt_shfl_xor_f32(0xffffffffu, v, offset);");
+        cg_line(t, "return v;");
+        cg_line(t, "}");
+        cg_blank(t);
+    }
     cg_line(t, "/* sums[i][r] = x[t0 + i] . w_r (x scaled by the norm weight when there is one) and");
     cg_line(t, " * squares[i] = x[t0 + i] . x[t0 + i], over the whole row, in every lane of the unit;");
-    cg_line(t, " * its lanes take VECTOR consecutive k at a time, every weight byte read once. Called");
-    cg_line(t, " * by every lane of the warp together (the reductions shuffle). */");
+    if (lanes > 1) {
+        cg_line(t, " * its lanes take VECTOR consecutive k at a time, every weight byte read once. Called");
+        cg_line(t, " * by every lane of the warp together (the reductions shuffle). */");
+    } else {
+        cg_line(t, " * VECTOR consecutive k at a time, every weight byte read once (a unit is one lane). */");
+    }
     if (p->quantized)
         cg_line(t,
                 "SMELT_DEVICE void dot_rows(quant_row w0, quant_row w1, int rows, const %s *x, const %s *g,",
@@ -717,11 +724,12 @@ static void write_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x,
     cg_line(t, "                           long long t0, int tokens, float sums[TOKEN_TILE][2],");
     cg_line(t, "                           float squares[TOKEN_TILE])");
     cg_line(t, "{");
-    cg_line(t, "int lane = threadIdx.x %% LANES;");
+    if (lanes > 1) cg_line(t, "int lane = threadIdx.x %% LANES;");
     cg_line(t, "for (int i = 0; i < TOKEN_TILE; i++) {");
     cg_line(t, "sums[i][0] = sums[i][1] = squares[i] = 0.0f;");
     cg_line(t, "}");
-    cg_line(t, "for (int c = lane; c < K / VECTOR; c += LANES) {");
+    cg_line(t, lanes > 1 ? "for (int c = lane; c < K / VECTOR; c += LANES) {"
+                         : "for (int c = 0; c < K / VECTOR; c++) {");
     if (p->quantized) {
         /* b zeroed: a C compiler cannot see that load_weight fills it whenever rows == 2 reads it */
         cg_line(t, "float a[VECTOR], b[VECTOR] = {0.0f}, xv[VECTOR];");
@@ -753,26 +761,44 @@ static void write_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x,
     cg_line(t, "}");
     cg_line(t, "}");
     cg_line(t, "}");
-    cg_line(t, "/* the bound is uniform across the warp: every lane shuffles */");
-    cg_line(t, "for (int i = 0; i < TOKEN_TILE && t0 + i < tokens; i++) {");
-    cg_line(t, "sums[i][0] = unit_sum(sums[i][0]);");
-    if (two_rows) cg_line(t, "sums[i][1] = unit_sum(sums[i][1]);");
-    if (p->norm) cg_line(t, "squares[i] = unit_sum(squares[i]);");
-    cg_line(t, "}");
+    if (lanes > 1) {
+        cg_line(t, "/* the bound is uniform across the warp: every lane shuffles */");
+        cg_line(t, "for (int i = 0; i < TOKEN_TILE && t0 + i < tokens; i++) {");
+        cg_line(t, "sums[i][0] = unit_sum(sums[i][0]);");
+        if (two_rows) cg_line(t, "sums[i][1] = unit_sum(sums[i][1]);");
+        if (p->norm) cg_line(t, "squares[i] = unit_sum(squares[i]);");
+        cg_line(t, "}");
+    }
     cg_line(t, "}");
     cg_blank(t);
 }
 
 /* Warps per block for `units` units (8 a warp): the most, of 8, 4 and 2,
  * that still leave two blocks per SM of an H200 (132 SMs), else one block
- * per SM; a model too small to fill the SMs at all gets 8 (the fewest
- * blocks, which is also what the simulator runs fastest). */
+ * per SM; 0 for a model too small to fill the SMs at all (gemv_shape). */
 static int block_warps(int64_t units) {
     const int64_t sms = 132;
     for (int64_t wanted = 2 * sms; wanted >= sms; wanted -= sms)
         for (int warps = 8; warps >= 2; warps /= 2)
             if ((units + warps * (32 / GEMV_LANES) - 1) / (warps * (32 / GEMV_LANES)) >= wanted) return warps;
-    return 8;
+    return 0;
+}
+
+/* Lanes per unit and warps per block. A group with the units to fill an
+ * H200 has GEMV_LANES lanes a unit (block_warps). One too small to fill it
+ * even in blocks of 2 warps (fewer than 132 * 16 units: the bundled demo,
+ * not Llama-3-8B) leaves SMs idle whatever the split, so it takes one lane a
+ * unit and no shuffles: a lane still loads 128 bits at a time and reads its
+ * row once, its 4x more loads independent of each other; blocks of
+ * SMALL_WARPS warps spread the units over more SMs (and simulator workers). */
+enum { GEMV_SMALL_WARPS = 2 };
+static void gemv_shape(int64_t units, int *lanes, int *warps) {
+    *warps = block_warps(units);
+    *lanes = GEMV_LANES;
+    if (*warps == 0) {
+        *warps = GEMV_SMALL_WARPS;
+        *lanes = 1;
+    }
 }
 
 /* The K (and its written flags) or V cache output i stores into, when it does. */
@@ -943,13 +969,14 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
         write_cache_params(&b, s, i);
     }
     cg_param_tokens(&b);
-    int warps = block_warps(units);
-    cg_kernel_launch(&b, (prog_affine){0, units, warps * (32 / GEMV_LANES)}, (prog_affine){0, 1, 1},
+    int lanes, warps;
+    gemv_shape(units, &lanes, &warps);
+    cg_kernel_launch(&b, (prog_affine){0, units, warps * (32 / lanes)}, (prog_affine){0, 1, 1},
                      32 * (uint32_t)warps);
     cg_kernel_open(&b);
     cg_text *t = &b.text;
     cg_line(t, "enum { K = %lld, VECTOR = %d, WARPS = %d, LANES = %d, UNITS_PER_WARP = 32 / LANES };",
-            (long long)p.k, vector, warps, GEMV_LANES);
+            (long long)p.k, vector, warps, lanes);
     if (p.quantized)
         cg_line(
             t, "enum { GROUP = %u, GROUPS = K / GROUP }; /* %s codes, one f16 scale per GROUP columns%s */",
@@ -977,7 +1004,7 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
         cg_line(t, "}");
         cg_blank(t);
     }
-    write_dot_rows(&b, &p, x, norm_weight, p.segments[0].p_weight[0]);
+    write_dot_rows(&b, &p, x, norm_weight, p.segments[0].p_weight[0], lanes);
     cg_kernel_signature(&b);
     bool rope = false;
     for (uint32_t i = 0; i < p.segment_count; i++)

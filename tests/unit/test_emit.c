@@ -1162,6 +1162,35 @@ static void test_gemv_residual_and_swiglu(void **state) {
     }
 }
 
+/* Groups with the units to fill an H200 (2,200 rows: at least 132 blocks of
+ * 2 warps of 4-lane units, as Llama-3-8B's) take 4 lanes a unit and reduce
+ * with shuffles; the small ones above take one lane a unit and none
+ * (emit_gemv.c, gemv_shape). o_proj + residual and gate/up + SwiGLU. */
+static void test_gemv_wide_groups(void **state) {
+    (void)state;
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(precisions[p]);
+        ir_value_id a = case_input(c, "a", "f32[tokens, 48]"), h = case_input(c, "h", "f32[tokens, 2200]");
+        ir_value_id x = case_input(c, "x", "f32[tokens, 16]");
+        ir_value_id wo = case_weight(c, "f32[2200, 48]");
+        uint32_t o = case_op(c, IR_OP_MATMUL, (ir_value_id[]){a, wo}, 2);
+        uint32_t residual = case_op(c, IR_OP_ADD, (ir_value_id[]){h, case_result(c, o)}, 2);
+        ir_value_id wg = case_weight(c, "f32[2200, 16]"), wu = case_weight(c, "f32[2200, 16]");
+        uint32_t gate = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wg}, 2);
+        uint32_t up = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wu}, 2);
+        uint32_t silu = case_op(c, IR_OP_SILU, (ir_value_id[]){case_result(c, gate)}, 1);
+        uint32_t mul = case_op(c, IR_OP_MUL, (ir_value_id[]){case_result(c, silu), case_result(c, up)}, 2);
+        case_infer(c);
+        const uint32_t first[2] = {o, residual}, second[4] = {gate, up, silu, mul};
+        const ir_value_id first_out = case_result(c, residual), second_out = case_result(c, mul);
+        for (int64_t t = 1; t <= 6; t += 5) {
+            case_run_group(c, first, 2, &first_out, 1, t, F32_TOLERANCE);
+            case_run_group(c, second, 4, &second_out, 1, t, F32_TOLERANCE);
+        }
+        case_free(c);
+    }
+}
+
 /* The residual norm: add and the norm of its sum in one kernel, which
  * writes both (RMSNorm; LayerNorm with and without a bias). */
 static void test_residual_norm(void **state) {
@@ -1289,6 +1318,7 @@ int main(void) {
         cmocka_unit_test(test_group_without_emitter_is_refused),
         cmocka_unit_test(test_gemv_norm_qkv_rope),
         cmocka_unit_test(test_gemv_residual_and_swiglu),
+        cmocka_unit_test(test_gemv_wide_groups),
         cmocka_unit_test(test_residual_norm),
         cmocka_unit_test(test_elementwise_chain),
     };
