@@ -473,10 +473,10 @@ static void write_quant_loader(cg_text *t, const quant_format *f, int vector) {
         vector > 1
             ? (int4                    ? "(float)((int)((words[i / 8] >> (i % 8 * 4)) & 15u) - zero)"
                : f->kind == QUANT_INT8 ? "(float)(int8_t)(uint8_t)(words[i / 4] >> (i % 4 * 8))"
-                                       : "smelt_e4m3_to_f32((uint8_t)(words[i / 4] >> (i % 4 * 8)))")
+                                       : "smelt_f8e4m3_to_f32((uint8_t)(words[i / 4] >> (i % 4 * 8)))")
             : (int4 ? "(float)((int)((r.w[(r.first + k0) / 2] >> ((r.first + k0) % 2 * 4)) & 15u) - zero)"
                : f->kind == QUANT_INT8 ? "(float)(int8_t)r.w[r.first + k0]"
-                                       : "smelt_e4m3_to_f32(r.w[r.first + k0])");
+                                       : "smelt_f8e4m3_to_f32(r.w[r.first + k0])");
     cg_line(t, "/* VECTOR weights of row r from column c * VECTOR: (q - z) * s%s, in f32. */",
             f->has_column_scale ? " * c[k]" : "");
     cg_line(t, "SMELT_DEVICE void load_weight(quant_row r, int c, float v[VECTOR])");

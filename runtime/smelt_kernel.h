@@ -526,9 +526,9 @@ SMELT_DEVICE uint32_t smelt_bf16x2_pack(smelt_bf16 low, smelt_bf16 high) {
     return (uint32_t)low | ((uint32_t)high << 16);
 }
 
-/* f16 (a quantized weight's group scales) and E4M3 (fp8 codes, OCP "fn":
- * no infinity, 0x7f and 0xff NaN) to f32, exactly, by bit operations: the
- * same values as plan/numeric.h's plan_f16_to_f32 and plan_f8e4m3_to_f32. */
+/* f16 (a quantized weight's group scales) to f32, exactly, by bit
+ * operations: the same values as plan/numeric.h's plan_f16_to_f32. (E4M3
+ * codes, of fp8 weights and KV caches: smelt_f8e4m3_to_f32 below.) */
 SMELT_DEVICE float smelt_f16_to_f32(uint16_t h) {
     unsigned int sign = (unsigned int)(h & 0x8000u) << 16, exponent = (h >> 10) & 31u, mantissa = h & 1023u;
     if (exponent == 0) { /* zero or subnormal: mantissa * 2^-24 */
@@ -537,16 +537,6 @@ SMELT_DEVICE float smelt_f16_to_f32(uint16_t h) {
     }
     if (exponent == 31) return __uint_as_float(sign | 0x7f800000u | (mantissa << 13));
     return __uint_as_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
-}
-
-SMELT_DEVICE float smelt_e4m3_to_f32(uint8_t b) {
-    unsigned int sign = (unsigned int)(b & 0x80u) << 24, exponent = (b >> 3) & 15u, mantissa = b & 7u;
-    if (exponent == 15 && mantissa == 7) return __uint_as_float(sign | 0x7fc00000u);
-    if (exponent == 0) { /* zero or subnormal: mantissa * 2^-9 */
-        float v = (float)mantissa * 0.001953125f;
-        return sign ? -v : v;
-    }
-    return __uint_as_float(sign | ((exponent + 120u) << 23) | (mantissa << 20));
 }
 
 /* A 16-byte chunk (one uint4 load) as floats, in memory order: eight bf16
