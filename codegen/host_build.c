@@ -1,6 +1,7 @@
 /* host_build.c - kernel sources -> the host simulator's shared object, via
  * the host C compiler in a temporary folder, cached on disk (see
  * host_build.h). */
+#define _GNU_SOURCE /* posix_spawn_file_actions_addchdir_np */
 #include "host_build.h"
 
 #include "compile_pool.h"
@@ -152,7 +153,7 @@ static bool split_compiler(const cg_host_build_request *req, compiler_command *c
     return true;
 }
 
-/* Runs argv (NULL-terminated, argv[0] looked up in PATH) with stdout and
+/* Runs argv (NULL-terminated, argv[0] looked up in PATH; in folder cwd unless NULL) with stdout and
  * stderr into one pipe; *output gets the first OUTPUT_KEEP bytes of it
  * (malloc'd, NUL-terminated) and *status the wait status. False with errno
  * when the program could not be started. */
@@ -162,7 +163,7 @@ static bool split_compiler(const cg_host_build_request *req, compiler_command *c
  * and keep this pipe open (our read would wait for that child to exit). */
 static pthread_mutex_t spawn_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static bool run_capture(const char *const *argv, char **output, int *status) {
+static bool run_capture(const char *const *argv, const char *cwd, char **output, int *status) {
     *output = NULL;
     char *text = allocate(OUTPUT_KEEP + 1);
     if (!text) {
@@ -185,6 +186,7 @@ static bool run_capture(const char *const *argv, char **output, int *status) {
     posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
     posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+    if (cwd) posix_spawn_file_actions_addchdir_np(&actions, cwd);
     pid_t pid;
     int spawn_error = posix_spawnp(&pid, argv[0], &actions, NULL, (char *const *)argv, environ);
     posix_spawn_file_actions_destroy(&actions);
@@ -576,7 +578,7 @@ bool cg_host_build_begin(const cg_host_build_request *req, cg_cache *cache, cg_h
     version_argv[b->compiler.count + 1] = NULL;
     char *version = NULL;
     int status = 0;
-    if (!run_capture(version_argv, &version, &status)) {
+    if (!run_capture(version_argv, NULL, &version, &status)) {
         set_error(error, error_size, "host compiler '%.*s%s' could not be started: %s",
                   DIAG_NAME(b->compiler.words[0]), strerror(errno));
         free_build(b);
@@ -639,7 +641,10 @@ void cg_host_build_run_unit(cg_host_builder *b, size_t unit) {
     host_unit *u = &b->units[unit];
     /* compiler, flags, -c, -I x2, -o OBJECT, SOURCE, NULL */
     const char **argv = allocate((common_argument_count(b) + 8) * sizeof *argv);
-    char *local_include = format("-I%s", b->folder);
+    /* Run in the build's folder on the source's own name: an object embeds
+     * its source's path (ASan's global descriptors do), and the folder's is
+     * random, so a host object is the same bytes whichever build made it. */
+    char *local_include = format("-I.");
     char *include = b->req.include_dir ? format("-I%s", b->req.include_dir) : NULL;
     if (!argv || !local_include || (b->req.include_dir && !include)) {
         u->start_errno = ENOMEM;
@@ -650,9 +655,9 @@ void cg_host_build_run_unit(cg_host_builder *b, size_t unit) {
         if (include) argv[argc++] = include;
         argv[argc++] = "-o";
         argv[argc++] = u->object_path;
-        argv[argc++] = u->source_path;
+        argv[argc++] = strrchr(u->source_path, '/') + 1;
         argv[argc] = NULL;
-        u->ran = run_capture(argv, &u->output, &u->status);
+        u->ran = run_capture(argv, b->folder, &u->output, &u->status);
         if (!u->ran) u->start_errno = errno;
     }
     free(include);
@@ -715,7 +720,7 @@ static bool link_units(const cg_host_builder *b, cg_host_object *out, char *erro
     char *output = NULL;
     int status = 0;
     bool ok = false;
-    if (!run_capture(argv, &output, &status)) {
+    if (!run_capture(argv, NULL, &output, &status)) {
         set_error(error, error_size, "host compiler '%.*s%s' could not be started: %s", DIAG_NAME(compiler),
                   strerror(errno));
     } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
