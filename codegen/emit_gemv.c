@@ -260,7 +260,8 @@ static bool read_segment(group_reading *r, gemv_plan *p, uint32_t which) {
             s->interleaved = strcmp(ir_op_string(m, c, "style"), "interleaved") == 0;
             s->theta = ir_op_float(m, c, "theta");
             if (s->table == IR_NO_VALUE) { /* the angles computed from the positions */
-                if (p->pos != IR_NO_VALUE && p->pos != co->operands[1]) return refuse(e, "two position inputs");
+                if (p->pos != IR_NO_VALUE && p->pos != co->operands[1])
+                    return refuse(e, "two position inputs");
                 p->pos = co->operands[1];
             }
             v = co->results[0];
@@ -526,7 +527,8 @@ static const char *segment_tag(cg_emit *e, const gemv_segment *s) {
     case GEMV_ROPE:
         if (s->table != IR_NO_VALUE) /* the angles from the table: no frequencies in the source */
             return arena_printf(&e->scratch, "rope%s%lldx%lldr%lldtab%s", s->interleaved ? "i" : "",
-                                (long long)s->heads, (long long)s->head_dim, (long long)(2 * s->half), extras);
+                                (long long)s->heads, (long long)s->head_dim, (long long)(2 * s->half),
+                                extras);
         return arena_printf(&e->scratch, "rope%s%lldx%lldr%lldth%s%s", s->interleaved ? "i" : "",
                             (long long)s->heads, (long long)s->head_dim, (long long)(2 * s->half),
                             cg_float_name(e, s->theta), extras);

@@ -83,7 +83,8 @@ static void emit_rotation(cg_kernel_builder *b, uint32_t in, uint32_t out, bool 
 /* The frequencies of `params`, baked into the source: INVERSE_FREQUENCY
  * (and longrope's LONG_INVERSE_FREQUENCY with the context that switches to
  * it), ATTENTION_FACTOR when cos and sin are scaled. */
-static void emit_frequencies(cg_emit *e, cg_text *t, const ir_rope_params *params, const ir_rope_tables *tables) {
+static void emit_frequencies(cg_emit *e, cg_text *t, const ir_rope_params *params,
+                             const ir_rope_tables *tables) {
     char theta_text[48];
     ir_format_float(params->theta, theta_text, sizeof theta_text);
     if (params->scaling == IR_ROPE_DEFAULT || params->scaling == IR_ROPE_DYNAMIC)
@@ -191,8 +192,8 @@ bool cg_emit_rope(cg_emit *e) {
     ir_rope_params params;
     ir_rope_tables tables;
     if (!frequencies_of(e, head_dim, &params, &tables)) return false;
-    if (reads_table && !cg_expect(e, cg_storage_dtype(e->m, cg_operand(e, 2)) == SMELT_DTYPE_F32,
-                                  "an f32 rope table"))
+    if (reads_table &&
+        !cg_expect(e, cg_storage_dtype(e->m, cg_operand(e, 2)) == SMELT_DTYPE_F32, "an f32 rope table"))
         return false;
     int64_t rotary = params.rotary_dim;
     int64_t half = rotary / 2, rotated = 2 * half, passed = head_dim - rotated;
@@ -205,14 +206,15 @@ bool cg_emit_rope(cg_emit *e) {
                      reads_table ? "table" : frequencies_tag(e, &params, &tables));
     const char *pairing = interleaved ? "the pairs (2i, 2i + 1) of every head (GPT-J)"
                                       : "the pairs (i, i + r/2) of every head (neox, Llama's rotate_half)";
-    const char *angles = reads_table ? "the step's cos and sin of pair i (its rope table)"
-                                     : "the angle pos * inv_freq[i]";
+    const char *angles =
+        reads_table ? "the step's cos and sin of pair i (its rope table)" : "the angle pos * inv_freq[i]";
     uint32_t threads = threads_for(heads * half);
     cg_kernel_builder b;
-    cg_kernel_begin(&b, e, name,
-                    arena_printf(&e->scratch,
-                                 "One block per token: rotates %s by %s; dims past the rotary ones pass through.",
-                                 pairing, angles));
+    cg_kernel_begin(
+        &b, e, name,
+        arena_printf(&e->scratch,
+                     "One block per token: rotates %s by %s; dims past the rotary ones pass through.",
+                     pairing, angles));
     uint32_t in = cg_param_value(&b, "x", x, true);
     uint32_t table = reads_table ? cg_param_value(&b, "table", cg_operand(e, 2), true) : UINT32_MAX;
     if (!reads_table) cg_param_value(&b, "pos", pos, true);

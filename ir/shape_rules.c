@@ -389,7 +389,8 @@ static bool infer_rope_table(rule_ctx *c, ir_type *out) {
     if (!rule_attr_float(c, "theta", &theta) || !rule_attr_int(c, "rotary_dim", &rotary_dim)) return false;
     if (!rule_rank(c, "pos", pos, 1) || !rule_integer(c, "pos", pos)) return false;
     if (rotary_dim < 2 || rotary_dim % 2)
-        return rule_fail(c, "rotary_dim (the rotated dims) must be even and >= 2, found %lld", (long long)rotary_dim);
+        return rule_fail(c, "rotary_dim (the rotated dims) must be even and >= 2, found %lld",
+                         (long long)rotary_dim);
     char why[256];
     ir_rope_params params = ir_rope_table_params_of(c->m, c->op_index);
     if (!ir_rope_params_check(&params, rotary_dim, why, sizeof why)) return rule_fail(c, "%s", why);

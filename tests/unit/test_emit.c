@@ -226,8 +226,7 @@ static void test_rope_table(void **state) {
                 tables[i] = case_op(c, IR_OP_ROPE_TABLE, &c->pos, 1);
                 copy_rope_attrs(c, ropes[i], tables[i]);
                 assert_true(ir_op_set_int(&c->m, tables[i], "rotary_dim", rotary[i]));
-                readers[i] =
-                    case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos, case_result(c, tables[i])}, 3);
+                readers[i] = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos, case_result(c, tables[i])}, 3);
                 copy_rope_attrs(c, ropes[i], readers[i]);
             }
             case_infer(c);
@@ -1202,13 +1201,15 @@ static void test_gemv_norm_qkv_rope(void **state) {
             ir_op_set_float(&c->m, k_table, "theta", 500000.0);
             ir_op_set_int(&c->m, k_table, "rotary_dim", 8);
             uint32_t q3 = ops[n++] = reshape_op(c, case_result(c, q), 2, 16);
-            uint32_t qr = ops[n++] = case_op(
-                c, IR_OP_ROPE, (ir_value_id[]){case_result(c, q3), c->pos, case_result(c, q_table)}, tables ? 3 : 2);
+            uint32_t qr = ops[n++] =
+                case_op(c, IR_OP_ROPE, (ir_value_id[]){case_result(c, q3), c->pos, case_result(c, q_table)},
+                        tables ? 3 : 2);
             ir_op_set_float(&c->m, qr, "theta", 10000.0);
             ir_op_set_int(&c->m, qr, "rotary_dim", 12);
             uint32_t k3 = ops[n++] = reshape_op(c, case_result(c, k), 4, 8);
-            uint32_t kr = ops[n++] = case_op(
-                c, IR_OP_ROPE, (ir_value_id[]){case_result(c, k3), c->pos, case_result(c, k_table)}, tables ? 3 : 2);
+            uint32_t kr = ops[n++] =
+                case_op(c, IR_OP_ROPE, (ir_value_id[]){case_result(c, k3), c->pos, case_result(c, k_table)},
+                        tables ? 3 : 2);
             ir_op_set_float(&c->m, kr, "theta", 500000.0);
             ir_op_set_string(&c->m, kr, "style", "interleaved");
             case_infer(c);
