@@ -456,13 +456,16 @@ static prog_cost kernel_cost(const program *p, const cg_kernel *k, const prog_la
     return cost;
 }
 
+_Static_assert(IR_GEMV_CHOICE_MAX_TOKENS - IR_GEMV_MAX_TOKENS <= PROG_CHOICE_MAX_TOKENS,
+               "a choice's range fits the program's");
+
 /* What side `side` of choice `choice` (1-based) does in a step of `tokens`
  * tokens: the instructions [from, to) of that side that run, their bytes
  * (at context 0: a GEMV group touches no cached rows but its own) and flops
  * as their costs say, the fused GEMV's weights once more for every 4-token
- * tile past the first (emit_gemv.c loops over tiles of TOKEN_TILE tokens). */
-_Static_assert(IR_GEMV_CHOICE_MAX_TOKENS - IR_GEMV_MAX_TOKENS <= PROG_CHOICE_MAX_TOKENS,
-               "a choice's range fits the program's");
+ * tile past the first (emit_gemv.c loops over tiles of TOKEN_TILE tokens).
+ * The output head's groups are modeled at T rows too, though a step that
+ * wants the last row runs either side at one. */
 
 static prog_choice_cost choice_cost(const program *p, uint32_t from, uint32_t to, uint32_t choice, int side,
                                     int64_t tokens) {
