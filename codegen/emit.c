@@ -855,6 +855,8 @@ typedef struct cg_op_rule {
     { CG_LOWER_KERNELS, cg_emit_layer_norm }
 #define LOWER_ROPE                                                                                           \
     { CG_LOWER_KERNELS, cg_emit_rope }
+#define LOWER_ROPE_TABLE                                                                                     \
+    { CG_LOWER_KERNELS, cg_emit_rope_table }
 #define LOWER_ATTENTION                                                                                      \
     { CG_LOWER_KERNELS, cg_emit_attention }
 #define LOWER_SOFTMAX                                                                                        \

@@ -15,9 +15,11 @@
  *   swiglu  out[t, n] = silu(x[t] . gate[n] + bg[n]) * (x[t] . up[n] + bu[n])
  *           (the gate and up rows of n in one unit: both weights once)
  *   rope    the rotary pair (i, i + r/2) (neox) or (2i, 2i + 1) (interleaved)
- *           of a head in one unit, rotated by pos[t] * inv_freq[i] (inverse
- *           frequencies baked in as emit_rope.c bakes them); the head dims
- *           past the rotary ones are plain units
+ *           of a head in one unit, rotated by the cos and sin of pair i that
+ *           the step's rope table holds for token t (passes/fuse.c; without
+ *           a table, of pos[t] * inv_freq[i], the inverse frequencies baked
+ *           in as emit_rope.c bakes them); the head dims past the rotary
+ *           ones are plain units
  *
  * With an rms_norm prologue the kernel reads the norm's input h and its
  * weight g: x[t] . w[n] = inverse_rms(t) * sum_k w[n, k] h[t, k] g[k], and
@@ -81,12 +83,13 @@ typedef struct gemv_segment {
     double theta;
     ir_rope_tables rope; /* the frequencies (ir/rope.c), in the scratch arena */
     uint32_t rope_op;
+    ir_value_id table; /* the rope's rope_table [T, HALF, 2] (cos, sin); IR_NO_VALUE: angles computed */
     int64_t units;
     uint32_t attention; /* the attention op whose K (cache_role 1) or V (2) cache this output
                            goes to as well (cache_written_upto); IR_NONE */
     int cache_role;
     int64_t max_seq;
-    uint32_t p_weight[2], p_bias[2], p_residual, p_out, p_cache, p_written; /* kernel parameters */
+    uint32_t p_weight[2], p_bias[2], p_residual, p_out, p_cache, p_written, p_table; /* kernel parameters */
 } gemv_segment;
 
 typedef struct gemv_plan {
@@ -216,7 +219,7 @@ static bool read_segment(group_reading *r, gemv_plan *p, uint32_t which) {
     memset(s, 0, sizeof *s);
     s->kind = GEMV_PLAIN;
     s->weight[0] = op->operands[1];
-    s->weight[1] = s->bias[1] = s->residual = IR_NO_VALUE;
+    s->weight[1] = s->bias[1] = s->residual = s->table = IR_NO_VALUE;
     s->bias[0] = op->operand_count == 3 ? op->operands[2] : IR_NO_VALUE;
     s->first_row[0] = part->row;
     s->rows = part->rows;
@@ -249,13 +252,18 @@ static bool read_segment(group_reading *r, gemv_plan *p, uint32_t which) {
             if (rotary < 2 || rotary > s->head_dim) return refuse(e, "a rotary_dim outside [2, head dim]");
             ir_rope_tables_compute(
                 &rope, arena_array(&e->scratch, ir_rope_tables_floats(&rope), sizeof(float)), &s->rope);
-            if (s->rope.long_inv_freq) return refuse(e, "longrope (its frequencies depend on the step)");
+            s->table = co->operand_count == 3 ? co->operands[2] : IR_NO_VALUE;
+            if (s->rope.long_inv_freq && s->table == IR_NO_VALUE)
+                return refuse(e, "longrope without a rope table (its frequencies depend on the step)");
             s->half = rotary / 2;
             s->passed = s->head_dim - 2 * s->half;
             s->interleaved = strcmp(ir_op_string(m, c, "style"), "interleaved") == 0;
             s->theta = ir_op_float(m, c, "theta");
-            if (p->pos != IR_NO_VALUE && p->pos != co->operands[1]) return refuse(e, "two position inputs");
-            p->pos = co->operands[1];
+            if (s->table == IR_NO_VALUE) { /* the angles computed from the positions */
+                if (p->pos != IR_NO_VALUE && p->pos != co->operands[1])
+                    return refuse(e, "two position inputs");
+                p->pos = co->operands[1];
+            }
             v = co->results[0];
             break;
         } else if (co->kind == IR_OP_SILU && s->residual == IR_NO_VALUE) {
@@ -517,6 +525,10 @@ static const char *segment_tag(cg_emit *e, const gemv_segment *s) {
     case GEMV_PLAIN: return arena_printf(&e->scratch, "n%lld%s", (long long)s->rows, extras);
     case GEMV_SWIGLU: return arena_printf(&e->scratch, "swiglu%lld%s", (long long)s->rows, extras);
     case GEMV_ROPE:
+        if (s->table != IR_NO_VALUE) /* the angles from the table: no frequencies in the source */
+            return arena_printf(&e->scratch, "rope%s%lldx%lldr%lldtab%s", s->interleaved ? "i" : "",
+                                (long long)s->heads, (long long)s->head_dim, (long long)(2 * s->half),
+                                extras);
         return arena_printf(&e->scratch, "rope%s%lldx%lldr%lldth%s%s", s->interleaved ? "i" : "",
                             (long long)s->heads, (long long)s->head_dim, (long long)(2 * s->half),
                             cg_float_name(e, s->theta), extras);
@@ -664,14 +676,21 @@ static void write_epilogue(cg_kernel_builder *b, const gemv_plan *p, const gemv_
         cg_line(t, "float a = sums[i][0] * %s%s%s;", scale, plus0, bias0 ? bias0 : "");
         cg_line(t, "if (rows == 2) { /* a rotary pair */");
         cg_line(t, "float b = sums[i][1] * %s%s%s;", scale, bias1 ? " + " : "", bias1 ? bias1 : "");
-        cg_line(t, "float angle = (float)%s * INVERSE_FREQUENCY_%u[pair];", cg_load(b, pos, "t0 + i"), index);
-        if (s->rope.attention_factor != 1.0f)
-            cg_line(
-                t,
-                "float cosine = cosf(angle) * ATTENTION_FACTOR_%u, sine = sinf(angle) * ATTENTION_FACTOR_%u;",
-                index, index);
-        else
-            cg_line(t, "float cosine = cosf(angle), sine = sinf(angle);");
+        if (s->table != IR_NO_VALUE) { /* the step's (cos, sin), scaled already */
+            const char *at = arena_printf(&e->scratch, "((t0 + i) * HALF_%u + pair) * 2", index);
+            cg_line(t, "float cosine = %s;", cg_load(b, s->p_table, at));
+            cg_line(t, "float sine = %s;", cg_load(b, s->p_table, arena_printf(&e->scratch, "%s + 1", at)));
+        } else {
+            cg_line(t, "float angle = (float)%s * INVERSE_FREQUENCY_%u[pair];", cg_load(b, pos, "t0 + i"),
+                    index);
+            if (s->rope.attention_factor != 1.0f)
+                cg_line(t,
+                        "float cosine = cosf(angle) * ATTENTION_FACTOR_%u, sine = sinf(angle) * "
+                        "ATTENTION_FACTOR_%u;",
+                        index, index);
+            else
+                cg_line(t, "float cosine = cosf(angle), sine = sinf(angle);");
+        }
         write_store(b, s, index, "row0", "a * cosine - b * sine");
         write_store(b, s, index, "row1", "b * cosine + a * sine");
         if (s->passed > 0) {
@@ -801,9 +820,14 @@ static void gemv_shape(int64_t units, int *lanes, int *warps) {
     }
 }
 
-/* The K (and its written flags) or V cache output i stores into, when it does. */
+static uint32_t param_once(cg_kernel_builder *b, const char *name, ir_value_id v, bool is_const);
+
+/* The K (and its written flags) or V cache output i stores into, when it
+ * does; the rope table it reads, when it does (one parameter for all). */
 static void write_cache_params(cg_kernel_builder *b, gemv_segment *s, uint32_t i) {
     cg_emit *e = b->e;
+    if (s->table != IR_NO_VALUE)
+        s->p_table = param_once(b, arena_printf(&e->scratch, "rope_table%u", i), s->table, true);
     smelt_dtype stored = cg_storage_dtype(e->m, s->out);
     if (s->cache_role == 1) {
         s->p_cache = cg_param_op_state(b, arena_printf(&e->scratch, "k_cache%u", i), s->attention,
@@ -875,6 +899,7 @@ static bool write_segment_constants(cg_kernel_builder *b, const gemv_plan *p) {
             cg_line(t, "enum { HEADS_%u = %lld, HEAD_DIM_%u = %lld, HALF_%u = %lld, PASSED_%u = %lld };", i,
                     (long long)s->heads, i, (long long)s->head_dim, i, (long long)s->half, i,
                     (long long)s->passed);
+            if (s->table != IR_NO_VALUE) continue; /* the angles are the rope table's */
             char theta_text[48];
             cg_line(t,
                     "/* inv_freq of rope_type %s (theta = %s, over %lld dims), in float32 as Hugging Face "

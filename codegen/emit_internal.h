@@ -71,6 +71,7 @@ bool cg_emit_activation(cg_emit *e); /* emit_elementwise.c: silu, gelu, tanh, si
 bool cg_emit_rms_norm(cg_emit *e);   /* emit_norm.c */
 bool cg_emit_layer_norm(cg_emit *e); /* emit_norm.c */
 bool cg_emit_rope(cg_emit *e);       /* emit_rope.c */
+bool cg_emit_rope_table(cg_emit *e); /* emit_rope.c */
 bool cg_emit_softmax(cg_emit *e);    /* emit_softmax.c */
 bool cg_emit_embedding(cg_emit *e);  /* emit_embedding.c */
 bool cg_emit_attention(cg_emit *e);  /* emit_attention.c */

@@ -456,6 +456,54 @@ static prog_cost kernel_cost(const program *p, const cg_kernel *k, const prog_la
     return cost;
 }
 
+_Static_assert(IR_GEMV_CHOICE_MAX_TOKENS - IR_GEMV_MAX_TOKENS <= PROG_CHOICE_MAX_TOKENS,
+               "a choice's range fits the program's");
+
+/* What side `side` of choice `choice` (1-based) does in a step of `tokens`
+ * tokens: the instructions [from, to) of that side that run, their bytes
+ * (at context 0: a GEMV group touches no cached rows but its own) and flops
+ * as their costs say, the fused GEMV's weights once more for every 4-token
+ * tile past the first (emit_gemv.c loops over tiles of TOKEN_TILE tokens).
+ * The output head's groups are modeled at T rows too, though a step that
+ * wants the last row runs either side at one. */
+
+static prog_choice_cost choice_cost(const program *p, uint32_t from, uint32_t to, uint32_t choice, int side,
+                                    int64_t tokens) {
+    prog_choice_cost cost = {0};
+    for (uint32_t i = from; i < to; i++) {
+        const prog_instr *in = &p->instrs[i];
+        if (in->choice != choice || in->side != side || !prog_instr_runs(in, tokens)) continue;
+        cost.launches++;
+        cost.bytes += prog_poly_eval(in->cost.read, (double)tokens, 0) +
+                      prog_poly_eval(in->cost.written, (double)tokens, 0);
+        cost.flops += prog_poly_eval(in->cost.flops, (double)tokens, 0);
+        cost.tensor_cores |= in->cost.tensor_cores;
+        int64_t tiles = (tokens + IR_GEMV_MAX_TOKENS - 1) / IR_GEMV_MAX_TOKENS;
+        for (uint32_t a = 0; side == 0 && in->op == PROG_OP_LAUNCH && a < in->as.launch.arg_count; a++) {
+            const prog_arg *arg = &in->as.launch.args[a];
+            if (arg->kind == PROG_ARG_POINTER && arg->ref.buffer == PROG_BUFFER_WEIGHT)
+                cost.bytes += (double)(tiles - 1) * (double)prog_affine_eval(arg->extent, tokens);
+        }
+    }
+    return cost;
+}
+
+/* A fused GEMV group whose ops also run one by one (in steps above its
+ * bound) gets both lowerings in the steps of bound + 1 ..
+ * IR_GEMV_CHOICE_MAX_TOKENS tokens: a choice (program.h, "Choices") over
+ * instructions [from, to), its sides' modeled costs per token count. */
+static void add_choice(lowering_state *s, uint32_t from, uint32_t to, int64_t bound, int64_t last) {
+    program *p = &s->out->program;
+    prog_choice *c = &p->choices[p->choice_count++];
+    c->min_tokens = bound + 1;
+    c->max_tokens = last;
+    for (uint32_t i = from; i < to; i++)
+        p->instrs[i].choice = p->choice_count;
+    for (int side = 0; side < 2; side++)
+        for (int64_t t = c->min_tokens; t <= c->max_tokens; t++)
+            c->cost[side][t - c->min_tokens] = choice_cost(p, from, to, p->choice_count, side, t);
+}
+
 static bool build_program(lowering_state *s) {
     const ir_module *m = s->m;
     cg_lowered *l = s->out;
@@ -467,6 +515,7 @@ static bool build_program(lowering_state *s) {
             count += s->unfused[g][i].kind == CG_LOWER_GEMM ? 1 : s->unfused[g][i].kernel_count;
     }
     p->instrs = arena_array(&l->arena, count ? count : 1, sizeof *p->instrs);
+    p->choices = arena_array(&l->arena, groups ? groups : 1, sizeof *p->choices);
     p->state_bytes = arena_array(&l->arena, p->state_count ? p->state_count : 1, sizeof *p->state_bytes);
     p->state_rows = arena_array(&l->arena, p->state_count ? p->state_count : 1, sizeof *p->state_rows);
     /* Every state first: a launch's default cost reads the rows of states
@@ -483,7 +532,12 @@ static bool build_program(lowering_state *s) {
         /* A fused group with its unfused ops: the fused kernels for T <= its
          * bound, the ops one by one above it. */
         int64_t bound = s->unfused[g] ? lo->fused_max_tokens : 0;
-        uint32_t from = p->instr_count;
+        /* ... and both in the steps up to `last`, where the runtime chooses. */
+        int64_t last = bound > 0 && m->planned_tokens > bound
+                           ? (m->planned_tokens < IR_GEMV_CHOICE_MAX_TOKENS ? m->planned_tokens
+                                                                            : IR_GEMV_CHOICE_MAX_TOKENS)
+                           : bound;
+        uint32_t from = p->instr_count, group_from = from;
         if (lo->kind == CG_LOWER_GEMM) {
             prog_instr *instr = &p->instrs[p->instr_count++];
             instr->ir_op = first;
@@ -499,7 +553,7 @@ static bool build_program(lowering_state *s) {
             }
         }
         for (uint32_t i = from; i < p->instr_count; i++)
-            p->instrs[i].max_tokens = bound;
+            p->instrs[i].max_tokens = last;
         for (uint32_t i = 0; s->unfused[g] && i < s->groups[g].op_count; i++) {
             const cg_group_lowering *one = &s->unfused[g][i];
             uint32_t op = s->groups[g].ops[i];
@@ -516,9 +570,12 @@ static bool build_program(lowering_state *s) {
                 ok = build_launch(s, g, &one->kernels[k], instr) && ok;
                 instr->cost = kernel_cost(p, &one->kernels[k], &instr->as.launch);
             }
-            for (uint32_t k = from; k < p->instr_count; k++)
+            for (uint32_t k = from; k < p->instr_count; k++) {
                 p->instrs[k].min_tokens = bound + 1;
+                p->instrs[k].side = 1;
+            }
         }
+        if (last > bound) add_choice(s, group_from, p->instr_count, bound, last);
     }
     if (s->greedy) {
         p->has_greedy = true;

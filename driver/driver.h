@@ -195,6 +195,7 @@ typedef struct drv_model_options {
     bool random_weights;   /* bind every weight of the plan to noise (for timing) */
     unsigned random_seed;
     const char *expected_hash; /* a plan's content hash to require (smelt_engine_options); NULL: any */
+    int gemv_max_tokens;       /* smelt_engine_options.gemv_max_tokens: 0, the device decides */
     drv_source_options source; /* when compiling a source */
 } drv_model_options;
 

@@ -231,6 +231,23 @@ static double unavoidable_bytes(const plan_facts *f, step_kind s) {
     return bytes;
 }
 
+/* The GPU's figures as the choices between lowerings take them
+ * (plan/program.h, "Choices"). */
+static prog_device_figures figures_of(const gpu_peaks *g) {
+    return (prog_device_figures){g->dram_bytes_per_second, g->tensor_flops_per_second,
+                                 g->cuda_core_flops_per_second, launch_seconds};
+}
+
+/* Does instruction `in` run at a step of `tokens` tokens as far as its
+ * choice goes? A step in a choice's range is modeled with the group's ops
+ * one by one (the host's rule), on every GPU alike; print_choices shows up
+ * to which T each GPU runs the fused kernel instead. */
+static bool modeled_side(const program *p, const prog_instr *in, int64_t tokens) {
+    if (in->choice == 0) return true;
+    const prog_choice *c = &p->choices[in->choice - 1];
+    return tokens < c->min_tokens || tokens > c->max_tokens || in->side == 1;
+}
+
 static bool model_step(const plan_facts *f, step_kind s, step_model *out) {
     const program *p = f->p;
     memset(out, 0, sizeof *out);
@@ -241,6 +258,7 @@ static bool model_step(const plan_facts *f, step_kind s, step_model *out) {
     for (uint32_t i = 0; i < p->instr_count; i++) {
         const prog_instr *in = &p->instrs[i];
         if (!prog_instr_runs(in, s.tokens)) continue; /* made for other steps */
+        if (!modeled_side(p, in, s.tokens)) continue; /* the other side of its choice */
         /* The output head on the sampled row alone (the file's comment). */
         int64_t tokens = prog_instr_tokens(in, s.tokens, PROG_ROWS_LAST);
         double t = (double)tokens;
@@ -281,7 +299,7 @@ static bool model_step(const plan_facts *f, step_kind s, step_model *out) {
     if (f->layers) { /* what runs at this step in the stack's period */
         uint32_t running = 0;
         for (uint32_t i = f->first_layer_start; i < f->last_layer_start && i < p->instr_count; i++)
-            running += prog_instr_runs(&p->instrs[i], s.tokens);
+            running += prog_instr_runs(&p->instrs[i], s.tokens) && modeled_side(p, &p->instrs[i], s.tokens);
         out->launches_per_layer = f->layers > 1 ? (double)running / (f->layers - 1) : running;
     }
     return true;
@@ -375,6 +393,55 @@ static void print_step(FILE *out, const plan_facts *f, const step_model *m) {
     }
 }
 
+/* The first instruction of choice c (1-based): what names its group. */
+static const prog_instr *first_of_choice(const program *p, uint32_t c) {
+    for (uint32_t i = 0; i < p->instr_count; i++)
+        if (p->instrs[i].choice == c) return &p->instrs[i];
+    return NULL;
+}
+
+/* Each choice between a fused GEMV group's lowerings (plan/program.h,
+ * "Choices"): up to which T each GPU runs the GEMV; groups of one shape
+ * (every layer's) print once, with their count. */
+static void print_choices(FILE *out, const plan_facts *f) {
+    const program *p = f->p;
+    if (p->choice_count == 0) return;
+    fprintf(out,
+            "\nGEMV or GEMMs, chosen per step at run time (the fused kernel up to T on each GPU; the same "
+            "model, the device's own figures on a GPU; the host: up to %lld):\n",
+            (long long)p->choices[0].min_tokens - 1);
+    fprintf(out, "    %-56s %6s %8s", "group (first instruction)", "groups", "T range");
+    for (int g = 0; g < GPU_COUNT; g++)
+        fprintf(out, " %6s", gpus[g].name);
+    fprintf(out, "\n");
+    bool *printed = calloc(p->choice_count, sizeof *printed);
+    if (!printed) return;
+    for (uint32_t c = 0; c < p->choice_count; c++) {
+        if (printed[c]) continue;
+        char name[NAME_LIMIT + 1];
+        instr_name(f, first_of_choice(p, c + 1), name);
+        uint32_t same = 0;
+        for (uint32_t k = c; k < p->choice_count; k++) {
+            char other[NAME_LIMIT + 1];
+            instr_name(f, first_of_choice(p, k + 1), other);
+            if (strcmp(name, other) != 0 || memcmp(&p->choices[k], &p->choices[c], sizeof p->choices[c]) != 0)
+                continue;
+            printed[k] = true;
+            same++;
+        }
+        char range[32];
+        snprintf(range, sizeof range, "%lld-%lld", (long long)p->choices[c].min_tokens,
+                 (long long)p->choices[c].max_tokens);
+        fprintf(out, "    %-56s %6" PRIu32 " %8s", name, same, range);
+        for (int g = 0; g < GPU_COUNT; g++) {
+            prog_device_figures figures = figures_of(&gpus[g]);
+            fprintf(out, " %6lld", (long long)program_choice_threshold(&p->choices[c], &figures));
+        }
+        fprintf(out, "\n");
+    }
+    free(printed);
+}
+
 static void print_model(FILE *out, const plan_facts *f, const step_model *models, uint32_t count) {
     fprintf(out,
             "\nperformance model (per launch: max(bytes / bandwidth, flops / peak) + %.1f us; "
@@ -388,6 +455,7 @@ static void print_model(FILE *out, const plan_facts *f, const step_model *models
             f->weight_bytes, f->weights_in_plan ? "in the plan" : "bound at run time", f->layers);
     for (uint32_t i = 0; i < count; i++)
         print_step(out, f, &models[i]);
+    print_choices(out, f);
 }
 
 /* ---- JSON ------------------------------------------------------------------------ */
@@ -466,6 +534,23 @@ static bool print_json(FILE *out, const plan_file *plan, const plan_facts *f, co
         json_array_append_new(peaks, gpu);
     }
     json_object_set_new(root, "gpus", peaks);
+    json_t *choices = json_array();
+    for (uint32_t c = 0; c < f->p->choice_count; c++) {
+        json_t *choice = json_object(), *up_to = json_object();
+        char name[NAME_LIMIT + 1];
+        instr_name(f, first_of_choice(f->p, c + 1), name);
+        json_object_set_new(choice, "group", json_string(name));
+        json_object_set_new(choice, "min_tokens", json_integer(f->p->choices[c].min_tokens));
+        json_object_set_new(choice, "max_tokens", json_integer(f->p->choices[c].max_tokens));
+        for (int g = 0; g < GPU_COUNT; g++) {
+            prog_device_figures figures = figures_of(&gpus[g]);
+            json_object_set_new(up_to, gpus[g].name,
+                                json_integer(program_choice_threshold(&f->p->choices[c], &figures)));
+        }
+        json_object_set_new(choice, "gemv_up_to_tokens", up_to);
+        json_array_append_new(choices, choice);
+    }
+    json_object_set_new(root, "gemv_choices", choices);
     for (uint32_t i = 0; i < count; i++)
         json_array_append_new(list, step_json(f, &models[i]));
     json_object_set_new(root, "steps", list);

@@ -87,6 +87,7 @@ static bool open_engine(drv_model *r, const drv_model_options *o, const char *pl
     smelt_engine_options options = smelt_engine_options_default();
     options.device = device_name(o->backend);
     options.expected_content_hash = o->expected_hash;
+    options.gemv_max_tokens = o->gemv_max_tokens;
     ok = smelt_engine_create(plan, &options, &r->engine) == SMELT_OK;
     if (!ok) diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
     if (ok && weights_path)

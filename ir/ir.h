@@ -180,6 +180,11 @@ typedef uint32_t ir_value_id;
 /* Steps of at most this many tokens run a GEMV group (passes/fuse.c) as its
  * one fused kernel (codegen/emit_gemv.c); larger ones run its ops one by one. */
 enum { IR_GEMV_MAX_TOKENS = 4 };
+/* ... and, in steps of up to this many (the GEMV over tiles of
+ * IR_GEMV_MAX_TOKENS), either that kernel or its ops one by one: both are in
+ * the plan, and the runtime picks the cheaper on its device (plan/program.h,
+ * "Choices"). */
+enum { IR_GEMV_CHOICE_MAX_TOKENS = 16 };
 
 /* An op's kernel group (set by `fuse`) or launch step (set by `schedule`)
  * before it has one, and for ops that launch nothing. */

@@ -20,32 +20,34 @@ const char *ir_rope_scaling_name(ir_rope_scaling s) {
 
 /* ---- reading the attributes ------------------------------------------------ */
 
-/* The schema entry of attribute `name` of the rope op (ops.def has it). */
-static const ir_attr_schema *schema_of(const char *name) {
-    const ir_op_info *info = ir_op_info_of(IR_OP_ROPE);
-    int slot = ir_attr_slot(IR_OP_ROPE, name);
-    if (slot < 0) SMELT_DIE("rope has no attribute '%s'", name);
-    return &info->attrs[slot];
+/* The default text of attribute `name` of the op (a rope or a rope_table:
+ * ops.def has them); NULL when it has none, or no such attribute
+ * (rope_table has no partial_rotary_factor: its rotary_dim is resolved). */
+static const char *default_of(const ir_module *m, uint32_t op, const char *name) {
+    ir_op_kind kind = m->ops[op].kind;
+    if (kind != IR_OP_ROPE && kind != IR_OP_ROPE_TABLE) SMELT_DIE("op %u is no rope", op);
+    int slot = ir_attr_slot(kind, name);
+    return slot < 0 ? NULL : ir_op_info_of(kind)->attrs[slot].default_text;
 }
 
 static double float_attr(const ir_module *m, uint32_t op, const char *name) {
     const ir_attr *a = ir_op_attr(m, op, name);
     if (a && a->kind == IR_ATTR_FLOAT) return a->as.f;
-    const char *text = schema_of(name)->default_text;
+    const char *text = default_of(m, op, name);
     return text ? strtod(text, NULL) : 0.0;
 }
 
 static int64_t int_attr(const ir_module *m, uint32_t op, const char *name) {
     const ir_attr *a = ir_op_attr(m, op, name);
     if (a && a->kind == IR_ATTR_INT) return a->as.i;
-    const char *text = schema_of(name)->default_text;
+    const char *text = default_of(m, op, name);
     return text ? strtoll(text, NULL, 10) : 0;
 }
 
 static bool bool_attr(const ir_module *m, uint32_t op, const char *name) {
     const ir_attr *a = ir_op_attr(m, op, name);
     if (a && a->kind == IR_ATTR_BOOL) return a->as.b;
-    const char *text = schema_of(name)->default_text;
+    const char *text = default_of(m, op, name);
     return text && strcmp(text, "true") == 0;
 }
 
@@ -92,6 +94,25 @@ ir_rope_params ir_rope_params_of(const ir_module *m, uint32_t op, int64_t head_d
         p.original_max_positions > 0)
         p.factor = (double)p.max_positions / (double)p.original_max_positions;
     return p;
+}
+
+static bool same_factors(const double *a, uint32_t a_count, const double *b, uint32_t b_count) {
+    if (a_count != b_count) return false;
+    for (uint32_t i = 0; i < a_count; i++)
+        if (!(a[i] == b[i])) return false;
+    return true;
+}
+
+bool ir_rope_params_equal(const ir_rope_params *a, const ir_rope_params *b) {
+    return a->scaling == b->scaling && a->theta == b->theta && a->rotary_dim == b->rotary_dim &&
+           a->factor == b->factor && a->low_freq_factor == b->low_freq_factor &&
+           a->high_freq_factor == b->high_freq_factor &&
+           a->original_max_positions == b->original_max_positions && a->max_positions == b->max_positions &&
+           a->attention_factor == b->attention_factor && a->beta_fast == b->beta_fast &&
+           a->beta_slow == b->beta_slow && a->mscale == b->mscale && a->mscale_all_dim == b->mscale_all_dim &&
+           a->truncate == b->truncate &&
+           same_factors(a->short_factor, a->short_count, b->short_factor, b->short_count) &&
+           same_factors(a->long_factor, a->long_count, b->long_factor, b->long_count);
 }
 
 /* ---- checks ------------------------------------------------------------------ */

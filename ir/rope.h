@@ -62,8 +62,18 @@ typedef struct ir_rope_params {
     uint32_t short_count, long_count;
 } ir_rope_params;
 
-/* The parameters of rope op `op` whose x has head dim `head_dim`. */
+/* The parameters of rope (or rope_table) op `op` whose x has head dim `head_dim`. */
 ir_rope_params ir_rope_params_of(const ir_module *m, uint32_t op, int64_t head_dim);
+
+/* The parameters of a rope_table op (its rotary_dim is resolved, so no head
+ * dim is needed). */
+static inline ir_rope_params ir_rope_table_params_of(const ir_module *m, uint32_t op) {
+    const ir_attr *rotary = ir_op_attr(m, op, "rotary_dim");
+    return ir_rope_params_of(m, op, rotary && rotary->kind == IR_ATTR_INT ? rotary->as.i : 0);
+}
+
+/* Do a and b give the same frequencies (every parameter equal)? */
+bool ir_rope_params_equal(const ir_rope_params *a, const ir_rope_params *b);
 
 /* Whether the parameters make sense for their variant (and `head_dim`); when
  * not, a message for the op's location in `why`. */

@@ -364,7 +364,40 @@ static bool infer_rope(rule_ctx *c, ir_type *out) {
     char why[256];
     ir_rope_params params = ir_rope_params_of(c->m, c->op_index, head_dim);
     if (!ir_rope_params_check(&params, head_dim, why, sizeof why)) return rule_fail(c, "%s", why);
+    if (c->op->operand_count == 3) { /* the table of these positions and frequencies */
+        const ir_type *table = operand(c, 2);
+        uint32_t def = c->m->values[c->op->operands[2]].def_op;
+        ir_dim dims[3] = {x->dims[0], ir_dim_const(params.rotary_dim / 2), ir_dim_const(2)};
+        if (c->m->ops[def].kind != IR_OP_ROPE_TABLE || c->m->ops[def].operands[0] != c->op->operands[1])
+            return rule_fail(c, "table must be a rope_table of the rope's positions");
+        if (table->dtype != SMELT_DTYPE_F32)
+            return rule_fail(c, "table must be stored as f32, found %s", TYPE_TEXT(c, table));
+        if (!rule_expect_dims(c, "table", table, "[T, r / 2, 2]", dims, 3)) return false;
+        ir_rope_params given = ir_rope_table_params_of(c->m, def);
+        if (!ir_rope_params_equal(&params, &given))
+            return rule_fail(c, "table must have the rope's frequencies (every scaling attribute equal)");
+    }
     *out = *x;
+    return true;
+}
+
+/* rope_table(pos[T]) -> f32[T, rotary_dim / 2, 2]: (cos, sin) per pair. */
+static bool infer_rope_table(rule_ctx *c, ir_type *out) {
+    const ir_type *pos = operand(c, 0);
+    double theta;
+    int64_t rotary_dim;
+    if (!rule_attr_float(c, "theta", &theta) || !rule_attr_int(c, "rotary_dim", &rotary_dim)) return false;
+    if (!rule_rank(c, "pos", pos, 1) || !rule_integer(c, "pos", pos)) return false;
+    if (rotary_dim < 2 || rotary_dim % 2)
+        return rule_fail(c, "rotary_dim (the rotated dims) must be even and >= 2, found %lld",
+                         (long long)rotary_dim);
+    char why[256];
+    ir_rope_params params = ir_rope_table_params_of(c->m, c->op_index);
+    if (!ir_rope_params_check(&params, rotary_dim, why, sizeof why)) return rule_fail(c, "%s", why);
+    *out = (ir_type){.dtype = SMELT_DTYPE_F32, .rank = 3};
+    out->dims[0] = pos->dims[0];
+    out->dims[1] = ir_dim_const(params.rotary_dim / 2);
+    out->dims[2] = ir_dim_const(2);
     return true;
 }
 

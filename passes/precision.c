@@ -14,8 +14,9 @@
  *   checkpoint's f32 tensor into that format (driver/quantize.c).
  * Presets (activations are the storage of every float value but what an
  *   `output` reads, which stays f32 with every value sharing its buffer
- *   through reshape views; norms, softmax, the router, RoPE angles and every
- *   accumulation compute in f32 whatever the storage):
+ *   through reshape views, and a rope_table's cos and sin, f32 always;
+ *   norms, softmax, the router, RoPE angles and every accumulation compute
+ *   in f32 whatever the storage):
  *   f32       every float value f32;
  *   bf16      every float value bf16;
  *   int4-rtn  bf16, and matmul weights W4A16: int4 codes with f16 scales and
@@ -200,7 +201,8 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
             if (!smelt_dtype_is_float(t->dtype))
                 t->dtype = SMELT_DTYPE_I32;
             else
-                t->dtype = read_by_output[root[v]] ? SMELT_DTYPE_F32 : activations;
+                t->dtype =
+                    read_by_output[root[v]] || op->kind == IR_OP_ROPE_TABLE ? SMELT_DTYPE_F32 : activations;
         }
     }
     free(root);

@@ -18,7 +18,7 @@
  *                                     u8 quant kind, then when it is not 0:
  *                                     u8 method, u8 flags, u32 group}
  *   u32 instr_count,  instr_count  x {u8 op, u32 ir_op, i64 min_tokens, i64 max_tokens,
- *                                     u8 wanted_rows, then
+ *                                     u8 wanted_rows, u32 choice, u8 side, then
  *     LAUNCH: u32 kernel, 3 x affine grid, 3 x u32 block, u32 dynamic_shared,
  *             u32 arg_count, arg_count x {u8 kind, then POINTER: ref,
  *                                         affine extent, u8 writes, u64 row_bytes;
@@ -27,10 +27,13 @@
  *             dtype_bias, u8 b_transposed, u8 has_bias, ref a, b, c, bias,
  *             u8 has_residual, ref residual;
  *     then the cost: 3 x poly (read, written, flops), u8 tensor_cores}
+ *   u32 choice_count, choice_count x {i64 min_tokens, i64 max_tokens, then for
+ *                                     side 0 and 1, for T = min..max:
+ *                                     {f64 bytes, f64 flops, u32 launches, u8 tensor_cores}}
  *   a poly: 5 x f64 {constant, per_token, per_context, per_token_context,
- *           per_token_squared}, each as the u64 of its IEEE-754 bits
+ *           per_token_squared}, each as the u64 of its IEEE-754 bits (an f64 likewise)
  *
- * Nothing may follow the last instruction. A pointer's extent is the bytes
+ * Nothing may follow the last choice. A pointer's extent is the bytes
  * from its ref that the kernel may read or write at T tokens, as codegen
  * derived it from the parameter's type and storage dtype (a state buffer:
  * its whole size); `writes` says whether the kernel stores through it. A
@@ -46,7 +49,11 @@
  * a weight that is not stacked, each of >= 1 rows, the rows summing to
  * dim 0) and a GEMM's residual (M x N of C's dtype, not overlapping C);
  * version 10 a weight's quantization (quant/quant.h's format; a quantized
- * weight is [N, K], not stacked nor concatenated).
+ * weight is [N, K], not stacked nor concatenated); version 11 the choices
+ * between a fused GEMV group's two lowerings (program.h, "Choices": each
+ * instruction's choice, 0 or 1..choice_count, and side 0 or 1; each
+ * choice's range within [1, max_tokens] and at most PROG_CHOICE_MAX_TOKENS
+ * long, its costs finite, >= 0 and within the coefficient limit).
  *
  * What decoding checks (the executor relies on every item):
  *   - counts against the bytes left (no allocation a short section cannot
@@ -99,7 +106,8 @@ enum {
     ENCODED_STATE_MIN = 16,
     ENCODED_WEIGHT_MIN = 8 + 1 + 1 + 4 + 8 + 8 + 4 + 1,
     ENCODED_COST = 3 * 5 * 8 + 1,
-    ENCODED_INSTR_MIN = 1 + 4 + 16 + 1 + 4 + ENCODED_COST,
+    ENCODED_INSTR_MIN = 1 + 4 + 16 + 1 + 4 + 1 + 4 + ENCODED_COST,
+    ENCODED_CHOICE_MIN = 16 + 2 * (8 + 8 + 4 + 1),
 };
 
 bool program_dtype_stored(uint8_t dtype) {
@@ -284,11 +292,28 @@ bool program_encode(const program *p, uint8_t **bytes, size_t *size) {
         put_i64(&w, in->min_tokens);
         put_i64(&w, in->max_tokens);
         put_u8(&w, in->wanted_rows);
+        put_u32(&w, in->choice);
+        put_u8(&w, in->side);
         if (in->op == PROG_OP_LAUNCH)
             put_launch(&w, &in->as.launch);
         else
             put_gemm(&w, &in->as.gemm);
         put_cost(&w, &in->cost);
+    }
+    put_u32(&w, p->choice_count);
+    for (uint32_t i = 0; i < p->choice_count; i++) {
+        const prog_choice *c = &p->choices[i];
+        put_i64(&w, c->min_tokens);
+        put_i64(&w, c->max_tokens);
+        for (int side = 0; side < 2; side++)
+            for (int64_t t = c->min_tokens; t <= c->max_tokens && t - c->min_tokens < PROG_CHOICE_MAX_TOKENS;
+                 t++) {
+                const prog_choice_cost *cost = &c->cost[side][t - c->min_tokens];
+                put_f64(&w, cost->bytes);
+                put_f64(&w, cost->flops);
+                put_u32(&w, cost->launches);
+                put_u8(&w, cost->tensor_cores);
+            }
     }
     if (w.failed) {
         free(w.data);
@@ -886,9 +911,11 @@ static bool decode_instrs(decoder *d) {
         uint8_t wanted_rows;
         if (!get_u8(d, &in->op) || !plan_cursor_u32(&d->cursor, &in->ir_op) ||
             !plan_cursor_i64(&d->cursor, &in->min_tokens) || !plan_cursor_i64(&d->cursor, &in->max_tokens) ||
-            !get_u8(d, &wanted_rows))
+            !get_u8(d, &wanted_rows) || !plan_cursor_u32(&d->cursor, &in->choice) || !get_u8(d, &in->side))
             return truncated(d, "an instruction");
         if (wanted_rows > 1) return fail(d, "instruction %u has a wanted-rows flag of %u", i, wanted_rows);
+        if (in->side > 1)
+            return fail(d, "instruction %u is of side %u of its choice (expected 0 or 1)", i, in->side);
         in->wanted_rows = wanted_rows;
         if (in->min_tokens < 0 || in->max_tokens < 0 || in->min_tokens > p->max_tokens ||
             in->max_tokens > p->max_tokens || (in->max_tokens != 0 && in->min_tokens > in->max_tokens))
@@ -975,6 +1002,54 @@ static bool check_greedy(decoder *d) {
     return fail(d, "the greedy instruction does not write greedy_token");
 }
 
+static bool get_cost_figure(decoder *d, uint32_t i, const char *what, double *out) {
+    uint64_t bits;
+    if (!plan_cursor_u64(&d->cursor, &bits)) return truncated(d, "a choice");
+    memcpy(out, &bits, sizeof bits);
+    if (!(*out >= 0.0) || *out > PROGRAM_COST_COEFFICIENT_LIMIT)
+        return fail(d, "choice %u: its modeled %s is %g (expected 0 .. %g)", i, what, *out,
+                    PROGRAM_COST_COEFFICIENT_LIMIT);
+    return true;
+}
+
+/* The choices, and every instruction's choice index against them. */
+static bool decode_choices(decoder *d) {
+    program *p = d->out;
+    if (!get_count(d, &p->choice_count, ENCODED_CHOICE_MIN, "choice")) return false;
+    if (p->choice_count) {
+        p->choices = calloc(p->choice_count, sizeof *p->choices);
+        if (!p->choices) return fail(d, "out of memory for %u choices", p->choice_count);
+    }
+    for (uint32_t i = 0; i < p->choice_count; i++) {
+        prog_choice *c = &p->choices[i];
+        if (!plan_cursor_i64(&d->cursor, &c->min_tokens) || !plan_cursor_i64(&d->cursor, &c->max_tokens))
+            return truncated(d, "a choice");
+        if (c->min_tokens < 1 || c->max_tokens < c->min_tokens || c->max_tokens > p->max_tokens ||
+            c->max_tokens - c->min_tokens >= PROG_CHOICE_MAX_TOKENS)
+            return fail(d,
+                        "choice %u is for T in [%lld, %lld] (expected 1 <= min <= max <= %lld, at most %d)",
+                        i, (long long)c->min_tokens, (long long)c->max_tokens, (long long)p->max_tokens,
+                        PROG_CHOICE_MAX_TOKENS);
+        for (int side = 0; side < 2; side++)
+            for (int64_t t = c->min_tokens; t <= c->max_tokens; t++) {
+                prog_choice_cost *cost = &c->cost[side][t - c->min_tokens];
+                uint8_t tensor;
+                if (!get_cost_figure(d, i, "bytes", &cost->bytes) ||
+                    !get_cost_figure(d, i, "flops", &cost->flops))
+                    return false;
+                if (!plan_cursor_u32(&d->cursor, &cost->launches) || !get_u8(d, &tensor))
+                    return truncated(d, "a choice");
+                if (tensor > 1) return fail(d, "choice %u: a tensor-core flag of %u", i, tensor);
+                cost->tensor_cores = tensor;
+            }
+    }
+    for (uint32_t i = 0; i < p->instr_count; i++)
+        if (p->instrs[i].choice > p->choice_count)
+            return fail(d, "instruction %u is of choice %u, but the program has %u", i, p->instrs[i].choice,
+                        p->choice_count);
+    return true;
+}
+
 bool program_decode(const uint8_t *bytes, size_t size, program *out, char *error, size_t error_size) {
     memset(out, 0, sizeof *out);
     decoder d = {.out = out, .error = error, .error_size = error_size};
@@ -982,9 +1057,9 @@ bool program_decode(const uint8_t *bytes, size_t size, program *out, char *error
     plan_cursor_init(&d.cursor, bytes, size);
     bool ok = decode_header(&d) && decode_states(&d) && check_positions(&d) && check_io(&d) &&
               decode_weights(&d) && check_id_bound(&d) && decode_instrs(&d) && check_logits_written(&d) &&
-              check_greedy(&d);
+              check_greedy(&d) && decode_choices(&d);
     if (ok && plan_cursor_left(&d.cursor) != 0)
-        ok = fail(&d, "%llu unexpected bytes after the last instruction",
+        ok = fail(&d, "%llu unexpected bytes after the last choice",
                   (unsigned long long)plan_cursor_left(&d.cursor));
     if (!ok) {
         if (!d.failed) fail(&d, "malformed");
@@ -1113,5 +1188,6 @@ void program_free(program *p) {
     free(p->state_bytes);
     free(p->state_rows);
     free(p->instrs);
+    free(p->choices);
     memset(p, 0, sizeof *p);
 }

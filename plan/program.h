@@ -45,7 +45,7 @@
 
 #include "smelt_dtype.h"
 
-enum { PROGRAM_FORMAT_VERSION = 10, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16, PROG_MAX_WEIGHT_PARTS = 64 };
+enum { PROGRAM_FORMAT_VERSION = 11, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16, PROG_MAX_WEIGHT_PARTS = 64 };
 
 /* ceil((a * T + b) / c) with c >= 1; a constant is {0, value, 1}. */
 typedef struct prog_affine {
@@ -183,6 +183,8 @@ typedef struct prog_instr {
     uint8_t op;     /* prog_op */
     uint32_t ir_op; /* the IR op (index in the compiled module) it implements, for messages */
     int64_t min_tokens, max_tokens;
+    uint32_t choice;  /* 0: none; c: a side of choices[c - 1] ("Choices" below) */
+    uint8_t side;     /* of that choice: 0 the fused kernel, 1 the ops one by one */
     bool wanted_rows; /* of the output head: runs on the rows whose logits the step wants ("Wanted rows") */
     union {
         prog_launch launch;
@@ -190,6 +192,50 @@ typedef struct prog_instr {
     } as;
     prog_cost cost; /* modeled; not used to execute */
 } prog_instr;
+
+/* ---- Choices ------------------------------------------------------------
+ *
+ * A fused GEMV group (codegen/emit_gemv.c) is one kernel in small steps and
+ * its ops one by one (GEMMs on cuBLASLt, an epilogue kernel) in large ones.
+ * For the steps between, min_tokens..max_tokens tokens, the program holds
+ * both lowerings, each instruction marked with its choice and side, and the
+ * runtime runs one side per step: the one whose modeled time is the smaller
+ * on its device (program_choice_side). A choice records, per side and per
+ * token count T of its range, what that side's instructions do at T —
+ * DRAM bytes, flops (on tensor cores or not) and launches — as codegen
+ * models them (the GEMV reads its weights once per tile of 4 tokens); the
+ * runtime only evaluates the roofline of each and compares. */
+enum { PROG_CHOICE_MAX_TOKENS = 16 }; /* token counts in one choice's range, at most */
+
+typedef struct prog_choice_cost {
+    double bytes, flops; /* DRAM bytes read and written; floating-point operations */
+    uint32_t launches;
+    bool tensor_cores; /* the flops run on tensor cores */
+} prog_choice_cost;
+
+typedef struct prog_choice {
+    int64_t min_tokens, max_tokens; /* 1 <= min <= max, max - min < PROG_CHOICE_MAX_TOKENS */
+    prog_choice_cost cost[2][PROG_CHOICE_MAX_TOKENS]; /* [side][T - min_tokens] */
+} prog_choice;
+
+/* What a device does per second and per launch: its DRAM bandwidth, its
+ * tensor-core and CUDA-core peaks, and the cost of one launch (or graph
+ * node). */
+typedef struct prog_device_figures {
+    double bytes_per_second, tensor_flops_per_second, flops_per_second, launch_seconds;
+} prog_device_figures;
+
+/* The modeled seconds of side `side` of choice c in a step of `tokens`
+ * tokens (within its range) on a device of figures f:
+ * max(bytes / bandwidth, flops / peak) + launches x launch cost. */
+double program_choice_seconds(const prog_choice *c, int side, int64_t tokens, const prog_device_figures *f);
+/* The side (0 or 1) whose modeled time is the smaller, the fused kernel on
+ * a tie; outside the choice's range the one the token ranges leave (0 below,
+ * 1 above). */
+int program_choice_side(const prog_choice *c, int64_t tokens, const prog_device_figures *f);
+/* The largest T up to which the fused side is chosen from min_tokens on
+ * (min_tokens - 1: from none; the range's end: in all of it). */
+int64_t program_choice_threshold(const prog_choice *c, const prog_device_figures *f);
 
 /* One tensor of a concatenated weight: its Hugging Face name and the rows
  * of dim 0 it fills (after the parts before it). */
@@ -260,6 +306,8 @@ typedef struct program {
     prog_weight *weights; /* [weight_count] */
     uint32_t instr_count;
     prog_instr *instrs; /* [instr_count] */
+    uint32_t choice_count;
+    prog_choice *choices; /* [choice_count] ("Choices") */
 } program;
 
 /* ---- Encoding (the plan's PROGRAM section) --------------------------------

@@ -78,3 +78,25 @@ prog_cost program_gemm_cost(const prog_gemm *g) {
     cost.flops = poly_checked(cost.flops);
     return cost;
 }
+
+/* ---- choices between two lowerings (program.h, "Choices") ----------------- */
+
+double program_choice_seconds(const prog_choice *c, int side, int64_t tokens, const prog_device_figures *f) {
+    const prog_choice_cost *cost = &c->cost[side ? 1 : 0][tokens - c->min_tokens];
+    double peak = cost->tensor_cores ? f->tensor_flops_per_second : f->flops_per_second;
+    double memory = cost->bytes / f->bytes_per_second, compute = cost->flops / peak;
+    return (memory > compute ? memory : compute) + cost->launches * f->launch_seconds;
+}
+
+int program_choice_side(const prog_choice *c, int64_t tokens, const prog_device_figures *f) {
+    if (tokens < c->min_tokens) return 0;
+    if (tokens > c->max_tokens) return 1;
+    return program_choice_seconds(c, 1, tokens, f) < program_choice_seconds(c, 0, tokens, f) ? 1 : 0;
+}
+
+int64_t program_choice_threshold(const prog_choice *c, const prog_device_figures *f) {
+    int64_t t = c->min_tokens;
+    while (t <= c->max_tokens && program_choice_side(c, t, f) == 0)
+        t++;
+    return t - 1;
+}

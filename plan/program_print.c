@@ -196,6 +196,10 @@ bool plan_print_program(FILE *out, const plan_file *plan, const uint8_t *data, u
         }
         /* The output head (program.h, "Wanted rows"). */
         if (instr->wanted_rows) fputs(" on the wanted rows", out);
+        /* A side of a choice between two lowerings (program.h, "Choices"). */
+        if (instr->choice)
+            fprintf(out, " [choice %" PRIu32 ": %s]", instr->choice,
+                    instr->side ? "the ops one by one" : "the fused kernel");
         print_cost(out, &instr->cost);
         fputc('\n', out);
     }

@@ -103,6 +103,7 @@ static ref_attrs read_attrs(const ir_module *m, uint32_t op) {
         a.rope = ir_rope_params_of(m, op, m->values[o->operands[0]].type.dims[2].size);
         a.interleaved = attr_string_is(m, op, "style", "interleaved");
         break;
+    case IR_OP_ROPE_TABLE: a.rope = ir_rope_table_params_of(m, op); break;
     case IR_OP_ATTENTION:
         a.scale = attr_float(m, op, "scale");
         a.causal = attr_bool(m, op, "causal");
@@ -244,7 +245,7 @@ static bool check_dims(const ref_model *r, uint32_t op, const ir_dim *dims, unsi
 static bool operand_needs_float(ir_op_kind kind, uint32_t index) {
     switch (kind) {
     case IR_OP_EMBEDDING:
-    case IR_OP_ROPE: return index == 0;
+    case IR_OP_ROPE: return index == 0 || index == 2; /* x and the table */
     case IR_OP_ATTENTION: return index < 3;
     case IR_OP_MATMUL:
     case IR_OP_ADD:

@@ -30,6 +30,7 @@ bool ref_run_op(ir_op_kind kind, const ref_call *c) {
     case IR_OP_RMS_NORM: return ref_op_rms_norm(c);
     case IR_OP_LAYER_NORM: return ref_op_layer_norm(c);
     case IR_OP_ROPE: return ref_op_rope(c);
+    case IR_OP_ROPE_TABLE: return ref_op_rope_table(c);
     case IR_OP_ATTENTION: return ref_op_attention(c);
     case IR_OP_SOFTMAX: return ref_op_softmax(c);
     case IR_OP_SILU: return ref_op_silu(c);

@@ -40,7 +40,7 @@ typedef struct ref_attrs {
     bool in_out;         /* matmul: w is [K, N] rather than [N, K] */
     double eps;          /* rms_norm, layer_norm */
     double offset;       /* rms_norm: added to the weight (Gemma: 1) */
-    ir_rope_params rope; /* rope: frequencies and rotated dims (ir/rope.h) */
+    ir_rope_params rope; /* rope, rope_table: frequencies and rotated dims (ir/rope.h) */
     bool interleaved;    /* rope: GPT-J pairs (2i, 2i+1), else neox (i, i + r/2) */
     double scale;        /* attention: multiplies q.k */
     bool causal;         /* attention */
@@ -100,6 +100,7 @@ bool ref_op_sigmoid(const ref_call *c);
 bool ref_op_argmax(const ref_call *c);
 /* ref_ops_attention.c: positions, attention, experts */
 bool ref_op_rope(const ref_call *c);
+bool ref_op_rope_table(const ref_call *c);
 bool ref_op_attention(const ref_call *c);
 bool ref_op_moe(const ref_call *c);
 /* ref_ops_layout.c: data moved, never changed */

@@ -14,30 +14,24 @@
 
 /* ---- rope ------------------------------------------------------------------------- */
 
-/* rope(x[T, H, Dh], pos[T]) -> x, rotating the first r dims of each head
- * (r from rotary_dim or partial_rotary_factor). The frequencies inv_freq[r/2]
- * come from ir/rope.c (theta^(-2i / r), or a scaled variant), angle = pos *
- * inv_freq[i], and cos and sin are multiplied by the variant's attention
- * factor. longrope takes its long set in a call whose largest position + 1
- * exceeds original_max_position_embeddings, as transformers does per forward
- * call; dynamic runs only below max_position_embeddings, where its
- * frequencies are static. neox (Llama's rotate_half) pairs x[i] with
- * x[i + r/2]; interleaved (GPT-J) pairs x[2i] with x[2i + 1]; dims >= r pass
- * through.
+/* The (cos, sin) of every rotated pair of every token into cos_sin
+ * [tokens, r/2, 2]: the frequencies inv_freq[r/2] come from ir/rope.c
+ * (theta^(-2i / r), or a scaled variant), angle = pos * inv_freq[i], and cos
+ * and sin are multiplied by the variant's attention factor. longrope takes
+ * its long set in a call whose largest position + 1 exceeds
+ * original_max_position_embeddings, as transformers does per forward call;
+ * dynamic runs only below max_position_embeddings, where its frequencies
+ * are static.
  *
  * Precision: like Hugging Face, inv_freq, the angle and its cos/sin are
- * computed in float32 ((float)pos * inv_freq), and the rotation is done in
- * float. Computing the angle in double would be closer to the true value but
- * would differ from PyTorch by up to an ulp of the angle, which grows with
- * the position. */
-bool ref_op_rope(const ref_call *c) {
-    const ref_tensor *x = c->in[0], *pos = c->in[1];
-    float *out = c->out[0].f; /* [T, H, Dh] */
-    uint64_t tokens = x->dims[0], heads = x->dims[1], head_dim = x->dims[2];
-    const ir_rope_params *params = &c->attrs->rope;
+ * computed in float32 ((float)pos * inv_freq). Computing the angle in double
+ * would be closer to the true value but would differ from PyTorch by up to
+ * an ulp of the angle, which grows with the position. */
+static bool rope_angles(const ref_call *c, const ir_rope_params *params, const int32_t *pos, uint64_t tokens,
+                        float *cos_sin) {
     int32_t max_position = 0;
     for (uint64_t t = 0; t < tokens; t++)
-        if (pos->i[t] > max_position) max_position = pos->i[t];
+        if (pos[t] > max_position) max_position = pos[t];
     if (params->scaling == IR_ROPE_DYNAMIC && (int64_t)max_position >= params->max_positions) {
         diag_error(c->d, c->loc,
                    "rope: position %d is past max_position_embeddings (%lld), where dynamic NTK scaling "
@@ -52,16 +46,54 @@ bool ref_op_rope(const ref_call *c) {
     }
     ir_rope_tables tables;
     ir_rope_tables_compute(params, storage, &tables);
-    uint64_t half = tables.half;
     const float *inv_freq = tables.inv_freq; /* [r/2] */
     if (tables.long_inv_freq && (int64_t)max_position + 1 > tables.long_after)
         inv_freq = tables.long_inv_freq;
+    for (uint64_t t = 0; t < tokens; t++)
+        for (uint64_t i = 0; i < tables.half; i++) {
+            float angle = (float)pos[t] * inv_freq[i];
+            cos_sin[(t * tables.half + i) * 2] = cosf(angle) * tables.attention_factor;
+            cos_sin[(t * tables.half + i) * 2 + 1] = sinf(angle) * tables.attention_factor;
+        }
+    free(storage);
+    return true;
+}
+
+/* rope_table(pos[T]) -> [T, r/2, 2]: rope_angles, for the ropes that read it. */
+bool ref_op_rope_table(const ref_call *c) {
+    return rope_angles(c, &c->attrs->rope, c->in[0]->i, c->in[0]->dims[0], c->out[0].f);
+}
+
+/* rope(x[T, H, Dh], pos[T], table?) -> x, rotating the first r dims of each
+ * head (r from rotary_dim or partial_rotary_factor) by the (cos, sin) of
+ * rope_angles — the table's, when the op reads one (the shape rule has
+ * checked it holds these positions' angles at these frequencies). neox
+ * (Llama's rotate_half) pairs x[i] with x[i + r/2]; interleaved (GPT-J)
+ * pairs x[2i] with x[2i + 1]; dims >= r pass through. The rotation is done
+ * in float. */
+bool ref_op_rope(const ref_call *c) {
+    const ref_tensor *x = c->in[0], *pos = c->in[1];
+    float *out = c->out[0].f; /* [T, H, Dh] */
+    uint64_t tokens = x->dims[0], heads = x->dims[1], head_dim = x->dims[2];
+    uint64_t half = (uint64_t)c->attrs->rope.rotary_dim / 2;
+    float *computed = NULL;
+    const float *cos_sin = c->in_count == 3 ? c->in[2]->f : NULL; /* [T, r/2, 2] */
+    if (!cos_sin) {
+        computed = malloc((tokens * half + 1) * 2 * sizeof *computed);
+        if (!computed) {
+            diag_error(c->d, c->loc, "rope: out of memory");
+            return false;
+        }
+        if (!rope_angles(c, &c->attrs->rope, pos->i, tokens, computed)) {
+            free(computed);
+            return false;
+        }
+        cos_sin = computed;
+    }
     memcpy(out, x->f, x->count * sizeof(float)); /* the dims >= r */
     for (uint64_t t = 0; t < tokens; t++) {
         for (uint64_t i = 0; i < half; i++) {
-            float angle = (float)pos->i[t] * inv_freq[i];
-            float cosine = cosf(angle) * tables.attention_factor,
-                  sine = sinf(angle) * tables.attention_factor;
+            float cosine = cos_sin[(t * half + i) * 2], sine = cos_sin[(t * half + i) * 2 + 1];
             uint64_t first = c->attrs->interleaved ? 2 * i : i;
             uint64_t second = c->attrs->interleaved ? 2 * i + 1 : i + half;
             for (uint64_t h = 0; h < heads; h++) {
@@ -73,7 +105,7 @@ bool ref_op_rope(const ref_call *c) {
             }
         }
     }
-    free(storage);
+    free(computed);
     return true;
 }
 

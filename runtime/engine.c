@@ -107,6 +107,7 @@ smelt_status smelt_engine_create(smelt_plan *plan, const smelt_engine_options *o
     if (s == SMELT_OK)
         s = rt_executor_init(&engine->executor, p, engine->device, engine->weight_addresses, o->cuda_graphs,
                              &e);
+    if (s == SMELT_OK && o->gemv_max_tokens > 0) rt_executor_choose(&engine->executor, o->gemv_max_tokens);
     if (s != SMELT_OK) {
         smelt_engine_destroy(engine);
         return rt_last_error_publish(&e);

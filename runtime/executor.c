@@ -21,6 +21,14 @@ smelt_status rt_executor_init(rt_executor *x, const program *p, rt_device *devic
     x->use_graphs = use_graphs && ops->capture_begin && ops->capture_end && ops->replay;
     smelt_status s = ops->alloc(device, p->arena_bytes, &x->arena, e);
     if (s != SMELT_OK) return s;
+    if (p->choice_count) {
+        x->choice_sides = calloc(p->choice_count, PROG_CHOICE_MAX_TOKENS);
+        if (!x->choice_sides) {
+            rt_executor_free(x);
+            return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory for %u choices", p->choice_count);
+        }
+        rt_executor_choose(x, 0);
+    }
     if (p->state_count) {
         x->states = calloc(p->state_count, sizeof *x->states);
         if (!x->states) {
@@ -46,8 +54,36 @@ void rt_executor_free(rt_executor *x) {
     for (uint32_t i = 0; x->states && i < x->program->state_count; i++)
         ops->free(x->device, x->states[i]);
     free(x->states);
+    free(x->choice_sides);
     ops->free(x->device, x->arena);
     memset(x, 0, sizeof *x);
+}
+
+void rt_executor_choose(rt_executor *x, int64_t gemv_max_tokens) {
+    const program *p = x->program;
+    const rt_device_ops *ops = x->device->ops;
+    prog_device_figures figures;
+    bool measured = gemv_max_tokens <= 0 && ops->figures && ops->figures(x->device, &figures);
+    for (uint32_t i = 0; i < p->choice_count; i++) {
+        const prog_choice *c = &p->choices[i];
+        for (int64_t t = c->min_tokens; t <= c->max_tokens; t++) {
+            int side = gemv_max_tokens > 0 ? t > gemv_max_tokens
+                       : measured          ? program_choice_side(c, t, &figures)
+                                           : 1;
+            x->choice_sides[i * PROG_CHOICE_MAX_TOKENS + (t - c->min_tokens)] = (uint8_t)side;
+        }
+    }
+    x->graph_ready = false; /* a captured step ran the sides of before */
+}
+
+/* Does instruction `in` run in a step of `tokens` tokens as far as its
+ * choice goes (the side chosen at T; outside the choice's range its token
+ * range decides)? */
+static bool chosen(const rt_executor *x, const prog_instr *in, uint32_t tokens) {
+    if (in->choice == 0) return true;
+    const prog_choice *c = &x->program->choices[in->choice - 1];
+    if (tokens < c->min_tokens || tokens > c->max_tokens) return true;
+    return x->choice_sides[(in->choice - 1) * PROG_CHOICE_MAX_TOKENS + (tokens - c->min_tokens)] == in->side;
 }
 
 smelt_status rt_executor_reset(rt_executor *x, rt_error *e) {
@@ -159,6 +195,7 @@ static smelt_status run_instructions(rt_executor *x, uint32_t tokens, prog_rows 
     for (uint32_t i = 0; i < count; i++) {
         const prog_instr *in = &p->instrs[i];
         if (!prog_instr_runs(in, tokens)) continue; /* guarded for another token count */
+        if (!chosen(x, in, tokens)) continue;       /* the other side of its choice runs */
         if (in->wanted_rows && rows == PROG_ROWS_NONE) continue;
         uint32_t at = (uint32_t)prog_instr_tokens(in, tokens, rows), skipped = tokens - at;
         smelt_status s;

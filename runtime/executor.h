@@ -32,6 +32,9 @@ typedef struct rt_executor {
     uint32_t graph_launches;     /* launches + GEMMs in the captured graph */
     uint32_t launches_last_step; /* launches + GEMMs the last step ran */
     uint64_t graph_replays;
+    /* [choice_count][PROG_CHOICE_MAX_TOKENS] the side each choice runs at T
+     * = min_tokens + index (plan/program.h, "Choices") */
+    uint8_t *choice_sides;
 } rt_executor;
 
 /* Allocates the arena and the state buffers (zeroed). `weights` must stay
@@ -40,6 +43,19 @@ typedef struct rt_executor {
 smelt_status rt_executor_init(rt_executor *x, const program *p, rt_device *device, void *const *weights,
                               bool use_graphs, rt_error *e);
 void rt_executor_free(rt_executor *x);
+
+/* Which side of each choice between a fused GEMV group's two lowerings
+ * runs in a step of T tokens (plan/program.h, "Choices"):
+ *   gemv_max_tokens > 0: the fused kernel up to that T, its ops one by one
+ *     above (what tests use to run each side);
+ *   else, on a device with figures (rt_device_ops.figures: the GPU's
+ *     bandwidth, peaks and launch cost), the side of the smaller modeled
+ *     time (program_choice_side);
+ *   else (the host) the fixed rule: the fused kernel only up to the tokens
+ *     it is made for alone (the choice's min_tokens - 1), so host runs are
+ *     deterministic and the same on every machine.
+ * rt_executor_init applies the rule of gemv_max_tokens 0. */
+void rt_executor_choose(rt_executor *x, int64_t gemv_max_tokens);
 
 /* Zeroes the state buffers (a new sequence). */
 smelt_status rt_executor_reset(rt_executor *x, rt_error *e);

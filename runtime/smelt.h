@@ -166,10 +166,16 @@ typedef struct smelt_engine_options {
      * (SMELT_ERROR_BAD_PLAN) before any of its code is loaded: a plan
      * carries machine code, so pin the plans you trust. NULL or "": any. */
     const char *expected_content_hash;
+    /* Steps of up to this many tokens run a fused GEMV group as its one
+     * kernel where the plan has both it and the group's ops one by one
+     * (GEMMs) for that step; 0: the device decides (on a GPU the cheaper by
+     * the plan's model at the GPU's bandwidth and peaks, on the host the
+     * GEMV only in the steps it alone serves). For tests and tuning. */
+    int gemv_max_tokens;
 } smelt_engine_options;
 
 static inline smelt_engine_options smelt_engine_options_default(void) {
-    smelt_engine_options o = {"auto", 0, 0, true, NULL};
+    smelt_engine_options o = {"auto", 0, 0, true, NULL, 0};
     return o;
 }
 

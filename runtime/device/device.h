@@ -107,6 +107,11 @@ typedef struct rt_device_ops {
     smelt_status (*capture_begin)(rt_device *d, rt_error *e);
     smelt_status (*capture_end)(rt_device *d, rt_error *e);
     smelt_status (*replay)(rt_device *d, rt_error *e);
+    /* The device's DRAM bandwidth, peaks and launch cost, for the choices
+     * between a GEMV group's lowerings (plan/program.h, "Choices"); false,
+     * or no member, when it has none to give (the host: the executor's fixed
+     * rule). */
+    bool (*figures)(const rt_device *d, prog_device_figures *out);
 } rt_device_ops;
 
 /* Every device struct starts with this. */

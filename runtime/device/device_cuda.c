@@ -55,6 +55,10 @@ enum {
     CU_ERROR_SYSTEM_NOT_READY = 802,
     CU_ERROR_SYSTEM_DRIVER_MISMATCH = 803,
     CU_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE = 804,
+    CU_DEVICE_ATTRIBUTE_CLOCK_RATE = 13, /* kHz */
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+    CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE = 36,       /* kHz */
+    CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH = 37, /* bits */
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
@@ -213,6 +217,7 @@ typedef struct cuda_device {
     cu_stream stream;
     int arch; /* 90 for sm_90 */
     char name[160];
+    prog_device_figures figures; /* from the device's attributes (device_figures); bandwidth 0: none */
 
     cu_module *modules;     /* [kernel_count] */
     cu_function *functions; /* [kernel_count] */
@@ -677,6 +682,34 @@ static void cuda_destroy(rt_device *device) {
     free(d);
 }
 
+static bool cuda_figures(const rt_device *device, prog_device_figures *out) {
+    const cuda_device *d = (const cuda_device *)device;
+    *out = d->figures;
+    return d->figures.bytes_per_second > 0;
+}
+
+/* The roofline figures of the GPU from its attributes: DRAM bandwidth =
+ * 2 (double data rate) x memory clock x bus width; dense bf16 tensor-core
+ * flops per SM and clock 2048 on sm_8x and 4096 on sm_90 and later (A100:
+ * 312 TFLOP/s, H100 SXM: 989), f32 CUDA-core flops 128 on sm_80, 256 after;
+ * a launch (graph node) 1.3 us, as measured elsewhere (tests/gpu/run.sh
+ * measures it). Boost clocks make these peaks, which kernels approach but
+ * do not reach: the choice compares two sides by one yardstick. */
+static void device_figures(cuda_device *d) {
+    int sms = 0, clock_khz = 0, memory_khz = 0, bus_bits = 0;
+    if (d->api.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d->device) != 0 ||
+        d->api.cuDeviceGetAttribute(&clock_khz, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, d->device) != 0 ||
+        d->api.cuDeviceGetAttribute(&memory_khz, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, d->device) != 0 ||
+        d->api.cuDeviceGetAttribute(&bus_bits, CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, d->device) != 0 ||
+        sms <= 0 || clock_khz <= 0 || memory_khz <= 0 || bus_bits <= 0)
+        return; /* no figures: the executor's fixed rule */
+    double clock = clock_khz * 1e3;
+    d->figures.bytes_per_second = 2.0 * memory_khz * 1e3 * (bus_bits / 8.0);
+    d->figures.tensor_flops_per_second = sms * clock * (d->arch >= 90 ? 4096.0 : 2048.0);
+    d->figures.flops_per_second = sms * clock * (d->arch > 80 ? 256.0 : 128.0);
+    d->figures.launch_seconds = 1.3e-6;
+}
+
 static const rt_device_ops cuda_ops = {
     .kind = "cuda",
     .alloc = cuda_alloc,
@@ -695,6 +728,7 @@ static const rt_device_ops cuda_ops = {
     .capture_begin = cuda_capture_begin,
     .capture_end = cuda_capture_end,
     .replay = cuda_replay,
+    .figures = cuda_figures,
 };
 
 /* Opens the driver library and resolves every function; NO_DEVICE when it
@@ -754,6 +788,7 @@ static smelt_status open_device(cuda_device *d, int ordinal, rt_error *e) {
         return s;
     d->arch = major * 10 + minor;
     snprintf(d->name, sizeof d->name, "cuda:%d %s (sm_%d)", ordinal, gpu, d->arch);
+    device_figures(d);
     if ((s = CU_CALL(d, cuDevicePrimaryCtxRetain, (&d->context, d->device), e)) != SMELT_OK) return s;
     d->context_retained = true;
     if ((s = CU_CALL(d, cuCtxSetCurrent, (d->context), e)) != SMELT_OK) return s;

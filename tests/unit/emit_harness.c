@@ -482,6 +482,7 @@ static ref_attrs read_attrs(emit_case *c, uint32_t op) {
         a.rope = ir_rope_params_of(m, op, m->values[o->operands[0]].type.dims[2].size);
         a.interleaved = strcmp(ir_op_string(m, op, "style"), "interleaved") == 0;
         break;
+    case IR_OP_ROPE_TABLE: a.rope = ir_rope_table_params_of(m, op); break;
     case IR_OP_ATTENTION:
         a.scale = ir_op_float(m, op, "scale");
         a.causal = ir_op_bool(m, op, "causal");

@@ -179,6 +179,60 @@ static void test_last_row_is_the_last_of_all(void **state) {
     }
 }
 
+/* Steps of 1 to 8 tokens on the host with each side of every choice between
+ * a fused group's lowerings (plan/program.h, "Choices"): the host's rule
+ * (the GEMMs from 5 tokens on) and the GEMV kernels in every step
+ * (gemv_max_tokens 16, over 4-token tiles above 4), each against the
+ * reference within the f32 bound, every row. */
+static void test_gemv_and_gemms_agree(void **state) {
+    (void)state;
+    static const int32_t prompt[8] = {12, 93, 25, 91, 78, 3, 44, 60};
+    static const int32_t at[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    char path[256];
+    compile_fixture(path, sizeof path, "choices", FIXTURE "/model.safetensors");
+    drv_model_options ref = fixture_options(MODEL, DRV_BACKEND_REF);
+    drv_model_options sides[2] = {fixture_options(path, DRV_BACKEND_HOST),
+                                  fixture_options(path, DRV_BACKEND_HOST)};
+    sides[0].weights_path = sides[1].weights_path = NULL;
+    sides[1].gemv_max_tokens = 16;
+    captured_diag c;
+    capture_init(&c);
+    drv_model *want, *got[2];
+    if (!drv_model_open(&ref, &want, &c.d) || !drv_model_open(&sides[0], &got[0], &c.d) ||
+        !drv_model_open(&sides[1], &got[1], &c.d))
+        fail_msg("%s", capture_text(&c));
+    for (uint32_t n = 1; n <= 8; n++) {
+        float expected[8 * VOCAB], logits[8 * VOCAB];
+        drv_model_reset(want);
+        assert_true(drv_model_step(want, prompt, at, n, DRV_ROWS_ALL, expected, &c.d));
+        float lo = expected[0], hi = expected[0];
+        for (uint32_t i = 0; i < n * VOCAB; i++) {
+            lo = fminf(lo, expected[i]);
+            hi = fmaxf(hi, expected[i]);
+        }
+        float first[8 * VOCAB];
+        for (int side = 0; side < 2; side++) {
+            drv_model_reset(got[side]);
+            assert_true(drv_model_step(got[side], prompt, at, n, DRV_ROWS_ALL, side ? logits : first, &c.d));
+            if (side == 0) memcpy(logits, first, sizeof first);
+            /* below 5 tokens both run the GEMVs, bit for bit; above, other kernels (other sums) */
+            if (side == 1 && (memcmp(logits, first, n * VOCAB * sizeof(float)) == 0) != (n <= 4))
+                fail_msg("%u tokens: the two sides' logits are %s", n,
+                         n <= 4 ? "not the same bits" : "the same bits");
+            for (uint32_t i = 0; i < n * VOCAB; i++)
+                if (fabsf(logits[i] - expected[i]) > 1e-4f * (hi - lo))
+                    fail_msg("%s, %u tokens: logit %u is %g, the reference's %g", side ? "GEMV" : "GEMMs", n,
+                             i, logits[i], expected[i]);
+        }
+    }
+    assert_int_equal(c.d.error_count, 0);
+    drv_model_close(want);
+    drv_model_close(got[0]);
+    drv_model_close(got[1]);
+    capture_free(&c);
+    unlink(path);
+}
+
 static void test_plan_compiled_here(void **state) {
     (void)state;
     char plan[4096];
@@ -356,9 +410,13 @@ static void test_plan_tokenizer_must_fit(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_names_and_tokenizer),         cmocka_unit_test(test_plan_compiled_here),
-        cmocka_unit_test(test_last_row_is_the_last_of_all), cmocka_unit_test(test_plan_bound_from_checkpoint),
-        cmocka_unit_test(test_source_with_weights),         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_names_and_tokenizer),
+        cmocka_unit_test(test_plan_compiled_here),
+        cmocka_unit_test(test_last_row_is_the_last_of_all),
+        cmocka_unit_test(test_gemv_and_gemms_agree),
+        cmocka_unit_test(test_plan_bound_from_checkpoint),
+        cmocka_unit_test(test_source_with_weights),
+        cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_plan_tokenizer_must_fit),
     };
     return cmocka_run_group_tests(tests, reference_setup, NULL);

@@ -169,6 +169,84 @@ static void test_rope_scaled(void **state) {
     }
 }
 
+/* Every attribute of `to`'s schema that `from` has, as fuse's
+ * share_rope_tables copies them. */
+static void copy_rope_attrs(emit_case *c, uint32_t from, uint32_t to) {
+    const ir_op_info *info = ir_op_info_of(c->m.ops[to].kind);
+    for (uint32_t a = 0; a < info->attr_count; a++) {
+        const ir_attr *given = ir_op_attr(&c->m, from, info->attrs[a].name);
+        if (given) assert_true(ir_op_set_attr(&c->m, to, info->attrs[a].name, given));
+    }
+}
+
+/* The step's rope table (cos, sin per pair, computed once: emit_rope.c's
+ * cg_emit_rope_table) against the reference for each variant, and a rope
+ * reading it: against the reference, and bit for bit the rope that
+ * computes its own angles (f32), so moving the angles into the table
+ * changes no number. Positions that take longrope's long set and its short
+ * one. */
+static void test_rope_table(void **state) {
+    (void)state;
+    const int32_t far[4] = {0, 7, 100, 3000}, near[4] = {0, 1, 2, 3};
+    static double short_factor[4] = {1.0, 1.1, 1.3, 2.0}, long_factor[4] = {1.5, 3.0, 9.0, 40.0};
+    for (int p = 0; p < 2; p++)
+        for (int step = 0; step < 2; step++) {
+            emit_case *c = case_new(precisions[p]);
+            ir_value_id x = case_input(c, "x", "f32[tokens, 3, 16]");
+            uint32_t ropes[4], n = 0;
+            uint32_t llama3 = ropes[n++] = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
+            assert_true(ir_op_set_float(&c->m, llama3, "theta", 500000.0));
+            assert_true(ir_op_set_string(&c->m, llama3, "scaling", "llama3"));
+            assert_true(ir_op_set_float(&c->m, llama3, "factor", 8.0));
+            assert_true(ir_op_set_float(&c->m, llama3, "low_freq_factor", 1.0));
+            assert_true(ir_op_set_float(&c->m, llama3, "high_freq_factor", 4.0));
+            assert_true(ir_op_set_int(&c->m, llama3, "original_max_position_embeddings", 64));
+            uint32_t yarn = ropes[n++] = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
+            assert_true(ir_op_set_float(&c->m, yarn, "theta", 10000.0));
+            assert_true(ir_op_set_string(&c->m, yarn, "scaling", "yarn"));
+            assert_true(ir_op_set_float(&c->m, yarn, "factor", 4.0));
+            assert_true(ir_op_set_int(&c->m, yarn, "original_max_position_embeddings", 32));
+            assert_true(ir_op_set_string(&c->m, yarn, "style", "interleaved"));
+            uint32_t longrope = ropes[n++] = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
+            assert_true(ir_op_set_float(&c->m, longrope, "theta", 10000.0));
+            assert_true(ir_op_set_float(&c->m, longrope, "partial_rotary_factor", 0.5));
+            assert_true(ir_op_set_string(&c->m, longrope, "scaling", "longrope"));
+            assert_true(ir_op_set_int(&c->m, longrope, "original_max_position_embeddings", 8));
+            assert_true(ir_op_set_int(&c->m, longrope, "max_position_embeddings", 4096));
+            ir_attr shorts = {.kind = IR_ATTR_FLOATS, .as.floats = {4, short_factor}};
+            ir_attr longs = {.kind = IR_ATTR_FLOATS, .as.floats = {4, long_factor}};
+            assert_true(ir_op_set_attr(&c->m, longrope, "short_factor", &shorts));
+            assert_true(ir_op_set_attr(&c->m, longrope, "long_factor", &longs));
+            uint32_t plain = ropes[n++] = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
+            assert_true(ir_op_set_float(&c->m, plain, "theta", 10000.0));
+            assert_true(ir_op_set_int(&c->m, plain, "rotary_dim", 12));
+            const int64_t rotary[4] = {16, 16, 8, 12};
+            uint32_t tables[4], readers[4];
+            for (uint32_t i = 0; i < n; i++) {
+                tables[i] = case_op(c, IR_OP_ROPE_TABLE, &c->pos, 1);
+                copy_rope_attrs(c, ropes[i], tables[i]);
+                assert_true(ir_op_set_int(&c->m, tables[i], "rotary_dim", rotary[i]));
+                readers[i] = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos, case_result(c, tables[i])}, 3);
+                copy_rope_attrs(c, ropes[i], readers[i]);
+            }
+            case_infer(c);
+            case_set_ints_data(c, c->pos, 4, step ? near : far, 4);
+            for (uint32_t i = 0; i < n; i++) {
+                case_run(c, tables[i], 4, F32_TOLERANCE);
+                ir_value_id table = case_result(c, tables[i]);
+                /* the kernel's table is what the rope reads */
+                case_set_floats(c, table, 4, c->values[table].buffer, c->values[table].count);
+                case_run(c, readers[i], 4, F32_TOLERANCE);
+                case_run(c, ropes[i], 4, F32_TOLERANCE);
+                const value_data *a = &c->values[case_result(c, readers[i])];
+                const value_data *b = &c->values[case_result(c, ropes[i])];
+                if (strcmp(precisions[p], "f32") == 0)
+                    assert_memory_equal(a->buffer, b->buffer, a->count * sizeof(float));
+            }
+            case_free(c);
+        }
+}
+
 /* ---- softmax, argmax, embedding ----------------------------------------------------------- */
 
 static void test_softmax(void **state) {
@@ -1089,13 +1167,15 @@ static uint32_t reshape_op(emit_case *c, ir_value_id x, int64_t heads, int64_t h
  * bias): one kernel, against the reference run op by op, at token counts
  * inside one tile of TOKEN_TILE tokens and across two. K = 40 and K = 20:
  * the vector path, and the element-at-a-time path of a K that is no
- * multiple of 8. */
+ * multiple of 8; and K = 40 again with each rope reading the step's rope
+ * table (what fuse makes), the table computed by its kernel. */
 static void test_gemv_norm_qkv_rope(void **state) {
     (void)state;
     const int32_t positions[7] = {0, 5, 17, 300, 2, 9, 4000};
-    const int64_t widths[2] = {40, 20};
+    const int64_t widths[3] = {40, 20, 40};
     for (int p = 0; p < 2; p++)
-        for (int w = 0; w < 2; w++) {
+        for (int w = 0; w < 3; w++) {
+            bool tables = w == 2;
             emit_case *c = case_new(precisions[p]);
             char type[64], weight[64];
             snprintf(type, sizeof type, "f32[tokens, %lld]", (long long)widths[w]);
@@ -1114,12 +1194,22 @@ static void test_gemv_norm_qkv_rope(void **state) {
             uint32_t k = ops[n++] = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wk}, 2);
             uint32_t v = ops[n++] = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wv}, 2);
             uint32_t vb = ops[n++] = case_op(c, IR_OP_ADD, (ir_value_id[]){case_result(c, v), bv}, 2);
+            uint32_t q_table = case_op(c, IR_OP_ROPE_TABLE, &c->pos, 1);
+            ir_op_set_float(&c->m, q_table, "theta", 10000.0);
+            ir_op_set_int(&c->m, q_table, "rotary_dim", 12);
+            uint32_t k_table = case_op(c, IR_OP_ROPE_TABLE, &c->pos, 1);
+            ir_op_set_float(&c->m, k_table, "theta", 500000.0);
+            ir_op_set_int(&c->m, k_table, "rotary_dim", 8);
             uint32_t q3 = ops[n++] = reshape_op(c, case_result(c, q), 2, 16);
-            uint32_t qr = ops[n++] = case_op(c, IR_OP_ROPE, (ir_value_id[]){case_result(c, q3), c->pos}, 2);
+            uint32_t qr = ops[n++] =
+                case_op(c, IR_OP_ROPE, (ir_value_id[]){case_result(c, q3), c->pos, case_result(c, q_table)},
+                        tables ? 3 : 2);
             ir_op_set_float(&c->m, qr, "theta", 10000.0);
             ir_op_set_int(&c->m, qr, "rotary_dim", 12);
             uint32_t k3 = ops[n++] = reshape_op(c, case_result(c, k), 4, 8);
-            uint32_t kr = ops[n++] = case_op(c, IR_OP_ROPE, (ir_value_id[]){case_result(c, k3), c->pos}, 2);
+            uint32_t kr = ops[n++] =
+                case_op(c, IR_OP_ROPE, (ir_value_id[]){case_result(c, k3), c->pos, case_result(c, k_table)},
+                        tables ? 3 : 2);
             ir_op_set_float(&c->m, kr, "theta", 500000.0);
             ir_op_set_string(&c->m, kr, "style", "interleaved");
             case_infer(c);
@@ -1127,6 +1217,13 @@ static void test_gemv_norm_qkv_rope(void **state) {
             const int64_t token_counts[3] = {1, 4, 7};
             for (int t = 0; t < 3; t++) {
                 case_set_ints_data(c, c->pos, token_counts[t], positions, (uint64_t)token_counts[t]);
+                for (int r = 0; r < 2 && tables; r++) { /* the tables the ropes read: their kernels' */
+                    uint32_t table = r ? k_table : q_table;
+                    ir_value_id angles = case_result(c, table);
+                    case_run(c, table, token_counts[t], F32_TOLERANCE);
+                    case_set_floats(c, angles, token_counts[t], c->values[angles].buffer,
+                                    c->values[angles].count);
+                }
                 case_run_group(c, ops, n, outputs, 3, token_counts[t], F32_TOLERANCE);
             }
             case_free(c);
@@ -1282,6 +1379,7 @@ int main(void) {
         cmocka_unit_test(test_norms),
         cmocka_unit_test(test_rope),
         cmocka_unit_test(test_rope_scaled),
+        cmocka_unit_test(test_rope_table),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_embedding),

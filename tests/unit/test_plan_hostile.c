@@ -290,11 +290,27 @@ static void test_edited_costs_are_refused(void **state) {
     memcpy(bytes, plan_bytes, plan_size);
     uint8_t *entry = plan_edit_entry(bytes, PLAN_SECTION_PROGRAM);
     uint64_t end = plan_get_u64(entry + PLAN_ENTRY_AT_OFFSET) + plan_get_u64(entry + PLAN_ENTRY_AT_SIZE);
-    bytes[end - 1] = 2;
+    /* The last instruction's tensor-core flag: its last byte, before the
+     * choices (u32 count; each 2 i64 and 2 x (max - min + 1) x {f64, f64,
+     * u32, u8}: program.c) */
+    program p;
+    decode_program(plan_bytes, &p);
+    assert_true(p.choice_count > 0);
+    uint64_t choices = 4;
+    for (uint32_t c = 0; c < p.choice_count; c++)
+        choices += 16 + 2 * (uint64_t)(p.choices[c].max_tokens - p.choices[c].min_tokens + 1) * 21;
+    program_free(&p);
+    bytes[end - choices - 1] = 2;
     plan_edit_reseal(bytes);
     smelt_plan *plan = NULL;
     assert_int_equal(smelt_plan_open_memory(bytes, plan_size, &plan), SMELT_ERROR_BAD_PLAN);
     if (!strstr(smelt_last_error(), "its cost's tensor-core flag is 2")) fail_msg("%s", smelt_last_error());
+    /* and the last choice's */
+    memcpy(bytes, plan_bytes, plan_size);
+    bytes[end - 1] = 2;
+    plan_edit_reseal(bytes);
+    assert_int_equal(smelt_plan_open_memory(bytes, plan_size, &plan), SMELT_ERROR_BAD_PLAN);
+    if (!strstr(smelt_last_error(), "a tensor-core flag of 2")) fail_msg("%s", smelt_last_error());
     free(bytes);
 }
 
@@ -304,11 +320,15 @@ static void test_the_compiled_plan_carries_costs(void **state) {
     (void)state;
     program p;
     decode_program(plan_bytes, &p);
-    /* 0: the embedding gathers T rows of 64 f32 (+ the 4-byte id), not its 97 x 64 table */
+    /* 0: the step's rope table reads the T positions and writes the (cos, sin) of 8 pairs per token */
     assert_true(p.instrs[0].op == PROG_OP_LAUNCH);
-    assert_true(prog_poly_eval(p.instrs[0].cost.read, 1, 0) == 64 * 4 + 4);
-    assert_true(prog_poly_eval(p.instrs[0].cost.read, 8, 100) == 8 * (64 * 4 + 4));
-    assert_true(prog_poly_eval(p.instrs[0].cost.written, 8, 100) == 8 * 64 * 4);
+    assert_true(prog_poly_eval(p.instrs[0].cost.read, 8, 100) == 8 * 4);
+    assert_true(prog_poly_eval(p.instrs[0].cost.written, 8, 100) == 8 * 8 * 2 * 4);
+    /* 1: the embedding gathers T rows of 64 f32 (+ the 4-byte id), not its 97 x 64 table */
+    assert_true(p.instrs[1].op == PROG_OP_LAUNCH);
+    assert_true(prog_poly_eval(p.instrs[1].cost.read, 1, 0) == 64 * 4 + 4);
+    assert_true(prog_poly_eval(p.instrs[1].cost.read, 8, 100) == 8 * (64 * 4 + 4));
+    assert_true(prog_poly_eval(p.instrs[1].cost.written, 8, 100) == 8 * 64 * 4);
     /* q/k/v on the unfused path (steps of more than 4 tokens), one GEMM [T, 64] x [128, 64]^T over
      * the weights concatenated at compile time: A and B read, C written, 2 M N K flops, f32 on
      * CUDA cores; o_proj's GEMM [T, 64] x [64, 64]^T reads the residual [T, 64] as well. */
@@ -330,10 +350,10 @@ static void test_the_compiled_plan_carries_costs(void **state) {
     assert_true(prog_poly_eval(o->cost.flops, 8, 0) == 2.0 * 8 * 64 * 64);
     /* The q/k/v GEMM's epilogue launch (derived; it runs in steps of more than 4 tokens, the
      * fused QKV GEMV writes the caches in smaller ones, so there is no kv_write): the GEMM's
-     * 128 f32 columns and the 4-byte pos read per token; q, k and v (64 + 32 + 32 floats) and
-     * the caches' new rows (128 + 128 bytes) and written flag (4) written. Causal attention
-     * over T C + T (T + 1) / 2 positions, 2 (16 + 16) flops per head and position, each of 4
-     * query heads reading its 16-float q row and pos and writing its output row:
+     * 128 f32 columns, the 4-byte pos and the rope table's 8 (cos, sin) pairs read per token; q, k and v (64
+     * + 32 + 32 floats) and the caches' new rows (128 + 128 bytes) and written flag (4) written. Causal
+     * attention over T C + T (T + 1) / 2 positions, 2 (16 + 16) flops per head and position, each of 4 query
+     * heads reading its 16-float q row and pos and writing its output row:
      *  - the split-KV decode kernel after it reads each of the C + T cached rows once per kv
      *    head (2 x 128 bytes) and its written flag once;
      *  - the scalar kernel after that (f32 prefill) reads a key and a value row and the flag for
@@ -346,7 +366,7 @@ static void test_the_compiled_plan_carries_costs(void **state) {
                 kv->as.launch.args[a].ref.buffer == PROG_BUFFER_STATE && kv->as.launch.args[a].writes;
         if (!writes_state || kv->min_tokens == 0) continue;
         assert_int_equal(kv->min_tokens, 5);
-        assert_true(prog_poly_eval(kv->cost.read, 3, 50) == 3 * (128 * 4 + 4));
+        assert_true(prog_poly_eval(kv->cost.read, 3, 50) == 3 * (128 * 4 + 4 + 8 * 2 * 4));
         assert_true(prog_poly_eval(kv->cost.written, 3, 50) == 3 * ((64 + 32 + 32) * 4 + 128 + 128 + 4));
         double positions = 3 * 50 + 3 * 4 / 2;
         assert_true(prog_poly_eval(decode->cost.read, 3, 50) ==

@@ -520,7 +520,7 @@ static void test_program_decode_refuses_truncation(void **state) {
     longer[size] = 0;
     program d;
     assert_false(program_decode(longer, size + 1, &d, error, sizeof error));
-    assert_non_null(strstr(error, "1 unexpected bytes after the last instruction"));
+    assert_non_null(strstr(error, "1 unexpected bytes after the last choice"));
     free(longer);
     free(bytes);
 }
@@ -546,8 +546,12 @@ static void test_program_decode_refuses_lies(void **state) {
     toy_program t;
 
     toy_program_make(&t, false, true, 0);
-    t.p.format_version = 11;
-    expect_refused(&t, "format version 11 is not the version 10 this smelt reads: rebuild the plan");
+    t.p.format_version = PROGRAM_FORMAT_VERSION + 1;
+    char other_version[128];
+    snprintf(other_version, sizeof other_version,
+             "format version %d is not the version %d this smelt reads: rebuild the plan",
+             PROGRAM_FORMAT_VERSION + 1, PROGRAM_FORMAT_VERSION);
+    expect_refused(&t, other_version);
 
     prog_weight_part parts[2] = {{"toy.head.top", 1}, {"toy.head.rest", VOCAB}};
     toy_program_make(&t, false, true, 0); /* a concatenation's parts fill its rows exactly */
@@ -1512,6 +1516,102 @@ static const rt_device_ops recording_ops = {
     .replay = rec_replay,
 };
 
+/* A recording device with a GPU's figures: 1 TB/s, 100 TFLOP/s, 1 us a launch. */
+static bool rec_figures(const rt_device *d, prog_device_figures *out) {
+    (void)d;
+    *out = (prog_device_figures){1e12, 100e12, 10e12, 1e-6};
+    return true;
+}
+
+static const rt_device_ops recording_gpu_ops = {
+    .kind = "recording",
+    .alloc = rec_alloc,
+    .free = rec_free,
+    .copy_in = rec_copy,
+    .copy_out = rec_copy,
+    .zero = rec_zero,
+    .launch = rec_launch,
+    .gemm = rec_gemm,
+    .figures = rec_figures,
+};
+
+/* The modeled sides of a GEMV group of a W-byte weight at T tokens: the
+ * fused kernel reads W once per 4-token tile in one launch; the GEMM side
+ * reads it once, in two launches (GEMM and epilogue), with flops on tensor
+ * cores (plan/program.h, "Choices"). */
+static prog_choice gemv_like_choice(double weight_bytes, double flops_per_token) {
+    prog_choice c = {.min_tokens = 2, .max_tokens = MAX_TOKENS};
+    for (int64_t t = c.min_tokens; t <= c.max_tokens; t++) {
+        double tiles = (double)((t + 3) / 4);
+        c.cost[0][t - c.min_tokens] = (prog_choice_cost){weight_bytes * tiles, flops_per_token * t, 1, false};
+        c.cost[1][t - c.min_tokens] = (prog_choice_cost){weight_bytes, flops_per_token * t, 2, true};
+    }
+    return c;
+}
+
+/* The choice itself, on constructed shapes under the recording GPU's
+ * figures: a large weight (8 MB: 8 us a read, the GEMV's second tile costs
+ * more than the GEMM side's extra launch) goes to the GEMMs from T = 5; a
+ * tiny one (8 KB: launches dominate) keeps the GEMV in its whole range;
+ * work that is compute-bound on CUDA cores (1 GFLOP a token) goes to the
+ * tensor cores at once. */
+static void test_choice_sides(void **state) {
+    (void)state;
+    prog_device_figures gpu;
+    rec_figures(NULL, &gpu);
+    prog_choice large = gemv_like_choice(8e6, 0), tiny = gemv_like_choice(8e3, 0),
+                compute = gemv_like_choice(8e3, 1e9);
+    assert_int_equal(program_choice_side(&large, 4, &gpu), 0);
+    assert_int_equal(program_choice_side(&large, 5, &gpu), 1);
+    assert_int_equal(program_choice_threshold(&large, &gpu), 4);
+    assert_true(fabs(program_choice_seconds(&large, 0, 5, &gpu) - 17e-6) < 1e-15); /* 2 tiles + 1 launch */
+    assert_true(fabs(program_choice_seconds(&large, 1, 5, &gpu) - 10e-6) < 1e-15); /* 1 read + 2 launches */
+    assert_int_equal(program_choice_threshold(&tiny, &gpu), MAX_TOKENS);
+    assert_int_equal(program_choice_threshold(&compute, &gpu), 1); /* none: from min_tokens on, GEMMs */
+    assert_int_equal(program_choice_side(&compute, 1, &gpu), 0);   /* below the range: the fused kernel */
+    assert_int_equal(program_choice_side(&compute, MAX_TOKENS + 1, &gpu), 1);
+}
+
+/* The executor runs one side of a choice per step: the launch (side 0,
+ * tokens 1..8) or the GEMM (side 1, tokens 2..) of a choice over 2..8 — by
+ * the model on a device with figures, by the fixed rule without (the
+ * host: the GEMM wherever it runs), by the option when one is given. */
+static void test_executor_choices(void **state) {
+    (void)state;
+    toy_program t;
+    toy_program_make(&t, false, true, 0);
+    prog_choice choice = gemv_like_choice(8e6, 0);
+    t.p.choices = &choice;
+    t.p.choice_count = 1;
+    t.instrs[0].choice = t.instrs[1].choice = 1;
+    t.instrs[0].max_tokens = MAX_TOKENS;
+    t.instrs[1].min_tokens = 2;
+    t.instrs[1].side = 1;
+    float weight_memory[3][16] = {{0}};
+    void *weights[3] = {weight_memory[0], weight_memory[1], weight_memory[2]};
+    float logits[MAX_TOKENS * VOCAB];
+    const int32_t ids[MAX_TOKENS] = {0}, pos[MAX_TOKENS] = {0, 1, 2, 3, 4, 5, 6, 7};
+    const rt_device_ops *devices[2] = {&recording_gpu_ops, &recording_ops};
+    for (int d = 0; d < 2; d++)
+        for (int forced = 0; forced < 2; forced++) {
+            recording_device device = {.base.ops = devices[d]};
+            rt_executor x;
+            rt_error e = {0};
+            assert_int_equal(rt_executor_init(&x, &t.p, &device.base, weights, false, &e), SMELT_OK);
+            if (forced) rt_executor_choose(&x, 6);
+            for (uint32_t tokens = 1; tokens <= MAX_TOKENS; tokens++) {
+                int launches = device.launch_count, gemms = device.gemm_count;
+                assert_int_equal(rt_executor_step(&x, ids, pos, tokens, PROG_ROWS_ALL, logits, NULL, &e),
+                                 SMELT_OK);
+                int64_t gemv_up_to = forced ? 6 : d == 0 ? 4 : 1;
+                bool gemv = tokens == 1 || tokens <= gemv_up_to;
+                assert_int_equal(device.launch_count - launches, gemv ? 1 : 0);
+                assert_int_equal(device.gemm_count - gemms, gemv ? 0 : 1);
+            }
+            rt_executor_free(&x);
+        }
+}
+
 static void test_executor_graphs(void **state) {
     (void)state;
     toy_program t;
@@ -1991,6 +2091,8 @@ int main(void) {
         cmocka_unit_test(test_print_escapes_kernel_and_weight_names),
         cmocka_unit_test(test_sampler),
         cmocka_unit_test(test_executor_graphs),
+        cmocka_unit_test(test_choice_sides),
+        cmocka_unit_test(test_executor_choices),
         cmocka_unit_test(test_executor_wanted_rows),
         cmocka_unit_test(test_host_forward_f32),
         cmocka_unit_test(test_host_forward_bf16),
