@@ -15,6 +15,7 @@
 # PATH defaults to build-release/cli/smelt, else build/cli/smelt; C to 256;
 # N to 4097; presets to "bf16 fp8 int8 int4-rtn int4-awq int4-gptq
 # int4-rtn/32 int4-awq/32 int4-gptq/32" (PRESET/G: int4 with --group-size G;
+# f16: bf16 with --act f16;
 # int4-awq and int4-gptq calibrate on the demo's training slice,
 # calib_ids.bin, never the held-out text). The perplexity is the plan's on the
 # host simulator (bf16 activations), or with --backend ref the reference
@@ -34,7 +35,7 @@ while [ $# -gt 0 ]; do
     --context) context=$2; shift 2 ;;
     --ids) ids=$2; shift 2 ;;
     --presets) presets=$2; shift 2 ;;
-    -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "usage: bench/precision.sh [--smelt PATH] [--context C] [--ids N] [--presets LIST]" >&2; exit 2 ;;
     esac
 done
@@ -56,6 +57,7 @@ demo=$root/tests/fixtures/demo
 options() {
     case "$1" in
     */*) echo "--precision ${1%/*} --group-size ${1#*/}" ;;
+    f16) echo "--precision bf16 --act f16" ;;
     *) echo "--precision $1" ;;
     esac
     case "$1" in

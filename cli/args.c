@@ -62,7 +62,7 @@ bool cli_parse_precision(const cli_args *a, const char *text, drv_precision *out
 
 bool cli_parse_kv_cache(const cli_args *a, const char *text, drv_kv_cache *out) {
     if (drv_kv_cache_from_name(text, out)) return true;
-    cli_usage_error(a, "unknown KV cache dtype '%s' (auto, bf16, f32 or fp8)", text);
+    cli_usage_error(a, "unknown KV cache dtype '%s' (auto, bf16, f16, f32 or fp8)", text);
     return false;
 }
 
@@ -194,8 +194,8 @@ int cli_precision_option(cli_args *a, drv_precision_options *o) {
     unsigned group;
     if (cli_flag_value(a, "--act", &value)) {
         if (!value) return CLI_USAGE_ERROR;
-        if (strcmp(value, "f32") != 0 && strcmp(value, "bf16") != 0) {
-            cli_usage_error(a, "unknown activation dtype '%s' (f32 or bf16)", value);
+        if (strcmp(value, "f32") != 0 && strcmp(value, "bf16") != 0 && strcmp(value, "f16") != 0) {
+            cli_usage_error(a, "unknown activation dtype '%s' (f32, bf16 or f16)", value);
             return CLI_USAGE_ERROR;
         }
         o->activations = value;

@@ -34,7 +34,7 @@ void cli_usage_error(const cli_args *a, const char *fmt, ...) __attribute__((for
 bool cli_parse_format(const cli_args *a, const char *text, drv_ir_format *out);
 /* --precision's value (f32, bf16); false after a usage message. */
 bool cli_parse_precision(const cli_args *a, const char *text, drv_precision *out);
-/* --kv-cache's value (auto, bf16, f32, fp8); false after a usage message. */
+/* --kv-cache's value (auto, bf16, f16, f32, fp8); false after a usage message. */
 bool cli_parse_kv_cache(const cli_args *a, const char *text, drv_kv_cache *out);
 /* --tokenizer's value (bytes); false after a usage message. */
 bool cli_parse_tokenizer(const cli_args *a, const char *text);
@@ -58,7 +58,7 @@ bool cli_parse_count(const cli_args *a, const char *text, unsigned *out);
 enum { CLI_NOT_MINE = -2 };
 int cli_model_option(cli_args *a, drv_model_options *o);
 /* Consumes one of the precision pass's options besides --precision (--act
- * f32|bf16, --group-size 32|64|128, --keep GLOBS): CLI_OK, CLI_USAGE_ERROR
+ * f32|bf16|f16, --group-size 32|64|128, --keep GLOBS): CLI_OK, CLI_USAGE_ERROR
  * after a message, or CLI_NOT_MINE. */
 int cli_precision_option(cli_args *a, drv_precision_options *o);
 /* Consumes one of the lowering passes' options that `smelt ir` and `smelt opt`

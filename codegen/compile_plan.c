@@ -203,8 +203,9 @@ static bool stream_weights(void *context, plan_sink *sink) {
         }
         uint64_t count = w->bytes / smelt_dtype_element_bytes(w->dtype);
         float *values = malloc(count * sizeof *values + 1);
-        uint16_t *narrowed = w->dtype == SMELT_DTYPE_BF16 ? malloc(count * sizeof *narrowed + 1) : NULL;
-        if (!values || (w->dtype == SMELT_DTYPE_BF16 && !narrowed)) {
+        bool half = w->dtype == SMELT_DTYPE_BF16 || w->dtype == SMELT_DTYPE_F16; /* 16-bit storage */
+        uint16_t *narrowed = half ? malloc(count * sizeof *narrowed + 1) : NULL;
+        if (!values || (half && !narrowed)) {
             free(values);
             free(narrowed);
             plan_sink_fail(sink, "out of memory converting weight '%s'", w->name);
@@ -224,8 +225,9 @@ static bool stream_weights(void *context, plan_sink *sink) {
         }
         if (!ok) plan_sink_fail(sink, "cannot read weight '%s'", w->name);
         if (ok && narrowed)
-            for (uint64_t i = 0; i < count; i++)
-                narrowed[i] = plan_f32_to_bf16(values[i]);
+            for (uint64_t i = 0; i < count; i++) /* f16 above 65504 is infinite: docs/quantization.md */
+                narrowed[i] =
+                    w->dtype == SMELT_DTYPE_F16 ? plan_f32_to_f16(values[i]) : plan_f32_to_bf16(values[i]);
         ok = ok && plan_sink_write(sink, narrowed ? (const void *)narrowed : (const void *)values, w->bytes);
         free(values);
         free(narrowed);

@@ -151,6 +151,7 @@ const char *cg_dtype_name(smelt_dtype t) {
     switch (t) {
     case SMELT_DTYPE_F32: return "f32";
     case SMELT_DTYPE_BF16: return "bf16";
+    case SMELT_DTYPE_F16: return "f16";
     case SMELT_DTYPE_I32: return "i32";
     case SMELT_DTYPE_I4: return "i4";
     case SMELT_DTYPE_I8: return "i8";
@@ -164,6 +165,7 @@ const char *cg_dtype_ctype(smelt_dtype t) {
     switch (t) {
     case SMELT_DTYPE_F32: return "float";
     case SMELT_DTYPE_BF16: return "smelt_bf16";
+    case SMELT_DTYPE_F16: return "smelt_f16";
     case SMELT_DTYPE_I32: return "int";
     case SMELT_DTYPE_I4: /* a quantized weight: its packed layout's bytes (quant/quant.h) */
     case SMELT_DTYPE_I8: return "uint8_t";
@@ -201,11 +203,10 @@ static bool check_value(cg_emit *e, ir_value_id v, const char *role, uint32_t in
     }
     const ir_type *t = &e->m->values[v].type;
     if (!program_dtype_stored(t->dtype) && !cg_is_quantized(e->m, v)) {
-        diag_error(
-            e->d, e->ir->loc,
-            "codegen has no kernels for %s values yet (%s %u of '%s'); kernels exist for f32, bf16 and "
-            "i32",
-            smelt_dtype_name(t->dtype), role, index, info->name);
+        diag_error(e->d, e->ir->loc,
+                   "codegen has no kernels for %s values yet (%s %u of '%s'); kernels exist for f32, bf16, "
+                   "f16 and i32",
+                   smelt_dtype_name(t->dtype), role, index, info->name);
         return false;
     }
     for (unsigned i = 0; i < t->rank; i++) {
@@ -749,6 +750,8 @@ const char *cg_load(cg_kernel_builder *b, uint32_t p, const char *index) {
     const cg_kernel_param *kp = &b->params[p];
     if (kp->dtype == SMELT_DTYPE_BF16)
         return arena_printf(&b->e->scratch, "smelt_bf16_to_f32(%s[%s])", kp->name, index);
+    if (kp->dtype == SMELT_DTYPE_F16)
+        return arena_printf(&b->e->scratch, "smelt_f16_to_f32(%s[%s])", kp->name, index);
     if (kp->dtype == SMELT_DTYPE_F8E4M3) /* the code; its row's scale is the kernel's to apply */
         return arena_printf(&b->e->scratch, "smelt_f8e4m3_to_f32(%s[%s])", kp->name, index);
     return arena_printf(&b->e->scratch, "%s[%s]", kp->name, index);
@@ -758,6 +761,8 @@ const char *cg_store(cg_kernel_builder *b, uint32_t p, const char *index, const 
     const cg_kernel_param *kp = &b->params[p];
     if (kp->dtype == SMELT_DTYPE_BF16)
         return arena_printf(&b->e->scratch, "%s[%s] = smelt_f32_to_bf16(%s);", kp->name, index, value);
+    if (kp->dtype == SMELT_DTYPE_F16)
+        return arena_printf(&b->e->scratch, "%s[%s] = smelt_f32_to_f16(%s);", kp->name, index, value);
     return arena_printf(&b->e->scratch, "%s[%s] = %s;", kp->name, index, value);
 }
 

@@ -43,7 +43,7 @@
  * quant/quant.h's packed layout and passed to kernels as uint8_t bytes? */
 bool cg_is_quantized(const ir_module *m, ir_value_id v);
 /* Storage dtype of value v: its dtype in the IR (set by the precision pass).
- * Only f32, bf16 and i32 have kernels today; cg_emit_group refuses any other
+ * Only f32, bf16, f16 and i32 have kernels today; cg_emit_group refuses any other
  * at the op before an emitter asks for it. */
 smelt_dtype cg_storage_dtype(const ir_module *m, ir_value_id v);
 

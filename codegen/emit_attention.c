@@ -24,7 +24,7 @@
  *        - T <= ATTENTION_DECODE_MAX_TOKENS: split-KV flash decoding
  *          (emit_attention_decode.c), when the cache rows can be read 16
  *          bytes at a time;
- *        - longer steps over bf16 caches with head dims a multiple of 16:
+ *        - longer steps over bf16 or f16 caches with head dims a multiple of 16:
  *          FlashAttention-2 on tensor cores (emit_attention_prefill.c);
  *        - everything else (f32 caches — mma wants 16-bit operands, and an
  *          f32 plan is the precise one, so it stays f32 end to end — and

@@ -11,7 +11,7 @@
  *   emit_attention_decode.c   split-KV flash decoding (steps of at most
  *                             ATTENTION_DECODE_MAX_TOKENS tokens)
  *   emit_attention_prefill.c  FlashAttention-2 on tensor cores (longer
- *                             steps over bf16 caches)
+ *                             steps over bf16 or f16 caches)
  */
 #ifndef SMELT_CG_EMIT_ATTENTION_H
 #define SMELT_CG_EMIT_ATTENTION_H

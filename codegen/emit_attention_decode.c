@@ -8,7 +8,7 @@
  *
  *   - the GROUP query heads that share the kv head are all in the block, so
  *     each key and value row is read once per group, not once per head;
- *   - rows are read 16 bytes at a time (uint4: 8 bf16, 4 f32 or 16 f8e4m3
+ *   - rows are read 16 bytes at a time (uint4: 8 bf16 or f16, 4 f32 or 16 f8e4m3
  *     codes — the PTX has ld.global.v4), each thread scoring one position of a tile of
  *     THREADS positions for every head of the group, then (value chunk,
  *     key lane) threads folding the tile's values into an online softmax;
@@ -59,10 +59,10 @@ bool attention_decode_supported(const attention_shape *s) {
     int64_t group = s->query_heads / s->kv_heads;
     /* Rows read as uint4, every value chunk owned by a thread, and the
      * group's query, scores and merged output in static shared memory. */
-    bool keys = s->key_dtype == SMELT_DTYPE_BF16 || s->key_dtype == SMELT_DTYPE_F32 ||
-                s->key_dtype == SMELT_DTYPE_F8E4M3;
-    bool values = s->value_dtype == SMELT_DTYPE_BF16 || s->value_dtype == SMELT_DTYPE_F32 ||
-                  s->value_dtype == SMELT_DTYPE_F8E4M3;
+    bool keys = s->key_dtype == SMELT_DTYPE_BF16 || s->key_dtype == SMELT_DTYPE_F16 ||
+                s->key_dtype == SMELT_DTYPE_F32 || s->key_dtype == SMELT_DTYPE_F8E4M3;
+    bool values = s->value_dtype == SMELT_DTYPE_BF16 || s->value_dtype == SMELT_DTYPE_F16 ||
+                  s->value_dtype == SMELT_DTYPE_F32 || s->value_dtype == SMELT_DTYPE_F8E4M3;
     return keys && values && attention_rows_vectorizable(s->head_dim, s->key_dtype) &&
            attention_rows_vectorizable(s->value_dim, s->value_dtype) &&
            s->value_dim / vector_elements(s->value_dtype) <= DECODE_THREADS && group <= 16 &&
@@ -304,10 +304,11 @@ if (threadIdx.x == 0) {\n\
     counters[token * KV_HEADS + kv_head] = 0; /* ready for the next step */\n\
 }\n";
 
-/* "smelt_unpack_bf16x8", "smelt_unpack_f32x4" or "smelt_unpack_f8e4m3x16":
- * a uint4 as floats (f8e4m3: the codes). */
+/* "smelt_unpack_bf16x8", "smelt_unpack_f16x8", "smelt_unpack_f32x4" or
+ * "smelt_unpack_f8e4m3x16": a uint4 as floats (f8e4m3: the codes). */
 static const char *unpacker(smelt_dtype t) {
     if (t == SMELT_DTYPE_F8E4M3) return "smelt_unpack_f8e4m3x16";
+    if (t == SMELT_DTYPE_F16) return "smelt_unpack_f16x8";
     return t == SMELT_DTYPE_BF16 ? "smelt_unpack_bf16x8" : "smelt_unpack_f32x4";
 }
 

@@ -1,24 +1,25 @@
 /* emit_attention_prefill.c - FlashAttention-2 on tensor cores: the attention
- * of a step of many tokens over bf16 caches (emit_attention.h).
+ * of a step of many tokens over bf16 or f16 caches (emit_attention.h).
  *
  * One block of WARPS warps per (tile of ROWS query tokens, query head); each
  * warp owns 16 query rows. Per tile of KEYS cache positions:
  *
- *   S = Q K^T      mma.m16n8k16 (bf16 in, f32 accumulate): Q and K fragments
+ *   S = Q K^T      mma.m16n8k16 (bf16 or f16 in: the activations' dtype, the
+ *                  tiles' in shared memory; f32 accumulate): Q and K fragments
  *                  by ldmatrix.x4 from shared memory;
  *   online softmax on S in registers, a row's max and sum reduced over the
  *                  four lanes that hold it; masked positions are -inf;
- *   O += P V       P rounded to bf16 straight from S's accumulator fragment
- *                  (an m16n8 C fragment pair is an m16k16 A fragment), V's
- *                  B fragments read from shared memory.
+ *   O += P V       P rounded to the tiles' dtype straight from S's accumulator
+ *                  fragment (an m16n8 C fragment pair is an m16k16 A fragment),
+ *                  V's B fragments read from shared memory.
  *
  * K and V tiles are double-buffered: the next tile's cp.async copies are in
  * flight while this one is computed. Over f8e4m3 caches (kv_dtype) a tile
  * is loaded 16 codes (16 bytes) at a time into registers and widened to
- * bf16 in shared memory — exact: every E4M3 value is a bf16 — with the
- * rows' scales beside them; a key scale multiplies the scores of its
- * position, a value scale the softmax weight that P V takes, so the mma
- * computes on the codes and the cache is read once, at 1 byte an element
+ * the tiles' dtype in shared memory — exact: every E4M3 value is a bf16 and
+ * an f16 — with the rows' scales beside them; a key scale multiplies the
+ * scores of its position, a value scale the softmax weight that P V takes,
+ * so the mma computes on the codes and the cache is read once, at 1 byte an element
  * (these loads are not asynchronous: the widening needs the registers, so
  * the next tile's loads overlap this one's mma only across warps and
  * blocks). Whole tiles outside every row's visible range (the causal mask,
@@ -37,20 +38,29 @@ enum {
     PREFILL_THREADS = 128, /* 4 warps */
     PREFILL_ROWS = 64,     /* query tokens per block: 16 per warp */
     PREFILL_KEYS = 32,     /* cache positions per tile */
-    PREFILL_PAD = 8,       /* bf16 elements after each shared row */
+    PREFILL_PAD = 8,       /* 16-bit elements after each shared row */
     PREFILL_MAX_DIM = 256, /* the output accumulator is Dv / 2 floats a thread */
 };
 
+/* The 16-bit dtype of the shared tiles and the mma's operands: the
+ * activations' (bf16 or f16; f8e4m3 caches are widened to it, exactly). */
+static bool tile_dtype(const attention_shape *s, smelt_dtype *out) {
+    *out = s->input_dtype;
+    return s->input_dtype == SMELT_DTYPE_BF16 || s->input_dtype == SMELT_DTYPE_F16;
+}
+
 bool attention_prefill_supported(const attention_shape *s) {
-    /* f8e4m3 caches of bf16 activations (an f32 plan keeps its scalar kernel) */
-    bool fp8 = s->key_dtype == SMELT_DTYPE_F8E4M3 && s->value_dtype == SMELT_DTYPE_F8E4M3 &&
-               s->input_dtype == SMELT_DTYPE_BF16 && s->value_dim % 16 == 0;
-    bool bf16 = s->key_dtype == SMELT_DTYPE_BF16 && s->value_dtype == SMELT_DTYPE_BF16;
-    return (bf16 || fp8) && s->head_dim % 16 == 0 && s->value_dim % 8 == 0 &&
+    /* f8e4m3 caches of bf16 or f16 activations (an f32 plan keeps its scalar kernel) */
+    smelt_dtype tile;
+    if (!tile_dtype(s, &tile)) return false;
+    bool fp8 =
+        s->key_dtype == SMELT_DTYPE_F8E4M3 && s->value_dtype == SMELT_DTYPE_F8E4M3 && s->value_dim % 16 == 0;
+    bool half = s->key_dtype == tile && s->value_dtype == tile;
+    return (half || fp8) && s->head_dim % 16 == 0 && s->value_dim % 8 == 0 &&
            s->head_dim <= PREFILL_MAX_DIM && s->value_dim <= PREFILL_MAX_DIM;
 }
 
-/* The dynamic shared memory: the Q tile and two stages of K and V tiles, in bf16. */
+/* The dynamic shared memory: the Q tile and two stages of K and V tiles, in 16-bit elements. */
 static uint32_t prefill_shared_bytes(const attention_shape *s) {
     int64_t q = PREFILL_ROWS * (s->head_dim + PREFILL_PAD);
     int64_t k = PREFILL_KEYS * (s->head_dim + PREFILL_PAD), v = PREFILL_KEYS * (s->value_dim + PREFILL_PAD);
@@ -61,13 +71,13 @@ static const char prefill_helpers[] = "\
 /* Copies the K and V rows of positions [tile, tile + KEYS) of kv head\n\
  * kv_head into one stage (cp.async, 16 bytes a copy), and their written\n\
  * flags; rows past the cache are zeros. */\n\
-SMELT_DEVICE void load_tile(smelt_bf16 *keys, smelt_bf16 *values, int *seen, const smelt_bf16 *k_cache,\n\
-                            const smelt_bf16 *v_cache, const int *written, int tile, int kv_head)\n\
+SMELT_DEVICE void load_tile(tile_element *keys, tile_element *values, int *seen, const tile_element *k_cache,\n\
+                            const tile_element *v_cache, const int *written, int tile, int kv_head)\n\
 {\n\
     uint4 zero = {0u, 0u, 0u, 0u};\n\
     for (int i = threadIdx.x; i < KEYS * (HEAD_DIM / 8); i += THREADS) {\n\
         int row = i / (HEAD_DIM / 8), column = i % (HEAD_DIM / 8) * 8, p = tile + row;\n\
-        smelt_bf16 *to = keys + row * K_STRIDE + column;\n\
+        tile_element *to = keys + row * K_STRIDE + column;\n\
         if (p < MAX_SEQ) {\n\
             smelt_cp_async_16(to, k_cache + ((long long)p * KV_HEADS + kv_head) * HEAD_DIM + column);\n\
         } else {\n\
@@ -76,7 +86,7 @@ SMELT_DEVICE void load_tile(smelt_bf16 *keys, smelt_bf16 *values, int *seen, con
     }\n\
     for (int i = threadIdx.x; i < KEYS * (VALUE_DIM / 8); i += THREADS) {\n\
         int row = i / (VALUE_DIM / 8), column = i % (VALUE_DIM / 8) * 8, p = tile + row;\n\
-        smelt_bf16 *to = values + row * V_STRIDE + column;\n\
+        tile_element *to = values + row * V_STRIDE + column;\n\
         if (p < MAX_SEQ) {\n\
             smelt_cp_async_16(to, v_cache + ((long long)p * KV_HEADS + kv_head) * VALUE_DIM + column);\n\
         } else {\n\
@@ -90,14 +100,14 @@ SMELT_DEVICE void load_tile(smelt_bf16 *keys, smelt_bf16 *values, int *seen, con
 \n";
 
 static const char prefill_fp8_helpers[] = "\
-/* Widens 16 f8e4m3 codes to bf16 (exactly) at `to`, 16-byte aligned in shared memory. */\n\
-SMELT_DEVICE void store_codes(smelt_bf16 *to, uint4 chunk)\n\
+/* Widens 16 f8e4m3 codes to the tiles' dtype (exactly) at `to`, 16-byte aligned in shared memory. */\n\
+SMELT_DEVICE void store_codes(tile_element *to, uint4 chunk)\n\
 {\n\
     float code[16];\n\
     smelt_unpack_f8e4m3x16(chunk, code);\n\
     uint32_t words[8];\n\
     for (int w = 0; w < 8; w++) {\n\
-        words[w] = smelt_bf16x2_pack(smelt_f32_to_bf16(code[2 * w]), smelt_f32_to_bf16(code[2 * w + 1]));\n\
+        words[w] = TILE_PAIR(TO_TILE_ELEMENT(code[2 * w]), TO_TILE_ELEMENT(code[2 * w + 1]));\n\
     }\n\
     uint4 low = {words[0], words[1], words[2], words[3]}, high = {words[4], words[5], words[6], words[7]};\n\
     *(uint4 *)to = low;\n\
@@ -106,9 +116,9 @@ SMELT_DEVICE void store_codes(smelt_bf16 *to, uint4 chunk)\n\
 \n\
 /* The K and V rows of positions [tile, tile + KEYS) of kv head kv_head\n\
  * into one stage: f8e4m3 codes read 16 a load (ld.global.v4), widened to\n\
- * bf16, and the rows' scales and written flags; rows past the cache are\n\
+ * the tiles' dtype, and the rows' scales and written flags; rows past the cache are\n\
  * zeros. */\n\
-SMELT_DEVICE void load_tile(smelt_bf16 *keys, smelt_bf16 *values, int *seen, float *key_scale, float *value_scale,\n\
+SMELT_DEVICE void load_tile(tile_element *keys, tile_element *values, int *seen, float *key_scale, float *value_scale,\n\
                             const smelt_f8e4m3 *k_cache, const smelt_f8e4m3 *v_cache, const int *written,\n\
                             const float *k_scales, const float *v_scales, int tile, int kv_head)\n\
 {\n\
@@ -147,10 +157,10 @@ SMELT_DEVICE void visible_range(const int *pos, long long token, int rows, int *
 \n";
 
 static const char prefill_body[] = "\
-SMELT_DYNAMIC_SHARED(smelt_bf16, shared);\n\
-smelt_bf16 *query = shared;                           /* [ROWS][Q_STRIDE] */\n\
-smelt_bf16 *keys = query + ROWS * Q_STRIDE;           /* [2][KEYS][K_STRIDE] */\n\
-smelt_bf16 *values = keys + 2 * KEYS * K_STRIDE;      /* [2][KEYS][V_STRIDE] */\n\
+SMELT_DYNAMIC_SHARED(tile_element, shared);\n\
+tile_element *query = shared;                         /* [ROWS][Q_STRIDE] */\n\
+tile_element *keys = query + ROWS * Q_STRIDE;         /* [2][KEYS][K_STRIDE] */\n\
+tile_element *values = keys + 2 * KEYS * K_STRIDE;    /* [2][KEYS][V_STRIDE] */\n\
 __shared__ int seen[2][KEYS];                         /* the tiles' written flags */\n\
 __shared__ int block_range[2];                        /* the positions any row sees */\n\
 long long row0 = (long long)blockIdx.x * ROWS;\n\
@@ -161,7 +171,7 @@ int group_id = lane / 4, thread_in_group = lane % 4; /* the mma fragment coordin
 for (int i = threadIdx.x; i < ROWS * HEAD_DIM; i += THREADS) {\n\
     int row = i / HEAD_DIM, d = i % HEAD_DIM;\n\
     float x = row0 + row < STEP_ROWS ? LOAD_QUERY(((row0 + row) * QUERY_HEADS + head) * HEAD_DIM + d) : 0.0f;\n\
-    query[row * Q_STRIDE + d] = smelt_f32_to_bf16(x);\n\
+    query[row * Q_STRIDE + d] = TO_TILE_ELEMENT(x);\n\
 }\n\
 /* This thread's two rows (group_id and group_id + 8 of its warp's 16) and\n\
  * what they see; the warp's and the block's union of that. */\n\
@@ -207,7 +217,7 @@ for (int tile = first_tile; tile <= last_position; tile += KEYS) {\n\
     smelt_cp_async_commit();\n\
     smelt_cp_async_wait_group(1); /* this tile's copies are done; the next tile's may be in flight */\n\
     __syncthreads();\n\
-    const smelt_bf16 *tile_keys = keys + stage * KEYS * K_STRIDE, *tile_values = values + stage * KEYS * V_STRIDE;\n\
+    const tile_element *tile_keys = keys + stage * KEYS * K_STRIDE, *tile_values = values + stage * KEYS * V_STRIDE;\n\
     if (tile <= warp_last && tile + KEYS - 1 >= warp_first) {\n\
         /* S = Q K^T: 16 rows x KEYS positions, HEAD_DIM / 16 mma steps */\n\
         float scores[SCORE_TILES][4];\n\
@@ -225,8 +235,8 @@ for (int tile = first_tile; tile <= last_position; tile += KEYS) {\n\
                 smelt_ldmatrix_x4(b, tile_keys + ((n + (matrix >> 1)) * 8 + matrix_row) * K_STRIDE + k * 16 +\n\
                                          (matrix & 1) * 8);\n\
                 uint32_t low[2] = {b[0], b[1]}, high[2] = {b[2], b[3]};\n\
-                smelt_mma_m16n8k16_bf16_f32(scores[n], a, low, scores[n]);\n\
-                smelt_mma_m16n8k16_bf16_f32(scores[n + 1], a, high, scores[n + 1]);\n\
+                TILE_MMA(scores[n], a, low, scores[n]);\n\
+                TILE_MMA(scores[n + 1], a, high, scores[n + 1]);\n\
             }\n\
         }\n\
         /* scale and mask; element i of scores[n] is row group_id + (i / 2) * 8,\n\
@@ -266,18 +276,16 @@ for (int tile = first_tile; tile <= last_position; tile += KEYS) {\n\
         /* O += P V: KEYS / 16 mma steps; P's A fragment is two score tiles */\n\
         for (int k = 0; k < KEYS / 16; k++) {\n\
             uint32_t a[4];\n\
-            a[0] = smelt_bf16x2_pack(smelt_f32_to_bf16(scores[2 * k][0]), smelt_f32_to_bf16(scores[2 * k][1]));\n\
-            a[1] = smelt_bf16x2_pack(smelt_f32_to_bf16(scores[2 * k][2]), smelt_f32_to_bf16(scores[2 * k][3]));\n\
-            a[2] = smelt_bf16x2_pack(smelt_f32_to_bf16(scores[2 * k + 1][0]),\n\
-                                     smelt_f32_to_bf16(scores[2 * k + 1][1]));\n\
-            a[3] = smelt_bf16x2_pack(smelt_f32_to_bf16(scores[2 * k + 1][2]),\n\
-                                     smelt_f32_to_bf16(scores[2 * k + 1][3]));\n\
-            const smelt_bf16 *v = tile_values + (k * 16 + 2 * thread_in_group) * V_STRIDE + group_id;\n\
+            a[0] = TILE_PAIR(TO_TILE_ELEMENT(scores[2 * k][0]), TO_TILE_ELEMENT(scores[2 * k][1]));\n\
+            a[1] = TILE_PAIR(TO_TILE_ELEMENT(scores[2 * k][2]), TO_TILE_ELEMENT(scores[2 * k][3]));\n\
+            a[2] = TILE_PAIR(TO_TILE_ELEMENT(scores[2 * k + 1][0]), TO_TILE_ELEMENT(scores[2 * k + 1][1]));\n\
+            a[3] = TILE_PAIR(TO_TILE_ELEMENT(scores[2 * k + 1][2]), TO_TILE_ELEMENT(scores[2 * k + 1][3]));\n\
+            const tile_element *v = tile_values + (k * 16 + 2 * thread_in_group) * V_STRIDE + group_id;\n\
             for (int n = 0; n < VALUE_TILES; n++) {\n\
                 uint32_t b[2];\n\
-                b[0] = smelt_bf16x2_pack(v[n * 8], v[V_STRIDE + n * 8]);\n\
-                b[1] = smelt_bf16x2_pack(v[8 * V_STRIDE + n * 8], v[9 * V_STRIDE + n * 8]);\n\
-                smelt_mma_m16n8k16_bf16_f32(output[n], a, b, output[n]);\n\
+                b[0] = TILE_PAIR(v[n * 8], v[V_STRIDE + n * 8]);\n\
+                b[1] = TILE_PAIR(v[8 * V_STRIDE + n * 8], v[9 * V_STRIDE + n * 8]);\n\
+                TILE_MMA(output[n], a, b, output[n]);\n\
             }\n\
         }\n\
     }\n\
@@ -304,11 +312,15 @@ for (int half = 0; half < 2; half++) {\n\
 }\n";
 
 void emit_attention_prefill(cg_emit *e, const attention_shape *s, prog_affine steps) {
+    smelt_dtype tile;
+    if (!tile_dtype(s, &tile)) SMELT_DIE("attention prefill over %s tiles", smelt_dtype_name(tile));
+    const char *tile_name = cg_dtype_name(tile);
     const char *summary = arena_printf(
         &e->scratch,
         "FlashAttention-2 on tensor cores: one block per (64 query tokens, query head), 16 rows a warp; "
-        "S = Q K^T and O += P V by mma.m16n8k16 bf16 with f32 accumulation, an online softmax in "
+        "S = Q K^T and O += P V by mma.m16n8k16 %s with f32 accumulation, an online softmax in "
         "registers, K/V tiles of 32 positions double-buffered by cp.async, tiles no row sees skipped. %s",
+        tile_name,
         steps.a == 0 ? "It serves every step."
                      : arena_printf(&e->scratch,
                                     "It serves steps of more than %d tokens (grid z is 0 for the others).",
@@ -344,6 +356,11 @@ void emit_attention_prefill(cg_emit *e, const attention_shape *s, prog_affine st
         "shared rows */",
         PREFILL_PAD, PREFILL_PAD, PREFILL_PAD);
     cg_line(t, "enum { SCORE_TILES = KEYS / 8, VALUE_TILES = VALUE_DIM / 8 }; /* m16n8 accumulator tiles */");
+    cg_line(t, "typedef %s tile_element; /* the tiles' dtype: the mma's %s inputs */", cg_dtype_ctype(tile),
+            tile_name);
+    cg_line(t, "#define TO_TILE_ELEMENT(x) smelt_f32_to_%s(x)", tile_name);
+    cg_line(t, "#define TILE_PAIR(low, high) smelt_%sx2_pack(low, high)", tile_name);
+    cg_line(t, "#define TILE_MMA(d, a, b, c) smelt_mma_m16n8k16_%s_f32(d, a, b, c)", tile_name);
     attention_define_scoring(e, t, s);
     cg_line(t, "#define NEGATIVE_INFINITY %s", CG_NEGATIVE_INFINITY);
     cg_line(t, "#define STEP_ROWS (%s) /* query tokens in this step */", cg_count_text(e, s->tokens));

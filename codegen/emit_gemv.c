@@ -405,7 +405,7 @@ static bool read_group(cg_emit *e, const cg_group *g, gemv_plan *p) {
 
 /* The helper reading 8 (or 1) elements of one storage dtype as floats. */
 /* The loader of VECTOR elements of a float dtype: one 128-bit load per 8
- * bf16 (two per 8 f32), `vector` elements at a time (1: one by one). */
+ * bf16 or f16 (two per 8 f32), `vector` elements at a time (1: one by one). */
 static void write_loader(cg_text *t, smelt_dtype dtype, int vector) {
     const char *name = cg_dtype_name(dtype), *ctype = cg_dtype_ctype(dtype);
     cg_line(t, "SMELT_DEVICE void load_%s(const %s *p, float v[VECTOR])", name, ctype);
@@ -419,6 +419,13 @@ static void write_loader(cg_text *t, smelt_dtype dtype, int vector) {
             cg_line(t, "v[8 * h + 2 * i] = __uint_as_float(words[i] << 16);");
             cg_line(t, "v[8 * h + 2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);");
             cg_line(t, "}");
+        } else if (dtype == SMELT_DTYPE_F16) {
+            cg_line(t, "smelt_u32x4 q = smelt_load_global_128(p + 8 * h); /* 8 f16, low half first */");
+            cg_line(t, "uint32_t words[4] = {q.x, q.y, q.z, q.w};");
+            cg_line(t, "for (int i = 0; i < 4; i++) {");
+            cg_line(t, "v[8 * h + 2 * i] = smelt_f16_to_f32((smelt_f16)(words[i] & 0xffffu));");
+            cg_line(t, "v[8 * h + 2 * i + 1] = smelt_f16_to_f32((smelt_f16)(words[i] >> 16));");
+            cg_line(t, "}");
         } else {
             cg_line(t, "smelt_u32x4 a = smelt_load_global_128(p + 8 * h), b = smelt_load_global_128(p + 8 * "
                        "h + 4);");
@@ -428,13 +435,23 @@ static void write_loader(cg_text *t, smelt_dtype dtype, int vector) {
         }
         cg_line(t, "}");
     } else if (vector == 1) {
-        cg_line(t, "v[0] = %s;", dtype == SMELT_DTYPE_BF16 ? "smelt_bf16_to_f32(p[0])" : "p[0]");
+        cg_line(t, "v[0] = %s;",
+                dtype == SMELT_DTYPE_BF16  ? "smelt_bf16_to_f32(p[0])"
+                : dtype == SMELT_DTYPE_F16 ? "smelt_f16_to_f32(p[0])"
+                                           : "p[0]");
     } else if (dtype == SMELT_DTYPE_BF16) {
         cg_line(t, "smelt_u32x4 q = smelt_load_global_128(p); /* 8 bf16, low half first */");
         cg_line(t, "uint32_t words[4] = {q.x, q.y, q.z, q.w};");
         cg_line(t, "for (int i = 0; i < 4; i++) {");
         cg_line(t, "v[2 * i] = __uint_as_float(words[i] << 16);");
         cg_line(t, "v[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);");
+        cg_line(t, "}");
+    } else if (dtype == SMELT_DTYPE_F16) {
+        cg_line(t, "smelt_u32x4 q = smelt_load_global_128(p); /* 8 f16, low half first */");
+        cg_line(t, "uint32_t words[4] = {q.x, q.y, q.z, q.w};");
+        cg_line(t, "for (int i = 0; i < 4; i++) {");
+        cg_line(t, "v[2 * i] = smelt_f16_to_f32((smelt_f16)(words[i] & 0xffffu));");
+        cg_line(t, "v[2 * i + 1] = smelt_f16_to_f32((smelt_f16)(words[i] >> 16));");
         cg_line(t, "}");
     } else {
         cg_line(t, "smelt_u32x4 a = smelt_load_global_128(p), b = smelt_load_global_128(p + 4);");

@@ -137,9 +137,9 @@ const char *cg_float_name(cg_emit *e, double value);
 /* -infinity in kernel text (smelt_kernel.h has no INFINITY on the device). */
 #define CG_NEGATIVE_INFINITY "__uint_as_float(0xff800000u)"
 
-/* "f32", "bf16", "i32". */
+/* "f32", "bf16", "f16", "i32". */
 const char *cg_dtype_name(smelt_dtype t);
-/* The C element type: "float", "smelt_bf16", "int". */
+/* The C element type: "float", "smelt_bf16", "smelt_f16", "int". */
 const char *cg_dtype_ctype(smelt_dtype t);
 /* The name part for the storage dtypes of the buffers given: one name when
  * they all agree ("f32", "bf16", "i32"), else each in order joined by '_'

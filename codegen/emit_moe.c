@@ -57,7 +57,7 @@ typedef struct moe_shape {
 } moe_shape;
 
 /* Device helpers: an aligned 128-bit vector and loads of 8 consecutive
- * elements as floats (one ld.global.v4 for bf16, two for f32). */
+ * elements as floats (one ld.global.v4 for bf16 or f16, two for f32). */
 static void write_vector_helpers(cg_text *t) {
     cg_line(t, "typedef struct __align__(16) moe_vector {");
     cg_line(t, "unsigned int word[4];");
@@ -81,18 +81,23 @@ static void write_vector_helpers(cg_text *t) {
     cg_line(t, "}");
     cg_line(t, "}");
     cg_blank(t);
+    cg_line(t, "/* p[0..8) as floats; p is 16-byte aligned */");
+    cg_line(t, "SMELT_DEVICE void load8_f16(const smelt_f16 *p, float *out) {");
+    cg_line(t, "smelt_unpack_f16x8(*(const uint4 *)p, out);");
+    cg_line(t, "}");
+    cg_blank(t);
 }
 
 /* The C expression loading 8 elements of parameter p at `index` into `out`. */
 static const char *load8(cg_kernel_builder *b, uint32_t p, const char *index, const char *out) {
     smelt_dtype dt = b->params[p].dtype;
-    return arena_printf(&b->e->scratch, "load8_%s(%s + (%s), %s)", dt == SMELT_DTYPE_BF16 ? "bf16" : "f32",
-                        b->params[p].name, index, out);
+    return arena_printf(&b->e->scratch, "load8_%s(%s + (%s), %s)", cg_dtype_name(dt), b->params[p].name,
+                        index, out);
 }
 
 static bool vectorizable(const cg_kernel_builder *b, uint32_t p) {
     smelt_dtype dt = b->params[p].dtype;
-    return dt == SMELT_DTYPE_BF16 || dt == SMELT_DTYPE_F32;
+    return dt == SMELT_DTYPE_BF16 || dt == SMELT_DTYPE_F16 || dt == SMELT_DTYPE_F32;
 }
 
 static void write_popcount(cg_text *t) {

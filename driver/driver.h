@@ -67,7 +67,7 @@ typedef enum drv_precision {
 
 /* The precision pass's other options (--act, --group-size, --keep). */
 typedef struct drv_precision_options {
-    const char *activations; /* "f32" or "bf16"; NULL: the preset's */
+    const char *activations; /* "f32", "bf16" or "f16"; NULL: the preset's */
     int64_t group_size;      /* int4: 32, 64 or 128; 0: 128 */
     const char *keep;        /* comma-separated globs of weights kept unquantized; NULL: none */
     const char *calib_path;  /* int4-awq, int4-gptq: token ids to calibrate on (--calib) */
@@ -92,17 +92,18 @@ typedef enum drv_backend {
 
 /* "f32", "bf16", "int4-rtn", "int8", "fp8" -> *out; false (nothing reported) for another name. */
 bool drv_precision_from_name(const char *name, drv_precision *out);
-/* The KV cache storage (--kv-cache): auto is the activation dtype; bf16 and
- * f32 name it (and must be it); fp8 is E4M3 with a scale per cached row and
- * kv head (passes/precision_kv_cache.c). */
+/* The KV cache storage (--kv-cache): auto is the activation dtype; bf16,
+ * f16 and f32 name it (and must be it); fp8 is E4M3 with a scale per cached
+ * row and kv head (passes/precision_kv_cache.c). */
 typedef enum drv_kv_cache {
     DRV_KV_CACHE_AUTO,
     DRV_KV_CACHE_BF16,
     DRV_KV_CACHE_F32,
-    DRV_KV_CACHE_FP8
+    DRV_KV_CACHE_FP8,
+    DRV_KV_CACHE_F16
 } drv_kv_cache;
 bool drv_kv_cache_from_name(const char *name, drv_kv_cache *out);
-/* "auto", "bf16", "f32" or "fp8": the precision pass's kv_cache option. */
+/* "auto", "bf16", "f32", "fp8" or "f16": the precision pass's kv_cache option. */
 const char *drv_kv_cache_name(drv_kv_cache k);
 /* "auto", "host", "cuda", "ref" -> *out; false (nothing reported) otherwise. */
 bool drv_backend_from_name(const char *name, drv_backend *out);

@@ -190,7 +190,10 @@ static void copy_name(char *dst, const char *src, uint64_t length) {
 }
 
 static const char *dtype_text(uint8_t dtype) {
-    return dtype == SMELT_DTYPE_F32 ? "f32" : dtype == SMELT_DTYPE_BF16 ? "bf16" : "?";
+    return dtype == SMELT_DTYPE_F32    ? "f32"
+           : dtype == SMELT_DTYPE_BF16 ? "bf16"
+           : dtype == SMELT_DTYPE_F16  ? "f16"
+                                       : "?";
 }
 
 static void instr_name(const plan_facts *f, const prog_instr *in, char *name) {

@@ -23,7 +23,7 @@ bool drv_precision_needs_calibration(drv_precision p) {
     return p == DRV_PRECISION_INT4_AWQ || p == DRV_PRECISION_INT4_GPTQ;
 }
 
-static const char *const kv_cache_names[] = {"auto", "bf16", "f32", "fp8"};
+static const char *const kv_cache_names[] = {"auto", "bf16", "f32", "fp8", "f16"};
 
 bool drv_kv_cache_from_name(const char *name, drv_kv_cache *out) {
     for (unsigned i = 0; i < sizeof kv_cache_names / sizeof kv_cache_names[0]; i++)

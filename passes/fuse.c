@@ -121,9 +121,11 @@ static bool is_weight(const fuse_state *s, ir_value_id v) {
     return def_of(s, v)->kind == IR_OP_WEIGHT || ir_op_is_weight_concat(s->m, s->m->values[v].def_op);
 }
 
-static bool is_float(const ir_type *t) { return t->dtype == SMELT_DTYPE_F32 || t->dtype == SMELT_DTYPE_BF16; }
+static bool is_float(const ir_type *t) {
+    return t->dtype == SMELT_DTYPE_F32 || t->dtype == SMELT_DTYPE_BF16 || t->dtype == SMELT_DTYPE_F16;
+}
 
-/* [tokens, n] with a constant n, in f32 or bf16. */
+/* [tokens, n] with a constant n, in f32, bf16 or f16. */
 static bool is_token_rows(const fuse_state *s, const ir_type *t) {
     return t->rank == 2 && s->token_symbol >= 0 && t->dims[0].symbol == s->token_symbol &&
            !ir_dim_is_symbol(t->dims[1]) && is_float(t);

@@ -27,7 +27,7 @@
  * --max-step-tokens reach them here). Zero means the default. */
 typedef struct pass_options {
     const char *precision; /* precision preset: "f32" (NULL means it), "bf16", "int4-rtn", "int8" or "fp8" */
-    const char *activations; /* precision: "f32" or "bf16" storage of float values; NULL: the preset's */
+    const char *activations; /* precision: "f32", "bf16" or "f16" float storage; NULL: the preset's */
     int64_t group_size;      /* precision: int4's columns per scale (32, 64 or 128); 0: 128 */
     const char *keep;        /* precision: comma-separated globs of weights kept unquantized; NULL: none */
     bool act_order;          /* precision, int4-gptq: act-order (each column's group in a group index) */

@@ -35,7 +35,11 @@
  *             channel (weight-only: the activations stay bf16).
  *   `activations` overrides the float storage ("f32" keeps the weights'
  *   quantization and stores everything else in f32: what the tests compare
- *   with the reference interpreter's dequantized arithmetic).
+ *   with the reference interpreter's dequantized arithmetic; "f16" stores
+ *   every float value, unquantized weights included, in IEEE f16 instead of
+ *   bf16: 3 more mantissa bits, but finite only up to 65504, so a model
+ *   whose activations or weights exceed that overflows to infinity — the
+ *   user's choice, docs/quantization.md).
  * Which weights are quantized: 2-D, unstacked, read only by matmuls of
  *   layout out_in as their weight (so an embedding tied to the lm_head, the
  *   norms, biases, MoE experts and GPT-2's in_out projections stay in the
@@ -145,8 +149,10 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
             activations = SMELT_DTYPE_F32;
         else if (strcmp(o->activations, "bf16") == 0)
             activations = SMELT_DTYPE_BF16;
+        else if (strcmp(o->activations, "f16") == 0)
+            activations = SMELT_DTYPE_F16;
         else {
-            diag_error(d, SMELT_NO_LOC, "unknown activation dtype '%.*s%s'; known: f32, bf16",
+            diag_error(d, SMELT_NO_LOC, "unknown activation dtype '%.*s%s'; known: f32, bf16, f16",
                        DIAG_NAME(o->activations));
             return false;
         }

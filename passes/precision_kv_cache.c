@@ -6,7 +6,7 @@
  *
  *   auto (NULL)  kv_dtype "auto": the cache stores k and v in their own
  *                storage dtype (the activation dtype);
- *   bf16, f32    the same, accepted only when that is the activation dtype
+ *   bf16, f16, f32  the same, accepted only when that is the activation dtype
  *                (a cache in another dtype than its k and v has no kernels);
  *   fp8          kv_dtype "f8e4m3", kv_scale "per_token_head": each cached
  *                row of a kv head is E4M3 with its own f32 scale, computed
@@ -26,13 +26,13 @@ bool pass_precision_kv_cache(ir_module *m, const char *kv_cache, const char *pol
     const char *choice = kv_cache ? kv_cache : "auto";
     bool fp8 = strcmp(choice, "fp8") == 0;
     if (!fp8 && strcmp(choice, "auto") != 0 && strcmp(choice, policy) != 0) {
-        if (strcmp(choice, "bf16") == 0 || strcmp(choice, "f32") == 0)
+        if (strcmp(choice, "bf16") == 0 || strcmp(choice, "f16") == 0 || strcmp(choice, "f32") == 0)
             diag_error(d, SMELT_NO_LOC,
                        "a KV cache in %s needs %s activations (the precision policy is '%s'); "
                        "--kv-cache takes auto, fp8 or the activation dtype",
                        choice, choice, policy);
         else
-            diag_error(d, SMELT_NO_LOC, "unknown KV cache dtype '%.*s%s'; known: auto, bf16, f32, fp8",
+            diag_error(d, SMELT_NO_LOC, "unknown KV cache dtype '%.*s%s'; known: auto, bf16, f16, f32, fp8",
                        DIAG_NAME(choice));
         return false;
     }

@@ -3,8 +3,8 @@
  * The checkpoint reader, the weight converter of the plan writer, the
  * runtime (weight binding, the host device's GEMMs, the simulator's tensor
  * cores) and the tests all need the same answers, so they come from here, the
- * one copy (smelt_kernel.h, which must stand alone, repeats the bf16 pair bit
- * for bit), written by hand on the bit patterns (no compiler _Float16, no
+ * one copy (smelt_kernel.h, which must stand alone, repeats the bf16 and f16
+ * pairs and the f8e4m3 one bit for bit), written by hand on the bit patterns (no compiler _Float16, no
  * libm):
  *
  *   format     sign exp mant bias  largest finite  infinity  NaN

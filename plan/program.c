@@ -111,7 +111,8 @@ enum {
 };
 
 bool program_dtype_stored(uint8_t dtype) {
-    return dtype == SMELT_DTYPE_F32 || dtype == SMELT_DTYPE_BF16 || dtype == SMELT_DTYPE_I32;
+    return dtype == SMELT_DTYPE_F32 || dtype == SMELT_DTYPE_BF16 || dtype == SMELT_DTYPE_F16 ||
+           dtype == SMELT_DTYPE_I32;
 }
 
 /* ---- Encoding ------------------------------------------------------------ */
@@ -637,8 +638,9 @@ static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
     const char *ellipsis = strlen(copy) > 64 ? "..." : "";
     if (!program_dtype_stored(w->dtype) && w->dtype != SMELT_DTYPE_I4 && w->dtype != SMELT_DTYPE_I8 &&
         w->dtype != SMELT_DTYPE_F8E4M3)
-        return fail(d, "weight '%.*s%s' has dtype %u (expected f32, bf16, i32 or a quantized weight's codes)",
-                    name_length, copy, ellipsis, w->dtype);
+        return fail(
+            d, "weight '%.*s%s' has dtype %u (expected f32, bf16, f16, i32 or a quantized weight's codes)",
+            name_length, copy, ellipsis, w->dtype);
     if (stacked > 1)
         return fail(d, "weight '%.*s%s' has a stacked flag of %u", name_length, copy, ellipsis, stacked);
     w->stacked = stacked;
@@ -838,8 +840,8 @@ static bool check_gemm(decoder *d, uint32_t i, const prog_gemm *g) {
                     (long long)g->k, INT32_MAX);
     const uint8_t dtypes[4] = {g->dtype_a, g->dtype_b, g->dtype_c, g->dtype_bias};
     for (int k = 0; k < (g->has_bias ? 4 : 3); k++)
-        if (dtypes[k] != SMELT_DTYPE_F32 && dtypes[k] != SMELT_DTYPE_BF16)
-            return fail(d, "instruction %u: gemm operand %c has dtype %u (expected f32 or bf16)", i,
+        if (dtypes[k] != SMELT_DTYPE_F32 && dtypes[k] != SMELT_DTYPE_BF16 && dtypes[k] != SMELT_DTYPE_F16)
+            return fail(d, "instruction %u: gemm operand %c has dtype %u (expected f32, bf16 or f16)", i,
                         "abcd"[k], dtypes[k]);
     if (g->c.buffer == PROG_BUFFER_WEIGHT) return fail(d, "instruction %u: gemm writes a weight", i);
     uint64_t rows = (uint64_t)m, n = (uint64_t)g->n, k = (uint64_t)g->k;

@@ -354,7 +354,7 @@ bool program_check_plan(const program *p, const struct plan_kernel *kernels, uin
  * parameters when p never launches the kernel. */
 void program_declare_params(const program *p, uint32_t kernel, struct plan_kernel *out);
 
-/* The dtypes a program may store in a buffer today (f32, bf16, i32): what
+/* The dtypes a program may store in a buffer today (f32, bf16, f16, i32): what
  * the decoder accepts, so what codegen may emit kernels for. */
 bool program_dtype_stored(uint8_t dtype);
 

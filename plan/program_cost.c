@@ -72,7 +72,8 @@ prog_cost program_gemm_cost(const prog_gemm *g) {
     cost.written = affine_poly(g->m, n * (double)smelt_dtype_element_bytes(g->dtype_c));
     /* The residual's adds count no flops, as an add kernel's do not: its cost is the bytes. */
     cost.flops = affine_poly(g->m, 2.0 * n * k + (g->has_bias ? n : 0.0));
-    cost.tensor_cores = g->dtype_a == SMELT_DTYPE_BF16 && g->dtype_b == SMELT_DTYPE_BF16;
+    cost.tensor_cores = (g->dtype_a == SMELT_DTYPE_BF16 && g->dtype_b == SMELT_DTYPE_BF16) ||
+                        (g->dtype_a == SMELT_DTYPE_F16 && g->dtype_b == SMELT_DTYPE_F16);
     cost.read = poly_checked(cost.read);
     cost.written = poly_checked(cost.written);
     cost.flops = poly_checked(cost.flops);

@@ -10,6 +10,7 @@ static const char *dtype_name(uint8_t dtype) {
     switch (dtype) {
     case SMELT_DTYPE_F32: return "f32";
     case SMELT_DTYPE_BF16: return "bf16";
+    case SMELT_DTYPE_F16: return "f16";
     case SMELT_DTYPE_I32: return "i32";
     case SMELT_DTYPE_I4: return "i4";
     case SMELT_DTYPE_I8: return "i8";

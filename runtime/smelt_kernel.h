@@ -59,11 +59,13 @@
  *                sinf cosf, __expf __logf __fdividef, __float_as_uint & co
  *   bf16         smelt_bf16 (16-bit storage), smelt_bf16_to_f32,
  *                smelt_f32_to_bf16 (round to nearest even), smelt_bf16x2_pack
+ *   f16          smelt_f16 (16-bit storage), smelt_f16_to_f32,
+ *                smelt_f32_to_f16 (round to nearest even), smelt_f16x2_pack
  *   vectors      uint4 (a 16-byte load: ld.global.v4), smelt_unpack_bf16x8,
- *                smelt_unpack_f32x4 (its elements as floats)
+ *                smelt_unpack_f16x8, smelt_unpack_f32x4 (its elements as floats)
  *   128-bit      smelt_u32x4 smelt_load_global_128(p): 16 bytes from a 16-byte
  *                aligned read-only global address in one load (ld.global.nc.v4)
- *   tensor core  smelt_mma_m16n8k16_bf16_f32, smelt_ldmatrix_x4,
+ *   tensor core  smelt_mma_m16n8k16_bf16_f32, smelt_mma_m16n8k16_f16_f32, smelt_ldmatrix_x4,
  *                smelt_cp_async_16 / smelt_cp_async_commit / smelt_cp_async_wait_all /
  *                smelt_cp_async_wait_group(constant)
  *
@@ -199,6 +201,16 @@ SMELT_DEVICE void smelt_mma_m16n8k16_bf16_f32(float d[4], const uint32_t a[4], c
                    "f"(c[2]), "f"(c[3]));
 }
 
+/* The same with f16 inputs (the fragments' layout is bf16's). */
+SMELT_DEVICE void smelt_mma_m16n8k16_f16_f32(float d[4], const uint32_t a[4], const uint32_t b[2],
+                                             const float c[4]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]),
+                   "f"(c[2]), "f"(c[3]));
+}
+
 /* Four 8x8 b16 matrices from shared memory: lane i gives the address of row
  * i % 8 of matrix i / 8; r[m] receives row lane/4, columns 2*(lane%4) and
  * 2*(lane%4)+1 of matrix m (lower column in the low half). */
@@ -273,6 +285,7 @@ uint32_t smelt_sim_shuffle(enum smelt_sim_shuffle_mode mode, unsigned int mask, 
 enum smelt_sim_vote_mode { SMELT_SIM_VOTE_BALLOT, SMELT_SIM_VOTE_ANY, SMELT_SIM_VOTE_ALL };
 unsigned int smelt_sim_vote(enum smelt_sim_vote_mode mode, unsigned int mask, int predicate);
 void smelt_sim_mma_m16n8k16_bf16_f32(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
+void smelt_sim_mma_m16n8k16_f16_f32(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
 void smelt_sim_ldmatrix_x4(uint32_t r[4], const void *shared_row_address);
 
 #ifndef SMELT_SIM_ABI_ONLY /* host_sim.c wants the types above, not the CUDA names below */
@@ -468,6 +481,12 @@ static inline void smelt_mma_m16n8k16_bf16_f32(float d[4], const uint32_t a[4], 
     smelt_sim_mma_m16n8k16_bf16_f32(d, a, b, c);
     SMELT_SIM_COMPILER_FENCE();
 }
+static inline void smelt_mma_m16n8k16_f16_f32(float d[4], const uint32_t a[4], const uint32_t b[2],
+                                              const float c[4]) {
+    SMELT_SIM_COMPILER_FENCE();
+    smelt_sim_mma_m16n8k16_f16_f32(d, a, b, c);
+    SMELT_SIM_COMPILER_FENCE();
+}
 static inline void smelt_ldmatrix_x4(uint32_t r[4], const void *shared_row_address) {
     SMELT_SIM_COMPILER_FENCE();
     smelt_sim_ldmatrix_x4(r, shared_row_address);
@@ -526,9 +545,18 @@ SMELT_DEVICE uint32_t smelt_bf16x2_pack(smelt_bf16 low, smelt_bf16 high) {
     return (uint32_t)low | ((uint32_t)high << 16);
 }
 
-/* f16 (a quantized weight's group scales) to f32, exactly, by bit
- * operations: the same values as plan/numeric.h's plan_f16_to_f32. (E4M3
- * codes, of fp8 weights and KV caches: smelt_f8e4m3_to_f32 below.) */
+/* f16 (IEEE binary16: 5 exponent bits, bias 15, 10 mantissa bits, largest
+ * finite 65504) as 16-bit storage: f16 activations (--act f16) and a
+ * quantized weight's group scales. Bit operations on both halves, the same
+ * bits as plan/numeric.h's plan_f16_to_f32 / plan_f32_to_f16 (repeated
+ * here for the reason given for bf16; tests/unit/test_host_sim.c checks
+ * them against each other and against numpy's float16). Widening is exact;
+ * narrowing rounds to nearest even, with subnormals (no flush to zero),
+ * overflows to infinity above 65504 (from 65520 up) and keeps NaN a quiet
+ * NaN of its sign. (E4M3 codes, of fp8 weights and KV caches:
+ * smelt_f8e4m3_to_f32 below.) */
+typedef unsigned short smelt_f16;
+
 SMELT_DEVICE float smelt_f16_to_f32(uint16_t h) {
     unsigned int sign = (unsigned int)(h & 0x8000u) << 16, exponent = (h >> 10) & 31u, mantissa = h & 1023u;
     if (exponent == 0) { /* zero or subnormal: mantissa * 2^-24 */
@@ -539,6 +567,28 @@ SMELT_DEVICE float smelt_f16_to_f32(uint16_t h) {
     return __uint_as_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 
+SMELT_DEVICE smelt_f16 smelt_f32_to_f16(float f) {
+    unsigned int bits = __float_as_uint(f);
+    unsigned int sign = (bits >> 16) & 0x8000u, magnitude = bits & 0x7fffffffu;
+    if (magnitude > 0x7f800000u) return (smelt_f16)(sign | 0x7e00u);  /* NaN: a quiet one */
+    if (magnitude >= 0x477ff000u) return (smelt_f16)(sign | 0x7c00u); /* 65520 and up: infinity */
+    if (magnitude >= 0x38800000u) { /* a normal (2^-14 and up): rebias 127 -> 15, keep 10 of 23 bits */
+        unsigned int rebiased = magnitude - (112u << 23);
+        return (smelt_f16)(sign | ((rebiased + 0xfffu + ((rebiased >> 13) & 1u)) >> 13));
+    }
+    if (magnitude <= 0x33000000u) return (smelt_f16)sign; /* 2^-25 and below: zero (2^-25 ties to even) */
+    /* a subnormal: value * 2^24 as an integer, rounded to nearest even (2^-14 - tiny rounds up to the
+     * smallest normal, whose bits follow the largest subnormal's) */
+    unsigned int mantissa = (magnitude & 0x7fffffu) | 0x800000u, shift = 126u - (magnitude >> 23);
+    unsigned int kept = mantissa >> shift, rest = mantissa & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    return (smelt_f16)(sign | (kept + (rest > half || (rest == half && (kept & 1u)))));
+}
+
+/* Two f16 in one 32-bit register, `low` in bits 0..15, as smelt_bf16x2_pack. */
+SMELT_DEVICE uint32_t smelt_f16x2_pack(smelt_f16 low, smelt_f16 high) {
+    return (uint32_t)low | ((uint32_t)high << 16);
+}
+
 /* A 16-byte chunk (one uint4 load) as floats, in memory order: eight bf16
  * (the lower half of each word first) or four f32. */
 SMELT_DEVICE void smelt_unpack_bf16x8(uint4 chunk, float out[8]) {
@@ -546,6 +596,14 @@ SMELT_DEVICE void smelt_unpack_bf16x8(uint4 chunk, float out[8]) {
     for (int i = 0; i < 4; i++) {
         out[2 * i] = smelt_bf16_to_f32((smelt_bf16)(words[i] & 0xffffu));
         out[2 * i + 1] = smelt_bf16_to_f32((smelt_bf16)(words[i] >> 16));
+    }
+}
+/* Eight f16, the lower half of each word first. */
+SMELT_DEVICE void smelt_unpack_f16x8(uint4 chunk, float out[8]) {
+    unsigned int words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+    for (int i = 0; i < 4; i++) {
+        out[2 * i] = smelt_f16_to_f32((smelt_f16)(words[i] & 0xffffu));
+        out[2 * i + 1] = smelt_f16_to_f32((smelt_f16)(words[i] >> 16));
     }
 }
 SMELT_DEVICE void smelt_unpack_f32x4(uint4 chunk, float out[4]) {

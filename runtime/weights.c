@@ -91,6 +91,9 @@ static void convert(void *dst, smelt_dtype to, const void *src, smelt_dtype from
         }
         if (to == SMELT_DTYPE_F32)
             memcpy((uint8_t *)dst + 4 * i, &v, 4);
+        else if (to ==
+                 SMELT_DTYPE_F16) /* above 65504 an f16 plan's weight is infinite (docs/quantization.md) */
+            ((uint16_t *)dst)[i] = plan_f32_to_f16(v);
         else
             ((uint16_t *)dst)[i] = plan_f32_to_bf16(v);
     }

@@ -16,11 +16,11 @@
  * stream. Every driver call is checked, and a failure names the call, this
  * file's line and the CUDA error name.
  *
- * GEMMs: cuBLASLt with f32 accumulation (CUBLAS_COMPUTE_32F) for f32 and
- * bf16 operands. cuBLASLt is column-major; a row-major C[M, N] is the
- * column-major C^T[N, M] = op(B)^T A^T, so the call passes B as cuBLASLt's A
- * and A as its B (the usual transpose trick; see cuda_gemm). Descriptors and
- * the heuristic's algorithm are cached per shape.
+ * GEMMs: cuBLASLt with f32 accumulation (CUBLAS_COMPUTE_32F) for f32, bf16
+ * and f16 operands (CUDA_R_16F). cuBLASLt is column-major; a row-major
+ * C[M, N] is the column-major C^T[N, M] = op(B)^T A^T, so the call passes B
+ * as cuBLASLt's A and A as its B (the usual transpose trick; see cuda_gemm).
+ * Descriptors and the heuristic's algorithm are cached per shape.
  *
  * Graphs: capture_begin/capture_end record a decode step's launches and
  * GEMMs on the stream (thread-local capture mode) into one CUDA graph;
@@ -140,6 +140,7 @@ enum {
     CUBLAS_OP_T = 1,
     CUBLAS_COMPUTE_32F = 68,
     CUDA_R_32F = 0,
+    CUDA_R_16F = 2,
     CUDA_R_16BF = 14,
     CUBLASLT_MATMUL_DESC_TRANSA = 3,
     CUBLASLT_MATMUL_DESC_TRANSB = 4,
@@ -508,7 +509,9 @@ static void gemm_plan_release(cuda_device *d, gemm_plan *p) {
     memset(p, 0, sizeof *p);
 }
 
-static int cuda_type(smelt_dtype t) { return t == SMELT_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+static int cuda_type(smelt_dtype t) {
+    return t == SMELT_DTYPE_BF16 ? CUDA_R_16BF : t == SMELT_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
 
 /* The largest power of two up to 256 that divides the address. */
 static uint32_t alignment_of(const void *address) {
@@ -570,11 +573,10 @@ static smelt_status gemm_plan_make(cuda_device *d, const rt_gemm_args *g, gemm_p
                      d->lt_preference, 1, &result, &found),
                     e);
     if (s == SMELT_OK && found < 1)
-        s = rt_fail(
-            e, SMELT_ERROR_UNSUPPORTED,
-            "cuBLASLt has no algorithm for a %lld x %lld x %lld product of %s x %s -> %s", (long long)g->m,
-            (long long)g->n, (long long)g->k, g->dtype_a == SMELT_DTYPE_BF16 ? "bf16" : "f32",
-            g->dtype_b == SMELT_DTYPE_BF16 ? "bf16" : "f32", g->dtype_c == SMELT_DTYPE_BF16 ? "bf16" : "f32");
+        s = rt_fail(e, SMELT_ERROR_UNSUPPORTED,
+                    "cuBLASLt has no algorithm for a %lld x %lld x %lld product of %s x %s -> %s",
+                    (long long)g->m, (long long)g->n, (long long)g->k, smelt_dtype_name(g->dtype_a),
+                    smelt_dtype_name(g->dtype_b), smelt_dtype_name(g->dtype_c));
     if (s != SMELT_OK) {
         gemm_plan_release(d, p);
         return s;
@@ -600,9 +602,9 @@ static gemm_plan *gemm_plan_find(cuda_device *d, const rt_gemm_args *g) {
 static smelt_status cuda_gemm(rt_device *device, const rt_gemm_args *g, rt_error *e) {
     cuda_device *d = as_cuda(device);
     if (g->dtype_a != g->dtype_b)
-        return rt_fail(
-            e, SMELT_ERROR_UNSUPPORTED, "cuBLASLt products need A and B of one dtype (got %s and %s)",
-            g->dtype_a == SMELT_DTYPE_BF16 ? "bf16" : "f32", g->dtype_b == SMELT_DTYPE_BF16 ? "bf16" : "f32");
+        return rt_fail(e, SMELT_ERROR_UNSUPPORTED,
+                       "cuBLASLt products need A and B of one dtype (got %s and %s)",
+                       smelt_dtype_name(g->dtype_a), smelt_dtype_name(g->dtype_b));
     smelt_status s = load_cublaslt(d, e);
     if (s != SMELT_OK) return s;
     gemm_plan *p = gemm_plan_find(d, g);

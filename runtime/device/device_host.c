@@ -10,11 +10,11 @@
  * The object resolves the simulator's smelt_sim_* symbols from the process,
  * which therefore exports them (smelt_runtime links with --export-dynamic).
  *
- * GEMMs. cblas_sgemm in f32, row-major. bf16 operands are widened to f32:
- * a bf16 weight read as B once, when it is bound (an f32 shadow copy, so the
- * conversion is not paid per token); activations per call, into scratch
- * buffers kept between calls. A bf16 C is computed in f32 and rounded to
- * nearest even, as the GPU's epilogue does.
+ * GEMMs. cblas_sgemm in f32, row-major. bf16 and f16 operands are widened
+ * to f32: such a weight read as B once, when it is bound (an f32 shadow copy,
+ * so the conversion is not paid per token); activations per call, into
+ * scratch buffers kept between calls. A bf16 or f16 C is computed in f32 and
+ * rounded to nearest even, as the GPU's epilogue does.
  *
  * Weights. map_host hands back the host pointer itself: weights in a mapped
  * plan are used in place, with no copy.
@@ -44,7 +44,7 @@ typedef struct host_device {
     sim_kernel *kernels; /* [kernel_count] */
     char **kernel_names; /* [kernel_count], owned */
     uint32_t kernel_count;
-    float **weight_shadows; /* [shadow_count]: f32 copy of bf16 GEMM weights, by weight index */
+    float **weight_shadows; /* [shadow_count]: f32 copy of bf16/f16 GEMM weights, by weight index */
     uint32_t shadow_count;
     float *scratch[3]; /* A, B, C widened to f32 */
     size_t scratch_floats[3];
@@ -230,9 +230,22 @@ static float *scratch(host_device *d, int which, uint64_t floats) {
     return grown;
 }
 
-static void widen_bf16(float *dst, const uint16_t *src, uint64_t count) {
+/* A 16-bit float dtype (bf16, f16): what the GEMM widens to f32 and narrows back. */
+static bool is_half(smelt_dtype dtype) { return dtype == SMELT_DTYPE_BF16 || dtype == SMELT_DTYPE_F16; }
+
+static float half_to_f32(smelt_dtype dtype, uint16_t h) {
+    return dtype == SMELT_DTYPE_F16 ? plan_f16_to_f32(h) : plan_bf16_to_f32(h);
+}
+
+/* Element i of a bias or residual (f32, bf16 or f16) as f32. */
+static float element_f32(const void *data, smelt_dtype dtype, uint64_t i) {
+    return dtype == SMELT_DTYPE_F32 ? ((const float *)data)[i]
+                                    : half_to_f32(dtype, ((const uint16_t *)data)[i]);
+}
+
+static void widen_half(float *dst, const uint16_t *src, smelt_dtype dtype, uint64_t count) {
     for (uint64_t i = 0; i < count; i++)
-        dst[i] = plan_bf16_to_f32(src[i]);
+        dst[i] = half_to_f32(dtype, src[i]);
 }
 
 /* The operand as f32: itself, the weight's shadow, or widened into scratch. */
@@ -240,7 +253,7 @@ static const float *operand_f32(host_device *d, const void *data, smelt_dtype dt
                                 int which) {
     if (dtype == SMELT_DTYPE_F32) return data;
     float *f = scratch(d, which, count);
-    if (f) widen_bf16(f, data, count);
+    if (f) widen_half(f, data, dtype, count);
     return f;
 }
 
@@ -321,7 +334,7 @@ static smelt_status host_gemm(rt_device *device, const rt_gemm_args *g, rt_error
     uint64_t mk = (uint64_t)m * (uint64_t)k, nk = (uint64_t)n * (uint64_t)k, mn = (uint64_t)m * (uint64_t)n;
     const float *a = operand_f32(d, g->a, g->dtype_a, mk, SCRATCH_A);
     const float *b;
-    if (g->dtype_b == SMELT_DTYPE_BF16 && g->b_weight < d->shadow_count && d->weight_shadows[g->b_weight])
+    if (is_half(g->dtype_b) && g->b_weight < d->shadow_count && d->weight_shadows[g->b_weight])
         b = d->weight_shadows[g->b_weight] + g->b_weight_offset / 2;
     else
         b = operand_f32(d, g->b, g->dtype_b, nk, SCRATCH_B);
@@ -332,16 +345,14 @@ static smelt_status host_gemm(rt_device *device, const rt_gemm_args *g, rt_error
     float beta = 0.0f;
     if (g->has_bias) { /* C starts as the bias in every row; the product adds to it */
         for (int j = 0; j < n; j++)
-            c[j] = g->dtype_bias == SMELT_DTYPE_F32 ? ((const float *)g->bias)[j]
-                                                    : plan_bf16_to_f32(((const uint16_t *)g->bias)[j]);
+            c[j] = element_f32(g->bias, g->dtype_bias, (uint64_t)j);
         for (int i = 1; i < m; i++)
             memcpy(c + (size_t)i * n, c, (size_t)n * sizeof *c);
         beta = 1.0f;
     }
     if (g->residual) { /* and the residual (of C's dtype), as cuBLASLt's C with beta = 1 */
         for (uint64_t i = 0; i < mn; i++) {
-            float r = g->dtype_c == SMELT_DTYPE_F32 ? ((const float *)g->residual)[i]
-                                                    : plan_bf16_to_f32(((const uint16_t *)g->residual)[i]);
+            float r = element_f32(g->residual, g->dtype_c, i);
             c[i] = beta != 0.0f ? c[i] + r : r;
         }
         beta = 1.0f;
@@ -351,10 +362,10 @@ static smelt_status host_gemm(rt_device *device, const rt_gemm_args *g, rt_error
     else
         blas.sgemm(CblasRowMajor, CblasNoTrans, g->b_transposed ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a,
                    k, b, g->b_transposed ? k : n, beta, c, n);
-    if (g->dtype_c == SMELT_DTYPE_BF16) {
+    if (is_half(g->dtype_c)) {
         uint16_t *out = g->c;
         for (uint64_t i = 0; i < mn; i++)
-            out[i] = plan_f32_to_bf16(c[i]);
+            out[i] = g->dtype_c == SMELT_DTYPE_F16 ? plan_f32_to_f16(c[i]) : plan_f32_to_bf16(c[i]);
     }
     return SMELT_OK;
 }
@@ -363,7 +374,7 @@ static smelt_status host_weight_bound(rt_device *device, uint32_t index, const v
                                       smelt_dtype dtype, bool gemm_operand, rt_error *e) {
     host_device *d = as_host(device);
     if (index >= d->shadow_count) {
-        if (!(dtype == SMELT_DTYPE_BF16 && gemm_operand)) return SMELT_OK; /* never had a shadow */
+        if (!(is_half(dtype) && gemm_operand)) return SMELT_OK; /* never had a shadow */
         uint32_t count = index + 1;
         float **grown = realloc(d->weight_shadows, count * sizeof *grown);
         if (!grown) return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory for weight shadows");
@@ -373,14 +384,14 @@ static smelt_status host_weight_bound(rt_device *device, uint32_t index, const v
     }
     free(d->weight_shadows[index]);
     d->weight_shadows[index] = NULL;
-    if (!(dtype == SMELT_DTYPE_BF16 && gemm_operand)) return SMELT_OK;
+    if (!(is_half(dtype) && gemm_operand)) return SMELT_OK;
     uint64_t count = bytes / 2;
     float *shadow = count <= SIZE_MAX / sizeof(float) ? malloc((size_t)count * sizeof(float)) : NULL;
     if (!shadow)
         return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY,
-                       "out of memory for the f32 copy of a %llu-byte bf16 weight",
-                       (unsigned long long)bytes);
-    widen_bf16(shadow, address, count);
+                       "out of memory for the f32 copy of a %llu-byte %s weight", (unsigned long long)bytes,
+                       smelt_dtype_name(dtype));
+    widen_half(shadow, address, dtype, count);
     d->weight_shadows[index] = shadow;
     return SMELT_OK;
 }

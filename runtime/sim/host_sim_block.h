@@ -41,6 +41,7 @@ typedef enum sim_warp_op {
     SIM_WARP_VOTE_ANY,
     SIM_WARP_VOTE_ALL,
     SIM_WARP_MMA_M16N8K16_BF16,
+    SIM_WARP_MMA_M16N8K16_F16,
     SIM_WARP_LDMATRIX_X4,
 } sim_warp_op;
 

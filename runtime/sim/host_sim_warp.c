@@ -1,6 +1,6 @@
 /* host_sim_warp.c - the warp barrier and what exchanges through it:
  * __syncwarp, shuffles, votes, and the tensor-core operations mma.m16n8k16
- * (bf16 -> f32) and ldmatrix.x4, emulated with the PTX ISA's fragment
+ * (bf16 or f16 -> f32) and ldmatrix.x4, emulated with the PTX ISA's fragment
  * layouts ("Matrix Fragments for mma.m16n8k16 with floating point type";
  * "Warp-level matrix load instruction: ldmatrix").
  *
@@ -27,6 +27,7 @@ const char *sim_warp_op_name(sim_warp_op op) {
     case SIM_WARP_VOTE_ANY: return "__any_sync()";
     case SIM_WARP_VOTE_ALL: return "__all_sync()";
     case SIM_WARP_MMA_M16N8K16_BF16: return "smelt_mma_m16n8k16_bf16_f32()";
+    case SIM_WARP_MMA_M16N8K16_F16: return "smelt_mma_m16n8k16_f16_f32()";
     case SIM_WARP_LDMATRIX_X4: return "smelt_ldmatrix_x4()";
     }
     return "a warp operation";
@@ -76,8 +77,11 @@ static void sim_resolve_vote(sim_warp *warp, sim_warp_op op, uint32_t lanes) {
     }
 }
 
-/* The low 16 bits of a fragment register, as bf16, widened. */
-static float sim_bf16_to_f32(uint32_t bits16) { return plan_bf16_to_f32((uint16_t)(bits16 & 0xffffu)); }
+/* The low 16 bits of a fragment register, as bf16 or f16, widened. */
+static float sim_b16_to_f32(uint32_t bits16, bool f16) {
+    uint16_t h = (uint16_t)(bits16 & 0xffffu);
+    return f16 ? plan_f16_to_f32(h) : plan_bf16_to_f32(h);
+}
 
 /* m16n8k16, A row-major 16x16, B 16x8 (column fragments), C/D 16x8 f32.
  * With g = lane / 4 and t = lane % 4, lane holds (PTX ISA):
@@ -85,21 +89,22 @@ static float sim_bf16_to_f32(uint32_t bits16) { return plan_bf16_to_f32((uint16_
  *   a[2] = A[g][2t+8..2t+9]  a[3] = A[g+8][2t+8..2t+9]
  *   b[0] = B[2t..2t+1][g]    b[1] = B[2t+8..2t+9][g]
  *   c[0], c[1] = C[g][2t], C[g][2t+1];  c[2], c[3] = C[g+8][2t], C[g+8][2t+1]
- * the lower-indexed element of each pair in the low 16 bits. */
-static void sim_resolve_mma(sim_warp *warp) {
+ * the lower-indexed element of each pair in the low 16 bits; `f16`: the
+ * 16-bit elements are f16 (else bf16). */
+static void sim_resolve_mma(sim_warp *warp, bool f16) {
     float a[16][16], b[16][8];
     for (unsigned lane = 0; lane < SIM_WARP_LANES; lane++) {
         const sim_warp_matrix_request *request = warp->matrix[lane];
         unsigned g = lane / 4, t = lane % 4;
         for (unsigned r = 0; r < 4; r++) {
             unsigned row = g + (r & 1) * 8, column = 2 * t + (r >> 1) * 8;
-            a[row][column] = sim_bf16_to_f32(request->mma_a[r]);
-            a[row][column + 1] = sim_bf16_to_f32(request->mma_a[r] >> 16);
+            a[row][column] = sim_b16_to_f32(request->mma_a[r], f16);
+            a[row][column + 1] = sim_b16_to_f32(request->mma_a[r] >> 16, f16);
         }
         for (unsigned r = 0; r < 2; r++) {
             unsigned k = 2 * t + r * 8;
-            b[k][g] = sim_bf16_to_f32(request->mma_b[r]);
-            b[k + 1][g] = sim_bf16_to_f32(request->mma_b[r] >> 16);
+            b[k][g] = sim_b16_to_f32(request->mma_b[r], f16);
+            b[k + 1][g] = sim_b16_to_f32(request->mma_b[r] >> 16, f16);
         }
     }
     float d[SIM_WARP_LANES][4];
@@ -108,7 +113,7 @@ static void sim_resolve_mma(sim_warp *warp) {
         unsigned g = lane / 4, t = lane % 4;
         for (unsigned i = 0; i < 4; i++) {
             unsigned row = g + (i >> 1) * 8, column = 2 * t + (i & 1);
-            /* f32 accumulation in k order; bf16 products are exact in f32. */
+            /* f32 accumulation in k order; bf16 and f16 products are exact in f32. */
             float sum = request->mma_c[i];
             for (unsigned k = 0; k < 16; k++)
                 sum += a[row][k] * b[k][column];
@@ -173,13 +178,14 @@ static void sim_warp_release(sim_block *block, sim_thread *self, unsigned warp_i
     case SIM_WARP_VOTE_ANY:
     case SIM_WARP_VOTE_ALL: sim_resolve_vote(warp, warp->op, lanes); break;
     case SIM_WARP_MMA_M16N8K16_BF16:
+    case SIM_WARP_MMA_M16N8K16_F16:
     case SIM_WARP_LDMATRIX_X4:
         if (lanes != 0xffffffffu)
             sim_block_fail(block, self, SIM_ERROR_WARP_MISUSE,
                            "%s in warp %u needs all 32 lanes of the warp; %d take part",
                            sim_warp_op_name(warp->op), warp_index, __builtin_popcount(lanes));
-        if (warp->op == SIM_WARP_MMA_M16N8K16_BF16)
-            sim_resolve_mma(warp);
+        if (warp->op != SIM_WARP_LDMATRIX_X4)
+            sim_resolve_mma(warp, warp->op == SIM_WARP_MMA_M16N8K16_F16);
         else
             sim_resolve_ldmatrix(block, self, warp, warp_index);
         break;
@@ -277,6 +283,13 @@ void smelt_sim_mma_m16n8k16_bf16_f32(float d[4], const uint32_t a[4], const uint
     unsigned lane;
     sim_running_warp(&lane)->matrix[lane] = &request;
     sim_warp_arrive(SIM_WARP_MMA_M16N8K16_BF16, 0xffffffffu);
+}
+
+void smelt_sim_mma_m16n8k16_f16_f32(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    sim_warp_matrix_request request = {.mma_d = d, .mma_a = a, .mma_b = b, .mma_c = c};
+    unsigned lane;
+    sim_running_warp(&lane)->matrix[lane] = &request;
+    sim_warp_arrive(SIM_WARP_MMA_M16N8K16_F16, 0xffffffffu);
 }
 
 void smelt_sim_ldmatrix_x4(uint32_t r[4], const void *shared_row_address) {

@@ -15,8 +15,8 @@
  *
  * Data: every float value gets random data (uniform in [-2, 2)) the first
  * time an op reads it at a given T, unless the test set it; integer values
- * (ids, positions) must be set. Where a value is stored as bf16 its data is
- * rounded to bf16 first, so the kernel and the reference read the same
+ * (ids, positions) must be set. Where a value is stored as bf16 or f16 its
+ * data is rounded to that dtype first, so the kernel and the reference read the same
  * numbers and the comparison measures the kernel alone.
  *
  * Tolerance (`|got - want| <= tolerance * max(|want|, floor)`): f32 storage
@@ -24,7 +24,11 @@
  * result's largest magnitude (float against the reference's double sums);
  * bf16 storage uses BF16_TOLERANCE = 1e-2 relative to the result's largest
  * magnitude (bf16 keeps 8 bits: one rounding of the result is 2^-9 relative,
- * a few roundings of intermediates stay well inside 1e-2 of the range).
+ * a few roundings of intermediates stay well inside 1e-2 of the range);
+ * f16 storage (case_new("f16"): bf16 with f16 activations) F16_TOLERANCE =
+ * 1e-3 likewise: 4 times one rounding (f16 keeps 11 bits: 2^-12 relative),
+ * and under one bf16 rounding (2^-9), so a value that lost its bits through
+ * bf16 on the way fails.
  *
  * Quantizing presets (case_new("int4-rtn"), with c->activations "f32" to
  * compare at f32 tolerances): a quantized weight's random data is quantized
@@ -53,6 +57,7 @@ enum { TOKEN_BOUND = 64, CASE_MAX_VALUES = 256 };
 #define F32_TOLERANCE 1e-5
 #define F32_SEQUENCE_TOLERANCE 1e-4 /* attention, moe: longer float reductions */
 #define BF16_TOLERANCE 1e-2
+#define F16_TOLERANCE 1e-3
 
 /* ---- process-wide: the simulator, the kernel header, NVRTC -------------------------- */
 
@@ -95,11 +100,17 @@ static int harness_teardown(void **state) {
     return 0;
 }
 
-/* ---- bf16 as smelt_kernel.h rounds it (plan/numeric.h: the same bits) ------------------ */
+/* ---- bf16 and f16 as smelt_kernel.h rounds them (plan/numeric.h: the same bits) -------- */
 
-static uint16_t to_bf16(float f) { return plan_f32_to_bf16(f); }
+static bool is_half(smelt_dtype t) { return t == SMELT_DTYPE_BF16 || t == SMELT_DTYPE_F16; }
 
-static float from_bf16(uint16_t h) { return plan_bf16_to_f32(h); }
+static uint16_t to_half(smelt_dtype t, float f) {
+    return t == SMELT_DTYPE_F16 ? plan_f32_to_f16(f) : plan_f32_to_bf16(f);
+}
+
+static float from_half(smelt_dtype t, uint16_t h) {
+    return t == SMELT_DTYPE_F16 ? plan_f16_to_f32(h) : plan_bf16_to_f32(h);
+}
 
 /* ---- a module under test ------------------------------------------------------------------ */
 
@@ -212,6 +223,10 @@ static emit_case *case_new(const char *precision) {
     c->log = open_memstream(&c->log_text, &c->log_size);
     diag_init(&c->d, c->log);
     c->precision = precision;
+    if (strcmp(precision, "f16") == 0) { /* no preset: bf16 with --act f16 */
+        c->precision = "bf16";
+        c->activations = "f16";
+    }
     c->random = 0x9e3779b97f4a7c15ull;
     for (uint32_t i = 0; i < CASE_MAX_VALUES; i++)
         c->values[i].tokens = -1;
@@ -314,8 +329,8 @@ static void case_set_ints_data(emit_case *c, ir_value_id v, int64_t tokens, cons
     memcpy(d->i, data, count * sizeof *d->i);
 }
 
-/* The data of operand v at T: random floats unless set; bf16-rounded when
- * stored as bf16; the kernel's buffer in its storage dtype. */
+/* The data of operand v at T: random floats unless set; rounded when
+ * stored as bf16 or f16; the kernel's buffer in its storage dtype. */
 static void fill_operand(emit_case *c, ir_value_id v, int64_t tokens) {
     value_data *d = prepare_value(c, v, tokens);
     uint32_t constant = c->m.values[v].def_op;
@@ -352,11 +367,11 @@ static void fill_operand(emit_case *c, ir_value_id v, int64_t tokens) {
     smelt_dtype storage = cg_storage_dtype(&c->m, v);
     free(d->buffer);
     d->buffer = malloc(d->count * smelt_dtype_element_bytes(storage));
-    if (storage == SMELT_DTYPE_BF16) {
+    if (is_half(storage)) {
         uint16_t *b = d->buffer;
         for (uint64_t i = 0; i < d->count; i++) {
-            b[i] = to_bf16(d->f[i]);
-            d->f[i] = from_bf16(b[i]);
+            b[i] = to_half(storage, d->f[i]);
+            d->f[i] = from_half(storage, b[i]);
         }
     } else {
         memcpy(d->buffer, is_float ? (void *)d->f : (void *)d->i, d->count * 4);
@@ -585,18 +600,19 @@ static void compare_result(emit_case *c, ir_value_id v, const ref_tensor *want, 
     for (uint64_t i = 0; i < want->count; i++)
         largest = fmax(largest, fabs(want->f[i]));
     if (largest == 0.0) largest = 1.0;
-    double floor = storage == SMELT_DTYPE_BF16 ? largest : 0.1 * largest;
-    double allowed_relative = storage == SMELT_DTYPE_BF16 ? BF16_TOLERANCE : tolerance;
+    double floor = is_half(storage) ? largest : 0.1 * largest;
+    double allowed_relative = storage == SMELT_DTYPE_BF16  ? BF16_TOLERANCE
+                              : storage == SMELT_DTYPE_F16 ? F16_TOLERANCE
+                                                           : tolerance;
     for (uint64_t i = 0; i < want->count; i++) {
-        double got = storage == SMELT_DTYPE_BF16 ? from_bf16(((const uint16_t *)d->buffer)[i])
-                                                 : ((const float *)d->buffer)[i];
+        double got = is_half(storage) ? from_half(storage, ((const uint16_t *)d->buffer)[i])
+                                      : ((const float *)d->buffer)[i];
         double allowed = allowed_relative * fmax(fabs(want->f[i]), floor);
         double error = fabs(got - want->f[i]);
         if (!(error <= allowed))
             fail_msg("value %u element %llu: expected %.9g, found %.9g (allowed %.3g, %s storage)\n--- "
                      "source ---\n%s",
-                     v, (unsigned long long)i, want->f[i], got, allowed,
-                     storage == SMELT_DTYPE_BF16 ? "bf16" : "f32", source);
+                     v, (unsigned long long)i, want->f[i], got, allowed, smelt_dtype_name(storage), source);
         c->worst_error = fmax(c->worst_error, error / allowed);
     }
 }

@@ -15,7 +15,9 @@
 
 #include <xxhash.h>
 
-static const char *const precisions[2] = {"f32", "bf16"};
+/* "f16": bf16 with f16 activations (--act f16; case_new). */
+enum { PRECISION_COUNT = 3 };
+static const char *const precisions[PRECISION_COUNT] = {"f32", "bf16", "f16"};
 
 /* ---- elementwise ------------------------------------------------------------------------- */
 
@@ -23,7 +25,7 @@ static const char *const precisions[2] = {"f32", "bf16"};
  * operands broadcast against each other ([T, 1, 16] + [4, 1]), mul of equal shapes. */
 static void test_add_mul_broadcasting(void **state) {
     (void)state;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         emit_case *c = case_new(precisions[p]);
         ir_value_id x = case_input(c, "x", "f32[tokens, 4, 16]");
         ir_value_id w = case_weight(c, "f32[16]");
@@ -46,7 +48,7 @@ static void test_add_mul_broadcasting(void **state) {
 
 static void test_activations(void **state) {
     (void)state;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         emit_case *c = case_new(precisions[p]);
         ir_value_id x = case_input(c, "x", "f32[tokens, 300]");
         uint32_t silu = case_op(c, IR_OP_SILU, &x, 1);
@@ -69,7 +71,7 @@ static void test_activations(void **state) {
 
 static void test_norms(void **state) {
     (void)state;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         emit_case *c = case_new(precisions[p]);
         ir_value_id x = case_input(c, "x", "f32[tokens, 64]");
         uint32_t rms = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){x, case_weight(c, "f32[64]")}, 2);
@@ -99,7 +101,7 @@ static void test_norms(void **state) {
 static void test_rope(void **state) {
     (void)state;
     const int32_t positions[4] = {0, 7, 100, 3000};
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         emit_case *c = case_new(precisions[p]);
         ir_value_id x = case_input(c, "x", "f32[tokens, 3, 16]");
         uint32_t partial = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
@@ -128,7 +130,7 @@ static void test_rope_scaled(void **state) {
     (void)state;
     const int32_t far[4] = {0, 7, 100, 3000}, near[4] = {0, 1, 2, 3};
     static double short_factor[4] = {1.0, 1.1, 1.3, 2.0}, long_factor[4] = {1.5, 3.0, 9.0, 40.0};
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         for (int step = 0; step < 2; step++) {
             emit_case *c = case_new(precisions[p]);
             ir_value_id x = case_input(c, "x", "f32[tokens, 3, 16]");
@@ -251,7 +253,7 @@ static void test_rope_table(void **state) {
 
 static void test_softmax(void **state) {
     (void)state;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         emit_case *c = case_new(precisions[p]);
         ir_value_id rows = case_input(c, "rows", "f32[tokens, 50]");
         uint32_t last = case_op(c, IR_OP_SOFTMAX, &rows, 1);
@@ -271,7 +273,7 @@ static void test_softmax(void **state) {
 
 static void test_argmax(void **state) {
     (void)state;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         emit_case *c = case_new(precisions[p]);
         ir_value_id logits = case_input(c, "logits", "f32[tokens, 700]");
         uint32_t last = case_op(c, IR_OP_ARGMAX, &logits, 1);
@@ -299,7 +301,7 @@ static void test_argmax(void **state) {
 static void test_embedding(void **state) {
     (void)state;
     const int32_t ids[5] = {3, 0, 36, 3, 17};
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         emit_case *c = case_new(precisions[p]);
         uint32_t op = case_op(c, IR_OP_EMBEDDING, (ir_value_id[]){case_weight(c, "f32[37, 24]"), c->ids}, 2);
         case_infer(c);
@@ -336,7 +338,7 @@ static uint32_t attention_op(emit_case *c, const char *kv_type, const char *v_ty
 
 static void test_attention_gqa_prefill_then_decode(void **state) {
     (void)state;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         emit_case *c = case_new(precisions[p]);
         uint32_t op = attention_op(c, "f32[tokens, 2, 16]", "f32[tokens, 2, 16]", 0.25, 0, true);
         case_infer(c);
@@ -347,7 +349,7 @@ static void test_attention_gqa_prefill_then_decode(void **state) {
 
 static void test_attention_sliding_window(void **state) {
     (void)state;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         emit_case *c = case_new(precisions[p]);
         uint32_t op = attention_op(c, "f32[tokens, 2, 16]", "f32[tokens, 2, 16]", 0.3, 3, true);
         case_infer(c);
@@ -360,7 +362,7 @@ static void test_attention_sliding_window(void **state) {
  * cap changes the result), with a window. */
 static void test_attention_softcap(void **state) {
     (void)state;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         emit_case *c = case_new(precisions[p]);
         uint32_t op = attention_op(c, "f32[tokens, 2, 16]", "f32[tokens, 2, 16]", 0.25, 5, true);
         assert_true(ir_op_set_float(&c->m, op, "softcap", 0.5));
@@ -441,7 +443,7 @@ static void test_attention_head_dims(void **state) {
     (void)state;
     static const int64_t dims[] = {64, 80, 96, 128, 256};
     static const int64_t steps[] = {17, 1, 2, 21};
-    for (int p = 0; p < 2; p++)
+    for (int p = 0; p < PRECISION_COUNT; p++)
         for (unsigned d = 0; d < sizeof dims / sizeof dims[0]; d++) {
             emit_case *c = case_new(precisions[p]);
             uint32_t op = attention_shaped_op(c, 4, 1, dims[d], 64, 0);
@@ -458,7 +460,7 @@ static void test_attention_ragged_lengths(void **state) {
     (void)state;
     static const int64_t lengths[] = {1, 15, 16, 17, 127};
     static const int64_t ratios[][2] = {{4, 4}, {4, 1}, {8, 1}};
-    for (int p = 0; p < 2; p++)
+    for (int p = 0; p < PRECISION_COUNT; p++)
         for (unsigned r = 0; r < 3; r++)
             for (unsigned l = 0; l < sizeof lengths / sizeof lengths[0]; l++) {
                 emit_case *c = case_new(precisions[p]);
@@ -481,7 +483,7 @@ static void test_attention_fp8_cache_ragged_lengths(void **state) {
     (void)state;
     static const int64_t lengths[] = {1, 17, 127};
     static const int64_t ratios[][2] = {{4, 4}, {4, 1}, {8, 1}};
-    for (int p = 0; p < 2; p++)
+    for (int p = 0; p < PRECISION_COUNT; p++)
         for (unsigned r = 0; r < 3; r++)
             for (unsigned l = 0; l < sizeof lengths / sizeof lengths[0]; l++) {
                 emit_case *c = case_new(precisions[p]);
@@ -499,7 +501,7 @@ static void test_attention_fp8_cache_head_dims(void **state) {
     (void)state;
     static const int64_t dims[] = {64, 80, 128, 256};
     static const int64_t steps[] = {17, 1, 2, 21};
-    for (int p = 0; p < 2; p++)
+    for (int p = 0; p < PRECISION_COUNT; p++)
         for (unsigned d = 0; d < sizeof dims / sizeof dims[0]; d++) {
             emit_case *c = case_new(precisions[p]);
             c->kv_cache = "fp8";
@@ -543,10 +545,11 @@ static void test_attention_long_context(void **state) {
  * the decode kernel reading K and V with 128-bit global loads. Over f8e4m3
  * caches (test_attention_fp8_ptx_for_sm90) the decode kernel keeps its
  * 128-bit loads (16 codes each) and the prefill kernel its mma and
- * ldmatrix, loading the tiles with 128-bit loads in place of cp.async. */
-static void check_attention_ptx_for_sm90(const char *kv_cache) {
+ * ldmatrix, loading the tiles with 128-bit loads in place of cp.async.
+ * With f16 activations (test_attention_f16_ptx_for_sm90) the mma is f16's. */
+static void check_attention_ptx_for_sm90(const char *precision, const char *kv_cache) {
     if (!harness_have_nvrtc) skip();
-    emit_case *c = case_new("bf16");
+    emit_case *c = case_new(precision);
     c->kv_cache = kv_cache;
     uint32_t op = attention_shaped_op(c, 32, 8, 128, 8192, 0);
     case_infer(c);
@@ -588,7 +591,10 @@ static void check_attention_ptx_for_sm90(const char *kv_cache) {
                         strstr(compiled.ptx, "ld.global.nc.v4.u32"));
             assert_null(strstr(compiled.ptx, "mma.sync"));
         } else { /* prefill */
-            assert_non_null(strstr(compiled.ptx, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
+            assert_non_null(
+                strstr(compiled.ptx, strcmp(precision, "f16") == 0
+                                         ? "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+                                         : "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
             assert_non_null(strstr(compiled.ptx, "ldmatrix.sync.aligned.m8n8.x4.shared.b16"));
             if (kv_cache) {
                 assert_true(strstr(compiled.ptx, "ld.global.v4.u32") ||
@@ -606,12 +612,18 @@ static void check_attention_ptx_for_sm90(const char *kv_cache) {
 
 static void test_attention_ptx_for_sm90(void **state) {
     (void)state;
-    check_attention_ptx_for_sm90(NULL);
+    check_attention_ptx_for_sm90("bf16", NULL);
 }
 
 static void test_attention_fp8_ptx_for_sm90(void **state) {
     (void)state;
-    check_attention_ptx_for_sm90("fp8");
+    check_attention_ptx_for_sm90("bf16", "fp8");
+}
+
+static void test_attention_f16_ptx_for_sm90(void **state) {
+    (void)state;
+    check_attention_ptx_for_sm90("f16", NULL);
+    check_attention_ptx_for_sm90("f16", "fp8");
 }
 
 /* ---- moe ---------------------------------------------------------------------------------- */
@@ -639,7 +651,7 @@ static uint32_t moe_op(emit_case *c, int64_t experts, int64_t ffn, int64_t top_k
 
 static void test_moe_top2_of_4(void **state) {
     (void)state;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         emit_case *c = case_new(precisions[p]);
         uint32_t op = moe_op(c, 4, 48, 2, true);
         case_infer(c);
@@ -682,7 +694,7 @@ static void test_moe_ties_go_to_the_lower_expert(void **state) {
 static void test_moe_every_token_to_one_expert(void **state) {
     (void)state;
     enum { T = 40, D = 32, E = 4 };
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         emit_case *c = case_new(precisions[p]);
         uint32_t op = moe_op_dims(c, E, D, 44, 1, false);
         case_infer(c);
@@ -703,7 +715,7 @@ static void test_moe_every_token_to_one_expert(void **state) {
  * paths throughout. */
 static void test_moe_slots_span_windows(void **state) {
     (void)state;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         emit_case *c = case_new(precisions[p]);
         uint32_t op = moe_op_dims(c, 8, 64, 64, 8, true);
         case_infer(c);
@@ -716,7 +728,7 @@ static void test_moe_slots_span_windows(void **state) {
 /* D = 36 is no multiple of 8: the router and gate/up take the scalar path. */
 static void test_moe_model_dim_not_a_vector_multiple(void **state) {
     (void)state;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         emit_case *c = case_new(precisions[p]);
         uint32_t op = moe_op_dims(c, 4, 36, 24, 2, true);
         case_infer(c);
@@ -770,7 +782,7 @@ static void test_moe_ptx_has_128_bit_loads(void **state) {
 
 static void test_transpose(void **state) {
     (void)state;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         emit_case *c = case_new(precisions[p]);
         ir_value_id x = case_input(c, "x", "f32[tokens, 3, 5, 2]");
         uint32_t inner = case_op(c, IR_OP_TRANSPOSE, &x, 1);
@@ -787,7 +799,7 @@ static void test_transpose(void **state) {
 
 static void test_concat_split_slice(void **state) {
     (void)state;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         emit_case *c = case_new(precisions[p]);
         ir_value_id a = case_input(c, "a", "f32[tokens, 3, 2]");
         ir_value_id b = case_input(c, "b", "f32[tokens, 5, 2]");
@@ -1123,7 +1135,7 @@ static void test_dtype_without_kernels_is_refused(void **state) {
     assert_emit_fails(
         c, silu,
         "error: codegen has no kernels for f8e4m3 values yet (operand 0 of 'silu'); kernels exist "
-        "for f32, bf16 and i32");
+        "for f32, bf16, f16 and i32");
     case_free(c);
 }
 
@@ -1173,7 +1185,7 @@ static void test_gemv_norm_qkv_rope(void **state) {
     (void)state;
     const int32_t positions[7] = {0, 5, 17, 300, 2, 9, 4000};
     const int64_t widths[3] = {40, 20, 40};
-    for (int p = 0; p < 2; p++)
+    for (int p = 0; p < PRECISION_COUNT; p++)
         for (int w = 0; w < 3; w++) {
             bool tables = w == 2;
             emit_case *c = case_new(precisions[p]);
@@ -1233,7 +1245,7 @@ static void test_gemv_norm_qkv_rope(void **state) {
 /* o_proj + residual, and gate/up + SwiGLU (gate and up with biases). */
 static void test_gemv_residual_and_swiglu(void **state) {
     (void)state;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         emit_case *c = case_new(precisions[p]);
         ir_value_id a = case_input(c, "a", "f32[tokens, 48]"), h = case_input(c, "h", "f32[tokens, 16]");
         ir_value_id wo = case_weight(c, "f32[16, 48]");
@@ -1265,7 +1277,7 @@ static void test_gemv_residual_and_swiglu(void **state) {
  * (emit_gemv.c, gemv_shape). o_proj + residual and gate/up + SwiGLU. */
 static void test_gemv_wide_groups(void **state) {
     (void)state;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         emit_case *c = case_new(precisions[p]);
         ir_value_id a = case_input(c, "a", "f32[tokens, 48]"), h = case_input(c, "h", "f32[tokens, 2200]");
         ir_value_id x = case_input(c, "x", "f32[tokens, 16]");
@@ -1292,7 +1304,7 @@ static void test_gemv_wide_groups(void **state) {
  * writes both (RMSNorm; LayerNorm with and without a bias). */
 static void test_residual_norm(void **state) {
     (void)state;
-    for (int p = 0; p < 2; p++)
+    for (int p = 0; p < PRECISION_COUNT; p++)
         for (int kind = 0; kind < 3; kind++) {
             emit_case *c = case_new(precisions[p]);
             ir_value_id a = case_input(c, "a", "f32[tokens, 300]"),
@@ -1318,7 +1330,7 @@ static void test_residual_norm(void **state) {
  * reference, f32 and bf16, on a token count that is no multiple of a block. */
 static void test_elementwise_chain(void **state) {
     (void)state;
-    for (int p = 0; p < 2; p++)
+    for (int p = 0; p < PRECISION_COUNT; p++)
         for (int form = 0; form < 2; form++) {
             emit_case *c = case_new(precisions[p]);
             ir_value_id x = case_input(c, "x", "f32[tokens, 300]"), bias = case_weight(c, "f32[300]");
@@ -1336,7 +1348,7 @@ static void test_elementwise_chain(void **state) {
             case_run_group(c, ops, 4, &out, 1, 37, p ? BF16_TOLERANCE : F32_TOLERANCE);
             case_free(c);
         }
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < PRECISION_COUNT; p++) {
         emit_case *c = case_new(precisions[p]);
         ir_value_id g = case_input(c, "g", "f32[tokens, 1, 1]"), h = case_input(c, "h", "f32[tokens, 3, 5]");
         ir_value_id column = case_weight(c, "f32[3, 1]");
@@ -1391,6 +1403,7 @@ int main(void) {
         cmocka_unit_test(test_attention_fp8_cache_ragged_lengths),
         cmocka_unit_test(test_attention_fp8_cache_head_dims),
         cmocka_unit_test(test_attention_fp8_ptx_for_sm90),
+        cmocka_unit_test(test_attention_f16_ptx_for_sm90),
         cmocka_unit_test(test_attention_head_dims),
         cmocka_unit_test(test_attention_ragged_lengths),
         cmocka_unit_test(test_attention_long_context),

@@ -172,12 +172,54 @@ static void test_gemv_quantized_column_scales(void **state) {
     }
 }
 
+/* With f16 activations (--act f16): the fused norm + quantized matmul and
+ * the matmul alone read f16 inputs and store f16 results, within the f16
+ * storage tolerance (emit_harness.c), for every format, on both load paths
+ * (K = 64, K = 24: int4 groups of 32 do not divide 24, so that weight stays
+ * f16 and runs the plain f16 GEMV). */
+static void test_gemv_quantized_f16_activations(void **state) {
+    (void)state;
+    const int64_t widths[2] = {64, 24};
+    for (size_t p = 0; p < sizeof presets / sizeof presets[0]; p++)
+        for (int w = 0; w < 2; w++) {
+            emit_case *c = case_new(presets[p].preset);
+            c->activations = "f16";
+            c->group_size = presets[p].group_size;
+            char type[64];
+            snprintf(type, sizeof type, "f32[tokens, %lld]", (long long)widths[w]);
+            ir_value_id h = case_input(c, "h", type);
+            snprintf(type, sizeof type, "f32[%lld]", (long long)widths[w]);
+            ir_value_id g = case_weight(c, type);
+            snprintf(type, sizeof type, "f32[19, %lld]", (long long)widths[w]);
+            ir_value_id wt = case_weight(c, type), alone = case_weight(c, type);
+            uint32_t norm = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){h, g}, 2);
+            ir_op_set_float(&c->m, norm, "eps", 1e-5);
+            uint32_t op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){case_result(c, norm), wt}, 2);
+            uint32_t single = case_op(c, IR_OP_MATMUL, (ir_value_id[]){h, alone}, 2);
+            case_infer(c);
+            assert_int_equal(cg_storage_dtype(&c->m, h), SMELT_DTYPE_F16);
+            assert_int_equal(cg_storage_dtype(&c->m, case_result(c, op)), SMELT_DTYPE_F16);
+            assert_int_equal(cg_storage_dtype(&c->m, g), SMELT_DTYPE_F16);
+            quant_format f;
+            bool quantized = ir_weight_quant(&c->m, c->m.values[wt].def_op, &f);
+            assert_true(quantized || (presets[p].group_size == 32 && widths[w] == 24));
+            const uint32_t ops[2] = {norm, op};
+            const ir_value_id out = case_result(c, op), single_out = case_result(c, single);
+            for (int64_t t = 1; t <= 9; t += 4) {
+                case_run_group(c, ops, 2, &out, 1, t, F32_TOLERANCE);
+                case_run_group(c, &single, 1, &single_out, 1, t, F32_TOLERANCE);
+            }
+            case_free(c);
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemv_quantized_norm_rope_bias),
         cmocka_unit_test(test_gemv_quantized_residual_and_swiglu),
         cmocka_unit_test(test_quantized_matmul_alone),
         cmocka_unit_test(test_gemv_quantized_column_scales),
+        cmocka_unit_test(test_gemv_quantized_f16_activations),
     };
     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
 }

@@ -723,6 +723,142 @@ static void test_bf16_conversion_matches_plan_numeric(void **state) {
         assert_int_equal(smelt_f32_to_bf16(float_of_bits(bits)), plan_f32_to_bf16(float_of_bits(bits)));
 }
 
+/* ---- f16 (--act f16) ---- */
+
+/* Hand-computed roundings: f16 has 10 mantissa bits, exponents -14..15,
+ * subnormals of 2^-24 each, largest finite 65504 (0x7bff). */
+static void test_f16_conversion_bits(void **state) {
+    (void)state;
+    assert_int_equal(smelt_f32_to_f16(1.0f), 0x3c00);
+    assert_int_equal(smelt_f32_to_f16(-2.0f), 0xc000);
+    assert_int_equal(smelt_f32_to_f16(0.0f), 0x0000);
+    assert_int_equal(smelt_f32_to_f16(-0.0f), 0x8000);
+    assert_int_equal(smelt_f32_to_f16(0.1f), 0x2e66); /* 0.0999755859375 */
+    /* Ties go to the even neighbour: 1 + 2^-11 between 0x3c00 and 0x3c01,
+     * 1 + 3 * 2^-11 between 0x3c01 and 0x3c02; 2049 between 2048 and 2050. */
+    assert_int_equal(smelt_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);
+    assert_int_equal(smelt_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);
+    assert_int_equal(smelt_f32_to_f16(2049.0f), 0x6800);
+    assert_int_equal(smelt_f32_to_f16(2051.0f), 0x6802);
+    /* Off halfway: to the nearer. */
+    assert_int_equal(smelt_f32_to_f16(float_of_bits(0x3f801001u)), 0x3c01);
+    assert_int_equal(smelt_f32_to_f16(float_of_bits(0x3f800fffu)), 0x3c00);
+    /* Mantissa carry into the exponent: 2 - 2^-12 rounds up to 2. */
+    assert_int_equal(smelt_f32_to_f16(2.0f - 0x1p-12f), 0x4000);
+    /* The top: 65504 is finite, 65519 rounds down to it, 65520 (the tie with
+     * 65536) goes to the even neighbour, infinity, as does anything larger. */
+    assert_int_equal(smelt_f32_to_f16(65504.0f), 0x7bff);
+    assert_int_equal(smelt_f32_to_f16(65519.0f), 0x7bff);
+    assert_int_equal(smelt_f32_to_f16(65520.0f), 0x7c00);
+    assert_int_equal(smelt_f32_to_f16(-1e5f), 0xfc00);
+    assert_int_equal(smelt_f32_to_f16(float_of_bits(0x7f7fffffu)), 0x7c00);
+    assert_int_equal(smelt_f32_to_f16(INFINITY), 0x7c00);
+    assert_int_equal(smelt_f32_to_f16(-INFINITY), 0xfc00);
+    /* Subnormals (no flush to zero): 2^-24 is 0x0001; 2^-25 ties to 0, a hair
+     * more to 1; 3 * 2^-25 ties between 1 and 2, to 2; 2^-14 - 2^-25 ties
+     * between the largest subnormal and the smallest normal, to 0x0400. */
+    assert_int_equal(smelt_f32_to_f16(0x1p-24f), 0x0001);
+    assert_int_equal(smelt_f32_to_f16(0x1p-25f), 0x0000);
+    assert_int_equal(smelt_f32_to_f16(float_of_bits(0x33000001u)), 0x0001);
+    assert_int_equal(smelt_f32_to_f16(3 * 0x1p-25f), 0x0002);
+    assert_int_equal(smelt_f32_to_f16(-(0x1p-14f - 0x1p-25f)), 0x8400);
+    assert_int_equal(smelt_f32_to_f16(0x1p-14f - 0x1p-24f), 0x03ff);
+    assert_int_equal(smelt_f32_to_f16(0x1p-14f), 0x0400);
+    assert_int_equal(smelt_f32_to_f16(-0x1p-30f), 0x8000);
+    /* NaN becomes the quiet NaN of its sign, even a signalling one. */
+    assert_int_equal(smelt_f32_to_f16(float_of_bits(0x7fc00000u)), 0x7e00);
+    assert_int_equal(smelt_f32_to_f16(float_of_bits(0x7f800001u)), 0x7e00);
+    assert_int_equal(smelt_f32_to_f16(float_of_bits(0xffffffffu)), 0xfe00);
+    assert_float_equal(smelt_f16_to_f32(0x0001), 0x1p-24f, 0.0f);
+    assert_float_equal(smelt_f16_to_f32(0x7bff), 65504.0f, 0.0f);
+    assert_float_equal(smelt_f16_to_f32(0xc500), -5.0f, 0.0f);
+    assert_true(isinf(smelt_f16_to_f32(0xfc00)) && smelt_f16_to_f32(0xfc00) < 0);
+    assert_true(isnan(smelt_f16_to_f32(0x7e00)));
+    assert_int_equal(smelt_f16x2_pack(0x1234, 0xabcd), 0xabcd1234u);
+    uint4 chunk = {0x3c00bc00u, 0x00017bffu, 0x80000400u, 0x7c00c500u};
+    float unpacked[8];
+    smelt_unpack_f16x8(chunk, unpacked);
+    const float expected[8] = {-1.0f, 1.0f, 65504.0f, 0x1p-24f, 0x1p-14f, -0.0f, -5.0f, INFINITY};
+    assert_memory_equal(unpacked, expected, sizeof expected);
+
+    /* The same functions run inside a kernel. */
+    sim_pool *pool = sim_pool_create(1);
+    enum { N = 40 };
+    float in[N], back[N];
+    smelt_f16 bits[N];
+    for (int i = 0; i < N; i++)
+        in[i] = (float)(i - 20) * 0.3333f;
+    int n = N;
+    void *args[] = {&(const float *){in}, &(smelt_f16 *){bits}, &(float *){back}, &n};
+    launch_ok(pool, KERNEL(sim_test_f16), sim_dim3_make(2, 1, 1), sim_dim3_make(32, 1, 1), 0, args);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(bits[i], smelt_f32_to_f16(in[i]));
+        assert_float_equal(back[i], in[i], fabsf(in[i]) / 2048.0f); /* 11 significant bits */
+    }
+    sim_pool_free(pool);
+}
+
+/* smelt_kernel.h's narrowing gives plan/numeric.h's bits: f32 patterns
+ * across the whole range (every 4093rd), and for every f16 value the
+ * midpoint to its successor with its f32 neighbours (the ties of every
+ * binade, subnormals included), and around the overflow edge. */
+static void test_f16_narrowing_matches_plan_numeric(void **state) {
+    (void)state;
+    for (uint64_t bits = 0; bits <= 0xffffffffu; bits += 4093)
+        assert_int_equal(smelt_f32_to_f16(float_of_bits((uint32_t)bits)),
+                         plan_f32_to_f16(float_of_bits((uint32_t)bits)));
+    for (uint32_t h = 0; h < 0x7c00u; h++) {
+        for (uint32_t sign = 0; sign <= 0x8000u; sign += 0x8000u) {
+            float mid =
+                (plan_f16_to_f32((uint16_t)(h | sign)) + plan_f16_to_f32((uint16_t)((h + 1) | sign))) / 2;
+            uint32_t m;
+            memcpy(&m, &mid, sizeof m);
+            for (uint32_t bits = m - 1; bits != m + 2; bits++)
+                assert_int_equal(smelt_f32_to_f16(float_of_bits(bits)), plan_f32_to_f16(float_of_bits(bits)));
+        }
+    }
+    for (uint32_t bits = 0x477fe000u; bits != 0x47800010u; bits++)
+        assert_int_equal(smelt_f32_to_f16(float_of_bits(bits)), plan_f32_to_f16(float_of_bits(bits)));
+}
+
+/* Both against numpy's float32 -> float16 cast, an independent
+ * implementation (tests/reference/make_f16_fixture.py: edges, ties of
+ * normals and subnormals, overflow, NaNs, random patterns). numpy keeps a
+ * NaN's payload bits; smelt gives the quiet NaN of the same sign. */
+static void test_f16_narrowing_matches_numpy(void **state) {
+    (void)state;
+    FILE *f = fopen(SMELT_SOURCE_DIR "/tests/fixtures/f16/numpy_float16.bin", "rb");
+    assert_non_null(f);
+    char magic[8];
+    uint32_t count = 0;
+    assert_int_equal(fread(magic, 1, 8, f), 8);
+    assert_memory_equal(magic, "F16NPY01", 8);
+    assert_int_equal(fread(&count, sizeof count, 1, f), 1);
+    assert_true(count > 3000);
+    uint32_t nans = 0, subnormals = 0, infinities = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        uint8_t record[6];
+        assert_int_equal(fread(record, 1, 6, f), 6);
+        uint32_t bits = (uint32_t)record[0] | (uint32_t)record[1] << 8 | (uint32_t)record[2] << 16 |
+                        (uint32_t)record[3] << 24;
+        uint16_t numpy = (uint16_t)(record[4] | record[5] << 8);
+        float x = float_of_bits(bits);
+        uint16_t kernel = smelt_f32_to_f16(x), plan = plan_f32_to_f16(x);
+        assert_int_equal(kernel, plan);
+        if ((numpy & 0x7c00u) == 0x7c00u && (numpy & 0x3ffu)) { /* NaN */
+            assert_int_equal(kernel, (numpy & 0x8000u) | 0x7e00u);
+            nans++;
+            continue;
+        }
+        if (kernel != numpy) fprintf(stderr, "f32 0x%08x: smelt 0x%04x, numpy 0x%04x\n", bits, kernel, numpy);
+        assert_int_equal(kernel, numpy);
+        subnormals += (numpy & 0x7c00u) == 0 && (numpy & 0x3ffu) != 0;
+        infinities += (numpy & 0x7fffu) == 0x7c00u;
+    }
+    fclose(f);
+    assert_true(nans >= 5 && subnormals >= 100 && infinities >= 10); /* the file covers them */
+}
+
 /* ---- f8e4m3 ---- */
 
 /* smelt_kernel.h's f8e4m3 conversions (the KV cache's) give plan/numeric.h's
@@ -843,6 +979,43 @@ static void test_mma_m16n8k16_against_triple_loop(void **state) {
     sim_pool_free(pool);
 }
 
+/* The f16 twin: smelt_mma_m16n8k16_f16_f32 against the same triple loop
+ * (products of f16 are exact in f32), on values bf16 could not hold exactly. */
+static void test_mma_m16n8k16_f16_against_triple_loop(void **state) {
+    (void)state;
+    sim_pool *pool = sim_pool_create(1);
+    for (int trial = 0; trial < 4; trial++) {
+        smelt_f16 a[16 * 16], b[16 * 8];
+        float c[16 * 8], d[16 * 8];
+        for (int i = 0; i < 16 * 16; i++)
+            a[i] = smelt_f32_to_f16(random_unit() * 4.0f);
+        for (int i = 0; i < 16 * 8; i++)
+            b[i] = smelt_f32_to_f16(random_unit());
+        for (int i = 0; i < 16 * 8; i++)
+            c[i] = trial == 0 ? 0.0f : random_unit();
+        void *args[] = {&(const smelt_f16 *){a}, &(const smelt_f16 *){b}, &(const float *){c}, &(float *){d}};
+        launch_ok(pool, KERNEL(sim_test_mma_f16), sim_dim3_make(1, 1, 1), sim_dim3_make(32, 1, 1), 0, args);
+        for (int m = 0; m < 16; m++)
+            for (int n = 0; n < 8; n++) {
+                float expected = c[m * 8 + n];
+                for (int k = 0; k < 16; k++)
+                    expected += smelt_f16_to_f32(a[m * 16 + k]) * smelt_f16_to_f32(b[k * 8 + n]);
+                assert_float_equal(d[m * 8 + n], expected, 1e-6f * fmaxf(1.0f, fabsf(expected)));
+            }
+    }
+    /* 1 + 2^-10 (f16 0x3c01; bf16 would round it to 1) at A[3][5] times 2 at
+     * B[5][6] lands at D[3][6] only, exactly: the inputs are read as f16. */
+    smelt_f16 a[16 * 16] = {0}, b[16 * 8] = {0};
+    float c[16 * 8] = {0}, d[16 * 8];
+    a[3 * 16 + 5] = 0x3c01;
+    b[5 * 8 + 6] = 0x4000; /* 2.0 */
+    void *args[] = {&(const smelt_f16 *){a}, &(const smelt_f16 *){b}, &(const float *){c}, &(float *){d}};
+    launch_ok(pool, KERNEL(sim_test_mma_f16), sim_dim3_make(1, 1, 1), sim_dim3_make(32, 1, 1), 0, args);
+    for (int i = 0; i < 16 * 8; i++)
+        assert_float_equal(d[i], i == 3 * 8 + 6 ? 2.0f + 0x1p-9f : 0.0f, 0.0f);
+    sim_pool_free(pool);
+}
+
 /* ---- NVRTC: the same text compiles for the GPU ---- */
 
 #ifdef SMELT_HAVE_NVRTC
@@ -892,9 +1065,9 @@ static void test_nvrtc_compiles_the_same_kernels(void **state) {
         char *cubin = malloc(cubin_size);
         assert_int_equal(nvrtcGetCUBIN(program, cubin), NVRTC_SUCCESS);
         /* extern "C": the kernels keep their names in the cubin. */
-        const char *names[] = {"sim_test_mma", "sim_test_warp_ops", "sim_test_shared_isolation",
-                               "sim_test_atomics"};
-        for (int n = 0; n < 4; n++) {
+        const char *names[] = {"sim_test_mma", "sim_test_mma_f16", "sim_test_warp_ops",
+                               "sim_test_shared_isolation", "sim_test_atomics"};
+        for (int n = 0; n < 5; n++) {
             int found = 0;
             size_t length = strlen(names[n]);
             for (size_t at = 0; at + length <= cubin_size && !found; at++)
@@ -935,8 +1108,12 @@ int main(void) {
         cmocka_unit_test(test_bf16_conversion_matches_plan_numeric),
         cmocka_unit_test(test_f8e4m3_conversion_matches_plan_numeric),
         cmocka_unit_test(test_f16_conversion_matches_plan_numeric),
+        cmocka_unit_test(test_f16_conversion_bits),
+        cmocka_unit_test(test_f16_narrowing_matches_plan_numeric),
+        cmocka_unit_test(test_f16_narrowing_matches_numpy),
         cmocka_unit_test(test_ldmatrix_x4_layout),
         cmocka_unit_test(test_mma_m16n8k16_against_triple_loop),
+        cmocka_unit_test(test_mma_m16n8k16_f16_against_triple_loop),
         cmocka_unit_test(test_nvrtc_compiles_the_same_kernels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -758,7 +758,7 @@ static void test_program_decode_refuses_lies(void **state) {
 
     toy_program_make(&t, false, true, 0);
     t.instrs[1].as.gemm.dtype_a = SMELT_DTYPE_I32;
-    expect_refused(&t, "gemm operand a has dtype 8 (expected f32 or bf16)");
+    expect_refused(&t, "gemm operand a has dtype 8 (expected f32, bf16 or f16)");
 
     toy_program_make(&t, false, true, 0);
     t.instrs[1].op = 7;

@@ -189,6 +189,13 @@ SMELT_KERNEL void sim_test_bf16(const float *in, smelt_bf16 *bits, float *back, 
     back[i] = smelt_bf16_to_f32(bits[i]);
 }
 
+SMELT_KERNEL void sim_test_f16(const float *in, smelt_f16 *bits, float *back, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    bits[i] = smelt_f32_to_f16(in[i]);
+    back[i] = smelt_f16_to_f32(bits[i]);
+}
+
 /* ldmatrix.x4 alone: four 8x8 matrices stacked in a 32x8 tile; lane i gives
  * row i of the tile (row i % 8 of matrix i / 8). */
 SMELT_KERNEL void sim_test_ldmatrix(const smelt_bf16 *tile, uint32_t *rows) {
@@ -235,6 +242,28 @@ SMELT_KERNEL void sim_test_mma(const smelt_bf16 *a, const smelt_bf16 *b, const f
     d[g * 8 + 2 * t + 1] = d_fragment[1];
     d[(g + 8) * 8 + 2 * t] = d_fragment[2];
     d[(g + 8) * 8 + 2 * t + 1] = d_fragment[3];
+}
+
+/* The same tile with f16 inputs: smelt_mma_m16n8k16_f16_f32 (B's fragment
+ * built by smelt_f16x2_pack), C passed as D. */
+SMELT_KERNEL void sim_test_mma_f16(const smelt_f16 *a, const smelt_f16 *b, const float *c, float *d) {
+    __shared__ __align__(16) smelt_f16 a_tile[16 * 16];
+    int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    for (int i = lane; i < 16 * 16; i += 32)
+        a_tile[i] = a[i];
+    __syncthreads();
+    uint32_t a_fragment[4];
+    smelt_ldmatrix_x4(a_fragment, &a_tile[(lane % 16) * 16 + (lane / 16) * 8]);
+    uint32_t b_fragment[2];
+    b_fragment[0] = smelt_f16x2_pack(b[(2 * t) * 8 + g], b[(2 * t + 1) * 8 + g]);
+    b_fragment[1] = smelt_f16x2_pack(b[(2 * t + 8) * 8 + g], b[(2 * t + 9) * 8 + g]);
+    float fragment[4] = {c[g * 8 + 2 * t], c[g * 8 + 2 * t + 1], c[(g + 8) * 8 + 2 * t],
+                         c[(g + 8) * 8 + 2 * t + 1]};
+    smelt_mma_m16n8k16_f16_f32(fragment, a_fragment, b_fragment, fragment);
+    d[g * 8 + 2 * t] = fragment[0];
+    d[g * 8 + 2 * t + 1] = fragment[1];
+    d[(g + 8) * 8 + 2 * t] = fragment[2];
+    d[(g + 8) * 8 + 2 * t + 1] = fragment[3];
 }
 
 /* mma on a warp that is not whole (launched with 48 threads). */
@@ -333,6 +362,14 @@ SMELT_HOST_ENTRY(sim_test_bad_mask) { sim_test_bad_mask(SMELT_ARG(int *, 0)); }
 SMELT_HOST_ENTRY(sim_test_bf16) {
     sim_test_bf16(SMELT_ARG(const float *, 0), SMELT_ARG(smelt_bf16 *, 1), SMELT_ARG(float *, 2),
                   SMELT_ARG(int, 3));
+}
+SMELT_HOST_ENTRY(sim_test_f16) {
+    sim_test_f16(SMELT_ARG(const float *, 0), SMELT_ARG(smelt_f16 *, 1), SMELT_ARG(float *, 2),
+                 SMELT_ARG(int, 3));
+}
+SMELT_HOST_ENTRY(sim_test_mma_f16) {
+    sim_test_mma_f16(SMELT_ARG(const smelt_f16 *, 0), SMELT_ARG(const smelt_f16 *, 1),
+                     SMELT_ARG(const float *, 2), SMELT_ARG(float *, 3));
 }
 SMELT_HOST_ENTRY(sim_test_ldmatrix) {
     sim_test_ldmatrix(SMELT_ARG(const smelt_bf16 *, 0), SMELT_ARG(uint32_t *, 1));
