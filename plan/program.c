@@ -550,9 +550,13 @@ static bool decode_weight_quant(decoder *d, prog_weight *w, uint64_t elements, i
     if (w->quant.flags > 7 || ((w->quant.flags & PROG_QUANT_ZERO) && w->quant.kind != PROG_QUANT_INT4))
         return fail(d, "weight '%.*s%s' has quantization flags %u", name_length, name, ellipsis,
                     w->quant.flags);
-    if (w->rank != 2 || w->stacked || w->quant.group == 0 || w->shape[1] % w->quant.group != 0)
-        return fail(d, "quantized weight '%.*s%s' is not [N, K] with groups that divide K", name_length, name,
-                    ellipsis);
+    /* [N, K], or a stack of experts [E, N, K] (each expert an [N, K] matrix) */
+    if ((w->rank != 2 && w->rank != 3) || (w->stacked && w->rank != 3) || w->quant.group == 0 ||
+        w->shape[w->rank - 1] % w->quant.group != 0)
+        return fail(d,
+                    "quantized weight '%.*s%s' is not [N, K] with groups that divide K (nor [E, N, K] "
+                    "experts of them)",
+                    name_length, name, ellipsis);
     uint64_t codes = w->quant.kind == PROG_QUANT_INT4 ? elements / 2 + elements % 2 : elements;
     if (w->bytes < codes || elements == 0)
         return fail(d, "quantized weight '%.*s%s' has %llu bytes, fewer than its codes", name_length, name,

@@ -376,21 +376,27 @@ static void tensor_free(ref_tensor *tensor) {
     tensor->i = NULL;
 }
 
-/* Quantized weight op `op` into t->f: its packed bytes, dequantized. */
+/* Quantized weight op `op` into t->f: its packed bytes, dequantized; a
+ * stacked [E, N, K] weight (MoE experts) matrix by matrix. */
 static bool load_quantized(const ir_module *m, uint32_t op, const quant_format *f, ref_tensor *t,
                            ref_packed_weight_reader read_packed, void *context, diag_engine *d) {
     const ir_op *o = &m->ops[op];
     const char *name = ir_op_string(m, op, "name");
+    uint64_t matrices = t->rank == 3 ? t->dims[0] : 1, stride, total;
     quant_tensor q = {.format = *f};
-    if (quant_layout_of(f, t->dims[0], t->dims[1], &q.layout) != NULL) return false; /* the verifier's */
-    q.data = malloc(q.layout.total ? q.layout.total : 1);
-    bool ok = q.data && read_packed && read_packed(context, op, q.data, q.layout.total);
-    if (ok)
-        quant_dequantize(&q, t->f);
-    else
+    if (quant_stack_layout_of(f, matrices, t->dims[t->rank - 2], t->dims[t->rank - 1], &q.layout, &stride,
+                              &total) != NULL)
+        return false; /* the verifier's */
+    uint8_t *bytes = malloc(total ? total : 1);
+    bool ok = bytes && read_packed && read_packed(context, op, bytes, total);
+    for (uint64_t e = 0; ok && e < matrices; e++) {
+        q.data = bytes + e * stride;
+        quant_dequantize(&q, t->f + e * q.layout.rows * q.layout.cols);
+    }
+    if (!ok)
         diag_error(d, o->loc, "weight '%.*s%s': its %s data (%llu bytes) could not be read", DIAG_NAME(name),
-                   quant_kind_name(f->kind), (unsigned long long)q.layout.total);
-    free(q.data);
+                   quant_kind_name(f->kind), (unsigned long long)total);
+    free(bytes);
     return ok;
 }
 
