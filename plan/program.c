@@ -1119,3 +1119,21 @@ void program_free(program *p) {
     free(p->instrs);
     memset(p, 0, sizeof *p);
 }
+
+int64_t program_stacked_part(const prog_weight *w, const char *name) {
+    const char *hole = strstr(w->name, "{e}");
+    if (!w->stacked || !hole) return -1;
+    size_t prefix = (size_t)(hole - w->name), suffix = strlen(hole + 3), length = strlen(name);
+    if (length <= prefix + suffix || strncmp(name, w->name, prefix) != 0 ||
+        strcmp(name + length - suffix, hole + 3) != 0)
+        return -1;
+    const char *digits = name + prefix;
+    size_t count = length - prefix - suffix;
+    if (count > 9 || (digits[0] == '0' && count > 1)) return -1;
+    int64_t value = 0;
+    for (size_t i = 0; i < count; i++) {
+        if (digits[i] < '0' || digits[i] > '9') return -1;
+        value = value * 10 + (digits[i] - '0');
+    }
+    return value < w->shape[0] ? value : -1;
+}
