@@ -35,6 +35,21 @@ bool drv_quantize_weight(const char *name, const float *w, uint64_t rows, uint64
     return true;
 }
 
+/* Statistics standing in for an expert that no calibration token was routed
+ * to: white inputs (mean |x| = max |x| = 1, XᵀX = I, one token), under
+ * which AWQ searches no migration and GPTQ compensates nothing across
+ * columns. False when memory runs out. */
+static bool white_stats(uint64_t cols, quant_act_stats *out) {
+    if (!quant_act_stats_init(out, cols, true)) return false;
+    out->tokens = 1;
+    for (uint64_t k = 0; k < cols; k++) {
+        out->abs_sum[k] = 1.0;
+        out->absmax[k] = 1.0f;
+        out->xtx[k * cols + k] = 1.0;
+    }
+    return true;
+}
+
 bool drv_source_weights_read_packed(void *context, uint32_t op, uint8_t *dst, uint64_t bytes) {
     const drv_source_weights *w = context;
     const ir_module *m = w->module;
@@ -57,14 +72,24 @@ bool drv_source_weights_read_packed(void *context, uint32_t op, uint8_t *dst, ui
     const char *name = ir_op_string(m, op, "name");
     const drv_weight_stats *stats =
         w->calibration && matrices == 1 ? drv_calibration_stats(w->calibration, name) : NULL;
+    /* An expert's statistics are its own, over the tokens routed to it. */
+    bool per_expert = t->rank == 3 && w->calibration && f.method != QUANT_METHOD_RTN;
+    arena names;
+    arena_init(&names);
     memset(dst, 0, bytes); /* the padding between experts */
     for (uint64_t e = 0; ok && e < matrices; e++) {
         quant_tensor q = {0};
-        ok = drv_quantize_weight(name, values + e * rows * cols, rows, cols, &f, stats, &q, &why) &&
+        quant_act_stats white = {0};
+        const char *expert = per_expert ? drv_expert_name(m, op, e, &names) : name;
+        if (per_expert) stats = drv_calibration_stats(w->calibration, expert);
+        if (per_expert && stats && stats->tokens == 0) stats = white_stats(cols, &white) ? &white : NULL;
+        ok = drv_quantize_weight(expert, values + e * rows * cols, rows, cols, &f, stats, &q, &why) &&
              q.layout.total <= stride;
         if (ok) memcpy(dst + e * stride, q.data, q.layout.total);
         free(q.data);
+        quant_act_stats_free(&white);
     }
+    arena_free(&names);
     diag_free(&why);
     free(values);
     return ok;

@@ -44,10 +44,9 @@
  *   gate, up or down, each expert an [N, K] matrix in the same format
  *   (quant_stack_layout_of); whose input columns the group divides, and whose name
  *   (or the name without ".weight") matches none of the `keep` globs
- *   (fnmatch: "lm_head,*.down_proj,*.experts.*"). Experts are rounded to
- *   nearest under every int4 preset: int4-awq and int4-gptq give them method
- *   "rtn" (their calibration statistics are per matmul input, not per
- *   expert's routed tokens; docs/quantization.md).
+ *   (fnmatch: "lm_head,*.down_proj,*.experts.*"). Under int4-awq and
+ *   int4-gptq each expert learns from its own calibration statistics, over
+ *   the tokens routed to it (driver/calibrate.c).
  * Running it again recomputes every dtype and every rounding-to-nearest
  *   decision from scratch, so it is idempotent and a later preset replaces
  *   an earlier one; a weight imported pre-quantized (method "checkpoint")
@@ -116,11 +115,10 @@ static bool weight_format(const ir_module *m, uint32_t op, const precision_prese
         kept(keep, ir_op_string(m, op, "name")))
         return false;
     int64_t rows = t->dims[t->rank - 2].size, columns = t->dims[t->rank - 1].size;
-    quant_method method = experts ? QUANT_METHOD_RTN : preset->method; /* no per-expert statistics yet */
     *out = (quant_format){.kind = preset->weights,
-                          .method = method,
-                          .has_column_scale = method == QUANT_METHOD_AWQ,
-                          .has_group_index = method == QUANT_METHOD_GPTQ && act_order};
+                          .method = preset->method,
+                          .has_column_scale = preset->method == QUANT_METHOD_AWQ,
+                          .has_group_index = preset->method == QUANT_METHOD_GPTQ && act_order};
     if (preset->weights == QUANT_INT4) {
         int64_t group = columns < group_size ? columns : group_size;
         if (group <= 0 || columns % group != 0) return false;

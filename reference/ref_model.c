@@ -22,14 +22,15 @@ struct ref_model {
     const ir_module *m;
     int32_t token_symbol; /* dim 0 of "ids": bound to n by each step */
     int64_t token_bound;
-    uint32_t ids_op, pos_op, logits_op; /* op indices */
-    uint64_t vocab;                     /* last dim of logits */
-    ref_attrs *attrs;                   /* [op_count] */
-    ref_kv_cache *caches;               /* [op_count]; filled for attention ops */
-    ref_tensor *tensors;                /* [value_count] */
-    bool *persistent;                   /* [value_count]: weights and constants */
-    uint32_t *last_use;                 /* [value_count]: last live op reading it, UINT32_MAX: none */
-    ref_matmul_observer observer;       /* NULL: none */
+    uint32_t ids_op, pos_op, logits_op;  /* op indices */
+    uint64_t vocab;                      /* last dim of logits */
+    ref_attrs *attrs;                    /* [op_count] */
+    ref_kv_cache *caches;                /* [op_count]; filled for attention ops */
+    ref_tensor *tensors;                 /* [value_count] */
+    bool *persistent;                    /* [value_count]: weights and constants */
+    uint32_t *last_use;                  /* [value_count]: last live op reading it, UINT32_MAX: none */
+    ref_matmul_observer observer;        /* NULL: none */
+    ref_expert_observer expert_observer; /* NULL: none */
     void *observer_context;
 };
 
@@ -562,6 +563,8 @@ void ref_model_free(ref_model *r) {
 
 uint64_t ref_model_vocab(const ref_model *r) { return r->vocab; }
 
+void ref_model_observe_experts(ref_model *r, ref_expert_observer observer) { r->expert_observer = observer; }
+
 void ref_model_observe_matmuls(ref_model *r, ref_matmul_observer observer, void *context) {
     r->observer = observer;
     r->observer_context = context;
@@ -628,7 +631,10 @@ static bool run_compute(ref_model *r, uint32_t op, uint32_t n, diag_engine *d) {
                          .attrs = &r->attrs[op],
                          .kv = &r->caches[op],
                          .loc = o->loc,
-                         .d = d};
+                         .d = d,
+                         .op = op,
+                         .expert_observer = r->expert_observer,
+                         .observer_context = r->observer_context};
         ok = ref_run_op(o->kind, &call);
     }
     for (uint32_t i = 0; i < o->result_count; i++) { /* on failure, freed with the step */
