@@ -27,9 +27,9 @@ enum { PRESET_COUNT = sizeof presets / sizeof presets[0] };
 
 /* moe(x[T, D], router[E, D], gate[E, F, D], up[E, F, D], down[E, D, F]) under preset q. */
 static uint32_t quant_moe(emit_case **out, const quant_case *q, int64_t experts, int64_t dim, int64_t ffn,
-                          int64_t top_k, bool normalize) {
+                          int64_t top_k, bool normalize, const char *activations) {
     emit_case *c = case_new(q->preset);
-    c->activations = "f32";
+    c->activations = activations;
     c->group_size = q->group_size;
     char x_type[64], router[64], gate[64], down[64];
     snprintf(x_type, sizeof x_type, "f32[tokens, %lld]", (long long)dim);
@@ -64,7 +64,7 @@ static void test_moe_quantized_vector_path(void **state) {
     (void)state;
     for (int p = 0; p < PRESET_COUNT; p++) {
         emit_case *c;
-        uint32_t op = quant_moe(&c, &presets[p], 4, 64, 96, 2, true);
+        uint32_t op = quant_moe(&c, &presets[p], 4, 64, 96, 2, true, "f32");
         assert_int_equal(experts_quantized(c, op), 7);
         const int64_t token_counts[3] = {1, 5, 13};
         for (int t = 0; t < 3; t++)
@@ -81,7 +81,7 @@ static void test_moe_quantized_scalar_path(void **state) {
     (void)state;
     for (int p = 0; p < PRESET_COUNT; p++) {
         emit_case *c;
-        uint32_t op = quant_moe(&c, &presets[p], 3, 40, 24, 2, false);
+        uint32_t op = quant_moe(&c, &presets[p], 3, 40, 24, 2, false, "f32");
         assert_int_equal(experts_quantized(c, op), presets[p].group_size == 32 ? 4 : 7);
         case_run(c, op, 3, F32_SEQUENCE_TOLERANCE);
         case_free(c);
@@ -95,7 +95,7 @@ static void test_moe_quantized_every_token_to_one_expert(void **state) {
     enum { T = 40, D = 64, E = 4 };
     for (int p = 0; p < PRESET_COUNT; p++) {
         emit_case *c;
-        uint32_t op = quant_moe(&c, &presets[p], E, D, 32, 1, false);
+        uint32_t op = quant_moe(&c, &presets[p], E, D, 32, 1, false, "f32");
         assert_int_equal(experts_quantized(c, op), 7);
         float x[T * D], router[E * D];
         for (int i = 0; i < T * D; i++)
@@ -116,10 +116,27 @@ static void test_moe_quantized_slots_span_windows(void **state) {
     (void)state;
     for (int p = 0; p < PRESET_COUNT; p += 2) { /* int4 in groups of 32, int8 */
         emit_case *c;
-        uint32_t op = quant_moe(&c, &presets[p], 8, 64, 64, 8, true);
+        uint32_t op = quant_moe(&c, &presets[p], 8, 64, 64, 8, true, "f32");
         assert_int_equal(experts_quantized(c, op), 7);
         case_run(c, op, 40, F32_SEQUENCE_TOLERANCE);
         case_run(c, op, 1, F32_SEQUENCE_TOLERANCE);
+        case_free(c);
+    }
+}
+
+/* The presets as deployed, with bf16 activations (x, the hidden and partial
+ * rows and the result in bf16; the router in f32): the 128-bit loads of bf16
+ * x rows beside the codes, at bf16's tolerance. */
+static void test_moe_quantized_bf16_activations(void **state) {
+    (void)state;
+    for (int p = 0; p < PRESET_COUNT; p++) {
+        emit_case *c;
+        uint32_t op = quant_moe(&c, &presets[p], 4, 64, 96, 2, true, NULL);
+        assert_int_equal(experts_quantized(c, op), 7);
+        assert_int_equal(c->m.values[c->m.ops[op].operands[0]].type.dtype, SMELT_DTYPE_BF16);
+        assert_int_equal(c->m.values[c->m.ops[op].operands[1]].type.dtype, SMELT_DTYPE_F32);
+        case_run(c, op, 1, F32_SEQUENCE_TOLERANCE);
+        case_run(c, op, 9, F32_SEQUENCE_TOLERANCE);
         case_free(c);
     }
 }
@@ -130,6 +147,7 @@ int main(void) {
         cmocka_unit_test(test_moe_quantized_scalar_path),
         cmocka_unit_test(test_moe_quantized_every_token_to_one_expert),
         cmocka_unit_test(test_moe_quantized_slots_span_windows),
+        cmocka_unit_test(test_moe_quantized_bf16_activations),
     };
     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
 }
