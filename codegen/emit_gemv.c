@@ -465,8 +465,8 @@ static void write_loader(cg_text *t, smelt_dtype dtype, int vector) {
 
 /* One row of a quantized weight (quant/quant.h's packed layout) and its
  * loader: VECTOR codes from column c * VECTOR, dequantized as quant_value
- * does, (q - z) * s (* c[k]). */
-static void write_quant_loader(cg_text *t, const quant_format *f, int vector) {
+ * does, (q - z) * s (* c[k]). Also the MoE experts' (emit_moe.c). */
+void cg_write_quant_loader(cg_text *t, const quant_format *f, int vector) {
     cg_line(t, "/* A row of a quantized weight: its codes start at code `first` of the codes section");
     cg_line(t, " * (at byte 0 of w), its group scales%s at entry `first_group` of theirs; the other",
             f->has_zero ? " and zero points" : "");
@@ -1031,7 +1031,7 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
                 cg_float_literal(e, p.norm_offset));
     cg_blank(t);
     if (p.quantized)
-        write_quant_loader(t, &p.format, vector);
+        cg_write_quant_loader(t, &p.format, vector);
     else
         write_loader(t, weight_dtype, vector);
     if (p.quantized || cg_storage_dtype(m, p.x) != weight_dtype)

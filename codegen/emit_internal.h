@@ -210,4 +210,12 @@ void cg_write_warp_max(cg_text *t);
 /* Writes warp_sum(v) alone: the sum over a warp's 32 lanes, in every lane. */
 void cg_write_warp_sum(cg_text *t);
 
+/* Writes a quantized weight's row reader (emit_gemv.c): the struct
+ * quant_row, quant_row_at(w, row, scales, zeros, column_scales,
+ * group_index) and load_weight(r, c, v[VECTOR]), which dequantizes VECTOR
+ * codes from column c * VECTOR as quant_value does (one 128-bit load when
+ * `vector` > 1). The kernel defines K, VECTOR, GROUP and GROUPS. */
+struct quant_format;
+void cg_write_quant_loader(cg_text *t, const struct quant_format *f, int vector);
+
 #endif

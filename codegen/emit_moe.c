@@ -33,8 +33,16 @@
  * every SM streams weights. The blocks of an expert nobody chose leave after
  * one scan of the T * K choices. Prefill runs on CUDA cores (a block re-reads
  * its weight rows from L1/L2 per tile of TILE tokens), not on tensor cores.
+ *
+ * Quantized experts (passes/precision.c: an [E, N, K] stack whose expert e
+ * is an [N, K] matrix in quant/quant.h's packed layout, at byte e * stride,
+ * quant_stack_layout_of) are read with the GEMV's row reader
+ * (cg_write_quant_loader): one 128-bit load of 32 int4 or 16 int8/fp8 codes
+ * per lane, dequantized in registers as quant_value defines. Gate and up
+ * share one kernel and so must share one format.
  */
 #include "emit_internal.h"
+#include "quant.h"
 
 enum {
     MOE_THREADS = 256, /* every kernel: 8 warps */
@@ -217,6 +225,58 @@ static void write_gather(cg_text *t) {
     cg_line(t, "__syncthreads();");
 }
 
+/* How a grouped projection's expert weights are stored: float elements, or
+ * each expert a quantized [ROWS_OUT, INNER] matrix `stride` bytes after the
+ * one before. */
+typedef struct expert_storage {
+    bool quantized;
+    quant_format format;
+    quant_layout matrix; /* one expert's sections */
+    uint64_t stride;
+    int vector; /* codes per load: 32 int4 or 16 int8 / fp8 (128 bits), or 1 */
+} expert_storage;
+
+/* The storage of expert weight operand `operand` (2, 3 or 4); false (and a
+ * diagnostic) when its format does not fit it. */
+static bool expert_storage_of(cg_emit *e, uint32_t operand, expert_storage *out) {
+    ir_value_id w = cg_operand(e, operand);
+    const ir_type *t = &e->m->values[w].type;
+    *out = (expert_storage){.vector = 1};
+    out->quantized = ir_weight_quant(e->m, e->m->values[w].def_op, &out->format);
+    if (!out->quantized) return true;
+    uint64_t total;
+    if (t->rank != 3 ||
+        quant_stack_layout_of(&out->format, (uint64_t)t->dims[0].size, (uint64_t)t->dims[1].size,
+                              (uint64_t)t->dims[2].size, &out->matrix, &out->stride, &total)) {
+        diag_error(e->d, e->ir->loc, "moe: quantized experts whose format does not fit them");
+        return false;
+    }
+    int codes = out->format.kind == QUANT_INT4 ? 32 : 16;
+    if (t->dims[2].size % codes == 0 && out->format.group % (uint32_t)codes == 0) out->vector = codes;
+    return true;
+}
+
+static bool same_format(const quant_format *a, const quant_format *b) {
+    return a->kind == b->kind && a->group == b->group && a->has_zero == b->has_zero &&
+           a->has_group_index == b->has_group_index && a->has_column_scale == b->has_column_scale;
+}
+
+/* The constants and the row reader of quantized experts. */
+static void write_expert_reader(cg_text *t, const expert_storage *w) {
+    cg_line(t, "enum { K = INNER, VECTOR = %d, GROUP = %u, GROUPS = K / GROUP }; /* %s codes%s */", w->vector,
+            w->format.group, quant_kind_name(w->format.kind), w->format.has_zero ? ", zero points" : "");
+    cg_line(
+        t,
+        "enum { SCALES_AT = %llu, ZEROS_AT = %llu, COLUMN_SCALES_AT = %llu, GROUP_INDEX_AT = %llu }; /* one "
+        "expert's sections */",
+        (unsigned long long)w->matrix.scales, (unsigned long long)w->matrix.zeros,
+        (unsigned long long)w->matrix.column_scale, (unsigned long long)w->matrix.group_index);
+    cg_line(t, "#define EXPERT_BYTES %lluull /* from one expert's weights to the next */",
+            (unsigned long long)w->stride);
+    cg_blank(t);
+    cg_write_quant_loader(t, &w->format, w->vector);
+}
+
 /* A grouped projection: block (row tile, expert) computes rows
  * [tile * ROWS, +ROWS) of weight[expert] (ROWS_OUT x INNER) (two weights,
  * gate and up, when swiglu) against the input rows of its expert's slots:
@@ -227,9 +287,24 @@ typedef struct grouped_spec {
     int64_t rows, inner;
 } grouped_spec;
 
-static void emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) {
+static bool emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) {
     ir_value_id x = cg_operand(e, 0);
+    expert_storage storage, up_storage;
+    if (!expert_storage_of(e, g->swiglu ? 2 : 4, &storage) ||
+        (g->swiglu && !expert_storage_of(e, 3, &up_storage)))
+        return false;
+    if (g->swiglu && (storage.quantized != up_storage.quantized ||
+                      (storage.quantized && !same_format(&storage.format, &up_storage.format)))) {
+        diag_error(e->d, e->ir->loc,
+                   "moe: the gate and up experts are stored differently (one kernel reads both): quantize "
+                   "or keep both (--keep)");
+        return false;
+    }
     const char *name = arena_printf(&e->scratch, "moe_%s_%s", g->kind, s->tag);
+    if (storage.quantized) /* the format: group, zero points, act-order, column scales */
+        name = arena_printf(&e->scratch, "%s_g%u%s%s%s", name, storage.format.group,
+                            storage.format.has_zero ? "z" : "", storage.format.has_group_index ? "o" : "",
+                            storage.format.has_column_scale ? "c" : "");
     cg_kernel_builder b;
     cg_kernel_begin(&b, e, name,
                     g->swiglu
@@ -266,9 +341,14 @@ static void emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) 
     cg_line(t, "enum { SLOTS = %lld }; /* token bound * TOP_K: hidden rows, then partial rows, in scratch */",
             (long long)(s->token_bound * s->top_k));
     cg_blank(t);
-    bool vector = g->inner % MOE_VECTOR == 0 && vectorizable(&b, p_in) &&
-                  (g->swiglu ? vectorizable(&b, p_gate) && vectorizable(&b, p_up) : vectorizable(&b, p_down));
+    bool quantized = storage.quantized;
+    if (quantized && !vectorizable(&b, p_in)) storage.vector = 1; /* the x rows element by element too */
+    bool vector = quantized ? storage.vector > 1
+                            : g->inner % MOE_VECTOR == 0 && vectorizable(&b, p_in) &&
+                                  (g->swiglu ? vectorizable(&b, p_gate) && vectorizable(&b, p_up)
+                                             : vectorizable(&b, p_down));
     if (vector) write_vector_helpers(t);
+    if (quantized) write_expert_reader(t, &storage);
     write_popcount(t);
     cg_write_warp_sum(t);
     cg_kernel_signature(&b);
@@ -283,7 +363,19 @@ static void emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) 
     cg_line(t, "int row = (blockIdx.x * WARPS + warp) * ROWS_PER_WARP + r;");
     cg_line(t, "if (row >= ROWS_OUT)");
     cg_line(t, "    break; /* warp-uniform */");
-    cg_line(t, "long long weight_row = (expert * ROWS_OUT + row) * INNER;");
+    if (!quantized) {
+        cg_line(t, "long long weight_row = (expert * ROWS_OUT + row) * INNER;");
+    } else if (g->swiglu) {
+        cg_line(t,
+                "quant_row gate_row = quant_row_at(gate + expert * EXPERT_BYTES, row, SCALES_AT, ZEROS_AT,");
+        cg_line(t, "                                  COLUMN_SCALES_AT, GROUP_INDEX_AT);");
+        cg_line(t, "quant_row up_row = quant_row_at(up + expert * EXPERT_BYTES, row, SCALES_AT, ZEROS_AT,");
+        cg_line(t, "                                COLUMN_SCALES_AT, GROUP_INDEX_AT);");
+    } else {
+        cg_line(t,
+                "quant_row down_row = quant_row_at(down + expert * EXPERT_BYTES, row, SCALES_AT, ZEROS_AT,");
+        cg_line(t, "                                  COLUMN_SCALES_AT, GROUP_INDEX_AT);");
+    }
     cg_line(t, "for (int tile = 0; tile < found; tile += TILE) {");
     cg_line(t, "int count = found - tile < TILE ? found - tile : TILE;");
     cg_line(t, "long long input_row[TILE];");
@@ -301,7 +393,34 @@ static void emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) 
         cg_line(t, "for (int m = 0; m < TILE; m++)");
         cg_line(t, "    sum[m] = 0.0f;");
     }
-    if (vector) {
+    if (quantized && vector) {
+        cg_line(t, "for (int c = lane; c < INNER / VECTOR; c += 32) {");
+        if (g->swiglu) {
+            cg_line(t, "float gs[VECTOR], us[VECTOR];");
+            cg_line(t, "load_weight(gate_row, c, gs);");
+            cg_line(t, "load_weight(up_row, c, us);");
+        } else {
+            cg_line(t, "float ds[VECTOR];");
+            cg_line(t, "load_weight(down_row, c, ds);");
+        }
+        cg_line(t, "for (int m = 0; m < TILE; m++) {");
+        cg_line(t, "if (m >= count)");
+        cg_line(t, "    break;");
+        cg_line(t, "for (int h = 0; h < VECTOR / 8; h++) {");
+        cg_line(t, "float xs[8];");
+        cg_line(t, "%s;", load8(&b, p_in, "input_row[m] + (long long)c * VECTOR + 8 * h", "xs"));
+        cg_line(t, "for (int j = 0; j < 8; j++) {");
+        if (g->swiglu) {
+            cg_line(t, "g[m] += xs[j] * gs[8 * h + j];");
+            cg_line(t, "u[m] += xs[j] * us[8 * h + j];");
+        } else {
+            cg_line(t, "sum[m] += xs[j] * ds[8 * h + j];");
+        }
+        cg_line(t, "}");
+        cg_line(t, "}");
+        cg_line(t, "}");
+        cg_line(t, "}");
+    } else if (vector) {
         cg_line(t, "for (int i = lane * 8; i < INNER; i += 32 * 8) {");
         if (g->swiglu) {
             cg_line(t, "float gs[8], us[8];");
@@ -328,7 +447,14 @@ static void emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) 
         cg_line(t, "}");
     } else {
         cg_line(t, "for (int i = lane; i < INNER; i += 32) {");
-        if (g->swiglu) {
+        if (quantized && g->swiglu) {
+            cg_line(t, "float gw, uw;");
+            cg_line(t, "load_weight(gate_row, i, &gw);");
+            cg_line(t, "load_weight(up_row, i, &uw);");
+        } else if (quantized) {
+            cg_line(t, "float dw;");
+            cg_line(t, "load_weight(down_row, i, &dw);");
+        } else if (g->swiglu) {
             cg_line(t, "float gw = %s, uw = %s;", cg_load(&b, p_gate, "weight_row + i"),
                     cg_load(&b, p_up, "weight_row + i"));
         } else {
@@ -371,6 +497,7 @@ static void emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) 
     cg_line(t, "}");
     (void)p_weight;
     cg_kernel_end(&b);
+    return true;
 }
 
 /* ---- 4. combine ----------------------------------------------------------------------- */
@@ -413,9 +540,10 @@ static bool read_shape(cg_emit *e, moe_shape *s) {
     cg_shape xs = cg_shape_of(e, x), router = cg_shape_of(e, cg_operand(e, 1));
     cg_shape gate = cg_shape_of(e, cg_operand(e, 2)), up = cg_shape_of(e, cg_operand(e, 3));
     cg_shape down = cg_shape_of(e, cg_operand(e, 4));
-    bool floats = true;
+    bool floats = true; /* or quantized experts, whose codes dequantize to floats */
     for (uint32_t i = 0; i < 5; i++)
-        floats &= smelt_dtype_is_float(e->m->values[cg_operand(e, i)].type.dtype);
+        floats &= smelt_dtype_is_float(e->m->values[cg_operand(e, i)].type.dtype) ||
+                  (i >= 2 && cg_is_quantized(e->m, cg_operand(e, i)));
     if (!floats || xs.rank != 2 || router.rank != 2 || gate.rank != 3 || up.rank != 3 || down.rank != 3) {
         diag_error(e->d, e->ir->loc,
                    "moe: expected float x[T, D], router[E, D], gate[E, F, D], up[E, F, D] and down[E, D, F]");
@@ -503,6 +631,16 @@ static prog_cost *new_cost(cg_emit *e, uint32_t kernel) {
  * tokens touches min(E, T * top_k) experts, which a polynomial in T cannot
  * say: prefill is modeled low on weight bytes, and is flop-bound there); the
  * hidden and partial rows written once and read once. */
+/* Bytes of one expert of weight operand `operand` (2, 3, 4): its rows x
+ * cols elements, or its quantized matrix with scales, zeros, ... */
+static double expert_bytes(cg_emit *e, uint32_t operand) {
+    expert_storage w;
+    const ir_type *t = &e->m->values[cg_operand(e, operand)].type;
+    if (expert_storage_of(e, operand, &w) && w.quantized) return (double)w.stride;
+    return (double)t->dims[1].size * (double)t->dims[2].size *
+           (double)smelt_dtype_element_bytes(cg_storage_dtype(e->m, cg_operand(e, operand)));
+}
+
 static void set_costs(cg_emit *e, const moe_shape *s) {
     double bytes[6];
     for (uint32_t i = 0; i < 5; i++)
@@ -518,11 +656,11 @@ static void set_costs(cg_emit *e, const moe_shape *s) {
         prog_poly_sum(prog_poly_scaled(one, experts * d * bytes[1]), prog_poly_scaled(tokens, d * bytes[0]));
     route->written = prog_poly_scaled(tokens, k * 8);
     route->flops = prog_poly_scaled(tokens, 2 * experts * d);
-    gate_up->read = prog_poly_sum(prog_poly_scaled(one, k * f * d * (bytes[2] + bytes[3])),
+    gate_up->read = prog_poly_sum(prog_poly_scaled(one, k * (expert_bytes(e, 2) + expert_bytes(e, 3))),
                                   prog_poly_scaled(tokens, d * bytes[0] + k * 4));
     gate_up->written = prog_poly_scaled(tokens, k * f * scratch);
     gate_up->flops = prog_poly_scaled(tokens, k * 4 * f * d);
-    down->read = prog_poly_sum(prog_poly_scaled(one, k * d * f * bytes[4]),
+    down->read = prog_poly_sum(prog_poly_scaled(one, k * expert_bytes(e, 4)),
                                prog_poly_scaled(tokens, k * f * scratch + k * 8));
     down->written = prog_poly_scaled(tokens, k * d * scratch);
     down->flops = prog_poly_scaled(tokens, k * 2 * d * f);
@@ -535,8 +673,9 @@ bool cg_emit_moe(cg_emit *e) {
     moe_shape s;
     if (!read_shape(e, &s) || !size_states(e, &s)) return false;
     emit_route(e, &s);
-    emit_grouped(e, &s, &(grouped_spec){"gate_up", true, s.ffn, s.model_dim});
-    emit_grouped(e, &s, &(grouped_spec){"down", false, s.model_dim, s.ffn});
+    if (!emit_grouped(e, &s, &(grouped_spec){"gate_up", true, s.ffn, s.model_dim}) ||
+        !emit_grouped(e, &s, &(grouped_spec){"down", false, s.model_dim, s.ffn}))
+        return false;
     emit_combine(e, &s);
     set_costs(e, &s);
     e->out->kind = CG_LOWER_KERNELS;

@@ -1,5 +1,6 @@
 /* calibrate.c - the reference run over calibration ids, with an observer
- * on every matmul's input (calibrate.h has the contract). */
+ * on every matmul's input and on every moe expert's inputs, per expert over
+ * the tokens routed to it (calibrate.h has the contract). */
 #include "calibrate.h"
 
 #include "driver_internal.h"
@@ -11,12 +12,77 @@
 
 enum { NO_INPUT = UINT32_MAX };
 
-/* What the observer needs: the record of each matmul op's input. */
+static char *copy_string(const char *s);
+
+/* What the observer needs: the record of each matmul op's input, and of
+ * each moe op's experts' inputs. */
 typedef struct observer_state {
     drv_calibration *calibration;
-    uint32_t *input_of_op; /* [op_count]: index into inputs for the first matmul reading each
-                              input, NO_INPUT for every other op */
+    uint32_t *input_of_op;   /* [op_count]: index into inputs for the first matmul reading each
+                                input, NO_INPUT for every other op */
+    uint32_t *experts_of_op; /* [op_count]: a moe op's first record (2 E of them: expert e's
+                                gate/up input at + e, its down input at + E + e); NO_INPUT */
+    uint64_t *expert_count;  /* [op_count]: E of a moe op */
 } observer_state;
+
+static void observe_expert(void *context, uint32_t op, uint32_t projection, uint64_t expert, const float *x,
+                           uint64_t cols) {
+    observer_state *s = context;
+    uint32_t first = s->experts_of_op[op];
+    if (first == NO_INPUT || expert >= s->expert_count[op] || projection > 1) return;
+    quant_act_stats *stats = &s->calibration->inputs[first + projection * s->expert_count[op] + expert];
+    if (stats->cols == cols) quant_act_stats_add(stats, x, 1);
+}
+
+const char *drv_expert_name(const ir_module *m, uint32_t op, uint64_t e, arena *a) {
+    const char *name = ir_op_string(m, op, "name"), *stack = ir_op_string(m, op, "stack");
+    if (stack[0] != '\0') return fe_stacked_part_name(a, name, stack, e);
+    return arena_printf(a, "%s[%llu]", name, (unsigned long long)e);
+}
+
+/* Is op i a live moe whose gate, up and down are constant [E, N, K] weights? */
+static bool calibrated_moe(const ir_module *m, uint32_t i, uint64_t *experts) {
+    const ir_op *o = ir_op_at(m, i);
+    if (o->dead || o->kind != IR_OP_MOE) return false;
+    for (uint32_t k = 2; k < 5; k++) {
+        const ir_type *t = &m->values[o->operands[k]].type;
+        if (ir_op_at(m, m->values[o->operands[k]].def_op)->kind != IR_OP_WEIGHT || t->rank != 3 ||
+            ir_dim_is_symbol(t->dims[0]) || ir_dim_is_symbol(t->dims[1]) || ir_dim_is_symbol(t->dims[2]))
+            return false;
+    }
+    *experts = (uint64_t)m->values[o->operands[2]].type.dims[0].size;
+    return *experts > 0 && *experts <= UINT32_MAX / 4;
+}
+
+/* A moe op's records: expert e's gate/up input (D columns) and its down
+ * input (F columns), and weight entries naming each expert's gate, up and
+ * down parts. */
+static bool plan_expert_records(const ir_module *m, uint32_t i, uint64_t experts, drv_calibration *c,
+                                observer_state *s, bool with_xtx) {
+    const ir_op *o = ir_op_at(m, i);
+    uint64_t model_dim = (uint64_t)m->values[o->operands[2]].type.dims[2].size;
+    uint64_t ffn = (uint64_t)m->values[o->operands[2]].type.dims[1].size;
+    s->experts_of_op[i] = c->input_count;
+    s->expert_count[i] = experts;
+    arena names;
+    arena_init(&names);
+    bool ok = true;
+    for (uint32_t projection = 0; ok && projection < 2; projection++)
+        for (uint64_t e = 0; ok && e < experts; e++) {
+            ok = quant_act_stats_init(&c->inputs[c->input_count], projection ? ffn : model_dim, with_xtx);
+            if (!ok) break;
+            uint32_t input = c->input_count++;
+            for (uint32_t k = 2; ok && k < 5; k++) {
+                if ((k == 4) != (projection == 1)) continue; /* gate and up read x, down the hidden row */
+                drv_calib_weight *w = &c->weights[c->weight_count++];
+                w->input = input;
+                w->name = copy_string(drv_expert_name(m, m->values[o->operands[k]].def_op, e, &names));
+                ok = w->name != NULL;
+            }
+        }
+    arena_free(&names);
+    return ok;
+}
 
 static void observe(void *context, uint32_t op, const float *x, uint64_t rows, uint64_t cols) {
     observer_state *s = context;
@@ -33,17 +99,27 @@ static char *copy_string(const char *s) {
 }
 
 /* One record per distinct input of a matmul whose operand 1 is a weight,
- * and one weight entry per such matmul. False when memory runs out. */
-static bool plan_records(const ir_module *m, drv_calibration *c, uint32_t *input_of_op, bool with_xtx) {
+ * and one weight entry per such matmul; 2 E records and 3 E entries per moe
+ * op of E experts. False when memory runs out. */
+static bool plan_records(const ir_module *m, drv_calibration *c, observer_state *s, bool with_xtx) {
+    uint32_t *input_of_op = s->input_of_op;
+    uint64_t inputs = m->op_count ? m->op_count : 1, weights = inputs, experts;
+    for (uint32_t i = 0; i < m->op_count; i++)
+        if (calibrated_moe(m, i, &experts)) inputs += 2 * experts, weights += 3 * experts;
     uint32_t *input_of_value = malloc((m->value_count ? m->value_count : 1) * sizeof *input_of_value);
-    c->inputs = calloc(m->op_count ? m->op_count : 1, sizeof *c->inputs);
-    c->weights = calloc(m->op_count ? m->op_count : 1, sizeof *c->weights);
+    c->inputs = inputs <= UINT32_MAX ? calloc(inputs, sizeof *c->inputs) : NULL;
+    c->weights = weights <= UINT32_MAX ? calloc(weights, sizeof *c->weights) : NULL;
     bool ok = input_of_value && c->inputs && c->weights;
     for (uint32_t v = 0; ok && v < m->value_count; v++)
         input_of_value[v] = NO_INPUT;
     for (uint32_t i = 0; ok && i < m->op_count; i++) {
         const ir_op *o = ir_op_at(m, i);
         input_of_op[i] = NO_INPUT;
+        s->experts_of_op[i] = NO_INPUT;
+        if (calibrated_moe(m, i, &experts)) {
+            ok = plan_expert_records(m, i, experts, c, s, with_xtx);
+            continue;
+        }
         if (o->dead || o->kind != IR_OP_MATMUL) continue;
         uint32_t weight_op = m->values[o->operands[1]].def_op;
         if (ir_op_at(m, weight_op)->kind != IR_OP_WEIGHT) continue;
@@ -111,15 +187,22 @@ bool drv_calibrate(const drv_model_options *model, const drv_calib_options *o, d
         if (info->max_step_tokens && context > info->max_step_tokens)
             context = (unsigned)info->max_step_tokens;
         const ir_module *m = drv_model_module(opened);
-        observer_state state = {out, malloc((m->op_count ? m->op_count : 1) * sizeof *state.input_of_op)};
-        ok = state.input_of_op && plan_records(m, out, state.input_of_op, o->xtx);
+        size_t ops = m->op_count ? m->op_count : 1;
+        observer_state state = {out, malloc(ops * sizeof *state.input_of_op),
+                                malloc(ops * sizeof *state.experts_of_op),
+                                malloc(ops * sizeof *state.expert_count)};
+        ok = state.input_of_op && state.experts_of_op && state.expert_count &&
+             plan_records(m, out, &state, o->xtx);
         if (!ok)
             diag_error(d, SMELT_NO_LOC, "calibration: cannot allocate the statistics of the matmul inputs");
         if (ok) {
             ref_model_observe_matmuls(drv_model_ref(opened), observe, &state);
+            ref_model_observe_experts(drv_model_ref(opened), observe_expert);
             ok = run_windows(opened, ids, count, context, o->progress, d);
         }
         free(state.input_of_op);
+        free(state.experts_of_op);
+        free(state.expert_count);
     }
     out->ids = ok ? count : 0;
     drv_model_close(opened);

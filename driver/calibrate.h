@@ -24,6 +24,7 @@
 #include "driver.h"
 
 #include "calib.h"
+#include "ir.h"
 
 typedef struct drv_calib_options {
     const char *ids_path; /* token ids, read by drv_token_ids_read */
@@ -53,8 +54,14 @@ bool drv_calibrate(const drv_model_options *model, const drv_calib_options *o, d
                    diag_engine *d);
 
 /* The statistics of the input that weight `name` multiplies; NULL when no
- * observed matmul reads that weight. */
+ * observed matmul reads that weight. An expert of a moe op's stacked gate,
+ * up or down weight has its own, over the tokens routed to it, under
+ * drv_expert_name's name. */
 const quant_act_stats *drv_calibration_stats(const drv_calibration *c, const char *name);
+
+/* The name of expert e of weight op `op` [E, N, K]: its part's checkpoint
+ * name when stacked ("...experts.3.w1.weight"), else "NAME[3]"; in arena a. */
+const char *drv_expert_name(const ir_module *m, uint32_t op, uint64_t e, arena *a);
 
 /* For a preset whose quantizers learn from calibration (int4-awq,
  * int4-gptq): drv_calibrate over model->precision_options.calib_path, with

@@ -1,9 +1,12 @@
 /* checkpoint_bind.c - weights into an engine for a plan compiled without
  * them: a checkpoint's tensors by name, or noise for timing. A weight the
  * plan quantized is quantized here, into the plan's format, by the method
- * the plan names (drv_quantize_weight), and bound as packed bytes. */
+ * the plan names (drv_quantize_weight), and bound as packed bytes; a
+ * quantized stack of MoE experts expert by expert (quant_stack_layout_of),
+ * bound whole once every expert's tensor is read. */
 #include "driver_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +28,74 @@ static bool bind_quantized(smelt_engine *engine, const prog_weight *w, const flo
     free(q.data);
     if (s != SMELT_OK) diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
     return s == SMELT_OK;
+}
+
+/* The checkpoint name of part e of stacked weight w: its template with e
+ * in place of "{e}" (the runtime's rule, program_stacked_part). */
+static void part_name(const prog_weight *w, int64_t e, char *out, size_t size) {
+    const char *hole = strstr(w->name, "{e}");
+    if (!hole) {
+        snprintf(out, size, "%s", w->name);
+        return;
+    }
+    snprintf(out, size, "%.*s%lld%s", (int)(hole - w->name), w->name, (long long)e, hole + 3);
+}
+
+/* Stacked quantized weight w [E, N, K] from its E parts in the checkpoint,
+ * each quantized into its own matrix of the packed stack, then bound whole.
+ * A missing part is left to the caller's report of missing weights. */
+static bool bind_quantized_stack(smelt_engine *engine, const st_checkpoint *ck, const prog_weight *w,
+                                 diag_engine *d) {
+    smelt_loc loc = {ck->diag_file, 0, 0};
+    quant_format f = quant_format_from_program(&w->quant);
+    quant_layout layout;
+    uint64_t stride, total, rows = (uint64_t)w->shape[1], cols = (uint64_t)w->shape[2];
+    if (w->rank != 3 ||
+        quant_stack_layout_of(&f, (uint64_t)w->shape[0], rows, cols, &layout, &stride, &total))
+        return false; /* plan_open checked it */
+    uint8_t *packed = calloc(total ? total : 1, 1);
+    float *values = malloc(rows * cols * sizeof *values + 1);
+    bool ok = packed && values, complete = true;
+    if (!ok) diag_error(d, loc, "out of memory quantizing '%.*s%s'", DIAG_NAME(w->name));
+    size_t name_size = strlen(w->name) + 24;
+    char *name = malloc(name_size);
+    ok = ok && name;
+    for (int64_t e = 0; ok && complete && e < w->shape[0]; e++) {
+        part_name(w, e, name, name_size);
+        const st_tensor *t = st_checkpoint_find(ck, name);
+        if (!t) {
+            complete = false;
+            break;
+        }
+        if (!st_dtype_is_float(t->dtype) || t->rank != 2 || t->shape[0] != rows || t->shape[1] != cols) {
+            diag_error(d, loc, "tensor '%.*s%s' is not the float [%llu, %llu] expert the plan quantized",
+                       DIAG_NAME(name), (unsigned long long)rows, (unsigned long long)cols);
+            ok = false;
+            break;
+        }
+        quant_tensor q;
+        ok = st_tensor_read_f32(t, values, d) &&
+             drv_quantize_weight(name, values, rows, cols, &f, NULL, &q, d);
+        if (ok) memcpy(packed + (uint64_t)e * stride, q.data, q.layout.total);
+        if (ok) free(q.data);
+    }
+    if (ok && complete) {
+        smelt_status s = smelt_engine_bind_weight_bytes(engine, w->name, packed, total);
+        if (s != SMELT_OK) diag_error(d, loc, "%s", smelt_last_error());
+        ok = s == SMELT_OK;
+    }
+    free(name);
+    free(values);
+    free(packed);
+    return ok;
+}
+
+/* Is `name` a part of a quantized stack of p (bound by bind_quantized_stack)? */
+static bool in_quantized_stack(const program *p, const char *name) {
+    for (uint32_t i = 0; p && i < p->weight_count; i++)
+        if (p->weights[i].quant.kind != PROG_QUANT_NONE && program_stacked_part(&p->weights[i], name) >= 0)
+            return true;
+    return false;
 }
 
 static bool is_ignored(const char *name, const drv_ignored_tensors *ignored,
@@ -56,6 +127,7 @@ bool drv_bind_checkpoint(const smelt_plan *plan, const program *p, smelt_engine 
             }
             continue;
         }
+        if (in_quantized_stack(p, t->name)) continue; /* bound below, with its stack */
         if (!st_dtype_is_float(t->dtype)) {
             diag_error(
                 d, loc,
@@ -108,14 +180,32 @@ bool drv_bind_checkpoint(const smelt_plan *plan, const program *p, smelt_engine 
                   "--allow-unused-tensor NAME if it is knowingly unused");
         ok = false;
     }
+    for (uint32_t i = 0; ok && p && i < p->weight_count && !diag_should_stop(d); i++)
+        if (p->weights[i].stacked && p->weights[i].quant.kind != PROG_QUANT_NONE &&
+            p->weights[i].data_offset == UINT64_MAX)
+            ok = bind_quantized_stack(engine, &ck, &p->weights[i], d) && ok;
     /* Weights the plan has no data for and the checkpoint does not hold:
      * named here, with the checkpoint, rather than at the first step. */
     const char *first_missing = NULL;
+    char *missing_part = NULL; /* the name of a stacked weight's missing part */
     uint32_t missing = 0;
     for (uint32_t i = 0; p && i < p->weight_count; i++) {
         const prog_weight *w = &p->weights[i];
         if (w->data_offset != UINT64_MAX) continue;
-        /* A concatenated weight (passes/fuse.c) is bound by its parts' names. */
+        /* A concatenated weight (passes/fuse.c) is bound by its parts' names,
+         * a stacked one by its parts' (the template with each e). */
+        if (w->stacked && w->rank >= 1) {
+            size_t size = strlen(w->name) + 24;
+            char *name = malloc(size);
+            for (int64_t e = 0; name && e < w->shape[0]; e++) {
+                part_name(w, e, name, size);
+                if (st_checkpoint_find(&ck, name)) continue;
+                if (!first_missing) first_missing = missing_part = strdup(name);
+                missing++;
+            }
+            free(name);
+            continue;
+        }
         for (uint32_t k = 0; k < (w->part_count ? w->part_count : 1); k++) {
             const char *name = w->part_count ? w->parts[k].name : w->name;
             if (st_checkpoint_find(&ck, name)) continue;
@@ -132,6 +222,7 @@ bool drv_bind_checkpoint(const smelt_plan *plan, const program *p, smelt_engine 
                    more);
         ok = false;
     }
+    free(missing_part);
     st_checkpoint_close(&ck);
     return ok;
 }

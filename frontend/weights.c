@@ -17,8 +17,7 @@ typedef struct fe_binder {
     uint8_t *used; /* per checkpoint tensor */
 } fe_binder;
 
-/* `template` with every "{var}" replaced by `index`, in arena a. */
-static char *expand_part_name(arena *a, const char *template, const char *var, uint64_t index) {
+char *fe_stacked_part_name(arena *a, const char *template, const char *var, uint64_t index) {
     size_t var_length = strlen(var), length = strlen(template), count = 0;
     for (const char *p = template; (p = strchr(p, '{')) != NULL; p++)
         if (strncmp(p + 1, var, var_length) == 0 && p[1 + var_length] == '}') count++;
@@ -159,7 +158,7 @@ static void bind_weight(fe_binder *b, uint32_t op_index) {
                    DIAG_NAME(name));
         return;
     }
-    char *first_part = expand_part_name(&b->out->arena, name, stack, 0);
+    char *first_part = fe_stacked_part_name(&b->out->arena, name, stack, 0);
     bool has_stack_var = strcmp(first_part, name) != 0;
     if (!has_stack_var) {
         diag_error(b->d, op->loc, "the name of stacked weight '%.*s%s' must contain '{%.*s%s}'",
@@ -178,7 +177,7 @@ static void bind_weight(fe_binder *b, uint32_t op_index) {
     w->names = arena_array(&b->out->arena, parts ? parts : 1, sizeof *w->names);
     bool ok = true;
     for (uint32_t i = 0; i < parts && !diag_should_stop(b->d); i++) {
-        char *part_name = expand_part_name(&b->out->arena, name, stack, i);
+        char *part_name = fe_stacked_part_name(&b->out->arena, name, stack, i);
         bool quantized;
         w->parts[i] = find_part(b, op, part_name, shape + 1, type->rank - 1u, &quantized);
         w->names[i] = part_name;

@@ -79,6 +79,10 @@ const fe_bound_weight *fe_weight_binding_get(const fe_weight_binding *b, uint32_
  * was truncated after it was opened (st_tensor_read_f32). */
 bool fe_weight_read_f32(const fe_weight_binding *b, uint32_t op, float *dst, uint64_t count);
 
+/* The name of part `index` of a stacked weight: `template` with every
+ * "{var}" replaced by `index`, in arena a. */
+char *fe_stacked_part_name(arena *a, const char *template, const char *var, uint64_t index);
+
 /* A bound pre-quantized weight (unstacked) as the checkpoint packs it, in
  * quant.h's layout: *format (method "checkpoint") and, when dst is not NULL,
  * its layout's `bytes` bytes copied into dst exactly as qck_read_weight

@@ -338,7 +338,8 @@ void ir_weight_set_quant(ir_module *m, uint32_t op, const struct quant_format *f
 /* Back to unquantized: every quantization attribute at its default. */
 void ir_weight_clear_quant(ir_module *m, uint32_t op);
 /* Bytes of value v in storage: a quantized weight's whole packed layout
- * (codes, scales, zeros, ...: quant_layout_of), else ir_type_bytes. False
+ * (codes, scales, zeros, ...: quant_layout_of; an [E, N, K] stack of MoE
+ * experts, quant_stack_layout_of), else ir_type_bytes. False
  * on overflow or a format that does not fit the weight's shape. */
 bool ir_value_bytes(const ir_module *m, ir_value_id v, int32_t token_symbol, int64_t tokens, uint64_t *out);
 /* Does op `op` launch work on a device (a kernel or a GEMM), so that it

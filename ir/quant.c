@@ -48,9 +48,10 @@ bool ir_value_bytes(const ir_module *m, ir_value_id v, int32_t token_symbol, int
         return ir_type_bytes(m, &value->type, token_symbol, tokens, out);
     quant_layout l;
     const ir_type *t = &value->type;
-    if (t->rank != 2 || ir_dim_is_symbol(t->dims[0]) || ir_dim_is_symbol(t->dims[1]) || t->dims[0].size < 0 ||
-        t->dims[1].size < 0 || quant_layout_of(&f, (uint64_t)t->dims[0].size, (uint64_t)t->dims[1].size, &l))
-        return false;
-    *out = l.total;
-    return true;
+    if (t->rank != 2 && t->rank != 3) return false;
+    for (unsigned i = 0; i < t->rank; i++)
+        if (ir_dim_is_symbol(t->dims[i]) || t->dims[i].size < 0) return false;
+    uint64_t matrices = t->rank == 3 ? (uint64_t)t->dims[0].size : 1, stride;
+    return quant_stack_layout_of(&f, matrices, (uint64_t)t->dims[t->rank - 2].size,
+                                 (uint64_t)t->dims[t->rank - 1].size, &l, &stride, out) == NULL;
 }

@@ -495,8 +495,12 @@ static bool infer_moe(rule_ctx *c, ir_type *out) {
     if (!rule_attr_int(c, "top_k", &top_k) || !rule_attr_bool(c, "normalize", &normalize)) return false;
     if (!rule_rank(c, "x", x, 2) || !rule_rank(c, "router", router, 2) || !rule_rank(c, "gate", gate, 3))
         return false;
+    /* Quantized experts hold codes (i4, i8, f8e4m3) that dequantize to floats. */
+    quant_format quantized;
     for (unsigned i = 1; i < 5; i++)
-        if (!rule_same_dtype(c, "x", x, names[i], operand(c, i))) return false;
+        if (!(i >= 2 && ir_weight_quant(c->m, c->m->values[c->op->operands[i]].def_op, &quantized)) &&
+            !rule_same_dtype(c, "x", x, names[i], operand(c, i)))
+            return false;
     ir_dim model_dim = x->dims[1], experts = router->dims[0], ffn = gate->dims[1];
     if (!rule_expect_dims(c, "router", router, "[E, D]", (ir_dim[]){experts, model_dim}, 2) ||
         !rule_expect_dims(c, "gate", gate, "[E, F, D]", (ir_dim[]){experts, ffn, model_dim}, 3) ||

@@ -14,7 +14,9 @@
  *   - output names are unique;
  *   - a quantized weight (quant != "none") has its codes' dtype, the shape
  *     [N, K] that its format fits (quant_layout_of), a method, and only
- *     matmuls (out_in) read it, as their weight; an unquantized one has
+ *     matmuls (out_in) read it, as their weight; or it is an [E, N, K]
+ *     stack (MoE experts, each [N, K] in that format) that only moe
+ *     ops read, as their gate, up or down experts; an unquantized one has
  *     every other quantization attribute at its default;
  *   - where every operand and result type is known, the shape rule gives the
  *     result types back.
@@ -347,22 +349,29 @@ static void check_weight_quant(verifier *v, uint32_t index) {
                   smelt_dtype_name(quant_code_dtype(f.kind)), smelt_dtype_name(t->dtype));
         return;
     }
-    if (t->rank != 2 || ir_dim_is_symbol(t->dims[0]) || ir_dim_is_symbol(t->dims[1])) {
-        violation(v, op, "a quantized weight is a constant [N, K] matrix, not %s", TYPE_TEXT(v, t));
+    bool constant = true;
+    for (unsigned i = 0; i < t->rank; i++)
+        constant = constant && !ir_dim_is_symbol(t->dims[i]);
+    if (!constant || (t->rank != 2 && t->rank != 3)) {
+        violation(v, op,
+                  "a quantized weight is a constant [N, K] matrix or an [E, N, K] stack of experts, not %s",
+                  TYPE_TEXT(v, t));
         return;
     }
-    const ir_attr *stack = ir_op_attr(m, index, "stack");
-    if (stack && stack->kind == IR_ATTR_STRING && stack->as.s[0] != '\0')
-        violation(v, op, "a stacked weight cannot be quantized");
     const ir_attr *method = ir_op_attr(m, index, "method");
     if (!method || method->kind != IR_ATTR_STRING || strcmp(method->as.s, "none") == 0)
         violation(v, op, "a quantized weight needs a method (rtn, awq, gptq, smooth or checkpoint)");
     quant_layout l;
-    const char *why = quant_layout_of(&f, (uint64_t)t->dims[0].size, (uint64_t)t->dims[1].size, &l);
+    uint64_t stride, total;
+    const char *why = quant_stack_layout_of(&f, t->rank == 3 ? (uint64_t)t->dims[0].size : 1,
+                                            (uint64_t)t->dims[t->rank - 2].size,
+                                            (uint64_t)t->dims[t->rank - 1].size, &l, &stride, &total);
     if (why) violation(v, op, "group %u on %s: %s", f.group, TYPE_TEXT(v, t), why);
 }
 
-/* Only a matmul reads a quantized weight, as its out_in weight (operand 1). */
+/* Only a matmul reads a quantized weight, as its out_in weight (operand 1);
+ * only a moe reads a quantized stack of experts, as gate, up or down
+ * (operands 2, 3, 4). */
 static void check_quant_readers(verifier *v, uint32_t index) {
     const ir_module *m = v->m;
     const ir_op *op = &m->ops[index];
@@ -371,6 +380,15 @@ static void check_quant_readers(verifier *v, uint32_t index) {
         if (id >= m->value_count || v->state[id] != VALUE_DEFINED) continue;
         quant_format f;
         if (!ir_weight_quant(m, m->values[id].def_op, &f)) continue;
+        if (m->values[id].type.rank == 3) {
+            if (op->kind != IR_OP_MOE || i < 2)
+                violation(
+                    v, op,
+                    "operand %u is a quantized stack of experts, which only a moe reads as its gate, up "
+                    "or down",
+                    i);
+            continue;
+        }
         const ir_attr *layout = op->kind == IR_OP_MATMUL ? ir_op_attr(m, index, "layout") : NULL;
         bool matmul =
             layout && layout->kind == IR_ATTR_STRING && strcmp(layout->as.s, "out_in") == 0 && i == 1;

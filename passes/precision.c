@@ -14,9 +14,11 @@
  *   checkpoint's f32 tensor into that format (driver/quantize.c).
  * Presets (activations are the storage of every float value but what an
  *   `output` reads, which stays f32 with every value sharing its buffer
- *   through reshape views, and a rope_table's cos and sin, f32 always;
- *   norms, softmax, the router, RoPE angles and every accumulation compute
- *   in f32 whatever the storage):
+ *   through reshape views, a rope_table's cos and sin, f32 always, and
+ *   a MoE router's weight, stored in f32 as the router computes: the
+ *   top-k choice is where a rounding flips a result; norms, softmax, the
+ *   router, RoPE angles and every accumulation compute in f32 whatever
+ *   the storage):
  *   f32       every float value f32;
  *   bf16      every float value bf16;
  *   int4-rtn  bf16, and matmul weights W4A16: int4 codes with f16 scales and
@@ -42,10 +44,14 @@
  *   user's choice, docs/quantization.md).
  * Which weights are quantized: 2-D, unstacked, read only by matmuls of
  *   layout out_in as their weight (so an embedding tied to the lm_head, the
- *   norms, biases, MoE experts and GPT-2's in_out projections stay in the
- *   activation dtype), whose input columns the group divides, and whose name
+ *   norms, biases and GPT-2's in_out projections stay in the activation
+ *   dtype), and MoE experts: [E, N, K] weights read only by moe ops as their
+ *   gate, up or down, each expert an [N, K] matrix in the same format
+ *   (quant_stack_layout_of); whose input columns the group divides, and whose name
  *   (or the name without ".weight") matches none of the `keep` globs
- *   (fnmatch: "lm_head,*.down_proj").
+ *   (fnmatch: "lm_head,*.down_proj,*.experts.*"). Under int4-awq and
+ *   int4-gptq each expert learns from its own calibration statistics, over
+ *   the tokens routed to it (driver/calibrate.c).
  * Running it again recomputes every dtype and every rounding-to-nearest
  *   decision from scratch, so it is idempotent and a later preset replaces
  *   an earlier one; a weight imported pre-quantized (method "checkpoint")
@@ -99,16 +105,21 @@ static bool kept(const char *keep, const char *name) {
 
 /* The format weight op `op` gets under the preset, or false when it stays
  * in the activation dtype. only_matmul[v]: every reader of v is a matmul
- * (out_in) reading it as its weight. */
+ * (out_in) reading it as its weight; only_experts[v]: every reader is a moe
+ * reading it as its gate, up or down experts. */
 static bool weight_format(const ir_module *m, uint32_t op, const precision_preset *preset, int64_t group_size,
-                          const char *keep, bool act_order, const bool *only_matmul, quant_format *out) {
+                          const char *keep, bool act_order, const bool *only_matmul, const bool *only_experts,
+                          quant_format *out) {
     const ir_value *value = &m->values[m->ops[op].results[0]];
     const ir_type *t = &value->type;
-    if (preset->weights == QUANT_NONE || !only_matmul[m->ops[op].results[0]] || t->rank != 2 ||
-        ir_dim_is_symbol(t->dims[0]) || ir_dim_is_symbol(t->dims[1]) || !smelt_dtype_is_float(t->dtype) ||
-        ir_op_string(m, op, "stack")[0] != '\0' || kept(keep, ir_op_string(m, op, "name")))
+    ir_value_id v = m->ops[op].results[0];
+    bool matrix = only_matmul[v] && t->rank == 2 && ir_op_string(m, op, "stack")[0] == '\0';
+    bool experts = only_experts[v] && t->rank == 3 && !ir_dim_is_symbol(t->dims[0]) && t->dims[0].size > 0;
+    if (preset->weights == QUANT_NONE || !(matrix || experts) || ir_dim_is_symbol(t->dims[t->rank - 2]) ||
+        ir_dim_is_symbol(t->dims[t->rank - 1]) || !smelt_dtype_is_float(t->dtype) ||
+        kept(keep, ir_op_string(m, op, "name")))
         return false;
-    int64_t columns = t->dims[1].size;
+    int64_t rows = t->dims[t->rank - 2].size, columns = t->dims[t->rank - 1].size;
     *out = (quant_format){.kind = preset->weights,
                           .method = preset->method,
                           .has_column_scale = preset->method == QUANT_METHOD_AWQ,
@@ -122,8 +133,10 @@ static bool weight_format(const ir_module *m, uint32_t op, const precision_prese
         out->group = (uint32_t)columns;
     }
     quant_layout l;
-    return columns > 0 && t->dims[0].size > 0 &&
-           quant_layout_of(out, (uint64_t)t->dims[0].size, (uint64_t)columns, &l) == NULL;
+    uint64_t stride, total;
+    return columns > 0 && rows > 0 &&
+           quant_stack_layout_of(out, experts ? (uint64_t)t->dims[0].size : 1, (uint64_t)rows,
+                                 (uint64_t)columns, &l, &stride, &total) == NULL;
 }
 
 static bool imported(const ir_module *m, uint32_t op) {
@@ -166,22 +179,29 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
     ir_value_id *root = ir_view_roots(m);
     bool *read_by_output = calloc(m->value_count ? m->value_count : 1, sizeof *read_by_output);
     bool *only_matmul = malloc((m->value_count ? m->value_count : 1) * sizeof *only_matmul);
-    if (!root || !read_by_output || !only_matmul) {
+    bool *only_experts = malloc((m->value_count ? m->value_count : 1) * sizeof *only_experts);
+    bool *only_router = malloc((m->value_count ? m->value_count : 1) * sizeof *only_router);
+    if (!root || !read_by_output || !only_matmul || !only_experts || !only_router) {
+        free(only_router);
         free(root);
         free(read_by_output);
         free(only_matmul);
+        free(only_experts);
         diag_error(d, SMELT_NO_LOC, "out of memory assigning dtypes to %u values", m->value_count);
         return false;
     }
     for (ir_value_id v = 0; v < m->value_count; v++)
-        only_matmul[v] = true;
+        only_matmul[v] = only_experts[v] = only_router[v] = true;
     for (uint32_t i = 0; i < m->op_count; i++) {
         const ir_op *op = &m->ops[i];
         if (op->dead) continue;
         if (op->kind == IR_OP_OUTPUT && op->operand_count == 1) read_by_output[root[op->operands[0]]] = true;
-        for (uint32_t j = 0; j < op->operand_count; j++)
+        for (uint32_t j = 0; j < op->operand_count; j++) {
             if (op->kind != IR_OP_MATMUL || j != 1 || strcmp(ir_op_string(m, i, "layout"), "out_in") != 0)
                 only_matmul[op->operands[j]] = false;
+            if (op->kind != IR_OP_MOE || j < 2) only_experts[op->operands[j]] = false;
+            if (op->kind != IR_OP_MOE || j != 1) only_router[op->operands[j]] = false;
+        }
     }
     for (uint32_t i = 0; i < m->op_count; i++) {
         const ir_op *op = &m->ops[i];
@@ -192,7 +212,7 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
             if (ir_weight_quant(m, i, &f)) t->dtype = SMELT_DTYPE_F32; /* a former decision: floats again */
             ir_weight_clear_quant(m, i);
             if (weight_format(m, i, preset, group_size, o ? o->keep : NULL, o && o->act_order, only_matmul,
-                              &f)) {
+                              only_experts, &f)) {
                 ir_weight_set_quant(m, i, &f);
                 t->dtype = quant_code_dtype(f.kind);
                 continue;
@@ -207,13 +227,17 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
             if (!smelt_dtype_is_float(t->dtype))
                 t->dtype = SMELT_DTYPE_I32;
             else
-                t->dtype =
-                    read_by_output[root[v]] || op->kind == IR_OP_ROPE_TABLE ? SMELT_DTYPE_F32 : activations;
+                t->dtype = read_by_output[root[v]] || op->kind == IR_OP_ROPE_TABLE ||
+                                   (op->kind == IR_OP_WEIGHT && only_router[v])
+                               ? SMELT_DTYPE_F32
+                               : activations;
         }
     }
     free(root);
     free(read_by_output);
     free(only_matmul);
+    free(only_experts);
+    free(only_router);
     m->precision = preset->name;
     if (activations != preset->activations)
         m->precision =

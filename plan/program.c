@@ -576,9 +576,13 @@ static bool decode_weight_quant(decoder *d, prog_weight *w, uint64_t elements, i
     if (w->quant.flags > 7 || ((w->quant.flags & PROG_QUANT_ZERO) && w->quant.kind != PROG_QUANT_INT4))
         return fail(d, "weight '%.*s%s' has quantization flags %u", name_length, name, ellipsis,
                     w->quant.flags);
-    if (w->rank != 2 || w->stacked || w->quant.group == 0 || w->shape[1] % w->quant.group != 0)
-        return fail(d, "quantized weight '%.*s%s' is not [N, K] with groups that divide K", name_length, name,
-                    ellipsis);
+    /* [N, K], or a stack of experts [E, N, K] (each expert an [N, K] matrix) */
+    if ((w->rank != 2 && w->rank != 3) || (w->stacked && w->rank != 3) || w->quant.group == 0 ||
+        w->shape[w->rank - 1] % w->quant.group != 0)
+        return fail(d,
+                    "quantized weight '%.*s%s' is not [N, K] with groups that divide K (nor [E, N, K] "
+                    "experts of them)",
+                    name_length, name, ellipsis);
     uint64_t codes = w->quant.kind == PROG_QUANT_INT4 ? elements / 2 + elements % 2 : elements;
     if (w->bytes < codes || elements == 0)
         return fail(d, "quantized weight '%.*s%s' has %llu bytes, fewer than its codes", name_length, name,
@@ -1192,4 +1196,22 @@ void program_free(program *p) {
     free(p->instrs);
     free(p->choices);
     memset(p, 0, sizeof *p);
+}
+
+int64_t program_stacked_part(const prog_weight *w, const char *name) {
+    const char *hole = strstr(w->name, "{e}");
+    if (!w->stacked || !hole) return -1;
+    size_t prefix = (size_t)(hole - w->name), suffix = strlen(hole + 3), length = strlen(name);
+    if (length <= prefix + suffix || strncmp(name, w->name, prefix) != 0 ||
+        strcmp(name + length - suffix, hole + 3) != 0)
+        return -1;
+    const char *digits = name + prefix;
+    size_t count = length - prefix - suffix;
+    if (count > 9 || (digits[0] == '0' && count > 1)) return -1;
+    int64_t value = 0;
+    for (size_t i = 0; i < count; i++) {
+        if (digits[i] < '0' || digits[i] > '9') return -1;
+        value = value * 10 + (digits[i] - '0');
+    }
+    return value < w->shape[0] ? value : -1;
 }

@@ -358,6 +358,10 @@ void program_declare_params(const program *p, uint32_t kernel, struct plan_kerne
  * the decoder accepts, so what codegen may emit kernels for. */
 bool program_dtype_stored(uint8_t dtype);
 
+/* Part e of stacked weight w when `name` is w's template with a decimal e
+ * in place of "{e}" (0 <= e < shape[0], no leading zeros); -1 otherwise. */
+int64_t program_stacked_part(const prog_weight *w, const char *name);
+
 /* The cost of launch l of p when nothing better is known: every byte each
  * pointer argument may touch (its extent at T), once — read, or written when
  * the kernel stores through it. A state buffer indexed by position (a KV

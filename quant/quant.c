@@ -106,6 +106,22 @@ const char *quant_layout_of(const quant_format *f, uint64_t rows, uint64_t cols,
     return NULL;
 }
 
+const char *quant_stack_layout_of(const quant_format *f, uint64_t matrices, uint64_t rows, uint64_t cols,
+                                  quant_layout *matrix, uint64_t *stride, uint64_t *total) {
+    *stride = *total = 0;
+    const char *why = quant_layout_of(f, rows, cols, matrix);
+    if (why) return why;
+    if (matrices == 0) return "a stack of no matrices";
+    if (matrices == 1) {
+        *stride = *total = matrix->total;
+        return NULL;
+    }
+    if (matrix->total > UINT64_MAX - (QUANT_ALIGN - 1)) return "the weight's size overflows";
+    *stride = (matrix->total + QUANT_ALIGN - 1) / QUANT_ALIGN * QUANT_ALIGN;
+    if (!mul_ok(matrices, *stride, total)) return "the weight's size overflows";
+    return NULL;
+}
+
 static unsigned nibble(const uint8_t *bytes, uint64_t i) { return (bytes[i / 2] >> (i % 2 * 4)) & 15u; }
 
 static void set_nibble(uint8_t *bytes, uint64_t i, unsigned v) {

@@ -103,6 +103,17 @@ smelt_dtype quant_code_dtype(quant_kind k);
  * overflows 64 bits. */
 const char *quant_layout_of(const quant_format *f, uint64_t rows, uint64_t cols, quant_layout *out);
 
+/* A stack of `matrices` quantized weights of rows x cols each (MoE experts:
+ * a weight [E, N, K] whose expert e is an [N, K] matrix with its own
+ * scales, zero points, group index and column scales): each matrix in the
+ * layout above, one after another, matrix e at byte e * *stride. One matrix
+ * (a 2-D weight) has *stride = *total = the layout's total; a stack of more
+ * rounds each matrix up to QUANT_ALIGN bytes so that every section of every
+ * expert stays 16-byte aligned. Returns NULL or quant_layout_of's message
+ * (or an overflow of the whole). */
+const char *quant_stack_layout_of(const quant_format *f, uint64_t matrices, uint64_t rows, uint64_t cols,
+                                  quant_layout *matrix, uint64_t *stride, uint64_t *total);
+
 /* Accessors of a tensor's sections (no bounds checks beyond the layout). */
 unsigned quant_code(const quant_tensor *t, uint64_t row, uint64_t col); /* the raw code */
 float quant_scale(const quant_tensor *t, uint64_t row, uint64_t group);

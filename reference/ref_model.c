@@ -22,14 +22,15 @@ struct ref_model {
     const ir_module *m;
     int32_t token_symbol; /* dim 0 of "ids": bound to n by each step */
     int64_t token_bound;
-    uint32_t ids_op, pos_op, logits_op; /* op indices */
-    uint64_t vocab;                     /* last dim of logits */
-    ref_attrs *attrs;                   /* [op_count] */
-    ref_kv_cache *caches;               /* [op_count]; filled for attention ops */
-    ref_tensor *tensors;                /* [value_count] */
-    bool *persistent;                   /* [value_count]: weights and constants */
-    uint32_t *last_use;                 /* [value_count]: last live op reading it, UINT32_MAX: none */
-    ref_matmul_observer observer;       /* NULL: none */
+    uint32_t ids_op, pos_op, logits_op;  /* op indices */
+    uint64_t vocab;                      /* last dim of logits */
+    ref_attrs *attrs;                    /* [op_count] */
+    ref_kv_cache *caches;                /* [op_count]; filled for attention ops */
+    ref_tensor *tensors;                 /* [value_count] */
+    bool *persistent;                    /* [value_count]: weights and constants */
+    uint32_t *last_use;                  /* [value_count]: last live op reading it, UINT32_MAX: none */
+    ref_matmul_observer observer;        /* NULL: none */
+    ref_expert_observer expert_observer; /* NULL: none */
     void *observer_context;
 };
 
@@ -377,21 +378,27 @@ static void tensor_free(ref_tensor *tensor) {
     tensor->i = NULL;
 }
 
-/* Quantized weight op `op` into t->f: its packed bytes, dequantized. */
+/* Quantized weight op `op` into t->f: its packed bytes, dequantized; a
+ * stacked [E, N, K] weight (MoE experts) matrix by matrix. */
 static bool load_quantized(const ir_module *m, uint32_t op, const quant_format *f, ref_tensor *t,
                            ref_packed_weight_reader read_packed, void *context, diag_engine *d) {
     const ir_op *o = &m->ops[op];
     const char *name = ir_op_string(m, op, "name");
+    uint64_t matrices = t->rank == 3 ? t->dims[0] : 1, stride, total;
     quant_tensor q = {.format = *f};
-    if (quant_layout_of(f, t->dims[0], t->dims[1], &q.layout) != NULL) return false; /* the verifier's */
-    q.data = malloc(q.layout.total ? q.layout.total : 1);
-    bool ok = q.data && read_packed && read_packed(context, op, q.data, q.layout.total);
-    if (ok)
-        quant_dequantize(&q, t->f);
-    else
+    if (quant_stack_layout_of(f, matrices, t->dims[t->rank - 2], t->dims[t->rank - 1], &q.layout, &stride,
+                              &total) != NULL)
+        return false; /* the verifier's */
+    uint8_t *bytes = malloc(total ? total : 1);
+    bool ok = bytes && read_packed && read_packed(context, op, bytes, total);
+    for (uint64_t e = 0; ok && e < matrices; e++) {
+        q.data = bytes + e * stride;
+        quant_dequantize(&q, t->f + e * q.layout.rows * q.layout.cols);
+    }
+    if (!ok)
         diag_error(d, o->loc, "weight '%.*s%s': its %s data (%llu bytes) could not be read", DIAG_NAME(name),
-                   quant_kind_name(f->kind), (unsigned long long)q.layout.total);
-    free(q.data);
+                   quant_kind_name(f->kind), (unsigned long long)total);
+    free(bytes);
     return ok;
 }
 
@@ -557,6 +564,8 @@ void ref_model_free(ref_model *r) {
 
 uint64_t ref_model_vocab(const ref_model *r) { return r->vocab; }
 
+void ref_model_observe_experts(ref_model *r, ref_expert_observer observer) { r->expert_observer = observer; }
+
 void ref_model_observe_matmuls(ref_model *r, ref_matmul_observer observer, void *context) {
     r->observer = observer;
     r->observer_context = context;
@@ -623,7 +632,10 @@ static bool run_compute(ref_model *r, uint32_t op, uint32_t n, diag_engine *d) {
                          .attrs = &r->attrs[op],
                          .kv = &r->caches[op],
                          .loc = o->loc,
-                         .d = d};
+                         .d = d,
+                         .op = op,
+                         .expert_observer = r->expert_observer,
+                         .observer_context = r->observer_context};
         ok = ref_run_op(o->kind, &call);
     }
     for (uint32_t i = 0; i < o->result_count; i++) { /* on failure, freed with the step */

@@ -14,6 +14,7 @@
 
 #include "diag.h"
 #include "ir.h"
+#include "reference.h"
 #include "rope.h"
 
 #include <stdbool.h>
@@ -79,6 +80,9 @@ typedef struct ref_call {
     ref_kv_cache *kv; /* attention only */
     smelt_loc loc;    /* where errors about the op's data are reported */
     diag_engine *d;
+    uint32_t op;                         /* the op's index: for the observer */
+    ref_expert_observer expert_observer; /* moe only; NULL: none */
+    void *observer_context;
 } ref_call;
 
 /* Runs a compute or layout op of kind `kind` (not input, weight, const or

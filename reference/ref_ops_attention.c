@@ -257,7 +257,9 @@ bool ref_op_moe(const ref_call *c) {
     bool *taken = calloc(experts ? experts : 1, sizeof(bool));             /* [E] */
     double *hidden = calloc(ffn ? ffn : 1, sizeof(double));                /* [F] */
     double *mixed = calloc(model_dim ? model_dim : 1, sizeof(double));     /* [D] */
-    if (!probabilities || !chosen || !taken || !hidden || !mixed) {
+    float *observed = calloc(ffn ? ffn : 1, sizeof(float));                /* [F]: hidden, for the observer */
+    if (!probabilities || !chosen || !taken || !hidden || !mixed || !observed) {
+        free(observed);
         free(probabilities);
         free(chosen);
         free(taken);
@@ -294,6 +296,12 @@ bool ref_op_moe(const ref_call *c) {
                 double g = dot_float(gate_e + f * model_dim, xt, model_dim);
                 hidden[f] = g / (1.0 + exp(-g)) * dot_float(up_e + f * model_dim, xt, model_dim);
             }
+            if (c->expert_observer) { /* what each of this expert's projections multiplies */
+                for (uint64_t f = 0; f < ffn; f++)
+                    observed[f] = (float)hidden[f];
+                c->expert_observer(c->observer_context, c->op, 0, e, xt, model_dim);
+                c->expert_observer(c->observer_context, c->op, 1, e, observed, ffn);
+            }
             for (uint64_t d = 0; d < model_dim; d++) {
                 double sum = 0.0;
                 for (uint64_t f = 0; f < ffn; f++)
@@ -309,5 +317,6 @@ bool ref_op_moe(const ref_call *c) {
     free(taken);
     free(hidden);
     free(mixed);
+    free(observed);
     return true;
 }

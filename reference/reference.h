@@ -79,6 +79,14 @@ uint64_t ref_model_output_count(const ref_model *r, uint32_t n);
 typedef void (*ref_matmul_observer)(void *context, uint32_t op, const float *x, uint64_t rows, uint64_t cols);
 /* Sets the observer (NULL: none) for the steps that follow. */
 void ref_model_observe_matmuls(ref_model *r, ref_matmul_observer observer, void *context);
+/* An observer of the experts' inputs inside moe op `op`, for calibration:
+ * for every token and each expert it is routed to, the input x[cols] that
+ * the expert's gate and up multiply (projection 0) and the hidden row
+ * silu(gate x) * up x[cols] that its down multiplies (projection 1). Valid
+ * during the call only. Set with the matmul observer's context (NULL: none). */
+typedef void (*ref_expert_observer)(void *context, uint32_t op, uint32_t projection, uint64_t expert,
+                                    const float *x, uint64_t cols);
+void ref_model_observe_experts(ref_model *r, ref_expert_observer observer);
 
 /* Forgets the KV caches (a new sequence). */
 void ref_model_reset(ref_model *r);

@@ -51,18 +51,21 @@ static smelt_status plan_load(smelt_plan *plan, const char *name) {
                             plan->weight_data_size, error, sizeof error))
         return rt_last_error_set(SMELT_ERROR_BAD_PLAN, "%s: %s", name, error);
     /* A quantized weight's bytes are its whole packed layout: what its
-     * kernels read at the offsets quant_layout_of gives. */
+     * kernels read at the offsets quant_layout_of gives (for a stack of
+     * experts [E, N, K], quant_stack_layout_of's E matrices). */
     for (uint32_t i = 0; i < plan->program.weight_count; i++) {
         const prog_weight *w = &plan->program.weights[i];
         if (w->quant.kind == PROG_QUANT_NONE) continue;
         quant_format f = quant_format_from_program(&w->quant);
         quant_layout l;
-        const char *why = quant_layout_of(&f, (uint64_t)w->shape[0], (uint64_t)w->shape[1], &l);
-        if (why || l.total != w->bytes)
+        uint64_t matrices = w->rank == 3 ? (uint64_t)w->shape[0] : 1, stride, total = 0;
+        const char *why = quant_stack_layout_of(&f, matrices, (uint64_t)w->shape[w->rank - 2],
+                                                (uint64_t)w->shape[w->rank - 1], &l, &stride, &total);
+        if (why || total != w->bytes)
             return rt_last_error_set(
                 SMELT_ERROR_BAD_PLAN,
                 "%s: quantized weight '%.*s%s' has %llu bytes but its format makes %llu%s%s", name,
-                RT_NAME(w->name), (unsigned long long)w->bytes, (unsigned long long)l.total, why ? ": " : "",
+                RT_NAME(w->name), (unsigned long long)w->bytes, (unsigned long long)total, why ? ": " : "",
                 why ? why : "");
     }
     for (uint32_t i = 0; i < plan->kernels.count; i++)

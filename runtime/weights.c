@@ -40,26 +40,6 @@ smelt_status rt_weights_bind_plan(smelt_engine *engine, rt_error *e) {
     return SMELT_OK;
 }
 
-/* Part e of stacked weight w when `name` is w's template with a decimal in
- * place of "{e}"; -1 otherwise. */
-static int64_t stacked_part(const prog_weight *w, const char *name) {
-    const char *hole = strstr(w->name, "{e}");
-    if (!w->stacked || !hole) return -1;
-    size_t prefix = (size_t)(hole - w->name), suffix = strlen(hole + 3), length = strlen(name);
-    if (length <= prefix + suffix || strncmp(name, w->name, prefix) != 0 ||
-        strcmp(name + length - suffix, hole + 3) != 0)
-        return -1;
-    const char *digits = name + prefix;
-    size_t count = length - prefix - suffix;
-    if (count > 9 || (digits[0] == '0' && count > 1)) return -1;
-    int64_t value = 0;
-    for (size_t i = 0; i < count; i++) {
-        if (digits[i] < '0' || digits[i] > '9') return -1;
-        value = value * 10 + (digits[i] - '0');
-    }
-    return value < w->shape[0] ? value : -1;
-}
-
 /* Part k of concatenated weight w when `name` is that part's; -1 otherwise. */
 static int64_t concat_part(const prog_weight *w, const char *name) {
     for (uint32_t k = 0; k < w->part_count; k++)
@@ -69,7 +49,7 @@ static int64_t concat_part(const prog_weight *w, const char *name) {
 
 /* Part of w that `name` binds: a stacked part or a concatenated one; -1: none. */
 static int64_t weight_part(const prog_weight *w, const char *name) {
-    return w->stacked ? stacked_part(w, name) : concat_part(w, name);
+    return w->stacked ? program_stacked_part(w, name) : concat_part(w, name);
 }
 
 bool smelt_plan_has_weight(const smelt_plan *plan, const char *name) {

@@ -350,17 +350,22 @@ static void fill_operand(emit_case *c, ir_value_id v, int64_t tokens) {
     }
     if (quantized) { /* packed for the kernel, dequantized for the reference; once */
         if (d->buffer) return;
-        const ir_type *t = &c->m.values[v].type;
+        const ir_type *t = &c->m.values[v].type; /* [N, K], or MoE experts [E, N, K] */
         quant_tensor q = {.format = format};
-        assert_null(
-            quant_layout_of(&format, (uint64_t)t->dims[0].size, (uint64_t)t->dims[1].size, &q.layout));
-        d->buffer = q.data = calloc(q.layout.total, 1);
+        uint64_t matrices = t->rank == 3 ? (uint64_t)t->dims[0].size : 1, stride, total;
+        assert_null(quant_stack_layout_of(&format, matrices, (uint64_t)t->dims[t->rank - 2].size,
+                                          (uint64_t)t->dims[t->rank - 1].size, &q.layout, &stride, &total));
+        d->buffer = calloc(total, 1);
         float *columns = format.has_column_scale ? malloc(q.layout.cols * sizeof *columns) : NULL;
         for (uint64_t k = 0; columns && k < q.layout.cols; k++) /* AWQ-like scales in [0.5, 1.5) */
             columns[k] = 1.0f + next_uniform(c) / 4.0f;
-        assert_null(quant_rtn(d->f, columns, &q));
+        for (uint64_t e = 0; e < matrices; e++) {
+            float *matrix = d->f + e * q.layout.rows * q.layout.cols;
+            q.data = (uint8_t *)d->buffer + e * stride;
+            assert_null(quant_rtn(matrix, columns, &q));
+            quant_dequantize(&q, matrix);
+        }
         free(columns);
-        quant_dequantize(&q, d->f);
         return;
     }
     if (!is_float && !d->i) fail_msg("integer value %u has no data at T = %lld", v, (long long)tokens);

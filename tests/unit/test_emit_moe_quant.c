@@ -1,0 +1,153 @@
+/* test_emit_moe_quant.c - the MoE kernels (codegen/emit_moe.c) on quantized
+ * experts: each expert of the [E, N, K] gate, up and down stacks an [N, K]
+ * matrix in quant/quant.h's packed layout (int4 with zero points in groups,
+ * int8 and E4M3 per output channel), compiled by NVRTC for sm_80 and sm_90
+ * and run on the host simulator against the reference on the same experts
+ * dequantized as quant_value defines, with f32 activations so that the
+ * tolerance is the f32 moe kernels' own. Both paths of the grouped GEMMs —
+ * K a multiple of the 128-bit load of codes, and K that is not (one code at
+ * a time) — with balanced routing, with every token routed to one expert
+ * (the others idle, five tiles of tokens for that one) and with more slots
+ * than one gather window. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "emit_harness.c"
+
+typedef struct quant_case {
+    const char *preset;
+    int64_t group_size;
+} quant_case;
+
+static const quant_case presets[] = {{"int4-rtn", 32}, {"int4-rtn", 128}, {"int8", 0}, {"fp8", 0}};
+enum { PRESET_COUNT = sizeof presets / sizeof presets[0] };
+
+/* moe(x[T, D], router[E, D], gate[E, F, D], up[E, F, D], down[E, D, F]) under preset q. */
+static uint32_t quant_moe(emit_case **out, const quant_case *q, int64_t experts, int64_t dim, int64_t ffn,
+                          int64_t top_k, bool normalize, const char *activations) {
+    emit_case *c = case_new(q->preset);
+    c->activations = activations;
+    c->group_size = q->group_size;
+    char x_type[64], router[64], gate[64], down[64];
+    snprintf(x_type, sizeof x_type, "f32[tokens, %lld]", (long long)dim);
+    snprintf(router, sizeof router, "f32[%lld, %lld]", (long long)experts, (long long)dim);
+    snprintf(gate, sizeof gate, "f32[%lld, %lld, %lld]", (long long)experts, (long long)ffn, (long long)dim);
+    snprintf(down, sizeof down, "f32[%lld, %lld, %lld]", (long long)experts, (long long)dim, (long long)ffn);
+    ir_value_id x = case_input(c, "x", x_type);
+    uint32_t op = case_op(c, IR_OP_MOE,
+                          (ir_value_id[]){x, case_weight(c, router), case_weight(c, gate),
+                                          case_weight(c, gate), case_weight(c, down)},
+                          5);
+    assert_true(ir_op_set_int(&c->m, op, "top_k", top_k));
+    assert_true(ir_op_set_bool(&c->m, op, "normalize", normalize));
+    case_infer(c);
+    *out = c;
+    return op;
+}
+
+/* Which of operands 2..4 of op (gate, up, down) are quantized: bits 0..2. */
+static unsigned experts_quantized(emit_case *c, uint32_t op) {
+    quant_format f;
+    unsigned quantized = 0;
+    for (uint32_t i = 2; i < 5; i++)
+        if (ir_weight_quant(&c->m, c->m.values[c->m.ops[op].operands[i]].def_op, &f))
+            quantized |= 1u << (i - 2);
+    return quantized;
+}
+
+/* D = 64, F = 96: every K a multiple of 32 int4 and 16 int8 codes, the
+ * 128-bit path; top 2 of 4 at decode, in a tile, across two tiles. */
+static void test_moe_quantized_vector_path(void **state) {
+    (void)state;
+    for (int p = 0; p < PRESET_COUNT; p++) {
+        emit_case *c;
+        uint32_t op = quant_moe(&c, &presets[p], 4, 64, 96, 2, true, "f32");
+        assert_int_equal(experts_quantized(c, op), 7);
+        const int64_t token_counts[3] = {1, 5, 13};
+        for (int t = 0; t < 3; t++)
+            case_run(c, op, token_counts[t], F32_SEQUENCE_TOLERANCE);
+        case_free(c);
+    }
+}
+
+/* D = 40, F = 24: no multiple of 16 codes, one code at a time. int4 in
+ * groups of 32 does not divide D = 40: gate and up stay f32 (as a matmul
+ * weight would) while down (F = 24 columns, one group per row) is int4 —
+ * each grouped GEMM reads its own experts' storage. */
+static void test_moe_quantized_scalar_path(void **state) {
+    (void)state;
+    for (int p = 0; p < PRESET_COUNT; p++) {
+        emit_case *c;
+        uint32_t op = quant_moe(&c, &presets[p], 3, 40, 24, 2, false, "f32");
+        assert_int_equal(experts_quantized(c, op), presets[p].group_size == 32 ? 4 : 7);
+        case_run(c, op, 3, F32_SEQUENCE_TOLERANCE);
+        case_free(c);
+    }
+}
+
+/* Unbalanced routing: every one of 40 tokens (5 tiles of 8) goes to expert
+ * 1; experts 0, 2 and 3 have no tokens and their blocks leave at once. */
+static void test_moe_quantized_every_token_to_one_expert(void **state) {
+    (void)state;
+    enum { T = 40, D = 64, E = 4 };
+    for (int p = 0; p < PRESET_COUNT; p++) {
+        emit_case *c;
+        uint32_t op = quant_moe(&c, &presets[p], E, D, 32, 1, false, "f32");
+        assert_int_equal(experts_quantized(c, op), 7);
+        float x[T * D], router[E * D];
+        for (int i = 0; i < T * D; i++)
+            x[i] = 0.25f + (float)((i * 7) % 16) / 16.0f; /* positive */
+        for (int i = 0; i < E * D; i++)
+            router[i] = i / D == 1 ? 0.125f : -0.125f;
+        case_set_floats(c, c->m.ops[op].operands[0], T, x, T * D);
+        /* at T: a value set at another token count is regenerated */
+        case_set_floats(c, c->m.ops[op].operands[1], T, router, E * D);
+        case_run(c, op, T, F32_SEQUENCE_TOLERANCE);
+        case_free(c);
+    }
+}
+
+/* Every one of 8 experts chosen by each of 40 tokens: 320 slots, more than
+ * one gather window of 256; then a decode step on the same state. */
+static void test_moe_quantized_slots_span_windows(void **state) {
+    (void)state;
+    for (int p = 0; p < PRESET_COUNT; p += 2) { /* int4 in groups of 32, int8 */
+        emit_case *c;
+        uint32_t op = quant_moe(&c, &presets[p], 8, 64, 64, 8, true, "f32");
+        assert_int_equal(experts_quantized(c, op), 7);
+        case_run(c, op, 40, F32_SEQUENCE_TOLERANCE);
+        case_run(c, op, 1, F32_SEQUENCE_TOLERANCE);
+        case_free(c);
+    }
+}
+
+/* The presets as deployed, with bf16 activations (x, the hidden and partial
+ * rows and the result in bf16; the router in f32): the 128-bit loads of bf16
+ * x rows beside the codes, at bf16's tolerance. */
+static void test_moe_quantized_bf16_activations(void **state) {
+    (void)state;
+    for (int p = 0; p < PRESET_COUNT; p++) {
+        emit_case *c;
+        uint32_t op = quant_moe(&c, &presets[p], 4, 64, 96, 2, true, NULL);
+        assert_int_equal(experts_quantized(c, op), 7);
+        assert_int_equal(c->m.values[c->m.ops[op].operands[0]].type.dtype, SMELT_DTYPE_BF16);
+        assert_int_equal(c->m.values[c->m.ops[op].operands[1]].type.dtype, SMELT_DTYPE_F32);
+        case_run(c, op, 1, F32_SEQUENCE_TOLERANCE);
+        case_run(c, op, 9, F32_SEQUENCE_TOLERANCE);
+        case_free(c);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_moe_quantized_vector_path),
+        cmocka_unit_test(test_moe_quantized_scalar_path),
+        cmocka_unit_test(test_moe_quantized_every_token_to_one_expert),
+        cmocka_unit_test(test_moe_quantized_slots_span_windows),
+        cmocka_unit_test(test_moe_quantized_bf16_activations),
+    };
+    return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
+}
