@@ -146,10 +146,12 @@ void drv_calibration_free(drv_calibration *c) {
 
 bool drv_calibrate_for_precision(const drv_model_options *model, drv_calibration *out, diag_engine *d) {
     memset(out, 0, sizeof *out);
-    if (!drv_precision_needs_calibration(model->precision)) return true;
+    if (!drv_precision_needs_calibration(model->precision, &model->precision_options)) return true;
     const char *preset = drv_precision_name(model->precision);
+    bool smooth = model->precision == DRV_PRECISION_INT8;
     if (!model->precision_options.calib_path) {
-        diag_error(d, SMELT_NO_LOC, "--precision %s learns from calibration data: pass --calib IDS", preset);
+        diag_error(d, SMELT_NO_LOC, "--precision %s learns from calibration data: pass --calib IDS%s", preset,
+                   smooth ? " (SmoothQuant's migration), or --act-quant none for weight-only int8" : "");
         diag_note(d, SMELT_NO_LOC,
                   "IDS holds token ids as `smelt eval --ids` reads them (for the demo model: "
                   "tests/fixtures/demo/calib_ids.bin, a slice of its training text)");
@@ -160,6 +162,6 @@ bool drv_calibrate_for_precision(const drv_model_options *model, drv_calibration
                    "--precision %s quantizes the weights as they are compiled: it needs --weights", preset);
         return false;
     }
-    drv_calib_options c = {.ids_path = model->precision_options.calib_path, .xtx = true, .progress = true};
+    drv_calib_options c = {.ids_path = model->precision_options.calib_path, .xtx = !smooth, .progress = true};
     return drv_calibrate(model, &c, out, d);
 }

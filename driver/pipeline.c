@@ -39,6 +39,7 @@ bool drv_run_passes(ir_module *m, const char *after, const char *names, const dr
         o.pass.group_size = l->precision_options.group_size;
         o.pass.keep = l->precision_options.keep;
         o.pass.act_order = l->precision_options.act_order;
+        o.pass.act_quant = l->precision_options.act_quant;
         o.pass.kv_cache = drv_kv_cache_name(l->kv_cache);
         o.pass.max_tokens = l->max_step_tokens;
         o.pass.no_fuse = l->no_fuse;

@@ -31,6 +31,8 @@ typedef struct pass_options {
     int64_t group_size;      /* precision: int4's columns per scale (32, 64 or 128); 0: 128 */
     const char *keep;        /* precision: comma-separated globs of weights kept unquantized; NULL: none */
     bool act_order;          /* precision, int4-gptq: act-order (each column's group in a group index) */
+    const char *act_quant;   /* precision, int8 and fp8: "token" (NULL means it: W8A8, per-token
+                                activation scales at run time) or "none" (weight-only W8A16) */
     const char *kv_cache;    /* precision: KV cache storage, "auto" (NULL means it), "fp8" or the
                                 activation dtype (passes/precision_kv_cache.c) */
     int64_t max_tokens;      /* plan-memory: tokens per step buffers are sized for; 0 or more than

@@ -28,10 +28,18 @@
  *   int4-gptq int4-rtn's format, codes chosen by GPTQ's Hessian-based error
  *             compensation (quant/gptq.c); with act_order each column's
  *             group is in a group index (columns by descending XᵀX diagonal);
- *   int8      bf16, and matmul weights W8A16: int8 codes, one f16 scale per
- *             output channel (symmetric), rounded to nearest;
- *   fp8       bf16, and matmul weights E4M3 codes, one f16 scale per output
- *             channel (weight-only: the activations stay bf16).
+ *   int8      bf16, and W8A8: matmul weights int8 codes, one f16 scale per
+ *             output channel (symmetric), with SmoothQuant's column scales
+ *             (method smooth, alpha 0.5, learnt from calibration statistics
+ *             when the driver fills the weights: the 1/s of the activation
+ *             side stays the matmul's column scale c[k]), and each matmul's
+ *             input quantized to int8 per token at run time (act_quant "i8",
+ *             act_scale "token": ops.def);
+ *   fp8       bf16, and W8A8: matmul weights E4M3 codes, one f16 scale per
+ *             output channel, rounded to nearest, and each matmul's input
+ *             quantized to E4M3 per token (act_quant "f8e4m3").
+ *   `act_quant` "none" makes int8 and fp8 weight-only (W8A16: round to
+ *   nearest, no column scales, the activations stay in their float dtype).
  *   `activations` overrides the float storage ("f32" keeps the weights'
  *   quantization and stores everything else in f32: what the tests compare
  *   with the reference interpreter's dequantized arithmetic).
@@ -106,7 +114,8 @@ static bool weight_format(const ir_module *m, uint32_t op, const precision_prese
     int64_t columns = t->dims[1].size;
     *out = (quant_format){.kind = preset->weights,
                           .method = preset->method,
-                          .has_column_scale = preset->method == QUANT_METHOD_AWQ,
+                          .has_column_scale =
+                              preset->method == QUANT_METHOD_AWQ || preset->method == QUANT_METHOD_SMOOTH,
                           .has_group_index = preset->method == QUANT_METHOD_GPTQ && act_order};
     if (preset->weights == QUANT_INT4) {
         int64_t group = columns < group_size ? columns : group_size;
@@ -124,6 +133,23 @@ static bool weight_format(const ir_module *m, uint32_t op, const precision_prese
 static bool imported(const ir_module *m, uint32_t op) {
     quant_format f;
     return ir_weight_quant(m, op, &f) && f.method == QUANT_METHOD_CHECKPOINT;
+}
+
+/* Matmul op `op`'s activation quantization (W8A8, ops.def): per token, of
+ * the dtype of its weight's codes, when `wanted` and the weight is int8 or
+ * E4M3 with one scale per output channel that the pass chose; else none. */
+static void set_act_quant(ir_module *m, uint32_t op, bool wanted) {
+    const ir_op *o = &m->ops[op];
+    quant_format f;
+    const char *kind = "none";
+    if (wanted && o->operand_count >= 2 && strcmp(ir_op_string(m, op, "layout"), "out_in") == 0 &&
+        ir_weight_quant(m, m->values[o->operands[1]].def_op, &f) && f.method != QUANT_METHOD_CHECKPOINT &&
+        (f.kind == QUANT_INT8 || f.kind == QUANT_FP8) && !f.has_zero && !f.has_group_index &&
+        f.group == (uint64_t)m->values[o->operands[1]].type.dims[1].size)
+        kind = f.kind == QUANT_INT8 ? "i8" : "f8e4m3";
+    ir_op_set_string(m, op, "act_quant", kind);
+    ir_op_set_string(m, op, "act_scale", strcmp(kind, "none") == 0 ? "none" : "token");
+    ir_op_set_float(m, op, "act_scale_value", 0.0);
 }
 
 bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
@@ -150,6 +176,16 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
             return false;
         }
     }
+    bool act_quant = preset->weights == QUANT_INT8 || preset->weights == QUANT_FP8;
+    if (o && o->act_quant && strcmp(o->act_quant, "none") == 0)
+        act_quant = false;
+    else if (o && o->act_quant && strcmp(o->act_quant, "token") != 0) {
+        diag_error(d, SMELT_NO_LOC, "unknown activation quantization '%.*s%s'; known: token, none",
+                   DIAG_NAME(o->act_quant));
+        return false;
+    }
+    precision_preset chosen = *preset; /* int8's migration is for W8A8 alone */
+    if (chosen.weights == QUANT_INT8 && act_quant) chosen.method = QUANT_METHOD_SMOOTH;
     int64_t group_size = o && o->group_size ? o->group_size : 128;
     if (group_size != 32 && group_size != 64 && group_size != 128) {
         diag_error(d, SMELT_NO_LOC, "group size %lld: int4 groups are 32, 64 or 128 input columns",
@@ -184,7 +220,7 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
             quant_format f;
             if (ir_weight_quant(m, i, &f)) t->dtype = SMELT_DTYPE_F32; /* a former decision: floats again */
             ir_weight_clear_quant(m, i);
-            if (weight_format(m, i, preset, group_size, o ? o->keep : NULL, o && o->act_order, only_matmul,
+            if (weight_format(m, i, &chosen, group_size, o ? o->keep : NULL, o && o->act_order, only_matmul,
                               &f)) {
                 ir_weight_set_quant(m, i, &f);
                 t->dtype = quant_code_dtype(f.kind);
@@ -206,9 +242,13 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
     free(root);
     free(read_by_output);
     free(only_matmul);
+    for (uint32_t i = 0; i < m->op_count; i++)
+        if (!m->ops[i].dead && m->ops[i].kind == IR_OP_MATMUL) set_act_quant(m, i, act_quant);
     m->precision = preset->name;
+    if ((preset->weights == QUANT_INT8 || preset->weights == QUANT_FP8) && !act_quant)
+        m->precision = arena_printf(&m->arena, "%s, weight-only", m->precision);
     if (activations != preset->activations)
         m->precision =
-            arena_printf(&m->arena, "%s, activations %s", preset->name, smelt_dtype_name(activations));
+            arena_printf(&m->arena, "%s, activations %s", m->precision, smelt_dtype_name(activations));
     return pass_precision_kv_cache(m, o ? o->kv_cache : NULL, smelt_dtype_name(activations), d);
 }
