@@ -801,7 +801,7 @@ static void write_w8a8_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32
     cg_line(t, "}");
     cg_line(t, "/* 1: the absmax of x * g * c and the sum of squares, per token */");
     cg_line(t, "for (int c = lane; c < K / VECTOR; c += LANE_STEP) {");
-    cg_line(t, "float xv[VECTOR], gv[VECTOR], ca[VECTOR], cb[VECTOR];");
+    cg_line(t, "float xv[VECTOR]%s, ca[VECTOR], cb[VECTOR];", p->norm ? ", gv[VECTOR]" : "");
     cg_line(t, "load_column_scales(w0, c, ca);");
     cg_line(t, "load_column_scales(rows == 2 ? w1 : w0, c, cb);");
     if (p->norm)
@@ -835,7 +835,7 @@ static void write_w8a8_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32
     cg_line(t, "for (int c = lane; c < K / VECTOR; c += LANE_STEP) {");
     /* b zeroed: a C compiler cannot see that load_codes fills it whenever rows == 2 reads it */
     cg_line(t, "%s a[VECTOR], b[VECTOR] = {0};", code_type);
-    cg_line(t, "float xv[VECTOR], gv[VECTOR], ca[VECTOR], cb[VECTOR];");
+    cg_line(t, "float xv[VECTOR]%s, ca[VECTOR], cb[VECTOR];", p->norm ? ", gv[VECTOR]" : "");
     cg_line(t, "load_codes(w0, c, a);");
     cg_line(t, "load_column_scales(w0, c, ca);");
     cg_line(t, "if (rows == 2)");

@@ -21,14 +21,20 @@
 typedef struct quant_case {
     const char *preset;
     int64_t group_size;
+    const char *act_quant; /* int8, fp8: "none" weight-only (W8A16), NULL W8A8 per token */
 } quant_case;
 
-static const quant_case presets[] = {{"int4-rtn", 32}, {"int4-rtn", 128}, {"int8", 0}, {"fp8", 0}};
+/* int8 W8A8 has SmoothQuant's column scales (random here: fill_operand) and
+ * both W8A8 presets quantize each token's row of x in the kernel, as the
+ * reference does (ir/ops.def, matmul act_quant). */
+static const quant_case presets[] = {{"int4-rtn", 32, NULL}, {"int4-rtn", 128, NULL}, {"int8", 0, "none"},
+                                     {"fp8", 0, "none"},     {"int8", 0, NULL},       {"fp8", 0, NULL}};
 
 static emit_case *quant_case_new(const quant_case *q) {
     emit_case *c = case_new(q->preset);
     c->activations = "f32";
     c->group_size = q->group_size;
+    c->act_quant = q->act_quant;
     return c;
 }
 
