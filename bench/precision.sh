@@ -13,9 +13,10 @@
 #                      [--backend host|ref]
 #
 # PATH defaults to build-release/cli/smelt, else build/cli/smelt; C to 256;
-# N to 4097; presets to "bf16 fp8 int8 int4-rtn int4-awq int4-gptq
-# int4-rtn/32 int4-awq/32 int4-gptq/32" (PRESET/G: int4 with --group-size G;
-# int4-awq and int4-gptq calibrate on the demo's training slice,
+# N to 4097; presets to "bf16 fp8 fp8-w8a16 int8 int8-w8a16 int4-rtn int4-awq
+# int4-gptq int4-rtn/32 int4-awq/32 int4-gptq/32" (PRESET/G: int4 with
+# --group-size G; PRESET-w8a16: int8 or fp8 weight-only, --act-quant none;
+# int8 (W8A8, SmoothQuant), int4-awq and int4-gptq calibrate on the demo's training slice,
 # calib_ids.bin, never the held-out text). The perplexity is the plan's on the
 # host simulator (bf16 activations), or with --backend ref the reference
 # interpreter's with the preset's dequantized weights and f32 arithmetic
@@ -25,7 +26,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 smelt=""
 context=256
 ids=4097
-presets="bf16 fp8 int8 int4-rtn int4-awq int4-gptq int4-rtn/32 int4-awq/32 int4-gptq/32"
+presets="bf16 fp8 fp8-w8a16 int8 int8-w8a16 int4-rtn int4-awq int4-gptq int4-rtn/32 int4-awq/32 int4-gptq/32"
 backend=host
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -34,7 +35,7 @@ while [ $# -gt 0 ]; do
     --context) context=$2; shift 2 ;;
     --ids) ids=$2; shift 2 ;;
     --presets) presets=$2; shift 2 ;;
-    -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "usage: bench/precision.sh [--smelt PATH] [--context C] [--ids N] [--presets LIST]" >&2; exit 2 ;;
     esac
 done
@@ -55,11 +56,12 @@ demo=$root/tests/fixtures/demo
 # The options of PRESET[/GROUP].
 options() {
     case "$1" in
+    *-w8a16) echo "--precision ${1%-w8a16} --act-quant none" ;;
     */*) echo "--precision ${1%/*} --group-size ${1#*/}" ;;
     *) echo "--precision $1" ;;
     esac
     case "$1" in
-    int4-awq* | int4-gptq*) echo "--calib $demo/calib_ids.bin" ;;
+    int4-awq* | int4-gptq* | int8) echo "--calib $demo/calib_ids.bin" ;;
     esac
 }
 decode() { jq -r ".steps[] | select(.kind == \"decode\") | $2" "$1"; }
@@ -95,6 +97,9 @@ printf '  %-13s %16s %20s %16s\n' preset "weight bytes" "decode DRAM bytes" "dec
 for preset in $presets; do
     name=$(echo "$preset" | tr / g)
     case "$preset" in
+    int8) # W8A8's SmoothQuant is calibrated: only with weights; the bytes are int8-w8a16's + 4 B a column
+        printf '  %-13s %s\n' "$preset" "(needs weights to calibrate: int8-w8a16's bytes + 4 B a column)"
+        continue ;;
     int4-awq* | int4-gptq*) # calibrated: only with weights; the bytes are int4-rtn's (+ AWQ's 4 B a column)
         printf '  %-13s %s\n' "$preset" "(needs weights to calibrate: int4-rtn's bytes at its group size)"
         continue ;;

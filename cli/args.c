@@ -216,8 +216,8 @@ int cli_precision_option(cli_args *a, drv_precision_options *o) {
         o->act_order = true;
     } else if (cli_flag_value(a, "--act-quant", &value)) {
         if (!value) return CLI_USAGE_ERROR;
-        if (strcmp(value, "token") != 0 && strcmp(value, "none") != 0) {
-            cli_usage_error(a, "unknown activation quantization '%s' (token or none)", value);
+        if (strcmp(value, "token") != 0 && strcmp(value, "tensor") != 0 && strcmp(value, "none") != 0) {
+            cli_usage_error(a, "unknown activation quantization '%s' (token, tensor or none)", value);
             return CLI_USAGE_ERROR;
         }
         o->act_quant = value;

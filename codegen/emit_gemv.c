@@ -86,6 +86,7 @@ typedef struct gemv_segment {
                            goes to as well (cache_written_upto); IR_NONE */
     int cache_role;
     int64_t max_seq;
+    double act_scale[2]; /* W8A8 with static scales: the act_scale_value of weight[r]'s matmul */
     uint32_t p_weight[2], p_bias[2], p_residual, p_out, p_cache, p_written; /* kernel parameters */
 } gemv_segment;
 
@@ -99,7 +100,9 @@ typedef struct gemv_plan {
     bool quantized;      /* the weights are in quant/quant.h's packed layout, of this format: */
     quant_format format; /* one for all of them */
     quant_kind act_quant; /* W8A8 (matmul act_quant, ir/ops.def): QUANT_INT8 or QUANT_FP8 when the
-                             matmuls quantize their input per token as well; else QUANT_NONE */
+                             matmuls quantize their input as well; else QUANT_NONE */
+    bool act_static;      /* W8A8: static per-tensor scales (act_scale "tensor", each segment's
+                             act_scale), else each token's own */
 } gemv_plan;
 
 /* The op of the group reading v (directly, or a rope reading a reshape of
@@ -747,7 +750,7 @@ static void write_w8a8_helpers(cg_text *t, const gemv_plan *p, int vector, int l
         cg_line(t, "}");
     }
     cg_blank(t);
-    if (lanes > 1) {
+    if (lanes > 1 && !p->act_static) {
         cg_line(t, "SMELT_DEVICE float unit_max(float v)");
         cg_line(t, "{");
         cg_line(t, "for (int offset = LANES / 2; offset > 0; offset /= 2)");
@@ -755,15 +758,15 @@ static void write_w8a8_helpers(cg_text *t, const gemv_plan *p, int vector, int l
         cg_line(t, "return v;");
         cg_line(t, "}");
         cg_blank(t);
-        if (int8) {
-            cg_line(t, "SMELT_DEVICE int unit_sum_i32(int v)");
-            cg_line(t, "{");
-            cg_line(t, "for (int offset = LANES / 2; offset > 0; offset /= 2)");
-            cg_line(t, "    v += smelt_shfl_xor_i32(0xffffffffu, v, offset);");
-            cg_line(t, "return v;");
-            cg_line(t, "}");
-            cg_blank(t);
-        }
+    }
+    if (lanes > 1 && int8) {
+        cg_line(t, "SMELT_DEVICE int unit_sum_i32(int v)");
+        cg_line(t, "{");
+        cg_line(t, "for (int offset = LANES / 2; offset > 0; offset /= 2)");
+        cg_line(t, "    v += smelt_shfl_xor_i32(0xffffffffu, v, offset);");
+        cg_line(t, "return v;");
+        cg_line(t, "}");
+        cg_blank(t);
     }
 }
 
@@ -789,7 +792,8 @@ static void write_w8a8_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32
     cg_line(t, "SMELT_DEVICE void dot_rows(quant_row w0, quant_row w1, int rows, const %s *x, const %s *g,", xt,
             gt);
     cg_line(t, "                           long long t0, int tokens, float sums[TOKEN_TILE][2],");
-    cg_line(t, "                           float squares[TOKEN_TILE])");
+    cg_line(t, "                           float squares[TOKEN_TILE]%s)",
+            p->act_static ? ", float static_a, float static_b" : "");
     cg_line(t, "{");
     cg_line(t, lanes > 1 ? "int lane = threadIdx.x %% LANES;" : "const int lane = 0, LANE_STEP = 1;");
     if (lanes > 1) cg_line(t, "enum { LANE_STEP = LANES };");
@@ -799,37 +803,49 @@ static void write_w8a8_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32
     cg_line(t, "scales[i][0] = scales[i][1] = squares[i] = 0.0f;");
     cg_line(t, "dots[i][0] = dots[i][1] = 0;");
     cg_line(t, "}");
-    cg_line(t, "/* 1: the absmax of x * g * c and the sum of squares, per token */");
-    cg_line(t, "for (int c = lane; c < K / VECTOR; c += LANE_STEP) {");
-    cg_line(t, "float xv[VECTOR]%s, ca[VECTOR], cb[VECTOR];", p->norm ? ", gv[VECTOR]" : "");
-    cg_line(t, "load_column_scales(w0, c, ca);");
-    cg_line(t, "load_column_scales(rows == 2 ? w1 : w0, c, cb);");
-    if (p->norm)
-        cg_line(t, "load_%s(g + c * VECTOR, gv);", cg_dtype_name(b->params[norm_weight].dtype));
-    else
-        cg_line(t, "(void)g;");
-    cg_line(t, "for (int i = 0; i < TOKEN_TILE && t0 + i < tokens; i++) {");
-    cg_line(t, "load_%s(x + (t0 + i) * K + c * VECTOR, xv);", xn);
-    cg_line(t, "for (int j = 0; j < VECTOR; j++) {");
-    if (p->norm) {
-        cg_line(t, "squares[i] += xv[j] * xv[j];");
-        cg_line(t, p->norm_offset != 0.0 ? "float v = xv[j] * (NORM_OFFSET + gv[j]);" : "float v = xv[j] * gv[j];");
-    } else {
-        cg_line(t, "float v = xv[j];");
+    bool dynamic = !p->act_static;
+    if (dynamic || p->norm) { /* a static scale needs only the norm's sum of squares */
+        cg_line(t, dynamic ? "/* 1: the absmax of x * g * c and the sum of squares, per token */"
+                           : "/* 1: the sum of squares, per token */");
+        cg_line(t, "for (int c = lane; c < K / VECTOR; c += LANE_STEP) {");
+        cg_line(t, "float xv[VECTOR]%s%s;", p->norm ? ", gv[VECTOR]" : "", dynamic ? ", ca[VECTOR], cb[VECTOR]" : "");
+        if (dynamic) {
+            cg_line(t, "load_column_scales(w0, c, ca);");
+            cg_line(t, "load_column_scales(rows == 2 ? w1 : w0, c, cb);");
+        }
+        if (p->norm && dynamic)
+            cg_line(t, "load_%s(g + c * VECTOR, gv);", cg_dtype_name(b->params[norm_weight].dtype));
+        cg_line(t, "for (int i = 0; i < TOKEN_TILE && t0 + i < tokens; i++) {");
+        cg_line(t, "load_%s(x + (t0 + i) * K + c * VECTOR, xv);", xn);
+        cg_line(t, "for (int j = 0; j < VECTOR; j++) {");
+        if (p->norm) cg_line(t, "squares[i] += xv[j] * xv[j];");
+        if (dynamic) {
+            if (p->norm)
+                cg_line(t, p->norm_offset != 0.0 ? "float v = xv[j] * (NORM_OFFSET + gv[j]);"
+                                                 : "float v = xv[j] * gv[j];");
+            else
+                cg_line(t, "float v = xv[j];");
+            cg_line(t, "scales[i][0] = fmaxf(scales[i][0], fabsf(v * ca[j]));");
+            cg_line(t, "scales[i][1] = fmaxf(scales[i][1], fabsf(v * cb[j]));");
+        }
+        cg_line(t, "}");
+        cg_line(t, "}");
+        cg_line(t, "}");
     }
-    cg_line(t, "scales[i][0] = fmaxf(scales[i][0], fabsf(v * ca[j]));");
-    cg_line(t, "scales[i][1] = fmaxf(scales[i][1], fabsf(v * cb[j]));");
-    cg_line(t, "}");
-    cg_line(t, "}");
-    cg_line(t, "}");
+    if (!p->norm) cg_line(t, "(void)g;");
     cg_line(t, "for (int i = 0; i < TOKEN_TILE && t0 + i < tokens; i++) {");
-    if (lanes > 1) {
+    if (lanes > 1 && dynamic) {
         cg_line(t, "scales[i][0] = unit_max(scales[i][0]); /* uniform bound: every lane shuffles */");
         cg_line(t, "scales[i][1] = unit_max(scales[i][1]);");
-        if (p->norm) cg_line(t, "squares[i] = unit_sum(squares[i]);");
     }
-    cg_line(t, "for (int r = 0; r < 2; r++)");
-    cg_line(t, "    scales[i][r] = scales[i][r] > 0.0f ? scales[i][r] / %s : 1.0f;", int8 ? "127.0f" : "448.0f");
+    if (lanes > 1 && p->norm) cg_line(t, "squares[i] = unit_sum(squares[i]);");
+    if (!dynamic) { /* the static scale of the norm's output: of h * g, ACT_SCALE * rms */
+        cg_line(t, "scales[i][0] = static_a%s;", p->norm ? " / inverse_rms(squares[i])" : "");
+        cg_line(t, "scales[i][1] = static_b%s;", p->norm ? " / inverse_rms(squares[i])" : "");
+    } else {
+        cg_line(t, "for (int r = 0; r < 2; r++)");
+        cg_line(t, "    scales[i][r] = scales[i][r] > 0.0f ? scales[i][r] / %s : 1.0f;", int8 ? "127.0f" : "448.0f");
+    }
     cg_line(t, "}");
     cg_line(t, "/* 2: the codes' dot products */");
     cg_line(t, "for (int c = lane; c < K / VECTOR; c += LANE_STEP) {");
@@ -1106,17 +1122,22 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     /* W8A8: every matmul of the group quantizes its input alike (precision
      * gives each the kind of its weight's codes, per token). */
     p.act_quant = QUANT_NONE;
+    p.act_static = false;
     bool first_matmul = true;
     for (uint32_t i = 0; i < g->op_count; i++) {
         uint32_t op = g->ops[i];
         if (m->ops[op].kind != IR_OP_MATMUL) continue;
         const char *kind = ir_op_string(m, op, "act_quant");
         quant_kind act = strcmp(kind, "i8") == 0 ? QUANT_INT8 : strcmp(kind, "f8e4m3") == 0 ? QUANT_FP8 : QUANT_NONE;
-        if (!first_matmul && act != p.act_quant)
+        double scale = strcmp(ir_op_string(m, op, "act_scale"), "tensor") == 0 ? ir_op_float(m, op, "act_scale_value")
+                                                                              : 0.0;
+        if (!first_matmul && (act != p.act_quant || (scale > 0) != p.act_static))
             return refuse(e, "matmuls whose activations are quantized differently");
         first_matmul = false;
-        if (act != QUANT_NONE && strcmp(ir_op_string(m, op, "act_scale"), "token") != 0)
-            return refuse(e, "static per-tensor activation scales (act_scale \"tensor\") are not implemented");
+        p.act_static = scale > 0;
+        for (uint32_t s = 0; s < p.segment_count; s++)
+            for (int r = 0; r < 2; r++)
+                if (p.segments[s].weight[r] == m->ops[op].operands[1]) p.segments[s].act_scale[r] = scale;
         if (act != QUANT_NONE && !p.quantized) return refuse(e, "act_quant over a weight that is not quantized");
         p.act_quant = act;
     }
@@ -1135,8 +1156,8 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     if (p.quantized) /* the format: group, zero points, act-order, column scales */
         cg_text_printf(&name, "_g%u%s%s%s", p.format.group, p.format.has_zero ? "z" : "",
                        p.format.has_group_index ? "o" : "", p.format.has_column_scale ? "c" : "");
-    if (p.act_quant != QUANT_NONE) /* W8A8: the activations' codes, per token */
-        cg_text_printf(&name, "_a%s", p.act_quant == QUANT_INT8 ? "i8" : "f8");
+    if (p.act_quant != QUANT_NONE) /* W8A8: the activations' codes, per token or of a static scale */
+        cg_text_printf(&name, "_a%s%s", p.act_quant == QUANT_INT8 ? "i8" : "f8", p.act_static ? "s" : "");
     if (p.norm) cg_text_printf(&name, "_rms%s", cg_float_name(e, p.eps));
     for (uint32_t i = 0; i < p.segment_count; i++) {
         cg_text_printf(&name, "_%s", segment_tag(e, &p.segments[i]));
@@ -1188,6 +1209,13 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
             t, "enum { GROUP = %u, GROUPS = K / GROUP }; /* %s codes, one f16 scale per GROUP columns%s */",
             p.format.group, quant_kind_name(p.format.kind), p.format.has_zero ? " with a zero point" : "");
     cg_line(t, "enum { TOKEN_TILE = %d, UNITS = %lld };", GEMV_TOKEN_TILE, (long long)units);
+    for (uint32_t i = 0; p.act_static && i < p.segment_count; i++) {
+        cg_line(t, "#define ACT_SCALE_%u %s /* output %u's activations: their static scale */", i,
+                cg_float_literal(e, p.segments[i].act_scale[0]), i);
+        if (p.segments[i].weight[1] != IR_NO_VALUE)
+            cg_line(t, "#define UP_ACT_SCALE_%u %s /* and its up matmul's */", i,
+                    cg_float_literal(e, p.segments[i].act_scale[1]));
+    }
     if (!write_segment_constants(&b, &p)) return false;
     if (p.norm) cg_line(t, "#define EPS %s", cg_float_literal(e, p.eps));
     if (p.norm && p.norm_offset != 0.0)
@@ -1231,6 +1259,7 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     else
         cg_line(t, "const %s *wa = %s, *wb = %s;", wtype, first, first);
     cg_line(t, "int rows = 1;");
+    if (p.act_static) cg_line(t, "float static_a = 1.0f, static_b = 1.0f; /* the unit's activation scales */");
     for (uint32_t i = 0; i < p.segment_count; i++) {
         if (i == 0) cg_line(t, "if (!active) {");
         if (i + 1 < p.segment_count)
@@ -1240,12 +1269,15 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
         cg_line(t, "/* output %u: %s */", i, segment_tag(e, &p.segments[i]));
         cg_line(t, "unit = global_unit - START_%u;", i);
         write_select(&b, &p, &p.segments[i], i, false);
+        if (p.act_static)
+            cg_line(t, "static_a = ACT_SCALE_%u, static_b = %s_%u;", i,
+                    p.segments[i].weight[1] != IR_NO_VALUE ? "UP_ACT_SCALE" : "ACT_SCALE", i);
     }
     cg_line(t, "}");
     cg_line(t, "float sums[TOKEN_TILE][2], squares[TOKEN_TILE];");
     cg_line(t, "for (long long t0 = 0; t0 < tokens; t0 += TOKEN_TILE) {");
-    cg_line(t, "dot_rows(wa, wb, rows, %s, %s, t0, tokens, sums, squares);", b.params[x].name,
-            p.norm ? b.params[norm_weight].name : "0");
+    cg_line(t, "dot_rows(wa, wb, rows, %s, %s, t0, tokens, sums, squares%s);", b.params[x].name,
+            p.norm ? b.params[norm_weight].name : "0", p.act_static ? ", static_a, static_b" : "");
     cg_line(t, "for (int i = 0; i < TOKEN_TILE && active && first_lane && t0 + i < tokens; i++) {");
     for (uint32_t i = 0; i < p.segment_count; i++) {
         if (p.segment_count == 1)

@@ -74,11 +74,13 @@ typedef struct drv_precision_options {
     const char *keep;        /* comma-separated globs of weights kept unquantized; NULL: none */
     const char *calib_path;  /* int4-awq, int4-gptq: token ids to calibrate on (--calib) */
     bool act_order;          /* int4-gptq: columns by descending activation energy (--act-order) */
-    const char *act_quant;   /* int8, fp8: "token" (NULL means it: W8A8) or "none" (W8A16; --act-quant) */
+    const char *act_quant;   /* int8, fp8: "token" (NULL means it: W8A8), fp8: "tensor" (static scales
+                                from --calib) or "none" (W8A16; --act-quant) */
 } drv_precision_options;
 
 /* Whether the preset's quantizers learn from calibration data (--calib):
- * int4-awq, int4-gptq, and int8 W8A8 (SmoothQuant's migration). */
+ * int4-awq, int4-gptq, int8 W8A8 (SmoothQuant's migration) and fp8 with
+ * static activation scales (--act-quant tensor). */
 bool drv_precision_needs_calibration(drv_precision p, const drv_precision_options *o);
 
 /* The preset's name, as --precision spells it. */
@@ -312,6 +314,10 @@ typedef struct drv_lowering {
     /* The checkpoint: when the config says it is pre-quantized (AWQ, GPTQ,
      * FP8), its quantized weights keep their format (drv_import_checkpoint_formats). */
     const char *weights_path;
+    /* Static activation scales by weight name (fp8 --act-quant tensor: the
+     * calibration's max |x| / 448), owned by the caller; NULL: none. */
+    const struct pass_act_scale *act_scales;
+    uint32_t act_scale_count;
 } drv_lowering;
 
 bool drv_ir_print_model(const char *model_path, const drv_source_options *source, const char *after,

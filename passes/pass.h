@@ -23,6 +23,15 @@
 #include <stddef.h>
 #include <stdio.h>
 
+/* A static per-tensor activation scale (W8A8 fp8, act_scale "tensor"): the
+ * input of the matmul whose weight is named `weight` is quantized as
+ * e4m3(x / scale). From calibration (the input's max |x| / 448) or a
+ * pre-quantized checkpoint's input_scale. */
+typedef struct pass_act_scale {
+    const char *weight;
+    float scale;
+} pass_act_scale;
+
 /* What the lowering passes are told (smelt compile's --precision and
  * --max-step-tokens reach them here). Zero means the default. */
 typedef struct pass_options {
@@ -32,7 +41,10 @@ typedef struct pass_options {
     const char *keep;        /* precision: comma-separated globs of weights kept unquantized; NULL: none */
     bool act_order;          /* precision, int4-gptq: act-order (each column's group in a group index) */
     const char *act_quant;   /* precision, int8 and fp8: "token" (NULL means it: W8A8, per-token
-                                activation scales at run time) or "none" (weight-only W8A16) */
+                                activation scales at run time), "tensor" (fp8: static per-tensor
+                                scales, from act_scales) or "none" (weight-only W8A16) */
+    const pass_act_scale *act_scales; /* precision: the static scales ("tensor"; a checkpoint's) */
+    uint32_t act_scale_count;
     const char *kv_cache;    /* precision: KV cache storage, "auto" (NULL means it), "fp8" or the
                                 activation dtype (passes/precision_kv_cache.c) */
     int64_t max_tokens;      /* plan-memory: tokens per step buffers are sized for; 0 or more than

@@ -60,6 +60,7 @@
 #include "quant.h"
 
 #include <fnmatch.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,21 +136,52 @@ static bool imported(const ir_module *m, uint32_t op) {
     return ir_weight_quant(m, op, &f) && f.method == QUANT_METHOD_CHECKPOINT;
 }
 
-/* Matmul op `op`'s activation quantization (W8A8, ops.def): per token, of
- * the dtype of its weight's codes, when `wanted` and the weight is int8 or
- * E4M3 with one scale per output channel that the pass chose; else none. */
-static void set_act_quant(ir_module *m, uint32_t op, bool wanted) {
-    const ir_op *o = &m->ops[op];
+/* The static activation scale given for the input of weight `name`, the
+ * last one given (a checkpoint's input_scale, after calibration's); 0: none. */
+static float static_scale_of(const pass_options *o, const char *name) {
+    float scale = 0.0f;
+    for (uint32_t i = 0; o && i < o->act_scale_count; i++)
+        if (strcmp(o->act_scales[i].weight, name) == 0) scale = o->act_scales[i].scale;
+    return scale;
+}
+
+/* Matmul op `op`'s activation quantization (W8A8, ops.def), of the dtype of
+ * its weight's codes, when `wanted` and the weight is int8 or E4M3 with one
+ * scale per output channel — a pre-quantized checkpoint's only when its
+ * codes are the preset's `kind` — per token, or with `static_scales` (or
+ * the checkpoint's input_scale) per tensor at the scale pass_options gives
+ * for the weight; else none. False after reporting a static scale that is
+ * missing or not a positive number. */
+static bool set_act_quant(ir_module *m, uint32_t op, bool wanted, quant_kind kind_wanted, bool static_scales,
+                          const pass_options *o, diag_engine *d) {
+    const ir_op *matmul = &m->ops[op];
     quant_format f;
     const char *kind = "none";
-    if (wanted && o->operand_count >= 2 && strcmp(ir_op_string(m, op, "layout"), "out_in") == 0 &&
-        ir_weight_quant(m, m->values[o->operands[1]].def_op, &f) && f.method != QUANT_METHOD_CHECKPOINT &&
+    bool per_tensor = false;
+    float scale = 0.0f;
+    if (wanted && matmul->operand_count >= 2 && strcmp(ir_op_string(m, op, "layout"), "out_in") == 0 &&
+        ir_weight_quant(m, m->values[matmul->operands[1]].def_op, &f) &&
         (f.kind == QUANT_INT8 || f.kind == QUANT_FP8) && !f.has_zero && !f.has_group_index &&
-        f.group == (uint64_t)m->values[o->operands[1]].type.dims[1].size)
-        kind = f.kind == QUANT_INT8 ? "i8" : "f8e4m3";
+        f.group == (uint64_t)m->values[matmul->operands[1]].type.dims[1].size) {
+        const char *name = ir_op_string(m, m->values[matmul->operands[1]].def_op, "name");
+        scale = static_scale_of(o, name);
+        bool checkpoint = f.method == QUANT_METHOD_CHECKPOINT;
+        per_tensor = static_scales || (checkpoint && scale != 0.0f);
+        if (!checkpoint || f.kind == kind_wanted) kind = f.kind == QUANT_INT8 ? "i8" : "f8e4m3";
+        else per_tensor = false;
+        if (per_tensor && !(scale > 0.0f && isfinite(scale))) {
+            diag_error(d, matmul->loc,
+                       "matmul: weight '%.*s%s' has no static activation scale (act_quant tensor needs "
+                       "calibration: --calib IDS)",
+                       DIAG_NAME(name));
+            return false;
+        }
+    }
+    bool none = strcmp(kind, "none") == 0;
     ir_op_set_string(m, op, "act_quant", kind);
-    ir_op_set_string(m, op, "act_scale", strcmp(kind, "none") == 0 ? "none" : "token");
-    ir_op_set_float(m, op, "act_scale_value", 0.0);
+    ir_op_set_string(m, op, "act_scale", none ? "none" : per_tensor ? "tensor" : "token");
+    ir_op_set_float(m, op, "act_scale_value", !none && per_tensor ? scale : 0.0);
+    return true;
 }
 
 bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
@@ -177,11 +209,19 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
         }
     }
     bool act_quant = preset->weights == QUANT_INT8 || preset->weights == QUANT_FP8;
+    bool static_scales = o && o->act_quant && strcmp(o->act_quant, "tensor") == 0;
     if (o && o->act_quant && strcmp(o->act_quant, "none") == 0)
         act_quant = false;
-    else if (o && o->act_quant && strcmp(o->act_quant, "token") != 0) {
-        diag_error(d, SMELT_NO_LOC, "unknown activation quantization '%.*s%s'; known: token, none",
+    else if (o && o->act_quant && strcmp(o->act_quant, "token") != 0 && !static_scales) {
+        diag_error(d, SMELT_NO_LOC, "unknown activation quantization '%.*s%s'; known: token, tensor, none",
                    DIAG_NAME(o->act_quant));
+        return false;
+    }
+    if (static_scales && preset->weights == QUANT_INT8) {
+        diag_error(d, SMELT_NO_LOC,
+                   "static per-tensor activation scales (act_quant tensor) are fp8's; %.*s%s quantizes "
+                   "activations per token",
+                   DIAG_NAME(preset->name));
         return false;
     }
     precision_preset chosen = *preset; /* int8's migration is for W8A8 alone */
@@ -242,8 +282,11 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
     free(root);
     free(read_by_output);
     free(only_matmul);
+    bool scales_ok = true;
     for (uint32_t i = 0; i < m->op_count; i++)
-        if (!m->ops[i].dead && m->ops[i].kind == IR_OP_MATMUL) set_act_quant(m, i, act_quant);
+        if (!m->ops[i].dead && m->ops[i].kind == IR_OP_MATMUL)
+            scales_ok &= set_act_quant(m, i, act_quant, preset->weights, static_scales, o, d);
+    if (!scales_ok) return false;
     m->precision = preset->name;
     if ((preset->weights == QUANT_INT8 || preset->weights == QUANT_FP8) && !act_quant)
         m->precision = arena_printf(&m->arena, "%s, weight-only", m->precision);

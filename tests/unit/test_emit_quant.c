@@ -178,12 +178,36 @@ static void test_gemv_quantized_column_scales(void **state) {
     }
 }
 
+/* W8A8 on the warp-shared path: enough rows (2304 units, more than 132 SMs
+ * x 16) that a unit takes LANES lanes, whose activation absmax and integer
+ * (int8) or f32 (E4M3) sums reduce across them by shuffles; with a norm
+ * prologue (its sum of squares reduced alike), at 1 and 6 tokens. */
+static void test_w8a8_warp_lanes(void **state) {
+    (void)state;
+    for (size_t p = 4; p < sizeof presets / sizeof presets[0]; p++) {
+        emit_case *c = quant_case_new(&presets[p]);
+        ir_value_id h = case_input(c, "h", "f32[tokens, 64]");
+        ir_value_id g = case_weight(c, "f32[64]"), wt = case_weight(c, "f32[2304, 64]");
+        uint32_t norm = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){h, g}, 2);
+        ir_op_set_float(&c->m, norm, "eps", 1e-5);
+        uint32_t op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){case_result(c, norm), wt}, 2);
+        case_infer(c);
+        assert_string_not_equal(ir_op_string(&c->m, op, "act_quant"), "none");
+        const uint32_t ops[2] = {norm, op};
+        const ir_value_id out = case_result(c, op);
+        for (int64_t t = 1; t <= 6; t += 5)
+            case_run_group(c, ops, 2, &out, 1, t, F32_TOLERANCE);
+        case_free(c);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemv_quantized_norm_rope_bias),
         cmocka_unit_test(test_gemv_quantized_residual_and_swiglu),
         cmocka_unit_test(test_quantized_matmul_alone),
         cmocka_unit_test(test_gemv_quantized_column_scales),
+        cmocka_unit_test(test_w8a8_warp_lanes),
     };
     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
 }
