@@ -97,8 +97,8 @@ typedef struct gemv_plan {
     int64_t k;
     uint32_t segment_count;
     gemv_segment segments[GEMV_MAX_SEGMENTS];
-    bool quantized;      /* the weights are in quant/quant.h's packed layout, of this format: */
-    quant_format format; /* one for all of them */
+    bool quantized;       /* the weights are in quant/quant.h's packed layout, of this format: */
+    quant_format format;  /* one for all of them */
     quant_kind act_quant; /* W8A8 (matmul act_quant, ir/ops.def): QUANT_INT8 or QUANT_FP8 when the
                              matmuls quantize their input as well; else QUANT_NONE */
     bool act_static;      /* W8A8: static per-tensor scales (act_scale "tensor", each segment's
@@ -708,7 +708,8 @@ static void write_w8a8_helpers(cg_text *t, const gemv_plan *p, int vector, int l
         cg_line(t, int8 ? "    v[i] = (int)(int8_t)(uint8_t)(words[i / 4] >> (i %% 4 * 8));"
                         : "    v[i] = smelt_f8e4m3_to_f32((uint8_t)(words[i / 4] >> (i %% 4 * 8)));");
     } else {
-        cg_line(t, int8 ? "v[0] = (int)(int8_t)r.w[r.first + k0];" : "v[0] = smelt_f8e4m3_to_f32(r.w[r.first + k0]);");
+        cg_line(t, int8 ? "v[0] = (int)(int8_t)r.w[r.first + k0];"
+                        : "v[0] = smelt_f8e4m3_to_f32(r.w[r.first + k0]);");
     }
     cg_line(t, "}");
     cg_blank(t);
@@ -723,7 +724,9 @@ static void write_w8a8_helpers(cg_text *t, const gemv_plan *p, int vector, int l
     cg_line(t, "SMELT_DEVICE void load_column_scales(quant_row r, int c, float v[VECTOR])");
     cg_line(t, "{");
     if (p->format.has_column_scale) {
-        cg_line(t, "const float *column_scales = (const float *)(r.w + r.column_scales) + (long long)c * VECTOR;");
+        cg_line(
+            t,
+            "const float *column_scales = (const float *)(r.w + r.column_scales) + (long long)c * VECTOR;");
         cg_line(t, "for (int i = 0; i < VECTOR; i++)");
         cg_line(t, "    v[i] = column_scales[i];");
     } else {
@@ -743,7 +746,8 @@ static void write_w8a8_helpers(cg_text *t, const gemv_plan *p, int vector, int l
         cg_line(t, "return (int)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);");
         cg_line(t, "}");
     } else {
-        cg_line(t, "/* An activation's E4M3 code, as its value: x / s rounded to nearest even, saturating. */");
+        cg_line(t,
+                "/* An activation's E4M3 code, as its value: x / s rounded to nearest even, saturating. */");
         cg_line(t, "SMELT_DEVICE float activation_code(float v)");
         cg_line(t, "{");
         cg_line(t, "return smelt_f8e4m3_to_f32(smelt_f32_to_f8e4m3(v));");
@@ -789,8 +793,8 @@ static void write_w8a8_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32
     cg_line(t, " * is one): x * g * c quantized to %s codes of the token's scale (its max |.| / %s), their",
             int8 ? "int8" : "E4M3", int8 ? "127" : "448");
     cg_line(t, " * products with the weight's codes summed, times both scales; squares[i] = x . x. */");
-    cg_line(t, "SMELT_DEVICE void dot_rows(quant_row w0, quant_row w1, int rows, const %s *x, const %s *g,", xt,
-            gt);
+    cg_line(t, "SMELT_DEVICE void dot_rows(quant_row w0, quant_row w1, int rows, const %s *x, const %s *g,",
+            xt, gt);
     cg_line(t, "                           long long t0, int tokens, float sums[TOKEN_TILE][2],");
     cg_line(t, "                           float squares[TOKEN_TILE]%s)",
             p->act_static ? ", float static_a, float static_b" : "");
@@ -808,7 +812,8 @@ static void write_w8a8_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32
         cg_line(t, dynamic ? "/* 1: the absmax of x * g * c and the sum of squares, per token */"
                            : "/* 1: the sum of squares, per token */");
         cg_line(t, "for (int c = lane; c < K / VECTOR; c += LANE_STEP) {");
-        cg_line(t, "float xv[VECTOR]%s%s;", p->norm ? ", gv[VECTOR]" : "", dynamic ? ", ca[VECTOR], cb[VECTOR]" : "");
+        cg_line(t, "float xv[VECTOR]%s%s;", p->norm ? ", gv[VECTOR]" : "",
+                dynamic ? ", ca[VECTOR], cb[VECTOR]" : "");
         if (dynamic) {
             cg_line(t, "load_column_scales(w0, c, ca);");
             cg_line(t, "load_column_scales(rows == 2 ? w1 : w0, c, cb);");
@@ -844,7 +849,8 @@ static void write_w8a8_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32
         cg_line(t, "scales[i][1] = static_b%s;", p->norm ? " / inverse_rms(squares[i])" : "");
     } else {
         cg_line(t, "for (int r = 0; r < 2; r++)");
-        cg_line(t, "    scales[i][r] = scales[i][r] > 0.0f ? scales[i][r] / %s : 1.0f;", int8 ? "127.0f" : "448.0f");
+        cg_line(t, "    scales[i][r] = scales[i][r] > 0.0f ? scales[i][r] / %s : 1.0f;",
+                int8 ? "127.0f" : "448.0f");
     }
     cg_line(t, "}");
     cg_line(t, "/* 2: the codes' dot products */");
@@ -862,7 +868,8 @@ static void write_w8a8_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32
     cg_line(t, "load_%s(x + (t0 + i) * K + c * VECTOR, xv);", xn);
     cg_line(t, "for (int j = 0; j < VECTOR; j++) {");
     if (p->norm)
-        cg_line(t, p->norm_offset != 0.0 ? "float v = xv[j] * (NORM_OFFSET + gv[j]);" : "float v = xv[j] * gv[j];");
+        cg_line(t, p->norm_offset != 0.0 ? "float v = xv[j] * (NORM_OFFSET + gv[j]);"
+                                         : "float v = xv[j] * gv[j];");
     else
         cg_line(t, "float v = xv[j];");
     cg_line(t, "dots[i][0] += activation_code(v * ca[j] / scales[i][0]) * a[j];");
@@ -1128,9 +1135,12 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
         uint32_t op = g->ops[i];
         if (m->ops[op].kind != IR_OP_MATMUL) continue;
         const char *kind = ir_op_string(m, op, "act_quant");
-        quant_kind act = strcmp(kind, "i8") == 0 ? QUANT_INT8 : strcmp(kind, "f8e4m3") == 0 ? QUANT_FP8 : QUANT_NONE;
-        double scale = strcmp(ir_op_string(m, op, "act_scale"), "tensor") == 0 ? ir_op_float(m, op, "act_scale_value")
-                                                                              : 0.0;
+        quant_kind act = strcmp(kind, "i8") == 0       ? QUANT_INT8
+                         : strcmp(kind, "f8e4m3") == 0 ? QUANT_FP8
+                                                       : QUANT_NONE;
+        double scale = strcmp(ir_op_string(m, op, "act_scale"), "tensor") == 0
+                           ? ir_op_float(m, op, "act_scale_value")
+                           : 0.0;
         if (!first_matmul && (act != p.act_quant || (scale > 0) != p.act_static))
             return refuse(e, "matmuls whose activations are quantized differently");
         first_matmul = false;
@@ -1138,7 +1148,8 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
         for (uint32_t s = 0; s < p.segment_count; s++)
             for (int r = 0; r < 2; r++)
                 if (p.segments[s].weight[r] == m->ops[op].operands[1]) p.segments[s].act_scale[r] = scale;
-        if (act != QUANT_NONE && !p.quantized) return refuse(e, "act_quant over a weight that is not quantized");
+        if (act != QUANT_NONE && !p.quantized)
+            return refuse(e, "act_quant over a weight that is not quantized");
         p.act_quant = act;
     }
     /* Elements per load: 8 floats; a quantized weight's 128 bits of codes
@@ -1222,8 +1233,7 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
         cg_line(t, "#define NORM_OFFSET %s /* the norm's weights are NORM_OFFSET + w (Gemma) */",
                 cg_float_literal(e, p.norm_offset));
     cg_blank(t);
-    if (p.quantized)
-        write_quant_loader(t, &p.format, vector, p.act_quant != QUANT_NONE);
+    if (p.quantized) write_quant_loader(t, &p.format, vector, p.act_quant != QUANT_NONE);
     if (p.act_quant != QUANT_NONE)
         write_w8a8_helpers(t, &p, vector, lanes);
     else if (!p.quantized)
@@ -1259,7 +1269,8 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     else
         cg_line(t, "const %s *wa = %s, *wb = %s;", wtype, first, first);
     cg_line(t, "int rows = 1;");
-    if (p.act_static) cg_line(t, "float static_a = 1.0f, static_b = 1.0f; /* the unit's activation scales */");
+    if (p.act_static)
+        cg_line(t, "float static_a = 1.0f, static_b = 1.0f; /* the unit's activation scales */");
     for (uint32_t i = 0; i < p.segment_count; i++) {
         if (i == 0) cg_line(t, "if (!active) {");
         if (i + 1 < p.segment_count)

@@ -173,7 +173,8 @@ bool drv_calibrate_for_precision(const drv_model_options *model, drv_calibration
     memset(out, 0, sizeof *out);
     if (!drv_precision_needs_calibration(model->precision, &model->precision_options)) return true;
     const char *preset = drv_precision_name(model->precision);
-    bool smooth = model->precision == DRV_PRECISION_INT8, static_scales = model->precision == DRV_PRECISION_FP8;
+    bool smooth = model->precision == DRV_PRECISION_INT8,
+         static_scales = model->precision == DRV_PRECISION_FP8;
     if (!model->precision_options.calib_path) {
         diag_error(d, SMELT_NO_LOC, "--precision %s learns from calibration data: pass --calib IDS%s", preset,
                    smooth ? " (SmoothQuant's migration), or --act-quant none for weight-only int8" : "");

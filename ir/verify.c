@@ -419,8 +419,9 @@ static void check_act_quant(verifier *v, uint32_t index) {
                   quant_kind_name(f.kind));
     else if (t->rank != 2 || ir_dim_is_symbol(t->dims[1]) || f.group != (uint64_t)t->dims[1].size ||
              f.has_zero || f.has_group_index)
-        violation(v, op, "act_quant needs one weight scale per output channel (group = K, no zero points or "
-                         "group index)");
+        violation(v, op,
+                  "act_quant needs one weight scale per output channel (group = K, no zero points or "
+                  "group index)");
 }
 
 /* ---- the module --------------------------------------------------------------- */

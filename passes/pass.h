@@ -43,13 +43,15 @@ typedef struct pass_options {
     const char *act_quant;   /* precision, int8 and fp8: "token" (NULL means it: W8A8, per-token
                                 activation scales at run time), "tensor" (fp8: static per-tensor
                                 scales, from act_scales) or "none" (weight-only W8A16) */
-    const pass_act_scale *act_scales; /* precision: the static scales ("tensor"; a checkpoint's) */
-    uint32_t act_scale_count;
     const char *kv_cache;    /* precision: KV cache storage, "auto" (NULL means it), "fp8" or the
                                 activation dtype (passes/precision_kv_cache.c) */
     int64_t max_tokens;      /* plan-memory: tokens per step buffers are sized for; 0 or more than
                                 the token dim's bound: that bound */
     bool no_fuse;            /* fuse: apply no fusion rule, one op per kernel group (--no-fuse) */
+    /* precision: the static activation scales by weight name ("tensor"; a
+     * checkpoint's input_scale), act_scale_count of them */
+    const pass_act_scale *act_scales;
+    uint32_t act_scale_count;
 } pass_options;
 
 typedef struct pass_info {

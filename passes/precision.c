@@ -39,7 +39,14 @@
  *             output channel, rounded to nearest, and each matmul's input
  *             quantized to E4M3 per token (act_quant "f8e4m3").
  *   `act_quant` "none" makes int8 and fp8 weight-only (W8A16: round to
- *   nearest, no column scales, the activations stay in their float dtype).
+ *   nearest, no column scales, the activations stay in their float dtype);
+ *   "tensor" (fp8) gives each matmul a static per-tensor scale instead,
+ *   act_scale "tensor" with act_scale_value from pass_options.act_scales by
+ *   its weight's name (the driver's calibration: max |x| / 448), an error
+ *   at the matmul when none is given. A pre-quantized FP8 checkpoint's
+ *   weights (method "checkpoint") are W8A8 under fp8 too: per tensor at
+ *   their input_scale when act_scales has one for them (the last entry of a
+ *   name wins), else per token.
  *   `activations` overrides the float storage ("f32" keeps the weights'
  *   quantization and stores everything else in f32: what the tests compare
  *   with the reference interpreter's dequantized arithmetic).
@@ -167,8 +174,10 @@ static bool set_act_quant(ir_module *m, uint32_t op, bool wanted, quant_kind kin
         scale = static_scale_of(o, name);
         bool checkpoint = f.method == QUANT_METHOD_CHECKPOINT;
         per_tensor = static_scales || (checkpoint && scale != 0.0f);
-        if (!checkpoint || f.kind == kind_wanted) kind = f.kind == QUANT_INT8 ? "i8" : "f8e4m3";
-        else per_tensor = false;
+        if (!checkpoint || f.kind == kind_wanted)
+            kind = f.kind == QUANT_INT8 ? "i8" : "f8e4m3";
+        else
+            per_tensor = false;
         if (per_tensor && !(scale > 0.0f && isfinite(scale))) {
             diag_error(d, matmul->loc,
                        "matmul: weight '%.*s%s' has no static activation scale (act_quant tensor needs "

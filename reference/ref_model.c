@@ -97,11 +97,11 @@ static ref_attrs read_attrs(const ir_module *m, uint32_t op) {
     case IR_OP_CONST: a.value = (float)attr_float(m, op, "value"); break;
     case IR_OP_MATMUL:
         a.in_out = attr_string_is(m, op, "layout", "in_out");
-        a.act_quant = attr_string_is(m, op, "act_quant", "i8")       ? QUANT_INT8
-                      : attr_string_is(m, op, "act_quant", "f8e4m3") ? QUANT_FP8
-                                                                     : QUANT_NONE;
-        a.act_scale = attr_string_is(m, op, "act_scale", "tensor") ? (float)attr_float(m, op, "act_scale_value")
-                                                                   : 0.0f;
+        a.w8a8 = attr_string_is(m, op, "act_quant", "i8")       ? QUANT_INT8
+                 : attr_string_is(m, op, "act_quant", "f8e4m3") ? QUANT_FP8
+                                                                : QUANT_NONE;
+        a.w8a8_scale =
+            attr_string_is(m, op, "act_scale", "tensor") ? (float)attr_float(m, op, "act_scale_value") : 0.0f;
         break;
     case IR_OP_RMS_NORM:
         a.eps = attr_float(m, op, "eps");

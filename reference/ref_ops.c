@@ -99,7 +99,7 @@ static bool matmul_quantized_activations(const ref_call *c) {
     ref_tensor *y = &c->out[0];
     uint64_t inner = w->layout.cols, columns = w->layout.rows;
     uint64_t rows = inner ? x->count / inner : 0;
-    quant_kind kind = c->attrs->act_quant;
+    quant_kind kind = c->attrs->w8a8;
     float *codes = malloc((inner ? inner : 1) * sizeof *codes); /* [K], one row's activation codes */
     if (!codes) {
         diag_error(c->d, c->loc, "matmul: out of memory");
@@ -112,7 +112,7 @@ static bool matmul_quantized_activations(const ref_call *c) {
             codes[k] = xr[k] * quant_column_scale(w, k);
             absmax = fabsf(codes[k]) > absmax ? fabsf(codes[k]) : absmax;
         }
-        float scale = c->attrs->act_scale > 0.0f        ? c->attrs->act_scale
+        float scale = c->attrs->w8a8_scale > 0.0f           ? c->attrs->w8a8_scale
                       : absmax > 0.0f && kind == QUANT_INT8 ? absmax / 127.0f
                       : absmax > 0.0f                       ? absmax / 448.0f
                                                             : 1.0f;
@@ -143,7 +143,7 @@ static bool matmul_quantized_activations(const ref_call *c) {
  * y = x @ w (GPT-2's Conv1D). The bias is added to the double sum. With
  * act_quant the input is quantized as well (matmul_quantized_activations). */
 bool ref_op_matmul(const ref_call *c) {
-    if (c->attrs->act_quant != QUANT_NONE) {
+    if (c->attrs->w8a8 != QUANT_NONE) {
         if (!c->weight_codes || !c->weight_codes->data) /* ir_verify: a quantized weight, loaded at create */
             SMELT_DIE("a W8A8 matmul without its weight's codes");
         return matmul_quantized_activations(c);

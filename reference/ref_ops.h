@@ -39,9 +39,8 @@ _Static_assert(sizeof(float) == sizeof(int32_t), "layout ops move either element
  * once at create time; each op uses the fields its comment names. */
 typedef struct ref_attrs {
     bool in_out;         /* matmul: w is [K, N] rather than [N, K] */
-    quant_kind act_quant; /* matmul: QUANT_INT8 or QUANT_FP8 when its input is quantized (W8A8), else
-                             QUANT_NONE */
-    float act_scale;      /* matmul with act_quant: the static per-tensor scale; 0: per token */
+    quant_kind w8a8;     /* matmul: act_quant, QUANT_INT8 or QUANT_FP8 (else QUANT_NONE) */
+    float w8a8_scale;    /* matmul with act_quant: the static per-tensor scale; 0: per token */
     double eps;          /* rms_norm, layer_norm */
     double offset;       /* rms_norm: added to the weight (Gemma: 1) */
     ir_rope_params rope; /* rope: frequencies and rotated dims (ir/rope.h) */
@@ -81,10 +80,11 @@ typedef struct ref_call {
     uint32_t out_count;
     const ref_attrs *attrs;
     ref_kv_cache *kv; /* attention only */
-    const quant_tensor *weight_codes; /* matmul with act_quant: its weight's packed layout (codes,
-                                         scales, column scales), in[1] holding their values */
     smelt_loc loc;    /* where errors about the op's data are reported */
     diag_engine *d;
+    /* A matmul with act_quant: its weight's packed layout (codes, scales,
+     * column scales; in[1] holds their values). */
+    const quant_tensor *weight_codes;
 } ref_call;
 
 /* Runs a compute or layout op of kind `kind` (not input, weight, const or

@@ -476,12 +476,12 @@ static ref_attrs read_attrs(emit_case *c, uint32_t op) {
     unsigned rank = o->operand_count ? m->values[o->operands[0]].type.rank : 0;
     switch (o->kind) {
     case IR_OP_MATMUL: /* W8A8: the input quantized as well (ir/ops.def) */
-        a.act_quant = strcmp(ir_op_string(m, op, "act_quant"), "i8") == 0       ? QUANT_INT8
-                      : strcmp(ir_op_string(m, op, "act_quant"), "f8e4m3") == 0 ? QUANT_FP8
-                                                                                : QUANT_NONE;
-        a.act_scale = strcmp(ir_op_string(m, op, "act_scale"), "tensor") == 0
-                          ? (float)ir_op_float(m, op, "act_scale_value")
-                          : 0.0f;
+        a.w8a8 = strcmp(ir_op_string(m, op, "act_quant"), "i8") == 0       ? QUANT_INT8
+                 : strcmp(ir_op_string(m, op, "act_quant"), "f8e4m3") == 0 ? QUANT_FP8
+                                                                           : QUANT_NONE;
+        a.w8a8_scale = strcmp(ir_op_string(m, op, "act_scale"), "tensor") == 0
+                           ? (float)ir_op_float(m, op, "act_scale_value")
+                           : 0.0f;
         break;
     case IR_OP_RMS_NORM:
         a.eps = ir_op_float(m, op, "eps");
@@ -566,7 +566,8 @@ static void run_reference(emit_case *c, uint32_t op, int64_t tokens, ref_tensor 
     }
     ref_attrs attrs = read_attrs(c, op);
     quant_tensor codes = {0}; /* a W8A8 matmul computes on its weight's packed codes */
-    if (o->kind == IR_OP_MATMUL && ir_weight_quant(&c->m, c->m.values[o->operands[1]].def_op, &codes.format)) {
+    if (o->kind == IR_OP_MATMUL &&
+        ir_weight_quant(&c->m, c->m.values[o->operands[1]].def_op, &codes.format)) {
         const ir_type *w = &c->m.values[o->operands[1]].type;
         assert_null(quant_layout_of(&codes.format, (uint64_t)w->dims[0].size, (uint64_t)w->dims[1].size,
                                     &codes.layout));
