@@ -89,9 +89,10 @@ static float activation_code(quant_kind kind, float v) {
 
 /* matmul with act_quant (W8A8; ir/ops.def): row t of x times the weight's
  * column scales becomes codes of scale s_t (its own absmax / 127 or / 448,
- * or the static scale), and y[t, n] = s_t * s_w[n] * sum_k xcode * wcode:
- * int8 codes summed as integers (exact: int64), E4M3 products (exact in
- * double) summed in double; then the bias. */
+ * or the static scale), and y[t, n] = s_t * s_w[n] * sum_k xcode * wcode,
+ * summed in double: exact for int8 (integer products below 2^14, sums below
+ * 2^53), each E4M3 product exact; then the bias. The weight's codes are
+ * decoded once per call, to their values (exact in float). */
 static bool matmul_quantized_activations(const ref_call *c) {
     const ref_tensor *x = c->in[0];
     const quant_tensor *w = c->weight_codes;
@@ -101,10 +102,20 @@ static bool matmul_quantized_activations(const ref_call *c) {
     uint64_t rows = inner ? x->count / inner : 0;
     quant_kind kind = c->attrs->w8a8;
     float *codes = malloc((inner ? inner : 1) * sizeof *codes); /* [K], one row's activation codes */
-    if (!codes) {
+    uint64_t elements = inner * columns;                        /* the weight's: the verifier sized it */
+    float *weight = malloc((elements ? elements : 1) * sizeof *weight); /* [N, K] codes */
+    if (!codes || !weight) {
+        free(codes);
+        free(weight);
         diag_error(c->d, c->loc, "matmul: out of memory");
         return false;
     }
+    for (uint64_t n = 0; n < columns; n++)
+        for (uint64_t k = 0; k < inner; k++) {
+            unsigned code = quant_code(w, n, k);
+            weight[n * inner + k] =
+                kind == QUANT_INT8 ? (float)(int8_t)code : plan_f8e4m3_to_f32((uint8_t)code);
+        }
     for (uint64_t r = 0; r < rows; r++) {
         const float *xr = x->f + r * inner; /* [K] */
         float absmax = 0.0f;
@@ -119,22 +130,16 @@ static bool matmul_quantized_activations(const ref_call *c) {
         for (uint64_t k = 0; k < inner; k++)
             codes[k] = activation_code(kind, codes[k] / scale);
         for (uint64_t n = 0; n < columns; n++) {
-            double dot;
-            if (kind == QUANT_INT8) {
-                int64_t sum = 0;
-                for (uint64_t k = 0; k < inner; k++)
-                    sum += (int64_t)codes[k] * (int8_t)quant_code(w, n, k);
-                dot = (double)sum;
-            } else {
-                dot = 0.0;
-                for (uint64_t k = 0; k < inner; k++)
-                    dot += (double)codes[k] * plan_f8e4m3_to_f32((uint8_t)quant_code(w, n, k));
-            }
+            const float *wn = weight + n * inner; /* [K] */
+            double dot = 0.0;
+            for (uint64_t k = 0; k < inner; k++)
+                dot += (double)codes[k] * wn[k];
             dot *= (double)scale * quant_scale(w, n, 0);
             y->f[r * columns + n] = (float)(dot + (bias ? bias[n] : 0.0));
         }
     }
     free(codes);
+    free(weight);
     return true;
 }
 
