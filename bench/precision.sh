@@ -20,7 +20,8 @@
 # calib_ids.bin, never the held-out text). The perplexity is the plan's on the
 # host simulator (bf16 activations), or with --backend ref the reference
 # interpreter's with the preset's dequantized weights and f32 arithmetic
-# (the weights' error alone, and ~40x faster on a CPU). Needs jq.
+# (the weights' error alone, with the W8A8 presets' activation rounding;
+# ~40x faster on a CPU). Needs jq.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 smelt=""
@@ -35,7 +36,7 @@ while [ $# -gt 0 ]; do
     --context) context=$2; shift 2 ;;
     --ids) ids=$2; shift 2 ;;
     --presets) presets=$2; shift 2 ;;
-    -h | --help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "usage: bench/precision.sh [--smelt PATH] [--context C] [--ids N] [--presets LIST]" >&2; exit 2 ;;
     esac
 done
