@@ -13,20 +13,21 @@
 #                      [--backend host|ref]
 #
 # PATH defaults to build-release/cli/smelt, else build/cli/smelt; C to 256;
-# N to 4097; presets to "bf16 fp8 int8 int4-rtn int4-awq int4-gptq
-# int4-rtn/32 int4-awq/32 int4-gptq/32" (PRESET/G: int4 with --group-size G;
-# f16: bf16 with --act f16;
-# int4-awq and int4-gptq calibrate on the demo's training slice,
+# N to 4097; presets to "bf16 fp8 fp8-w8a16 int8 int8-w8a16 int4-rtn int4-awq
+# int4-gptq int4-rtn/32 int4-awq/32 int4-gptq/32" (PRESET/G: int4 with
+# --group-size G; f16: bf16 with --act f16; PRESET-w8a16: int8 or fp8 weight-only, --act-quant none;
+# int8 (W8A8, SmoothQuant), int4-awq and int4-gptq calibrate on the demo's training slice,
 # calib_ids.bin, never the held-out text). The perplexity is the plan's on the
 # host simulator (bf16 activations), or with --backend ref the reference
 # interpreter's with the preset's dequantized weights and f32 arithmetic
-# (the weights' error alone, and ~40x faster on a CPU). Needs jq.
+# (the weights' error alone, with the W8A8 presets' activation rounding;
+# ~40x faster on a CPU). Needs jq.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 smelt=""
 context=256
 ids=4097
-presets="bf16 fp8 int8 int4-rtn int4-awq int4-gptq int4-rtn/32 int4-awq/32 int4-gptq/32"
+presets="bf16 fp8 fp8-w8a16 int8 int8-w8a16 int4-rtn int4-awq int4-gptq int4-rtn/32 int4-awq/32 int4-gptq/32"
 backend=host
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -56,12 +57,13 @@ demo=$root/tests/fixtures/demo
 # The options of PRESET[/GROUP].
 options() {
     case "$1" in
+    *-w8a16) echo "--precision ${1%-w8a16} --act-quant none" ;;
     */*) echo "--precision ${1%/*} --group-size ${1#*/}" ;;
     f16) echo "--precision bf16 --act f16" ;;
     *) echo "--precision $1" ;;
     esac
     case "$1" in
-    int4-awq* | int4-gptq*) echo "--calib $demo/calib_ids.bin" ;;
+    int4-awq* | int4-gptq* | int8) echo "--calib $demo/calib_ids.bin" ;;
     esac
 }
 decode() { jq -r ".steps[] | select(.kind == \"decode\") | $2" "$1"; }
@@ -97,6 +99,9 @@ printf '  %-13s %16s %20s %16s\n' preset "weight bytes" "decode DRAM bytes" "dec
 for preset in $presets; do
     name=$(echo "$preset" | tr / g)
     case "$preset" in
+    int8) # W8A8's SmoothQuant is calibrated: only with weights; the bytes are int8-w8a16's + 4 B a column
+        printf '  %-13s %s\n' "$preset" "(needs weights to calibrate: int8-w8a16's bytes + 4 B a column)"
+        continue ;;
     int4-awq* | int4-gptq*) # calibrated: only with weights; the bytes are int4-rtn's (+ AWQ's 4 B a column)
         printf '  %-13s %s\n' "$preset" "(needs weights to calibrate: int4-rtn's bytes at its group size)"
         continue ;;

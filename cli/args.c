@@ -214,6 +214,13 @@ int cli_precision_option(cli_args *a, drv_precision_options *o) {
         o->calib_path = value;
     } else if (cli_flag(a, "--act-order")) {
         o->act_order = true;
+    } else if (cli_flag_value(a, "--act-quant", &value)) {
+        if (!value) return CLI_USAGE_ERROR;
+        if (strcmp(value, "token") != 0 && strcmp(value, "tensor") != 0 && strcmp(value, "none") != 0) {
+            cli_usage_error(a, "unknown activation quantization '%s' (token, tensor or none)", value);
+            return CLI_USAGE_ERROR;
+        }
+        o->act_quant = value;
     } else {
         return CLI_NOT_MINE;
     }
@@ -246,7 +253,8 @@ int cli_model_option(cli_args *a, drv_model_options *o) {
     if (allowance != CLI_NOT_MINE) return allowance;
     int precision = cli_precision_option(a, &o->precision_options);
     if (precision != CLI_NOT_MINE) {
-        if (!a->source_option) a->source_option = "--act, --group-size, --keep, --calib or --act-order";
+        if (!a->source_option)
+            a->source_option = "--act, --group-size, --keep, --calib, --act-order or --act-quant";
         return precision;
     }
     if (cli_flag_value(a, "--config", &value)) {

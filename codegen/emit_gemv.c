@@ -89,6 +89,7 @@ typedef struct gemv_segment {
                            goes to as well (cache_written_upto); IR_NONE */
     int cache_role;
     int64_t max_seq;
+    double act_scale[2]; /* W8A8 with static scales: the act_scale_value of weight[r]'s matmul */
     uint32_t p_weight[2], p_bias[2], p_residual, p_out, p_cache, p_written, p_table; /* kernel parameters */
 } gemv_segment;
 
@@ -99,8 +100,12 @@ typedef struct gemv_plan {
     int64_t k;
     uint32_t segment_count;
     gemv_segment segments[GEMV_MAX_SEGMENTS];
-    bool quantized;      /* the weights are in quant/quant.h's packed layout, of this format: */
-    quant_format format; /* one for all of them */
+    bool quantized;       /* the weights are in quant/quant.h's packed layout, of this format: */
+    quant_format format;  /* one for all of them */
+    quant_kind act_quant; /* W8A8 (matmul act_quant, ir/ops.def): QUANT_INT8 or QUANT_FP8 when the
+                             matmuls quantize their input as well; else QUANT_NONE */
+    bool act_static;      /* W8A8: static per-tensor scales (act_scale "tensor", each segment's
+                             act_scale), else each token's own */
 } gemv_plan;
 
 /* The op of the group reading v (directly, or a rope reading a reshape of
@@ -465,8 +470,9 @@ static void write_loader(cg_text *t, smelt_dtype dtype, int vector) {
 
 /* One row of a quantized weight (quant/quant.h's packed layout) and its
  * loader: VECTOR codes from column c * VECTOR, dequantized as quant_value
- * does, (q - z) * s (* c[k]). Also the MoE experts' (emit_moe.c). */
-void cg_write_quant_loader(cg_text *t, const quant_format *f, int vector) {
+ * does, (q - z) * s (* c[k]); codes_only: the raw codes (W8A8 sums them). Also
+ * the MoE experts' (emit_moe.c). */
+void cg_write_quant_loader(cg_text *t, const quant_format *f, int vector, bool codes_only) {
     cg_line(t, "/* A row of a quantized weight: its codes start at code `first` of the codes section");
     cg_line(t, " * (at byte 0 of w), its group scales%s at entry `first_group` of theirs; the other",
             f->has_zero ? " and zero points" : "");
@@ -492,6 +498,7 @@ void cg_write_quant_loader(cg_text *t, const quant_format *f, int vector) {
     cg_line(t, "return r;");
     cg_line(t, "}");
     cg_blank(t);
+    if (codes_only) return; /* W8A8 reads the codes and scales apart: write_w8a8_helpers */
     bool int4 = f->kind == QUANT_INT4;
     /* The code of element i of the load (or of the one element), as a float. */
     const char *code =
@@ -720,6 +727,206 @@ static void write_epilogue(cg_kernel_builder *b, const gemv_plan *p, const gemv_
     }
 }
 
+/* W8A8 (matmul act_quant, ir/ops.def): the codes of a weight row without
+ * their scale, and the activation codes, for the integer (int8) or E4M3
+ * dot product of write_w8a8_dot_rows. */
+static void write_w8a8_helpers(cg_text *t, const gemv_plan *p, int vector, int lanes) {
+    bool int8 = p->act_quant == QUANT_INT8;
+    const char *code_type = int8 ? "int" : "float";
+    cg_line(t, "/* VECTOR codes of row r from column c * VECTOR, without their scale: %s. */",
+            int8 ? "int8 integers" : "E4M3 values");
+    cg_line(t, "SMELT_DEVICE void load_codes(quant_row r, int c, %s v[VECTOR])", code_type);
+    cg_line(t, "{");
+    cg_line(t, "long long k0 = (long long)c * VECTOR;");
+    if (vector > 1) {
+        cg_line(t, "smelt_u32x4 q = smelt_load_global_128(r.w + r.first + k0); /* %d codes */", vector);
+        cg_line(t, "uint32_t words[4] = {q.x, q.y, q.z, q.w};");
+        cg_line(t, "for (int i = 0; i < VECTOR; i++)");
+        cg_line(t, int8 ? "    v[i] = (int)(int8_t)(uint8_t)(words[i / 4] >> (i %% 4 * 8));"
+                        : "    v[i] = smelt_f8e4m3_to_f32((uint8_t)(words[i / 4] >> (i %% 4 * 8)));");
+    } else {
+        cg_line(t, int8 ? "v[0] = (int)(int8_t)r.w[r.first + k0];"
+                        : "v[0] = smelt_f8e4m3_to_f32(r.w[r.first + k0]);");
+    }
+    cg_line(t, "}");
+    cg_blank(t);
+    cg_line(t, "/* The row's scale: one per output channel (GROUP = K). */");
+    cg_line(t, "SMELT_DEVICE float row_scale(quant_row r)");
+    cg_line(t, "{");
+    cg_line(t, "return smelt_f16_to_f32(((const uint16_t *)(r.w + r.scales))[r.first_group]);");
+    cg_line(t, "}");
+    cg_blank(t);
+    cg_line(t, "/* The column scales c[k] of VECTOR columns from c * VECTOR (SmoothQuant's 1 / s)%s. */",
+            p->format.has_column_scale ? "" : ": 1 without them");
+    cg_line(t, "SMELT_DEVICE void load_column_scales(quant_row r, int c, float v[VECTOR])");
+    cg_line(t, "{");
+    if (p->format.has_column_scale) {
+        cg_line(
+            t,
+            "const float *column_scales = (const float *)(r.w + r.column_scales) + (long long)c * VECTOR;");
+        cg_line(t, "for (int i = 0; i < VECTOR; i++)");
+        cg_line(t, "    v[i] = column_scales[i];");
+    } else {
+        cg_line(t, "(void)r, (void)c;");
+        cg_line(t, "for (int i = 0; i < VECTOR; i++)");
+        cg_line(t, "    v[i] = 1.0f;");
+    }
+    cg_line(t, "}");
+    cg_blank(t);
+    if (int8) {
+        cg_line(t, "/* An activation's int8 code: x / s rounded to nearest even, clamped to +-127. */");
+        cg_line(t, "SMELT_DEVICE int activation_code(float v)");
+        cg_line(t, "{");
+        cg_line(t, "if (!(v == v))");
+        cg_line(t, "    return 0;");
+        cg_line(t, "float r = rintf(v);");
+        cg_line(t, "return (int)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);");
+        cg_line(t, "}");
+    } else {
+        cg_line(t,
+                "/* An activation's E4M3 code, as its value: x / s rounded to nearest even, saturating. */");
+        cg_line(t, "SMELT_DEVICE float activation_code(float v)");
+        cg_line(t, "{");
+        cg_line(t, "return smelt_f8e4m3_to_f32(smelt_f32_to_f8e4m3(v));");
+        cg_line(t, "}");
+    }
+    cg_blank(t);
+    if (lanes > 1 && !p->act_static) {
+        cg_line(t, "SMELT_DEVICE float unit_max(float v)");
+        cg_line(t, "{");
+        cg_line(t, "for (int offset = LANES / 2; offset > 0; offset /= 2)");
+        cg_line(t, "    v = fmaxf(v, smelt_shfl_xor_f32(0xffffffffu, v, offset));");
+        cg_line(t, "return v;");
+        cg_line(t, "}");
+        cg_blank(t);
+    }
+    if (lanes > 1 && int8) {
+        cg_line(t, "SMELT_DEVICE int unit_sum_i32(int v)");
+        cg_line(t, "{");
+        cg_line(t, "for (int offset = LANES / 2; offset > 0; offset /= 2)");
+        cg_line(t, "    v += smelt_shfl_xor_i32(0xffffffffu, v, offset);");
+        cg_line(t, "return v;");
+        cg_line(t, "}");
+        cg_blank(t);
+    }
+}
+
+/* dot_rows of a W8A8 group: a first pass over the row of x finds each
+ * token's activation scale (the max |x * g * c| over K, / 127 or / 448:
+ * the norm's 1 / rms, a positive factor of the whole row, cancels out of
+ * the codes and is applied after, as in the float dot) and the sum of
+ * squares; the second quantizes x * g * c to codes of that scale and sums
+ * their products with the weight's codes (int8: in int32, exact for K <
+ * 2^31 / 127^2; E4M3: in f32, each product exact); the sum is then scaled
+ * by the activation's and the row's scales. */
+static void write_w8a8_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x, uint32_t norm_weight,
+                                int lanes) {
+    cg_text *t = &b->text;
+    bool int8 = p->act_quant == QUANT_INT8;
+    const char *code_type = int8 ? "int" : "float";
+    const char *xt = cg_dtype_ctype(b->params[x].dtype), *xn = cg_dtype_name(b->params[x].dtype);
+    const char *gt = p->norm ? cg_dtype_ctype(b->params[norm_weight].dtype) : "float";
+    cg_line(t, "/* sums[i][r] = x[t0 + i] . w_r as W8A8 computes it (x scaled by the norm weight when there");
+    cg_line(t, " * is one): x * g * c quantized to %s codes of the token's scale (its max |.| / %s), their",
+            int8 ? "int8" : "E4M3", int8 ? "127" : "448");
+    cg_line(t, " * products with the weight's codes summed, times both scales; squares[i] = x . x. */");
+    cg_line(t, "SMELT_DEVICE void dot_rows(quant_row w0, quant_row w1, int rows, const %s *x, const %s *g,",
+            xt, gt);
+    cg_line(t, "                           long long t0, int tokens, float sums[TOKEN_TILE][2],");
+    cg_line(t, "                           float squares[TOKEN_TILE]%s)",
+            p->act_static ? ", float static_a, float static_b" : "");
+    cg_line(t, "{");
+    cg_line(t, lanes > 1 ? "int lane = threadIdx.x %% LANES;" : "const int lane = 0, LANE_STEP = 1;");
+    if (lanes > 1) cg_line(t, "enum { LANE_STEP = LANES };");
+    cg_line(t, "float scales[TOKEN_TILE][2]; /* each token's activation scale against w0's and w1's c */");
+    cg_line(t, "%s dots[TOKEN_TILE][2];", code_type);
+    cg_line(t, "for (int i = 0; i < TOKEN_TILE; i++) {");
+    cg_line(t, "scales[i][0] = scales[i][1] = squares[i] = 0.0f;");
+    cg_line(t, "dots[i][0] = dots[i][1] = 0;");
+    cg_line(t, "}");
+    bool dynamic = !p->act_static;
+    if (dynamic || p->norm) { /* a static scale needs only the norm's sum of squares */
+        cg_line(t, dynamic ? "/* 1: the absmax of x * g * c and the sum of squares, per token */"
+                           : "/* 1: the sum of squares, per token */");
+        cg_line(t, "for (int c = lane; c < K / VECTOR; c += LANE_STEP) {");
+        cg_line(t, "float xv[VECTOR]%s%s;", p->norm ? ", gv[VECTOR]" : "",
+                dynamic ? ", ca[VECTOR], cb[VECTOR]" : "");
+        if (dynamic) {
+            cg_line(t, "load_column_scales(w0, c, ca);");
+            cg_line(t, "load_column_scales(rows == 2 ? w1 : w0, c, cb);");
+        }
+        if (p->norm && dynamic)
+            cg_line(t, "load_%s(g + c * VECTOR, gv);", cg_dtype_name(b->params[norm_weight].dtype));
+        cg_line(t, "for (int i = 0; i < TOKEN_TILE && t0 + i < tokens; i++) {");
+        cg_line(t, "load_%s(x + (t0 + i) * K + c * VECTOR, xv);", xn);
+        cg_line(t, "for (int j = 0; j < VECTOR; j++) {");
+        if (p->norm) cg_line(t, "squares[i] += xv[j] * xv[j];");
+        if (dynamic) {
+            if (p->norm)
+                cg_line(t, p->norm_offset != 0.0 ? "float v = xv[j] * (NORM_OFFSET + gv[j]);"
+                                                 : "float v = xv[j] * gv[j];");
+            else
+                cg_line(t, "float v = xv[j];");
+            cg_line(t, "scales[i][0] = fmaxf(scales[i][0], fabsf(v * ca[j]));");
+            cg_line(t, "scales[i][1] = fmaxf(scales[i][1], fabsf(v * cb[j]));");
+        }
+        cg_line(t, "}");
+        cg_line(t, "}");
+        cg_line(t, "}");
+    }
+    if (!p->norm) cg_line(t, "(void)g;");
+    cg_line(t, "for (int i = 0; i < TOKEN_TILE && t0 + i < tokens; i++) {");
+    if (lanes > 1 && dynamic) {
+        cg_line(t, "scales[i][0] = unit_max(scales[i][0]); /* uniform bound: every lane shuffles */");
+        cg_line(t, "scales[i][1] = unit_max(scales[i][1]);");
+    }
+    if (lanes > 1 && p->norm) cg_line(t, "squares[i] = unit_sum(squares[i]);");
+    if (!dynamic) { /* the static scale of the norm's output: of h * g, ACT_SCALE * rms */
+        cg_line(t, "scales[i][0] = static_a%s;", p->norm ? " / inverse_rms(squares[i])" : "");
+        cg_line(t, "scales[i][1] = static_b%s;", p->norm ? " / inverse_rms(squares[i])" : "");
+    } else {
+        cg_line(t, "for (int r = 0; r < 2; r++)");
+        cg_line(t, "    scales[i][r] = scales[i][r] > 0.0f ? scales[i][r] / %s : 1.0f;",
+                int8 ? "127.0f" : "448.0f");
+    }
+    cg_line(t, "}");
+    cg_line(t, "/* 2: the codes' dot products */");
+    cg_line(t, "for (int c = lane; c < K / VECTOR; c += LANE_STEP) {");
+    /* b zeroed: a C compiler cannot see that load_codes fills it whenever rows == 2 reads it */
+    cg_line(t, "%s a[VECTOR], b[VECTOR] = {0};", code_type);
+    cg_line(t, "float xv[VECTOR]%s, ca[VECTOR], cb[VECTOR];", p->norm ? ", gv[VECTOR]" : "");
+    cg_line(t, "load_codes(w0, c, a);");
+    cg_line(t, "load_column_scales(w0, c, ca);");
+    cg_line(t, "if (rows == 2)");
+    cg_line(t, "    load_codes(w1, c, b);");
+    cg_line(t, "load_column_scales(rows == 2 ? w1 : w0, c, cb);");
+    if (p->norm) cg_line(t, "load_%s(g + c * VECTOR, gv);", cg_dtype_name(b->params[norm_weight].dtype));
+    cg_line(t, "for (int i = 0; i < TOKEN_TILE && t0 + i < tokens; i++) {");
+    cg_line(t, "load_%s(x + (t0 + i) * K + c * VECTOR, xv);", xn);
+    cg_line(t, "for (int j = 0; j < VECTOR; j++) {");
+    if (p->norm)
+        cg_line(t, p->norm_offset != 0.0 ? "float v = xv[j] * (NORM_OFFSET + gv[j]);"
+                                         : "float v = xv[j] * gv[j];");
+    else
+        cg_line(t, "float v = xv[j];");
+    cg_line(t, "dots[i][0] += activation_code(v * ca[j] / scales[i][0]) * a[j];");
+    cg_line(t, "if (rows == 2)");
+    cg_line(t, "    dots[i][1] += activation_code(v * cb[j] / scales[i][1]) * b[j];");
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_line(t, "for (int i = 0; i < TOKEN_TILE && t0 + i < tokens; i++) {");
+    if (lanes > 1) {
+        cg_line(t, int8 ? "dots[i][0] = unit_sum_i32(dots[i][0]);" : "dots[i][0] = unit_sum(dots[i][0]);");
+        cg_line(t, int8 ? "dots[i][1] = unit_sum_i32(dots[i][1]);" : "dots[i][1] = unit_sum(dots[i][1]);");
+    }
+    cg_line(t, "sums[i][0] = (float)dots[i][0] * scales[i][0] * row_scale(w0);");
+    cg_line(t, "sums[i][1] = rows == 2 ? (float)dots[i][1] * scales[i][1] * row_scale(w1) : 0.0f;");
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_blank(t);
+}
+
 static void write_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x, uint32_t norm_weight,
                            uint32_t weight, int lanes) {
     bool two_rows = false; /* a rotary or SwiGLU pair: some unit reads two rows */
@@ -740,6 +947,10 @@ static void write_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x,
         cg_line(t, "return v;");
         cg_line(t, "}");
         cg_blank(t);
+    }
+    if (p->act_quant != QUANT_NONE) {
+        write_w8a8_dot_rows(b, p, x, norm_weight, lanes);
+        return;
     }
     cg_line(t, "/* sums[i][r] = x[t0 + i] . w_r (x scaled by the norm weight when there is one) and");
     cg_line(t, " * squares[i] = x[t0 + i] . x[t0 + i], over the whole row, in every lane of the unit;");
@@ -958,6 +1169,32 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
                                f.has_column_scale != p.format.has_column_scale)))
                 return refuse(e, "weights stored differently (dtype or quantization format)");
         }
+    /* W8A8: every matmul of the group quantizes its input alike (precision
+     * gives each the kind of its weight's codes, per token). */
+    p.act_quant = QUANT_NONE;
+    p.act_static = false;
+    bool first_matmul = true;
+    for (uint32_t i = 0; i < g->op_count; i++) {
+        uint32_t op = g->ops[i];
+        if (m->ops[op].kind != IR_OP_MATMUL) continue;
+        const char *kind = ir_op_string(m, op, "act_quant");
+        quant_kind act = strcmp(kind, "i8") == 0       ? QUANT_INT8
+                         : strcmp(kind, "f8e4m3") == 0 ? QUANT_FP8
+                                                       : QUANT_NONE;
+        double scale = strcmp(ir_op_string(m, op, "act_scale"), "tensor") == 0
+                           ? ir_op_float(m, op, "act_scale_value")
+                           : 0.0;
+        if (!first_matmul && (act != p.act_quant || (scale > 0) != p.act_static))
+            return refuse(e, "matmuls whose activations are quantized differently");
+        first_matmul = false;
+        p.act_static = scale > 0;
+        for (uint32_t s = 0; s < p.segment_count; s++)
+            for (int r = 0; r < 2; r++)
+                if (p.segments[s].weight[r] == m->ops[op].operands[1]) p.segments[s].act_scale[r] = scale;
+        if (act != QUANT_NONE && !p.quantized)
+            return refuse(e, "act_quant over a weight that is not quantized");
+        p.act_quant = act;
+    }
     /* Elements per load: 8 floats; a quantized weight's 128 bits of codes
      * when K and its group are multiples of them; else one. */
     int vector = p.k % GEMV_VECTOR == 0 ? GEMV_VECTOR : 1;
@@ -973,6 +1210,8 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     if (p.quantized) /* the format: group, zero points, act-order, column scales */
         cg_text_printf(&name, "_g%u%s%s%s", p.format.group, p.format.has_zero ? "z" : "",
                        p.format.has_group_index ? "o" : "", p.format.has_column_scale ? "c" : "");
+    if (p.act_quant != QUANT_NONE) /* W8A8: the activations' codes, per token or of a static scale */
+        cg_text_printf(&name, "_a%s%s", p.act_quant == QUANT_INT8 ? "i8" : "f8", p.act_static ? "s" : "");
     if (p.norm) cg_text_printf(&name, "_rms%s", cg_float_name(e, p.eps));
     for (uint32_t i = 0; i < p.segment_count; i++) {
         cg_text_printf(&name, "_%s", segment_tag(e, &p.segments[i]));
@@ -1024,15 +1263,23 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
             t, "enum { GROUP = %u, GROUPS = K / GROUP }; /* %s codes, one f16 scale per GROUP columns%s */",
             p.format.group, quant_kind_name(p.format.kind), p.format.has_zero ? " with a zero point" : "");
     cg_line(t, "enum { TOKEN_TILE = %d, UNITS = %lld };", GEMV_TOKEN_TILE, (long long)units);
+    for (uint32_t i = 0; p.act_static && i < p.segment_count; i++) {
+        cg_line(t, "#define ACT_SCALE_%u %s /* output %u's activations: their static scale */", i,
+                cg_float_literal(e, p.segments[i].act_scale[0]), i);
+        if (p.segments[i].weight[1] != IR_NO_VALUE)
+            cg_line(t, "#define UP_ACT_SCALE_%u %s /* and its up matmul's */", i,
+                    cg_float_literal(e, p.segments[i].act_scale[1]));
+    }
     if (!write_segment_constants(&b, &p)) return false;
     if (p.norm) cg_line(t, "#define EPS %s", cg_float_literal(e, p.eps));
     if (p.norm && p.norm_offset != 0.0)
         cg_line(t, "#define NORM_OFFSET %s /* the norm's weights are NORM_OFFSET + w (Gemma) */",
                 cg_float_literal(e, p.norm_offset));
     cg_blank(t);
-    if (p.quantized)
-        cg_write_quant_loader(t, &p.format, vector);
-    else
+    if (p.quantized) cg_write_quant_loader(t, &p.format, vector, p.act_quant != QUANT_NONE);
+    if (p.act_quant != QUANT_NONE)
+        write_w8a8_helpers(t, &p, vector, lanes);
+    else if (!p.quantized)
         write_loader(t, weight_dtype, vector);
     if (p.quantized || cg_storage_dtype(m, p.x) != weight_dtype)
         write_loader(t, cg_storage_dtype(m, p.x), vector);
@@ -1065,6 +1312,8 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     else
         cg_line(t, "const %s *wa = %s, *wb = %s;", wtype, first, first);
     cg_line(t, "int rows = 1;");
+    if (p.act_static)
+        cg_line(t, "float static_a = 1.0f, static_b = 1.0f; /* the unit's activation scales */");
     for (uint32_t i = 0; i < p.segment_count; i++) {
         if (i == 0) cg_line(t, "if (!active) {");
         if (i + 1 < p.segment_count)
@@ -1074,12 +1323,15 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
         cg_line(t, "/* output %u: %s */", i, segment_tag(e, &p.segments[i]));
         cg_line(t, "unit = global_unit - START_%u;", i);
         write_select(&b, &p, &p.segments[i], i, false);
+        if (p.act_static)
+            cg_line(t, "static_a = ACT_SCALE_%u, static_b = %s_%u;", i,
+                    p.segments[i].weight[1] != IR_NO_VALUE ? "UP_ACT_SCALE" : "ACT_SCALE", i);
     }
     cg_line(t, "}");
     cg_line(t, "float sums[TOKEN_TILE][2], squares[TOKEN_TILE];");
     cg_line(t, "for (long long t0 = 0; t0 < tokens; t0 += TOKEN_TILE) {");
-    cg_line(t, "dot_rows(wa, wb, rows, %s, %s, t0, tokens, sums, squares);", b.params[x].name,
-            p.norm ? b.params[norm_weight].name : "0");
+    cg_line(t, "dot_rows(wa, wb, rows, %s, %s, t0, tokens, sums, squares%s);", b.params[x].name,
+            p.norm ? b.params[norm_weight].name : "0", p.act_static ? ", static_a, static_b" : "");
     cg_line(t, "for (int i = 0; i < TOKEN_TILE && active && first_lane && t0 + i < tokens; i++) {");
     for (uint32_t i = 0; i < p.segment_count; i++) {
         if (p.segment_count == 1)

@@ -216,6 +216,6 @@ void cg_write_warp_sum(cg_text *t);
  * codes from column c * VECTOR as quant_value does (one 128-bit load when
  * `vector` > 1). The kernel defines K, VECTOR, GROUP and GROUPS. */
 struct quant_format;
-void cg_write_quant_loader(cg_text *t, const struct quant_format *f, int vector);
+void cg_write_quant_loader(cg_text *t, const struct quant_format *f, int vector, bool codes_only);
 
 #endif

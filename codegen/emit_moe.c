@@ -274,7 +274,7 @@ static void write_expert_reader(cg_text *t, const expert_storage *w) {
     cg_line(t, "#define EXPERT_BYTES %lluull /* from one expert's weights to the next */",
             (unsigned long long)w->stride);
     cg_blank(t);
-    cg_write_quant_loader(t, &w->format, w->vector);
+    cg_write_quant_loader(t, &w->format, w->vector, false);
 }
 
 /* A grouped projection: block (row tile, expert) computes rows

@@ -6,6 +6,9 @@
 #include "driver_internal.h"
 #include "reference.h"
 
+#include "numeric.h"
+#include "pass.h"
+
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -217,6 +220,28 @@ const quant_act_stats *drv_calibration_stats(const drv_calibration *c, const cha
     return NULL;
 }
 
+bool drv_calibration_act_scales(const drv_calibration *c, pass_act_scale **out, uint32_t *count,
+                                diag_engine *d) {
+    *out = NULL;
+    *count = 0;
+    if (c->weight_count == 0) return true;
+    pass_act_scale *scales = calloc(c->weight_count, sizeof *scales);
+    if (!scales) {
+        diag_error(d, SMELT_NO_LOC, "calibration: out of memory for %u activation scales", c->weight_count);
+        return false;
+    }
+    for (uint32_t i = 0; i < c->weight_count; i++) {
+        const quant_act_stats *s = &c->inputs[c->weights[i].input];
+        float absmax = 0.0f;
+        for (uint64_t k = 0; k < s->cols; k++)
+            absmax = s->absmax[k] > absmax ? s->absmax[k] : absmax;
+        scales[i] = (pass_act_scale){.weight = c->weights[i].name, .scale = plan_f8e4m3_row_scale(absmax)};
+    }
+    *out = scales;
+    *count = c->weight_count;
+    return true;
+}
+
 void drv_calibration_free(drv_calibration *c) {
     for (uint32_t i = 0; c->inputs && i < c->input_count; i++)
         quant_act_stats_free(&c->inputs[i]);
@@ -229,10 +254,13 @@ void drv_calibration_free(drv_calibration *c) {
 
 bool drv_calibrate_for_precision(const drv_model_options *model, drv_calibration *out, diag_engine *d) {
     memset(out, 0, sizeof *out);
-    if (!drv_precision_needs_calibration(model->precision)) return true;
+    if (!drv_precision_needs_calibration(model->precision, &model->precision_options)) return true;
     const char *preset = drv_precision_name(model->precision);
+    bool smooth = model->precision == DRV_PRECISION_INT8,
+         static_scales = model->precision == DRV_PRECISION_FP8;
     if (!model->precision_options.calib_path) {
-        diag_error(d, SMELT_NO_LOC, "--precision %s learns from calibration data: pass --calib IDS", preset);
+        diag_error(d, SMELT_NO_LOC, "--precision %s learns from calibration data: pass --calib IDS%s", preset,
+                   smooth ? " (SmoothQuant's migration), or --act-quant none for weight-only int8" : "");
         diag_note(d, SMELT_NO_LOC,
                   "IDS holds token ids as `smelt eval --ids` reads them (for the demo model: "
                   "tests/fixtures/demo/calib_ids.bin, a slice of its training text)");
@@ -243,6 +271,7 @@ bool drv_calibrate_for_precision(const drv_model_options *model, drv_calibration
                    "--precision %s quantizes the weights as they are compiled: it needs --weights", preset);
         return false;
     }
-    drv_calib_options c = {.ids_path = model->precision_options.calib_path, .xtx = true, .progress = true};
+    drv_calib_options c = {
+        .ids_path = model->precision_options.calib_path, .xtx = !smooth && !static_scales, .progress = true};
     return drv_calibrate(model, &c, out, d);
 }

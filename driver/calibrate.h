@@ -69,6 +69,14 @@ const char *drv_expert_name(const ir_module *m, uint32_t op, uint64_t e, arena *
  * preset *out is zeroed and nothing runs. */
 bool drv_calibrate_for_precision(const drv_model_options *model, drv_calibration *out, diag_engine *d);
 
+/* fp8's static activation scales (--act-quant tensor): for every weight c
+ * calibrated, max |x| of its input over all the ids and channels / 448 (1
+ * for an input that was always zero). *out (freed by the caller; its names
+ * are c's) is NULL when there are none. False after reporting. */
+struct pass_act_scale;
+bool drv_calibration_act_scales(const drv_calibration *c, struct pass_act_scale **out, uint32_t *count,
+                                diag_engine *d);
+
 /* Harmless on a zeroed drv_calibration. */
 void drv_calibration_free(drv_calibration *c);
 

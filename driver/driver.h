@@ -53,8 +53,10 @@
 
 /* Storage of weights and activations in a compiled plan (arithmetic is f32
  * either way): the precision pass's presets (passes/precision.c). bf16:
- * every float value bf16 except what an `output` op consumes; int4-rtn,
- * int8 and fp8: bf16 with the matmul weights quantized (weight-only). */
+ * every float value bf16 except what an `output` op consumes; int4-rtn:
+ * bf16 with the matmul weights quantized (weight-only); int8 and fp8: W8A8,
+ * the matmuls' inputs quantized per token as well (int8 with SmoothQuant's
+ * migration, from calibration: --calib), or weight-only with --act-quant none. */
 typedef enum drv_precision {
     DRV_PRECISION_F32,
     DRV_PRECISION_BF16,
@@ -72,10 +74,14 @@ typedef struct drv_precision_options {
     const char *keep;        /* comma-separated globs of weights kept unquantized; NULL: none */
     const char *calib_path;  /* int4-awq, int4-gptq: token ids to calibrate on (--calib) */
     bool act_order;          /* int4-gptq: columns by descending activation energy (--act-order) */
+    const char *act_quant;   /* int8, fp8: "token" (NULL means it: W8A8), fp8: "tensor" (static scales
+                                from --calib) or "none" (W8A16; --act-quant) */
 } drv_precision_options;
 
-/* Whether the preset's quantizers learn from calibration data (--calib). */
-bool drv_precision_needs_calibration(drv_precision p);
+/* Whether the preset's quantizers learn from calibration data (--calib):
+ * int4-awq, int4-gptq, int8 W8A8 (SmoothQuant's migration) and fp8 with
+ * static activation scales (--act-quant tensor). */
+bool drv_precision_needs_calibration(drv_precision p, const drv_precision_options *o);
 
 /* The preset's name, as --precision spells it. */
 const char *drv_precision_name(drv_precision p);
@@ -310,6 +316,10 @@ typedef struct drv_lowering {
     /* The checkpoint: when the config says it is pre-quantized (AWQ, GPTQ,
      * FP8), its quantized weights keep their format (drv_import_checkpoint_formats). */
     const char *weights_path;
+    /* Static activation scales by weight name (fp8 --act-quant tensor: the
+     * calibration's max |x| / 448), owned by the caller; NULL: none. */
+    const struct pass_act_scale *act_scales;
+    uint32_t act_scale_count;
 } drv_lowering;
 
 bool drv_ir_print_model(const char *model_path, const drv_source_options *source, const char *after,

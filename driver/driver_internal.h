@@ -61,9 +61,15 @@ bool drv_source_weights_read_packed(void *context, uint32_t op, uint8_t *dst, ui
  * AWQ, GPTQ, FP8) takes the checkpoint's format, method "checkpoint", and
  * its codes' dtype; the precision pass keeps it under every preset and
  * drv_source_weights_read_packed copies the checkpoint's bytes. Nothing to
- * do without a quantization_config or a weights path. */
+ * do without a quantization_config or a weights path. An FP8 checkpoint
+ * with static activations (input_scale tensors) adds, per weight, the static
+ * scale its matmul's W8A8 input is quantized by, after any in *scales (a
+ * malloc'd array of *count that the caller frees; the names are m's): the
+ * input_scale times the per-tensor weight scale (the weight's column scale,
+ * which the W8A8 kernel applies to x before quantizing: ir/ops.def). */
+struct pass_act_scale;
 bool drv_import_checkpoint_formats(ir_module *m, const char *config_path, const char *weights_path,
-                                   diag_engine *d);
+                                   struct pass_act_scale **scales, uint32_t *count, diag_engine *d);
 /* Weight op `op` of format f (method "checkpoint") as the checkpoint packs
  * it: `bytes` bytes into dst, the format checked against f. */
 bool drv_read_checkpoint_packed(const drv_source_weights *w, uint32_t op, const quant_format *f, uint8_t *dst,

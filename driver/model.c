@@ -4,6 +4,7 @@
 #include "calibrate.h"
 #include "driver_internal.h"
 
+#include "pass.h"
 #include "reference.h"
 
 #include <errno.h>
@@ -21,7 +22,8 @@ struct drv_model {
     smelt_engine *engine;      /* every other backend */
     ir_module module;          /* a source: the module compiled or interpreted */
     drv_source_weights weights;
-    drv_calibration calibration; /* int4-awq, int4-gptq: their quantizers' statistics */
+    drv_calibration calibration; /* int4-awq, int4-gptq, int8: their quantizers' statistics */
+    pass_act_scale *act_scales;  /* fp8 --act-quant tensor: from the calibration (its names) */
     bool weights_open;
 };
 
@@ -177,7 +179,11 @@ static bool open_model(drv_model *r, const drv_model_options *o, diag_engine *d)
                              .no_fuse = o->no_fuse,
                              .weights_path = o->weights_path};
     if (ref) lowering.precision_options.activations = "f32";
-    bool ok = drv_source_with_folder(&o->source, o->weights_path, &r->source, &r->config_path, d);
+    /* Calibration first: fp8's static activation scales are the precision pass's to print. */
+    bool ok = drv_calibrate_for_precision(o, &r->calibration, d) &&
+              drv_calibration_act_scales(&r->calibration, &r->act_scales, &lowering.act_scale_count, d);
+    lowering.act_scales = r->act_scales;
+    ok = ok && drv_source_with_folder(&o->source, o->weights_path, &r->source, &r->config_path, d);
     if (ok)
         r->source = drv_source_options_for_weights(&r->source, o->weights_path); /* a GGUF: its metadata */
     ok = ok && drv_source_load(o->model_path, &r->source, &lowering, NULL, &r->module, d);
@@ -190,7 +196,6 @@ static bool open_model(drv_model *r, const drv_model_options *o, diag_engine *d)
         r->weights_open = true; /* closed later even when binding fails half way */
         ok = drv_source_weights_open(&r->weights, o->weights_path, r->source.config_path, &r->module, d);
     }
-    ok = ok && drv_calibrate_for_precision(o, &r->calibration, d);
     r->weights.calibration = &r->calibration;
     if (ok && ref) return open_ref(r, o, d);
     char plan_path[4096] = "";
@@ -286,6 +291,7 @@ void drv_model_close(drv_model *m) {
     ref_model_free(m->ref);
     smelt_engine_destroy(m->engine);
     if (m->weights_open) drv_source_weights_close(&m->weights);
+    free(m->act_scales);
     drv_calibration_free(&m->calibration);
     ir_module_free(&m->module);
     free(m->config_path);

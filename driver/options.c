@@ -19,8 +19,11 @@ const char *drv_precision_name(drv_precision p) {
     return (unsigned)p < sizeof precision_names / sizeof precision_names[0] ? precision_names[p] : "f32";
 }
 
-bool drv_precision_needs_calibration(drv_precision p) {
-    return p == DRV_PRECISION_INT4_AWQ || p == DRV_PRECISION_INT4_GPTQ;
+bool drv_precision_needs_calibration(drv_precision p, const drv_precision_options *o) {
+    bool weight_only = o && o->act_quant && strcmp(o->act_quant, "none") == 0;
+    bool static_scales = o && o->act_quant && strcmp(o->act_quant, "tensor") == 0;
+    return p == DRV_PRECISION_INT4_AWQ || p == DRV_PRECISION_INT4_GPTQ ||
+           (p == DRV_PRECISION_INT8 && !weight_only) || (p == DRV_PRECISION_FP8 && static_scales);
 }
 
 static const char *const kv_cache_names[] = {"auto", "bf16", "f32", "fp8", "f16"};

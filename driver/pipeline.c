@@ -6,6 +6,7 @@
 #include "gguf.h"
 #include "pass.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 _Static_assert((int)DRV_MAX_SETTINGS == (int)FE_MAX_SETTINGS &&
@@ -39,6 +40,9 @@ bool drv_run_passes(ir_module *m, const char *after, const char *names, const dr
         o.pass.group_size = l->precision_options.group_size;
         o.pass.keep = l->precision_options.keep;
         o.pass.act_order = l->precision_options.act_order;
+        o.pass.act_quant = l->precision_options.act_quant;
+        o.pass.act_scales = l->act_scales;
+        o.pass.act_scale_count = l->act_scale_count;
         o.pass.kv_cache = drv_kv_cache_name(l->kv_cache);
         o.pass.max_tokens = l->max_step_tokens;
         o.pass.no_fuse = l->no_fuse;
@@ -60,7 +64,21 @@ bool drv_source_parse(const char *path, const drv_source_options *o, ir_module *
 
 bool drv_source_load(const char *path, const drv_source_options *o, const drv_lowering *l,
                      const char *print_after, ir_module *m, diag_engine *d) {
-    return drv_source_parse(path, o, m, d) &&
-           (!l || drv_import_checkpoint_formats(m, o->config_path, l->weights_path, d)) &&
-           drv_run_passes(m, "all", NULL, l, print_after, d);
+    if (!drv_source_parse(path, o, m, d)) return false;
+    if (!l) return drv_run_passes(m, "all", NULL, l, print_after, d);
+    /* The lowering's static activation scales, and a checkpoint's input_scales after them. */
+    drv_lowering with = *l;
+    pass_act_scale *scales = NULL;
+    uint32_t count = l->act_scale_count;
+    if (count && !(scales = malloc(count * sizeof *scales))) {
+        diag_error(d, SMELT_NO_LOC, "out of memory for %u activation scales", count);
+        return false;
+    }
+    if (count) memcpy(scales, l->act_scales, count * sizeof *scales);
+    bool ok = drv_import_checkpoint_formats(m, o->config_path, l->weights_path, &scales, &count, d);
+    with.act_scales = scales;
+    with.act_scale_count = count;
+    ok = ok && drv_run_passes(m, "all", NULL, &with, print_after, d);
+    free(scales);
+    return ok;
 }

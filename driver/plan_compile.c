@@ -6,6 +6,7 @@
 #include "driver_internal.h"
 
 #include "compile_plan.h"
+#include "pass.h"
 #include "program.h"
 
 #include <stdlib.h>
@@ -65,11 +66,7 @@ bool drv_compile(const char *model_path, const drv_source_options *given, const 
                              .weights_path = o->weights_path};
     drv_source_options source;
     char *config_path = NULL;
-    bool ok = drv_source_with_folder(given, o->weights_path, &source, &config_path, d);
-    if (ok) source = drv_source_options_for_weights(&source, o->weights_path); /* a GGUF: its metadata */
-    ok = ok && drv_source_load(model_path, &source, &lowering, o->print_after, &m, d);
-    if (ok && o->weights_path)
-        ok = drv_source_weights_open(&weights, o->weights_path, source.config_path, &m, d);
+    /* Calibration first: fp8's static activation scales are the precision pass's to print. */
     drv_model_options calibrated = drv_model_options_default();
     calibrated.model_path = model_path;
     calibrated.weights_path = o->weights_path;
@@ -77,7 +74,15 @@ bool drv_compile(const char *model_path, const drv_source_options *given, const 
     calibrated.precision_options = o->precision_options;
     calibrated.source = *given;
     drv_calibration calibration = {0};
-    ok = ok && drv_calibrate_for_precision(&calibrated, &calibration, d);
+    pass_act_scale *act_scales = NULL;
+    bool ok = drv_calibrate_for_precision(&calibrated, &calibration, d) &&
+              drv_calibration_act_scales(&calibration, &act_scales, &lowering.act_scale_count, d);
+    lowering.act_scales = act_scales;
+    ok = ok && drv_source_with_folder(given, o->weights_path, &source, &config_path, d);
+    if (ok) source = drv_source_options_for_weights(&source, o->weights_path); /* a GGUF: its metadata */
+    ok = ok && drv_source_load(model_path, &source, &lowering, o->print_after, &m, d);
+    if (ok && o->weights_path)
+        ok = drv_source_weights_open(&weights, o->weights_path, source.config_path, &m, d);
     weights.calibration = &calibration;
     drv_eos eos = {.count = 0};
     if (ok) ok = drv_eos_tokens(source.config_path, drv_module_vocab(&m), &eos, d);
@@ -89,6 +94,7 @@ bool drv_compile(const char *model_path, const drv_source_options *given, const 
     free(tokenizer);
     free(config_path);
     if (o->weights_path) drv_source_weights_close(&weights);
+    free(act_scales);
     drv_calibration_free(&calibration);
     ir_module_free(&m);
     return ok;

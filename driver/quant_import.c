@@ -5,11 +5,36 @@
  * its bytes are the checkpoint's, unpacked into quant.h's layout. */
 #include "driver_internal.h"
 
+#include "pass.h"
+
 #include <stdlib.h>
 #include <string.h>
 
+/* Appends the static activation scale of FP8 weight op `op` (its
+ * checkpoint's input_scale) to *scales. */
+static bool add_input_scale(const ir_module *m, uint32_t op, const qck_scheme *s, const st_checkpoint *ck,
+                            pass_act_scale **scales, uint32_t *count, diag_engine *d) {
+    const char *name = ir_op_string(m, op, "name");
+    qck_weight w;
+    if (qck_read_weight(s, ck, name, &w, d) != QCK_QUANTIZED) return false;
+    bool ok = true;
+    if (w.has_input_scale) {
+        pass_act_scale *grown = realloc(*scales, (*count + 1) * sizeof *grown);
+        if (grown) {
+            *scales = grown;
+            grown[(*count)++] =
+                (pass_act_scale){.weight = name, .scale = w.input_scale * quant_column_scale(&w.tensor, 0)};
+        } else {
+            diag_error(d, SMELT_NO_LOC, "out of memory reading the checkpoint's input scales");
+            ok = false;
+        }
+    }
+    qck_weight_free(&w);
+    return ok;
+}
+
 bool drv_import_checkpoint_formats(ir_module *m, const char *config_path, const char *weights_path,
-                                   diag_engine *d) {
+                                   pass_act_scale **scales, uint32_t *count, diag_engine *d) {
     qck_scheme s;
     if (!qck_scheme_of_file(config_path, &s, d)) return false;
     if (s.method == QCK_METHOD_NONE || !weights_path) return true;
@@ -23,6 +48,8 @@ bool drv_import_checkpoint_formats(ir_module *m, const char *config_path, const 
         if (formats[op].kind == QUANT_NONE) continue;
         ir_weight_set_quant(m, op, &formats[op]);
         m->values[m->ops[op].results[0]].type.dtype = quant_code_dtype(formats[op].kind);
+        if (s.method == QCK_METHOD_FP8 && s.fp8_static_input)
+            ok = add_input_scale(m, op, &s, &ck, scales, count, d);
     }
     free(formats);
     st_checkpoint_close(&ck);

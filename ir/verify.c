@@ -26,6 +26,7 @@
 #include "ir.h"
 #include "quant.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -400,6 +401,47 @@ static void check_quant_readers(verifier *v, uint32_t index) {
     }
 }
 
+/* A matmul's activation quantization (W8A8, ops.def): a quantized weight of
+ * the matching kind with one scale per output channel, and a scale rule. */
+static void check_act_quant(verifier *v, uint32_t index) {
+    const ir_module *m = v->m;
+    const ir_op *op = &m->ops[index];
+    const ir_attr *quant = ir_op_attr(m, index, "act_quant"), *scale = ir_op_attr(m, index, "act_scale");
+    const ir_attr *value = ir_op_attr(m, index, "act_scale_value");
+    const char *kind = quant && quant->kind == IR_ATTR_STRING ? quant->as.s : "none";
+    const char *rule = scale && scale->kind == IR_ATTR_STRING ? scale->as.s : "none";
+    double static_scale = value && value->kind == IR_ATTR_FLOAT ? value->as.f : 0.0;
+    if (strcmp(kind, "none") == 0) {
+        if (strcmp(rule, "none") != 0 || static_scale != 0.0)
+            violation(v, op, "act_scale without act_quant: the activations are not quantized");
+        return;
+    }
+    if (strcmp(rule, "token") == 0 && static_scale != 0.0)
+        violation(v, op, "act_scale \"token\" is computed at run time: act_scale_value must be 0");
+    else if (strcmp(rule, "tensor") == 0 && !(static_scale > 0.0 && isfinite(static_scale)))
+        violation(v, op, "act_scale \"tensor\" needs act_scale_value > 0 (the static scale), found %g",
+                  static_scale);
+    else if (strcmp(rule, "none") == 0)
+        violation(v, op, "act_quant = \"%s\" needs act_scale \"token\" or \"tensor\"", kind);
+    ir_value_id w = op->operand_count > 1 ? op->operands[1] : IR_NO_VALUE;
+    quant_format f;
+    if (w == IR_NO_VALUE || w >= m->value_count || v->state[w] != VALUE_DEFINED ||
+        !ir_weight_quant(m, m->values[w].def_op, &f)) {
+        violation(v, op, "act_quant = \"%s\" needs a quantized weight (W8A8)", kind);
+        return;
+    }
+    quant_kind wanted = strcmp(kind, "i8") == 0 ? QUANT_INT8 : QUANT_FP8;
+    const ir_type *t = &m->values[w].type;
+    if (f.kind != wanted)
+        violation(v, op, "act_quant = \"%s\" needs an %s weight, found %s", kind, quant_kind_name(wanted),
+                  quant_kind_name(f.kind));
+    else if (t->rank != 2 || ir_dim_is_symbol(t->dims[1]) || f.group != (uint64_t)t->dims[1].size ||
+             f.has_zero || f.has_group_index)
+        violation(v, op,
+                  "act_quant needs one weight scale per output channel (group = K, no zero points or "
+                  "group index)");
+}
+
 /* ---- the module --------------------------------------------------------------- */
 
 static void verify_op(verifier *v, uint32_t index, ir_type *scratch) {
@@ -417,6 +459,7 @@ static void verify_op(verifier *v, uint32_t index, ir_type *scratch) {
     if (!operands_ok || !attrs_ok || !types_ok || op->result_count > IR_MAX_RESULTS) return;
     if (op->kind == IR_OP_WEIGHT) check_weight_quant(v, index);
     check_quant_readers(v, index);
+    if (op->kind == IR_OP_MATMUL) check_act_quant(v, index);
     for (uint32_t i = 0; i < op->operand_count; i++) {
         ir_value_id id = op->operands[i];
         if (v->m->values[id].type.dtype == SMELT_DTYPE_UNKNOWN || v->state[id] == VALUE_BAD_TYPE)

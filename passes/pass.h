@@ -23,6 +23,15 @@
 #include <stddef.h>
 #include <stdio.h>
 
+/* A static per-tensor activation scale (W8A8 fp8, act_scale "tensor"): the
+ * input of the matmul whose weight is named `weight` is quantized as
+ * e4m3(x / scale). From calibration (the input's max |x| / 448) or a
+ * pre-quantized checkpoint's input_scale. */
+typedef struct pass_act_scale {
+    const char *weight;
+    float scale;
+} pass_act_scale;
+
 /* What the lowering passes are told (smelt compile's --precision and
  * --max-step-tokens reach them here). Zero means the default. */
 typedef struct pass_options {
@@ -31,11 +40,18 @@ typedef struct pass_options {
     int64_t group_size;      /* precision: int4's columns per scale (32, 64 or 128); 0: 128 */
     const char *keep;        /* precision: comma-separated globs of weights kept unquantized; NULL: none */
     bool act_order;          /* precision, int4-gptq: act-order (each column's group in a group index) */
+    const char *act_quant;   /* precision, int8 and fp8: "token" (NULL means it: W8A8, per-token
+                                activation scales at run time), "tensor" (fp8: static per-tensor
+                                scales, from act_scales) or "none" (weight-only W8A16) */
     const char *kv_cache;    /* precision: KV cache storage, "auto" (NULL means it), "fp8" or the
                                 activation dtype (passes/precision_kv_cache.c) */
     int64_t max_tokens;      /* plan-memory: tokens per step buffers are sized for; 0 or more than
                                 the token dim's bound: that bound */
     bool no_fuse;            /* fuse: apply no fusion rule, one op per kernel group (--no-fuse) */
+    /* precision: the static activation scales by weight name ("tensor"; a
+     * checkpoint's input_scale), act_scale_count of them */
+    const pass_act_scale *act_scales;
+    uint32_t act_scale_count;
 } pass_options;
 
 typedef struct pass_info {

@@ -31,10 +31,25 @@
  *   int4-gptq int4-rtn's format, codes chosen by GPTQ's Hessian-based error
  *             compensation (quant/gptq.c); with act_order each column's
  *             group is in a group index (columns by descending XᵀX diagonal);
- *   int8      bf16, and matmul weights W8A16: int8 codes, one f16 scale per
- *             output channel (symmetric), rounded to nearest;
- *   fp8       bf16, and matmul weights E4M3 codes, one f16 scale per output
- *             channel (weight-only: the activations stay bf16).
+ *   int8      bf16, and W8A8: matmul weights int8 codes, one f16 scale per
+ *             output channel (symmetric), with SmoothQuant's column scales
+ *             (method smooth, alpha 0.5, learnt from calibration statistics
+ *             when the driver fills the weights: the 1/s of the activation
+ *             side stays the matmul's column scale c[k]), and each matmul's
+ *             input quantized to int8 per token at run time (act_quant "i8",
+ *             act_scale "token": ops.def);
+ *   fp8       bf16, and W8A8: matmul weights E4M3 codes, one f16 scale per
+ *             output channel, rounded to nearest, and each matmul's input
+ *             quantized to E4M3 per token (act_quant "f8e4m3").
+ *   `act_quant` "none" makes int8 and fp8 weight-only (W8A16: round to
+ *   nearest, no column scales, the activations stay in their float dtype);
+ *   "tensor" (fp8) gives each matmul a static per-tensor scale instead,
+ *   act_scale "tensor" with act_scale_value from pass_options.act_scales by
+ *   its weight's name (the driver's calibration: max |x| / 448), an error
+ *   at the matmul when none is given. A pre-quantized FP8 checkpoint's
+ *   weights (method "checkpoint") are W8A8 under fp8 too: per tensor at
+ *   their input_scale when act_scales has one for them (the last entry of a
+ *   name wins), else per token.
  *   `activations` overrides the float storage ("f32" keeps the weights'
  *   quantization and stores everything else in f32: what the tests compare
  *   with the reference interpreter's dequantized arithmetic; "f16" stores
@@ -63,6 +78,7 @@
 #include "quant.h"
 
 #include <fnmatch.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -122,7 +138,8 @@ static bool weight_format(const ir_module *m, uint32_t op, const precision_prese
     int64_t rows = t->dims[t->rank - 2].size, columns = t->dims[t->rank - 1].size;
     *out = (quant_format){.kind = preset->weights,
                           .method = preset->method,
-                          .has_column_scale = preset->method == QUANT_METHOD_AWQ,
+                          .has_column_scale =
+                              preset->method == QUANT_METHOD_AWQ || preset->method == QUANT_METHOD_SMOOTH,
                           .has_group_index = preset->method == QUANT_METHOD_GPTQ && act_order};
     if (preset->weights == QUANT_INT4) {
         int64_t group = columns < group_size ? columns : group_size;
@@ -142,6 +159,56 @@ static bool weight_format(const ir_module *m, uint32_t op, const precision_prese
 static bool imported(const ir_module *m, uint32_t op) {
     quant_format f;
     return ir_weight_quant(m, op, &f) && f.method == QUANT_METHOD_CHECKPOINT;
+}
+
+/* The static activation scale given for the input of weight `name`, the
+ * last one given (a checkpoint's input_scale, after calibration's); 0: none. */
+static float static_scale_of(const pass_options *o, const char *name) {
+    float scale = 0.0f;
+    for (uint32_t i = 0; o && i < o->act_scale_count; i++)
+        if (strcmp(o->act_scales[i].weight, name) == 0) scale = o->act_scales[i].scale;
+    return scale;
+}
+
+/* Matmul op `op`'s activation quantization (W8A8, ops.def), of the dtype of
+ * its weight's codes, when `wanted` and the weight is int8 or E4M3 with one
+ * scale per output channel — a pre-quantized checkpoint's only when its
+ * codes are the preset's `kind` — per token, or with `static_scales` (or
+ * the checkpoint's input_scale) per tensor at the scale pass_options gives
+ * for the weight; else none. False after reporting a static scale that is
+ * missing or not a positive number. */
+static bool set_act_quant(ir_module *m, uint32_t op, bool wanted, quant_kind kind_wanted, bool static_scales,
+                          const pass_options *o, diag_engine *d) {
+    const ir_op *matmul = &m->ops[op];
+    quant_format f;
+    const char *kind = "none";
+    bool per_tensor = false;
+    float scale = 0.0f;
+    if (wanted && matmul->operand_count >= 2 && strcmp(ir_op_string(m, op, "layout"), "out_in") == 0 &&
+        ir_weight_quant(m, m->values[matmul->operands[1]].def_op, &f) &&
+        (f.kind == QUANT_INT8 || f.kind == QUANT_FP8) && !f.has_zero && !f.has_group_index &&
+        f.group == (uint64_t)m->values[matmul->operands[1]].type.dims[1].size) {
+        const char *name = ir_op_string(m, m->values[matmul->operands[1]].def_op, "name");
+        scale = static_scale_of(o, name);
+        bool checkpoint = f.method == QUANT_METHOD_CHECKPOINT;
+        per_tensor = static_scales || (checkpoint && scale != 0.0f);
+        if (!checkpoint || f.kind == kind_wanted)
+            kind = f.kind == QUANT_INT8 ? "i8" : "f8e4m3";
+        else
+            per_tensor = false;
+        if (per_tensor && !(scale > 0.0f && isfinite(scale))) {
+            diag_error(d, matmul->loc,
+                       "matmul: weight '%.*s%s' has no static activation scale (act_quant tensor needs "
+                       "calibration: --calib IDS)",
+                       DIAG_NAME(name));
+            return false;
+        }
+    }
+    bool none = strcmp(kind, "none") == 0;
+    ir_op_set_string(m, op, "act_quant", kind);
+    ir_op_set_string(m, op, "act_scale", none ? "none" : per_tensor ? "tensor" : "token");
+    ir_op_set_float(m, op, "act_scale_value", !none && per_tensor ? scale : 0.0);
+    return true;
 }
 
 bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
@@ -170,6 +237,24 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
             return false;
         }
     }
+    bool act_quant = preset->weights == QUANT_INT8 || preset->weights == QUANT_FP8;
+    bool static_scales = o && o->act_quant && strcmp(o->act_quant, "tensor") == 0;
+    if (o && o->act_quant && strcmp(o->act_quant, "none") == 0)
+        act_quant = false;
+    else if (o && o->act_quant && strcmp(o->act_quant, "token") != 0 && !static_scales) {
+        diag_error(d, SMELT_NO_LOC, "unknown activation quantization '%.*s%s'; known: token, tensor, none",
+                   DIAG_NAME(o->act_quant));
+        return false;
+    }
+    if (static_scales && preset->weights == QUANT_INT8) {
+        diag_error(d, SMELT_NO_LOC,
+                   "static per-tensor activation scales (act_quant tensor) are fp8's; %.*s%s quantizes "
+                   "activations per token",
+                   DIAG_NAME(preset->name));
+        return false;
+    }
+    precision_preset chosen = *preset; /* int8's migration is for W8A8 alone */
+    if (chosen.weights == QUANT_INT8 && act_quant) chosen.method = QUANT_METHOD_SMOOTH;
     int64_t group_size = o && o->group_size ? o->group_size : 128;
     if (group_size != 32 && group_size != 64 && group_size != 128) {
         diag_error(d, SMELT_NO_LOC, "group size %lld: int4 groups are 32, 64 or 128 input columns",
@@ -211,8 +296,10 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
             quant_format f;
             if (ir_weight_quant(m, i, &f)) t->dtype = SMELT_DTYPE_F32; /* a former decision: floats again */
             ir_weight_clear_quant(m, i);
-            if (weight_format(m, i, preset, group_size, o ? o->keep : NULL, o && o->act_order, only_matmul,
-                              only_experts, &f)) {
+            /* MoE experts stay weight-only under int8's W8A8 (no migration): the
+             * moe kernels do not quantize their activations */
+            if (weight_format(m, i, only_experts[op->results[0]] ? preset : &chosen, group_size,
+                              o ? o->keep : NULL, o && o->act_order, only_matmul, only_experts, &f)) {
                 ir_weight_set_quant(m, i, &f);
                 t->dtype = quant_code_dtype(f.kind);
                 continue;
@@ -238,9 +325,16 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
     free(only_matmul);
     free(only_experts);
     free(only_router);
+    bool scales_ok = true;
+    for (uint32_t i = 0; i < m->op_count; i++)
+        if (!m->ops[i].dead && m->ops[i].kind == IR_OP_MATMUL)
+            scales_ok &= set_act_quant(m, i, act_quant, preset->weights, static_scales, o, d);
+    if (!scales_ok) return false;
     m->precision = preset->name;
+    if ((preset->weights == QUANT_INT8 || preset->weights == QUANT_FP8) && !act_quant)
+        m->precision = arena_printf(&m->arena, "%s, weight-only", m->precision);
     if (activations != preset->activations)
         m->precision =
-            arena_printf(&m->arena, "%s, activations %s", preset->name, smelt_dtype_name(activations));
+            arena_printf(&m->arena, "%s, activations %s", m->precision, smelt_dtype_name(activations));
     return pass_precision_kv_cache(m, o ? o->kv_cache : NULL, smelt_dtype_name(activations), d);
 }

@@ -27,6 +27,8 @@ struct ref_model {
     ref_attrs *attrs;                    /* [op_count] */
     ref_kv_cache *caches;                /* [op_count]; filled for attention ops */
     ref_tensor *tensors;                 /* [value_count] */
+    quant_tensor *packed;                /* [value_count]: a quantized 2-D weight's packed layout (data
+                                            NULL for any other value), which W8A8 matmuls compute on */
     bool *persistent;                    /* [value_count]: weights and constants */
     uint32_t *last_use;                  /* [value_count]: last live op reading it, UINT32_MAX: none */
     ref_matmul_observer observer;        /* NULL: none */
@@ -94,7 +96,14 @@ static ref_attrs read_attrs(const ir_module *m, uint32_t op) {
     unsigned rank = o->operand_count ? m->values[o->operands[0]].type.rank : 0;
     switch (o->kind) {
     case IR_OP_CONST: a.value = (float)attr_float(m, op, "value"); break;
-    case IR_OP_MATMUL: a.in_out = attr_string_is(m, op, "layout", "in_out"); break;
+    case IR_OP_MATMUL:
+        a.in_out = attr_string_is(m, op, "layout", "in_out");
+        a.w8a8 = attr_string_is(m, op, "act_quant", "i8")       ? QUANT_INT8
+                 : attr_string_is(m, op, "act_quant", "f8e4m3") ? QUANT_FP8
+                                                                : QUANT_NONE;
+        a.w8a8_scale =
+            attr_string_is(m, op, "act_scale", "tensor") ? (float)attr_float(m, op, "act_scale_value") : 0.0f;
+        break;
     case IR_OP_RMS_NORM:
         a.eps = attr_float(m, op, "eps");
         a.offset = attr_float(m, op, "offset");
@@ -379,26 +388,32 @@ static void tensor_free(ref_tensor *tensor) {
 }
 
 /* Quantized weight op `op` into t->f: its packed bytes, dequantized; a
- * stacked [E, N, K] weight (MoE experts) matrix by matrix. */
+ * stacked [E, N, K] weight (MoE experts) matrix by matrix. A 2-D weight's
+ * packed bytes are kept in *q (W8A8 matmuls compute on its codes). */
 static bool load_quantized(const ir_module *m, uint32_t op, const quant_format *f, ref_tensor *t,
-                           ref_packed_weight_reader read_packed, void *context, diag_engine *d) {
+                           quant_tensor *q, ref_packed_weight_reader read_packed, void *context,
+                           diag_engine *d) {
     const ir_op *o = &m->ops[op];
     const char *name = ir_op_string(m, op, "name");
     uint64_t matrices = t->rank == 3 ? t->dims[0] : 1, stride, total;
-    quant_tensor q = {.format = *f};
-    if (quant_stack_layout_of(f, matrices, t->dims[t->rank - 2], t->dims[t->rank - 1], &q.layout, &stride,
+    *q = (quant_tensor){.format = *f};
+    if (quant_stack_layout_of(f, matrices, t->dims[t->rank - 2], t->dims[t->rank - 1], &q->layout, &stride,
                               &total) != NULL)
         return false; /* the verifier's */
     uint8_t *bytes = malloc(total ? total : 1);
     bool ok = bytes && read_packed && read_packed(context, op, bytes, total);
     for (uint64_t e = 0; ok && e < matrices; e++) {
-        q.data = bytes + e * stride;
-        quant_dequantize(&q, t->f + e * q.layout.rows * q.layout.cols);
+        quant_tensor one = *q;
+        one.data = bytes + e * stride;
+        quant_dequantize(&one, t->f + e * q->layout.rows * q->layout.cols);
     }
     if (!ok)
         diag_error(d, o->loc, "weight '%.*s%s': its %s data (%llu bytes) could not be read", DIAG_NAME(name),
                    quant_kind_name(f->kind), (unsigned long long)total);
-    free(bytes);
+    if (ok && matrices == 1)
+        q->data = bytes;
+    else
+        free(bytes);
     return ok;
 }
 
@@ -425,7 +440,7 @@ static bool load_weights(ref_model *r, ref_weight_reader read_weight, ref_packed
         if (o->kind == IR_OP_CONST) {
             t->f[0] = r->attrs[i].value;
         } else if (quantized) {
-            if (!load_quantized(m, i, &f, t, read_packed, context, d)) ok = false;
+            if (!load_quantized(m, i, &f, t, &r->packed[v], read_packed, context, d)) ok = false;
         } else if (!read_weight(context, i, t->f, t->count)) {
             diag_error(d, o->loc, "weight '%.*s%s': its data (%llu floats) could not be read",
                        DIAG_NAME(name), (unsigned long long)t->count);
@@ -497,12 +512,14 @@ ref_model *ref_model_create_packed(const ir_module *m, ref_weight_reader read_we
     r->attrs = calloc(ops, sizeof *r->attrs);
     r->caches = calloc(ops, sizeof *r->caches);
     r->tensors = calloc(values, sizeof *r->tensors);
+    r->packed = calloc(values, sizeof *r->packed);
     r->persistent = calloc(values, sizeof *r->persistent);
     r->last_use = malloc(values * sizeof *r->last_use);
-    if (!r->attrs || !r->caches || !r->tensors || !r->persistent || !r->last_use) {
+    if (!r->attrs || !r->caches || !r->tensors || !r->packed || !r->persistent || !r->last_use) {
         free(r->attrs);
         free(r->caches);
         free(r->tensors);
+        free(r->packed);
         free(r->persistent);
         free(r->last_use);
         free(r);
@@ -554,9 +571,12 @@ void ref_model_free(ref_model *r) {
         cache_free(&r->caches[i]);
     for (uint32_t v = 0; r->tensors && v < r->m->value_count; v++)
         tensor_free(&r->tensors[v]);
+    for (uint32_t v = 0; r->packed && v < r->m->value_count; v++)
+        free(r->packed[v].data);
     free(r->attrs);
     free(r->caches);
     free(r->tensors);
+    free(r->packed);
     free(r->persistent);
     free(r->last_use);
     free(r);
@@ -631,6 +651,9 @@ static bool run_compute(ref_model *r, uint32_t op, uint32_t n, diag_engine *d) {
                          .out_count = o->result_count,
                          .attrs = &r->attrs[op],
                          .kv = &r->caches[op],
+                         .weight_codes = o->kind == IR_OP_MATMUL && o->operand_count > 1
+                                             ? &r->packed[o->operands[1]]
+                                             : NULL,
                          .loc = o->loc,
                          .d = d,
                          .op = op,

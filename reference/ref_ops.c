@@ -8,6 +8,8 @@
  */
 #include "ref_ops.h"
 
+#include "numeric.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,10 +77,83 @@ bool ref_op_embedding(const ref_call *c) {
     return true;
 }
 
+/* The code of an activation x / s (ir/ops.def, matmul's act_quant) as the
+ * value it stands for before the scale: an int8 code rint(v) clamped to
+ * +-127 (NaN: 0), or an E4M3 code's value (round to nearest even,
+ * saturating to +-448). */
+static float activation_code(quant_kind kind, float v) {
+    if (kind == QUANT_FP8) return plan_f8e4m3_to_f32(plan_f32_to_f8e4m3(v));
+    if (!(v == v)) return 0.0f;
+    float r = rintf(v);
+    return r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+}
+
+/* matmul with act_quant (W8A8; ir/ops.def): row t of x times the weight's
+ * column scales becomes codes of scale s_t (its own absmax / 127 or / 448,
+ * or the static scale), and y[t, n] = s_t * s_w[n] * sum_k xcode * wcode,
+ * summed in double: exact for int8 (integer products below 2^14, sums below
+ * 2^53), each E4M3 product exact; then the bias. The weight's codes are
+ * decoded once per call, to their values (exact in float). */
+static bool matmul_quantized_activations(const ref_call *c) {
+    const ref_tensor *x = c->in[0];
+    const quant_tensor *w = c->weight_codes;
+    const float *bias = c->in_count == 3 ? c->in[2]->f : NULL; /* [N] */
+    ref_tensor *y = &c->out[0];
+    uint64_t inner = w->layout.cols, columns = w->layout.rows;
+    uint64_t rows = inner ? x->count / inner : 0;
+    quant_kind kind = c->attrs->w8a8;
+    float *codes = malloc((inner ? inner : 1) * sizeof *codes); /* [K], one row's activation codes */
+    uint64_t elements = inner * columns;                        /* the weight's: the verifier sized it */
+    float *weight = malloc((elements ? elements : 1) * sizeof *weight); /* [N, K] codes */
+    if (!codes || !weight) {
+        free(codes);
+        free(weight);
+        diag_error(c->d, c->loc, "matmul: out of memory");
+        return false;
+    }
+    for (uint64_t n = 0; n < columns; n++)
+        for (uint64_t k = 0; k < inner; k++) {
+            unsigned code = quant_code(w, n, k);
+            weight[n * inner + k] =
+                kind == QUANT_INT8 ? (float)(int8_t)code : plan_f8e4m3_to_f32((uint8_t)code);
+        }
+    for (uint64_t r = 0; r < rows; r++) {
+        const float *xr = x->f + r * inner; /* [K] */
+        float absmax = 0.0f;
+        for (uint64_t k = 0; k < inner; k++) {
+            codes[k] = xr[k] * quant_column_scale(w, k);
+            absmax = fabsf(codes[k]) > absmax ? fabsf(codes[k]) : absmax;
+        }
+        float scale = c->attrs->w8a8_scale > 0.0f           ? c->attrs->w8a8_scale
+                      : absmax > 0.0f && kind == QUANT_INT8 ? absmax / 127.0f
+                      : absmax > 0.0f                       ? absmax / 448.0f
+                                                            : 1.0f;
+        for (uint64_t k = 0; k < inner; k++)
+            codes[k] = activation_code(kind, codes[k] / scale);
+        for (uint64_t n = 0; n < columns; n++) {
+            const float *wn = weight + n * inner; /* [K] */
+            double dot = 0.0;
+            for (uint64_t k = 0; k < inner; k++)
+                dot += (double)codes[k] * wn[k];
+            dot *= (double)scale * quant_scale(w, n, 0);
+            y->f[r * columns + n] = (float)(dot + (bias ? bias[n] : 0.0));
+        }
+    }
+    free(codes);
+    free(weight);
+    return true;
+}
+
 /* matmul(x[..., K], w, bias[N]?) -> [..., N]
  * out_in: w is [N, K] and y = x @ w^T (nn.Linear); in_out: w is [K, N] and
- * y = x @ w (GPT-2's Conv1D). The bias is added to the double sum. */
+ * y = x @ w (GPT-2's Conv1D). The bias is added to the double sum. With
+ * act_quant the input is quantized as well (matmul_quantized_activations). */
 bool ref_op_matmul(const ref_call *c) {
+    if (c->attrs->w8a8 != QUANT_NONE) {
+        if (!c->weight_codes || !c->weight_codes->data) /* ir_verify: a quantized weight, loaded at create */
+            SMELT_DIE("a W8A8 matmul without its weight's codes");
+        return matmul_quantized_activations(c);
+    }
     const ref_tensor *x = c->in[0], *w = c->in[1];
     const float *bias = c->in_count == 3 ? c->in[2]->f : NULL; /* [N] */
     ref_tensor *y = &c->out[0];

@@ -15,6 +15,7 @@
 #include "diag.h"
 #include "ir.h"
 #include "reference.h"
+#include "quant.h"
 #include "rope.h"
 
 #include <stdbool.h>
@@ -39,6 +40,8 @@ _Static_assert(sizeof(float) == sizeof(int32_t), "layout ops move either element
  * once at create time; each op uses the fields its comment names. */
 typedef struct ref_attrs {
     bool in_out;         /* matmul: w is [K, N] rather than [N, K] */
+    quant_kind w8a8;     /* matmul: act_quant, QUANT_INT8 or QUANT_FP8 (else QUANT_NONE) */
+    float w8a8_scale;    /* matmul with act_quant: the static per-tensor scale; 0: per token */
     double eps;          /* rms_norm, layer_norm */
     double offset;       /* rms_norm: added to the weight (Gemma: 1) */
     ir_rope_params rope; /* rope, rope_table: frequencies and rotated dims (ir/rope.h) */
@@ -83,6 +86,9 @@ typedef struct ref_call {
     uint32_t op;                         /* the op's index: for the observer */
     ref_expert_observer expert_observer; /* moe only; NULL: none */
     void *observer_context;
+    /* A matmul with act_quant: its weight's packed layout (codes, scales,
+     * column scales; in[1] holds their values). */
+    const quant_tensor *weight_codes;
 } ref_call;
 
 /* Runs a compute or layout op of kind `kind` (not input, weight, const or

@@ -138,6 +138,7 @@ typedef struct emit_case {
     const char *precision;   /* the precision pass's preset: "f32", "bf16", "int4-rtn", ... */
     const char *activations; /* its activation storage; NULL: the preset's */
     int64_t group_size;      /* int4's; 0: the pass's default */
+    const char *act_quant;   /* int8, fp8: "none" for weight-only; NULL: W8A8 per token */
     const char *kv_cache;    /* its KV cache choice (NULL: auto; "fp8": f8e4m3 with row scales) */
     ir_value_id ids, pos;
     uint64_t random;
@@ -274,6 +275,7 @@ static void case_infer(emit_case *c) {
     pass_options options = {.precision = c->precision,
                             .activations = c->activations,
                             .group_size = c->group_size,
+                            .act_quant = c->act_quant,
                             .kv_cache = c->kv_cache};
     if (!pass_precision(&c->m, &options, &c->d)) fail_msg("precision failed:\n%s", case_log(c));
     assert_true(c->m.value_count <= CASE_MAX_VALUES);
@@ -493,6 +495,14 @@ static ref_attrs read_attrs(emit_case *c, uint32_t op) {
     ref_attrs a = {0};
     unsigned rank = o->operand_count ? m->values[o->operands[0]].type.rank : 0;
     switch (o->kind) {
+    case IR_OP_MATMUL: /* W8A8: the input quantized as well (ir/ops.def) */
+        a.w8a8 = strcmp(ir_op_string(m, op, "act_quant"), "i8") == 0       ? QUANT_INT8
+                 : strcmp(ir_op_string(m, op, "act_quant"), "f8e4m3") == 0 ? QUANT_FP8
+                                                                           : QUANT_NONE;
+        a.w8a8_scale = strcmp(ir_op_string(m, op, "act_scale"), "tensor") == 0
+                           ? (float)ir_op_float(m, op, "act_scale_value")
+                           : 0.0f;
+        break;
     case IR_OP_RMS_NORM:
         a.eps = ir_op_float(m, op, "eps");
         a.offset = ir_op_float(m, op, "offset");
@@ -576,12 +586,21 @@ static void run_reference(emit_case *c, uint32_t op, int64_t tokens, ref_tensor 
         results[r].i = results[r].elem == REF_I32 ? calloc(results[r].count + 1, sizeof(int32_t)) : NULL;
     }
     ref_attrs attrs = read_attrs(c, op);
+    quant_tensor codes = {0}; /* a W8A8 matmul computes on its weight's packed codes */
+    if (o->kind == IR_OP_MATMUL &&
+        ir_weight_quant(&c->m, c->m.values[o->operands[1]].def_op, &codes.format)) {
+        const ir_type *w = &c->m.values[o->operands[1]].type;
+        assert_null(quant_layout_of(&codes.format, (uint64_t)w->dims[0].size, (uint64_t)w->dims[1].size,
+                                    &codes.layout));
+        codes.data = c->values[o->operands[1]].buffer;
+    }
     ref_call call = {.in = in,
                      .in_count = o->operand_count,
                      .out = results,
                      .out_count = o->result_count,
                      .attrs = &attrs,
                      .kv = &c->states[op].kv,
+                     .weight_codes = codes.data ? &codes : NULL,
                      .loc = o->loc,
                      .d = &c->d};
     if (!ref_run_op(o->kind, &call)) fail_msg("the reference failed:\n%s", case_log(c));

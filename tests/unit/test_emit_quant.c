@@ -21,14 +21,20 @@
 typedef struct quant_case {
     const char *preset;
     int64_t group_size;
+    const char *act_quant; /* int8, fp8: "none" weight-only (W8A16), NULL W8A8 per token */
 } quant_case;
 
-static const quant_case presets[] = {{"int4-rtn", 32}, {"int4-rtn", 128}, {"int8", 0}, {"fp8", 0}};
+/* int8 W8A8 has SmoothQuant's column scales (random here: fill_operand) and
+ * both W8A8 presets quantize each token's row of x in the kernel, as the
+ * reference does (ir/ops.def, matmul act_quant). */
+static const quant_case presets[] = {{"int4-rtn", 32, NULL}, {"int4-rtn", 128, NULL}, {"int8", 0, "none"},
+                                     {"fp8", 0, "none"},     {"int8", 0, NULL},       {"fp8", 0, NULL}};
 
 static emit_case *quant_case_new(const quant_case *q) {
     emit_case *c = case_new(q->preset);
     c->activations = "f32";
     c->group_size = q->group_size;
+    c->act_quant = q->act_quant;
     return c;
 }
 
@@ -211,6 +217,27 @@ static void test_gemv_quantized_f16_activations(void **state) {
             }
             case_free(c);
         }
+/* W8A8 on the warp-shared path: enough rows (2304 units, more than 132 SMs
+ * x 16) that a unit takes LANES lanes, whose activation absmax and integer
+ * (int8) or f32 (E4M3) sums reduce across them by shuffles; with a norm
+ * prologue (its sum of squares reduced alike), at 1 and 6 tokens. */
+static void test_w8a8_warp_lanes(void **state) {
+    (void)state;
+    for (size_t p = 4; p < sizeof presets / sizeof presets[0]; p++) {
+        emit_case *c = quant_case_new(&presets[p]);
+        ir_value_id h = case_input(c, "h", "f32[tokens, 64]");
+        ir_value_id g = case_weight(c, "f32[64]"), wt = case_weight(c, "f32[2304, 64]");
+        uint32_t norm = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){h, g}, 2);
+        ir_op_set_float(&c->m, norm, "eps", 1e-5);
+        uint32_t op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){case_result(c, norm), wt}, 2);
+        case_infer(c);
+        assert_string_not_equal(ir_op_string(&c->m, op, "act_quant"), "none");
+        const uint32_t ops[2] = {norm, op};
+        const ir_value_id out = case_result(c, op);
+        for (int64_t t = 1; t <= 6; t += 5)
+            case_run_group(c, ops, 2, &out, 1, t, F32_TOLERANCE);
+        case_free(c);
+    }
 }
 
 int main(void) {
@@ -220,6 +247,7 @@ int main(void) {
         cmocka_unit_test(test_quantized_matmul_alone),
         cmocka_unit_test(test_gemv_quantized_column_scales),
         cmocka_unit_test(test_gemv_quantized_f16_activations),
+        cmocka_unit_test(test_w8a8_warp_lanes),
     };
     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
 }

@@ -10,7 +10,9 @@
 
 #include "frontend.h"
 #include "ir.h"
+#include "numeric.h"
 #include "pass.h"
+#include "quant.h"
 #include "reference.h"
 
 #include <math.h>
@@ -33,7 +35,9 @@ typedef struct fixture {
     uint32_t weight_ops[MAX_WEIGHTS];
     const float *weight_data[MAX_WEIGHTS];
     uint32_t weight_count;
-    bool reader_fails; /* the weight reader answers false */
+    bool reader_fails;     /* the weight reader answers false */
+    const uint8_t *packed; /* a quantized weight's bytes (read_packed) */
+    uint64_t packed_bytes;
     ref_model *r;
 } fixture;
 
@@ -245,6 +249,96 @@ static void test_matmul_over_tokens(void **state) {
     /* row 1 = [4, 5, 6] -> [15, 8]; row 0 = [1, 2, 3] -> [6, 2] */
     assert_floats(out, (const double[]){15, 8, 6, 2, 15, 8}, 6, 1e-6);
     fixture_free(f);
+}
+
+/* ---- W8A8: matmuls that quantize their input (ir/ops.def, act_quant) ------------------ */
+
+static bool read_packed(void *context, uint32_t op, uint8_t *dst, uint64_t bytes) {
+    (void)op;
+    const fixture *f = context;
+    if (bytes != f->packed_bytes) return false;
+    memcpy(dst, f->packed, bytes);
+    return true;
+}
+
+/* y = matmul(x [1, 3], w [2, 3]) with act_quant `kind` and act_scale `rule`
+ * (at `scale` when "tensor"); w in quant.h's layout with one f16 scale per
+ * row, 0.5 and 0.25, and the raw codes given: its two outputs. */
+static void w8a8_matmul(quant_kind kind, const uint8_t codes[6], const char *rule, double scale,
+                        const float x[3], float out[2]) {
+    fixture *f = fixture_new();
+    declare_inputs(f);
+    quant_format format = {.kind = kind, .method = QUANT_METHOD_RTN, .group = 3};
+    quant_layout l;
+    assert_null(quant_layout_of(&format, 2, 3, &l));
+    uint8_t bytes[64] = {0};
+    assert_true(l.total <= sizeof bytes);
+    memcpy(bytes + l.codes, codes, 6);
+    uint16_t half = plan_f32_to_f16(0.5f), quarter = plan_f32_to_f16(0.25f);
+    memcpy(bytes + l.scales, &half, 2); /* little-endian, as the layout says */
+    memcpy(bytes + l.scales + 2, &quarter, 2);
+    f->packed = bytes;
+    f->packed_bytes = l.total;
+    ir_value_id xv = weight(f, "f32[1, 3]", x);
+    ir_value_id wv = declare(f, IR_OP_WEIGHT, "w", kind == QUANT_INT8 ? "i8[2, 3]" : "f8e4m3[2, 3]");
+    ir_weight_set_quant(&f->m, f->m.values[wv].def_op, &format);
+    uint32_t mm = op2(f, IR_OP_MATMUL, xv, wv);
+    assert_true(ir_op_set_string(&f->m, mm, "act_quant", kind == QUANT_INT8 ? "i8" : "f8e4m3"));
+    assert_true(ir_op_set_string(&f->m, mm, "act_scale", rule));
+    assert_true(ir_op_set_float(&f->m, mm, "act_scale_value", scale));
+    output(f, result(f, mm), "logits");
+    if (!pass_infer_shapes(&f->m, &f->d)) fail_msg("infer-shapes failed:\n%s", log_of(f));
+    f->r = ref_model_create_packed(&f->m, read_weight, read_packed, f, &f->d);
+    if (!f->r) fail_msg("create failed:\n%s", log_of(f));
+    step_once(f, out, 2);
+    fixture_free(f);
+}
+
+/* int8 per token: x = [1, -2.54, 0.513] has s = 2.54 / 127 = 0.02 and codes
+ * [50, -127, rint(25.65) = 26]; w's codes [10, -20, 30] and [127, 0, -127]:
+ *   y0 = (500 + 2540 + 780) * 0.02 * 0.5  = 3820 * 0.01  = 38.2
+ *   y1 = (6350 + 0 - 3302) * 0.02 * 0.25 = 3048 * 0.005 = 15.24
+ * (the weight-only product would be 38.095 and 15.46225). */
+static void test_w8a8_int8_per_token(void **state) {
+    (void)state;
+    static const float x[3] = {1.0f, -2.54f, 0.513f};
+    const uint8_t codes[6] = {10, (uint8_t)-20, 30, 127, 0, (uint8_t)-127};
+    float out[2];
+    w8a8_matmul(QUANT_INT8, codes, "token", 0.0, x, out);
+    assert_floats(out, (const double[]){38.2, 15.24}, 2, 1e-4);
+}
+
+/* E4M3 per token: s = 2.54 / 448 and x / s = [176.38, -448, 90.48], whose
+ * E4M3 values are 176 (steps of 16 in [128, 256)), -448 and 88 (steps of 8);
+ * w's values [10, -20, 30] and [12, 0, -12]:
+ *   y0 = (1760 + 8960 + 2640) * s * 0.5 = 13360 * s / 2 = 37.8732143
+ *   y1 = (2112 + 0 - 1056) * s * 0.25   = 1056 * s / 4  = 1.49678571 */
+static void test_w8a8_fp8_per_token(void **state) {
+    (void)state;
+    static const float x[3] = {1.0f, -2.54f, 0.513f};
+    const float values[6] = {10, -20, 30, 12, 0, -12};
+    uint8_t codes[6];
+    for (int i = 0; i < 6; i++)
+        codes[i] = plan_f32_to_f8e4m3(values[i]); /* each exactly representable */
+    float out[2];
+    w8a8_matmul(QUANT_FP8, codes, "token", 0.0, x, out);
+    assert_floats(out, (const double[]){37.8732143, 1.49678571}, 2, 1e-5);
+}
+
+/* E4M3 at a static scale S = 0.0125: x / S = [80, -203.2, 41.04] becomes
+ * [80, -208, 40] (steps of 16 and 4), whatever the row's own max:
+ *   y0 = (800 + 4160 + 1200) * 0.0125 * 0.5 = 38.5
+ *   y1 = (960 + 0 - 480) * 0.0125 * 0.25   = 1.5 */
+static void test_w8a8_fp8_static_scale(void **state) {
+    (void)state;
+    static const float x[3] = {1.0f, -2.54f, 0.513f};
+    const float values[6] = {10, -20, 30, 12, 0, -12};
+    uint8_t codes[6];
+    for (int i = 0; i < 6; i++)
+        codes[i] = plan_f32_to_f8e4m3(values[i]);
+    float out[2];
+    w8a8_matmul(QUANT_FP8, codes, "tensor", 0.0125, x, out);
+    assert_floats(out, (const double[]){38.5, 1.5}, 2, 1e-5);
 }
 
 /* a[2, 3] + b[3]: b added to each row. */
@@ -1190,6 +1284,9 @@ int main(void) {
         cmocka_unit_test(test_matmul_out_in_with_bias),
         cmocka_unit_test(test_matmul_in_out_with_bias),
         cmocka_unit_test(test_matmul_over_tokens),
+        cmocka_unit_test(test_w8a8_int8_per_token),
+        cmocka_unit_test(test_w8a8_fp8_per_token),
+        cmocka_unit_test(test_w8a8_fp8_static_scale),
         cmocka_unit_test(test_add_broadcasts_a_row),
         cmocka_unit_test(test_mul_broadcasts_a_column),
         cmocka_unit_test(test_add_broadcasts_both_sides),
