@@ -188,9 +188,8 @@ static void test_gemv_quantized_f16_activations(void **state) {
     const int64_t widths[2] = {64, 24};
     for (size_t p = 0; p < sizeof presets / sizeof presets[0]; p++)
         for (int w = 0; w < 2; w++) {
-            emit_case *c = case_new(presets[p].preset);
+            emit_case *c = quant_case_new(&presets[p]);
             c->activations = "f16";
-            c->group_size = presets[p].group_size;
             char type[64];
             snprintf(type, sizeof type, "f32[tokens, %lld]", (long long)widths[w]);
             ir_value_id h = case_input(c, "h", type);
@@ -217,6 +216,8 @@ static void test_gemv_quantized_f16_activations(void **state) {
             }
             case_free(c);
         }
+}
+
 /* W8A8 on the warp-shared path: enough rows (2304 units, more than 132 SMs
  * x 16) that a unit takes LANES lanes, whose activation absmax and integer
  * (int8) or f32 (E4M3) sums reduce across them by shuffles; with a norm
