@@ -46,7 +46,8 @@
  * a weight that is not stacked, each of >= 1 rows, the rows summing to
  * dim 0) and a GEMM's residual (M x N of C's dtype, not overlapping C);
  * version 10 a weight's quantization (quant/quant.h's format; a quantized
- * weight is [N, K], not stacked nor concatenated).
+ * weight is [N, K], not stacked nor concatenated); version 11 the
+ * interleaved int4 codes flag (PROG_QUANT_INTERLEAVED).
  *
  * What decoding checks (the executor relies on every item):
  *   - counts against the bytes left (no allocation a short section cannot

@@ -546,8 +546,8 @@ static void test_program_decode_refuses_lies(void **state) {
     toy_program t;
 
     toy_program_make(&t, false, true, 0);
-    t.p.format_version = 11;
-    expect_refused(&t, "format version 11 is not the version 10 this smelt reads: rebuild the plan");
+    t.p.format_version = 12;
+    expect_refused(&t, "format version 12 is not the version 11 this smelt reads: rebuild the plan");
 
     prog_weight_part parts[2] = {{"toy.head.top", 1}, {"toy.head.rest", VOCAB}};
     toy_program_make(&t, false, true, 0); /* a concatenation's parts fill its rows exactly */
