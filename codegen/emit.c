@@ -922,8 +922,9 @@ static bool group_is_gemv(const ir_module *m, const cg_group *g) {
     return false;
 }
 
-/* A matmul alone whose weight is quantized: no GEMM takes its packed
- * layout, so the GEMV kernel serves it at every token count. */
+/* A matmul alone whose weight is quantized: no cuBLASLt GEMM takes its
+ * packed layout; the GEMV kernel and smelt's dequantize-GEMM serve it
+ * (emit_quantized_matmul). */
 static bool is_quantized_matmul(const ir_module *m, const cg_group *g) {
     const ir_op *op = &m->ops[g->ops[0]];
     return g->op_count == 1 && op->kind == IR_OP_MATMUL && op->operand_count >= 2 &&
@@ -992,6 +993,17 @@ bool cg_emit_greedy(const ir_module *m, uint32_t logits_op, arena *a, cg_group_l
     return run_emitter(m, &g, &greedy, a, out, d, false);
 }
 
+/* A quantized matmul alone: the GEMV kernel for steps of at most
+ * IR_GEMV_MAX_TOKENS tokens and, when it takes the matmul, the tensor-core
+ * dequantize-GEMM above them (emit_dequant_gemm.c); else the GEMV at every
+ * step, over tiles of tokens. */
+static bool emit_quantized_matmul(cg_emit *e, const cg_group *g) {
+    if (!cg_emit_gemv_group(e, g)) return false;
+    if (!cg_dequant_gemm_fits(e->m, g->ops[0])) return true;
+    e->out->kernels[e->out->kernel_count - 1].max_tokens = IR_GEMV_MAX_TOKENS;
+    return cg_emit_dequant_gemm(e);
+}
+
 /* Runs the emitter of group g (its fused emitter, or `rule`'s for one op)
  * into out (out->kind set). */
 static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule *rule, arena *a,
@@ -1031,10 +1043,11 @@ static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule 
     bool add_norm = fused && group_is_add_norm(m, g);
     bool chain = fused && !add_norm && group_is_elementwise_chain(m, g);
     if (ok && rule->kind == CG_LOWER_KERNELS)
-        ok = (add_norm                             ? cg_emit_add_norm(&e, g)
-              : chain                              ? cg_emit_elementwise_chain(&e, g)
-              : fused || is_quantized_matmul(m, g) ? cg_emit_gemv_group(&e, g)
-                                                   : rule->emit(&e)) &&
+        ok = (add_norm                    ? cg_emit_add_norm(&e, g)
+              : chain                     ? cg_emit_elementwise_chain(&e, g)
+              : fused                     ? cg_emit_gemv_group(&e, g)
+              : is_quantized_matmul(m, g) ? emit_quantized_matmul(&e, g)
+                                          : rule->emit(&e)) &&
              check_grids(&e);
     text_arena = NULL;
     arena_free(&e.scratch);

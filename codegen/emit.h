@@ -84,6 +84,8 @@ typedef struct cg_kernel {
      * default gets right but that computes (a GEMV: 2 N K per token). */
     prog_poly flops;
     int64_t min_tokens; /* runs in steps of at least this many tokens (0: every step) */
+    int64_t max_tokens; /* and of at most this many (0: no bound); the executor skips it otherwise */
+    bool tensor_cores;  /* the derived cost's flops run on tensor cores (cost NULL) */
 } cg_kernel;
 
 typedef enum cg_lowering_kind {

@@ -81,7 +81,12 @@ bool cg_emit_split(cg_emit *e);      /* emit_layout.c */
 bool cg_emit_slice(cg_emit *e);      /* emit_layout.c */
 bool cg_emit_argmax(cg_emit *e);     /* emit_argmax.c */
 /* A fused group of several ops; e->op is its first. */
-bool cg_emit_gemv_group(cg_emit *e, const cg_group *g);        /* emit_gemv.c */
+bool cg_emit_gemv_group(cg_emit *e, const cg_group *g); /* emit_gemv.c */
+/* The tensor-core dequantize-GEMM of quantized matmul `op` for prefill
+ * steps (emit_dequant_gemm.c): whether it takes the op, and its kernel,
+ * appended to e->out (it runs in steps of more than IR_GEMV_MAX_TOKENS). */
+bool cg_dequant_gemm_fits(const ir_module *m, uint32_t op);
+bool cg_emit_dequant_gemm(cg_emit *e);
 bool cg_emit_elementwise_chain(cg_emit *e, const cg_group *g); /* emit_elementwise.c */
 bool cg_emit_add_norm(cg_emit *e, const cg_group *g);          /* emit_norm.c: {add, rms_norm | layer_norm} */
 

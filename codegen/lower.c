@@ -345,6 +345,7 @@ static bool build_launch(lowering_state *s, uint32_t g, const cg_kernel *k, prog
     instr->op = PROG_OP_LAUNCH;
     launch->kernel = add_kernel(s, k);
     instr->min_tokens = k->min_tokens;
+    instr->max_tokens = k->max_tokens;
     launch->rule = k->rule;
     launch->arg_count = k->param_count;
     for (uint32_t p = 0; p < k->param_count; p++) {
@@ -453,7 +454,15 @@ static prog_cost kernel_cost(const program *p, const cg_kernel *k, const prog_la
     if (k->cost) return *k->cost;
     prog_cost cost = program_launch_cost(p, l);
     cost.flops = prog_poly_sum(cost.flops, k->flops);
+    cost.tensor_cores = cost.tensor_cores || k->tensor_cores;
     return cost;
+}
+
+/* A kernel of an op run alone above a fused group's bound that serves only
+ * steps at or below it (a quantized matmul's GEMV, whose dequantize-GEMM
+ * takes the larger steps): left out of the program. */
+static bool serves_none_above(const cg_kernel *k, int64_t bound) {
+    return k->max_tokens != 0 && k->max_tokens <= bound;
 }
 
 static bool build_program(lowering_state *s) {
@@ -498,7 +507,7 @@ static bool build_program(lowering_state *s) {
                 instr->cost = kernel_cost(p, &lo->kernels[k], &instr->as.launch);
             }
         }
-        for (uint32_t i = from; i < p->instr_count; i++)
+        for (uint32_t i = from; i < p->instr_count && s->unfused[g]; i++)
             p->instrs[i].max_tokens = bound;
         for (uint32_t i = 0; s->unfused[g] && i < s->groups[g].op_count; i++) {
             const cg_group_lowering *one = &s->unfused[g][i];
@@ -511,13 +520,14 @@ static bool build_program(lowering_state *s) {
                 instr->cost = program_gemm_cost(&instr->as.gemm);
             }
             for (uint32_t k = 0; one->kind == CG_LOWER_KERNELS && k < one->kernel_count; k++) {
+                if (serves_none_above(&one->kernels[k], bound)) continue; /* a decode kernel of the op */
                 prog_instr *instr = &p->instrs[p->instr_count++];
                 instr->ir_op = op;
                 ok = build_launch(s, g, &one->kernels[k], instr) && ok;
                 instr->cost = kernel_cost(p, &one->kernels[k], &instr->as.launch);
             }
             for (uint32_t k = from; k < p->instr_count; k++)
-                p->instrs[k].min_tokens = bound + 1;
+                if (p->instrs[k].min_tokens < bound + 1) p->instrs[k].min_tokens = bound + 1;
         }
     }
     if (s->greedy) {

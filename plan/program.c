@@ -548,7 +548,10 @@ static bool decode_weight_quant(decoder *d, prog_weight *w, uint64_t elements, i
     if (w->quant.kind > PROG_QUANT_FP8 || w->dtype != code_dtype[w->quant.kind])
         return fail(d, "weight '%.*s%s' has quantization %u with codes of dtype %u", name_length, name,
                     ellipsis, w->quant.kind, w->dtype);
-    if (w->quant.flags > 7 || ((w->quant.flags & PROG_QUANT_ZERO) && w->quant.kind != PROG_QUANT_INT4))
+    if (w->quant.flags > 15 || ((w->quant.flags & PROG_QUANT_ZERO) && w->quant.kind != PROG_QUANT_INT4) ||
+        ((w->quant.flags & PROG_QUANT_INTERLEAVED) &&
+         (w->quant.kind != PROG_QUANT_INT4 || (w->quant.flags & PROG_QUANT_GROUP_INDEX) || w->rank != 2 ||
+          w->shape[1] % 128 != 0)))
         return fail(d, "weight '%.*s%s' has quantization flags %u", name_length, name, ellipsis,
                     w->quant.flags);
     if (w->rank != 2 || w->stacked || w->quant.group == 0 || w->shape[1] % w->quant.group != 0)

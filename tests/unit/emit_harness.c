@@ -602,6 +602,12 @@ static void compare_result(emit_case *c, ir_value_id v, const ref_tensor *want, 
 
 /* ---- running an op ----------------------------------------------------------------------- */
 
+/* Does kernel k run in a step of `tokens` tokens (its token range, as the
+ * program guards its launch: codegen/lower.c)? */
+static bool kernel_serves(const cg_kernel *k, int64_t tokens) {
+    return tokens >= k->min_tokens && (k->max_tokens == 0 || tokens <= k->max_tokens);
+}
+
 /* Emits op `op`, compiles its kernels for sm_80, sm_90 and the host, runs
  * them on the simulator at T = tokens and checks every result against the
  * reference. State (KV caches) persists across calls for the same op. */
@@ -638,6 +644,7 @@ static void case_run(emit_case *c, uint32_t op, int64_t tokens, double tolerance
     int token_argument = (int)tokens;
     for (uint32_t k = 0; k < l.kernel_count; k++) {
         const cg_kernel *kernel = &l.kernels[k];
+        if (!kernel_serves(kernel, tokens)) continue; /* the executor skips it at this T */
         void *pointers[PROG_MAX_ARGS];
         void *args[PROG_MAX_ARGS];
         for (uint32_t p = 0; p < kernel->param_count; p++) {
@@ -725,6 +732,7 @@ static void case_run_group(emit_case *c, const uint32_t *ops, uint32_t count, co
     int token_argument = (int)tokens;
     for (uint32_t k = 0; k < l.kernel_count; k++) {
         const cg_kernel *kernel = &l.kernels[k];
+        if (!kernel_serves(kernel, tokens)) continue; /* the executor skips it at this T */
         void *pointers[PROG_MAX_ARGS];
         void *args[PROG_MAX_ARGS];
         for (uint32_t p = 0; p < kernel->param_count; p++) {
