@@ -29,9 +29,15 @@
  * epilogue; a residual add after the matmul stays its own kernel (the ops
  * of a fused group run one by one in these steps, codegen/lower.c).
  *
+ * int8 and E4M3 weights (one scale per output channel, or groups) run the
+ * same kernel over their row-major byte codes: a k-block of 64 rows of 128
+ * codes to shared memory by cp.async, each B register two 16-bit shared
+ * loads' codes as bf16 (exact: 8 significant bits at most).
+ *
  * What it takes (cg_dequant_gemm_fits): int4 codes interleaved (so K is a
  * multiple of 128, and no act-order: a group index would give a k16 step
- * columns of many groups), groups a multiple of 16 columns, x [tokens, K]
+ * columns of many groups), or int8 / E4M3 codes with K a multiple of 128
+ * and no act-order; groups a multiple of 16 columns, x [tokens, K]
  * and out [tokens, N] in f32 or bf16; any N (rows past it are zeros) and any
  * token count (rows past the step are zeros). Other quantized matmuls keep
  * the GEMV kernel at every step (emit_gemv.c).
@@ -67,10 +73,15 @@ bool cg_dequant_gemm_fits(const ir_module *m, uint32_t op) {
         floats = floats && (bd == SMELT_DTYPE_F32 || bd == SMELT_DTYPE_BF16);
     }
     int32_t tokens = ir_token_symbol(m);
-    return f.kind == QUANT_INT4 && f.interleaved && !f.has_group_index && f.group % 16 == 0 && floats &&
-           x->rank == 2 && x->dims[0].symbol == tokens && tokens >= 0 && y->rank == 2 &&
-           y->dims[0].symbol == tokens && (uint32_t)tokens < m->symbol_count &&
-           m->symbols[tokens].bound > IR_GEMV_MAX_TOKENS;
+    /* int4: interleaved codes (so K % 128 == 0); int8 and E4M3: row-major bytes, K a multiple of the k-block
+     */
+    const ir_type *w = &m->values[o->operands[1]].type;
+    bool codes = f.kind == QUANT_INT4 ? f.interleaved
+                                      : (f.kind == QUANT_INT8 || f.kind == QUANT_FP8) && w->rank == 2 &&
+                                            w->dims[1].size % GEMM_BLOCK_K == 0;
+    return codes && !f.has_group_index && f.group % 16 == 0 && floats && x->rank == 2 &&
+           x->dims[0].symbol == tokens && tokens >= 0 && y->rank == 2 && y->dims[0].symbol == tokens &&
+           (uint32_t)tokens < m->symbol_count && m->symbols[tokens].bound > IR_GEMV_MAX_TOKENS;
 }
 
 static const char gemm_helpers[] = "\
@@ -89,17 +100,19 @@ SMELT_DEVICE void load_stage(X_TYPE *a, uint8_t *b, const X_TYPE *x, const uint8
             *(uint4 *)to = zero;\n\
         }\n\
     }\n\
-    for (int i = threadIdx.x; i < BLOCK_N * 4; i += THREADS) {\n\
-        int row = i / 4, chunk = i % 4;\n\
-        uint8_t *to = b + row * B_ROW_BYTES + chunk * 16;\n\
+    for (int i = threadIdx.x; i < BLOCK_N * (B_ROW_BYTES / 16); i += THREADS) {\n\
+        int row = i / (B_ROW_BYTES / 16), chunk = i % (B_ROW_BYTES / 16);\n\
+        uint8_t *to = b + row * B_STRIDE + chunk * 16;\n\
         if (n0 + row < N) {\n\
-            smelt_cp_async_16(to, w + (n0 + row) * (K / 2) + kb * B_ROW_BYTES + chunk * 16);\n\
+            smelt_cp_async_16(to, w + (n0 + row) * CODE_ROW_BYTES + kb * B_ROW_BYTES + chunk * 16);\n\
         } else {\n\
             *(uint4 *)to = zero;\n\
         }\n\
     }\n\
 }\n\
-\n\
+\n";
+
+static const char gemm_int4_helper[] = "\
 /* The two int4 codes at bits 0..3 and 16..19 of `pair`, minus the zero\n\
  * point, as the bf16 pair of one B register (lower column in the low half).\n\
  * 0x4b000000 | q is the float 2^23 + q, and biased_zero is 2^23 + z, so the\n\
@@ -109,6 +122,16 @@ SMELT_DEVICE uint32_t dequantize_pair(uint32_t pair, float biased_zero)\n\
     float low = __uint_as_float(0x4b000000u | (pair & 15u)) - biased_zero;\n\
     float high = __uint_as_float(0x4b000000u | ((pair >> 16) & 15u)) - biased_zero;\n\
     return (__float_as_uint(low) >> 16) | (__float_as_uint(high) & 0xffff0000u);\n\
+}\n\
+\n";
+
+static const char gemm_byte_helper[] = "\
+/* The codes at p[0] and p[1] as the bf16 pair of one B register (lower\n\
+ * column in the low half): CODE(q) is an int8 code or an E4M3 byte as a\n\
+ * float, exact in bf16 (8 significant bits; E4M3 has 4). */\n\
+SMELT_DEVICE uint32_t code_pair(const uint8_t *p)\n\
+{\n\
+    return (__float_as_uint(CODE(p[0])) >> 16) | (__float_as_uint(CODE(p[1])) & 0xffff0000u);\n\
 }\n\
 \n";
 
@@ -134,7 +157,7 @@ SMELT_DEVICE void split_pair(float a, float b, uint32_t parts[SPLIT][4], int r)\
 static const char gemm_body_head[] = "\
 SMELT_DYNAMIC_SHARED(unsigned char, shared);\n\
 X_TYPE *a_stages = (X_TYPE *)shared;                         /* [STAGES][BLOCK_M][A_STRIDE] */\n\
-uint8_t *b_stages = (uint8_t *)(shared + STAGES * A_STAGE_BYTES); /* [STAGES][BLOCK_N][B_ROW_BYTES] */\n\
+uint8_t *b_stages = (uint8_t *)(shared + STAGES * A_STAGE_BYTES); /* [STAGES][BLOCK_N][B_STRIDE] */\n\
 long long row0 = (long long)blockIdx.x * BLOCK_M, n0 = (long long)blockIdx.y * BLOCK_N;\n\
 int rows = (int)STEP_ROWS;\n\
 int lane = threadIdx.x % 32, warp = threadIdx.x / 32;\n\
@@ -142,7 +165,7 @@ int group_id = lane / 4, thread_in_group = lane % 4; /* the mma fragment coordin
 int warp_m = warp / 2 * WARP_M, warp_n = warp % 2 * WARP_N; /* the warp's tile in the block's */\n\
 const uint16_t *scales = (const uint16_t *)(w + SCALES_AT);\n\
 /* acc: the result; part: the current group's sums, before its scale */\n\
-float acc[M_TILES][N_TILES][4], part[M_TILES][N_TILES][4], biased_zero[N_TILES];\n\
+float acc[M_TILES][N_TILES][4], part[M_TILES][N_TILES][4];\n\
 for (int i = 0; i < M_TILES; i++) {\n\
     for (int j = 0; j < N_TILES; j++) {\n\
         for (int e = 0; e < 4; e++) {\n\
@@ -151,12 +174,19 @@ for (int i = 0; i < M_TILES; i++) {\n\
         }\n\
     }\n\
 }\n\
+";
+
+static const char gemm_int4_state[] = "\
+float biased_zero[N_TILES]; /* 2^23 + the zero point of each of this lane's B rows in this group */\n\
 for (int j = 0; j < N_TILES; j++) {\n\
     biased_zero[j] = 8388608.0f;\n\
 }\n\
+";
+
+static const char gemm_body_loop[] = "\
 for (int s = 0; s < STAGES - 1; s++) {\n\
     if (s < K_BLOCKS) {\n\
-        load_stage(a_stages + s * BLOCK_M * A_STRIDE, b_stages + s * BLOCK_N * B_ROW_BYTES, x, w, row0, n0, s, rows);\n\
+        load_stage(a_stages + s * BLOCK_M * A_STRIDE, b_stages + s * BLOCK_N * B_STRIDE, x, w, row0, n0, s, rows);\n\
     }\n\
     smelt_cp_async_commit();\n\
 }\n\
@@ -165,23 +195,32 @@ for (int kb = 0; kb < K_BLOCKS; kb++) {\n\
     __syncthreads();                       /* for every thread; and k-block kb - 1 is done with */\n\
     int next = kb + STAGES - 1;\n\
     if (next < K_BLOCKS) {\n\
-        load_stage(a_stages + next % STAGES * BLOCK_M * A_STRIDE, b_stages + next % STAGES * BLOCK_N * B_ROW_BYTES, x,\n\
+        load_stage(a_stages + next % STAGES * BLOCK_M * A_STRIDE, b_stages + next % STAGES * BLOCK_N * B_STRIDE, x,\n\
                    w, row0, n0, next, rows);\n\
     }\n\
     smelt_cp_async_commit();\n\
     const X_TYPE *a_tile = a_stages + kb % STAGES * BLOCK_M * A_STRIDE;\n\
-    const uint8_t *b_tile = b_stages + kb % STAGES * BLOCK_N * B_ROW_BYTES;\n\
+    const uint8_t *b_tile = b_stages + kb % STAGES * BLOCK_N * B_STRIDE;\n\
+";
+
+static const char gemm_int4_codes[] = "\
     /* this lane's 16 bytes of each of its B rows: its fragments for the block's 8 steps */\n\
     uint32_t codes[N_TILES][4];\n\
     for (int j = 0; j < N_TILES; j++) {\n\
-        uint4 chunk = *(const uint4 *)(b_tile + (warp_n + j * 8 + group_id) * B_ROW_BYTES + thread_in_group * 16);\n\
+        uint4 chunk = *(const uint4 *)(b_tile + (warp_n + j * 8 + group_id) * B_STRIDE + thread_in_group * 16);\n\
         codes[j][0] = chunk.x;\n\
         codes[j][1] = chunk.y;\n\
         codes[j][2] = chunk.z;\n\
         codes[j][3] = chunk.w;\n\
     }\n\
+";
+
+static const char gemm_step[] = "\
     for (int step = 0; step < BLOCK_K / 16; step++) {\n\
         int column = kb * BLOCK_K + step * 16, group = column / GROUP;\n\
+";
+
+static const char gemm_int4_fragments[] = "\
         if (column % GROUP == 0) { /* a group starts: the zero points of this lane's B rows */\n\
             for (int j = 0; j < N_TILES; j++) {\n\
                 biased_zero[j] = 8388608.0f + (float)ZERO_POINT(n0 + warp_n + j * 8 + group_id, group);\n\
@@ -192,6 +231,15 @@ for (int kb = 0; kb < K_BLOCKS; kb++) {\n\
             uint32_t word = codes[j][step / 2] >> (step % 2 * 8);\n\
             b[j][0] = dequantize_pair(word, biased_zero[j]);\n\
             b[j][1] = dequantize_pair(word >> 4, biased_zero[j]);\n\
+        }\n\
+";
+
+static const char gemm_byte_fragments[] = "\
+        uint32_t b[N_TILES][2]; /* rows of codes: this lane's columns 2 c, 2 c + 1 and + 8, + 9 of the step */\n\
+        for (int j = 0; j < N_TILES; j++) {\n\
+            const uint8_t *row = b_tile + (warp_n + j * 8 + group_id) * B_STRIDE + step * 16 + 2 * thread_in_group;\n\
+            b[j][0] = code_pair(row);\n\
+            b[j][1] = code_pair(row + 8);\n\
         }\n\
 ";
 
@@ -275,7 +323,13 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
     int split = xd == SMELT_DTYPE_F32 ? 3 : f.has_column_scale ? 2 : 0;
     int64_t pad = xd == SMELT_DTYPE_F32 ? 4 : 8; /* elements after each shared x row (16 bytes) */
     int64_t a_stage = GEMM_BLOCK_M * (GEMM_BLOCK_K + pad) * (xd == SMELT_DTYPE_F32 ? 4 : 2);
-    int64_t b_stage = GEMM_BLOCK_N * GEMM_BLOCK_K / 2;
+    bool int4 = f.kind == QUANT_INT4;
+    int64_t b_row = int4 ? GEMM_BLOCK_K / 2 : GEMM_BLOCK_K; /* a k-block of one row's codes, in bytes */
+    /* shared code rows: int4's 64 bytes are read 16 a lane, conflict-free; byte
+     * rows are padded by 16 so that the 8 rows a warp's 16-bit loads touch
+     * fall in different banks */
+    int64_t b_stride = int4 ? b_row : b_row + 16;
+    int64_t b_stage = GEMM_BLOCK_N * b_stride;
 
     ir_value_id typed[3] = {xv, wv, yv};
     const char *name =
@@ -284,11 +338,15 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
                      f.has_column_scale ? "c" : "", bv != IR_NO_VALUE ? "_bias" : "");
     cg_kernel_builder b;
     cg_kernel_begin(&b, e, name,
-                    "Tensor-core dequantize-GEMM (prefill steps): one block per 64 tokens x 64 output rows, "
-                    "4 warps of 32 x 32; mma.m16n8k16 bf16 with f32 accumulation; int4 codes interleaved "
-                    "(layout mma_k16) so that one 128-bit load is a lane's B fragments for 128 columns; "
-                    "3 k-blocks of 128 columns in flight by cp.async; group scales applied to each "
-                    "group's partial sums");
+                    int4 ? "Tensor-core dequantize-GEMM (prefill steps): one block per 64 tokens x 64 output "
+                           "rows, 4 warps of 32 x 32; mma.m16n8k16 bf16 with f32 accumulation; int4 codes "
+                           "interleaved (layout mma_k16) so that one 128-bit load is a lane's B fragments "
+                           "for 128 columns; 3 k-blocks of 128 columns in flight by cp.async; group scales "
+                           "applied to each group's partial sums"
+                         : "Tensor-core dequantize-GEMM (prefill steps): one block per 64 tokens x 64 output "
+                           "rows, 4 warps of 32 x 32; mma.m16n8k16 bf16 with f32 accumulation; byte codes "
+                           "(exact in bf16) read from shared rows; 3 k-blocks of 128 columns in flight by "
+                           "cp.async; group scales applied to each group's partial sums");
     b.k->family = "gemm";
     uint32_t x = cg_param_value(&b, "x", xv, true);
     uint32_t w = cg_param_value(&b, "w", wv, true);
@@ -305,9 +363,9 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
     cg_text *t = &b.text;
     cg_line(
         t,
-        "enum { K = %lld, N = %lld, GROUP = %u, GROUPS = K / GROUP }; /* int4 codes, an f16 scale per GROUP "
+        "enum { K = %lld, N = %lld, GROUP = %u, GROUPS = K / GROUP }; /* %s codes, an f16 scale per GROUP "
         "columns%s */",
-        (long long)k, (long long)n, f.group, f.has_zero ? " with a zero point" : "");
+        (long long)k, (long long)n, f.group, quant_kind_name(f.kind), f.has_zero ? " with a zero point" : "");
     cg_line(
         t, "enum { SCALES_AT = %llu, ZEROS_AT = %llu, COLUMN_SCALES_AT = %llu }; /* the weight's sections */",
         (unsigned long long)l.scales, (unsigned long long)l.zeros, (unsigned long long)l.column_scale);
@@ -322,8 +380,9 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
             "shared x rows */",
             (long long)pad, xd == SMELT_DTYPE_F32 ? 4 : 2);
     cg_line(t,
-            "enum { A_STAGE_BYTES = %lld, B_ROW_BYTES = BLOCK_K / 2 }; /* a stage: x tile, then code rows */",
-            (long long)a_stage);
+            "enum { A_STAGE_BYTES = %lld, B_ROW_BYTES = %lld, B_STRIDE = %lld, CODE_ROW_BYTES = %lld }; /* a "
+            "stage: x tile, then code rows */",
+            (long long)a_stage, (long long)b_row, (long long)b_stride, (long long)(int4 ? k / 2 : k));
     if (split)
         cg_line(t, "enum { SPLIT = %d }; /* A as the sum of SPLIT bf16 parts: %s */", split,
                 xd == SMELT_DTYPE_F32 ? "f32 activations" : "bf16 activations times column scales");
@@ -332,12 +391,14 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
     cg_line(t, "#define X_TYPE %s", cg_dtype_ctype(xd));
     cg_line(t, "#define LOAD_X(v) %s", xd == SMELT_DTYPE_F32 ? "(v)" : "smelt_bf16_to_f32(v)");
     cg_line(t, "#define STEP_ROWS (%s) /* tokens in this step */", cg_count_text(e, rows));
-    if (f.has_zero)
+    if (int4 && f.has_zero)
         cg_line(t, "#define ZERO_POINT(n, group) ((n) < N ? (w[ZEROS_AT + ((n) * GROUPS + (group)) / 2] >> "
-                   "(((n) * GROUPS "
-                   "+ (group)) %% 2 * 4)) & 15 : 8)");
-    else
+                   "(((n) * GROUPS + (group)) %% 2 * 4)) & 15 : 8)");
+    else if (int4)
         cg_line(t, "#define ZERO_POINT(n, group) 8 /* symmetric codes */");
+    else
+        cg_line(t, "#define CODE(q) %s",
+                f.kind == QUANT_INT8 ? "((float)(int8_t)(q))" : "smelt_f8e4m3_to_f32(q)");
     if (f.has_column_scale)
         cg_line(t, "#define COLUMN_SCALE(k) ((const float *)(w + COLUMN_SCALES_AT))[k]");
     else
@@ -347,9 +408,15 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
             attention_without_semicolon(e, cg_store(&b, out, "(i)", "(value)")));
     cg_blank(t);
     attention_write_template(t, gemm_helpers);
+    attention_write_template(t, int4 ? gemm_int4_helper : gemm_byte_helper);
     if (split) attention_write_template(t, gemm_split_helper);
     cg_kernel_signature(&b);
     attention_write_template(t, gemm_body_head);
+    if (int4) attention_write_template(t, gemm_int4_state);
+    attention_write_template(t, gemm_body_loop);
+    if (int4) attention_write_template(t, gemm_int4_codes);
+    attention_write_template(t, gemm_step);
+    attention_write_template(t, int4 ? gemm_int4_fragments : gemm_byte_fragments);
     attention_write_template(t, split ? gemm_split_fragments : gemm_ldmatrix_fragments);
     attention_write_template(t, gemm_body_tail);
     cg_kernel_end(&b);

@@ -176,9 +176,9 @@ static void test_gemv_quantized_column_scales(void **state) {
 
 /* A quantized matmul alone whose int4 codes are interleaved (K a multiple
  * of 128): the GEMV for steps of up to 4 tokens, the dequantize-GEMM above. */
-static emit_case *dequant_case(const char *activations, int64_t group, int64_t n, int64_t k, bool bias,
-                               bool zero, bool column_scale, uint32_t *op) {
-    emit_case *c = case_new("int4-rtn");
+static emit_case *dequant_case_of(const char *preset, const char *activations, int64_t group, int64_t n,
+                                  int64_t k, bool bias, bool zero, bool column_scale, uint32_t *op) {
+    emit_case *c = case_new(preset);
     c->activations = activations;
     c->group_size = group;
     char type[64];
@@ -193,13 +193,18 @@ static emit_case *dequant_case(const char *activations, int64_t group, int64_t n
     uint32_t weight = c->m.values[wt].def_op;
     quant_format f;
     assert_true(ir_weight_quant(&c->m, weight, &f));
-    assert_true(f.interleaved); /* precision chose layout mma_k16 */
-    assert_int_equal(f.group, (uint32_t)group);
-    f.has_zero = zero;
+    assert_true(f.interleaved == (f.kind == QUANT_INT4)); /* precision chose layout mma_k16 for int4 */
+    assert_int_equal(f.group, (uint32_t)(f.kind == QUANT_INT4 ? group : k));
+    f.has_zero = zero && f.kind == QUANT_INT4;
     if (column_scale) f.has_column_scale = true, f.method = QUANT_METHOD_AWQ;
     ir_weight_set_quant(&c->m, weight, &f);
     assert_true(ir_verify(&c->m, &c->d));
     return c;
+}
+
+static emit_case *dequant_case(const char *activations, int64_t group, int64_t n, int64_t k, bool bias,
+                               bool zero, bool column_scale, uint32_t *op) {
+    return dequant_case_of("int4-rtn", activations, group, n, k, bias, zero, column_scale, op);
 }
 
 /* The kernels of such a matmul: the GEMV up to 4 tokens, the GEMM from 5. */
@@ -250,6 +255,27 @@ static void test_dequant_gemm(void **state) {
             case_run_group(c, &op, 1, &out, 1, token_counts[t], tolerance);
         case_free(c);
     }
+}
+
+/* int8 and E4M3 weights (one scale per output channel; SmoothQuant-like
+ * column scales on one) in the same kernel over row-major byte codes. */
+static void test_dequant_gemm_bytes(void **state) {
+    (void)state;
+    const char *const byte_presets[2] = {"int8", "fp8"};
+    for (int p = 0; p < 2; p++)
+        for (int shape = 0; shape < 3; shape++) {
+            uint32_t op;
+            const char *activations = shape == 1 ? "bf16" : "f32";
+            emit_case *c = dequant_case_of(byte_presets[p], activations, 0, shape == 0 ? 70 : 64,
+                                           shape == 0 ? 256 : 128, shape == 1, false, shape == 2, &op);
+            check_dequant_lowering(c, op);
+            double tolerance = shape == 1 ? BF16_TOLERANCE : F32_TOLERANCE;
+            const ir_value_id out = case_result(c, op);
+            const int64_t token_counts[2] = {3, 70};
+            for (int t = 0; t < 2; t++)
+                case_run_group(c, &op, 1, &out, 1, token_counts[t], tolerance);
+            case_free(c);
+        }
 }
 
 /* Act-order and K not a multiple of 128 keep the row-major codes and the
@@ -321,6 +347,7 @@ int main(void) {
         cmocka_unit_test(test_quantized_matmul_alone),
         cmocka_unit_test(test_gemv_quantized_column_scales),
         cmocka_unit_test(test_dequant_gemm),
+        cmocka_unit_test(test_dequant_gemm_bytes),
         cmocka_unit_test(test_dequant_gemm_refused),
         cmocka_unit_test(test_dequant_gemm_ptx_for_sm90),
     };
