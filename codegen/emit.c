@@ -913,7 +913,7 @@ static const char *op_text(const ir_module *m, uint32_t op, arena *a) {
 }
 
 static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule *rule, arena *a,
-                        cg_group_lowering *out, diag_engine *d, bool gemm_epilogue);
+                        cg_group_lowering *out, diag_engine *d, bool gemm_epilogue, bool dequant_epilogue);
 
 /* A fused group with a matmul: the GEMV emitter's (codegen/emit_gemv.c). */
 static bool group_is_gemv(const ir_module *m, const cg_group *g) {
@@ -962,7 +962,7 @@ bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_low
     const cg_op_rule *rule = fused || is_quantized_matmul(m, g) ? &fused_rule : &op_rules[m->ops[op].kind];
     out->kind = rule->kind;
     if (rule->kind == CG_LOWER_NONE) return true;
-    return run_emitter(m, g, rule, a, out, d, false);
+    return run_emitter(m, g, rule, a, out, d, false, false);
 }
 
 bool cg_emit_gemm_epilogue(const ir_module *m, const cg_group *g, arena *a, cg_group_lowering *out,
@@ -972,7 +972,25 @@ bool cg_emit_gemm_epilogue(const ir_module *m, const cg_group *g, arena *a, cg_g
         SMELT_DIE("cg_emit_gemm_epilogue: group %u has no matmul over a concatenated weight", g->id);
     static const cg_op_rule fused_rule = {CG_LOWER_KERNELS, NULL};
     out->kind = CG_LOWER_KERNELS;
-    return run_emitter(m, g, &fused_rule, a, out, d, true);
+    return run_emitter(m, g, &fused_rule, a, out, d, true, false);
+}
+
+bool cg_emit_dequant_gemm_epilogue(const ir_module *m, const uint32_t *ops, uint32_t op_count, arena *a,
+                                   cg_group_lowering *out, diag_engine *d) {
+    memset(out, 0, sizeof *out);
+    if (op_count < 2 || !cg_dequant_gemm_fits(m, ops[0]))
+        SMELT_DIE("cg_emit_dequant_gemm_epilogue: op %u is no dequantize-GEMM with adds", ops[0]);
+    const ir_op *last = &m->ops[ops[op_count - 1]];
+    cg_group g = {.id = m->ops[ops[0]].group,
+                  .op_count = op_count,
+                  .ops = ops,
+                  .input_count = 0,
+                  .inputs = NULL,
+                  .output_count = 1,
+                  .outputs = last->results};
+    static const cg_op_rule fused_rule = {CG_LOWER_KERNELS, NULL};
+    out->kind = CG_LOWER_KERNELS;
+    return run_emitter(m, &g, &fused_rule, a, out, d, false, true);
 }
 
 bool cg_emit_greedy(const ir_module *m, uint32_t logits_op, arena *a, cg_group_lowering *out,
@@ -990,7 +1008,7 @@ bool cg_emit_greedy(const ir_module *m, uint32_t logits_op, arena *a, cg_group_l
                   .inputs = o->operands,
                   .output_count = o->result_count,
                   .outputs = o->results};
-    return run_emitter(m, &g, &greedy, a, out, d, false);
+    return run_emitter(m, &g, &greedy, a, out, d, false, false);
 }
 
 /* A quantized matmul alone: the GEMV kernel for steps of at most
@@ -1007,7 +1025,7 @@ static bool emit_quantized_matmul(cg_emit *e, const cg_group *g) {
 /* Runs the emitter of group g (its fused emitter, or `rule`'s for one op)
  * into out (out->kind set). */
 static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule *rule, arena *a,
-                        cg_group_lowering *out, diag_engine *d, bool gemm_epilogue) {
+                        cg_group_lowering *out, diag_engine *d, bool gemm_epilogue, bool dequant_epilogue) {
     uint32_t op = g->ops[0];
     bool fused = g->op_count > 1;
     cg_emit e = {.m = m,
@@ -1017,7 +1035,8 @@ static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule 
                  .d = d,
                  .out = out,
                  .group = g,
-                 .gemm_epilogue = gemm_epilogue};
+                 .gemm_epilogue = gemm_epilogue,
+                 .dequant_epilogue = dequant_epilogue};
     e.token_symbol = ir_token_symbol(m);
 
     /* Texts grow in the scratch arena; out of memory anywhere below frees it. */
@@ -1043,7 +1062,8 @@ static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule 
     bool add_norm = fused && group_is_add_norm(m, g);
     bool chain = fused && !add_norm && group_is_elementwise_chain(m, g);
     if (ok && rule->kind == CG_LOWER_KERNELS)
-        ok = (add_norm                    ? cg_emit_add_norm(&e, g)
+        ok = (dequant_epilogue            ? cg_emit_dequant_gemm(&e)
+              : add_norm                  ? cg_emit_add_norm(&e, g)
               : chain                     ? cg_emit_elementwise_chain(&e, g)
               : fused                     ? cg_emit_gemv_group(&e, g)
               : is_quantized_matmul(m, g) ? emit_quantized_matmul(&e, g)

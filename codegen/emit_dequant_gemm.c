@@ -25,9 +25,10 @@
  *
  * Each weight byte is read from DRAM once per step (the blocks of one
  * column of tiles run together and share it through L2), each x row once
- * per column of tiles, from L2 after the first. The bias is added in the
- * epilogue; a residual add after the matmul stays its own kernel (the ops
- * of a fused group run one by one in these steps, codegen/lower.c).
+ * per column of tiles, from L2 after the first. The bias and a residual are
+ * added in the epilogue: the matmul's own bias, and the adds after it that
+ * codegen/lower.c hands over as a GEMM's epilogue when it runs a fused
+ * group's ops one by one (cg_emit_dequant_gemm_epilogue).
  *
  * int8 and E4M3 weights (one scale per output channel, or groups) run the
  * same kernel over their row-major byte codes: a k-block of 64 rows of 128
@@ -298,7 +299,7 @@ for (int i = 0; i < M_TILES; i++) {\n\
             long long row = row0 + warp_m + i * 16 + group_id + e / 2 * 8;\n\
             long long n = n0 + warp_n + j * 8 + 2 * thread_in_group + e % 2;\n\
             if (row < rows && n < N) {\n\
-                STORE_OUTPUT(row * N + n, acc[i][j][e] + BIAS(n));\n\
+                STORE_OUTPUT(row * N + n, acc[i][j][e] + BIAS(n) + RESIDUAL(row * N + n));\n\
             }\n\
         }\n\
     }\n\
@@ -307,7 +308,19 @@ for (int i = 0; i < M_TILES; i++) {\n\
 bool cg_emit_dequant_gemm(cg_emit *e) {
     const ir_module *m = e->m;
     ir_value_id xv = cg_operand(e, 0), wv = cg_operand(e, 1), yv = cg_result(e, 0);
-    ir_value_id bv = e->ir->operand_count == 3 ? cg_operand(e, 2) : IR_NO_VALUE;
+    ir_value_id bv = e->ir->operand_count == 3 ? cg_operand(e, 2) : IR_NO_VALUE, residual_v = IR_NO_VALUE;
+    /* the adds after the matmul in the group (cg_emit_dequant_gemm_epilogue): a
+     * bias ([N] weight) or a residual, into the last one's result */
+    for (uint32_t i = 1; e->dequant_epilogue && i < e->group->op_count; i++) {
+        const ir_op *add = &m->ops[e->group->ops[i]];
+        ir_value_id other = add->operands[0] == yv ? add->operands[1] : add->operands[0];
+        const ir_value *o = &m->values[other];
+        if (m->ops[o->def_op].kind == IR_OP_WEIGHT && o->type.rank == 1 && bv == IR_NO_VALUE)
+            bv = other;
+        else
+            residual_v = other;
+        yv = add->results[0];
+    }
     quant_format f;
     if (!ir_weight_quant(m, m->values[wv].def_op, &f))
         SMELT_DIE("cg_emit_dequant_gemm: weight is not quantized");
@@ -336,6 +349,7 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
         arena_printf(&e->scratch, "dequant_gemm_%s_n%lld_k%lld_g%u%s%s%s", cg_dtype_tag(e, typed, 3),
                      (long long)n, (long long)k, f.group, f.has_zero ? "z" : "",
                      f.has_column_scale ? "c" : "", bv != IR_NO_VALUE ? "_bias" : "");
+    if (residual_v != IR_NO_VALUE) name = arena_printf(&e->scratch, "%s_residual", name);
     cg_kernel_builder b;
     cg_kernel_begin(&b, e, name,
                     int4 ? "Tensor-core dequantize-GEMM (prefill steps): one block per 64 tokens x 64 output "
@@ -351,6 +365,8 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
     uint32_t x = cg_param_value(&b, "x", xv, true);
     uint32_t w = cg_param_value(&b, "w", wv, true);
     uint32_t bias = bv != IR_NO_VALUE ? cg_param_value(&b, "bias", bv, true) : UINT32_MAX;
+    uint32_t residual =
+        residual_v != IR_NO_VALUE ? cg_param_value(&b, "residual", residual_v, true) : UINT32_MAX;
     uint32_t out = cg_param_value(&b, "out", yv, false);
     cg_param_tokens(&b);
     cg_shape xs = cg_shape_of(e, xv);
@@ -404,6 +420,7 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
     else
         cg_line(t, "#define COLUMN_SCALE(k) 1.0f /* no column scales */");
     cg_line(t, "#define BIAS(n) %s", bias != UINT32_MAX ? cg_load(&b, bias, "(n)") : "0.0f");
+    cg_line(t, "#define RESIDUAL(i) %s", residual != UINT32_MAX ? cg_load(&b, residual, "(i)") : "0.0f");
     cg_line(t, "#define STORE_OUTPUT(i, value) %s",
             attention_without_semicolon(e, cg_store(&b, out, "(i)", "(value)")));
     cg_blank(t);

@@ -219,6 +219,16 @@ static bool emit_unfused(lowering_state *s, uint32_t g) {
             continue;
         }
         ok = cg_emit_op(s->m, group->ops[i], &s->out->arena, &s->unfused[g][i], s->d);
+        if (ok && s->unfused[g][i].kind == CG_LOWER_KERNELS && cg_dequant_gemm_fits(s->m, group->ops[i])) {
+            /* a quantized matmul's dequantize-GEMM takes the bias and residual adds after it too */
+            uint32_t taken;
+            find_gemm_epilogue(s, group, i, &taken);
+            if (taken > 0) {
+                ok = cg_emit_dequant_gemm_epilogue(s->m, &group->ops[i], 1 + taken, &s->out->arena,
+                                                   &s->unfused[g][i], s->d);
+                skip = taken;
+            }
+        }
         if (ok && s->unfused[g][i].kind == CG_LOWER_GEMM && group->ops[i] != concat)
             s->epilogues[g][i] = find_gemm_epilogue(s, group, i, &skip);
         else if (ok && s->unfused[g][i].kind == CG_LOWER_GEMM)

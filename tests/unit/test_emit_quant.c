@@ -257,6 +257,52 @@ static void test_dequant_gemm(void **state) {
     }
 }
 
+/* The adds after a quantized matmul in a fused group, which the steps
+ * above 4 tokens run op by op: the dequantize-GEMM takes a residual (o and
+ * down) and a bias before it (Qwen2's q/k/v bias is an add) in its
+ * epilogue (cg_emit_dequant_gemm_epilogue, as codegen/lower.c hands them
+ * over), one kernel writing the last add's result. */
+static bool emit_with_adds(const ir_module *m, const cg_group *g, arena *a, cg_group_lowering *out,
+                           diag_engine *d) {
+    return cg_emit_dequant_gemm_epilogue(m, g->ops, g->op_count, a, out, d);
+}
+
+static void test_dequant_gemm_epilogue(void **state) {
+    (void)state;
+    for (int act = 0; act < 2; act++)
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            emit_case *c = case_new("int4-rtn");
+            c->activations = act ? "bf16" : "f32";
+            c->group_size = 64;
+            ir_value_id x = case_input(c, "x", "f32[tokens, 256]");
+            ir_value_id h = case_input(c, "h", "f32[tokens, 80]");
+            ir_value_id wt = case_weight(c, "f32[80, 256]"), bias = case_weight(c, "f32[80]");
+            uint32_t ops[3], n = 0;
+            ops[n++] = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wt}, 2);
+            ir_value_id y = case_result(c, ops[0]);
+            if (with_bias) {
+                ops[n++] = case_op(c, IR_OP_ADD, (ir_value_id[]){y, bias}, 2);
+                y = case_result(c, ops[1]);
+            }
+            ops[n++] = case_op(c, IR_OP_ADD, (ir_value_id[]){h, y}, 2); /* residual first, as Llama adds it */
+            case_infer(c);
+            assert_true(cg_dequant_gemm_fits(&c->m, ops[0]));
+            arena a;
+            arena_init(&a);
+            cg_group_lowering l;
+            assert_true(cg_emit_dequant_gemm_epilogue(&c->m, ops, n, &a, &l, &c->d));
+            assert_int_equal(l.kernel_count, 1);
+            assert_non_null(strstr(l.kernels[0].name, with_bias ? "_bias_residual_" : "_residual_"));
+            arena_free(&a);
+            const ir_value_id out = case_result(c, ops[n - 1]);
+            const int64_t token_counts[2] = {5, 70};
+            for (int t = 0; t < 2; t++)
+                case_run_group_emitted(c, ops, n, &out, 1, token_counts[t],
+                                       act ? BF16_TOLERANCE : F32_TOLERANCE, emit_with_adds);
+            case_free(c);
+        }
+}
+
 /* int8 and E4M3 weights (one scale per output channel; SmoothQuant-like
  * column scales on one) in the same kernel over row-major byte codes. */
 static void test_dequant_gemm_bytes(void **state) {
@@ -348,6 +394,7 @@ int main(void) {
         cmocka_unit_test(test_gemv_quantized_column_scales),
         cmocka_unit_test(test_dequant_gemm),
         cmocka_unit_test(test_dequant_gemm_bytes),
+        cmocka_unit_test(test_dequant_gemm_epilogue),
         cmocka_unit_test(test_dequant_gemm_refused),
         cmocka_unit_test(test_dequant_gemm_ptx_for_sm90),
     };
