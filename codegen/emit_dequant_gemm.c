@@ -59,6 +59,15 @@ enum {
     GEMM_STAGES = 3,    /* k-blocks in flight */
 };
 
+/* Does a step have more tokens than the GEMV serves? At most the planned
+ * token count (plan-memory's; a plan of steps of at most 4 tokens has no
+ * use for the kernel, and the program refuses a token range past its
+ * bound), or, before plan-memory (the emitter tests), the token dim's. */
+static bool steps_above_gemv(const ir_module *m, int32_t tokens) {
+    int64_t bound = m->planned_tokens > 0 ? m->planned_tokens : m->symbols[tokens].bound;
+    return bound > IR_GEMV_MAX_TOKENS;
+}
+
 bool cg_dequant_gemm_fits(const ir_module *m, uint32_t op) {
     const ir_op *o = &m->ops[op];
     quant_format f;
@@ -82,14 +91,13 @@ bool cg_dequant_gemm_fits(const ir_module *m, uint32_t op) {
                                             w->dims[1].size % GEMM_BLOCK_K == 0;
     return codes && !f.has_group_index && f.group % 16 == 0 && floats && x->rank == 2 &&
            x->dims[0].symbol == tokens && tokens >= 0 && y->rank == 2 && y->dims[0].symbol == tokens &&
-           (uint32_t)tokens < m->symbol_count && m->symbols[tokens].bound > IR_GEMV_MAX_TOKENS;
+           (uint32_t)tokens < m->symbol_count && steps_above_gemv(m, tokens);
 }
 
 static const char gemm_helpers[] = "\
 /* Copies k-block kb of the tile's x rows and weight rows into one stage\n\
  * (cp.async, 16 bytes a copy); rows past the step or past N are zeros. */\n\
-SMELT_DEVICE void load_stage(X_TYPE *a, uint8_t *b, const X_TYPE *x, const uint8_t *w, long long row0,\n\
-                             long long n0, int kb, int rows)\n\
+SMELT_DEVICE void load_stage(X_TYPE *a, uint8_t *b, const X_TYPE *x, const uint8_t *w, long long row0, long long n0, int kb, int rows)\n\
 {\n\
     uint4 zero = {0u, 0u, 0u, 0u};\n\
     for (int i = threadIdx.x; i < BLOCK_M * A_CHUNKS; i += THREADS) {\n\
@@ -196,8 +204,7 @@ for (int kb = 0; kb < K_BLOCKS; kb++) {\n\
     __syncthreads();                       /* for every thread; and k-block kb - 1 is done with */\n\
     int next = kb + STAGES - 1;\n\
     if (next < K_BLOCKS) {\n\
-        load_stage(a_stages + next % STAGES * BLOCK_M * A_STRIDE, b_stages + next % STAGES * BLOCK_N * B_STRIDE, x,\n\
-                   w, row0, n0, next, rows);\n\
+        load_stage(a_stages + next % STAGES * BLOCK_M * A_STRIDE, b_stages + next % STAGES * BLOCK_N * B_STRIDE, x, w, row0, n0, next, rows);\n\
     }\n\
     smelt_cp_async_commit();\n\
     const X_TYPE *a_tile = a_stages + kb % STAGES * BLOCK_M * A_STRIDE;\n\
@@ -222,7 +229,8 @@ static const char gemm_step[] = "\
 ";
 
 static const char gemm_int4_fragments[] = "\
-        if (column % GROUP == 0) { /* a group starts: the zero points of this lane's B rows */\n\
+        /* a group starts: the zero points of this lane's B rows */\n\
+        if (column % GROUP == 0) {\n\
             for (int j = 0; j < N_TILES; j++) {\n\
                 biased_zero[j] = 8388608.0f + (float)ZERO_POINT(n0 + warp_n + j * 8 + group_id, group);\n\
             }\n\
@@ -246,8 +254,10 @@ static const char gemm_byte_fragments[] = "\
 
 static const char gemm_split_fragments[] = "\
         int k = step * 16 + 2 * thread_in_group; /* this lane's first A column in the tile */\n\
-        float c[4] = {COLUMN_SCALE(column + 2 * thread_in_group), COLUMN_SCALE(column + 2 * thread_in_group + 1),\n\
-                      COLUMN_SCALE(column + 2 * thread_in_group + 8), COLUMN_SCALE(column + 2 * thread_in_group + 9)};\n\
+        float c[4]; /* the column scales of this lane's columns 2 c, 2 c + 1, 2 c + 8, 2 c + 9 */\n\
+        for (int q = 0; q < 4; q++) {\n\
+            c[q] = COLUMN_SCALE(column + 2 * thread_in_group + q % 2 + q / 2 * 8);\n\
+        }\n\
         for (int i = 0; i < M_TILES; i++) {\n\
             const X_TYPE *r0 = a_tile + (warp_m + i * 16 + group_id) * A_STRIDE + k, *r1 = r0 + 8 * A_STRIDE;\n\
             uint32_t a[SPLIT][4];\n\
@@ -266,8 +276,8 @@ static const char gemm_ldmatrix_fragments[] = "\
         int matrix = lane / 8, matrix_row = lane % 8; /* the row this lane addresses for ldmatrix */\n\
         for (int i = 0; i < M_TILES; i++) {\n\
             uint32_t a[4];\n\
-            smelt_ldmatrix_x4(a, a_tile + (warp_m + i * 16 + (matrix & 1) * 8 + matrix_row) * A_STRIDE + step * 16 +\n\
-                                     (matrix >> 1) * 8);\n\
+            const X_TYPE *a_row = a_tile + (warp_m + i * 16 + (matrix & 1) * 8 + matrix_row) * A_STRIDE;\n\
+            smelt_ldmatrix_x4(a, a_row + step * 16 + (matrix >> 1) * 8);\n\
             for (int j = 0; j < N_TILES; j++) {\n\
                 smelt_mma_m16n8k16_bf16_f32(part[i][j], a, b[j], part[i][j]);\n\
             }\n\
@@ -275,7 +285,8 @@ static const char gemm_ldmatrix_fragments[] = "\
 
 static const char gemm_body_tail[] = "\
         }\n\
-        if ((column + 16) % GROUP == 0) { /* the group ends: its sums times their rows' scales */\n\
+        /* the group ends: its sums times their rows' scales */\n\
+        if ((column + 16) % GROUP == 0) {\n\
             for (int j = 0; j < N_TILES; j++) {\n\
                 for (int e = 0; e < 2; e++) {\n\
                     long long n = n0 + warp_n + j * 8 + 2 * thread_in_group + e;\n\
