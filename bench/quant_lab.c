@@ -81,14 +81,14 @@ static bool parse(int argc, char **argv, lab_options *o) {
 static quant_format format_of(const lab_options *o, uint64_t cols) {
     const char *m = o->method;
     if (strcmp(m, "smooth") == 0)
-        return (quant_format){QUANT_INT8, QUANT_METHOD_SMOOTH, (uint32_t)cols, false, false, true};
+        return (quant_format){QUANT_INT8, QUANT_METHOD_SMOOTH, (uint32_t)cols, false, false, true, false};
     if (strcmp(m, "int8") == 0)
-        return (quant_format){QUANT_INT8, QUANT_METHOD_RTN, (uint32_t)cols, false, false, false};
+        return (quant_format){QUANT_INT8, QUANT_METHOD_RTN, (uint32_t)cols, false, false, false, false};
     bool awq = strncmp(m, "awq", 3) == 0, act = strcmp(m, "gptq-act") == 0;
     quant_method method = awq                          ? QUANT_METHOD_AWQ
                           : strncmp(m, "gptq", 4) == 0 ? QUANT_METHOD_GPTQ
                                                        : QUANT_METHOD_RTN;
-    return (quant_format){QUANT_INT4, method, o->group, !o->symmetric, act, awq};
+    return (quant_format){QUANT_INT4, method, o->group, !o->symmetric, act, awq, false};
 }
 
 static const char *quantize(const lab_options *o, const float *w, const quant_act_stats *s, quant_tensor *t) {

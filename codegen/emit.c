@@ -920,7 +920,7 @@ static const char *op_text(const ir_module *m, uint32_t op, arena *a) {
 }
 
 static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule *rule, arena *a,
-                        cg_group_lowering *out, diag_engine *d, bool gemm_epilogue);
+                        cg_group_lowering *out, diag_engine *d, bool gemm_epilogue, bool dequant_epilogue);
 
 /* A fused group with a matmul: the GEMV emitter's (codegen/emit_gemv.c). */
 static bool group_is_gemv(const ir_module *m, const cg_group *g) {
@@ -929,8 +929,9 @@ static bool group_is_gemv(const ir_module *m, const cg_group *g) {
     return false;
 }
 
-/* A matmul alone whose weight is quantized: no GEMM takes its packed
- * layout, so the GEMV kernel serves it at every token count. */
+/* A matmul alone whose weight is quantized: no cuBLASLt GEMM takes its
+ * packed layout; the GEMV kernel and smelt's dequantize-GEMM serve it
+ * (emit_quantized_matmul). */
 static bool is_quantized_matmul(const ir_module *m, const cg_group *g) {
     const ir_op *op = &m->ops[g->ops[0]];
     return g->op_count == 1 && op->kind == IR_OP_MATMUL && op->operand_count >= 2 &&
@@ -968,7 +969,7 @@ bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_low
     const cg_op_rule *rule = fused || is_quantized_matmul(m, g) ? &fused_rule : &op_rules[m->ops[op].kind];
     out->kind = rule->kind;
     if (rule->kind == CG_LOWER_NONE) return true;
-    return run_emitter(m, g, rule, a, out, d, false);
+    return run_emitter(m, g, rule, a, out, d, false, false);
 }
 
 bool cg_emit_gemm_epilogue(const ir_module *m, const cg_group *g, arena *a, cg_group_lowering *out,
@@ -978,7 +979,25 @@ bool cg_emit_gemm_epilogue(const ir_module *m, const cg_group *g, arena *a, cg_g
         SMELT_DIE("cg_emit_gemm_epilogue: group %u has no matmul over a concatenated weight", g->id);
     static const cg_op_rule fused_rule = {CG_LOWER_KERNELS, NULL};
     out->kind = CG_LOWER_KERNELS;
-    return run_emitter(m, g, &fused_rule, a, out, d, true);
+    return run_emitter(m, g, &fused_rule, a, out, d, true, false);
+}
+
+bool cg_emit_dequant_gemm_epilogue(const ir_module *m, const uint32_t *ops, uint32_t op_count, arena *a,
+                                   cg_group_lowering *out, diag_engine *d) {
+    memset(out, 0, sizeof *out);
+    if (op_count < 2 || !cg_dequant_gemm_fits(m, ops[0]))
+        SMELT_DIE("cg_emit_dequant_gemm_epilogue: op %u is no dequantize-GEMM with adds", ops[0]);
+    const ir_op *last = &m->ops[ops[op_count - 1]];
+    cg_group g = {.id = m->ops[ops[0]].group,
+                  .op_count = op_count,
+                  .ops = ops,
+                  .input_count = 0,
+                  .inputs = NULL,
+                  .output_count = 1,
+                  .outputs = last->results};
+    static const cg_op_rule fused_rule = {CG_LOWER_KERNELS, NULL};
+    out->kind = CG_LOWER_KERNELS;
+    return run_emitter(m, &g, &fused_rule, a, out, d, false, true);
 }
 
 bool cg_emit_greedy(const ir_module *m, uint32_t logits_op, arena *a, cg_group_lowering *out,
@@ -996,13 +1015,24 @@ bool cg_emit_greedy(const ir_module *m, uint32_t logits_op, arena *a, cg_group_l
                   .inputs = o->operands,
                   .output_count = o->result_count,
                   .outputs = o->results};
-    return run_emitter(m, &g, &greedy, a, out, d, false);
+    return run_emitter(m, &g, &greedy, a, out, d, false, false);
+}
+
+/* A quantized matmul alone: the GEMV kernel for steps of at most
+ * IR_GEMV_MAX_TOKENS tokens and, when it takes the matmul, the tensor-core
+ * dequantize-GEMM above them (emit_dequant_gemm.c); else the GEMV at every
+ * step, over tiles of tokens. */
+static bool emit_quantized_matmul(cg_emit *e, const cg_group *g) {
+    if (!cg_emit_gemv_group(e, g)) return false;
+    if (!cg_dequant_gemm_fits(e->m, g->ops[0])) return true;
+    e->out->kernels[e->out->kernel_count - 1].max_tokens = IR_GEMV_MAX_TOKENS;
+    return cg_emit_dequant_gemm(e);
 }
 
 /* Runs the emitter of group g (its fused emitter, or `rule`'s for one op)
  * into out (out->kind set). */
 static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule *rule, arena *a,
-                        cg_group_lowering *out, diag_engine *d, bool gemm_epilogue) {
+                        cg_group_lowering *out, diag_engine *d, bool gemm_epilogue, bool dequant_epilogue) {
     uint32_t op = g->ops[0];
     bool fused = g->op_count > 1;
     cg_emit e = {.m = m,
@@ -1012,7 +1042,8 @@ static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule 
                  .d = d,
                  .out = out,
                  .group = g,
-                 .gemm_epilogue = gemm_epilogue};
+                 .gemm_epilogue = gemm_epilogue,
+                 .dequant_epilogue = dequant_epilogue};
     e.token_symbol = ir_token_symbol(m);
 
     /* Texts grow in the scratch arena; out of memory anywhere below frees it. */
@@ -1038,10 +1069,12 @@ static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule 
     bool add_norm = fused && group_is_add_norm(m, g);
     bool chain = fused && !add_norm && group_is_elementwise_chain(m, g);
     if (ok && rule->kind == CG_LOWER_KERNELS)
-        ok = (add_norm                             ? cg_emit_add_norm(&e, g)
-              : chain                              ? cg_emit_elementwise_chain(&e, g)
-              : fused || is_quantized_matmul(m, g) ? cg_emit_gemv_group(&e, g)
-                                                   : rule->emit(&e)) &&
+        ok = (dequant_epilogue            ? cg_emit_dequant_gemm(&e)
+              : add_norm                  ? cg_emit_add_norm(&e, g)
+              : chain                     ? cg_emit_elementwise_chain(&e, g)
+              : fused                     ? cg_emit_gemv_group(&e, g)
+              : is_quantized_matmul(m, g) ? emit_quantized_matmul(&e, g)
+                                          : rule->emit(&e)) &&
              check_grids(&e);
     text_arena = NULL;
     arena_free(&e.scratch);

@@ -84,6 +84,8 @@ typedef struct cg_kernel {
      * default gets right but that computes (a GEMV: 2 N K per token). */
     prog_poly flops;
     int64_t min_tokens; /* runs in steps of at least this many tokens (0: every step) */
+    int64_t max_tokens; /* and of at most this many (0: no bound); the executor skips it otherwise */
+    bool tensor_cores;  /* the derived cost's flops run on tensor cores (cost NULL) */
 } cg_kernel;
 
 typedef enum cg_lowering_kind {
@@ -171,6 +173,15 @@ bool cg_emit_greedy(const ir_module *m, uint32_t logits_op, arena *a, cg_group_l
 uint32_t cg_group_concat_matmul(const ir_module *m, const cg_group *g);
 bool cg_emit_gemm_epilogue(const ir_module *m, const cg_group *g, arena *a, cg_group_lowering *out,
                            diag_engine *d);
+
+/* A quantized matmul that the tensor-core dequantize-GEMM takes
+ * (emit_dequant_gemm.c), ops[0], with the bias and residual adds after it
+ * (ops[1..op_count), as codegen/lower.c finds a GEMM's epilogue) in its
+ * epilogue: one kernel for the steps above IR_GEMV_MAX_TOKENS that writes
+ * the last add's result. */
+bool cg_dequant_gemm_fits(const ir_module *m, uint32_t op);
+bool cg_emit_dequant_gemm_epilogue(const ir_module *m, const uint32_t *ops, uint32_t op_count, arena *a,
+                                   cg_group_lowering *out, diag_engine *d);
 
 /* The group of op `op` alone: what the emitter tests use. */
 bool cg_emit_op(const ir_module *m, uint32_t op, arena *a, cg_group_lowering *out, diag_engine *d);

@@ -54,9 +54,13 @@
  * zero point) read once per load, when K and the group are multiples of
  * VECTOR (else one code at a time); x and the norm weight are read with as
  * many 128-bit loads as those VECTOR elements take. All of a group's
- * weights share one format (passes/fuse.c); a matmul of a quantized weight
- * alone runs this kernel for every step, tile by tile of TOKEN_TILE tokens
- * (there is no dequantizing GEMM for prefill yet: see docs/design.md §4).
+ * weights share one format (passes/fuse.c). Interleaved int4 codes (layout
+ * mma_k16, for the dequantize-GEMM) are read the same way, a load holding
+ * the columns write_interleaved_quant_loader names. A matmul of a quantized
+ * weight alone runs this kernel for steps of at most TOKEN_TILE tokens and
+ * the tensor-core dequantize-GEMM above (emit_dequant_gemm.c) when that
+ * takes it; otherwise this kernel at every step, tile by tile of TOKEN_TILE
+ * tokens (docs/design.md §4).
  */
 #include "emit_internal.h"
 
@@ -468,6 +472,54 @@ static void write_loader(cg_text *t, smelt_dtype dtype, int vector) {
     cg_blank(t);
 }
 
+/* Codes interleaved for the dequantize-GEMM (quant/quant.h, layout
+ * "mma_k16"): load c of a row is still its 16 bytes from byte 16 c, but they
+ * hold chunk c % 4 of block c / 4, the columns COLUMN_OF(c, e) below (8
+ * steps of 16 columns, 4 columns each), element e at nibble e % 8 / 2 + 4 (e
+ * % 2) of word e / 8; x and the norm weight are read at those columns
+ * (load_<dtype>_interleaved), and each step's group is its own. */
+static void write_interleaved_quant_loader(cg_text *t, const quant_format *f) {
+    cg_line(t, "/* The column of element e of load c (quant/quant.h's mma_k16 order); its first. */");
+    cg_line(t, "#define COLUMN_OF(c, e) ((c) / 4 * 128 + (e) / 4 * 16 + (c) %% 4 * 2 + (e) %% 2 + (e) %% 4 / "
+               "2 * 8)");
+    cg_blank(t);
+    cg_line(t, "/* The VECTOR weights of load c of row r, element e for column COLUMN_OF(c, e):");
+    cg_line(t, " * (q - z) * s%s, in f32. */", f->has_column_scale ? " * c[k]" : "");
+    cg_line(t, "SMELT_DEVICE void load_weight(quant_row r, int c, float v[VECTOR])");
+    cg_line(t, "{");
+    cg_line(t, "const uint16_t *scales = (const uint16_t *)(r.w + r.scales);");
+    cg_line(t, "smelt_u32x4 q = smelt_load_global_128(r.w + (r.first + (long long)c * VECTOR) / 2);");
+    cg_line(t, "uint32_t words[4] = {q.x, q.y, q.z, q.w};");
+    cg_line(t, "for (int step = 0; step < 8; step++) {");
+    cg_line(t,
+            "long long group = r.first_group + COLUMN_OF(c, 4 * step) / GROUP; /* a step is in one group */");
+    cg_line(t, f->has_zero ? "int zero = (r.w[r.zeros + group / 2] >> (group %% 2 * 4)) & 15u;"
+                           : "int zero = 8; /* symmetric codes */");
+    cg_line(t, "float scale = smelt_f16_to_f32(scales[group]);");
+    cg_line(t, "for (int i = 0; i < 4; i++) {");
+    cg_line(t, "int e = 4 * step + i;");
+    cg_line(t, "int code = (int)((words[e / 8] >> ((e %% 8 / 2 + 4 * (e %% 2)) * 4)) & 15u);");
+    cg_line(t, "v[e] = (float)(code - zero) * scale;");
+    if (f->has_column_scale) cg_line(t, "v[e] *= ((const float *)(r.w + r.column_scales))[COLUMN_OF(c, e)];");
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_blank(t);
+}
+
+/* The loader of a float dtype at the columns of an interleaved load (p at
+ * its first column, COLUMN_OF(c, 0)): element e from p[COLUMN_OF(0, e)]. */
+static void write_interleaved_loader(cg_text *t, smelt_dtype dtype) {
+    const char *name = cg_dtype_name(dtype), *ctype = cg_dtype_ctype(dtype);
+    cg_line(t, "SMELT_DEVICE void load_%s_interleaved(const %s *p, float v[VECTOR])", name, ctype);
+    cg_line(t, "{");
+    cg_line(t, "for (int e = 0; e < VECTOR; e++)");
+    cg_line(t, "    v[e] = %s;",
+            dtype == SMELT_DTYPE_BF16 ? "smelt_bf16_to_f32(p[COLUMN_OF(0, e)])" : "p[COLUMN_OF(0, e)]");
+    cg_line(t, "}");
+    cg_blank(t);
+}
+
 /* One row of a quantized weight (quant/quant.h's packed layout) and its
  * loader: VECTOR codes from column c * VECTOR, dequantized as quant_value
  * does, (q - z) * s (* c[k]); codes_only: the raw codes (W8A8 sums them). Also
@@ -509,6 +561,10 @@ void cg_write_quant_loader(cg_text *t, const quant_format *f, int vector, bool c
             : (int4 ? "(float)((int)((r.w[(r.first + k0) / 2] >> ((r.first + k0) % 2 * 4)) & 15u) - zero)"
                : f->kind == QUANT_INT8 ? "(float)(int8_t)r.w[r.first + k0]"
                                        : "smelt_f8e4m3_to_f32(r.w[r.first + k0])");
+    if (f->interleaved) {
+        write_interleaved_quant_loader(t, f);
+        return;
+    }
     cg_line(t, "/* VECTOR weights of row r from column c * VECTOR: (q - z) * s%s, in f32. */",
             f->has_column_scale ? " * c[k]" : "");
     cg_line(t, "SMELT_DEVICE void load_weight(quant_row r, int c, float v[VECTOR])");
@@ -989,14 +1045,18 @@ static void write_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32_t x,
         cg_line(t, "if (rows == 2)");
         cg_line(t, "    load_%s(w1 + c * VECTOR, b);", wn);
     }
+    /* interleaved codes: x and g at the load's columns (write_interleaved_quant_loader) */
+    bool interleaved = p->quantized && p->format.interleaved;
+    const char *column = interleaved ? "COLUMN_OF(c, 0)" : "c * VECTOR",
+               *how = interleaved ? "_interleaved" : "";
     if (p->norm) {
         cg_line(t, "float gv[VECTOR];");
-        cg_line(t, "load_%s(g + c * VECTOR, gv);", cg_dtype_name(b->params[norm_weight].dtype));
+        cg_line(t, "load_%s%s(g + %s, gv);", cg_dtype_name(b->params[norm_weight].dtype), how, column);
     } else {
         cg_line(t, "(void)g;");
     }
     cg_line(t, "for (int i = 0; i < TOKEN_TILE && t0 + i < tokens; i++) {");
-    cg_line(t, "load_%s(x + (t0 + i) * K + c * VECTOR, xv);", xn);
+    cg_line(t, "load_%s%s(x + (t0 + i) * K + %s, xv);", xn, how, column);
     cg_line(t, "for (int j = 0; j < VECTOR; j++) {");
     if (p->norm) {
         cg_line(t, "squares[i] += xv[j] * xv[j];");
@@ -1164,9 +1224,10 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
             if (w == IR_NO_VALUE) continue;
             bool quantized = ir_weight_quant(m, m->values[w].def_op, &f);
             if (cg_storage_dtype(m, w) != weight_dtype || quantized != p.quantized ||
-                (quantized && (f.group != p.format.group || f.has_zero != p.format.has_zero ||
-                               f.has_group_index != p.format.has_group_index ||
-                               f.has_column_scale != p.format.has_column_scale)))
+                (quantized &&
+                 (f.group != p.format.group || f.has_zero != p.format.has_zero ||
+                  f.interleaved != p.format.interleaved || f.has_group_index != p.format.has_group_index ||
+                  f.has_column_scale != p.format.has_column_scale)))
                 return refuse(e, "weights stored differently (dtype or quantization format)");
         }
     /* W8A8: every matmul of the group quantizes its input alike (precision
@@ -1201,6 +1262,8 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     if (p.quantized) {
         int codes = p.format.kind == QUANT_INT4 ? GEMV_INT4_VECTOR : GEMV_BYTE_CODE_VECTOR;
         vector = p.k % codes == 0 && p.format.group % (uint32_t)codes == 0 ? codes : 1;
+        if (p.format.interleaved && vector != GEMV_INT4_VECTOR)
+            return refuse(e, "interleaved int4 codes in groups that are not a multiple of 32 columns");
     }
     int64_t units = 0;
     cg_text name;
@@ -1208,8 +1271,9 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
     ir_value_id typed[3] = {p.x, p.segments[0].weight[0], p.segments[0].out};
     cg_text_printf(&name, "gemv_%s_k%lld", cg_dtype_tag(e, typed, 3), (long long)p.k);
     if (p.quantized) /* the format: group, zero points, act-order, column scales */
-        cg_text_printf(&name, "_g%u%s%s%s", p.format.group, p.format.has_zero ? "z" : "",
-                       p.format.has_group_index ? "o" : "", p.format.has_column_scale ? "c" : "");
+        cg_text_printf(&name, "_g%u%s%s%s%s", p.format.group, p.format.has_zero ? "z" : "",
+                       p.format.has_group_index ? "o" : "", p.format.has_column_scale ? "c" : "",
+                       p.format.interleaved ? "i" : "");
     if (p.act_quant != QUANT_NONE) /* W8A8: the activations' codes, per token or of a static scale */
         cg_text_printf(&name, "_a%s%s", p.act_quant == QUANT_INT8 ? "i8" : "f8", p.act_static ? "s" : "");
     if (p.norm) cg_text_printf(&name, "_rms%s", cg_float_name(e, p.eps));
@@ -1281,11 +1345,17 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
         write_w8a8_helpers(t, &p, vector, lanes);
     else if (!p.quantized)
         write_loader(t, weight_dtype, vector);
-    if (p.quantized || cg_storage_dtype(m, p.x) != weight_dtype)
-        write_loader(t, cg_storage_dtype(m, p.x), vector);
-    if (p.norm && (p.quantized || cg_storage_dtype(m, p.norm_weight) != weight_dtype) &&
-        cg_storage_dtype(m, p.norm_weight) != cg_storage_dtype(m, p.x))
-        write_loader(t, cg_storage_dtype(m, p.norm_weight), vector);
+    if (p.quantized && p.format.interleaved) {
+        write_interleaved_loader(t, cg_storage_dtype(m, p.x));
+        if (p.norm && cg_storage_dtype(m, p.norm_weight) != cg_storage_dtype(m, p.x))
+            write_interleaved_loader(t, cg_storage_dtype(m, p.norm_weight));
+    } else {
+        if (p.quantized || cg_storage_dtype(m, p.x) != weight_dtype)
+            write_loader(t, cg_storage_dtype(m, p.x), vector);
+        if (p.norm && (p.quantized || cg_storage_dtype(m, p.norm_weight) != weight_dtype) &&
+            cg_storage_dtype(m, p.norm_weight) != cg_storage_dtype(m, p.x))
+            write_loader(t, cg_storage_dtype(m, p.norm_weight), vector);
+    }
     if (p.norm) {
         cg_line(t, "SMELT_DEVICE float inverse_rms(float squares)");
         cg_line(t, "{");

@@ -61,6 +61,7 @@ typedef struct cg_emit {
     cg_group_lowering *out;
     const cg_group *group; /* the group being emitted (its comment lists every op) */
     bool gemm_epilogue;    /* emit the GEMM epilogue of a GEMV group (cg_emit_gemm_epilogue) */
+    bool dequant_epilogue; /* the group is a dequantize-GEMM and its adds (cg_emit_dequant_gemm_epilogue) */
 } cg_emit;
 
 /* The family emitters. Each fills e->out (kind, kernels, states) or reports
@@ -82,7 +83,13 @@ bool cg_emit_split(cg_emit *e);      /* emit_layout.c */
 bool cg_emit_slice(cg_emit *e);      /* emit_layout.c */
 bool cg_emit_argmax(cg_emit *e);     /* emit_argmax.c */
 /* A fused group of several ops; e->op is its first. */
-bool cg_emit_gemv_group(cg_emit *e, const cg_group *g);        /* emit_gemv.c */
+bool cg_emit_gemv_group(cg_emit *e, const cg_group *g); /* emit_gemv.c */
+/* The tensor-core dequantize-GEMM of the quantized matmul e->group->ops[0]
+ * for prefill steps (emit_dequant_gemm.c; cg_dequant_gemm_fits, emit.h,
+ * says whether it takes it), with the group's adds after it in its
+ * epilogue: its kernel, appended to e->out (it runs in steps of more than
+ * IR_GEMV_MAX_TOKENS). */
+bool cg_emit_dequant_gemm(cg_emit *e);
 bool cg_emit_elementwise_chain(cg_emit *e, const cg_group *g); /* emit_elementwise.c */
 bool cg_emit_add_norm(cg_emit *e, const cg_group *g);          /* emit_norm.c: {add, rms_norm | layer_norm} */
 

@@ -219,6 +219,16 @@ static bool emit_unfused(lowering_state *s, uint32_t g) {
             continue;
         }
         ok = cg_emit_op(s->m, group->ops[i], &s->out->arena, &s->unfused[g][i], s->d);
+        if (ok && s->unfused[g][i].kind == CG_LOWER_KERNELS && cg_dequant_gemm_fits(s->m, group->ops[i])) {
+            /* a quantized matmul's dequantize-GEMM takes the bias and residual adds after it too */
+            uint32_t taken;
+            find_gemm_epilogue(s, group, i, &taken);
+            if (taken > 0) {
+                ok = cg_emit_dequant_gemm_epilogue(s->m, &group->ops[i], 1 + taken, &s->out->arena,
+                                                   &s->unfused[g][i], s->d);
+                skip = taken;
+            }
+        }
         if (ok && s->unfused[g][i].kind == CG_LOWER_GEMM && group->ops[i] != concat)
             s->epilogues[g][i] = find_gemm_epilogue(s, group, i, &skip);
         else if (ok && s->unfused[g][i].kind == CG_LOWER_GEMM)
@@ -345,6 +355,7 @@ static bool build_launch(lowering_state *s, uint32_t g, const cg_kernel *k, prog
     instr->op = PROG_OP_LAUNCH;
     launch->kernel = add_kernel(s, k);
     instr->min_tokens = k->min_tokens;
+    instr->max_tokens = k->max_tokens;
     launch->rule = k->rule;
     launch->arg_count = k->param_count;
     for (uint32_t p = 0; p < k->param_count; p++) {
@@ -453,6 +464,7 @@ static prog_cost kernel_cost(const program *p, const cg_kernel *k, const prog_la
     if (k->cost) return *k->cost;
     prog_cost cost = program_launch_cost(p, l);
     cost.flops = prog_poly_sum(cost.flops, k->flops);
+    cost.tensor_cores = cost.tensor_cores || k->tensor_cores;
     return cost;
 }
 
@@ -504,6 +516,13 @@ static void add_choice(lowering_state *s, uint32_t from, uint32_t to, int64_t bo
             c->cost[side][t - c->min_tokens] = choice_cost(p, from, to, p->choice_count, side, t);
 }
 
+/* A kernel of an op run alone above a fused group's bound that serves only
+ * steps at or below it (a quantized matmul's GEMV, whose dequantize-GEMM
+ * takes the larger steps): left out of the program. */
+static bool serves_none_above(const cg_kernel *k, int64_t bound) {
+    return k->max_tokens != 0 && k->max_tokens <= bound;
+}
+
 static bool build_program(lowering_state *s) {
     const ir_module *m = s->m;
     cg_lowered *l = s->out;
@@ -552,7 +571,7 @@ static bool build_program(lowering_state *s) {
                 instr->cost = kernel_cost(p, &lo->kernels[k], &instr->as.launch);
             }
         }
-        for (uint32_t i = from; i < p->instr_count; i++)
+        for (uint32_t i = from; i < p->instr_count && s->unfused[g]; i++)
             p->instrs[i].max_tokens = last;
         for (uint32_t i = 0; s->unfused[g] && i < s->groups[g].op_count; i++) {
             const cg_group_lowering *one = &s->unfused[g][i];
@@ -565,13 +584,14 @@ static bool build_program(lowering_state *s) {
                 instr->cost = program_gemm_cost(&instr->as.gemm);
             }
             for (uint32_t k = 0; one->kind == CG_LOWER_KERNELS && k < one->kernel_count; k++) {
+                if (serves_none_above(&one->kernels[k], bound)) continue; /* a decode kernel of the op */
                 prog_instr *instr = &p->instrs[p->instr_count++];
                 instr->ir_op = op;
                 ok = build_launch(s, g, &one->kernels[k], instr) && ok;
                 instr->cost = kernel_cost(p, &one->kernels[k], &instr->as.launch);
             }
             for (uint32_t k = from; k < p->instr_count; k++) {
-                p->instrs[k].min_tokens = bound + 1;
+                if (p->instrs[k].min_tokens < bound + 1) p->instrs[k].min_tokens = bound + 1;
                 p->instrs[k].side = 1;
             }
         }

@@ -60,6 +60,13 @@ bool drv_read_checkpoint_packed(const drv_source_weights *w, uint32_t op, const 
                                 uint64_t bytes) {
     quant_format got;
     if (!fe_weight_read_packed(&w->binding, op, &got, dst, bytes)) return false;
-    return got.kind == f->kind && got.group == f->group && got.has_zero == f->has_zero &&
-           got.has_group_index == f->has_group_index && got.has_column_scale == f->has_column_scale;
+    if (got.kind != f->kind || got.group != f->group || got.has_zero != f->has_zero ||
+        got.has_group_index != f->has_group_index || got.has_column_scale != f->has_column_scale)
+        return false;
+    if (got.interleaved == f->interleaved) return true;
+    /* the plan's codes are interleaved (precision): the checkpoint's row-major ones reordered */
+    const ir_type *t = &w->module->values[w->module->ops[op].results[0]].type;
+    quant_tensor q = {.format = got, .data = dst};
+    return !quant_layout_of(&got, (uint64_t)t->dims[0].size, (uint64_t)t->dims[1].size, &q.layout) &&
+           q.layout.total == bytes && !quant_set_interleaved(&q, f->interleaved);
 }

@@ -20,6 +20,8 @@ bool ir_weight_quant(const ir_module *m, uint32_t op, quant_format *out) {
     if ((a = ir_op_attr(m, op, "zero")) && a->kind == IR_ATTR_BOOL) out->has_zero = a->as.b;
     if ((a = ir_op_attr(m, op, "act_order")) && a->kind == IR_ATTR_BOOL) out->has_group_index = a->as.b;
     if ((a = ir_op_attr(m, op, "column_scale")) && a->kind == IR_ATTR_BOOL) out->has_column_scale = a->as.b;
+    if ((a = ir_op_attr(m, op, "layout")) && a->kind == IR_ATTR_STRING)
+        out->interleaved = strcmp(a->as.s, "mma_k16") == 0;
     return true;
 }
 
@@ -30,6 +32,7 @@ void ir_weight_set_quant(ir_module *m, uint32_t op, const quant_format *f) {
     ir_op_set_string(m, op, "method", quant_method_name(f->method));
     ir_op_set_bool(m, op, "act_order", f->has_group_index);
     ir_op_set_bool(m, op, "column_scale", f->has_column_scale);
+    ir_op_set_string(m, op, "layout", f->interleaved ? "mma_k16" : "row_major");
 }
 
 void ir_weight_clear_quant(ir_module *m, uint32_t op) {
@@ -39,6 +42,7 @@ void ir_weight_clear_quant(ir_module *m, uint32_t op) {
     ir_op_set_string(m, op, "method", "none");
     ir_op_set_bool(m, op, "act_order", false);
     ir_op_set_bool(m, op, "column_scale", false);
+    ir_op_set_string(m, op, "layout", "row_major");
 }
 
 bool ir_value_bytes(const ir_module *m, ir_value_id v, int32_t token_symbol, int64_t tokens, uint64_t *out) {

@@ -338,10 +338,13 @@ static void check_weight_quant(verifier *v, uint32_t index) {
     if (!ir_weight_quant(m, index, &f)) {
         const ir_attr *group = ir_op_attr(m, index, "group"), *zero = ir_op_attr(m, index, "zero");
         const ir_attr *method = ir_op_attr(m, index, "method"), *order = ir_op_attr(m, index, "act_order");
-        const ir_attr *columns = ir_op_attr(m, index, "column_scale");
+        const ir_attr *columns = ir_op_attr(m, index, "column_scale"),
+                      *layout = ir_op_attr(m, index, "layout");
         if ((group && group->as.i != 0) || (zero && zero->as.b) || (order && order->as.b) ||
             (columns && columns->as.b) || (method && strcmp(method->as.s, "none") != 0))
             violation(v, op, "quantization attributes on a weight with quant = \"none\"");
+        if (layout && layout->kind == IR_ATTR_STRING && strcmp(layout->as.s, "row_major") != 0)
+            violation(v, op, "layout \"%s\" is a quantized weight's (int4 codes interleaved)", layout->as.s);
         return;
     }
     const ir_type *t = &m->values[op->results[0]].type;

@@ -57,6 +57,10 @@
  *   bf16: 3 more mantissa bits, but finite only up to 65504, so a model
  *   whose activations or weights exceed that overflows to infinity — the
  *   user's choice, docs/quantization.md).
+ * Layout: an int4 matmul weight (not MoE experts) without act-order whose columns are a multiple
+ *   of 128 (an imported one too) has its codes interleaved for the
+ *   tensor-core dequantize-GEMM of prefill steps, layout = "mma_k16"
+ *   (quant/quant.h; the decode GEMV reads that order as well).
  * Which weights are quantized: 2-D, unstacked, read only by matmuls of
  *   layout out_in as their weight (so an embedding tied to the lm_head, the
  *   norms, biases and GPT-2's in_out projections stay in the activation
@@ -149,6 +153,8 @@ static bool weight_format(const ir_module *m, uint32_t op, const precision_prese
     } else {
         out->group = (uint32_t)columns;
     }
+    /* interleaved for the prefill dequantize-GEMM; experts stay row-major (the moe kernels) */
+    out->interleaved = !experts && columns > 0 && quant_can_interleave(out, (uint64_t)columns);
     quant_layout l;
     uint64_t stride, total;
     return columns > 0 && rows > 0 &&
@@ -305,7 +311,15 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
                 continue;
             }
         } else if (op->kind == IR_OP_WEIGHT) {
-            continue; /* imported codes keep their dtype */
+            /* imported codes keep their dtype and format; int4 ones are interleaved as ours are */
+            quant_format f;
+            const ir_type *t = &m->values[op->results[0]].type;
+            if (ir_weight_quant(m, i, &f) && t->rank == 2 && !ir_dim_is_symbol(t->dims[1]) &&
+                t->dims[1].size > 0 && quant_can_interleave(&f, (uint64_t)t->dims[1].size)) {
+                f.interleaved = true;
+                ir_weight_set_quant(m, i, &f);
+            }
+            continue;
         }
         for (uint32_t r = 0; r < op->result_count; r++) {
             ir_value_id v = op->results[r];

@@ -53,7 +53,9 @@
  * between a fused GEMV group's two lowerings (program.h, "Choices": each
  * instruction's choice, 0 or 1..choice_count, and side 0 or 1; each
  * choice's range within [1, max_tokens] and at most PROG_CHOICE_MAX_TOKENS
- * long, its costs finite, >= 0 and within the coefficient limit).
+ * long, its costs finite, >= 0 and within the coefficient limit);
+ * version 12 the interleaved int4 codes flag (PROG_QUANT_INTERLEAVED) and
+ * quantized [E, N, K] stacks of experts (each expert an [N, K] matrix).
  *
  * What decoding checks (the executor relies on every item):
  *   - counts against the bytes left (no allocation a short section cannot
@@ -573,7 +575,10 @@ static bool decode_weight_quant(decoder *d, prog_weight *w, uint64_t elements, i
     if (w->quant.kind > PROG_QUANT_FP8 || w->dtype != code_dtype[w->quant.kind])
         return fail(d, "weight '%.*s%s' has quantization %u with codes of dtype %u", name_length, name,
                     ellipsis, w->quant.kind, w->dtype);
-    if (w->quant.flags > 7 || ((w->quant.flags & PROG_QUANT_ZERO) && w->quant.kind != PROG_QUANT_INT4))
+    if (w->quant.flags > 15 || ((w->quant.flags & PROG_QUANT_ZERO) && w->quant.kind != PROG_QUANT_INT4) ||
+        ((w->quant.flags & PROG_QUANT_INTERLEAVED) &&
+         (w->quant.kind != PROG_QUANT_INT4 || (w->quant.flags & PROG_QUANT_GROUP_INDEX) || w->rank != 2 ||
+          w->shape[1] % 128 != 0)))
         return fail(d, "weight '%.*s%s' has quantization flags %u", name_length, name, ellipsis,
                     w->quant.flags);
     /* [N, K], or a stack of experts [E, N, K] (each expert an [N, K] matrix) */

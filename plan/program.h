@@ -45,7 +45,7 @@
 
 #include "smelt_dtype.h"
 
-enum { PROGRAM_FORMAT_VERSION = 11, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16, PROG_MAX_WEIGHT_PARTS = 64 };
+enum { PROGRAM_FORMAT_VERSION = 12, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16, PROG_MAX_WEIGHT_PARTS = 64 };
 
 /* ceil((a * T + b) / c) with c >= 1; a constant is {0, value, 1}. */
 typedef struct prog_affine {
@@ -248,11 +248,17 @@ typedef struct prog_weight_part {
  * (plan/ includes nothing of smelt: quant.c asserts that the numbers agree).
  * kind 0: not quantized. */
 enum { PROG_QUANT_NONE = 0, PROG_QUANT_INT4 = 1, PROG_QUANT_INT8 = 2, PROG_QUANT_FP8 = 3 };
-enum { PROG_QUANT_ZERO = 1, PROG_QUANT_GROUP_INDEX = 2, PROG_QUANT_COLUMN_SCALE = 4 };
+enum {
+    PROG_QUANT_ZERO = 1,
+    PROG_QUANT_GROUP_INDEX = 2,
+    PROG_QUANT_COLUMN_SCALE = 4,
+    PROG_QUANT_INTERLEAVED = 8
+};
 typedef struct prog_quant {
     uint8_t kind;   /* PROG_QUANT_* */
     uint8_t method; /* quant_method: how the codes were chosen (binding at run time re-quantizes by it) */
-    uint8_t flags;  /* PROG_QUANT_ZERO | PROG_QUANT_GROUP_INDEX | PROG_QUANT_COLUMN_SCALE */
+    uint8_t flags;  /* PROG_QUANT_ZERO | PROG_QUANT_GROUP_INDEX | PROG_QUANT_COLUMN_SCALE |
+                       PROG_QUANT_INTERLEAVED (int4 codes in quant.h's "mma_k16" order) */
     uint32_t group; /* input columns per scale; divides shape[1] */
 } prog_quant;
 

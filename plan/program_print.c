@@ -84,10 +84,11 @@ static void print_weights(FILE *out, const program *p) {
         fprintf(out, "]%s", w->stacked ? " stacked" : "");
         if (w->quant.kind != PROG_QUANT_NONE) {
             static const char *const kinds[] = {"none", "int4", "int8", "fp8"};
-            fprintf(out, " %s group %" PRIu32 "%s%s%s", kinds[w->quant.kind], w->quant.group,
+            fprintf(out, " %s group %" PRIu32 "%s%s%s%s", kinds[w->quant.kind], w->quant.group,
                     w->quant.flags & PROG_QUANT_ZERO ? " zero" : "",
                     w->quant.flags & PROG_QUANT_GROUP_INDEX ? " act-order" : "",
-                    w->quant.flags & PROG_QUANT_COLUMN_SCALE ? " column-scales" : "");
+                    w->quant.flags & PROG_QUANT_COLUMN_SCALE ? " column-scales" : "",
+                    w->quant.flags & PROG_QUANT_INTERLEAVED ? " mma_k16" : "");
         }
         fprintf(out, " %" PRIu64 " bytes", w->bytes);
         if (w->part_count) fprintf(out, " concatenated from %" PRIu32 " tensors", w->part_count);

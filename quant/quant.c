@@ -4,6 +4,7 @@
 #include "quant_group.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "numeric.h"
@@ -19,7 +20,8 @@ quant_format quant_format_from_program(const prog_quant *q) {
                           .group = q->group,
                           .has_zero = q->flags & PROG_QUANT_ZERO,
                           .has_group_index = q->flags & PROG_QUANT_GROUP_INDEX,
-                          .has_column_scale = q->flags & PROG_QUANT_COLUMN_SCALE};
+                          .has_column_scale = q->flags & PROG_QUANT_COLUMN_SCALE,
+                          .interleaved = q->flags & PROG_QUANT_INTERLEAVED};
 }
 
 prog_quant quant_format_to_program(const quant_format *f) {
@@ -27,7 +29,8 @@ prog_quant quant_format_to_program(const quant_format *f) {
                         .method = (uint8_t)f->method,
                         .flags = (uint8_t)((f->has_zero ? PROG_QUANT_ZERO : 0) |
                                            (f->has_group_index ? PROG_QUANT_GROUP_INDEX : 0) |
-                                           (f->has_column_scale ? PROG_QUANT_COLUMN_SCALE : 0)),
+                                           (f->has_column_scale ? PROG_QUANT_COLUMN_SCALE : 0) |
+                                           (f->interleaved ? PROG_QUANT_INTERLEAVED : 0)),
                         .group = f->group};
 }
 
@@ -85,6 +88,8 @@ const char *quant_layout_of(const quant_format *f, uint64_t rows, uint64_t cols,
         return "the format is no quantization";
     if (f->group == 0 || cols % f->group != 0) return "the group size does not divide the input columns";
     if (f->has_zero && f->kind != QUANT_INT4) return "only int4 has zero points";
+    if (f->interleaved && !quant_can_interleave(f, cols))
+        return "interleaved codes (layout mma_k16) need int4 without act-order and columns a multiple of 128";
     uint64_t elements, code_bits, groups = cols / f->group, group_elements;
     code_bits = f->kind == QUANT_INT4 ? 4 : 8;
     if (!mul_ok(rows, cols, &elements) || !mul_ok(rows, groups, &group_elements) || elements > UINT64_MAX / 8)
@@ -138,8 +143,40 @@ static void store_u32(uint8_t *p, uint32_t v) {
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
+bool quant_can_interleave(const quant_format *f, uint64_t cols) {
+    return f->kind == QUANT_INT4 && !f->has_group_index && cols > 0 && cols % QUANT_MMA_BLOCK == 0;
+}
+
+uint64_t quant_code_position(const quant_format *f, uint64_t cols, uint64_t row, uint64_t col) {
+    if (!f->interleaved) return row * cols + col;
+    uint64_t block = col / QUANT_MMA_BLOCK, in_block = col % QUANT_MMA_BLOCK;
+    unsigned step = (unsigned)(in_block / 16), q = (unsigned)(in_block % 16);
+    unsigned lane = q % 8 / 2, i = q % 2 + q / 8 * 2; /* the quad lane and the element of its step */
+    unsigned e = 4 * step + i, word = e / 8, nibble = e % 8 / 2 + 4 * (e % 2);
+    return row * cols + block * QUANT_MMA_BLOCK + 32 * lane + 8 * word + nibble;
+}
+
+const char *quant_set_interleaved(quant_tensor *t, bool interleaved) {
+    if (t->format.interleaved == interleaved) return NULL;
+    quant_format to = t->format;
+    to.interleaved = interleaved;
+    if (interleaved && !quant_can_interleave(&to, t->layout.cols))
+        return "the weight's codes cannot be interleaved (int4 without act-order, columns a multiple of 128)";
+    uint8_t *codes = t->data + t->layout.codes,
+            *copy = malloc(t->layout.codes_bytes ? t->layout.codes_bytes : 1);
+    if (!copy) return "out of memory";
+    memcpy(copy, codes, t->layout.codes_bytes);
+    for (uint64_t n = 0; n < t->layout.rows; n++)
+        for (uint64_t k = 0; k < t->layout.cols; k++)
+            set_nibble(codes, quant_code_position(&to, t->layout.cols, n, k),
+                       nibble(copy, quant_code_position(&t->format, t->layout.cols, n, k)));
+    free(copy);
+    t->format.interleaved = interleaved;
+    return NULL;
+}
+
 unsigned quant_code(const quant_tensor *t, uint64_t row, uint64_t col) {
-    uint64_t i = row * t->layout.cols + col;
+    uint64_t i = quant_code_position(&t->format, t->layout.cols, row, col);
     const uint8_t *codes = t->data + t->layout.codes;
     return t->format.kind == QUANT_INT4 ? nibble(codes, i) : codes[i];
 }
@@ -233,7 +270,7 @@ float quant_group_decode(const quant_format *f, quant_group_params p, unsigned q
 }
 
 void quant_store_code(quant_tensor *t, uint64_t row, uint64_t col, unsigned code) {
-    uint64_t i = row * t->layout.cols + col;
+    uint64_t i = quant_code_position(&t->format, t->layout.cols, row, col);
     uint8_t *codes = t->data + t->layout.codes;
     if (t->format.kind == QUANT_INT4)
         set_nibble(codes, i, code);

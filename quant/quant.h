@@ -29,6 +29,20 @@
  * where groups = cols / group (group divides cols; group == cols is one
  * scale per output channel). All multi-byte values are little-endian.
  *
+ * The codes of an int4 weight may instead be interleaved for the tensor-core
+ * dequantize-GEMM (`interleaved`, the IR's weight layout "mma_k16"; it needs
+ * cols a multiple of QUANT_MMA_BLOCK and no act-order): each row is still
+ * its own K / 2 bytes, but each block of 128 columns of a row is stored as
+ * four 16-byte chunks, chunk c holding what lane c of a quad needs for the
+ * B fragments of the eight m16n8k16 steps (16 columns each) of the block:
+ * for step s, the columns 16s + 2c, 16s + 2c + 1, 16s + 2c + 8, 16s + 2c + 9
+ * (element e = 4s + i of the chunk, i in that order). Within each 32-bit
+ * word (elements 8w .. 8w + 7: steps 2w and 2w + 1), element 8w + 2p + h
+ * sits at nibble p + 4h, so that (word >> 4p) & 0x000f000f is the pair of
+ * codes one B register takes, low column first. So one 128-bit load is a
+ * lane's B fragments for a whole block, and the decode GEMV reads its rows
+ * as 128-bit chunks too (quant_code_position has the formula).
+ *
  * This module depends on plan/ (numeric.h, smelt_dtype.h) alone, so the
  * frontend, the reference, the driver and the runtime may all use it.
  */
@@ -42,6 +56,7 @@
 #include "smelt_dtype.h"
 
 #define QUANT_ALIGN 16u
+#define QUANT_MMA_BLOCK 128u /* columns per interleaved block (the "mma_k16" layout above) */
 
 typedef enum quant_kind {
     QUANT_NONE = 0, /* not quantized: stored in its float dtype */
@@ -66,6 +81,7 @@ typedef struct quant_format {
     bool has_zero;         /* int4 only: asymmetric with a zero point */
     bool has_group_index;  /* a group_index section (act-order) */
     bool has_column_scale; /* a column_scale section */
+    bool interleaved;      /* int4 codes in the "mma_k16" order (above), else row-major */
 } quant_format;
 
 /* Byte offsets of the sections of a weight of `rows` x `cols`; a section the
@@ -99,8 +115,9 @@ smelt_dtype quant_code_dtype(quant_kind k);
 
 /* Fills *out for a weight of rows x cols. Returns NULL on success, else a
  * static message: a kind that is no quantization, a group of 0 or one that
- * does not divide cols, a zero point on anything but int4, a size that
- * overflows 64 bits. */
+ * does not divide cols, a zero point on anything but int4, interleaved codes
+ * on anything but int4 without act-order whose cols QUANT_MMA_BLOCK divides,
+ * a size that overflows 64 bits. */
 const char *quant_layout_of(const quant_format *f, uint64_t rows, uint64_t cols, quant_layout *out);
 
 /* A stack of `matrices` quantized weights of rows x cols each (MoE experts:
@@ -113,6 +130,16 @@ const char *quant_layout_of(const quant_format *f, uint64_t rows, uint64_t cols,
  * (or an overflow of the whole). */
 const char *quant_stack_layout_of(const quant_format *f, uint64_t matrices, uint64_t rows, uint64_t cols,
                                   quant_layout *matrix, uint64_t *stride, uint64_t *total);
+/* Can a weight of `cols` columns in format f (interleaved or not) have its
+ * codes interleaved? int4, no act-order, cols a multiple of QUANT_MMA_BLOCK. */
+bool quant_can_interleave(const quant_format *f, uint64_t cols);
+/* Where code (row, col) is in the codes section, counted in codes (nibbles
+ * for int4): row * cols + col, or its interleaved place. */
+uint64_t quant_code_position(const quant_format *f, uint64_t cols, uint64_t row, uint64_t col);
+/* Rewrites t's codes in place into the order `interleaved` says (and sets
+ * its format's flag); NULL, or a static message (the format cannot be
+ * interleaved, out of memory). */
+const char *quant_set_interleaved(quant_tensor *t, bool interleaved);
 
 /* Accessors of a tensor's sections (no bounds checks beyond the layout). */
 unsigned quant_code(const quant_tensor *t, uint64_t row, uint64_t col); /* the raw code */

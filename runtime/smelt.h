@@ -202,7 +202,9 @@ smelt_status smelt_engine_bind_weight(smelt_engine *engine, const char *name, sm
 
 /* Binds weight `name` from `bytes` bytes that are already in the plan's
  * storage: a quantized weight's packed layout (quant/quant.h: codes, f16
- * scales, zero points, ...), which is what a quantized weight takes, since
+ * scales, zero points, ...), in the order the plan's weight table gives
+ * (int4 codes interleaved when it says mma_k16: the runtime does not
+ * reorder), which is what a quantized weight takes, since
  * smelt_engine_bind_weight does not quantize; or the storage dtype's
  * elements of any other weight. `bytes` must equal the weight's size in the
  * plan (`smelt inspect` prints it); the data is copied. Stacked weights are

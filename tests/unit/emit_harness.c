@@ -643,6 +643,12 @@ static void compare_result(emit_case *c, ir_value_id v, const ref_tensor *want, 
 
 /* ---- running an op ----------------------------------------------------------------------- */
 
+/* Does kernel k run in a step of `tokens` tokens (its token range, as the
+ * program guards its launch: codegen/lower.c)? */
+static bool kernel_serves(const cg_kernel *k, int64_t tokens) {
+    return tokens >= k->min_tokens && (k->max_tokens == 0 || tokens <= k->max_tokens);
+}
+
 /* Emits op `op`, compiles its kernels for sm_80, sm_90 and the host, runs
  * them on the simulator at T = tokens and checks every result against the
  * reference. State (KV caches) persists across calls for the same op. */
@@ -679,6 +685,7 @@ static void case_run(emit_case *c, uint32_t op, int64_t tokens, double tolerance
     int token_argument = (int)tokens;
     for (uint32_t k = 0; k < l.kernel_count; k++) {
         const cg_kernel *kernel = &l.kernels[k];
+        if (!kernel_serves(kernel, tokens)) continue; /* the executor skips it at this T */
         void *pointers[PROG_MAX_ARGS];
         void *args[PROG_MAX_ARGS];
         for (uint32_t p = 0; p < kernel->param_count; p++) {
@@ -722,8 +729,23 @@ static void case_run(emit_case *c, uint32_t op, int64_t tokens, double tolerance
  * reference), compiles and runs its kernels at T = tokens, and checks the
  * outputs listed (what readers outside the group see) against the
  * reference run op by op. Inputs of the group get data as case_run's. */
+typedef bool (*case_group_emitter)(const ir_module *m, const cg_group *g, arena *a, cg_group_lowering *out,
+                                   diag_engine *d);
+
+static void case_run_group_emitted(emit_case *c, const uint32_t *ops, uint32_t count,
+                                   const ir_value_id *outputs, uint32_t output_count, int64_t tokens,
+                                   double tolerance, case_group_emitter emit);
+
 static void case_run_group(emit_case *c, const uint32_t *ops, uint32_t count, const ir_value_id *outputs,
                            uint32_t output_count, int64_t tokens, double tolerance) {
+    case_run_group_emitted(c, ops, count, outputs, output_count, tokens, tolerance, cg_emit_group);
+}
+
+/* case_run_group with the group's kernels from `emit` (an entry of emit.h
+ * other than cg_emit_group). */
+static void case_run_group_emitted(emit_case *c, const uint32_t *ops, uint32_t count,
+                                   const ir_value_id *outputs, uint32_t output_count, int64_t tokens,
+                                   double tolerance, case_group_emitter emit) {
     const ir_module *m = &c->m;
     uint32_t members[IR_MAX_OPERANDS], member_count = 0;
     ir_value_id inputs[IR_MAX_OPERANDS];
@@ -750,7 +772,7 @@ static void case_run_group(emit_case *c, const uint32_t *ops, uint32_t count, co
     arena strings;
     arena_init(&strings);
     cg_group_lowering l;
-    if (!cg_emit_group(m, &g, &strings, &l, &c->d)) fail_msg("emit failed:\n%s", case_log(c));
+    if (!emit(m, &g, &strings, &l, &c->d)) fail_msg("emit failed:\n%s", case_log(c));
     assert_int_equal(l.kind, CG_LOWER_KERNELS);
     for (uint32_t i = 0; i < input_count; i++)
         fill_operand(c, inputs[i], tokens);
@@ -766,6 +788,7 @@ static void case_run_group(emit_case *c, const uint32_t *ops, uint32_t count, co
     int token_argument = (int)tokens;
     for (uint32_t k = 0; k < l.kernel_count; k++) {
         const cg_kernel *kernel = &l.kernels[k];
+        if (!kernel_serves(kernel, tokens)) continue; /* the executor skips it at this T */
         void *pointers[PROG_MAX_ARGS];
         void *args[PROG_MAX_ARGS];
         for (uint32_t p = 0; p < kernel->param_count; p++) {

@@ -179,9 +179,9 @@ static void test_quantize_calibrated(void **state) {
         uint64_t rows = t->shape[0], cols = t->shape[1];
         float *w = malloc(rows * cols * sizeof *w);
         assert_true(st_tensor_read_f32(t, w, &d));
-        quant_format formats[3] = {{QUANT_INT4, QUANT_METHOD_RTN, 32, true, false, false},
-                                   {QUANT_INT4, QUANT_METHOD_AWQ, 32, true, false, true},
-                                   {QUANT_INT4, QUANT_METHOD_GPTQ, 32, true, false, false}};
+        quant_format formats[3] = {{QUANT_INT4, QUANT_METHOD_RTN, 32, true, false, false, false},
+                                   {QUANT_INT4, QUANT_METHOD_AWQ, 32, true, false, true, false},
+                                   {QUANT_INT4, QUANT_METHOD_GPTQ, 32, true, false, false, false}};
         double error[3];
         for (int m = 0; m < 3; m++) {
             quant_tensor q = {.format = formats[m]};
@@ -204,7 +204,7 @@ static void test_quantize_calibrated(void **state) {
     assert_int_equal(quantized, 2 * 7 + 1);
     /* A weight calibration never saw, a method that learns nothing, no calibration. */
     float w[64 * 64] = {0};
-    quant_tensor q = {.format = {QUANT_INT4, QUANT_METHOD_GPTQ, 32, true, false, false}};
+    quant_tensor q = {.format = {QUANT_INT4, QUANT_METHOD_GPTQ, 32, true, false, false, false}};
     assert_null(quant_layout_of(&q.format, 64, 64, &q.layout));
     q.data = calloc(1, q.layout.total);
     char *text = NULL;

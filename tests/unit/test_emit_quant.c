@@ -237,8 +237,218 @@ static void test_w8a8_warp_lanes(void **state) {
         const ir_value_id out = case_result(c, op);
         for (int64_t t = 1; t <= 6; t += 5)
             case_run_group(c, ops, 2, &out, 1, t, F32_TOLERANCE);
+/* ---- the tensor-core dequantize-GEMM (emit_dequant_gemm.c) ------------------------------ */
+
+/* A quantized matmul alone whose int4 codes are interleaved (K a multiple
+ * of 128): the GEMV for steps of up to 4 tokens, the dequantize-GEMM above. */
+static emit_case *dequant_case_of(const char *preset, const char *activations, int64_t group, int64_t n,
+                                  int64_t k, bool bias, bool zero, bool column_scale, uint32_t *op) {
+    emit_case *c = case_new(preset);
+    c->activations = activations;
+    c->group_size = group;
+    char type[64];
+    snprintf(type, sizeof type, "f32[tokens, %lld]", (long long)k);
+    ir_value_id x = case_input(c, "x", type);
+    snprintf(type, sizeof type, "f32[%lld, %lld]", (long long)n, (long long)k);
+    ir_value_id wt = case_weight(c, type);
+    snprintf(type, sizeof type, "f32[%lld]", (long long)n);
+    ir_value_id b = bias ? case_weight(c, type) : IR_NO_VALUE;
+    *op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wt, b}, bias ? 3 : 2);
+    case_infer(c);
+    uint32_t weight = c->m.values[wt].def_op;
+    quant_format f;
+    assert_true(ir_weight_quant(&c->m, weight, &f));
+    assert_true(f.interleaved == (f.kind == QUANT_INT4)); /* precision chose layout mma_k16 for int4 */
+    assert_int_equal(f.group, (uint32_t)(f.kind == QUANT_INT4 ? group : k));
+    f.has_zero = zero && f.kind == QUANT_INT4;
+    if (column_scale) f.has_column_scale = true, f.method = QUANT_METHOD_AWQ;
+    ir_weight_set_quant(&c->m, weight, &f);
+    assert_true(ir_verify(&c->m, &c->d));
+    return c;
+}
+
+static emit_case *dequant_case(const char *activations, int64_t group, int64_t n, int64_t k, bool bias,
+                               bool zero, bool column_scale, uint32_t *op) {
+    return dequant_case_of("int4-rtn", activations, group, n, k, bias, zero, column_scale, op);
+}
+
+/* The kernels of such a matmul: the GEMV up to 4 tokens, the GEMM from 5. */
+static void check_dequant_lowering(emit_case *c, uint32_t op) {
+    arena a;
+    arena_init(&a);
+    cg_group_lowering l;
+    assert_true(case_emit(c, op, &a, &l));
+    assert_int_equal(l.kernel_count, 2);
+    assert_non_null(strstr(l.kernels[0].name, "gemv_"));
+    assert_int_equal(l.kernels[0].max_tokens, IR_GEMV_MAX_TOKENS);
+    assert_non_null(strstr(l.kernels[1].name, "dequant_gemm_"));
+    assert_int_equal(l.kernels[1].min_tokens, IR_GEMV_MAX_TOKENS + 1);
+    assert_true(l.kernels[1].tensor_cores);
+    arena_free(&a);
+}
+
+/* Against the reference on the same weights dequantized as quant_value
+ * defines: f32 activations (A split in two bf16 parts: f32's tolerance) and
+ * bf16 ones (A by ldmatrix); token counts inside one 64-row tile, across
+ * two and three and not a multiple of it; N a multiple of the 64-row tile
+ * and not; one k-block and three; groups of 32, 64 and 128 columns; with
+ * and without zero points, column scales and a bias. */
+static void test_dequant_gemm(void **state) {
+    (void)state;
+    typedef struct shape {
+        const char *activations;
+        int64_t group, n, k;
+        bool bias, zero, column_scale;
+    } shape;
+    const shape shapes[] = {
+        {"f32", 128, 64, 128, false, true, false},  {"f32", 32, 96, 384, true, true, false},
+        {"f32", 64, 70, 256, false, false, false},  {"f32", 128, 48, 256, false, true, true},
+        {"bf16", 128, 64, 128, false, true, false}, {"bf16", 32, 130, 256, true, true, false},
+        {"bf16", 64, 64, 384, false, false, true},
+    };
+    /* 3: the GEMV; 5: the GEMM on a part of one tile; 70 and 130: two and three tiles, the last partial */
+    const int64_t token_counts[] = {3, 70, 5, 130};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const shape *s = &shapes[i];
+        uint32_t op;
+        emit_case *c =
+            dequant_case(s->activations, s->group, s->n, s->k, s->bias, s->zero, s->column_scale, &op);
+        check_dequant_lowering(c, op);
+        double tolerance = strcmp(s->activations, "f32") == 0 ? F32_TOLERANCE : BF16_TOLERANCE;
+        const ir_value_id out = case_result(c, op);
+        for (size_t t = 0; t < (i < 2 ? 4u : 2u); t++) /* the simulator is slow: all four for two shapes */
+            case_run_group(c, &op, 1, &out, 1, token_counts[t], tolerance);
         case_free(c);
     }
+}
+
+/* The adds after a quantized matmul in a fused group, which the steps
+ * above 4 tokens run op by op: the dequantize-GEMM takes a residual (o and
+ * down) and a bias before it (Qwen2's q/k/v bias is an add) in its
+ * epilogue (cg_emit_dequant_gemm_epilogue, as codegen/lower.c hands them
+ * over), one kernel writing the last add's result. */
+static bool emit_with_adds(const ir_module *m, const cg_group *g, arena *a, cg_group_lowering *out,
+                           diag_engine *d) {
+    return cg_emit_dequant_gemm_epilogue(m, g->ops, g->op_count, a, out, d);
+}
+
+static void test_dequant_gemm_epilogue(void **state) {
+    (void)state;
+    for (int act = 0; act < 2; act++)
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            emit_case *c = case_new("int4-rtn");
+            c->activations = act ? "bf16" : "f32";
+            c->group_size = 64;
+            ir_value_id x = case_input(c, "x", "f32[tokens, 256]");
+            ir_value_id h = case_input(c, "h", "f32[tokens, 80]");
+            ir_value_id wt = case_weight(c, "f32[80, 256]"), bias = case_weight(c, "f32[80]");
+            uint32_t ops[3], n = 0;
+            ops[n++] = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wt}, 2);
+            ir_value_id y = case_result(c, ops[0]);
+            if (with_bias) {
+                ops[n++] = case_op(c, IR_OP_ADD, (ir_value_id[]){y, bias}, 2);
+                y = case_result(c, ops[1]);
+            }
+            ops[n++] = case_op(c, IR_OP_ADD, (ir_value_id[]){h, y}, 2); /* residual first, as Llama adds it */
+            case_infer(c);
+            assert_true(cg_dequant_gemm_fits(&c->m, ops[0]));
+            arena a;
+            arena_init(&a);
+            cg_group_lowering l;
+            assert_true(cg_emit_dequant_gemm_epilogue(&c->m, ops, n, &a, &l, &c->d));
+            assert_int_equal(l.kernel_count, 1);
+            assert_non_null(strstr(l.kernels[0].name, with_bias ? "_bias_residual_" : "_residual_"));
+            arena_free(&a);
+            const ir_value_id out = case_result(c, ops[n - 1]);
+            const int64_t token_counts[2] = {5, 70};
+            for (int t = 0; t < 2; t++)
+                case_run_group_emitted(c, ops, n, &out, 1, token_counts[t],
+                                       act ? BF16_TOLERANCE : F32_TOLERANCE, emit_with_adds);
+            case_free(c);
+        }
+}
+
+/* int8 and E4M3 weights (one scale per output channel; SmoothQuant-like
+ * column scales on one) in the same kernel over row-major byte codes. */
+static void test_dequant_gemm_bytes(void **state) {
+    (void)state;
+    const char *const byte_presets[2] = {"int8", "fp8"};
+    for (int p = 0; p < 2; p++)
+        for (int shape = 0; shape < 3; shape++) {
+            uint32_t op;
+            const char *activations = shape == 1 ? "bf16" : "f32";
+            emit_case *c = dequant_case_of(byte_presets[p], activations, 0, shape == 0 ? 70 : 64,
+                                           shape == 0 ? 256 : 128, shape == 1, false, shape == 2, &op);
+            check_dequant_lowering(c, op);
+            double tolerance = shape == 1 ? BF16_TOLERANCE : F32_TOLERANCE;
+            const ir_value_id out = case_result(c, op);
+            const int64_t token_counts[2] = {3, 70};
+            for (int t = 0; t < 2; t++)
+                case_run_group(c, &op, 1, &out, 1, token_counts[t], tolerance);
+            case_free(c);
+        }
+}
+
+/* Act-order and K not a multiple of 128 keep the row-major codes and the
+ * GEMV at every step; so does a plan of at most 4 tokens a step. */
+static void test_dequant_gemm_refused(void **state) {
+    (void)state;
+    emit_case *c = case_new("int4-rtn");
+    c->activations = "f32";
+    ir_value_id x = case_input(c, "x", "f32[tokens, 96]");
+    ir_value_id wt = case_weight(c, "f32[16, 96]");
+    uint32_t op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wt}, 2);
+    case_infer(c);
+    quant_format f;
+    assert_true(ir_weight_quant(&c->m, c->m.values[wt].def_op, &f));
+    assert_false(f.interleaved);
+    arena a;
+    arena_init(&a);
+    cg_group_lowering l;
+    assert_true(case_emit(c, op, &a, &l));
+    assert_int_equal(l.kernel_count, 1);
+    assert_int_equal(l.kernels[0].max_tokens, 0);
+    arena_free(&a);
+    case_free(c);
+}
+
+/* What NVRTC makes of the dequantize-GEMM of Llama-3-8B's down projection
+ * (K 14336, N 4096, groups of 128, bf16): no spills on sm_90, mma.sync and
+ * ldmatrix and cp.async in its PTX. */
+static void test_dequant_gemm_ptx_for_sm90(void **state) {
+    (void)state;
+    if (!harness_have_nvrtc) skip();
+    uint32_t op;
+    emit_case *c = dequant_case("bf16", 128, 4096, 14336, false, true, false, &op);
+    arena a;
+    arena_init(&a);
+    cg_group_lowering l;
+    assert_true(case_emit(c, op, &a, &l));
+    assert_int_equal(l.kernel_count, 2);
+    cg_header header = {"smelt_kernel.h", harness_header_text};
+    cg_compile_request request = {.source = l.kernels[1].source,
+                                  .kernel_name = l.kernels[1].name,
+                                  .headers = &header,
+                                  .header_count = 1,
+                                  .arch = 90,
+                                  .want_cubin = true,
+                                  .want_ptx = true};
+    cg_compiled compiled;
+    char error[4096];
+    if (!cg_compile_kernel(&request, &compiled, error, sizeof error)) fail_msg("NVRTC: %s", error);
+    const cg_kernel_resources *r = cg_resource_find(&compiled.resources, l.kernels[1].name);
+    assert_non_null(r);
+    printf("  sm_90 %s: %u registers, %u spill bytes\n", l.kernels[1].name, r->registers,
+           r->spill_store_bytes + r->spill_load_bytes);
+    assert_int_equal(r->spill_store_bytes + r->spill_load_bytes, 0);
+    assert_non_null(compiled.ptx);
+    assert_non_null(strstr(compiled.ptx, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
+    assert_non_null(strstr(compiled.ptx, "ldmatrix.sync.aligned.m8n8.x4.shared.b16"));
+    assert_non_null(strstr(compiled.ptx, "cp.async.cg.shared.global"));
+    assert_non_null(strstr(compiled.ptx, "cp.async.wait_group 1"));
+    cg_compiled_free(&compiled);
+    arena_free(&a);
+    case_free(c);
 }
 
 int main(void) {
@@ -249,6 +459,11 @@ int main(void) {
         cmocka_unit_test(test_gemv_quantized_column_scales),
         cmocka_unit_test(test_gemv_quantized_f16_activations),
         cmocka_unit_test(test_w8a8_warp_lanes),
+        cmocka_unit_test(test_dequant_gemm),
+        cmocka_unit_test(test_dequant_gemm_bytes),
+        cmocka_unit_test(test_dequant_gemm_epilogue),
+        cmocka_unit_test(test_dequant_gemm_refused),
+        cmocka_unit_test(test_dequant_gemm_ptx_for_sm90),
     };
     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
 }

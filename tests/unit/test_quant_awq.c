@@ -79,12 +79,13 @@ static void test_awq_less_error_than_rtn(void **state) {
     for (int sym = 0; sym < 2; sym++)
         for (uint32_t group = 32; group <= 128; group *= 4) {
             quant_tensor rtn =
-                make((quant_format){QUANT_INT4, QUANT_METHOD_RTN, group, sym == 0, false, false}, ROWS, COLS);
+                make((quant_format){QUANT_INT4, QUANT_METHOD_RTN, group, sym == 0, false, false, false}, ROWS,
+                     COLS);
             assert_null(quant_rtn(l.w, NULL, &rtn));
             double rtn_error = quant_output_error(l.w, &rtn, l.stats.xtx);
             double plain = 0;
             for (int clip = 0; clip < 2; clip++) {
-                quant_format f = {QUANT_INT4, QUANT_METHOD_AWQ, group, sym == 0, false, true};
+                quant_format f = {QUANT_INT4, QUANT_METHOD_AWQ, group, sym == 0, false, true, false};
                 quant_tensor t = make(f, ROWS, COLS);
                 quant_awq_report report;
                 assert_null(quant_awq(l.w, l.mean_abs, l.stats.xtx, &(quant_awq_options){.clip = clip == 1},
@@ -117,7 +118,7 @@ static void test_awq_uniform_activations_is_rtn(void **state) {
     float ones[COLS];
     for (int k = 0; k < COLS; k++)
         ones[k] = 1.0f;
-    quant_format f = {QUANT_INT4, QUANT_METHOD_AWQ, 64, true, false, true};
+    quant_format f = {QUANT_INT4, QUANT_METHOD_AWQ, 64, true, false, true, false};
     quant_tensor a = make(f, ROWS, COLS), r = make(f, ROWS, COLS);
     float same[COLS];
     for (int k = 0; k < COLS; k++)
@@ -126,7 +127,8 @@ static void test_awq_uniform_activations_is_rtn(void **state) {
     assert_null(quant_rtn(l.w, ones, &r));
     assert_memory_equal(a.data, r.data, a.layout.total);
     /* Refusals: no column scales in the format; a negative mean. */
-    quant_tensor n = make((quant_format){QUANT_INT4, QUANT_METHOD_AWQ, 64, true, false, false}, ROWS, COLS);
+    quant_tensor n =
+        make((quant_format){QUANT_INT4, QUANT_METHOD_AWQ, 64, true, false, false, false}, ROWS, COLS);
     assert_non_null(quant_awq(l.w, same, l.stats.xtx, NULL, &n, NULL));
     same[7] = -1;
     assert_non_null(quant_awq(l.w, same, l.stats.xtx, NULL, &a, NULL));
@@ -175,9 +177,9 @@ static void test_smooth_w8a8_less_error(void **state) {
     (void)state;
     layer l = make_layer(9);
     quant_tensor plain =
-        make((quant_format){QUANT_INT8, QUANT_METHOD_RTN, COLS, false, false, false}, ROWS, COLS);
+        make((quant_format){QUANT_INT8, QUANT_METHOD_RTN, COLS, false, false, false, false}, ROWS, COLS);
     quant_tensor smooth =
-        make((quant_format){QUANT_INT8, QUANT_METHOD_SMOOTH, COLS, false, false, true}, ROWS, COLS);
+        make((quant_format){QUANT_INT8, QUANT_METHOD_SMOOTH, COLS, false, false, true, false}, ROWS, COLS);
     assert_null(quant_rtn(l.w, NULL, &plain));
     assert_null(quant_smooth(l.w, l.stats.absmax, 0.5f, &smooth));
     double e_plain = w8a8_error(&l, &plain), e_smooth = w8a8_error(&l, &smooth);

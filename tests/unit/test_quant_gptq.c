@@ -75,7 +75,7 @@ static void fixture_free(fixture *x) {
 
 static void check_against_fixture(const char *name) {
     fixture x = load_fixture(name);
-    quant_format f = {QUANT_INT4, QUANT_METHOD_GPTQ, x.group, x.has_zero, x.act_order != 0, false};
+    quant_format f = {QUANT_INT4, QUANT_METHOD_GPTQ, x.group, x.has_zero, x.act_order != 0, false, false};
     quant_tensor t = make(f, x.rows, x.cols);
     quant_gptq_options o = {.damp = x.damp, .block = x.block, .act_order = x.act_order != 0};
     assert_null(quant_gptq(x.w, x.h, &o, &t));
@@ -132,12 +132,12 @@ static void test_less_error_than_rtn(void **state) {
     layer l = make_layer(7);
     for (int sym = 0; sym < 2; sym++)
         for (uint32_t group = 32; group <= 128; group *= 4) {
-            quant_format rf = {QUANT_INT4, QUANT_METHOD_RTN, group, sym == 0, false, false};
+            quant_format rf = {QUANT_INT4, QUANT_METHOD_RTN, group, sym == 0, false, false, false};
             quant_tensor rtn = make(rf, ROWS, COLS);
             assert_null(quant_rtn(l.w, NULL, &rtn));
             double rtn_error = quant_output_error(l.w, &rtn, l.stats.xtx);
             for (int act = 0; act < 2; act++) {
-                quant_format gf = {QUANT_INT4, QUANT_METHOD_GPTQ, group, sym == 0, act == 1, false};
+                quant_format gf = {QUANT_INT4, QUANT_METHOD_GPTQ, group, sym == 0, act == 1, false, false};
                 quant_tensor t = make(gf, ROWS, COLS);
                 quant_gptq_options o = {.block = 64, .act_order = act == 1};
                 assert_null(quant_gptq(l.w, l.stats.xtx, &o, &t));
@@ -151,9 +151,9 @@ static void test_less_error_than_rtn(void **state) {
         }
     /* int8 per channel too. */
     quant_tensor rtn =
-        make((quant_format){QUANT_INT8, QUANT_METHOD_RTN, COLS, false, false, false}, ROWS, COLS);
+        make((quant_format){QUANT_INT8, QUANT_METHOD_RTN, COLS, false, false, false, false}, ROWS, COLS);
     quant_tensor t =
-        make((quant_format){QUANT_INT8, QUANT_METHOD_GPTQ, COLS, false, false, false}, ROWS, COLS);
+        make((quant_format){QUANT_INT8, QUANT_METHOD_GPTQ, COLS, false, false, false, false}, ROWS, COLS);
     assert_null(quant_rtn(l.w, NULL, &rtn));
     assert_null(quant_gptq(l.w, l.stats.xtx, NULL, &t));
     assert_true(quant_output_error(l.w, &t, l.stats.xtx) < quant_output_error(l.w, &rtn, l.stats.xtx));
@@ -165,7 +165,7 @@ static void test_less_error_than_rtn(void **state) {
 static void test_block_size_does_not_matter(void **state) {
     (void)state;
     layer l = make_layer(11);
-    quant_format f = {QUANT_INT4, QUANT_METHOD_GPTQ, 32, true, false, false};
+    quant_format f = {QUANT_INT4, QUANT_METHOD_GPTQ, 32, true, false, false, false};
     quant_tensor a = make(f, ROWS, COLS), b = make(f, ROWS, COLS), c = make(f, ROWS, COLS);
     assert_null(quant_gptq(l.w, l.stats.xtx, &(quant_gptq_options){.block = 256}, &a));
     assert_null(quant_gptq(l.w, l.stats.xtx, &(quant_gptq_options){.block = 32}, &b));
@@ -187,7 +187,7 @@ static void test_act_order_group_index(void **state) {
     layer l = make_layer(13);
     enum { GROUP = 64 };
     quant_tensor t =
-        make((quant_format){QUANT_INT4, QUANT_METHOD_GPTQ, GROUP, true, true, false}, ROWS, COLS);
+        make((quant_format){QUANT_INT4, QUANT_METHOD_GPTQ, GROUP, true, true, false, false}, ROWS, COLS);
     assert_null(quant_gptq(l.w, l.stats.xtx, &(quant_gptq_options){.act_order = true}, &t));
     unsigned members[COLS / GROUP] = {0};
     double least[COLS / GROUP], most[COLS / GROUP];
@@ -215,12 +215,12 @@ static void test_refusals(void **state) {
     (void)state;
     float w[4] = {1, 2, 3, 4};
     double h[4] = {1, 2, 2, 1}; /* eigenvalues 3 and -1 */
-    quant_tensor t = make((quant_format){QUANT_INT4, QUANT_METHOD_GPTQ, 2, true, false, false}, 2, 2);
+    quant_tensor t = make((quant_format){QUANT_INT4, QUANT_METHOD_GPTQ, 2, true, false, false, false}, 2, 2);
     assert_non_null(quant_gptq(w, h, NULL, &t));
     double good[4] = {2, 1, 1, 2};
     assert_non_null(quant_gptq(w, good, &(quant_gptq_options){.act_order = true}, &t)); /* no group_index */
     assert_null(quant_gptq(w, good, NULL, &t));
-    quant_tensor c = make((quant_format){QUANT_INT4, QUANT_METHOD_GPTQ, 2, true, false, true}, 2, 2);
+    quant_tensor c = make((quant_format){QUANT_INT4, QUANT_METHOD_GPTQ, 2, true, false, true, false}, 2, 2);
     assert_non_null(quant_gptq(w, good, NULL, &c)); /* column scales */
     double nan_h[4] = {NAN, 0, 0, 1};
     assert_non_null(quant_gptq(w, nan_h, NULL, &t));

@@ -1,0 +1,459 @@
+/* emit_dequant_gemm.c - the tensor-core dequantize-GEMM of a quantized matmul
+ * in the steps above the GEMV's token counts (prefill):
+ *
+ *   out[t, n] = sum_k x[t, k] * w[n, k] (+ bias[n])     w = (q - z) * s (* c[k])
+ *
+ * over an int4 weight whose codes are interleaved (quant/quant.h, layout
+ * "mma_k16", which `precision` chose at compile time), in the spirit of
+ * Marlin. One block of 4 warps computes a tile of BLOCK_M (64) tokens by
+ * BLOCK_N (64) output rows, each warp 32 x 32 of it as 2 x 4 m16n8 tiles of
+ * mma.m16n8k16 (bf16 in, f32 accumulate). Per k-block of BLOCK_K (128)
+ * columns, the x rows and the weight rows of the tile go to shared memory
+ * by cp.async, STAGES (3) k-blocks in flight; then
+ *
+ *   A  by ldmatrix.x4 from the x tile (bf16 activations), or, for f32
+ *      activations or column scales, built from it as the sum of bf16
+ *      parts (three for f32: x to 2^-24; two for bf16 x times c[k]), each
+ *      multiplied by the same B: f32's rounding, as the reference has;
+ *   B  one 128-bit shared load per n8 tile and lane holds that lane's
+ *      fragments for all 8 k16 steps of the block (the interleaved order):
+ *      two codes per register, minus the zero point, exactly in bf16;
+ *   s  the group scales multiply each group's partial sums (the m16n8
+ *      accumulator of the group's k16 steps) into the f32 result, so the
+ *      weights are never rounded: the kernel computes what quant_value
+ *      defines, to f32 rounding.
+ *
+ * Each weight byte is read from DRAM once per step (the blocks of one
+ * column of tiles run together and share it through L2), each x row once
+ * per column of tiles, from L2 after the first. The bias and a residual are
+ * added in the epilogue: the matmul's own bias, and the adds after it that
+ * codegen/lower.c hands over as a GEMM's epilogue when it runs a fused
+ * group's ops one by one (cg_emit_dequant_gemm_epilogue).
+ *
+ * int8 and E4M3 weights (one scale per output channel, or groups) run the
+ * same kernel over their row-major byte codes: a k-block of 64 rows of 128
+ * codes to shared memory by cp.async, each B register two 16-bit shared
+ * loads' codes as bf16 (exact: 8 significant bits at most).
+ *
+ * What it takes (cg_dequant_gemm_fits): int4 codes interleaved (so K is a
+ * multiple of 128, and no act-order: a group index would give a k16 step
+ * columns of many groups), or int8 / E4M3 codes with K a multiple of 128
+ * and no act-order; groups a multiple of 16 columns, x [tokens, K]
+ * and out [tokens, N] in f32 or bf16; any N (rows past it are zeros) and any
+ * token count (rows past the step are zeros). Other quantized matmuls keep
+ * the GEMV kernel at every step (emit_gemv.c).
+ */
+#include "emit_attention.h" /* attention_write_template, attention_without_semicolon */
+#include "emit_internal.h"
+
+#include "interface.h"
+#include "quant.h"
+
+#include <string.h>
+
+enum {
+    GEMM_THREADS = 128, /* 4 warps, 2 x 2 over the block's tile */
+    GEMM_BLOCK_M = 64,  /* tokens per block */
+    GEMM_BLOCK_N = 64,  /* output rows per block */
+    GEMM_BLOCK_K = 128, /* columns per k-block: one interleaved block of the codes */
+    GEMM_STAGES = 3,    /* k-blocks in flight */
+};
+
+/* Does a step have more tokens than the GEMV serves? At most the planned
+ * token count (plan-memory's; a plan of steps of at most 4 tokens has no
+ * use for the kernel, and the program refuses a token range past its
+ * bound), or, before plan-memory (the emitter tests), the token dim's. */
+static bool steps_above_gemv(const ir_module *m, int32_t tokens) {
+    int64_t bound = m->planned_tokens > 0 ? m->planned_tokens : m->symbols[tokens].bound;
+    return bound > IR_GEMV_MAX_TOKENS;
+}
+
+bool cg_dequant_gemm_fits(const ir_module *m, uint32_t op) {
+    const ir_op *o = &m->ops[op];
+    quant_format f;
+    if (o->kind != IR_OP_MATMUL || o->operand_count < 2 ||
+        !ir_weight_quant(m, m->values[o->operands[1]].def_op, &f))
+        return false;
+    const ir_type *x = &m->values[o->operands[0]].type, *y = &m->values[o->results[0]].type;
+    smelt_dtype xd = cg_storage_dtype(m, o->operands[0]), yd = cg_storage_dtype(m, o->results[0]);
+    bool floats = (xd == SMELT_DTYPE_F32 || xd == SMELT_DTYPE_BF16) &&
+                  (yd == SMELT_DTYPE_F32 || yd == SMELT_DTYPE_BF16);
+    if (o->operand_count == 3) {
+        smelt_dtype bd = cg_storage_dtype(m, o->operands[2]);
+        floats = floats && (bd == SMELT_DTYPE_F32 || bd == SMELT_DTYPE_BF16);
+    }
+    int32_t tokens = ir_token_symbol(m);
+    /* int4: interleaved codes (so K % 128 == 0); int8 and E4M3: row-major bytes, K a multiple of the k-block
+     */
+    const ir_type *w = &m->values[o->operands[1]].type;
+    bool codes = f.kind == QUANT_INT4 ? f.interleaved
+                                      : (f.kind == QUANT_INT8 || f.kind == QUANT_FP8) && w->rank == 2 &&
+                                            w->dims[1].size % GEMM_BLOCK_K == 0;
+    return codes && !f.has_group_index && f.group % 16 == 0 && floats && x->rank == 2 &&
+           x->dims[0].symbol == tokens && tokens >= 0 && y->rank == 2 && y->dims[0].symbol == tokens &&
+           (uint32_t)tokens < m->symbol_count && steps_above_gemv(m, tokens);
+}
+
+static const char gemm_helpers[] = "\
+/* Copies k-block kb of the tile's x rows and weight rows into one stage\n\
+ * (cp.async, 16 bytes a copy); rows past the step or past N are zeros. */\n\
+SMELT_DEVICE void load_stage(X_TYPE *a, uint8_t *b, const X_TYPE *x, const uint8_t *w, long long row0, long long n0, int kb, int rows)\n\
+{\n\
+    uint4 zero = {0u, 0u, 0u, 0u};\n\
+    for (int i = threadIdx.x; i < BLOCK_M * A_CHUNKS; i += THREADS) {\n\
+        int row = i / A_CHUNKS, column = i % A_CHUNKS * A_CHUNK;\n\
+        X_TYPE *to = a + row * A_STRIDE + column;\n\
+        if (row0 + row < rows) {\n\
+            smelt_cp_async_16(to, x + (row0 + row) * K + kb * BLOCK_K + column);\n\
+        } else {\n\
+            *(uint4 *)to = zero;\n\
+        }\n\
+    }\n\
+    for (int i = threadIdx.x; i < BLOCK_N * (B_ROW_BYTES / 16); i += THREADS) {\n\
+        int row = i / (B_ROW_BYTES / 16), chunk = i % (B_ROW_BYTES / 16);\n\
+        uint8_t *to = b + row * B_STRIDE + chunk * 16;\n\
+        if (n0 + row < N) {\n\
+            smelt_cp_async_16(to, w + (n0 + row) * CODE_ROW_BYTES + kb * B_ROW_BYTES + chunk * 16);\n\
+        } else {\n\
+            *(uint4 *)to = zero;\n\
+        }\n\
+    }\n\
+}\n\
+\n";
+
+static const char gemm_int4_helper[] = "\
+/* The two int4 codes at bits 0..3 and 16..19 of `pair`, minus the zero\n\
+ * point, as the bf16 pair of one B register (lower column in the low half).\n\
+ * 0x4b000000 | q is the float 2^23 + q, and biased_zero is 2^23 + z, so the\n\
+ * difference is q - z exactly, and |q - z| <= 15 is exact in bf16. */\n\
+SMELT_DEVICE uint32_t dequantize_pair(uint32_t pair, float biased_zero)\n\
+{\n\
+    float low = __uint_as_float(0x4b000000u | (pair & 15u)) - biased_zero;\n\
+    float high = __uint_as_float(0x4b000000u | ((pair >> 16) & 15u)) - biased_zero;\n\
+    return (__float_as_uint(low) >> 16) | (__float_as_uint(high) & 0xffff0000u);\n\
+}\n\
+\n";
+
+static const char gemm_byte_helper[] = "\
+/* The codes at p[0] and p[1] as the bf16 pair of one B register (lower\n\
+ * column in the low half): CODE(q) is an int8 code or an E4M3 byte as a\n\
+ * float, exact in bf16 (8 significant bits; E4M3 has 4). */\n\
+SMELT_DEVICE uint32_t code_pair(const uint8_t *p)\n\
+{\n\
+    return (__float_as_uint(CODE(p[0])) >> 16) | (__float_as_uint(CODE(p[1])) & 0xffff0000u);\n\
+}\n\
+\n";
+
+static const char gemm_split_helper[] = "\
+/* Two x values as register r of the SPLIT A fragments: their bf16\n\
+ * rounding, then the bf16 rounding of what that leaves, and so on, so that\n\
+ * the parts sum to x to 2^-8 per part (each difference is exact in f32). */\n\
+SMELT_DEVICE void split_pair(float a, float b, uint32_t parts[SPLIT][4], int r)\n\
+{\n\
+    for (int p = 0; p < SPLIT; p++) {\n\
+        smelt_bf16 a_part = smelt_f32_to_bf16(a), b_part = smelt_f32_to_bf16(b);\n\
+        parts[p][r] = smelt_bf16x2_pack(a_part, b_part);\n\
+        a -= smelt_bf16_to_f32(a_part);\n\
+        b -= smelt_bf16_to_f32(b_part);\n\
+    }\n\
+}\n\
+\n";
+
+/* The body, in three parts: up to the B fragments of a k16 step, then the
+ * A fragments and the mma (split or by ldmatrix), then the rest. Its holes
+ * are the macros the emitter defines (X_TYPE, LOAD_X, ZERO_POINT,
+ * COLUMN_SCALE, BIAS, STORE_OUTPUT). */
+static const char gemm_body_head[] = "\
+SMELT_DYNAMIC_SHARED(unsigned char, shared);\n\
+X_TYPE *a_stages = (X_TYPE *)shared;                         /* [STAGES][BLOCK_M][A_STRIDE] */\n\
+uint8_t *b_stages = (uint8_t *)(shared + STAGES * A_STAGE_BYTES); /* [STAGES][BLOCK_N][B_STRIDE] */\n\
+long long row0 = (long long)blockIdx.x * BLOCK_M, n0 = (long long)blockIdx.y * BLOCK_N;\n\
+int rows = (int)STEP_ROWS;\n\
+int lane = threadIdx.x % 32, warp = threadIdx.x / 32;\n\
+int group_id = lane / 4, thread_in_group = lane % 4; /* the mma fragment coordinates */\n\
+int warp_m = warp / 2 * WARP_M, warp_n = warp % 2 * WARP_N; /* the warp's tile in the block's */\n\
+const uint16_t *scales = (const uint16_t *)(w + SCALES_AT);\n\
+/* acc: the result; part: the current group's sums, before its scale */\n\
+float acc[M_TILES][N_TILES][4], part[M_TILES][N_TILES][4];\n\
+for (int i = 0; i < M_TILES; i++) {\n\
+    for (int j = 0; j < N_TILES; j++) {\n\
+        for (int e = 0; e < 4; e++) {\n\
+            acc[i][j][e] = 0.0f;\n\
+            part[i][j][e] = 0.0f;\n\
+        }\n\
+    }\n\
+}\n\
+";
+
+static const char gemm_int4_state[] = "\
+float biased_zero[N_TILES]; /* 2^23 + the zero point of each of this lane's B rows in this group */\n\
+for (int j = 0; j < N_TILES; j++) {\n\
+    biased_zero[j] = 8388608.0f;\n\
+}\n\
+";
+
+static const char gemm_body_loop[] = "\
+for (int s = 0; s < STAGES - 1; s++) {\n\
+    if (s < K_BLOCKS) {\n\
+        load_stage(a_stages + s * BLOCK_M * A_STRIDE, b_stages + s * BLOCK_N * B_STRIDE, x, w, row0, n0, s, rows);\n\
+    }\n\
+    smelt_cp_async_commit();\n\
+}\n\
+for (int kb = 0; kb < K_BLOCKS; kb++) {\n\
+    smelt_cp_async_wait_group(STAGES - 2); /* k-block kb has landed; the next ones may be in flight */\n\
+    __syncthreads();                       /* for every thread; and k-block kb - 1 is done with */\n\
+    int next = kb + STAGES - 1;\n\
+    if (next < K_BLOCKS) {\n\
+        load_stage(a_stages + next % STAGES * BLOCK_M * A_STRIDE, b_stages + next % STAGES * BLOCK_N * B_STRIDE, x, w, row0, n0, next, rows);\n\
+    }\n\
+    smelt_cp_async_commit();\n\
+    const X_TYPE *a_tile = a_stages + kb % STAGES * BLOCK_M * A_STRIDE;\n\
+    const uint8_t *b_tile = b_stages + kb % STAGES * BLOCK_N * B_STRIDE;\n\
+";
+
+static const char gemm_int4_codes[] = "\
+    /* this lane's 16 bytes of each of its B rows: its fragments for the block's 8 steps */\n\
+    uint32_t codes[N_TILES][4];\n\
+    for (int j = 0; j < N_TILES; j++) {\n\
+        uint4 chunk = *(const uint4 *)(b_tile + (warp_n + j * 8 + group_id) * B_STRIDE + thread_in_group * 16);\n\
+        codes[j][0] = chunk.x;\n\
+        codes[j][1] = chunk.y;\n\
+        codes[j][2] = chunk.z;\n\
+        codes[j][3] = chunk.w;\n\
+    }\n\
+";
+
+static const char gemm_step[] = "\
+    for (int step = 0; step < BLOCK_K / 16; step++) {\n\
+        int column = kb * BLOCK_K + step * 16, group = column / GROUP;\n\
+";
+
+static const char gemm_int4_fragments[] = "\
+        /* a group starts: the zero points of this lane's B rows */\n\
+        if (column % GROUP == 0) {\n\
+            for (int j = 0; j < N_TILES; j++) {\n\
+                biased_zero[j] = 8388608.0f + (float)ZERO_POINT(n0 + warp_n + j * 8 + group_id, group);\n\
+            }\n\
+        }\n\
+        uint32_t b[N_TILES][2];\n\
+        for (int j = 0; j < N_TILES; j++) {\n\
+            uint32_t word = codes[j][step / 2] >> (step % 2 * 8);\n\
+            b[j][0] = dequantize_pair(word, biased_zero[j]);\n\
+            b[j][1] = dequantize_pair(word >> 4, biased_zero[j]);\n\
+        }\n\
+";
+
+static const char gemm_byte_fragments[] = "\
+        uint32_t b[N_TILES][2]; /* rows of codes: this lane's columns 2 c, 2 c + 1 and + 8, + 9 of the step */\n\
+        for (int j = 0; j < N_TILES; j++) {\n\
+            const uint8_t *row = b_tile + (warp_n + j * 8 + group_id) * B_STRIDE + step * 16 + 2 * thread_in_group;\n\
+            b[j][0] = code_pair(row);\n\
+            b[j][1] = code_pair(row + 8);\n\
+        }\n\
+";
+
+static const char gemm_split_fragments[] = "\
+        int k = step * 16 + 2 * thread_in_group; /* this lane's first A column in the tile */\n\
+        float c[4]; /* the column scales of this lane's columns 2 c, 2 c + 1, 2 c + 8, 2 c + 9 */\n\
+        for (int q = 0; q < 4; q++) {\n\
+            c[q] = COLUMN_SCALE(column + 2 * thread_in_group + q % 2 + q / 2 * 8);\n\
+        }\n\
+        for (int i = 0; i < M_TILES; i++) {\n\
+            const X_TYPE *r0 = a_tile + (warp_m + i * 16 + group_id) * A_STRIDE + k, *r1 = r0 + 8 * A_STRIDE;\n\
+            uint32_t a[SPLIT][4];\n\
+            split_pair(LOAD_X(r0[0]) * c[0], LOAD_X(r0[1]) * c[1], a, 0);\n\
+            split_pair(LOAD_X(r1[0]) * c[0], LOAD_X(r1[1]) * c[1], a, 1);\n\
+            split_pair(LOAD_X(r0[8]) * c[2], LOAD_X(r0[9]) * c[3], a, 2);\n\
+            split_pair(LOAD_X(r1[8]) * c[2], LOAD_X(r1[9]) * c[3], a, 3);\n\
+            for (int j = 0; j < N_TILES; j++) {\n\
+                for (int p = 0; p < SPLIT; p++) {\n\
+                    smelt_mma_m16n8k16_bf16_f32(part[i][j], a[p], b[j], part[i][j]);\n\
+                }\n\
+            }\n\
+";
+
+static const char gemm_ldmatrix_fragments[] = "\
+        int matrix = lane / 8, matrix_row = lane % 8; /* the row this lane addresses for ldmatrix */\n\
+        for (int i = 0; i < M_TILES; i++) {\n\
+            uint32_t a[4];\n\
+            const X_TYPE *a_row = a_tile + (warp_m + i * 16 + (matrix & 1) * 8 + matrix_row) * A_STRIDE;\n\
+            smelt_ldmatrix_x4(a, a_row + step * 16 + (matrix >> 1) * 8);\n\
+            for (int j = 0; j < N_TILES; j++) {\n\
+                smelt_mma_m16n8k16_bf16_f32(part[i][j], a, b[j], part[i][j]);\n\
+            }\n\
+";
+
+static const char gemm_body_tail[] = "\
+        }\n\
+        /* the group ends: its sums times their rows' scales */\n\
+        if ((column + 16) % GROUP == 0) {\n\
+            for (int j = 0; j < N_TILES; j++) {\n\
+                for (int e = 0; e < 2; e++) {\n\
+                    long long n = n0 + warp_n + j * 8 + 2 * thread_in_group + e;\n\
+                    float scale = n < N ? smelt_f16_to_f32(scales[n * GROUPS + group]) : 0.0f;\n\
+                    for (int i = 0; i < M_TILES; i++) {\n\
+                        acc[i][j][e] += part[i][j][e] * scale;\n\
+                        acc[i][j][e + 2] += part[i][j][e + 2] * scale;\n\
+                        part[i][j][e] = 0.0f;\n\
+                        part[i][j][e + 2] = 0.0f;\n\
+                    }\n\
+                }\n\
+            }\n\
+        }\n\
+    }\n\
+}\n\
+smelt_cp_async_wait_all();\n\
+/* element e of acc[i][j] is row group_id + (e / 2) * 8 of m tile i, column 2 * thread_in_group + e % 2 of n tile j */\n\
+for (int i = 0; i < M_TILES; i++) {\n\
+    for (int j = 0; j < N_TILES; j++) {\n\
+        for (int e = 0; e < 4; e++) {\n\
+            long long row = row0 + warp_m + i * 16 + group_id + e / 2 * 8;\n\
+            long long n = n0 + warp_n + j * 8 + 2 * thread_in_group + e % 2;\n\
+            if (row < rows && n < N) {\n\
+                STORE_OUTPUT(row * N + n, acc[i][j][e] + BIAS(n) + RESIDUAL(row * N + n));\n\
+            }\n\
+        }\n\
+    }\n\
+}\n";
+
+bool cg_emit_dequant_gemm(cg_emit *e) {
+    const ir_module *m = e->m;
+    ir_value_id xv = cg_operand(e, 0), wv = cg_operand(e, 1), yv = cg_result(e, 0);
+    ir_value_id bv = e->ir->operand_count == 3 ? cg_operand(e, 2) : IR_NO_VALUE, residual_v = IR_NO_VALUE;
+    /* the adds after the matmul in the group (cg_emit_dequant_gemm_epilogue): a
+     * bias ([N] weight) or a residual, into the last one's result */
+    for (uint32_t i = 1; e->dequant_epilogue && i < e->group->op_count; i++) {
+        const ir_op *add = &m->ops[e->group->ops[i]];
+        ir_value_id other = add->operands[0] == yv ? add->operands[1] : add->operands[0];
+        const ir_value *o = &m->values[other];
+        if (m->ops[o->def_op].kind == IR_OP_WEIGHT && o->type.rank == 1 && bv == IR_NO_VALUE)
+            bv = other;
+        else
+            residual_v = other;
+        yv = add->results[0];
+    }
+    quant_format f;
+    if (!ir_weight_quant(m, m->values[wv].def_op, &f))
+        SMELT_DIE("cg_emit_dequant_gemm: weight is not quantized");
+    const ir_type *wt = &m->values[wv].type;
+    int64_t n = wt->dims[0].size, k = wt->dims[1].size;
+    quant_layout l;
+    if (quant_layout_of(&f, (uint64_t)n, (uint64_t)k, &l))
+        return cg_expect(e, false, "matmul: a quantized weight whose format does not fit it");
+    smelt_dtype xd = cg_storage_dtype(m, xv);
+    /* A in bf16 parts: three for f32 activations (x to 2^-24, f32's own
+     * rounding), two for bf16 ones times column scales (to 2^-16); none
+     * (ldmatrix) for bf16 activations alone, which are exact in bf16. */
+    int split = xd == SMELT_DTYPE_F32 ? 3 : f.has_column_scale ? 2 : 0;
+    int64_t pad = xd == SMELT_DTYPE_F32 ? 4 : 8; /* elements after each shared x row (16 bytes) */
+    int64_t a_stage = GEMM_BLOCK_M * (GEMM_BLOCK_K + pad) * (xd == SMELT_DTYPE_F32 ? 4 : 2);
+    bool int4 = f.kind == QUANT_INT4;
+    int64_t b_row = int4 ? GEMM_BLOCK_K / 2 : GEMM_BLOCK_K; /* a k-block of one row's codes, in bytes */
+    /* shared code rows: int4's 64 bytes are read 16 a lane, conflict-free; byte
+     * rows are padded by 16 so that the 8 rows a warp's 16-bit loads touch
+     * fall in different banks */
+    int64_t b_stride = int4 ? b_row : b_row + 16;
+    int64_t b_stage = GEMM_BLOCK_N * b_stride;
+
+    ir_value_id typed[3] = {xv, wv, yv};
+    const char *name =
+        arena_printf(&e->scratch, "dequant_gemm_%s_n%lld_k%lld_g%u%s%s%s", cg_dtype_tag(e, typed, 3),
+                     (long long)n, (long long)k, f.group, f.has_zero ? "z" : "",
+                     f.has_column_scale ? "c" : "", bv != IR_NO_VALUE ? "_bias" : "");
+    if (residual_v != IR_NO_VALUE) name = arena_printf(&e->scratch, "%s_residual", name);
+    cg_kernel_builder b;
+    cg_kernel_begin(&b, e, name,
+                    int4 ? "Tensor-core dequantize-GEMM (prefill steps): one block per 64 tokens x 64 output "
+                           "rows, 4 warps of 32 x 32; mma.m16n8k16 bf16 with f32 accumulation; int4 codes "
+                           "interleaved (layout mma_k16) so that one 128-bit load is a lane's B fragments "
+                           "for 128 columns; 3 k-blocks of 128 columns in flight by cp.async; group scales "
+                           "applied to each group's partial sums"
+                         : "Tensor-core dequantize-GEMM (prefill steps): one block per 64 tokens x 64 output "
+                           "rows, 4 warps of 32 x 32; mma.m16n8k16 bf16 with f32 accumulation; byte codes "
+                           "(exact in bf16) read from shared rows; 3 k-blocks of 128 columns in flight by "
+                           "cp.async; group scales applied to each group's partial sums");
+    b.k->family = "gemm";
+    uint32_t x = cg_param_value(&b, "x", xv, true);
+    uint32_t w = cg_param_value(&b, "w", wv, true);
+    uint32_t bias = bv != IR_NO_VALUE ? cg_param_value(&b, "bias", bv, true) : UINT32_MAX;
+    uint32_t residual =
+        residual_v != IR_NO_VALUE ? cg_param_value(&b, "residual", residual_v, true) : UINT32_MAX;
+    uint32_t out = cg_param_value(&b, "out", yv, false);
+    cg_param_tokens(&b);
+    cg_shape xs = cg_shape_of(e, xv);
+    cg_count rows = cg_shape_count(&xs, 0, 1);
+    cg_kernel_launch(&b, cg_count_blocks(rows, GEMM_BLOCK_M), (prog_affine){0, n, GEMM_BLOCK_N},
+                     GEMM_THREADS);
+    b.k->rule.dynamic_shared_bytes = (uint32_t)(GEMM_STAGES * (a_stage + b_stage));
+    b.k->min_tokens = IR_GEMV_MAX_TOKENS + 1;
+    cg_kernel_open(&b);
+    cg_text *t = &b.text;
+    cg_line(
+        t,
+        "enum { K = %lld, N = %lld, GROUP = %u, GROUPS = K / GROUP }; /* %s codes, an f16 scale per GROUP "
+        "columns%s */",
+        (long long)k, (long long)n, f.group, quant_kind_name(f.kind), f.has_zero ? " with a zero point" : "");
+    cg_line(
+        t, "enum { SCALES_AT = %llu, ZEROS_AT = %llu, COLUMN_SCALES_AT = %llu }; /* the weight's sections */",
+        (unsigned long long)l.scales, (unsigned long long)l.zeros, (unsigned long long)l.column_scale);
+    cg_line(t,
+            "enum { THREADS = %d, BLOCK_M = %d, BLOCK_N = %d, BLOCK_K = %d, STAGES = %d, K_BLOCKS = K / "
+            "BLOCK_K };",
+            GEMM_THREADS, GEMM_BLOCK_M, GEMM_BLOCK_N, GEMM_BLOCK_K, GEMM_STAGES);
+    cg_line(t, "enum { WARP_M = 32, WARP_N = 32, M_TILES = WARP_M / 16, N_TILES = WARP_N / 8 }; /* m16n8 "
+               "tiles a warp */");
+    cg_line(t,
+            "enum { A_STRIDE = BLOCK_K + %lld, A_CHUNK = 16 / %d, A_CHUNKS = BLOCK_K / A_CHUNK }; /* padded "
+            "shared x rows */",
+            (long long)pad, xd == SMELT_DTYPE_F32 ? 4 : 2);
+    cg_line(t,
+            "enum { A_STAGE_BYTES = %lld, B_ROW_BYTES = %lld, B_STRIDE = %lld, CODE_ROW_BYTES = %lld }; /* a "
+            "stage: x tile, then code rows */",
+            (long long)a_stage, (long long)b_row, (long long)b_stride, (long long)(int4 ? k / 2 : k));
+    if (split)
+        cg_line(t, "enum { SPLIT = %d }; /* A as the sum of SPLIT bf16 parts: %s */", split,
+                xd == SMELT_DTYPE_F32 ? "f32 activations" : "bf16 activations times column scales");
+    else
+        cg_line(t, "/* A by ldmatrix from the bf16 activations */");
+    cg_line(t, "#define X_TYPE %s", cg_dtype_ctype(xd));
+    cg_line(t, "#define LOAD_X(v) %s", xd == SMELT_DTYPE_F32 ? "(v)" : "smelt_bf16_to_f32(v)");
+    cg_line(t, "#define STEP_ROWS (%s) /* tokens in this step */", cg_count_text(e, rows));
+    if (int4 && f.has_zero)
+        cg_line(t, "#define ZERO_POINT(n, group) ((n) < N ? (w[ZEROS_AT + ((n) * GROUPS + (group)) / 2] >> "
+                   "(((n) * GROUPS + (group)) %% 2 * 4)) & 15 : 8)");
+    else if (int4)
+        cg_line(t, "#define ZERO_POINT(n, group) 8 /* symmetric codes */");
+    else
+        cg_line(t, "#define CODE(q) %s",
+                f.kind == QUANT_INT8 ? "((float)(int8_t)(q))" : "smelt_f8e4m3_to_f32(q)");
+    if (f.has_column_scale)
+        cg_line(t, "#define COLUMN_SCALE(k) ((const float *)(w + COLUMN_SCALES_AT))[k]");
+    else
+        cg_line(t, "#define COLUMN_SCALE(k) 1.0f /* no column scales */");
+    cg_line(t, "#define BIAS(n) %s", bias != UINT32_MAX ? cg_load(&b, bias, "(n)") : "0.0f");
+    cg_line(t, "#define RESIDUAL(i) %s", residual != UINT32_MAX ? cg_load(&b, residual, "(i)") : "0.0f");
+    cg_line(t, "#define STORE_OUTPUT(i, value) %s",
+            attention_without_semicolon(e, cg_store(&b, out, "(i)", "(value)")));
+    cg_blank(t);
+    attention_write_template(t, gemm_helpers);
+    attention_write_template(t, int4 ? gemm_int4_helper : gemm_byte_helper);
+    if (split) attention_write_template(t, gemm_split_helper);
+    cg_kernel_signature(&b);
+    attention_write_template(t, gemm_body_head);
+    if (int4) attention_write_template(t, gemm_int4_state);
+    attention_write_template(t, gemm_body_loop);
+    if (int4) attention_write_template(t, gemm_int4_codes);
+    attention_write_template(t, gemm_step);
+    attention_write_template(t, int4 ? gemm_int4_fragments : gemm_byte_fragments);
+    attention_write_template(t, split ? gemm_split_fragments : gemm_ldmatrix_fragments);
+    attention_write_template(t, gemm_body_tail);
+    cg_kernel_end(&b);
+    (void)x;
+    (void)w;
+    /* Modeled: x, the weight and the bias read once, out written once (the
+     * default from the parameters), 2 T N K flops on tensor cores. */
+    cg_kernel *kernel = &e->out->kernels[e->out->kernel_count - 1];
+    kernel->flops = (prog_poly){.per_token = 2.0 * (double)n * (double)k};
+    kernel->tensor_cores = true;
+    return true;
+}
