@@ -38,7 +38,8 @@
  * What it takes (cg_dequant_gemm_fits): int4 codes interleaved (so K is a
  * multiple of 128, and no act-order: a group index would give a k16 step
  * columns of many groups), or int8 / E4M3 codes with K a multiple of 128
- * and no act-order; groups a multiple of 16 columns, x [tokens, K]
+ * and no act-order; weight-only (no act_quant: a W8A8 matmul keeps the GEMV,
+ * which quantizes its activations); groups a multiple of 16 columns, x [tokens, K]
  * and out [tokens, N] in f32 or bf16; any N (rows past it are zeros) and any
  * token count (rows past the step are zeros). Other quantized matmuls keep
  * the GEMV kernel at every step (emit_gemv.c).
@@ -74,6 +75,10 @@ bool cg_dequant_gemm_fits(const ir_module *m, uint32_t op) {
     if (o->kind != IR_OP_MATMUL || o->operand_count < 2 ||
         !ir_weight_quant(m, m->values[o->operands[1]].def_op, &f))
         return false;
+    /* W8A8 (act_quant): the GEMV quantizes each token's row as the reference
+     * does; this kernel multiplies the float activations */
+    const char *act_quant = ir_op_string(m, op, "act_quant");
+    if (act_quant[0] != '\0' && strcmp(act_quant, "none") != 0) return false;
     const ir_type *x = &m->values[o->operands[0]].type, *y = &m->values[o->results[0]].type;
     smelt_dtype xd = cg_storage_dtype(m, o->operands[0]), yd = cg_storage_dtype(m, o->results[0]);
     bool floats = (xd == SMELT_DTYPE_F32 || xd == SMELT_DTYPE_BF16) &&

@@ -306,9 +306,9 @@ static void test_experts_calibrated(void **state) {
             uint64_t rows = t->shape[0], width = t->shape[1];
             float *w = malloc(rows * width * sizeof *w);
             assert_true(st_tensor_read_f32(t, w, &d));
-            quant_format formats[3] = {{QUANT_INT4, QUANT_METHOD_RTN, 32, true, false, false},
-                                       {QUANT_INT4, QUANT_METHOD_AWQ, 32, true, false, true},
-                                       {QUANT_INT4, QUANT_METHOD_GPTQ, 32, true, false, false}};
+            quant_format formats[3] = {{QUANT_INT4, QUANT_METHOD_RTN, 32, true, false, false, false},
+                                       {QUANT_INT4, QUANT_METHOD_AWQ, 32, true, false, true, false},
+                                       {QUANT_INT4, QUANT_METHOD_GPTQ, 32, true, false, false, false}};
             double error[3];
             for (int m = 0; m < 3; m++) {
                 quant_tensor q = {.format = formats[m]};

@@ -237,6 +237,10 @@ static void test_w8a8_warp_lanes(void **state) {
         const ir_value_id out = case_result(c, op);
         for (int64_t t = 1; t <= 6; t += 5)
             case_run_group(c, ops, 2, &out, 1, t, F32_TOLERANCE);
+        case_free(c);
+    }
+}
+
 /* ---- the tensor-core dequantize-GEMM (emit_dequant_gemm.c) ------------------------------ */
 
 /* A quantized matmul alone whose int4 codes are interleaved (K a multiple
