@@ -29,7 +29,7 @@ static const char usage[] =
     "  --stride N             tokens between window starts (default context / 2)\n"
     "  --max-ids N            use only the first N ids of FILE\n"
     "  --backend auto|host|cuda|ref, --config, --set, --weights, --precision, --kv-cache,\n"
-    "  --group-size, --keep, --act, --calib, --act-order,\n"
+    "  --group-size, --keep, --act, --calib, --act-order, --max-layer-error E,\n"
     "  --no-fuse, --expect-hash H, --allow-config-key KEY, --allow-unused-tensor GLOB\n"
     "                         as for `smelt run`\n"
     "  --max-errors N         stop after N errors (default 20, 0: no limit)\n"

@@ -50,6 +50,8 @@ static const char usage[] =
     "                         bf16, int4-rtn, int8, fp8 (with --group-size 32|64|128,\n"
     "                         --keep GLOBS, --act f32|bf16 as for `smelt compile`);\n"
     "                         int4-awq, int4-gptq with --calib IDS [--act-order];\n"
+    "                         --max-layer-error E with --calib IDS: the accuracy\n"
+    "                         gate of `smelt compile`;\n"
     "                         with --backend ref: quantized weights dequantized, f32\n"
     "  --kv-cache auto|bf16|f32|fp8\n"
     "                         MODEL: KV cache storage (default auto: the activation\n"

@@ -57,9 +57,11 @@ bool drv_calibrate(const drv_model_options *model, const drv_calib_options *o, d
 const quant_act_stats *drv_calibration_stats(const drv_calibration *c, const char *name);
 
 /* For a preset whose quantizers learn from calibration (int4-awq,
- * int4-gptq): drv_calibrate over model->precision_options.calib_path, with
- * XᵀX and progress; refused without --calib or --weights. For any other
- * preset *out is zeroed and nothing runs. */
+ * int4-gptq), or any quantizing preset with the accuracy gate
+ * (max_layer_error, accuracy_gate.h): drv_calibrate over
+ * model->precision_options.calib_path, with XᵀX and progress; refused
+ * without --calib or --weights, and the gate for a preset that quantizes
+ * nothing. Otherwise *out is zeroed and nothing runs. */
 bool drv_calibrate_for_precision(const drv_model_options *model, drv_calibration *out, diag_engine *d);
 
 /* Harmless on a zeroed drv_calibration. */

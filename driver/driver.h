@@ -72,6 +72,8 @@ typedef struct drv_precision_options {
     const char *keep;        /* comma-separated globs of weights kept unquantized; NULL: none */
     const char *calib_path;  /* int4-awq, int4-gptq: token ids to calibrate on (--calib) */
     bool act_order;          /* int4-gptq: columns by descending activation energy (--act-order) */
+    double max_layer_error;  /* > 0: the accuracy gate keeps unquantized each weight whose relative
+                                output error on --calib exceeds it (--max-layer-error); 0: none */
 } drv_precision_options;
 
 /* Whether the preset's quantizers learn from calibration data (--calib). */
