@@ -83,6 +83,7 @@ static void test_awq_less_error_than_rtn(void **state) {
             assert_null(quant_rtn(l.w, NULL, &rtn));
             double rtn_error = quant_output_error(l.w, &rtn, l.stats.xtx);
             double plain = 0;
+            quant_tensor unclipped = {0};
             for (int clip = 0; clip < 2; clip++) {
                 quant_format f = {QUANT_INT4, QUANT_METHOD_AWQ, group, sym == 0, false, true};
                 quant_tensor t = make(f, ROWS, COLS);
@@ -98,10 +99,29 @@ static void test_awq_less_error_than_rtn(void **state) {
                 assert_true(fabs(report.error - error) <= 1e-9 * error);
                 assert_true(report.alpha > 0);
                 assert_true(error < 0.7 * rtn_error);
-                if (clip)
+                if (clip) {
                     assert_true(error <= plain);
-                else
+                    /* The clip search lowers each row's whole error or keeps its range. */
+                    for (uint64_t n = 0; n < ROWS; n++) {
+                        double e[2];
+                        for (int which = 0; which < 2; which++) {
+                            const quant_tensor *q = which ? &unclipped : &t;
+                            double sum = 0, d[COLS];
+                            for (uint64_t k = 0; k < COLS; k++)
+                                d[k] = (double)l.w[n * COLS + k] - quant_value(q, n, k);
+                            for (uint64_t j = 0; j < COLS; j++)
+                                for (uint64_t k = 0; k < COLS; k++)
+                                    sum += d[j] * l.stats.xtx[j * COLS + k] * d[k];
+                            e[which] = sum;
+                        }
+                        assert_true(e[0] <= e[1] * (1 + 1e-12));
+                    }
+                    free(unclipped.data);
+                } else {
                     plain = error;
+                    unclipped = t;
+                    continue;
+                }
                 free(t.data);
             }
             free(rtn.data);
