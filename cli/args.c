@@ -221,6 +221,16 @@ int cli_precision_option(cli_args *a, drv_precision_options *o) {
             return CLI_USAGE_ERROR;
         }
         o->act_quant = value;
+    } else if (cli_flag_value(a, "--max-layer-error", &value)) {
+        if (!value) return CLI_USAGE_ERROR;
+        char *end;
+        errno = 0;
+        double limit = strtod(value, &end);
+        if (errno || end == value || *end || !(limit > 0 && limit < 1e30)) {
+            cli_usage_error(a, "--max-layer-error: expected a positive number (e.g. 0.05), got '%s'", value);
+            return CLI_USAGE_ERROR;
+        }
+        o->max_layer_error = limit;
     } else {
         return CLI_NOT_MINE;
     }
@@ -254,7 +264,7 @@ int cli_model_option(cli_args *a, drv_model_options *o) {
     int precision = cli_precision_option(a, &o->precision_options);
     if (precision != CLI_NOT_MINE) {
         if (!a->source_option)
-            a->source_option = "--act, --group-size, --keep, --calib, --act-order or --act-quant";
+            a->source_option = "--act, --group-size, --keep, --calib, --act-order, --act-quant or --max-layer-error";
         return precision;
     }
     if (cli_flag_value(a, "--config", &value)) {

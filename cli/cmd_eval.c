@@ -30,6 +30,7 @@ static const char usage[] =
     "  --max-ids N            use only the first N ids of FILE\n"
     "  --backend auto|host|cuda|ref, --config, --set, --weights, --precision, --kv-cache,\n"
     "  --group-size, --keep, --act, --calib, --act-order, --act-quant,\n"
+    "  --max-layer-error E,\n"
     "  --no-fuse, --expect-hash H, --allow-config-key KEY, --allow-unused-tensor GLOB\n"
     "                         as for `smelt run`\n"
     "  --max-errors N         stop after N errors (default 20, 0: no limit)\n"

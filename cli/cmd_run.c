@@ -51,6 +51,8 @@ static const char usage[] =
     "                         --keep GLOBS, --act f32|bf16|f16, --act-quant token|none\n"
     "                         as for `smelt compile`); int8 W8A8, int4-awq and\n"
     "                         int4-gptq with --calib IDS [--act-order];\n"
+    "                         --max-layer-error E with --calib IDS: the accuracy\n"
+    "                         gate of `smelt compile`;\n"
     "                         with --backend ref: quantized weights dequantized, f32\n"
     "  --kv-cache auto|bf16|f16|f32|fp8\n"
     "                         MODEL: KV cache storage (default auto: the activation\n"

@@ -281,6 +281,8 @@ static char *manifest_json(const ir_module *m, const cg_plan_options *o, const c
         json_array_append_new(ignored, json_string(m->ignored_tensors[i]));
     json_object_set_new(root, "ignored_tensors", ignored);
     json_object_set_new(root, "weights_in_plan", json_boolean(o->read_weight != NULL));
+    json_t *gate = o->accuracy_gate_json ? json_loads(o->accuracy_gate_json, 0, NULL) : NULL;
+    if (gate) json_object_set_new(root, "accuracy_gate", gate);
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(root);
     return text;

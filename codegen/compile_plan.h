@@ -41,7 +41,8 @@ typedef struct cg_plan_options {
     const char *tokenizer_json; /* NULL, or the TOKENIZER section: {"type": "bytes", "bos": N, "eos": N} */
     const int32_t *eos_tokens;  /* the model's EOS ids, kept in the launch program; each < vocab */
     uint32_t eos_token_count;   /* at most PROG_MAX_EOS */
-    cg_progress_fn progress;    /* NULL: quiet */
+    const char *accuracy_gate_json; /* NULL, or the manifest's "accuracy_gate" object (JSON text) */
+    cg_progress_fn progress;        /* NULL: quiet */
     void *progress_user;
 } cg_plan_options;
 

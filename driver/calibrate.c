@@ -179,6 +179,7 @@ bool drv_calibrate(const drv_model_options *model, const drv_calib_options *o, d
     drv_model_options f32 = *model;
     f32.backend = DRV_BACKEND_REF;
     f32.precision = DRV_PRECISION_F32; /* statistics of the model as trained */
+    f32.precision_options.max_layer_error = 0;
     f32.no_fuse = true; /* each matmul reads its own weight op (no concatenation), named as the plan's */
     drv_model *opened = NULL;
     bool ok = count > 0 && drv_model_open(&f32, &opened, d);
@@ -254,10 +255,32 @@ void drv_calibration_free(drv_calibration *c) {
 
 bool drv_calibrate_for_precision(const drv_model_options *model, drv_calibration *out, diag_engine *d) {
     memset(out, 0, sizeof *out);
-    if (!drv_precision_needs_calibration(model->precision, &model->precision_options)) return true;
     const char *preset = drv_precision_name(model->precision);
     bool smooth = model->precision == DRV_PRECISION_INT8,
          static_scales = model->precision == DRV_PRECISION_FP8;
+    bool gated = model->precision_options.max_layer_error > 0;
+    bool needs = drv_precision_needs_calibration(model->precision, &model->precision_options);
+    if (gated && !needs && !model->precision_options.calib_path) {
+        diag_error(d, SMELT_NO_LOC,
+                   "--max-layer-error measures each quantized weight's output error on calibration data: "
+                   "pass --calib IDS");
+        diag_note(d, SMELT_NO_LOC,
+                  "IDS holds token ids as `smelt eval --ids` reads them (for the demo model: "
+                  "tests/fixtures/demo/calib_ids.bin, a slice of its training text)");
+        return false;
+    }
+    if (gated && (model->precision == DRV_PRECISION_F32 || model->precision == DRV_PRECISION_BF16)) {
+        diag_error(d, SMELT_NO_LOC,
+                   "--max-layer-error gates quantized weights; --precision %s quantizes none", preset);
+        return false;
+    }
+    if (gated && !model->weights_path) {
+        diag_error(
+            d, SMELT_NO_LOC,
+            "--max-layer-error measures the quantized weights as they are compiled: it needs --weights");
+        return false;
+    }
+    if (!needs && !gated) return true;
     if (!model->precision_options.calib_path) {
         diag_error(d, SMELT_NO_LOC, "--precision %s learns from calibration data: pass --calib IDS%s", preset,
                    smooth ? " (SmoothQuant's migration), or --act-quant none for weight-only int8" : "");

@@ -64,9 +64,11 @@ const quant_act_stats *drv_calibration_stats(const drv_calibration *c, const cha
 const char *drv_expert_name(const ir_module *m, uint32_t op, uint64_t e, arena *a);
 
 /* For a preset whose quantizers learn from calibration (int4-awq,
- * int4-gptq): drv_calibrate over model->precision_options.calib_path, with
- * XᵀX and progress; refused without --calib or --weights. For any other
- * preset *out is zeroed and nothing runs. */
+ * int4-gptq), or any quantizing preset with the accuracy gate
+ * (max_layer_error, accuracy_gate.h): drv_calibrate over
+ * model->precision_options.calib_path, with XᵀX and progress; refused
+ * without --calib or --weights, and the gate for a preset that quantizes
+ * nothing. Otherwise *out is zeroed and nothing runs. */
 bool drv_calibrate_for_precision(const drv_model_options *model, drv_calibration *out, diag_engine *d);
 
 /* fp8's static activation scales (--act-quant tensor): for every weight c

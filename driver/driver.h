@@ -76,6 +76,8 @@ typedef struct drv_precision_options {
     bool act_order;          /* int4-gptq: columns by descending activation energy (--act-order) */
     const char *act_quant;   /* int8, fp8: "token" (NULL means it: W8A8), fp8: "tensor" (static scales
                                 from --calib) or "none" (W8A16; --act-quant) */
+    double max_layer_error;  /* > 0: the accuracy gate keeps unquantized each weight whose relative
+                                output error on --calib exceeds it (--max-layer-error); 0: none */
 } drv_precision_options;
 
 /* Whether the preset's quantizers learn from calibration data (--calib):

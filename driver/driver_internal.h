@@ -42,6 +42,7 @@ typedef struct drv_source_weights {
     fe_weight_binding binding;
     const ir_module *module;                   /* the weights' module (their quantization formats) */
     const struct drv_calibration *calibration; /* AWQ's and GPTQ's statistics; NULL: none */
+    const struct drv_gate *gate;               /* the accuracy gate's quantized weights, reused; NULL: none */
 } drv_source_weights;
 bool drv_source_weights_open(drv_source_weights *w, const char *path, const char *config_path,
                              const ir_module *m, diag_engine *d);
@@ -103,6 +104,7 @@ typedef struct drv_plan_contents {
     drv_source_weights *weights; /* NULL: weights bound at run time */
     const char *tokenizer_json;  /* NULL, or the TOKENIZER section */
     const drv_eos *eos;          /* NULL, or the model's EOS ids */
+    const struct drv_gate *gate; /* NULL, or the accuracy gate, kept in the manifest */
 } drv_plan_contents;
 
 /* Writes the plan of the inferred module m to `path`. */

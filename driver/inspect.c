@@ -37,6 +37,7 @@
  * the output head's for the sampled row alone — which is what the plan's
  * wanted-rows instructions do, so the two agree.
  */
+#include "accuracy_gate.h"
 #include "driver_internal.h"
 
 #include "plan_print.h"
@@ -515,6 +516,18 @@ static json_t *step_json(const plan_facts *f, const step_model *m) {
     return o;
 }
 
+/* The manifest's "accuracy_gate" object (accuracy_gate.h; a new reference),
+ * or NULL when the plan was compiled without the gate. */
+static json_t *accuracy_gate_of(const plan_file *plan) {
+    const uint8_t *data;
+    uint64_t size;
+    if (!plan_section(plan, PLAN_SECTION_MANIFEST, &data, &size)) return NULL;
+    json_t *manifest = json_loadb((const char *)data, size, 0, NULL);
+    json_t *gate = json_incref(json_object_get(manifest, "accuracy_gate"));
+    json_decref(manifest);
+    return gate;
+}
+
 static bool print_json(FILE *out, const plan_file *plan, const plan_facts *f, const step_model *models,
                        uint32_t count) {
     char hash[33];
@@ -557,6 +570,8 @@ static bool print_json(FILE *out, const plan_file *plan, const plan_facts *f, co
     for (uint32_t i = 0; i < count; i++)
         json_array_append_new(list, step_json(f, &models[i]));
     json_object_set_new(root, "steps", list);
+    json_t *gate = accuracy_gate_of(plan);
+    if (gate) json_object_set_new(root, "accuracy_gate", gate);
     bool ok = json_dumpf(root, out, JSON_INDENT(2) | JSON_REAL_PRECISION(9)) == 0;
     fputc('\n', out);
     json_decref(root);
@@ -643,6 +658,11 @@ bool drv_plan_print(const char *plan_path, const drv_inspect_options *o, FILE *o
         plan_print_options options = {.kernel_source = o->kernel_source};
         ok = plan_print(out, &plan, &options, error, sizeof error);
         if (!ok) diag_error(d, SMELT_NO_LOC, "%s", error);
+        json_t *gate = ok ? accuracy_gate_of(&plan) : NULL;
+        if (gate && !drv_gate_print_table(gate, out))
+            diag_warning(d, SMELT_NO_LOC,
+                         "the manifest's accuracy_gate is malformed; not printed as a table");
+        json_decref(gate);
     }
     if (modeled && ok && o->json) ok = print_json(out, &plan, &in.facts, in.models, in.count);
     if (modeled && ok && !o->json) print_model(out, &in.facts, in.models, in.count);

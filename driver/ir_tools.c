@@ -44,13 +44,23 @@ static bool write_module(const ir_module *m, drv_ir_format format, const char *p
     return true;
 }
 
+/* The accuracy gate quantizes a checkpoint on calibration data: it belongs to
+ * compiling with weights, not to IR printed from a source alone. */
+static bool no_gate(const drv_lowering *l, diag_engine *d) {
+    if (!l || !(l->precision_options.max_layer_error > 0)) return true;
+    diag_error(d, SMELT_NO_LOC,
+               "--max-layer-error measures quantized weights on calibration data: it is an option of "
+               "`smelt compile`, `run` and `eval` with --weights and --calib");
+    return false;
+}
+
 bool drv_ir_print_model(const char *model_path, const drv_source_options *given, const char *after,
                         const drv_lowering *lowering, const char *print_after, drv_ir_format format,
                         const char *output_path, diag_engine *d) {
     ir_module m = {0};
     drv_source_options source;
     char *config_path = NULL;
-    bool ok = drv_source_with_folder(given, NULL, &source, &config_path, d);
+    bool ok = no_gate(lowering, d) && drv_source_with_folder(given, NULL, &source, &config_path, d);
     ok = ok && drv_source_parse(model_path, &source, &m, d);
     if (ok) ok = drv_run_passes(&m, after, NULL, lowering, print_after, d);
     if (ok) ok = write_module(&m, format, output_path, d);
@@ -63,7 +73,7 @@ bool drv_ir_opt(const char *path, const char *text, size_t length, const char *p
                 const drv_lowering *lowering, const char *print_after, drv_ir_format format, FILE *out,
                 diag_engine *d) {
     ir_module m = {0};
-    bool ok = ir_parse_text(path, text, length, d, &m);
+    bool ok = no_gate(lowering, d) && ir_parse_text(path, text, length, d, &m);
     if (ok) ok = drv_run_passes(&m, NULL, passes, lowering, print_after, d);
     if (ok) ok = print_module(&m, format, out, d);
     ir_module_free(&m);

@@ -1,8 +1,7 @@
 /* model.c - opening and stepping a model (driver.h): a plan on an engine,
  * a model source compiled in memory to a temporary plan, or a model source
  * interpreted by the reference backend. */
-#include "calibrate.h"
-#include "driver_internal.h"
+#include "accuracy_gate.h"
 
 #include "pass.h"
 #include "reference.h"
@@ -22,8 +21,9 @@ struct drv_model {
     smelt_engine *engine;      /* every other backend */
     ir_module module;          /* a source: the module compiled or interpreted */
     drv_source_weights weights;
-    drv_calibration calibration; /* int4-awq, int4-gptq, int8: their quantizers' statistics */
+    drv_calibration calibration; /* int4-awq, int4-gptq, int8, the accuracy gate: their statistics */
     pass_act_scale *act_scales;  /* fp8 --act-quant tensor: from the calibration (its names) */
+    drv_gate gate;               /* --max-layer-error */
     bool weights_open;
 };
 
@@ -186,17 +186,23 @@ static bool open_model(drv_model *r, const drv_model_options *o, diag_engine *d)
     ok = ok && drv_source_with_folder(&o->source, o->weights_path, &r->source, &r->config_path, d);
     if (ok)
         r->source = drv_source_options_for_weights(&r->source, o->weights_path); /* a GGUF: its metadata */
-    ok = ok && drv_source_load(o->model_path, &r->source, &lowering, NULL, &r->module, d);
     if (ok && !o->weights_path) {
         diag_error(d, SMELT_NO_LOC, "running a model source needs --weights");
         ok = false;
     }
+    if (ok && o->precision_options.max_layer_error > 0) {
+        ok = drv_gate_run(o->model_path, &r->source, &lowering, &r->calibration, &r->gate, d);
+        lowering.precision_options.keep = r->gate.keep; /* the weights over the limit stay unquantized */
+        if (ok) drv_gate_print(&r->gate, stderr);
+    }
+    ok = ok && drv_source_load(o->model_path, &r->source, &lowering, NULL, &r->module, d);
     if (ok) ok = drv_eos_tokens(r->source.config_path, drv_module_vocab(&r->module), &r->info.eos, d);
     if (ok) {
         r->weights_open = true; /* closed later even when binding fails half way */
         ok = drv_source_weights_open(&r->weights, o->weights_path, r->source.config_path, &r->module, d);
     }
     r->weights.calibration = &r->calibration;
+    r->weights.gate = &r->gate;
     if (ok && ref) return open_ref(r, o, d);
     char plan_path[4096] = "";
     ok = ok && compile_temporary_plan(o, r, plan_path, sizeof plan_path, d);
@@ -293,6 +299,7 @@ void drv_model_close(drv_model *m) {
     if (m->weights_open) drv_source_weights_close(&m->weights);
     free(m->act_scales);
     drv_calibration_free(&m->calibration);
+    drv_gate_free(&m->gate);
     ir_module_free(&m->module);
     free(m->config_path);
     free(m);

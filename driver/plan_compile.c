@@ -2,8 +2,7 @@
  * one call into codegen (compile_plan.h), on a module the passes have
  * lowered (drv_source_load): the driver's options become the codegen's here
  * and nowhere else. */
-#include "calibrate.h"
-#include "driver_internal.h"
+#include "accuracy_gate.h"
 
 #include "compile_plan.h"
 #include "pass.h"
@@ -29,6 +28,14 @@ bool drv_write_plan(const ir_module *m, const drv_compile_options *o, const drv_
         p.weight_context = contents->weights;
     }
     p.tokenizer_json = contents->tokenizer_json;
+    json_t *gate = contents->gate ? drv_gate_to_json(contents->gate) : NULL;
+    char *gate_json = gate ? json_dumps(gate, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9)) : NULL;
+    json_decref(gate);
+    if (contents->gate && !gate_json) {
+        diag_error(d, SMELT_NO_LOC, "out of memory for the manifest's accuracy gate");
+        return false;
+    }
+    p.accuracy_gate_json = gate_json;
     _Static_assert((int)DRV_MAX_EOS <= (int)PROG_MAX_EOS, "a plan keeps every EOS id the driver reads");
     if (contents->eos) {
         p.eos_tokens = contents->eos->ids;
@@ -38,6 +45,7 @@ bool drv_write_plan(const ir_module *m, const drv_compile_options *o, const drv_
     p.progress_user = o->progress_user;
     cg_plan_report r;
     bool ok = cg_compile_plan(m, &p, path, &r, d);
+    free(gate_json);
     if (ok && report) {
         *report = (drv_compile_report){
             .kernel_count = r.kernel_count,
@@ -80,22 +88,33 @@ bool drv_compile(const char *model_path, const drv_source_options *given, const 
     lowering.act_scales = act_scales;
     ok = ok && drv_source_with_folder(given, o->weights_path, &source, &config_path, d);
     if (ok) source = drv_source_options_for_weights(&source, o->weights_path); /* a GGUF: its metadata */
+    drv_gate gate = {0};
+    bool gated = o->precision_options.max_layer_error > 0;
+    if (ok && gated) {
+        ok = drv_gate_run(model_path, &source, &lowering, &calibration, &gate, d);
+        lowering.precision_options.keep = gate.keep; /* the weights over the limit stay unquantized */
+        if (ok) drv_gate_print(&gate, stderr);
+    }
     ok = ok && drv_source_load(model_path, &source, &lowering, o->print_after, &m, d);
     if (ok && o->weights_path)
         ok = drv_source_weights_open(&weights, o->weights_path, source.config_path, &m, d);
     weights.calibration = &calibration;
+    weights.gate = &gate;
     drv_eos eos = {.count = 0};
     if (ok) ok = drv_eos_tokens(source.config_path, drv_module_vocab(&m), &eos, d);
     char *tokenizer = NULL;
     if (ok && o->byte_tokenizer) ok = drv_tokenizer_json(source.config_path, &m, &tokenizer, d);
-    drv_plan_contents contents = {
-        .weights = o->weights_path ? &weights : NULL, .tokenizer_json = tokenizer, .eos = &eos};
+    drv_plan_contents contents = {.weights = o->weights_path ? &weights : NULL,
+                                  .tokenizer_json = tokenizer,
+                                  .eos = &eos,
+                                  .gate = gated ? &gate : NULL};
     ok = ok && drv_write_plan(&m, o, &contents, plan_path, report, d);
     free(tokenizer);
     free(config_path);
     if (o->weights_path) drv_source_weights_close(&weights);
     free(act_scales);
     drv_calibration_free(&calibration);
+    drv_gate_free(&gate);
     ir_module_free(&m);
     return ok;
 }

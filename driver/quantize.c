@@ -2,8 +2,7 @@
  * place a quantizer is chosen (by the format's method), for plans compiled
  * with weights, for the reference backend, and for checkpoints bound to a
  * plan at run time. */
-#include "calibrate.h"
-#include "driver_internal.h"
+#include "accuracy_gate.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +55,12 @@ bool drv_source_weights_read_packed(void *context, uint32_t op, uint8_t *dst, ui
     quant_format f;
     if (!m || !ir_weight_quant(m, op, &f)) return false;
     if (f.method == QUANT_METHOD_CHECKPOINT) return drv_read_checkpoint_packed(w, op, &f, dst, bytes);
+    const char *name = ir_op_string(m, op, "name");
+    const quant_tensor *measured = drv_gate_quantized(w->gate, name, &f); /* quantized already */
+    if (measured && measured->layout.total == bytes) {
+        memcpy(dst, measured->data, bytes);
+        return true;
+    }
     const ir_type *t = &m->values[m->ops[op].results[0]].type;
     if (t->rank != 2 && t->rank != 3) return false;
     /* A stack of experts [E, N, K]: expert e quantized on its own into bytes [e * stride, +stride). */
@@ -69,7 +74,6 @@ bool drv_source_weights_read_packed(void *context, uint32_t op, uint8_t *dst, ui
     bool ok = values && fe_weight_read_f32(&w->binding, op, values, matrices * rows * cols);
     diag_engine why; /* to stderr; the caller then reports the weight it could not read */
     diag_init(&why, NULL);
-    const char *name = ir_op_string(m, op, "name");
     const drv_weight_stats *stats =
         w->calibration && matrices == 1 ? drv_calibration_stats(w->calibration, name) : NULL;
     /* An expert's statistics are its own, over the tokens routed to it. */

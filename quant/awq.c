@@ -62,32 +62,69 @@ static void column_scales_for(const float *mean_abs, uint64_t cols, float alpha,
         c[k] = norm / c[k];
 }
 
-/* For each group of row `row`, the shrink factor in 1 .. 0.5 with the least
- * error e_g^T H_gg e_g on the group's diagonal block of XᵀX. */
-static void search_clip(const quant_format *f, const float *row, const float *c, uint64_t cols,
+/* The clip search of row `row` (AWQ's auto_clip, on the exact loss): from
+ * every group at its full range, each group in turn takes the shrink factor
+ * in 1, 1 - 1/grid, ..., 0.5 that lowers the row's whole output error
+ * e^T XᵀX e the most (cross terms with the other groups included, through
+ * h_e = XᵀX e kept up to date), and keeps its range when none lowers it. So
+ * the row's error never exceeds its unclipped error. row_out and e: cols
+ * scratch values each. False when memory runs out (shrink is then all 1). */
+static bool search_clip(const quant_format *f, const float *row, const float *c, uint64_t cols,
                         const double *xtx, unsigned grid, float *shrink, float *row_out, double *e) {
-    uint64_t groups = cols / f->group;
-    double *best = malloc(groups * sizeof *best);
+    uint64_t groups = cols / f->group, size = f->group;
+    for (uint64_t g = 0; g < groups; g++)
+        shrink[g] = 1.0f;
+    double *h_e = malloc(cols * sizeof *h_e), *delta = malloc(size * sizeof *delta);
     float *trial = malloc(groups * sizeof *trial);
-    if (!best || !trial) { /* no search: keep the full ranges */
-        for (uint64_t g = 0; g < groups; g++)
-            shrink[g] = 1.0f;
-        free(best), free(trial);
-        return;
+    if (!h_e || !delta || !trial) {
+        free(h_e), free(delta), free(trial);
+        return false;
     }
-    for (unsigned j = 0; j <= grid / 2; j++) {
-        float r = 1.0f - (float)j / (float)grid;
-        for (uint64_t g = 0; g < groups; g++)
-            trial[g] = r;
+    quantize_row(f, row, c, cols, NULL, row_out, NULL, 0);
+    for (uint64_t k = 0; k < cols; k++)
+        e[k] = (double)row[k] - (double)row_out[k];
+    for (uint64_t j = 0; j < cols; j++) {
+        double dot = 0;
+        for (uint64_t k = 0; k < cols; k++)
+            dot += xtx[j * cols + k] * e[k];
+        h_e[j] = dot;
+    }
+    for (uint64_t g = 0, k0 = 0; g < groups; g++, k0 += size) {
+        double best = 0; /* the change of the error; keeping the range changes nothing */
+        float best_r = 1.0f;
+        for (unsigned j = 1; j <= grid / 2; j++) {
+            float r = 1.0f - (float)j / (float)grid;
+            for (uint64_t i = 0; i < groups; i++)
+                trial[i] = r;
+            quantize_row(f, row, c, cols, trial, row_out, NULL, 0); /* only group g's values are used */
+            /* e_g' - e_g = old decoded - new decoded */
+            double change = 0;
+            for (uint64_t a = 0; a < size; a++)
+                delta[a] = ((double)row[k0 + a] - (double)row_out[k0 + a]) - e[k0 + a];
+            for (uint64_t a = 0; a < size; a++)
+                change += 2 * delta[a] * h_e[k0 + a];
+            change += quant_quadratic_form(delta, xtx + k0 * cols + k0, size, cols);
+            if (change < best) best = change, best_r = r;
+        }
+        if (best_r == 1.0f) continue;
+        shrink[g] = best_r;
+        for (uint64_t i = 0; i < groups; i++)
+            trial[i] = best_r;
         quantize_row(f, row, c, cols, trial, row_out, NULL, 0);
-        for (uint64_t g = 0, k0 = 0; g < groups; g++, k0 += f->group) {
-            for (uint64_t k = k0; k < k0 + f->group; k++)
-                e[k - k0] = (double)row[k] - (double)row_out[k];
-            double err = quant_quadratic_form(e, xtx + k0 * cols + k0, f->group, cols);
-            if (j == 0 || err < best[g]) best[g] = err, shrink[g] = r;
+        for (uint64_t a = 0; a < size; a++) {
+            double next = (double)row[k0 + a] - (double)row_out[k0 + a];
+            delta[a] = next - e[k0 + a];
+            e[k0 + a] = next;
+        }
+        for (uint64_t j = 0; j < cols; j++) {
+            double dot = 0;
+            for (uint64_t a = 0; a < size; a++)
+                dot += xtx[j * cols + k0 + a] * delta[a];
+            h_e[j] += dot;
         }
     }
-    free(best), free(trial);
+    free(h_e), free(delta), free(trial);
+    return true;
 }
 
 const char *quant_awq(const float *w, const float *mean_abs, const double *xtx, const quant_awq_options *o,
@@ -122,8 +159,8 @@ const char *quant_awq(const float *w, const float *mean_abs, const double *xtx, 
         quant_store_column_scale(t, k, best_c[k]);
     for (uint64_t n = 0; n < rows; n++) {
         const float *row = w + n * cols;
-        if (o && o->clip) search_clip(f, row, best_c, cols, xtx, clip_grid, shrink, row_out, e);
-        quantize_row(f, row, best_c, cols, o && o->clip ? shrink : NULL, row_out, t, n);
+        bool clipped = o && o->clip && search_clip(f, row, best_c, cols, xtx, clip_grid, shrink, row_out, e);
+        quantize_row(f, row, best_c, cols, clipped ? shrink : NULL, row_out, t, n);
     }
     if (report) {
         report->alpha = best_alpha;

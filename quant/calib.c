@@ -97,3 +97,17 @@ double quant_output_error(const float *w, const quant_tensor *t, const double *x
     free(e);
     return total;
 }
+
+double quant_relative_output_error(const float *w, const quant_tensor *t, const double *xtx) {
+    uint64_t cols = t->layout.cols;
+    double *row = malloc(cols * sizeof *row), output = 0;
+    if (!row) return NAN;
+    for (uint64_t n = 0; n < t->layout.rows; n++) {
+        for (uint64_t k = 0; k < cols; k++)
+            row[k] = w[n * cols + k];
+        output += quant_quadratic_form(row, xtx, cols, cols);
+    }
+    free(row);
+    double error = quant_output_error(w, t, xtx);
+    return output > 0 ? sqrt(error / output) : isnan(error) ? NAN : 0.0;
+}

@@ -46,4 +46,10 @@ double quant_output_error(const float *w, const quant_tensor *t, const double *x
 double quant_output_error_dense(const float *w, const float *w_hat, uint64_t rows, uint64_t cols,
                                 const double *xtx);
 
+/* sqrt(quant_output_error / sum_n w_n^T xtx w_n): the output error of t
+ * relative to the output itself, ||X W^T - X Ŵ^T||_F / ||X W^T||_F (the
+ * accuracy gate's measure, driver/accuracy_gate.h); 0 when the output is 0
+ * (an input never seen), NaN when memory runs out. */
+double quant_relative_output_error(const float *w, const quant_tensor *t, const double *xtx);
+
 #endif

@@ -25,8 +25,10 @@
  * round-to-nearest, so AWQ never does worse than it there). The weight is
  * stored with column scales c[k] = 1/s[k] (quant.h: the kernel multiplies
  * x[k] by c[k]). With `clip`, each group's range is then shrunk by the
- * factor in 1, 1 - 0.5/clip_grid, ..., 0.5 that least disturbs that group's
- * share of the output (AWQ's clip search).
+ * factor in 1, 1 - 1/clip_grid, ..., 0.5 that lowers the row's whole output
+ * error the most (AWQ's clip search, one group after another, on the exact
+ * loss through XᵀX with the other groups' cross terms), or kept when none
+ * does: clipping never raises a row's error on the calibration inputs.
  *
  * Each weight gets its own s, even when weights share an input (q/k/v):
  * the kernel applies c per weight, so nothing needs folding into the norm

@@ -84,6 +84,7 @@ static void test_awq_less_error_than_rtn(void **state) {
             assert_null(quant_rtn(l.w, NULL, &rtn));
             double rtn_error = quant_output_error(l.w, &rtn, l.stats.xtx);
             double plain = 0;
+            quant_tensor unclipped = {0};
             for (int clip = 0; clip < 2; clip++) {
                 quant_format f = {QUANT_INT4, QUANT_METHOD_AWQ, group, sym == 0, false, true, false};
                 quant_tensor t = make(f, ROWS, COLS);
@@ -99,14 +100,62 @@ static void test_awq_less_error_than_rtn(void **state) {
                 assert_true(fabs(report.error - error) <= 1e-9 * error);
                 assert_true(report.alpha > 0);
                 assert_true(error < 0.7 * rtn_error);
-                if (clip)
+                if (clip) {
                     assert_true(error <= plain);
-                else
+                    /* The clip search lowers each row's whole error or keeps its range. */
+                    for (uint64_t n = 0; n < ROWS; n++) {
+                        double e[2];
+                        for (int which = 0; which < 2; which++) {
+                            const quant_tensor *q = which ? &unclipped : &t;
+                            double sum = 0, d[COLS];
+                            for (uint64_t k = 0; k < COLS; k++)
+                                d[k] = (double)l.w[n * COLS + k] - quant_value(q, n, k);
+                            for (uint64_t j = 0; j < COLS; j++)
+                                for (uint64_t k = 0; k < COLS; k++)
+                                    sum += d[j] * l.stats.xtx[j * COLS + k] * d[k];
+                            e[which] = sum;
+                        }
+                        assert_true(e[0] <= e[1] * (1 + 1e-12));
+                    }
+                    free(unclipped.data);
+                } else {
                     plain = error;
+                    unclipped = t;
+                    continue;
+                }
                 free(t.data);
             }
             free(rtn.data);
         }
+    layer_free(&l);
+}
+
+/* The accuracy gate's measure through XᵀX against the explicit products
+ * X W^T and X Ŵ^T of the inputs themselves. */
+static void test_relative_output_error(void **state) {
+    (void)state;
+    layer l = make_layer(11);
+    quant_tensor t = make((quant_format){QUANT_INT4, QUANT_METHOD_RTN, 32, true, false, false}, ROWS, COLS);
+    assert_null(quant_rtn(l.w, NULL, &t));
+    double error = 0, output = 0;
+    for (uint64_t i = 0; i < TOKENS; i++)
+        for (uint64_t n = 0; n < ROWS; n++) {
+            double y = 0, y_hat = 0;
+            for (uint64_t k = 0; k < COLS; k++) {
+                y += (double)l.x[i * COLS + k] * l.w[n * COLS + k];
+                y_hat += (double)l.x[i * COLS + k] * quant_value(&t, n, k);
+            }
+            error += (y - y_hat) * (y - y_hat), output += y * y;
+        }
+    double want = sqrt(error / output), got = quant_relative_output_error(l.w, &t, l.stats.xtx);
+    printf("relative output error of int4 g32: %.6f (explicit %.6f)\n", got, want);
+    assert_true(want > 0.01 && fabs(got - want) <= 1e-9 * want);
+    /* An input never seen: no output, so no error either. */
+    quant_act_stats none;
+    assert_true(quant_act_stats_init(&none, COLS, true));
+    assert_true(quant_relative_output_error(l.w, &t, none.xtx) == 0.0);
+    quant_act_stats_free(&none);
+    free(t.data);
     layer_free(&l);
 }
 
@@ -197,6 +246,7 @@ int main(void) {
         cmocka_unit_test(test_awq_uniform_activations_is_rtn),
         cmocka_unit_test(test_smooth_scales_by_hand),
         cmocka_unit_test(test_smooth_w8a8_less_error),
+        cmocka_unit_test(test_relative_output_error),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

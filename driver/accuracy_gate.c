@@ -1,0 +1,299 @@
+/* accuracy_gate.c - each quantized weight's output error on the calibration
+ * inputs, and the weights kept unquantized for it (accuracy_gate.h has the
+ * contract). */
+#include "accuracy_gate.h"
+
+#include "calib.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* The first dot-separated part of `name` made of digits alone, or -1. */
+static int64_t layer_of(const char *name) {
+    for (const char *part = name; *part;) {
+        const char *end = strchr(part, '.');
+        size_t n = end ? (size_t)(end - part) : strlen(part);
+        size_t digits = 0;
+        while (digits < n && isdigit((unsigned char)part[digits]))
+            digits++;
+        if (n > 0 && digits == n && n < 10) return strtoll(part, NULL, 10);
+        if (!end) break;
+        part = end + 1;
+    }
+    return -1;
+}
+
+/* `keep` (NULL: none) followed by every kept weight's name, each escaped
+ * for fnmatch; NULL when out of memory. A name with a comma cannot be one
+ * glob of the list: *bad names it. */
+static char *keep_list(const char *keep, const drv_gate *g, const char **bad) {
+    size_t size = (keep ? strlen(keep) : 0) + 1;
+    for (uint32_t i = 0; i < g->weight_count; i++)
+        if (g->weights[i].kept) size += 2 * strlen(g->weights[i].name) + 1;
+    char *list = malloc(size), *p = list;
+    if (!list) return NULL;
+    *p = '\0';
+    if (keep) p = stpcpy(p, keep);
+    for (uint32_t i = 0; i < g->weight_count; i++) {
+        if (!g->weights[i].kept) continue;
+        if (strchr(g->weights[i].name, ',')) *bad = g->weights[i].name;
+        if (p != list) *p++ = ',';
+        for (const char *c = g->weights[i].name; *c; c++) {
+            if (strchr("\\*?[", *c)) *p++ = '\\';
+            *p++ = *c;
+        }
+        *p = '\0';
+    }
+    return list;
+}
+
+/* Quantizes weight op `op` of format f and measures it into *out. */
+static bool measure(const ir_module *m, uint32_t op, const quant_format *f, drv_source_weights *w,
+                    const drv_calibration *cal, double limit, drv_gate_weight *out, diag_engine *d) {
+    const char *name = ir_op_string(m, op, "name");
+    const ir_type *t = &m->values[m->ops[op].results[0]].type;
+    uint64_t rows = (uint64_t)t->dims[0].size, cols = (uint64_t)t->dims[1].size;
+    size_t length = strlen(name) + 1;
+    *out = (drv_gate_weight){.name = malloc(length), .layer = layer_of(name), .format = *f};
+    const quant_act_stats *s = drv_calibration_stats(cal, name);
+    if (!s || !s->xtx || s->cols != cols) {
+        diag_error(d, SMELT_NO_LOC,
+                   "--max-layer-error: no calibration statistics of the input of weight '%.*s%s' (no "
+                   "matmul the reference ran reads it)",
+                   DIAG_NAME(name));
+        return false;
+    }
+    float *values =
+        rows && cols <= SIZE_MAX / sizeof(float) / rows ? malloc(rows * cols * sizeof *values) : NULL;
+    if (!out->name || !values) {
+        free(values);
+        diag_error(d, SMELT_NO_LOC, "out of memory measuring weight '%.*s%s'", DIAG_NAME(name));
+        return false;
+    }
+    memcpy(out->name, name, length);
+    bool ok = drv_source_weights_read(w, op, values, rows * cols);
+    if (!ok) diag_error(d, SMELT_NO_LOC, "cannot read weight '%.*s%s' to measure it", DIAG_NAME(name));
+    ok = ok && drv_quantize_weight(name, values, rows, cols, f, s, &out->tensor, d);
+    if (ok) {
+        out->error = quant_relative_output_error(values, &out->tensor, s->xtx);
+        if (isnan(out->error)) {
+            diag_error(d, SMELT_NO_LOC, "the output error of weight '%.*s%s' is not a number%s",
+                       DIAG_NAME(name), " (out of memory, or a NaN in the checkpoint or its statistics)");
+            ok = false;
+        }
+        out->kept = out->error > limit;
+        if (out->kept) {
+            free(out->tensor.data);
+            out->tensor.data = NULL;
+        }
+    }
+    free(values);
+    return ok;
+}
+
+/* Whether weight op `op` is measured: quantized here (not imported
+ * quantized: no floats to compare with), and a matrix (MoE experts, an
+ * [E, N, K] stack, are not gated: their inputs differ expert by expert). */
+static bool gated(const ir_module *m, uint32_t op, quant_format *f) {
+    return !m->ops[op].dead && m->ops[op].kind == IR_OP_WEIGHT && ir_weight_quant(m, op, f) &&
+           f->method != QUANT_METHOD_CHECKPOINT && m->values[m->ops[op].results[0]].type.rank == 2;
+}
+
+bool drv_gate_run(const char *model_path, const drv_source_options *source, const drv_lowering *l,
+                  const drv_calibration *cal, drv_gate *out, diag_engine *d) {
+    memset(out, 0, sizeof *out);
+    out->max_error = l->precision_options.max_layer_error;
+    out->calibration_ids = cal->ids;
+    ir_module m = {0};
+    drv_source_weights weights = {0};
+    bool ok = drv_source_parse(model_path, source, &m, d) &&
+              drv_import_checkpoint_formats(&m, source->config_path, l->weights_path, d) &&
+              drv_run_passes(&m, "precision", NULL, l, NULL, d);
+    bool opened = ok;
+    ok = ok && drv_source_weights_open(&weights, l->weights_path, source->config_path, &m, d);
+    uint32_t total = 0;
+    quant_format f;
+    for (uint32_t i = 0; ok && i < m.op_count; i++)
+        total += gated(&m, i, &f);
+    out->weights = ok ? calloc(total ? total : 1, sizeof *out->weights) : NULL;
+    if (ok && !out->weights) {
+        diag_error(d, SMELT_NO_LOC, "out of memory for the accuracy gate's %u weights", total);
+        ok = false;
+    }
+    bool show = isatty(STDERR_FILENO);
+    for (uint32_t i = 0; ok && i < m.op_count; i++) {
+        if (!gated(&m, i, &f)) continue;
+        ok = measure(&m, i, &f, &weights, cal, out->max_error, &out->weights[out->weight_count++], d);
+        if (show) fprintf(stderr, "\rsmelt: accuracy gate: %u of %u weights", out->weight_count, total);
+    }
+    if (show && total) fputc('\n', stderr);
+    const char *bad = NULL;
+    if (ok && !(out->keep = keep_list(l->precision_options.keep, out, &bad))) {
+        diag_error(d, SMELT_NO_LOC, "out of memory for the accuracy gate's kept weights");
+        ok = false;
+    }
+    if (ok && bad) {
+        diag_error(d, SMELT_NO_LOC,
+                   "--max-layer-error: weight '%.*s%s' has a comma in its name, so --keep "
+                   "cannot name it",
+                   DIAG_NAME(bad));
+        ok = false;
+    }
+    if (opened) drv_source_weights_close(&weights);
+    ir_module_free(&m);
+    if (!ok) drv_gate_free(out);
+    return ok;
+}
+
+const quant_tensor *drv_gate_quantized(const drv_gate *g, const char *name, const quant_format *f) {
+    for (uint32_t i = 0; g && i < g->weight_count; i++) {
+        const drv_gate_weight *w = &g->weights[i];
+        if (strcmp(w->name, name) != 0) continue;
+        bool same = w->format.kind == f->kind && w->format.method == f->method &&
+                    w->format.group == f->group && w->format.has_zero == f->has_zero &&
+                    w->format.has_group_index == f->has_group_index &&
+                    w->format.has_column_scale == f->has_column_scale && w->format.interleaved == f->interleaved;
+        return same && w->tensor.data ? &w->tensor : NULL;
+    }
+    return NULL;
+}
+
+void drv_gate_free(drv_gate *g) {
+    for (uint32_t i = 0; g->weights && i < g->weight_count; i++) {
+        free(g->weights[i].name);
+        free(g->weights[i].tensor.data);
+    }
+    free(g->weights);
+    free(g->keep);
+    memset(g, 0, sizeof *g);
+}
+
+/* ---- The table ------------------------------------------------------------------- */
+
+enum { NAME_MAX_PRINTED = 161 }; /* a weight's name in the table: 160 bytes at most */
+
+static const char error_definition[] =
+    "relative output error ||X W^T - X Wq^T||_F / ||X W^T||_F on the calibration inputs";
+
+json_t *drv_gate_to_json(const drv_gate *g) {
+    json_t *root = json_object(), *weights = json_array(), *layers = json_array();
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < g->weight_count; i++) {
+        const drv_gate_weight *w = &g->weights[i];
+        json_t *row = json_object();
+        json_object_set_new(row, "name", json_string(w->name));
+        json_object_set_new(row, "layer", w->layer >= 0 ? json_integer(w->layer) : json_null());
+        json_object_set_new(row, "quant", json_string(quant_kind_name(w->format.kind)));
+        json_object_set_new(row, "method", json_string(quant_method_name(w->format.method)));
+        json_object_set_new(row, "group", json_integer(w->format.group));
+        json_object_set_new(row, "error", json_real(w->error));
+        json_object_set_new(row, "kept", json_boolean(w->kept));
+        json_array_append_new(weights, row);
+        kept += w->kept;
+        if (w->layer < 0) continue;
+        /* its decoder layer's summary, the layers in the order they first appear */
+        json_t *layer = NULL;
+        for (size_t j = 0; j < json_array_size(layers) && !layer; j++)
+            if (json_integer_value(json_object_get(json_array_get(layers, j), "layer")) == w->layer)
+                layer = json_array_get(layers, j);
+        if (!layer) {
+            layer = json_object();
+            json_object_set_new(layer, "layer", json_integer(w->layer));
+            json_object_set_new(layer, "weights", json_integer(0));
+            json_object_set_new(layer, "max_error", json_real(-1));
+            json_object_set_new(layer, "worst", json_string(""));
+            json_object_set_new(layer, "kept", json_integer(0));
+            json_array_append_new(layers, layer);
+        }
+        json_object_set_new(layer, "weights",
+                            json_integer(json_integer_value(json_object_get(layer, "weights")) + 1));
+        json_object_set_new(layer, "kept",
+                            json_integer(json_integer_value(json_object_get(layer, "kept")) + w->kept));
+        if (w->error > json_real_value(json_object_get(layer, "max_error"))) {
+            json_object_set_new(layer, "max_error", json_real(w->error));
+            json_object_set_new(layer, "worst", json_string(w->name));
+        }
+    }
+    json_object_set_new(root, "max_layer_error", json_real(g->max_error));
+    json_object_set_new(root, "calibration_ids", json_integer((json_int_t)g->calibration_ids));
+    json_object_set_new(root, "error", json_string(error_definition));
+    json_object_set_new(root, "kept", json_integer(kept));
+    json_object_set_new(root, "weights", weights);
+    json_object_set_new(root, "layers", layers);
+    return root;
+}
+
+/* text from a plan (untrusted) with every control byte as '?', at most size - 1 bytes */
+static const char *printable(const char *text, char *buffer, size_t size) {
+    size_t n = 0;
+    for (; text[n] && n + 1 < size; n++)
+        buffer[n] = (unsigned char)text[n] < 0x20 || text[n] == 0x7f ? '?' : text[n];
+    buffer[n] = '\0';
+    return buffer;
+}
+
+static bool is_count(const json_t *v) { return json_is_integer(v) && json_integer_value(v) >= 0; }
+
+bool drv_gate_print_table(const json_t *gate, FILE *out) {
+    const json_t *limit = json_object_get(gate, "max_layer_error"),
+                 *ids = json_object_get(gate, "calibration_ids"), *weights = json_object_get(gate, "weights"),
+                 *layers = json_object_get(gate, "layers");
+    if (!json_is_number(limit) || !is_count(ids) || !json_is_array(weights) || !json_is_array(layers))
+        return false;
+    for (size_t i = 0; i < json_array_size(weights); i++) {
+        const json_t *w = json_array_get(weights, i), *layer = json_object_get(w, "layer");
+        if (!json_is_string(json_object_get(w, "name")) || !(json_is_null(layer) || is_count(layer)) ||
+            !json_is_string(json_object_get(w, "quant")) || !json_is_string(json_object_get(w, "method")) ||
+            !is_count(json_object_get(w, "group")) || !json_is_number(json_object_get(w, "error")) ||
+            !json_is_boolean(json_object_get(w, "kept")))
+            return false;
+    }
+    for (size_t i = 0; i < json_array_size(layers); i++) {
+        const json_t *l = json_array_get(layers, i);
+        if (!is_count(json_object_get(l, "layer")) || !is_count(json_object_get(l, "weights")) ||
+            !json_is_number(json_object_get(l, "max_error")) ||
+            !json_is_string(json_object_get(l, "worst")) || !is_count(json_object_get(l, "kept")))
+            return false;
+    }
+    fprintf(out, "accuracy gate: %s (%lld ids); kept unquantized over %g\n", error_definition,
+            (long long)json_integer_value(ids), json_number_value(limit));
+    fprintf(out, "  %5s  %-48s %-16s %9s  %s\n", "layer", "weight", "format", "error", "decision");
+    size_t kept = 0;
+    for (size_t i = 0; i < json_array_size(weights); i++) {
+        const json_t *w = json_array_get(weights, i), *layer = json_object_get(w, "layer");
+        char index[24] = "-", format[48];
+        if (!json_is_null(layer)) snprintf(index, sizeof index, "%lld", (long long)json_integer_value(layer));
+        char quant[16], method[16], name[NAME_MAX_PRINTED];
+        snprintf(format, sizeof format, "%s g%lld %s",
+                 printable(json_string_value(json_object_get(w, "quant")), quant, sizeof quant),
+                 (long long)json_integer_value(json_object_get(w, "group")),
+                 printable(json_string_value(json_object_get(w, "method")), method, sizeof method));
+        bool is_kept = json_is_true(json_object_get(w, "kept"));
+        kept += is_kept;
+        fprintf(out, "  %5s  %-48s %-16s %9.5f  %s\n", index,
+                printable(json_string_value(json_object_get(w, "name")), name, sizeof name), format,
+                json_number_value(json_object_get(w, "error")), is_kept ? "kept" : "quantized");
+    }
+    fprintf(out, "  %5s  %7s  %9s  %-48s %s\n", "layer", "weights", "max error", "worst weight", "kept");
+    for (size_t i = 0; i < json_array_size(layers); i++) {
+        const json_t *l = json_array_get(layers, i);
+        char worst[NAME_MAX_PRINTED];
+        fprintf(out, "  %5lld  %7lld  %9.5f  %-48s %lld\n",
+                (long long)json_integer_value(json_object_get(l, "layer")),
+                (long long)json_integer_value(json_object_get(l, "weights")),
+                json_number_value(json_object_get(l, "max_error")),
+                printable(json_string_value(json_object_get(l, "worst")), worst, sizeof worst),
+                (long long)json_integer_value(json_object_get(l, "kept")));
+    }
+    fprintf(out, "  kept unquantized: %zu of %zu weights\n", kept, json_array_size(weights));
+    return true;
+}
+
+void drv_gate_print(const drv_gate *g, FILE *out) {
+    json_t *table = drv_gate_to_json(g);
+    if (table) drv_gate_print_table(table, out);
+    json_decref(table);
+}

@@ -1,0 +1,84 @@
+/* accuracy_gate.h - the accuracy gate (--max-layer-error E): after the
+ * precision pass has chosen each weight's format, every weight it
+ * quantizes is quantized from the checkpoint (by its method, with the
+ * calibration statistics of its input) and its output error is measured on
+ * the calibration inputs against the checkpoint's own values,
+ *
+ *   error = ||X W^T - X Ŵ^T||_F / ||X W^T||_F      (quant_relative_output_error)
+ *
+ * through the XᵀX that calibration gathered (quant/calib.h), so X itself is
+ * never kept. A weight whose error exceeds E is kept unquantized: its name
+ * joins the --keep globs the precision pass is run with for the module that
+ * is compiled (or interpreted), so the IR after `precision` shows it in the
+ * activation dtype like any kept weight. Internal to the driver:
+ *
+ *   drv_gate gate;
+ *   if (!drv_gate_run(model, &source, &lowering, &calibration, &gate, &d)) ...   // reported
+ *   lowering.precision_options.keep = gate.keep;     // the compiled module's precision
+ *   weights.gate = &gate;                            // its quantized bytes, reused
+ *   char *json = drv_gate_json(&gate);               // the plan manifest's "accuracy_gate"
+ *   drv_gate_free(&gate);
+ *
+ * The table (each weight: its decoder layer, name, method, error and the
+ * decision; then each decoder layer: its weights, worst error, how many
+ * kept) prints from that JSON, on stderr while compiling and in `smelt
+ * inspect`, by one function. A weight's decoder layer is the first number
+ * among the dot-separated parts of its name (model.layers.3.mlp.up_proj.weight:
+ * 3); a weight without one (lm_head) is in none.
+ *
+ * Weights imported pre-quantized (method "checkpoint") have no unquantized
+ * values to compare with and are not gated.
+ */
+#ifndef SMELT_DRIVER_ACCURACY_GATE_H
+#define SMELT_DRIVER_ACCURACY_GATE_H
+
+#include "calibrate.h"
+#include "driver_internal.h"
+
+#include <jansson.h>
+
+typedef struct drv_gate_weight {
+    char *name;          /* the weight's external name */
+    int64_t layer;       /* its decoder layer; -1: none */
+    quant_format format; /* what precision chose for it */
+    double error;        /* relative output error on the calibration inputs */
+    bool kept;           /* error > the limit: stored unquantized */
+    quant_tensor tensor; /* the quantized weight (data NULL when kept), for the plan writer */
+} drv_gate_weight;
+
+typedef struct drv_gate {
+    double max_error;         /* E */
+    uint64_t calibration_ids; /* the ids the statistics came from */
+    drv_gate_weight *weights; /* [weight_count], in the module's order */
+    uint32_t weight_count;
+    char *keep; /* the --keep globs, then each kept weight's name (escaped for fnmatch) */
+} drv_gate;
+
+/* Lowers the model source through `precision` with l, quantizes each
+ * weight precision quantizes from the checkpoint at l->weights_path with
+ * the statistics of cal (which must hold XᵀX), measures each and decides.
+ * *out is zeroed on failure (after reporting). */
+bool drv_gate_run(const char *model_path, const drv_source_options *source, const drv_lowering *l,
+                  const drv_calibration *cal, drv_gate *out, diag_engine *d);
+
+/* The gate's quantized weight `name` when it was measured in format f and
+ * not kept; NULL otherwise. */
+const quant_tensor *drv_gate_quantized(const drv_gate *g, const char *name, const quant_format *f);
+
+/* The gate as the plan manifest's "accuracy_gate" object: {"max_layer_error",
+ * "calibration_ids", "error", "weights": [{"name", "layer" (null: none),
+ * "quant", "method", "group", "error", "kept"}], "layers": [{"layer",
+ * "weights", "max_error", "worst", "kept"}]}. NULL when out of memory. */
+json_t *drv_gate_to_json(const drv_gate *g);
+
+/* The table of such an object, for people. False when it is not one (a
+ * plan's manifest is untrusted: a malformed object is refused, not printed). */
+bool drv_gate_print_table(const json_t *gate, FILE *out);
+
+/* drv_gate_print_table of drv_gate_to_json(g) (nothing when out of memory). */
+void drv_gate_print(const drv_gate *g, FILE *out);
+
+/* Harmless on a zeroed drv_gate. */
+void drv_gate_free(drv_gate *g);
+
+#endif
