@@ -264,7 +264,8 @@ int cli_model_option(cli_args *a, drv_model_options *o) {
     int precision = cli_precision_option(a, &o->precision_options);
     if (precision != CLI_NOT_MINE) {
         if (!a->source_option)
-            a->source_option = "--act, --group-size, --keep, --calib, --act-order, --act-quant or --max-layer-error";
+            a->source_option =
+                "--act, --group-size, --keep, --calib, --act-order, --act-quant or --max-layer-error";
         return precision;
     }
     if (cli_flag_value(a, "--config", &value)) {

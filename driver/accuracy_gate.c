@@ -110,8 +110,7 @@ bool drv_gate_run(const char *model_path, const drv_source_options *source, cons
     ir_module m = {0};
     drv_source_weights weights = {0};
     bool ok = drv_source_parse(model_path, source, &m, d) &&
-              drv_import_checkpoint_formats(&m, source->config_path, l->weights_path, d) &&
-              drv_run_passes(&m, "precision", NULL, l, NULL, d);
+              drv_source_passes(source->config_path, l, "precision", NULL, &m, d);
     bool opened = ok;
     ok = ok && drv_source_weights_open(&weights, l->weights_path, source->config_path, &m, d);
     uint32_t total = 0;
@@ -152,10 +151,10 @@ const quant_tensor *drv_gate_quantized(const drv_gate *g, const char *name, cons
     for (uint32_t i = 0; g && i < g->weight_count; i++) {
         const drv_gate_weight *w = &g->weights[i];
         if (strcmp(w->name, name) != 0) continue;
-        bool same = w->format.kind == f->kind && w->format.method == f->method &&
-                    w->format.group == f->group && w->format.has_zero == f->has_zero &&
-                    w->format.has_group_index == f->has_group_index &&
-                    w->format.has_column_scale == f->has_column_scale && w->format.interleaved == f->interleaved;
+        bool same =
+            w->format.kind == f->kind && w->format.method == f->method && w->format.group == f->group &&
+            w->format.has_zero == f->has_zero && w->format.has_group_index == f->has_group_index &&
+            w->format.has_column_scale == f->has_column_scale && w->format.interleaved == f->interleaved;
         return same && w->tensor.data ? &w->tensor : NULL;
     }
     return NULL;

@@ -19,6 +19,12 @@
  * *m is initialised whatever the result: free it with ir_module_free. */
 bool drv_source_parse(const char *path, const drv_source_options *o, ir_module *m, diag_engine *d);
 
+/* A parsed module's pre-quantized checkpoint formats imported (the
+ * checkpoint's input_scales after l's static activation scales), then the
+ * passes `passes` ("all", or a list) with `l`. */
+bool drv_source_passes(const char *config_path, const drv_lowering *l, const char *passes,
+                       const char *print_after, ir_module *m, diag_engine *d);
+
 /* The model source through the frontend and every pass, lowered with `l`:
  * what compiling and running a source start from. *m is initialised
  * whatever the result. */

@@ -62,10 +62,8 @@ bool drv_source_parse(const char *path, const drv_source_options *o, ir_module *
     return fe_load_model(path, &options, d, m);
 }
 
-bool drv_source_load(const char *path, const drv_source_options *o, const drv_lowering *l,
-                     const char *print_after, ir_module *m, diag_engine *d) {
-    if (!drv_source_parse(path, o, m, d)) return false;
-    if (!l) return drv_run_passes(m, "all", NULL, l, print_after, d);
+bool drv_source_passes(const char *config_path, const drv_lowering *l, const char *passes,
+                       const char *print_after, ir_module *m, diag_engine *d) {
     /* The lowering's static activation scales, and a checkpoint's input_scales after them. */
     drv_lowering with = *l;
     pass_act_scale *scales = NULL;
@@ -75,10 +73,17 @@ bool drv_source_load(const char *path, const drv_source_options *o, const drv_lo
         return false;
     }
     if (count) memcpy(scales, l->act_scales, count * sizeof *scales);
-    bool ok = drv_import_checkpoint_formats(m, o->config_path, l->weights_path, &scales, &count, d);
+    bool ok = drv_import_checkpoint_formats(m, config_path, l->weights_path, &scales, &count, d);
     with.act_scales = scales;
     with.act_scale_count = count;
-    ok = ok && drv_run_passes(m, "all", NULL, &with, print_after, d);
+    ok = ok && drv_run_passes(m, passes, NULL, &with, print_after, d);
     free(scales);
     return ok;
+}
+
+bool drv_source_load(const char *path, const drv_source_options *o, const drv_lowering *l,
+                     const char *print_after, ir_module *m, diag_engine *d) {
+    if (!drv_source_parse(path, o, m, d)) return false;
+    if (!l) return drv_run_passes(m, "all", NULL, l, print_after, d);
+    return drv_source_passes(o->config_path, l, "all", print_after, m, d);
 }

@@ -135,7 +135,8 @@ static void test_awq_less_error_than_rtn(void **state) {
 static void test_relative_output_error(void **state) {
     (void)state;
     layer l = make_layer(11);
-    quant_tensor t = make((quant_format){QUANT_INT4, QUANT_METHOD_RTN, 32, true, false, false}, ROWS, COLS);
+    quant_tensor t =
+        make((quant_format){QUANT_INT4, QUANT_METHOD_RTN, 32, true, false, false, false}, ROWS, COLS);
     assert_null(quant_rtn(l.w, NULL, &t));
     double error = 0, output = 0;
     for (uint64_t i = 0; i < TOKENS; i++)
