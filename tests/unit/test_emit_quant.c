@@ -250,6 +250,8 @@ static emit_case *dequant_case_of(const char *preset, const char *activations, i
     emit_case *c = case_new(preset);
     c->activations = activations;
     c->group_size = group;
+    if (strcmp(preset, "int4-rtn") != 0)
+        c->act_quant = "none"; /* int8, fp8 weight-only: W8A8 keeps the GEMV */
     char type[64];
     snprintf(type, sizeof type, "f32[tokens, %lld]", (long long)k);
     ir_value_id x = case_input(c, "x", type);
@@ -393,6 +395,32 @@ static void test_dequant_gemm_bytes(void **state) {
         }
 }
 
+/* A W8A8 matmul (act_quant per token) keeps the GEMV at every step: it
+ * quantizes each token's row as the reference does, which the
+ * dequantize-GEMM's float activations would not. */
+static void test_dequant_gemm_not_w8a8(void **state) {
+    (void)state;
+    const char *const byte_presets[2] = {"int8", "fp8"};
+    for (int p = 0; p < 2; p++) {
+        emit_case *c = case_new(byte_presets[p]);
+        c->activations = "f32";
+        ir_value_id x = case_input(c, "x", "f32[tokens, 128]");
+        ir_value_id wt = case_weight(c, "f32[64, 128]");
+        uint32_t op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wt}, 2);
+        case_infer(c);
+        assert_string_not_equal(ir_op_string(&c->m, op, "act_quant"), "none");
+        assert_false(cg_dequant_gemm_fits(&c->m, op));
+        arena a;
+        arena_init(&a);
+        cg_group_lowering l;
+        assert_true(case_emit(c, op, &a, &l));
+        assert_int_equal(l.kernel_count, 1);
+        assert_non_null(strstr(l.kernels[0].name, "gemv_"));
+        arena_free(&a);
+        case_free(c);
+    }
+}
+
 /* Act-order and K not a multiple of 128 keep the row-major codes and the
  * GEMV at every step; so does a plan of at most 4 tokens a step. */
 static void test_dequant_gemm_refused(void **state) {
@@ -467,6 +495,7 @@ int main(void) {
         cmocka_unit_test(test_dequant_gemm_bytes),
         cmocka_unit_test(test_dequant_gemm_epilogue),
         cmocka_unit_test(test_dequant_gemm_refused),
+        cmocka_unit_test(test_dequant_gemm_not_w8a8),
         cmocka_unit_test(test_dequant_gemm_ptx_for_sm90),
     };
     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
