@@ -281,6 +281,15 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
         diag_error(d, SMELT_NO_LOC, "out of memory assigning dtypes to %u values", m->value_count);
         return false;
     }
+    arena_recovery recovery; /* formats and attributes allocate: free the tables, then fail the pass */
+    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
+        free(only_router);
+        free(root);
+        free(read_by_output);
+        free(only_matmul);
+        free(only_experts);
+        arena_out_of_memory();
+    }
     for (ir_value_id v = 0; v < m->value_count; v++)
         only_matmul[v] = only_experts[v] = only_router[v] = true;
     for (uint32_t i = 0; i < m->op_count; i++) {
@@ -334,6 +343,7 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
                                : activations;
         }
     }
+    arena_recovery_leave(&recovery);
     free(root);
     free(read_by_output);
     free(only_matmul);
