@@ -217,6 +217,97 @@ static bool set_act_quant(ir_module *m, uint32_t op, bool wanted, quant_kind kin
     return true;
 }
 
+/* What pass_precision decides for every value and weight, and the tables
+ * it decides from (root views, readers), which the pass frees. */
+typedef struct precision_run {
+    const precision_preset *preset, *chosen;
+    int64_t group_size;
+    const pass_options *o;
+    smelt_dtype activations;
+    ir_value_id *root;
+    bool *read_by_output, *only_matmul, *only_experts, *only_router;
+} precision_run;
+
+static void free_tables(precision_run *a) {
+    free(a->only_router);
+    free(a->root);
+    free(a->read_by_output);
+    free(a->only_matmul);
+    free(a->only_experts);
+}
+
+/* Every dtype and weight format; formats and attributes allocate from the
+ * module's arena. */
+static void assign(ir_module *m, precision_run *a) {
+    for (ir_value_id v = 0; v < m->value_count; v++)
+        a->only_matmul[v] = a->only_experts[v] = a->only_router[v] = true;
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *op = &m->ops[i];
+        if (op->dead) continue;
+        if (op->kind == IR_OP_OUTPUT && op->operand_count == 1)
+            a->read_by_output[a->root[op->operands[0]]] = true;
+        for (uint32_t j = 0; j < op->operand_count; j++) {
+            if (op->kind != IR_OP_MATMUL || j != 1 || strcmp(ir_op_string(m, i, "layout"), "out_in") != 0)
+                a->only_matmul[op->operands[j]] = false;
+            if (op->kind != IR_OP_MOE || j < 2) a->only_experts[op->operands[j]] = false;
+            if (op->kind != IR_OP_MOE || j != 1) a->only_router[op->operands[j]] = false;
+        }
+    }
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *op = &m->ops[i];
+        if (op->dead) continue;
+        if (op->kind == IR_OP_WEIGHT && !imported(m, i)) {
+            ir_type *t = &m->values[op->results[0]].type;
+            quant_format f;
+            if (ir_weight_quant(m, i, &f)) t->dtype = SMELT_DTYPE_F32; /* a former decision: floats again */
+            ir_weight_clear_quant(m, i);
+            /* MoE experts stay weight-only under int8's W8A8 (no migration): the
+             * moe kernels do not quantize their activations */
+            if (weight_format(m, i, a->only_experts[op->results[0]] ? a->preset : a->chosen, a->group_size,
+                              a->o ? a->o->keep : NULL, a->o && a->o->act_order, a->only_matmul,
+                              a->only_experts, &f)) {
+                ir_weight_set_quant(m, i, &f);
+                t->dtype = quant_code_dtype(f.kind);
+                continue;
+            }
+        } else if (op->kind == IR_OP_WEIGHT) {
+            /* imported codes keep their dtype and format; int4 ones are interleaved as ours are */
+            quant_format f;
+            const ir_type *t = &m->values[op->results[0]].type;
+            if (ir_weight_quant(m, i, &f) && t->rank == 2 && !ir_dim_is_symbol(t->dims[1]) &&
+                t->dims[1].size > 0 && quant_can_interleave(&f, (uint64_t)t->dims[1].size)) {
+                f.interleaved = true;
+                ir_weight_set_quant(m, i, &f);
+            }
+            continue;
+        }
+        for (uint32_t r = 0; r < op->result_count; r++) {
+            ir_value_id v = op->results[r];
+            ir_type *t = &m->values[v].type;
+            if (t->dtype == SMELT_DTYPE_UNKNOWN) continue; /* the verifier reports untyped values */
+            if (!smelt_dtype_is_float(t->dtype))
+                t->dtype = SMELT_DTYPE_I32;
+            else
+                t->dtype = a->read_by_output[a->root[v]] || op->kind == IR_OP_ROPE_TABLE ||
+                                   (op->kind == IR_OP_WEIGHT && a->only_router[v])
+                               ? SMELT_DTYPE_F32
+                               : a->activations;
+        }
+    }
+}
+
+/* assign() under a recovery point of its own: an arena allocation that
+ * fails frees the tables, then fails the pass (ir/arena.h). */
+static void assign_recovering(ir_module *m, precision_run *a) {
+    arena_recovery recovery;
+    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
+        free_tables(a);
+        arena_out_of_memory();
+    }
+    assign(m, a);
+    arena_recovery_leave(&recovery);
+}
+
 bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
     const char *name = o && o->precision ? o->precision : "f32";
     const precision_preset *preset = NULL;
@@ -281,74 +372,18 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
         diag_error(d, SMELT_NO_LOC, "out of memory assigning dtypes to %u values", m->value_count);
         return false;
     }
-    arena_recovery recovery; /* formats and attributes allocate: free the tables, then fail the pass */
-    if (arena_recovery_enter(&recovery, setjmp(recovery.where))) {
-        free(only_router);
-        free(root);
-        free(read_by_output);
-        free(only_matmul);
-        free(only_experts);
-        arena_out_of_memory();
-    }
-    for (ir_value_id v = 0; v < m->value_count; v++)
-        only_matmul[v] = only_experts[v] = only_router[v] = true;
-    for (uint32_t i = 0; i < m->op_count; i++) {
-        const ir_op *op = &m->ops[i];
-        if (op->dead) continue;
-        if (op->kind == IR_OP_OUTPUT && op->operand_count == 1) read_by_output[root[op->operands[0]]] = true;
-        for (uint32_t j = 0; j < op->operand_count; j++) {
-            if (op->kind != IR_OP_MATMUL || j != 1 || strcmp(ir_op_string(m, i, "layout"), "out_in") != 0)
-                only_matmul[op->operands[j]] = false;
-            if (op->kind != IR_OP_MOE || j < 2) only_experts[op->operands[j]] = false;
-            if (op->kind != IR_OP_MOE || j != 1) only_router[op->operands[j]] = false;
-        }
-    }
-    for (uint32_t i = 0; i < m->op_count; i++) {
-        const ir_op *op = &m->ops[i];
-        if (op->dead) continue;
-        if (op->kind == IR_OP_WEIGHT && !imported(m, i)) {
-            ir_type *t = &m->values[op->results[0]].type;
-            quant_format f;
-            if (ir_weight_quant(m, i, &f)) t->dtype = SMELT_DTYPE_F32; /* a former decision: floats again */
-            ir_weight_clear_quant(m, i);
-            /* MoE experts stay weight-only under int8's W8A8 (no migration): the
-             * moe kernels do not quantize their activations */
-            if (weight_format(m, i, only_experts[op->results[0]] ? preset : &chosen, group_size,
-                              o ? o->keep : NULL, o && o->act_order, only_matmul, only_experts, &f)) {
-                ir_weight_set_quant(m, i, &f);
-                t->dtype = quant_code_dtype(f.kind);
-                continue;
-            }
-        } else if (op->kind == IR_OP_WEIGHT) {
-            /* imported codes keep their dtype and format; int4 ones are interleaved as ours are */
-            quant_format f;
-            const ir_type *t = &m->values[op->results[0]].type;
-            if (ir_weight_quant(m, i, &f) && t->rank == 2 && !ir_dim_is_symbol(t->dims[1]) &&
-                t->dims[1].size > 0 && quant_can_interleave(&f, (uint64_t)t->dims[1].size)) {
-                f.interleaved = true;
-                ir_weight_set_quant(m, i, &f);
-            }
-            continue;
-        }
-        for (uint32_t r = 0; r < op->result_count; r++) {
-            ir_value_id v = op->results[r];
-            ir_type *t = &m->values[v].type;
-            if (t->dtype == SMELT_DTYPE_UNKNOWN) continue; /* the verifier reports untyped values */
-            if (!smelt_dtype_is_float(t->dtype))
-                t->dtype = SMELT_DTYPE_I32;
-            else
-                t->dtype = read_by_output[root[v]] || op->kind == IR_OP_ROPE_TABLE ||
-                                   (op->kind == IR_OP_WEIGHT && only_router[v])
-                               ? SMELT_DTYPE_F32
-                               : activations;
-        }
-    }
-    arena_recovery_leave(&recovery);
-    free(root);
-    free(read_by_output);
-    free(only_matmul);
-    free(only_experts);
-    free(only_router);
+    precision_run run = {.preset = preset,
+                         .chosen = &chosen,
+                         .group_size = group_size,
+                         .o = o,
+                         .activations = activations,
+                         .root = root,
+                         .read_by_output = read_by_output,
+                         .only_matmul = only_matmul,
+                         .only_experts = only_experts,
+                         .only_router = only_router};
+    assign_recovering(m, &run);
+    free_tables(&run);
     bool scales_ok = true;
     for (uint32_t i = 0; i < m->op_count; i++)
         if (!m->ops[i].dead && m->ops[i].kind == IR_OP_MATMUL)
