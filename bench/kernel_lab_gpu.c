@@ -2,7 +2,7 @@
  * CUDA driver API opened with dlopen, as runtime/device/device_cuda.c opens
  * it (so the lab builds and runs where there is no driver; $SMELT_CUDA_DRIVER
  * names another library), the peaks it measures, and the timing of each
- * family's kernels. */
+ * family's kernels (and the check of their results, for a family with one). */
 
 typedef int lab_cu_result;
 typedef unsigned long long lab_cu_ptr;
@@ -22,6 +22,7 @@ typedef void *lab_handle; /* CUcontext, CUmodule, CUfunction, CUstream, CUevent,
     X(cuMemAlloc, "cuMemAlloc_v2", (lab_cu_ptr * pointer, size_t bytes))                                     \
     X(cuMemFree, "cuMemFree_v2", (lab_cu_ptr pointer))                                                       \
     X(cuMemcpyHtoD, "cuMemcpyHtoD_v2", (lab_cu_ptr destination, const void *source, size_t bytes))           \
+    X(cuMemcpyDtoH, "cuMemcpyDtoH_v2", (void *destination, lab_cu_ptr source, size_t bytes))                 \
     X(cuMemsetD8, "cuMemsetD8_v2", (lab_cu_ptr destination, unsigned char value, size_t bytes))              \
     X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2",                                                             \
       (lab_cu_ptr destination, lab_cu_ptr source, size_t bytes, lab_handle stream))                          \
@@ -190,29 +191,56 @@ static void lab_measure_peaks(lab_driver *d) {
     LAB_CHECK(d, cuMemFree(b));
 }
 
-/* Random floats in the storage dtype, small integers for i32. */
+/* Random floats in the storage dtype (f32, bf16, f16), small integers for
+ * i32, random bytes for the rest: 8-bit codes and the packed layout of a
+ * quantized weight (codes and scales alike: right for timing alone). */
 static void *lab_random_bytes(smelt_dtype dtype, uint64_t bytes, uint64_t *seed) {
     uint8_t *data = calloc(1, bytes ? bytes : 1);
     assert_non_null(data);
     size_t element = smelt_dtype_element_bytes(dtype);
+    bool floats = dtype == SMELT_DTYPE_F32 || dtype == SMELT_DTYPE_BF16 || dtype == SMELT_DTYPE_F16;
+    if (!floats && dtype != SMELT_DTYPE_I32) element = 1;
     for (uint64_t i = 0; i + element <= bytes; i += element) {
         *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
         float value = (float)((*seed >> 40) & 0xffff) / 32768.0f - 1.0f;
         if (dtype == SMELT_DTYPE_I32) {
             int32_t small = (int32_t)((*seed >> 40) % 16);
             memcpy(data + i, &small, 4);
-        } else if (dtype == SMELT_DTYPE_BF16) {
-            uint16_t h = plan_f32_to_bf16(value);
+        } else if (dtype == SMELT_DTYPE_BF16 || dtype == SMELT_DTYPE_F16) {
+            uint16_t h = dtype == SMELT_DTYPE_F16 ? plan_f32_to_f16(value) : plan_f32_to_bf16(value);
             memcpy(data + i, &h, 2);
-        } else {
+        } else if (dtype == SMELT_DTYPE_F32) {
             memcpy(data + i, &value, 4);
+        } else {
+            data[i] = (uint8_t)(*seed >> 40);
         }
     }
     return data;
 }
 
-/* One family's op at shape s on the GPU: every kernel of it, in order. */
-static void lab_time(lab_driver *d, const lab_family *f, const lab_shape *s, const char *precision) {
+/* The bytes of value v's data at T as fill_operand made them for the
+ * kernels: a quantized weight's packed layout, else its elements in the
+ * storage dtype. */
+static uint64_t lab_filled_bytes(emit_case *c, ir_value_id v, int64_t tokens) {
+    quant_format format;
+    const ir_type *t = &c->m.values[v].type;
+    if (ir_weight_quant(&c->m, c->m.values[v].def_op, &format)) {
+        quant_layout layout;
+        uint64_t matrices = t->rank == 3 ? (uint64_t)t->dims[0].size : 1, stride, total;
+        assert_null(quant_stack_layout_of(&format, matrices, (uint64_t)t->dims[t->rank - 2].size,
+                                          (uint64_t)t->dims[t->rank - 1].size, &layout, &stride, &total));
+        return total;
+    }
+    uint64_t dims[IR_MAX_DIMS];
+    return dims_at(c, v, tokens, dims) * smelt_dtype_element_bytes(cg_storage_dtype(&c->m, v));
+}
+
+/* One family's op at shape s on the GPU: every kernel of it that serves a
+ * step of s->tokens tokens, in order. When `checked` (the family has a
+ * check), the op's operands get the harness's data and its result is
+ * checked; returns false when that check fails (after printing the timing). */
+static bool lab_time(lab_driver *d, const lab_family *f, const lab_shape *s, const char *precision,
+                     bool checked) {
     uint32_t op;
     emit_case *c = lab_case(f, s, precision, &op);
     arena strings;
@@ -222,8 +250,12 @@ static void lab_time(lab_driver *d, const lab_family *f, const lab_shape *s, con
     if (l.kind != CG_LOWER_KERNELS) {
         arena_free(&strings);
         case_free(c);
-        return;
+        return true;
     }
+    const ir_op *o = &c->m.ops[op];
+    if (checked) /* the data the host checks with: weights quantized, x rounded to its storage */
+        for (uint32_t i = 0; i < o->operand_count; i++)
+            fill_operand(c, o->operands[i], s->tokens);
     uint64_t seed = 42;
     lab_cu_ptr states[CG_MAX_STATES] = {0}, values[CASE_MAX_VALUES] = {0};
     for (uint32_t i = 0; i < l.state_count; i++) {
@@ -231,12 +263,25 @@ static void lab_time(lab_driver *d, const lab_family *f, const lab_shape *s, con
         LAB_CHECK(d, cuMemsetD8(states[i], 0, l.state_bytes[i] ? l.state_bytes[i] : 1));
     }
     lab_handle functions[CG_MAX_KERNELS];
+    bool runs[CG_MAX_KERNELS];
     void *args[CG_MAX_KERNELS][PROG_MAX_ARGS];
     lab_cu_ptr pointers[CG_MAX_KERNELS][PROG_MAX_ARGS];
     int tokens = (int)s->tokens;
-    double read = 0, written = 0, flops = 0;
+    double read = 0, written = 0, weights = 0, flops = 0;
+    uint32_t ran = 0;
+    char names[512] = "";
+    size_t names_used = 0;
     for (uint32_t k = 0; k < l.kernel_count; k++) {
         const cg_kernel *kernel = &l.kernels[k];
+        const prog_launch_rule *rule = &kernel->rule;
+        runs[k] = kernel_serves(kernel, s->tokens) && prog_affine_eval(rule->grid[0], s->tokens) > 0 &&
+                  prog_affine_eval(rule->grid[1], s->tokens) > 0 &&
+                  prog_affine_eval(rule->grid[2], s->tokens) > 0;
+        if (!runs[k]) continue; /* the executor skips it at this T */
+        ran++;
+        if (names_used < sizeof names)
+            names_used += (size_t)snprintf(names + names_used, sizeof names - names_used, "%s%s",
+                                           names_used ? ", " : "", kernel->name);
         functions[k] = lab_load(d, kernel->source, kernel->name);
         for (uint32_t p = 0; p < kernel->param_count; p++) {
             const cg_param *param = &kernel->params[p];
@@ -250,12 +295,27 @@ static void lab_time(lab_driver *d, const lab_family *f, const lab_shape *s, con
                 uint64_t bytes = (uint64_t)prog_affine_eval(param->extent, s->tokens);
                 if (!values[param->value]) {
                     LAB_CHECK(d, cuMemAlloc(&values[param->value], bytes ? bytes : 1));
-                    void *data = lab_random_bytes(cg_storage_dtype(&c->m, param->value), bytes, &seed);
-                    LAB_CHECK(d, cuMemcpyHtoD(values[param->value], data, bytes));
-                    free(data);
+                    const value_data *filled = &c->values[param->value];
+                    if (!param->writes && filled->buffer && filled->tokens == s->tokens) {
+                        if (lab_filled_bytes(c, param->value, s->tokens) != bytes)
+                            fail_msg("%s: value %u has %llu bytes of data for an extent of %llu",
+                                     kernel->name, param->value,
+                                     (unsigned long long)lab_filled_bytes(c, param->value, s->tokens),
+                                     (unsigned long long)bytes);
+                        LAB_CHECK(d, cuMemcpyHtoD(values[param->value], filled->buffer, bytes));
+                    } else if (!param->writes && filled->i && filled->tokens == s->tokens &&
+                               bytes == filled->count * sizeof(int32_t)) { /* ids, positions as set */
+                        LAB_CHECK(d, cuMemcpyHtoD(values[param->value], filled->i, bytes));
+                    } else {
+                        void *data = lab_random_bytes(cg_storage_dtype(&c->m, param->value), bytes, &seed);
+                        LAB_CHECK(d, cuMemcpyHtoD(values[param->value], data, bytes));
+                        free(data);
+                    }
                 }
                 pointers[k][p] = values[param->value];
                 if (!kernel->cost) *(param->writes ? &written : &read) += (double)bytes;
+                if (!param->writes && c->m.ops[c->m.values[param->value].def_op].kind == IR_OP_WEIGHT)
+                    weights += (double)bytes;
             }
             args[k][p] = &pointers[k][p];
         }
@@ -263,12 +323,15 @@ static void lab_time(lab_driver *d, const lab_family *f, const lab_shape *s, con
             read += prog_poly_eval(kernel->cost->read, (double)s->tokens, 0);
             written += prog_poly_eval(kernel->cost->written, (double)s->tokens, 0);
             flops += prog_poly_eval(kernel->cost->flops, (double)s->tokens, 0);
+        } else {
+            flops += prog_poly_eval(kernel->flops, (double)s->tokens, 0);
         }
     }
     enum { REPEATS = 20 };
     for (int r = -2; r < REPEATS; r++) {
         if (r == 0) LAB_CHECK(d, cuEventRecord(d->start, d->stream));
         for (uint32_t k = 0; k < l.kernel_count; k++) {
+            if (!runs[k]) continue;
             const prog_launch_rule *rule = &l.kernels[k].rule;
             LAB_CHECK(d, cuLaunchKernel(functions[k], (unsigned)prog_affine_eval(rule->grid[0], s->tokens),
                                         (unsigned)prog_affine_eval(rule->grid[1], s->tokens),
@@ -282,16 +345,32 @@ static void lab_time(lab_driver *d, const lab_family *f, const lab_shape *s, con
     double gbps = (read + written) / seconds / 1e9, tflops = flops / seconds / 1e12;
     printf(
         "gpu %-12s %-5s shape (%lld, %lld, %lld) T=%-3lld %u kernels %9.2f us  %8.1f GB/s (%5.1f%% of copy)"
-        "  %7.2f TFLOP/s (%5.1f%% of mma)\n",
-        f->name, precision, (long long)s->a, (long long)s->b, (long long)s->c, (long long)s->tokens,
-        l.kernel_count, seconds * 1e6, gbps, 100.0 * gbps / d->copy_gbps, tflops,
-        100.0 * tflops / d->tensor_tflops);
+        "  %7.2f TFLOP/s (%5.1f%% of mma)",
+        f->name, precision, (long long)s->a, (long long)s->b, (long long)s->c, (long long)s->tokens, ran,
+        seconds * 1e6, gbps, 100.0 * gbps / d->copy_gbps, tflops, 100.0 * tflops / d->tensor_tflops);
+    if (f->report == LAB_REPORT_WEIGHTS) printf("  weights %7.1f GB/s [%s]", weights / seconds / 1e9, names);
+    if (f->report == LAB_REPORT_WRITTEN) printf("  written %7.1f GB/s", written / seconds / 1e9);
+    bool passed = true;
+    ir_value_id result = o->results[0];
+    if (checked && values[result]) {
+        uint64_t bytes = lab_filled_bytes(c, result, s->tokens);
+        void *host = malloc(bytes ? bytes : 1);
+        assert_non_null(host);
+        LAB_CHECK(d, cuMemcpyDtoH(host, values[result], bytes));
+        double worst = f->check(c, op, s->tokens, host, f->tolerance);
+        passed = worst <= 1.0;
+        printf(passed ? "  checked: within %.0f%%" : "  FAILED its check: %.3g of the tolerance",
+               passed ? worst * 100.0 : worst);
+        free(host);
+    }
+    printf("\n");
     for (uint32_t i = 0; i < CASE_MAX_VALUES; i++)
         if (values[i]) LAB_CHECK(d, cuMemFree(values[i]));
     for (uint32_t i = 0; i < l.state_count; i++)
         LAB_CHECK(d, cuMemFree(states[i]));
     arena_free(&strings);
     case_free(c);
+    return passed;
 }
 
 static void lab_gpu_run(void **state) {
@@ -306,11 +385,17 @@ static void lab_gpu_run(void **state) {
     LAB_CHECK(&d, cuDeviceGetName(name, sizeof name, d.device));
     printf("gpu device %s sm_%d, %d SMs\n", name, d.arch, d.sms);
     lab_measure_peaks(&d);
+    int failed = 0; /* checks that failed: every timing is printed first */
     for (size_t i = 0; i < FAMILY_COUNT; i++) {
         if (lab_only && strcmp(lab_only, families[i].name) != 0) continue;
-        for (int j = 0; j < families[i].shape_count; j++)
-            if (!lab_quick || families[i].shapes[j].gpu_only)
-                lab_time(&d, &families[i], &families[i].shapes[j], "bf16");
+        const lab_family *f = &families[i];
+        int gpu_shapes = 0;
+        for (int j = 0; j < f->shape_count; j++) {
+            if (lab_quick && !f->shapes[j].gpu_only) continue;
+            bool checked = f->check && f->shapes[j].gpu_only && gpu_shapes++ < f->gpu_checks;
+            failed += !lab_time(&d, f, &f->shapes[j], "bf16", checked);
+        }
     }
     LAB_CHECK(&d, cuStreamSynchronize(d.stream));
+    if (failed) fail_msg("%d of the GPU's results failed their checks", failed);
 }
