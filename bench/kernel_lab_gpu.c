@@ -19,6 +19,7 @@ typedef void *lab_handle; /* CUcontext, CUmodule, CUfunction, CUstream, CUevent,
     X(cuStreamSynchronize, "cuStreamSynchronize", (lab_handle stream))                                       \
     X(cuModuleLoadData, "cuModuleLoadData", (lab_handle * module, const void *image))                        \
     X(cuModuleGetFunction, "cuModuleGetFunction", (lab_handle * function, lab_handle module, const char *n)) \
+    X(cuFuncSetAttribute, "cuFuncSetAttribute", (lab_handle function, int attribute, int value))             \
     X(cuMemAlloc, "cuMemAlloc_v2", (lab_cu_ptr * pointer, size_t bytes))                                     \
     X(cuMemFree, "cuMemFree_v2", (lab_cu_ptr pointer))                                                       \
     X(cuMemcpyHtoD, "cuMemcpyHtoD_v2", (lab_cu_ptr destination, const void *source, size_t bytes))           \
@@ -53,7 +54,9 @@ enum {
     LAB_ATTRIBUTE_SMS = 16,
     LAB_ATTRIBUTE_MAJOR = 75,
     LAB_ATTRIBUTE_MINOR = 76,
-    LAB_STREAM_NON_BLOCKING = 1
+    LAB_STREAM_NON_BLOCKING = 1,
+    LAB_FUNCTION_MAX_DYNAMIC_SHARED = 8, /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */
+    LAB_STATIC_SHARED_LIMIT = 48 * 1024, /* dynamic shared bytes a launch gets without asking */
 };
 
 #define LAB_CHECK(d, call)                                                                                   \
@@ -93,8 +96,10 @@ static double lab_elapsed(lab_driver *d) {
     return (double)ms;
 }
 
-/* One kernel of `source` for the device, by NVRTC. */
-static lab_handle lab_load(lab_driver *d, const char *source, const char *name) {
+/* One kernel of `source` for the device, by NVRTC, allowed `dynamic_shared`
+ * bytes of dynamic shared memory (past 48 KiB a kernel must opt in, as
+ * runtime/device/device_cuda.c does). */
+static lab_handle lab_load(lab_driver *d, const char *source, const char *name, uint32_t dynamic_shared) {
     cg_header header = {"smelt_kernel.h", harness_header_text};
     cg_compile_request request = {.source = source,
                                   .kernel_name = name,
@@ -108,6 +113,8 @@ static lab_handle lab_load(lab_driver *d, const char *source, const char *name) 
     lab_handle module, function;
     LAB_CHECK(d, cuModuleLoadData(&module, compiled.cubin));
     LAB_CHECK(d, cuModuleGetFunction(&function, module, name));
+    if (dynamic_shared > LAB_STATIC_SHARED_LIMIT)
+        LAB_CHECK(d, cuFuncSetAttribute(function, LAB_FUNCTION_MAX_DYNAMIC_SHARED, (int)dynamic_shared));
     cg_compiled_free(&compiled);
     return function;
 }
@@ -151,8 +158,8 @@ static void lab_measure_peaks(lab_driver *d) {
     d->copy_gbps = 2.0 * (double)bytes * COPIES / (ms * 1e-3) / 1e9;
     printf("gpu d2d_copy_bandwidth_GBps %.1f\n", d->copy_gbps);
 
-    lab_handle empty = lab_load(d, lab_probe_source, "lab_empty");
-    lab_handle mma = lab_load(d, lab_probe_source, "lab_mma");
+    lab_handle empty = lab_load(d, lab_probe_source, "lab_empty", 0);
+    lab_handle mma = lab_load(d, lab_probe_source, "lab_mma", 0);
     int unused = 0;
     void *empty_args[] = {&unused};
     enum { LAUNCHES = 2000 };
@@ -282,7 +289,7 @@ static bool lab_time(lab_driver *d, const lab_family *f, const lab_shape *s, con
         if (names_used < sizeof names)
             names_used += (size_t)snprintf(names + names_used, sizeof names - names_used, "%s%s",
                                            names_used ? ", " : "", kernel->name);
-        functions[k] = lab_load(d, kernel->source, kernel->name);
+        functions[k] = lab_load(d, kernel->source, kernel->name, rule->dynamic_shared_bytes);
         for (uint32_t p = 0; p < kernel->param_count; p++) {
             const cg_param *param = &kernel->params[p];
             if (param->kind == CG_PARAM_TOKENS) {
