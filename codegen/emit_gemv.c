@@ -1227,10 +1227,7 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
             if (w == IR_NO_VALUE) continue;
             bool quantized = ir_weight_quant(m, m->values[w].def_op, &f);
             if (cg_storage_dtype(m, w) != weight_dtype || quantized != p.quantized ||
-                (quantized &&
-                 (f.group != p.format.group || f.has_zero != p.format.has_zero ||
-                  f.interleaved != p.format.interleaved || f.has_group_index != p.format.has_group_index ||
-                  f.has_column_scale != p.format.has_column_scale)))
+                (quantized && !quant_format_same_storage(&f, &p.format)))
                 return refuse(e, "weights stored differently (dtype or quantization format)");
         }
     /* W8A8: every matmul of the group quantizes its input alike (precision

@@ -151,11 +151,7 @@ const quant_tensor *drv_gate_quantized(const drv_gate *g, const char *name, cons
     for (uint32_t i = 0; g && i < g->weight_count; i++) {
         const drv_gate_weight *w = &g->weights[i];
         if (strcmp(w->name, name) != 0) continue;
-        bool same =
-            w->format.kind == f->kind && w->format.method == f->method && w->format.group == f->group &&
-            w->format.has_zero == f->has_zero && w->format.has_group_index == f->has_group_index &&
-            w->format.has_column_scale == f->has_column_scale && w->format.interleaved == f->interleaved;
-        return same && w->tensor.data ? &w->tensor : NULL;
+        return quant_format_equal(&w->format, f) && w->tensor.data ? &w->tensor : NULL;
     }
     return NULL;
 }
