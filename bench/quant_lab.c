@@ -16,10 +16,10 @@
 #include "calib.h"
 #include "calibrate.h"
 #include "calibrated.h"
+#include "ir.h"
 #include "quant.h"
 #include "safetensors.h"
 
-#include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,7 +135,8 @@ int main(int argc, char **argv) {
         out[i] = (st_write_tensor){t->name, ST_DTYPE_F32, t->rank, t->shape, data[i]};
         const quant_act_stats *s = drv_calibration_stats(&cal, t->name);
         const quant_act_stats *judge = o.measure ? drv_calibration_stats(&measure, t->name) : s;
-        if (!s || t->rank != 2 || t->shape[1] != s->cols || (o.keep && fnmatch(o.keep, t->name, 0) == 0))
+        if (!s || t->rank != 2 || t->shape[1] != s->cols ||
+            (o.keep && ir_tensor_pattern_matches(o.keep, t->name)))
             continue;
         uint64_t rows = t->shape[0], cols = t->shape[1];
         quant_format qf = format_of(&o, cols), rf = qf;

@@ -40,7 +40,7 @@ static const char usage[] =
     "                         unbound key is an error otherwise); may repeat\n"
     "  --allow-unused-tensor GLOB\n"
     "                         leave checkpoint tensors matching GLOB unused ('*':\n"
-    "                         a run of characters without '.'; an unused tensor\n"
+    "                         any run of characters, '.' included; an unused tensor\n"
     "                         is an error otherwise); may repeat\n"
     "  --weights PATH         a .safetensors file, a model.safetensors.index.json,\n"
     "                         or a model's folder (with its config.json and\n"

@@ -248,13 +248,9 @@ void attention_scale_params(cg_kernel_builder *b, const attention_shape *s) {
 }
 
 void attention_define_scales(cg_text *t, const attention_shape *s) {
-    if (s->scaled) {
-        cg_line(t, "#define KEY_SCALE(p) k_scales[(long long)(p) * KV_HEADS + kv_head] /* f8e4m3 rows */");
-        cg_line(t, "#define VALUE_SCALE(p) v_scales[(long long)(p) * KV_HEADS + kv_head]");
-    } else {
-        cg_line(t, "#define KEY_SCALE(p) 1.0f /* caches without scales */");
-        cg_line(t, "#define VALUE_SCALE(p) 1.0f");
-    }
+    if (!s->scaled) return;
+    cg_line(t, "#define KEY_SCALE(p) k_scales[(long long)(p) * KV_HEADS + kv_head] /* f8e4m3 rows */");
+    cg_line(t, "#define VALUE_SCALE(p) v_scales[(long long)(p) * KV_HEADS + kv_head]");
 }
 
 prog_affine attention_decode_steps(void) {
@@ -268,18 +264,48 @@ prog_affine attention_prefill_steps(void) {
 }
 
 void attention_write_template(cg_text *t, const char *text) {
+    attention_write_filled_template(t, text, NULL, 0);
+}
+
+static bool is_hole_letter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
+
+void attention_write_filled_template(cg_text *t, const char *text, const attention_hole *holes,
+                                     int hole_count) {
+    cg_text line;
+    cg_text_init(&line);
     while (*text) {
         const char *end = strchr(text, '\n');
         if (!end) end = text + strlen(text);
-        const char *line = text;
-        while (line < end && *line == ' ')
-            line++;
-        if (line == end)
+        const char *at = text;
+        while (at < end && *at == ' ')
+            at++;
+        bool filled = false; /* the line had a hole */
+        line.length = 0;
+        while (at < end) {
+            const char *dollar = memchr(at, '$', (size_t)(end - at));
+            if (!dollar) dollar = end;
+            if (dollar > at) cg_text_printf(&line, "%.*s", (int)(dollar - at), at);
+            if (dollar == end) break;
+            const char *name = dollar + 1, *name_end = name;
+            while (name_end < end && is_hole_letter(*name_end))
+                name_end++;
+            int i = 0;
+            while (i < hole_count && (strncmp(holes[i].name, name, (size_t)(name_end - name)) != 0 ||
+                                      holes[i].name[name_end - name] != '\0'))
+                i++;
+            if (i == hole_count)
+                SMELT_DIE("a template hole without its text: $%.*s", (int)(name_end - name), name);
+            cg_text_printf(&line, "%s", holes[i].text);
+            filled = true;
+            at = name_end;
+        }
+        if (line.length > 0)
+            cg_line(t, "%s", line.data);
+        else if (!filled)
             cg_blank(t);
-        else
-            cg_line(t, "%.*s", (int)(end - line), line);
         text = *end ? end + 1 : end;
     }
+    cg_text_free(&line);
 }
 
 const char *attention_without_semicolon(cg_emit *e, const char *statement) {

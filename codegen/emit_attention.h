@@ -55,14 +55,26 @@ void attention_define_scoring(cg_emit *e, cg_text *t, const attention_shape *s);
 
 /* Declares a kernel's k_scales and v_scales parameters (f8e4m3 caches,
  * read only) and defines KEY_SCALE(p) and VALUE_SCALE(p), the scales of
- * position p's row of kv head `kv_head` (a variable of the kernel); 1.0f
- * without scales (a product by 1 is exact, so one template serves both). */
+ * position p's row of kv head `kv_head` (a variable of the kernel); neither
+ * without scales, where the templates' scale holes are empty. */
 void attention_scale_params(cg_kernel_builder *b, const attention_shape *s);
 void attention_define_scales(cg_text *t, const attention_shape *s);
 
 /* Writes a kernel body kept as one readable template: each line of `text`
  * (leading blanks dropped; cg_line indents by braces). */
 void attention_write_template(cg_text *t, const char *text);
+
+/* A named hole of a template: `$name` in its text stands for `text`. */
+typedef struct attention_hole {
+    const char *name; /* letters and '_' */
+    const char *text;
+} attention_hole;
+
+/* attention_write_template with each `$name` replaced by the text of the
+ * hole of that name (every `$name` must have one); a line that held only
+ * empty holes is left out. */
+void attention_write_filled_template(cg_text *t, const char *text, const attention_hole *holes,
+                                     int hole_count);
 
 /* A statement snippet (cg_store's) without its ';', for a macro that is
  * used as a statement. */

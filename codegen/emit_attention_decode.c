@@ -80,6 +80,9 @@ uint64_t attention_decode_counter_bytes(const attention_shape *s) {
     return (uint64_t)ATTENTION_DECODE_MAX_TOKENS * (uint64_t)s->kv_heads * 4;
 }
 
+/* The kernel's body. Its holes ($times_key_scale, $value_scale,
+ * $times_value_scale) apply an f8e4m3 cache's row scales; they are empty
+ * for the other caches. */
 static const char decode_body[] = "\
 __shared__ float query[GROUP][HEAD_DIM];\n\
 __shared__ float weights[GROUP][TILE]; /* a tile's scores, then their softmax weights */\n\
@@ -157,7 +160,7 @@ if (split < used) {\n\
                 }\n\
             }\n\
             for (int h = 0; h < GROUP; h++) {\n\
-                score[h] = CAPPED(dot[h] * KEY_SCALE(p) * SCALE);\n\
+                score[h] = CAPPED(dot[h]$times_key_scale * SCALE);\n\
             }\n\
         }\n\
         /* 2. the tile's max per head, and each position's weight (a warp\n\
@@ -200,9 +203,9 @@ if (split < used) {\n\
                     (const uint4 *)(v_cache + ((long long)(tile + j) * KV_HEADS + kv_head) * VALUE_DIM);\n\
                 float value[VALUE_VEC];\n\
                 UNPACK_VALUES(row[value_chunk], value);\n\
-                float value_scale = VALUE_SCALE(tile + j);\n\
+                $value_scale\n\
                 for (int h = 0; h < GROUP; h++) {\n\
-                    float weight = weights[h][j] * value_scale;\n\
+                    float weight = weights[h][j]$times_value_scale;\n\
                     for (int e = 0; e < VALUE_VEC; e++) {\n\
                         accumulator[h][e] += weight * value[e];\n\
                     }\n\
@@ -363,6 +366,12 @@ void emit_attention_decode(cg_emit *e, const attention_shape *s) {
     cg_write_warp_sum(t);
     cg_write_warp_max(t);
     cg_kernel_signature(&b);
-    attention_write_template(t, decode_body);
+    /* the rows' scales of an f8e4m3 cache; nothing for the others */
+    attention_hole holes[] = {
+        {"times_key_scale", s->scaled ? " * KEY_SCALE(p)" : ""},
+        {"value_scale", s->scaled ? "float value_scale = VALUE_SCALE(tile + j);" : ""},
+        {"times_value_scale", s->scaled ? " * value_scale" : ""},
+    };
+    attention_write_filled_template(t, decode_body, holes, sizeof holes / sizeof holes[0]);
     cg_kernel_end(&b);
 }

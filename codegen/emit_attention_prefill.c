@@ -156,6 +156,8 @@ SMELT_DEVICE void visible_range(const int *pos, long long token, int rows, int *
 }\n\
 \n";
 
+/* The kernel's body. Its holes ($times_key_scale, $times_value_scale) apply
+ * an f8e4m3 cache's row scales; they are empty for the other caches. */
 static const char prefill_body[] = "\
 SMELT_DYNAMIC_SHARED(tile_element, shared);\n\
 tile_element *query = shared;                         /* [ROWS][Q_STRIDE] */\n\
@@ -246,7 +248,7 @@ for (int tile = first_tile; tile <= last_position; tile += KEYS) {\n\
             for (int i = 0; i < 4; i++) {\n\
                 int column = n * 8 + 2 * thread_in_group + i % 2, p = tile + column, half = i / 2;\n\
                 int visible = p >= row_first[half] && p <= row_last[half] && seen[stage][column];\n\
-                scores[n][i] = visible ? CAPPED(scores[n][i] * KEY_SCALE(stage, column) * SCALE) : NEGATIVE_INFINITY;\n\
+                scores[n][i] = visible ? CAPPED(scores[n][i]$times_key_scale * SCALE) : NEGATIVE_INFINITY;\n\
                 tile_max[half] = fmaxf(tile_max[half], scores[n][i]);\n\
             }\n\
         }\n\
@@ -265,7 +267,7 @@ for (int tile = first_tile; tile <= last_position; tile += KEYS) {\n\
                 int half = i / 2;\n\
                 float weight = scores[n][i] > NEGATIVE_INFINITY ? expf(scores[n][i] - row_max[half]) : 0.0f;\n\
                 row_sum[half] += weight;\n\
-                scores[n][i] = weight * VALUE_SCALE(stage, n * 8 + 2 * thread_in_group + i % 2); /* P for P V */\n\
+                scores[n][i] = weight$times_value_scale; /* P for P V */\n\
             }\n\
         }\n\
         for (int n = 0; n < VALUE_TILES; n++) {\n\
@@ -379,8 +381,6 @@ void emit_attention_prefill(cg_emit *e, const attention_shape *s, prog_affine st
     } else {
         cg_line(t, "#define LOAD_TILE(stage, at) load_tile(%s, k_cache, v_cache, written, (at), kv_head)",
                 stage_arguments);
-        cg_line(t, "#define KEY_SCALE(stage, column) 1.0f /* caches without scales */");
-        cg_line(t, "#define VALUE_SCALE(stage, column) 1.0f");
     }
     cg_blank(t);
     attention_write_template(t, s->scaled ? prefill_fp8_helpers : prefill_helpers);
@@ -388,6 +388,11 @@ void emit_attention_prefill(cg_emit *e, const attention_shape *s, prog_affine st
     cg_kernel_signature(&b);
     if (s->scaled)
         cg_line(t, "__shared__ float key_scale[2][KEYS], value_scale[2][KEYS]; /* the tiles' row scales */");
-    attention_write_template(t, prefill_body);
+    /* the rows' scales of an f8e4m3 cache; nothing for the others */
+    attention_hole holes[] = {
+        {"times_key_scale", s->scaled ? " * KEY_SCALE(stage, column)" : ""},
+        {"times_value_scale", s->scaled ? " * VALUE_SCALE(stage, n * 8 + 2 * thread_in_group + i % 2)" : ""},
+    };
+    attention_write_filled_template(t, prefill_body, holes, sizeof holes / sizeof holes[0]);
     cg_kernel_end(&b);
 }

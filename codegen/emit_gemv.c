@@ -659,8 +659,6 @@ static const char *weight_row(cg_emit *e, const gemv_segment *s, int r, uint32_t
     return arena_printf(&e->scratch, "(%s_%u + %s)", r ? "UP_FIRST_ROW" : "FIRST_ROW", index, row);
 }
 
-/* The unit's rows of output `index`: row0 (and row1), the weight rows wa
- * and wb, rows = 1 or 2; pair for a rotary pair. */
 /* A pointer to weight parameter `weight`'s row `row` (an expression, past a
  * concatenated weight's earlier parts already) for output `index`: into its
  * elements, or a quantized weight's quant_row. */
@@ -674,28 +672,31 @@ static const char *weight_pointer(cg_kernel_builder *b, bool quantized, uint32_t
         index, index, index, index);
 }
 
+/* Row `row` of weight (and bias) r of output `index`, as a GEMV reads it (a
+ * pointer to the weight's row, or its quant_row) or as a GEMM's epilogue
+ * does (the product's column). */
+static const char *selected_row(cg_kernel_builder *b, const gemv_plan *p, const gemv_segment *s,
+                                uint32_t index, bool epilogue, int r, const char *row) {
+    const char *at = weight_row(b->e, s, r, index, row);
+    return epilogue ? at : weight_pointer(b, p->quantized, s->p_weight[r], index, at);
+}
+
 /* The unit's rows of output `index`: row0 (and row1); in a GEMV the weight
  * rows wa and wb, in a GEMM's epilogue the product's columns ca and cb;
  * rows = 1 or 2; pair for a rotary pair. */
 static void write_select(cg_kernel_builder *b, const gemv_plan *p, const gemv_segment *s, uint32_t index,
                          bool epilogue) {
-    cg_emit *e = b->e;
     cg_text *t = &b->text;
-    bool q = p && p->quantized;
-    /* `to = ` the row `row` of weight (and bias) r as its pointer or column. */
-#define SELECT(to, r, row)                                                                                   \
-    (epilogue ? arena_printf(&e->scratch, "c%s = %s", to, weight_row(e, s, r, index, row))                   \
-              : arena_printf(&e->scratch, "w%s = %s", to,                                                    \
-                             weight_pointer(b, q, s->p_weight[r], index, weight_row(e, s, r, index, row))))
+    const char *v = epilogue ? "c" : "w"; /* the rows' variables: ca and cb, or wa and wb */
     switch (s->kind) {
     case GEMV_PLAIN:
         cg_line(t, "row0 = unit;");
-        cg_line(t, "%s;", SELECT(epilogue ? "a = cb" : "a = wb", 0, "row0"));
+        cg_line(t, "%sa = %sb = %s;", v, v, selected_row(b, p, s, index, epilogue, 0, "row0"));
         break;
     case GEMV_SWIGLU:
         cg_line(t, "row0 = unit;");
-        cg_line(t, "%s; /* gate */", SELECT("a", 0, "row0"));
-        cg_line(t, "%s; /* up */", SELECT("b", 1, "row0"));
+        cg_line(t, "%sa = %s; /* gate */", v, selected_row(b, p, s, index, epilogue, 0, "row0"));
+        cg_line(t, "%sb = %s; /* up */", v, selected_row(b, p, s, index, epilogue, 1, "row0"));
         cg_line(t, "rows = 2;");
         break;
     case GEMV_ROPE:
@@ -714,11 +715,10 @@ static void write_select(cg_kernel_builder *b, const gemv_plan *p, const gemv_se
                     index, index, index, index);
         }
         cg_line(t, "}");
-        cg_line(t, "%s;", SELECT("a", 0, "row0"));
-        cg_line(t, "%s;", SELECT("b", 0, "row1"));
+        cg_line(t, "%sa = %s;", v, selected_row(b, p, s, index, epilogue, 0, "row0"));
+        cg_line(t, "%sb = %s;", v, selected_row(b, p, s, index, epilogue, 0, "row1"));
         break;
     }
-#undef SELECT
 }
 
 /* The epilogue of output `index` for token t0 + i: bias, residual, rope,
@@ -867,6 +867,17 @@ static void write_w8a8_helpers(cg_text *t, const gemv_plan *p, int vector, int l
     }
 }
 
+/* `float v = ` element j of the row of x as the matmul sees it: times the
+ * norm's weight g (offset, as Gemma's 1 + g) when the group has a norm. */
+static void write_normed_value(cg_text *t, const gemv_plan *p) {
+    if (!p->norm)
+        cg_line(t, "float v = xv[j];");
+    else if (p->norm_offset != 0.0)
+        cg_line(t, "float v = xv[j] * (NORM_OFFSET + gv[j]);");
+    else
+        cg_line(t, "float v = xv[j] * gv[j];");
+}
+
 /* dot_rows of a W8A8 group: a first pass over the row of x finds each
  * token's activation scale (the max |x * g * c| over K, / 127 or / 448:
  * the norm's 1 / rms, a positive factor of the whole row, cancels out of
@@ -918,11 +929,7 @@ static void write_w8a8_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32
         cg_line(t, "for (int j = 0; j < VECTOR; j++) {");
         if (p->norm) cg_line(t, "squares[i] += xv[j] * xv[j];");
         if (dynamic) {
-            if (p->norm)
-                cg_line(t, p->norm_offset != 0.0 ? "float v = xv[j] * (NORM_OFFSET + gv[j]);"
-                                                 : "float v = xv[j] * gv[j];");
-            else
-                cg_line(t, "float v = xv[j];");
+            write_normed_value(t, p);
             cg_line(t, "scales[i][0] = fmaxf(scales[i][0], fabsf(v * ca[j]));");
             cg_line(t, "scales[i][1] = fmaxf(scales[i][1], fabsf(v * cb[j]));");
         }
@@ -960,11 +967,7 @@ static void write_w8a8_dot_rows(cg_kernel_builder *b, const gemv_plan *p, uint32
     cg_line(t, "for (int i = 0; i < TOKEN_TILE && t0 + i < tokens; i++) {");
     cg_line(t, "load_%s(x + (t0 + i) * K + c * VECTOR, xv);", xn);
     cg_line(t, "for (int j = 0; j < VECTOR; j++) {");
-    if (p->norm)
-        cg_line(t, p->norm_offset != 0.0 ? "float v = xv[j] * (NORM_OFFSET + gv[j]);"
-                                         : "float v = xv[j] * gv[j];");
-    else
-        cg_line(t, "float v = xv[j];");
+    write_normed_value(t, p);
     cg_line(t, "dots[i][0] += activation_code(v * ca[j] / scales[i][0]) * a[j];");
     cg_line(t, "if (rows == 2)");
     cg_line(t, "    dots[i][1] += activation_code(v * cb[j] / scales[i][1]) * b[j];");
@@ -1224,10 +1227,7 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g) {
             if (w == IR_NO_VALUE) continue;
             bool quantized = ir_weight_quant(m, m->values[w].def_op, &f);
             if (cg_storage_dtype(m, w) != weight_dtype || quantized != p.quantized ||
-                (quantized &&
-                 (f.group != p.format.group || f.has_zero != p.format.has_zero ||
-                  f.interleaved != p.format.interleaved || f.has_group_index != p.format.has_group_index ||
-                  f.has_column_scale != p.format.has_column_scale)))
+                (quantized && !quant_format_same_storage(&f, &p.format)))
                 return refuse(e, "weights stored differently (dtype or quantization format)");
         }
     /* W8A8: every matmul of the group quantizes its input alike (precision

@@ -256,11 +256,6 @@ static bool expert_storage_of(cg_emit *e, uint32_t operand, expert_storage *out)
     return true;
 }
 
-static bool same_format(const quant_format *a, const quant_format *b) {
-    return a->kind == b->kind && a->group == b->group && a->has_zero == b->has_zero &&
-           a->has_group_index == b->has_group_index && a->has_column_scale == b->has_column_scale;
-}
-
 /* The constants and the row reader of quantized experts. */
 static void write_expert_reader(cg_text *t, const expert_storage *w) {
     cg_line(t, "enum { K = INNER, VECTOR = %d, GROUP = %u, GROUPS = K / GROUP }; /* %s codes%s */", w->vector,
@@ -293,8 +288,9 @@ static bool emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) 
     if (!expert_storage_of(e, g->swiglu ? 2 : 4, &storage) ||
         (g->swiglu && !expert_storage_of(e, 3, &up_storage)))
         return false;
-    if (g->swiglu && (storage.quantized != up_storage.quantized ||
-                      (storage.quantized && !same_format(&storage.format, &up_storage.format)))) {
+    if (g->swiglu &&
+        (storage.quantized != up_storage.quantized ||
+         (storage.quantized && !quant_format_same_storage(&storage.format, &up_storage.format)))) {
         diag_error(e->d, e->ir->loc,
                    "moe: the gate and up experts are stored differently (one kernel reads both): quantize "
                    "or keep both (--keep)");

@@ -26,26 +26,22 @@ static int64_t layer_of(const char *name) {
     return -1;
 }
 
-/* `keep` (NULL: none) followed by every kept weight's name, each escaped
- * for fnmatch; NULL when out of memory. A name with a comma cannot be one
- * glob of the list: *bad names it. */
+/* `keep` (NULL: none) followed by every kept weight's name; NULL when out of
+ * memory. A name with a comma or a '*' cannot be one pattern of the list
+ * (ir_tensor_pattern_matches has no escapes): *bad names it. */
 static char *keep_list(const char *keep, const drv_gate *g, const char **bad) {
     size_t size = (keep ? strlen(keep) : 0) + 1;
     for (uint32_t i = 0; i < g->weight_count; i++)
-        if (g->weights[i].kept) size += 2 * strlen(g->weights[i].name) + 1;
+        if (g->weights[i].kept) size += strlen(g->weights[i].name) + 1;
     char *list = malloc(size), *p = list;
     if (!list) return NULL;
     *p = '\0';
     if (keep) p = stpcpy(p, keep);
     for (uint32_t i = 0; i < g->weight_count; i++) {
         if (!g->weights[i].kept) continue;
-        if (strchr(g->weights[i].name, ',')) *bad = g->weights[i].name;
+        if (strpbrk(g->weights[i].name, ",*")) *bad = g->weights[i].name;
         if (p != list) *p++ = ',';
-        for (const char *c = g->weights[i].name; *c; c++) {
-            if (strchr("\\*?[", *c)) *p++ = '\\';
-            *p++ = *c;
-        }
-        *p = '\0';
+        p = stpcpy(p, g->weights[i].name);
     }
     return list;
 }
@@ -136,7 +132,7 @@ bool drv_gate_run(const char *model_path, const drv_source_options *source, cons
     }
     if (ok && bad) {
         diag_error(d, SMELT_NO_LOC,
-                   "--max-layer-error: weight '%.*s%s' has a comma in its name, so --keep "
+                   "--max-layer-error: weight '%.*s%s' has a ',' or a '*' in its name, so --keep "
                    "cannot name it",
                    DIAG_NAME(bad));
         ok = false;
@@ -151,11 +147,7 @@ const quant_tensor *drv_gate_quantized(const drv_gate *g, const char *name, cons
     for (uint32_t i = 0; g && i < g->weight_count; i++) {
         const drv_gate_weight *w = &g->weights[i];
         if (strcmp(w->name, name) != 0) continue;
-        bool same =
-            w->format.kind == f->kind && w->format.method == f->method && w->format.group == f->group &&
-            w->format.has_zero == f->has_zero && w->format.has_group_index == f->has_group_index &&
-            w->format.has_column_scale == f->has_column_scale && w->format.interleaved == f->interleaved;
-        return same && w->tensor.data ? &w->tensor : NULL;
+        return quant_format_equal(&w->format, f) && w->tensor.data ? &w->tensor : NULL;
     }
     return NULL;
 }

@@ -51,7 +51,7 @@ typedef struct drv_gate {
     uint64_t calibration_ids; /* the ids the statistics came from */
     drv_gate_weight *weights; /* [weight_count], in the module's order */
     uint32_t weight_count;
-    char *keep; /* the --keep globs, then each kept weight's name (escaped for fnmatch) */
+    char *keep; /* the --keep patterns, then each kept weight's name */
 } drv_gate;
 
 /* Lowers the model source through `precision` with l, quantizes each

@@ -58,11 +58,10 @@ bool drv_import_checkpoint_formats(ir_module *m, const char *config_path, const 
 
 bool drv_read_checkpoint_packed(const drv_source_weights *w, uint32_t op, const quant_format *f, uint8_t *dst,
                                 uint64_t bytes) {
-    quant_format got;
+    quant_format got, want = *f;
     if (!fe_weight_read_packed(&w->binding, op, &got, dst, bytes)) return false;
-    if (got.kind != f->kind || got.group != f->group || got.has_zero != f->has_zero ||
-        got.has_group_index != f->has_group_index || got.has_column_scale != f->has_column_scale)
-        return false;
+    want.interleaved = got.interleaved; /* the codes' order may differ: reordered below */
+    if (!quant_format_same_storage(&got, &want)) return false;
     if (got.interleaved == f->interleaved) return true;
     /* the plan's codes are interleaved (precision): the checkpoint's row-major ones reordered */
     const ir_type *t = &w->module->values[w->module->ops[op].results[0]].type;

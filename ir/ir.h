@@ -265,8 +265,10 @@ int32_t ir_add_symbol(ir_module *m, const char *name, int64_t bound, smelt_loc l
 /* Adds an `ignore` pattern (copied); a pattern already there is not added twice. */
 void ir_add_ignored_tensor(ir_module *m, const char *pattern);
 /* True when the tensor `name` matches `pattern`, where '*' stands for any run
- * (possibly empty) of characters other than '.', and every other character
- * for itself: "model.layers.*.self_attn.rotary_emb.inv_freq". */
+ * (possibly empty) of characters, '.' included, and every other character
+ * for itself: "model.layers.*.self_attn.rotary_emb.inv_freq", "*.down_proj".
+ * The one semantics of every weight-name pattern: `ignore`,
+ * --allow-unused-tensor and --keep. */
 bool ir_tensor_pattern_matches(const char *pattern, const char *name);
 /* True when `name` matches one of m's ignored_tensors. */
 bool ir_tensor_is_ignored(const ir_module *m, const char *name);

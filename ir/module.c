@@ -50,9 +50,10 @@ void ir_add_ignored_tensor(ir_module *m, const char *pattern) {
     m->ignored_tensors[m->ignored_tensor_count++] = arena_strdup(&m->arena, pattern);
 }
 
-/* Iterative, with one backtrack point (the last '*'), as for shell globs: a
- * '*' cannot cross a '.', so the backtrack never has to move past one and
- * the match is linear in practice and never recursive. */
+/* Iterative, with one backtrack point (the last '*'), as for shell globs:
+ * with '*' the only wildcard a later '*' can always take over from an
+ * earlier one, so the match never recurses; it takes at most
+ * strlen(pattern) * strlen(name) steps. */
 bool ir_tensor_pattern_matches(const char *pattern, const char *name) {
     const char *star = NULL, *resume = NULL;
     while (*name) {
@@ -62,7 +63,7 @@ bool ir_tensor_pattern_matches(const char *pattern, const char *name) {
         } else if (*pattern == *name) {
             pattern++;
             name++;
-        } else if (star && *resume != '.') {
+        } else if (star) {
             pattern = star + 1;
             name = ++resume;
         } else {

@@ -138,8 +138,7 @@ static bool same_storage(const fuse_state *s, ir_value_id v, ir_value_id w) {
     bool qa = ir_weight_quant(s->m, s->m->values[v].def_op, &a),
          qb = ir_weight_quant(s->m, s->m->values[w].def_op, &b);
     return type_of(s, v)->dtype == type_of(s, w)->dtype && qa == qb &&
-           (!qa || (a.kind == b.kind && a.group == b.group && a.has_zero == b.has_zero &&
-                    a.has_group_index == b.has_group_index && a.has_column_scale == b.has_column_scale));
+           (!qa || quant_format_same_storage(&a, &b));
 }
 
 /* A matmul the GEMV kernel takes: x [T, K], an out_in weight [N, K] (float,

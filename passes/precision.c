@@ -67,8 +67,8 @@
  *   dtype), and MoE experts: [E, N, K] weights read only by moe ops as their
  *   gate, up or down, each expert an [N, K] matrix in the same format
  *   (quant_stack_layout_of); whose input columns the group divides, and whose name
- *   (or the name without ".weight") matches none of the `keep` globs
- *   (fnmatch: "lm_head,*.down_proj,*.experts.*"). Under int4-awq and
+ *   (or the name without ".weight") matches none of the `keep` patterns
+ *   (ir_tensor_pattern_matches: "lm_head,*.down_proj,*.experts.*"). Under int4-awq and
  *   int4-gptq each expert learns from its own calibration statistics, over
  *   the tokens routed to it (driver/calibrate.c).
  * Running it again recomputes every dtype and every rounding-to-nearest
@@ -81,7 +81,6 @@
 #include "pass.h"
 #include "quant.h"
 
-#include <fnmatch.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,7 +103,7 @@ static const precision_preset presets[] = {
 };
 enum { PRESET_COUNT = sizeof presets / sizeof presets[0] };
 
-/* Does the weight `name` match one of the comma-separated globs of `keep`,
+/* Does the weight `name` match one of the comma-separated patterns of `keep`,
  * as itself or without its ".weight" suffix? */
 static bool kept(const char *keep, const char *name) {
     if (!keep) return false;
@@ -116,7 +115,7 @@ static bool kept(const char *keep, const char *name) {
         if (length > 7 && strcmp(name + length - 7, ".weight") == 0) stem[length - 7] = '\0';
         for (char *save = NULL, *p = strtok_r(patterns, ",", &save); p && !found;
              p = strtok_r(NULL, ",", &save))
-            found = fnmatch(p, name, 0) == 0 || fnmatch(p, stem, 0) == 0;
+            found = ir_tensor_pattern_matches(p, name) || ir_tensor_pattern_matches(p, stem);
     }
     free(stem);
     free(patterns);

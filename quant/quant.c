@@ -34,6 +34,16 @@ prog_quant quant_format_to_program(const quant_format *f) {
                         .group = f->group};
 }
 
+bool quant_format_same_storage(const quant_format *a, const quant_format *b) {
+    return a->kind == b->kind && a->group == b->group && a->has_zero == b->has_zero &&
+           a->has_group_index == b->has_group_index && a->has_column_scale == b->has_column_scale &&
+           a->interleaved == b->interleaved;
+}
+
+bool quant_format_equal(const quant_format *a, const quant_format *b) {
+    return a->method == b->method && quant_format_same_storage(a, b);
+}
+
 static const char *const kind_names[] = {"none", "int4", "int8", "fp8"};
 static const char *const method_names[] = {"rtn", "awq", "gptq", "smooth", "checkpoint"};
 

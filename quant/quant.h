@@ -84,6 +84,12 @@ typedef struct quant_format {
     bool interleaved;      /* int4 codes in the "mma_k16" order (above), else row-major */
 } quant_format;
 
+/* Are a and b the same format, field by field (method too)? */
+bool quant_format_equal(const quant_format *a, const quant_format *b);
+/* Are weights in a and b stored alike: every field but the method, which
+ * does not change what the bytes mean (one kernel reads both)? */
+bool quant_format_same_storage(const quant_format *a, const quant_format *b);
+
 /* Byte offsets of the sections of a weight of `rows` x `cols`; a section the
  * format lacks has offset 0 and size 0. `total` is the whole weight. */
 typedef struct quant_layout {

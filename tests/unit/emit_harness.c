@@ -199,6 +199,38 @@ static ir_value_id case_weight(emit_case *c, const char *type) {
     return case_declare(c, IR_OP_WEIGHT, name, type);
 }
 
+/* case_input and case_weight with the type printed from a format:
+ * case_weightf(c, "f32[%lld, %lld]", n, k). */
+static ir_value_id case_inputf(emit_case *c, const char *name, const char *format, ...)
+    __attribute__((format(printf, 3, 4)));
+static ir_value_id case_weightf(emit_case *c, const char *format, ...) __attribute__((format(printf, 2, 3)));
+
+static ir_value_id case_declare_printed(emit_case *c, ir_op_kind kind, const char *name, const char *format,
+                                        va_list args) {
+    char type[128];
+    int n = vsnprintf(type, sizeof type, format, args);
+    assert_true(n > 0 && n < (int)sizeof type);
+    return case_declare(c, kind, name, type);
+}
+
+static ir_value_id case_inputf(emit_case *c, const char *name, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    ir_value_id v = case_declare_printed(c, IR_OP_INPUT, name, format, args);
+    va_end(args);
+    return v;
+}
+
+static ir_value_id case_weightf(emit_case *c, const char *format, ...) {
+    char name[32];
+    snprintf(name, sizeof name, "w%u", c->m.op_count);
+    va_list args;
+    va_start(args, format);
+    ir_value_id v = case_declare_printed(c, IR_OP_WEIGHT, name, format, args);
+    va_end(args);
+    return v;
+}
+
 static ir_value_id case_const(emit_case *c, double value) {
     uint32_t op = case_op(c, IR_OP_CONST, NULL, 0);
     assert_true(ir_op_set_float(&c->m, op, "value", value));
@@ -281,6 +313,22 @@ static void case_infer(emit_case *c) {
     assert_true(c->m.value_count <= CASE_MAX_VALUES);
 }
 
+/* moe(x[T, D], router[E, D], gate[E, F, D], up[E, F, D], down[E, D, F]):
+ * E = experts, D = dim, F = ffn, gate and up of one shape. */
+static uint32_t moe_op_dims(emit_case *c, int64_t experts, int64_t dim, int64_t ffn, int64_t top_k,
+                            bool normalize) {
+    long long e = experts, d = dim, f = ffn;
+    ir_value_id x = case_inputf(c, "x", "f32[tokens, %lld]", d);
+    ir_value_id router = case_weightf(c, "f32[%lld, %lld]", e, d);
+    ir_value_id gate = case_weightf(c, "f32[%lld, %lld, %lld]", e, f, d);
+    ir_value_id up = case_weightf(c, "f32[%lld, %lld, %lld]", e, f, d);
+    ir_value_id down = case_weightf(c, "f32[%lld, %lld, %lld]", e, d, f);
+    uint32_t op = case_op(c, IR_OP_MOE, (ir_value_id[]){x, router, gate, up, down}, 5);
+    assert_true(ir_op_set_int(&c->m, op, "top_k", top_k));
+    assert_true(ir_op_set_bool(&c->m, op, "normalize", normalize));
+    return op;
+}
+
 /* ---- data ----------------------------------------------------------------------------- */
 
 static uint64_t dims_at(const emit_case *c, ir_value_id v, int64_t tokens, uint64_t *dims) {
@@ -329,6 +377,25 @@ static void case_set_ints_data(emit_case *c, ir_value_id v, int64_t tokens, cons
     free(d->i);
     d->i = malloc(count * sizeof *d->i);
     memcpy(d->i, data, count * sizeof *d->i);
+}
+
+/* Inputs of moe op `op` at T = tokens whose router sends every token to
+ * expert `chosen` of `experts` (over `dims` input features: positive x, a
+ * router row of +0.125 for that expert and -0.125 for the others). */
+static void case_route_to_one_expert(emit_case *c, uint32_t op, int64_t tokens, int64_t dims, int64_t experts,
+                                     int64_t chosen) {
+    float *x = malloc((size_t)(tokens * dims) * sizeof *x),
+          *router = malloc((size_t)(experts * dims) * sizeof *x);
+    assert_non_null(x), assert_non_null(router);
+    for (int64_t i = 0; i < tokens * dims; i++)
+        x[i] = 0.25f + (float)((i * 7) % 16) / 16.0f; /* positive */
+    for (int64_t i = 0; i < experts * dims; i++)
+        router[i] = i / dims == chosen ? 0.125f : -0.125f;
+    case_set_floats(c, c->m.ops[op].operands[0], tokens, x, (uint64_t)(tokens * dims));
+    /* at T: a value set at another token count is regenerated */
+    case_set_floats(c, c->m.ops[op].operands[1], tokens, router, (uint64_t)(experts * dims));
+    free(x);
+    free(router);
 }
 
 /* The data of operand v at T: random floats unless set; rounded when
@@ -435,18 +502,45 @@ static void compile_for_gpus(const cg_kernel *k) {
     }
 }
 
-/* With SMELT_TEST_DUMP_KERNELS=folder, each kernel's source is written
- * there as NAME.cu, for reading what the emitters make. */
-static void dump_source(const cg_kernel *k) {
+/* With SMELT_TEST_DUMP_KERNELS=folder, `text` into folder/NAME.ENDING. */
+static void dump_text(const char *name, const char *ending, const char *text) {
     const char *folder = getenv("SMELT_TEST_DUMP_KERNELS");
     if (!folder || !*folder) return;
     char path[1024];
-    snprintf(path, sizeof path, "%s/%s.cu", folder, k->name);
+    snprintf(path, sizeof path, "%s/%s.%s", folder, name, ending);
     FILE *f = fopen(path, "w");
     if (!f) return;
-    fputs(k->source, f);
+    fputs(text, f);
     fclose(f);
 }
+
+/* Kernel k's sm_90 PTX from NVRTC, in compiled->ptx (the caller frees
+ * *compiled): no errors and no spills; prints the registers, and with
+ * SMELT_TEST_DUMP_KERNELS=folder writes the PTX there as NAME.ptx, beside
+ * the sources dump_source writes. For the tests that read the PTX. */
+static void compile_ptx_for_sm90(const cg_kernel *k, cg_compiled *compiled) {
+    cg_header header = {"smelt_kernel.h", harness_header_text};
+    cg_compile_request request = {.source = k->source,
+                                  .kernel_name = k->name,
+                                  .headers = &header,
+                                  .header_count = 1,
+                                  .arch = 90,
+                                  .want_cubin = true,
+                                  .want_ptx = true};
+    char error[4096];
+    if (!cg_compile_kernel(&request, compiled, error, sizeof error)) fail_msg("NVRTC: %s", error);
+    const cg_kernel_resources *r = cg_resource_find(&compiled->resources, k->name);
+    assert_non_null(r);
+    printf("  sm_90 %s: %u registers, %u spill bytes\n", k->name, r->registers,
+           r->spill_store_bytes + r->spill_load_bytes);
+    assert_int_equal(r->spill_store_bytes + r->spill_load_bytes, 0);
+    assert_non_null(compiled->ptx);
+    dump_text(k->name, "ptx", compiled->ptx);
+}
+
+/* With SMELT_TEST_DUMP_KERNELS=folder, each kernel's source is written
+ * there as NAME.cu, for reading what the emitters make. */
+static void dump_source(const cg_kernel *k) { dump_text(k->name, "cu", k->source); }
 
 /* Builds the kernels for the host (as warning-free C11), loads the object
  * and returns each kernel's entry. */

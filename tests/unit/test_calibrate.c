@@ -147,28 +147,59 @@ static void test_bad_ids(void **state) {
     free(text);
 }
 
-/* The calibrated quantizers on the fixture's real statistics: for every
- * matmul weight, AWQ and GPTQ (int4, groups of 32) make less output error
- * on the calibration tokens than round to nearest. */
-static void test_quantize_calibrated(void **state) {
-    (void)state;
-    char ids_path[] = "/tmp/smelt-calib-ids-XXXXXX";
-    int fd = mkstemp(ids_path);
+/* *cal (with XᵀX, contexts of 32) of `model` on 96 pseudo-random ids below
+ * 97 (an LCG from `seed`) in a temporary file; *d initialised for it. */
+static void calibrate_on_random_ids(const drv_model_options *model, uint32_t seed, drv_calibration *cal,
+                                    diag_engine *d) {
+    char path[] = "/tmp/smelt-calib-ids-XXXXXX";
+    int fd = mkstemp(path);
     assert_true(fd >= 0);
     FILE *ids = fdopen(fd, "w");
-    uint32_t x = 99;
+    assert_non_null(ids);
+    uint32_t x = seed;
     for (int i = 0; i < 96; i++) {
         x = x * 1664525u + 1013904223u;
         fprintf(ids, "%u ", (x >> 8) % 97);
     }
     fclose(ids);
+    diag_init(d, stderr);
+    assert_true(
+        drv_calibrate(model, &(drv_calib_options){.ids_path = path, .context = 32, .xtx = true}, cal, d));
+    unlink(path);
+}
+
+/* The output error on the calibration tokens (through s's XᵀX) of weight
+ * `name`, w [rows][cols], quantized int4 in groups of 32 with zero points by
+ * round to nearest, AWQ and GPTQ: error[0], [1], [2]. */
+static void three_methods_errors(const char *name, const float *w, uint64_t rows, uint64_t cols,
+                                 const drv_calibration *cal, const quant_act_stats *s, double error[3],
+                                 diag_engine *d) {
+    const quant_format formats[3] = {{QUANT_INT4, QUANT_METHOD_RTN, 32, true, false, false, false},
+                                     {QUANT_INT4, QUANT_METHOD_AWQ, 32, true, false, true, false},
+                                     {QUANT_INT4, QUANT_METHOD_GPTQ, 32, true, false, false, false}};
+    for (int m = 0; m < 3; m++) {
+        quant_tensor q = {.format = formats[m]};
+        assert_null(quant_layout_of(&q.format, rows, cols, &q.layout));
+        q.data = calloc(1, q.layout.total);
+        assert_non_null(q.data);
+        if (m == 0)
+            assert_null(quant_rtn(w, NULL, &q));
+        else
+            assert_true(drv_quantize_calibrated(name, w, cal, &q, d));
+        error[m] = quant_output_error(w, &q, s->xtx);
+        free(q.data);
+    }
+}
+
+/* The calibrated quantizers on the fixture's real statistics: for every
+ * matmul weight, AWQ and GPTQ (int4, groups of 32) make less output error
+ * on the calibration tokens than round to nearest. */
+static void test_quantize_calibrated(void **state) {
+    (void)state;
     drv_model_options model = llama_options();
     drv_calibration cal;
     diag_engine d;
-    diag_init(&d, stderr);
-    assert_true(drv_calibrate(&model, &(drv_calib_options){.ids_path = ids_path, .context = 32, .xtx = true},
-                              &cal, &d));
-    unlink(ids_path);
+    calibrate_on_random_ids(&model, 99, &cal, &d);
     st_file f;
     assert_true(st_file_open(FIXTURE "/model.safetensors", &f, &d));
     unsigned quantized = 0;
@@ -179,21 +210,8 @@ static void test_quantize_calibrated(void **state) {
         uint64_t rows = t->shape[0], cols = t->shape[1];
         float *w = malloc(rows * cols * sizeof *w);
         assert_true(st_tensor_read_f32(t, w, &d));
-        quant_format formats[3] = {{QUANT_INT4, QUANT_METHOD_RTN, 32, true, false, false, false},
-                                   {QUANT_INT4, QUANT_METHOD_AWQ, 32, true, false, true, false},
-                                   {QUANT_INT4, QUANT_METHOD_GPTQ, 32, true, false, false, false}};
         double error[3];
-        for (int m = 0; m < 3; m++) {
-            quant_tensor q = {.format = formats[m]};
-            assert_null(quant_layout_of(&q.format, rows, cols, &q.layout));
-            q.data = calloc(1, q.layout.total);
-            if (m == 0)
-                assert_null(quant_rtn(w, NULL, &q));
-            else
-                assert_true(drv_quantize_calibrated(t->name, w, &cal, &q, &d));
-            error[m] = quant_output_error(w, &q, s->xtx);
-            free(q.data);
-        }
+        three_methods_errors(t->name, w, rows, cols, &cal, s, error, &d);
         printf("%-40s rtn %.4g  awq %.4g (%.0f%%)  gptq %.4g (%.0f%%)\n", t->name, error[0], error[1],
                100 * (1 - error[1] / error[0]), error[2], 100 * (1 - error[2] / error[0]));
         assert_true(error[1] < error[0]);
@@ -236,26 +254,13 @@ static void test_quantize_calibrated(void **state) {
  * its own tokens than round to nearest. */
 static void test_experts_calibrated(void **state) {
     (void)state;
-    char ids_path[] = "/tmp/smelt-calib-ids-XXXXXX";
-    int fd = mkstemp(ids_path);
-    assert_true(fd >= 0);
-    FILE *ids = fdopen(fd, "w");
-    uint32_t x = 7;
-    for (int i = 0; i < 96; i++) {
-        x = x * 1664525u + 1013904223u;
-        fprintf(ids, "%u ", (x >> 8) % 97);
-    }
-    fclose(ids);
     drv_model_options model = drv_model_options_default();
     model.model_path = SMELT_SOURCE_DIR "/examples/qwen2_moe.smelt";
     model.source.config_path = QWEN2_MOE "/config.json";
     model.weights_path = QWEN2_MOE "/model.safetensors";
     drv_calibration cal;
     diag_engine d;
-    diag_init(&d, stderr);
-    assert_true(drv_calibrate(&model, &(drv_calib_options){.ids_path = ids_path, .context = 32, .xtx = true},
-                              &cal, &d));
-    unlink(ids_path);
+    calibrate_on_random_ids(&model, 7, &cal, &d);
     const quant_act_stats *shared =
         drv_calibration_stats(&cal, "model.layers.1.mlp.shared_expert.gate_proj.weight");
     assert_non_null(shared);
@@ -306,21 +311,8 @@ static void test_experts_calibrated(void **state) {
             uint64_t rows = t->shape[0], width = t->shape[1];
             float *w = malloc(rows * width * sizeof *w);
             assert_true(st_tensor_read_f32(t, w, &d));
-            quant_format formats[3] = {{QUANT_INT4, QUANT_METHOD_RTN, 32, true, false, false, false},
-                                       {QUANT_INT4, QUANT_METHOD_AWQ, 32, true, false, true, false},
-                                       {QUANT_INT4, QUANT_METHOD_GPTQ, 32, true, false, false, false}};
             double error[3];
-            for (int m = 0; m < 3; m++) {
-                quant_tensor q = {.format = formats[m]};
-                assert_null(quant_layout_of(&q.format, rows, width, &q.layout));
-                q.data = calloc(1, q.layout.total);
-                if (m == 0)
-                    assert_null(quant_rtn(w, NULL, &q));
-                else
-                    assert_true(drv_quantize_calibrated(name, w, &cal, &q, &d));
-                error[m] = quant_output_error(w, &q, s->xtx);
-                free(q.data);
-            }
+            three_methods_errors(name, w, rows, width, &cal, s, error, &d);
             printf("%-44s %3llu tokens: rtn %.4g  awq %.4g  gptq %.4g\n", name, (unsigned long long)s->tokens,
                    error[0], error[1], error[2]);
             assert_true(error[1] < error[0]);

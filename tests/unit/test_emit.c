@@ -122,6 +122,45 @@ static void test_rope(void **state) {
     }
 }
 
+/* Scaled ropes of x [tokens, 3, 16] for test_rope_scaled and
+ * test_rope_table: Llama 3's (original 64), yarn's (original 32) and
+ * longrope's (half the dims rotated, original 8, four short and long
+ * factors). */
+static uint32_t rope_llama3(emit_case *c, ir_value_id x) {
+    uint32_t op = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
+    assert_true(ir_op_set_float(&c->m, op, "theta", 500000.0));
+    assert_true(ir_op_set_string(&c->m, op, "scaling", "llama3"));
+    assert_true(ir_op_set_float(&c->m, op, "factor", 8.0));
+    assert_true(ir_op_set_float(&c->m, op, "low_freq_factor", 1.0));
+    assert_true(ir_op_set_float(&c->m, op, "high_freq_factor", 4.0));
+    assert_true(ir_op_set_int(&c->m, op, "original_max_position_embeddings", 64));
+    return op;
+}
+
+static uint32_t rope_yarn(emit_case *c, ir_value_id x) {
+    uint32_t op = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
+    assert_true(ir_op_set_float(&c->m, op, "theta", 10000.0));
+    assert_true(ir_op_set_string(&c->m, op, "scaling", "yarn"));
+    assert_true(ir_op_set_float(&c->m, op, "factor", 4.0));
+    assert_true(ir_op_set_int(&c->m, op, "original_max_position_embeddings", 32));
+    return op;
+}
+
+static uint32_t rope_longrope(emit_case *c, ir_value_id x) {
+    static double short_factor[4] = {1.0, 1.1, 1.3, 2.0}, long_factor[4] = {1.5, 3.0, 9.0, 40.0};
+    uint32_t op = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
+    assert_true(ir_op_set_float(&c->m, op, "theta", 10000.0));
+    assert_true(ir_op_set_float(&c->m, op, "partial_rotary_factor", 0.5));
+    assert_true(ir_op_set_string(&c->m, op, "scaling", "longrope"));
+    assert_true(ir_op_set_int(&c->m, op, "original_max_position_embeddings", 8));
+    assert_true(ir_op_set_int(&c->m, op, "max_position_embeddings", 4096));
+    ir_attr shorts = {.kind = IR_ATTR_FLOATS, .as.floats = {4, short_factor}};
+    ir_attr longs = {.kind = IR_ATTR_FLOATS, .as.floats = {4, long_factor}};
+    assert_true(ir_op_set_attr(&c->m, op, "short_factor", &shorts));
+    assert_true(ir_op_set_attr(&c->m, op, "long_factor", &longs));
+    return op;
+}
+
 /* The scaled variants (ir/rope.h): baked tables, the attention factor of
  * yarn and longrope, and longrope's choice of its long set when a step's
  * largest position passes original_max_position_embeddings (8 here): the
@@ -129,33 +168,11 @@ static void test_rope(void **state) {
 static void test_rope_scaled(void **state) {
     (void)state;
     const int32_t far[4] = {0, 7, 100, 3000}, near[4] = {0, 1, 2, 3};
-    static double short_factor[4] = {1.0, 1.1, 1.3, 2.0}, long_factor[4] = {1.5, 3.0, 9.0, 40.0};
     for (int p = 0; p < PRECISION_COUNT; p++) {
         for (int step = 0; step < 2; step++) {
             emit_case *c = case_new(precisions[p]);
             ir_value_id x = case_input(c, "x", "f32[tokens, 3, 16]");
-            uint32_t llama3 = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
-            assert_true(ir_op_set_float(&c->m, llama3, "theta", 500000.0));
-            assert_true(ir_op_set_string(&c->m, llama3, "scaling", "llama3"));
-            assert_true(ir_op_set_float(&c->m, llama3, "factor", 8.0));
-            assert_true(ir_op_set_float(&c->m, llama3, "low_freq_factor", 1.0));
-            assert_true(ir_op_set_float(&c->m, llama3, "high_freq_factor", 4.0));
-            assert_true(ir_op_set_int(&c->m, llama3, "original_max_position_embeddings", 64));
-            uint32_t yarn = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
-            assert_true(ir_op_set_float(&c->m, yarn, "theta", 10000.0));
-            assert_true(ir_op_set_string(&c->m, yarn, "scaling", "yarn"));
-            assert_true(ir_op_set_float(&c->m, yarn, "factor", 4.0));
-            assert_true(ir_op_set_int(&c->m, yarn, "original_max_position_embeddings", 32));
-            uint32_t longrope = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
-            assert_true(ir_op_set_float(&c->m, longrope, "theta", 10000.0));
-            assert_true(ir_op_set_float(&c->m, longrope, "partial_rotary_factor", 0.5));
-            assert_true(ir_op_set_string(&c->m, longrope, "scaling", "longrope"));
-            assert_true(ir_op_set_int(&c->m, longrope, "original_max_position_embeddings", 8));
-            assert_true(ir_op_set_int(&c->m, longrope, "max_position_embeddings", 4096));
-            ir_attr shorts = {.kind = IR_ATTR_FLOATS, .as.floats = {4, short_factor}};
-            ir_attr longs = {.kind = IR_ATTR_FLOATS, .as.floats = {4, long_factor}};
-            assert_true(ir_op_set_attr(&c->m, longrope, "short_factor", &shorts));
-            assert_true(ir_op_set_attr(&c->m, longrope, "long_factor", &longs));
+            uint32_t llama3 = rope_llama3(c, x), yarn = rope_yarn(c, x), longrope = rope_longrope(c, x);
             uint32_t linear = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
             assert_true(ir_op_set_float(&c->m, linear, "theta", 10000.0));
             assert_true(ir_op_set_string(&c->m, linear, "scaling", "linear"));
@@ -190,35 +207,15 @@ static void copy_rope_attrs(emit_case *c, uint32_t from, uint32_t to) {
 static void test_rope_table(void **state) {
     (void)state;
     const int32_t far[4] = {0, 7, 100, 3000}, near[4] = {0, 1, 2, 3};
-    static double short_factor[4] = {1.0, 1.1, 1.3, 2.0}, long_factor[4] = {1.5, 3.0, 9.0, 40.0};
     for (int p = 0; p < 2; p++)
         for (int step = 0; step < 2; step++) {
             emit_case *c = case_new(precisions[p]);
             ir_value_id x = case_input(c, "x", "f32[tokens, 3, 16]");
             uint32_t ropes[4], n = 0;
-            uint32_t llama3 = ropes[n++] = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
-            assert_true(ir_op_set_float(&c->m, llama3, "theta", 500000.0));
-            assert_true(ir_op_set_string(&c->m, llama3, "scaling", "llama3"));
-            assert_true(ir_op_set_float(&c->m, llama3, "factor", 8.0));
-            assert_true(ir_op_set_float(&c->m, llama3, "low_freq_factor", 1.0));
-            assert_true(ir_op_set_float(&c->m, llama3, "high_freq_factor", 4.0));
-            assert_true(ir_op_set_int(&c->m, llama3, "original_max_position_embeddings", 64));
-            uint32_t yarn = ropes[n++] = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
-            assert_true(ir_op_set_float(&c->m, yarn, "theta", 10000.0));
-            assert_true(ir_op_set_string(&c->m, yarn, "scaling", "yarn"));
-            assert_true(ir_op_set_float(&c->m, yarn, "factor", 4.0));
-            assert_true(ir_op_set_int(&c->m, yarn, "original_max_position_embeddings", 32));
+            ropes[n++] = rope_llama3(c, x);
+            uint32_t yarn = ropes[n++] = rope_yarn(c, x);
             assert_true(ir_op_set_string(&c->m, yarn, "style", "interleaved"));
-            uint32_t longrope = ropes[n++] = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
-            assert_true(ir_op_set_float(&c->m, longrope, "theta", 10000.0));
-            assert_true(ir_op_set_float(&c->m, longrope, "partial_rotary_factor", 0.5));
-            assert_true(ir_op_set_string(&c->m, longrope, "scaling", "longrope"));
-            assert_true(ir_op_set_int(&c->m, longrope, "original_max_position_embeddings", 8));
-            assert_true(ir_op_set_int(&c->m, longrope, "max_position_embeddings", 4096));
-            ir_attr shorts = {.kind = IR_ATTR_FLOATS, .as.floats = {4, short_factor}};
-            ir_attr longs = {.kind = IR_ATTR_FLOATS, .as.floats = {4, long_factor}};
-            assert_true(ir_op_set_attr(&c->m, longrope, "short_factor", &shorts));
-            assert_true(ir_op_set_attr(&c->m, longrope, "long_factor", &longs));
+            ropes[n++] = rope_longrope(c, x);
             uint32_t plain = ropes[n++] = case_op(c, IR_OP_ROPE, (ir_value_id[]){x, c->pos}, 2);
             assert_true(ir_op_set_float(&c->m, plain, "theta", 10000.0));
             assert_true(ir_op_set_int(&c->m, plain, "rotary_dim", 12));
@@ -559,33 +556,8 @@ static void check_attention_ptx_for_sm90(const char *precision, const char *kv_c
     assert_true(case_emit(c, op, &a, &l));
     assert_int_equal(l.kernel_count, 3);
     for (uint32_t k = 1; k < l.kernel_count; k++) {
-        cg_header header = {"smelt_kernel.h", harness_header_text};
-        cg_compile_request request = {.source = l.kernels[k].source,
-                                      .kernel_name = l.kernels[k].name,
-                                      .headers = &header,
-                                      .header_count = 1,
-                                      .arch = 90,
-                                      .want_cubin = true,
-                                      .want_ptx = true};
         cg_compiled compiled;
-        char error[4096];
-        if (!cg_compile_kernel(&request, &compiled, error, sizeof error)) fail_msg("NVRTC: %s", error);
-        const cg_kernel_resources *r = cg_resource_find(&compiled.resources, l.kernels[k].name);
-        assert_non_null(r);
-        printf("  sm_90 %s: %u registers, %u spill bytes\n", l.kernels[k].name, r->registers,
-               r->spill_store_bytes + r->spill_load_bytes);
-        assert_int_equal(r->spill_store_bytes + r->spill_load_bytes, 0);
-        assert_non_null(compiled.ptx);
-        const char *folder = getenv("SMELT_TEST_DUMP_KERNELS");
-        if (folder && *folder) { /* beside the sources dump_source writes */
-            char path[1024];
-            snprintf(path, sizeof path, "%s/%s.ptx", folder, l.kernels[k].name);
-            FILE *f = fopen(path, "w");
-            if (f) {
-                fputs(compiled.ptx, f);
-                fclose(f);
-            }
-        }
+        compile_ptx_for_sm90(&l.kernels[k], &compiled);
         if (k == 1) { /* decode */
             assert_true(strstr(compiled.ptx, "ld.global.v4.u32") ||
                         strstr(compiled.ptx, "ld.global.nc.v4.u32"));
@@ -627,23 +599,6 @@ static void test_attention_f16_ptx_for_sm90(void **state) {
 }
 
 /* ---- moe ---------------------------------------------------------------------------------- */
-
-static uint32_t moe_op_dims(emit_case *c, int64_t experts, int64_t dim, int64_t ffn, int64_t top_k,
-                            bool normalize) {
-    char x_type[64], router[64], gate[64], down[64];
-    snprintf(x_type, sizeof x_type, "f32[tokens, %lld]", (long long)dim);
-    snprintf(router, sizeof router, "f32[%lld, %lld]", (long long)experts, (long long)dim);
-    snprintf(gate, sizeof gate, "f32[%lld, %lld, %lld]", (long long)experts, (long long)ffn, (long long)dim);
-    snprintf(down, sizeof down, "f32[%lld, %lld, %lld]", (long long)experts, (long long)dim, (long long)ffn);
-    ir_value_id x = case_input(c, "x", x_type);
-    uint32_t op = case_op(c, IR_OP_MOE,
-                          (ir_value_id[]){x, case_weight(c, router), case_weight(c, gate),
-                                          case_weight(c, gate), case_weight(c, down)},
-                          5);
-    assert_true(ir_op_set_int(&c->m, op, "top_k", top_k));
-    assert_true(ir_op_set_bool(&c->m, op, "normalize", normalize));
-    return op;
-}
 
 static uint32_t moe_op(emit_case *c, int64_t experts, int64_t ffn, int64_t top_k, bool normalize) {
     return moe_op_dims(c, experts, 32, ffn, top_k, normalize);
@@ -698,14 +653,7 @@ static void test_moe_every_token_to_one_expert(void **state) {
         emit_case *c = case_new(precisions[p]);
         uint32_t op = moe_op_dims(c, E, D, 44, 1, false);
         case_infer(c);
-        float x[T * D], router[E * D];
-        for (int i = 0; i < T * D; i++)
-            x[i] = 0.25f + (float)((i * 7) % 16) / 16.0f; /* positive */
-        for (int i = 0; i < E * D; i++)
-            router[i] = i / D == 1 ? 0.125f : -0.125f;
-        case_set_floats(c, c->m.ops[op].operands[0], T, x, T * D);
-        /* at T: a value set at another token count is regenerated */
-        case_set_floats(c, c->m.ops[op].operands[1], T, router, E * D);
+        case_route_to_one_expert(c, op, T, D, E, 1);
         case_run(c, op, T, F32_SEQUENCE_TOLERANCE);
         case_free(c);
     }
@@ -1190,15 +1138,12 @@ static void test_gemv_norm_qkv_rope(void **state) {
         for (int w = 0; w < 3; w++) {
             bool tables = w == 2;
             emit_case *c = case_new(precisions[p]);
-            char type[64], weight[64];
-            snprintf(type, sizeof type, "f32[tokens, %lld]", (long long)widths[w]);
-            ir_value_id h = case_input(c, "h", type);
-            snprintf(weight, sizeof weight, "f32[%lld]", (long long)widths[w]);
-            ir_value_id g = case_weight(c, weight);
-            snprintf(weight, sizeof weight, "f32[32, %lld]", (long long)widths[w]);
-            ir_value_id wq = case_weight(c, weight), wk = case_weight(c, weight);
-            snprintf(weight, sizeof weight, "f32[24, %lld]", (long long)widths[w]);
-            ir_value_id wv = case_weight(c, weight), bv = case_weight(c, "f32[24]");
+            ir_value_id h = case_inputf(c, "h", "f32[tokens, %lld]", (long long)widths[w]);
+            ir_value_id g = case_weightf(c, "f32[%lld]", (long long)widths[w]);
+            ir_value_id wq = case_weightf(c, "f32[32, %lld]", (long long)widths[w]);
+            ir_value_id wk = case_weightf(c, "f32[32, %lld]", (long long)widths[w]);
+            ir_value_id wv = case_weightf(c, "f32[24, %lld]", (long long)widths[w]),
+                        bv = case_weight(c, "f32[24]");
             uint32_t ops[11], n = 0;
             ops[n++] = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){h, g}, 2);
             ir_op_set_float(&c->m, ops[0], "eps", 1e-5);

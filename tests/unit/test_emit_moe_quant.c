@@ -31,18 +31,7 @@ static uint32_t quant_moe(emit_case **out, const quant_case *q, int64_t experts,
     emit_case *c = case_new(q->preset);
     c->activations = activations;
     c->group_size = q->group_size;
-    char x_type[64], router[64], gate[64], down[64];
-    snprintf(x_type, sizeof x_type, "f32[tokens, %lld]", (long long)dim);
-    snprintf(router, sizeof router, "f32[%lld, %lld]", (long long)experts, (long long)dim);
-    snprintf(gate, sizeof gate, "f32[%lld, %lld, %lld]", (long long)experts, (long long)ffn, (long long)dim);
-    snprintf(down, sizeof down, "f32[%lld, %lld, %lld]", (long long)experts, (long long)dim, (long long)ffn);
-    ir_value_id x = case_input(c, "x", x_type);
-    uint32_t op = case_op(c, IR_OP_MOE,
-                          (ir_value_id[]){x, case_weight(c, router), case_weight(c, gate),
-                                          case_weight(c, gate), case_weight(c, down)},
-                          5);
-    assert_true(ir_op_set_int(&c->m, op, "top_k", top_k));
-    assert_true(ir_op_set_bool(&c->m, op, "normalize", normalize));
+    uint32_t op = moe_op_dims(c, experts, dim, ffn, top_k, normalize);
     case_infer(c);
     *out = c;
     return op;
@@ -97,14 +86,7 @@ static void test_moe_quantized_every_token_to_one_expert(void **state) {
         emit_case *c;
         uint32_t op = quant_moe(&c, &presets[p], E, D, 32, 1, false, "f32");
         assert_int_equal(experts_quantized(c, op), 7);
-        float x[T * D], router[E * D];
-        for (int i = 0; i < T * D; i++)
-            x[i] = 0.25f + (float)((i * 7) % 16) / 16.0f; /* positive */
-        for (int i = 0; i < E * D; i++)
-            router[i] = i / D == 1 ? 0.125f : -0.125f;
-        case_set_floats(c, c->m.ops[op].operands[0], T, x, T * D);
-        /* at T: a value set at another token count is regenerated */
-        case_set_floats(c, c->m.ops[op].operands[1], T, router, E * D);
+        case_route_to_one_expert(c, op, T, D, E, 1);
         case_run(c, op, T, F32_SEQUENCE_TOLERANCE);
         case_free(c);
     }

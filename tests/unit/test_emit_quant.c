@@ -48,15 +48,11 @@ static void test_gemv_quantized_norm_rope_bias(void **state) {
     for (size_t p = 0; p < sizeof presets / sizeof presets[0]; p++)
         for (int w = 0; w < 2; w++) {
             emit_case *c = quant_case_new(&presets[p]);
-            char type[64];
-            snprintf(type, sizeof type, "f32[tokens, %lld]", (long long)widths[w]);
-            ir_value_id h = case_input(c, "h", type);
-            snprintf(type, sizeof type, "f32[%lld]", (long long)widths[w]);
-            ir_value_id g = case_weight(c, type);
-            snprintf(type, sizeof type, "f32[32, %lld]", (long long)widths[w]);
-            ir_value_id wq = case_weight(c, type);
-            snprintf(type, sizeof type, "f32[13, %lld]", (long long)widths[w]);
-            ir_value_id wv = case_weight(c, type), bv = case_weight(c, "f32[13]");
+            ir_value_id h = case_inputf(c, "h", "f32[tokens, %lld]", (long long)widths[w]);
+            ir_value_id g = case_weightf(c, "f32[%lld]", (long long)widths[w]);
+            ir_value_id wq = case_weightf(c, "f32[32, %lld]", (long long)widths[w]);
+            ir_value_id wv = case_weightf(c, "f32[13, %lld]", (long long)widths[w]),
+                        bv = case_weight(c, "f32[13]");
             uint32_t ops[6], n = 0;
             ops[n++] = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){h, g}, 2);
             ir_op_set_float(&c->m, ops[0], "eps", 1e-5);
@@ -123,11 +119,8 @@ static void test_quantized_matmul_alone(void **state) {
     for (size_t p = 0; p < sizeof presets / sizeof presets[0]; p++)
         for (int w = 0; w < 2; w++) {
             emit_case *c = quant_case_new(&presets[p]);
-            char type[64];
-            snprintf(type, sizeof type, "f32[tokens, %lld]", (long long)widths[w]);
-            ir_value_id x = case_input(c, "x", type);
-            snprintf(type, sizeof type, "f32[21, %lld]", (long long)widths[w]);
-            ir_value_id wt = case_weight(c, type);
+            ir_value_id x = case_inputf(c, "x", "f32[tokens, %lld]", (long long)widths[w]);
+            ir_value_id wt = case_weightf(c, "f32[21, %lld]", (long long)widths[w]);
             uint32_t op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wt}, 2);
             case_infer(c);
             quant_format f;
@@ -152,13 +145,9 @@ static void test_gemv_quantized_column_scales(void **state) {
     const int64_t widths[2] = {64, 20};
     for (int w = 0; w < 2; w++) {
         emit_case *c = quant_case_new(&presets[1]); /* int4, groups of up to 128 */
-        char type[64];
-        snprintf(type, sizeof type, "f32[tokens, %lld]", (long long)widths[w]);
-        ir_value_id h = case_input(c, "h", type);
-        snprintf(type, sizeof type, "f32[%lld]", (long long)widths[w]);
-        ir_value_id g = case_weight(c, type);
-        snprintf(type, sizeof type, "f32[11, %lld]", (long long)widths[w]);
-        ir_value_id wt = case_weight(c, type);
+        ir_value_id h = case_inputf(c, "h", "f32[tokens, %lld]", (long long)widths[w]);
+        ir_value_id g = case_weightf(c, "f32[%lld]", (long long)widths[w]);
+        ir_value_id wt = case_weightf(c, "f32[11, %lld]", (long long)widths[w]);
         uint32_t norm = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){h, g}, 2);
         ir_op_set_float(&c->m, norm, "eps", 1e-5);
         uint32_t op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){case_result(c, norm), wt}, 2);
@@ -190,13 +179,10 @@ static void test_gemv_quantized_f16_activations(void **state) {
         for (int w = 0; w < 2; w++) {
             emit_case *c = quant_case_new(&presets[p]);
             c->activations = "f16";
-            char type[64];
-            snprintf(type, sizeof type, "f32[tokens, %lld]", (long long)widths[w]);
-            ir_value_id h = case_input(c, "h", type);
-            snprintf(type, sizeof type, "f32[%lld]", (long long)widths[w]);
-            ir_value_id g = case_weight(c, type);
-            snprintf(type, sizeof type, "f32[19, %lld]", (long long)widths[w]);
-            ir_value_id wt = case_weight(c, type), alone = case_weight(c, type);
+            ir_value_id h = case_inputf(c, "h", "f32[tokens, %lld]", (long long)widths[w]);
+            ir_value_id g = case_weightf(c, "f32[%lld]", (long long)widths[w]);
+            ir_value_id wt = case_weightf(c, "f32[19, %lld]", (long long)widths[w]);
+            ir_value_id alone = case_weightf(c, "f32[19, %lld]", (long long)widths[w]);
             uint32_t norm = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){h, g}, 2);
             ir_op_set_float(&c->m, norm, "eps", 1e-5);
             uint32_t op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){case_result(c, norm), wt}, 2);
@@ -457,23 +443,8 @@ static void test_dequant_gemm_ptx_for_sm90(void **state) {
     cg_group_lowering l;
     assert_true(case_emit(c, op, &a, &l));
     assert_int_equal(l.kernel_count, 2);
-    cg_header header = {"smelt_kernel.h", harness_header_text};
-    cg_compile_request request = {.source = l.kernels[1].source,
-                                  .kernel_name = l.kernels[1].name,
-                                  .headers = &header,
-                                  .header_count = 1,
-                                  .arch = 90,
-                                  .want_cubin = true,
-                                  .want_ptx = true};
     cg_compiled compiled;
-    char error[4096];
-    if (!cg_compile_kernel(&request, &compiled, error, sizeof error)) fail_msg("NVRTC: %s", error);
-    const cg_kernel_resources *r = cg_resource_find(&compiled.resources, l.kernels[1].name);
-    assert_non_null(r);
-    printf("  sm_90 %s: %u registers, %u spill bytes\n", l.kernels[1].name, r->registers,
-           r->spill_store_bytes + r->spill_load_bytes);
-    assert_int_equal(r->spill_store_bytes + r->spill_load_bytes, 0);
-    assert_non_null(compiled.ptx);
+    compile_ptx_for_sm90(&l.kernels[1], &compiled);
     assert_non_null(strstr(compiled.ptx, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
     assert_non_null(strstr(compiled.ptx, "ldmatrix.sync.aligned.m8n8.x4.shared.b16"));
     assert_non_null(strstr(compiled.ptx, "cp.async.cg.shared.global"));

@@ -172,6 +172,33 @@ static void test_names(void **state) {
     assert_int_equal(quant_code_dtype(QUANT_FP8), SMELT_DTYPE_F8E4M3);
 }
 
+/* Equal: every one of the seven fields; the same storage: all but the
+ * method. Each field changed alone, from one format. */
+static void test_format_comparisons(void **state) {
+    (void)state;
+    const quant_format base = {.kind = QUANT_INT4, .method = QUANT_METHOD_AWQ, .group = 64, .has_zero = true};
+    quant_format changed[7];
+    for (int i = 0; i < 7; i++)
+        changed[i] = base;
+    changed[0].kind = QUANT_INT8;
+    changed[1].group = 128;
+    changed[2].has_zero = false;
+    changed[3].has_group_index = true;
+    changed[4].has_column_scale = true;
+    changed[5].interleaved = true;
+    changed[6].method = QUANT_METHOD_RTN;
+    quant_format copy = base;
+    assert_true(quant_format_equal(&base, &copy));
+    assert_true(quant_format_same_storage(&base, &copy));
+    for (int i = 0; i < 6; i++) {
+        assert_false(quant_format_equal(&base, &changed[i]));
+        assert_false(quant_format_equal(&changed[i], &base));
+        assert_false(quant_format_same_storage(&base, &changed[i]));
+    }
+    assert_false(quant_format_equal(&base, &changed[6]));
+    assert_true(quant_format_same_storage(&base, &changed[6])); /* the method does not change the bytes */
+}
+
 /* The interleaved int4 codes (layout mma_k16): where a column's code sits,
  * worked out by hand from quant.h's description; the B-fragment property
  * the dequantize-GEMM relies on; the same values as row-major codes. */
@@ -278,6 +305,7 @@ int main(void) {
         cmocka_unit_test(test_column_scales),
         cmocka_unit_test(test_rtn_error_bound),
         cmocka_unit_test(test_names),
+        cmocka_unit_test(test_format_comparisons), /* quant_format_equal, quant_format_same_storage */
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

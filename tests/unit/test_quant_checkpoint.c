@@ -583,12 +583,6 @@ static uint32_t add_weight(ir_module *m, const char *name, int64_t rows, int64_t
     return op;
 }
 
-static bool same_format(const quant_format *a, const quant_format *b) {
-    return a->kind == b->kind && a->method == b->method && a->group == b->group &&
-           a->has_zero == b->has_zero && a->has_group_index == b->has_group_index &&
-           a->has_column_scale == b->has_column_scale;
-}
-
 static void test_binding(void **state) {
     (void)state;
     static const char *const names[] = {"model.layers.0.self_attn.k_proj.weight",
@@ -620,12 +614,12 @@ static void test_binding(void **state) {
         assert_int_equal(rows, 32), assert_int_equal(cols, 64);
         qck_weight q;
         assert_int_equal(qck_read_weight(&s, &ck, names[i], &q, &diag), QCK_QUANTIZED);
-        assert_true(same_format(&q.tensor.format, &want));
+        assert_true(quant_format_equal(&q.tensor.format, &want));
         uint8_t *bytes = malloc(q.tensor.layout.total);
         assert_non_null(bytes);
         assert_false(fe_weight_read_packed(&b, ops[i], &f, bytes, q.tensor.layout.total - 1));
         assert_true(fe_weight_read_packed(&b, ops[i], &f, bytes, q.tensor.layout.total));
-        assert_true(same_format(&f, &want));
+        assert_true(quant_format_equal(&f, &want));
         assert_memory_equal(bytes, q.tensor.data, q.tensor.layout.total);
         free(bytes);
         qck_weight_free(&q);

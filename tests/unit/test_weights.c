@@ -316,7 +316,9 @@ static void test_refuses_unused_tensors_once(void **state) {
     assert_int_equal(binding.unused_count, 1);
 }
 
-/* '*' is a run of characters without a '.'; everything else is itself. */
+/* '*' is any run of characters, '.' included; everything else is itself:
+ * the one semantics of `ignore`, --allow-unused-tensor and --keep (which
+ * fnmatch matched before, with '?', '[...]' and a backslash as its own). */
 static void test_tensor_patterns(void **state) {
     (void)state;
     assert_true(ir_tensor_pattern_matches("lm_head.weight", "lm_head.weight"));
@@ -325,14 +327,30 @@ static void test_tensor_patterns(void **state) {
     const char *rotary = "model.layers.*.self_attn.rotary_emb.inv_freq";
     assert_true(ir_tensor_pattern_matches(rotary, "model.layers.0.self_attn.rotary_emb.inv_freq"));
     assert_true(ir_tensor_pattern_matches(rotary, "model.layers.31.self_attn.rotary_emb.inv_freq"));
-    assert_false(ir_tensor_pattern_matches(rotary, "model.layers.0.mlp.self_attn.rotary_emb.inv_freq"));
+    assert_true(ir_tensor_pattern_matches(rotary, "model.layers.0.mlp.self_attn.rotary_emb.inv_freq"));
     assert_false(ir_tensor_pattern_matches(rotary, "model.layers.0.self_attn.q_proj.weight"));
     assert_true(ir_tensor_pattern_matches("*.bias", "x.bias"));
-    assert_false(ir_tensor_pattern_matches("*.bias", "a.x.bias"));
+    assert_true(ir_tensor_pattern_matches("*.bias", "a.x.bias"));
+    assert_false(ir_tensor_pattern_matches("*.bias", "bias"));
     assert_true(ir_tensor_pattern_matches("*.*.bias", "a.x.bias"));
+    assert_false(ir_tensor_pattern_matches("*.*.bias", "x.bias"));
     assert_true(ir_tensor_pattern_matches("a*b*c", "axxbyybc"));
+    assert_false(ir_tensor_pattern_matches("a*b*c", "axxbyybcd"));
     assert_true(ir_tensor_pattern_matches("*", ""));
-    assert_false(ir_tensor_pattern_matches("*", "a.b"));
+    assert_true(ir_tensor_pattern_matches("*", "a.b"));
+    /* --keep's examples, across the layers' dots */
+    assert_true(ir_tensor_pattern_matches("*.down_proj", "model.layers.0.mlp.down_proj"));
+    assert_false(ir_tensor_pattern_matches("*.down_proj", "model.layers.0.mlp.down_proj.weight"));
+    assert_true(
+        ir_tensor_pattern_matches("*.experts.*", "model.layers.1.block_sparse_moe.experts.{e}.w1.weight"));
+    assert_false(ir_tensor_pattern_matches("*.experts.*", "model.layers.1.block_sparse_moe.gate.weight"));
+    /* the backtrack past an early partial match: "*.a.b" in "x.a.a.b" */
+    assert_true(ir_tensor_pattern_matches("*.a.b", "x.a.a.b"));
+    /* fnmatch's other wildcards and its escape are characters like any other */
+    assert_false(ir_tensor_pattern_matches("lm_hea?", "lm_head"));
+    assert_true(ir_tensor_pattern_matches("lm_hea?", "lm_hea?"));
+    assert_false(ir_tensor_pattern_matches("[lm]_head", "l_head"));
+    assert_false(ir_tensor_pattern_matches("lm\\_head", "lm_head"));
 }
 
 /* ---- end to end: DSL -> IR -> binding ------------------------------------------------------ */
