@@ -90,12 +90,25 @@ static bool measure(const ir_module *m, uint32_t op, const quant_format *f, drv_
     return ok;
 }
 
+/* Does a live matmul read value v as its weight? */
+static bool read_by_matmul(const ir_module *m, ir_value_id v) {
+    for (uint32_t i = 0; i < m->op_count; i++)
+        if (!m->ops[i].dead && m->ops[i].kind == IR_OP_MATMUL && m->ops[i].operand_count >= 2 &&
+            m->ops[i].operands[1] == v)
+            return true;
+    return false;
+}
+
 /* Whether weight op `op` is measured: quantized here (not imported
- * quantized: no floats to compare with), and a matrix (MoE experts, an
- * [E, N, K] stack, are not gated: their inputs differ expert by expert). */
+ * quantized: no floats to compare with), a matrix (MoE experts, an
+ * [E, N, K] stack, are not gated: their inputs differ expert by expert),
+ * and a matmul's weight: the int8 token-embedding table of the int4
+ * presets is gathered, not multiplied, so the output error is not its
+ * measure (a table tied to the lm_head is measured as the lm_head). */
 static bool gated(const ir_module *m, uint32_t op, quant_format *f) {
     return !m->ops[op].dead && m->ops[op].kind == IR_OP_WEIGHT && ir_weight_quant(m, op, f) &&
-           f->method != QUANT_METHOD_CHECKPOINT && m->values[m->ops[op].results[0]].type.rank == 2;
+           f->method != QUANT_METHOD_CHECKPOINT && m->values[m->ops[op].results[0]].type.rank == 2 &&
+           read_by_matmul(m, m->ops[op].results[0]);
 }
 
 bool drv_gate_run(const char *model_path, const drv_source_options *source, const drv_lowering *l,

@@ -27,7 +27,11 @@
  * 3); a weight without one (lm_head) is in none.
  *
  * Weights imported pre-quantized (method "checkpoint") have no unquantized
- * values to compare with and are not gated.
+ * values to compare with and are not gated; nor is a quantized weight that
+ * no matmul reads (the int8 token-embedding table of the int4 presets,
+ * which an embedding gathers: it stays int8 whatever E, and only --keep
+ * keeps it bf16). A table tied to the lm_head is gated as the lm_head: its
+ * error is the head's output error, and over E it stays bf16 for both.
  */
 #ifndef SMELT_DRIVER_ACCURACY_GATE_H
 #define SMELT_DRIVER_ACCURACY_GATE_H

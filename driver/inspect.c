@@ -212,16 +212,26 @@ static void instr_name(const plan_facts *f, const prog_instr *in, char *name) {
         snprintf(name, NAME_LIMIT + 1, "kernel[%" PRIu32 "]", k);
 }
 
+/* Is instruction `in` a launch of an embedding kernel (a gather of rows)? */
+static bool is_gather(const plan_facts *f, const prog_instr *in) {
+    if (in->op == PROG_OP_GEMM || !f->kernels || in->as.launch.kernel >= f->kernels->count) return false;
+    const plan_text *family = &f->kernels->kernels[in->as.launch.kernel].family;
+    return family->length == 9 && memcmp(family->data, "embedding", 9) == 0;
+}
+
 static double unavoidable_bytes(const plan_facts *f, step_kind s) {
     const program *p = f->p;
     double bytes = 4.0 * (double)p->vocab; /* one row of f32 logits */
     for (uint32_t w = 0; w < p->weight_count; w++) {
         double whole = (double)p->weights[w].bytes;
+        /* the table the ids index is read a row per token, unless another
+         * instruction (a tied lm_head: a GEMM, a GEMV or dequantize-GEMM
+         * launch over a quantized table) reads it whole */
         bool gathered = w == p->id_table && p->weights[w].rank >= 1 && p->weights[w].shape[0] > 0;
         for (uint32_t i = 0; i < p->instr_count && gathered; i++) {
             const prog_instr *in = &p->instrs[i];
-            if (in->op != PROG_OP_GEMM) continue;
-            prog_ref refs[4];
+            if (is_gather(f, in)) continue;
+            prog_ref refs[PROG_MAX_ARGS];
             uint32_t n = instr_refs(in, refs);
             for (uint32_t r = 0; r < n; r++)
                 if (refs[r].buffer == PROG_BUFFER_WEIGHT && refs[r].index == w) gathered = false;

@@ -247,15 +247,18 @@ static bool infer_output(rule_ctx *c, ir_type *out) { return true; }
 
 /* ---- compute ----------------------------------------------------------------- */
 
-/* embedding(table[V, D], ids[...]) -> [..., D] */
+/* embedding(table[V, D], ids[...]) -> [..., D]; a quantized table's codes
+ * (int8, one scale per row: the verifier's rule) dequantize to floats. */
 static bool infer_embedding(rule_ctx *c, ir_type *out) {
     const ir_type *table = operand(c, 0), *ids = operand(c, 1);
     if (!rule_rank(c, "table", table, 2) || !rule_integer(c, "ids", ids)) return false;
     if (ids->rank >= IR_MAX_DIMS)
         return rule_fail(c, "ids %s would give a result of rank %u, more than %d", TYPE_TEXT(c, ids),
                          ids->rank + 1, IR_MAX_DIMS);
+    quant_format quantized;
+    bool codes = ir_weight_quant(c->m, c->m->values[c->op->operands[0]].def_op, &quantized);
     *out = *ids;
-    out->dtype = table->dtype;
+    out->dtype = codes ? SMELT_DTYPE_F32 : table->dtype;
     out->dims[out->rank++] = table->dims[1];
     return true;
 }

@@ -14,7 +14,9 @@
  *   - output names are unique;
  *   - a quantized weight (quant != "none") has its codes' dtype, the shape
  *     [N, K] that its format fits (quant_layout_of), a method, and only
- *     matmuls (out_in) read it, as their weight; or it is an [E, N, K]
+ *     matmuls (out_in) read it, as their weight, and, when it is int8 with
+ *     one scale per row (group = K, row-major, no zero points, group index
+ *     or column scales), embeddings as their table; or it is an [E, N, K]
  *     stack (MoE experts, each [N, K] in that format) that only moe
  *     ops read, as their gate, up or down experts; an unquantized one has
  *     every other quantization attribute at its default;
@@ -373,8 +375,17 @@ static void check_weight_quant(verifier *v, uint32_t index) {
     if (why) violation(v, op, "group %u on %s: %s", f.group, TYPE_TEXT(v, t), why);
 }
 
-/* Only a matmul reads a quantized weight, as its out_in weight (operand 1);
- * only a moe reads a quantized stack of experts, as gate, up or down
+/* Can an embedding gather rows of a weight of format f and K columns?
+ * int8 codes with one scale per row and nothing else: what its kernel
+ * dequantizes (codegen/emit_embedding.c). */
+static bool gatherable(const quant_format *f, int64_t columns) {
+    return f->kind == QUANT_INT8 && f->group == (uint64_t)columns && !f->has_zero && !f->has_group_index &&
+           !f->has_column_scale && !f->interleaved;
+}
+
+/* Only a matmul reads a quantized weight, as its out_in weight (operand 1),
+ * and an embedding an int8 one with a scale per row, as its table (operand
+ * 0); only a moe reads a quantized stack of experts, as gate, up or down
  * (operands 2, 3, 4). */
 static void check_quant_readers(verifier *v, uint32_t index) {
     const ir_module *m = v->m;
@@ -396,11 +407,19 @@ static void check_quant_readers(verifier *v, uint32_t index) {
         const ir_attr *layout = op->kind == IR_OP_MATMUL ? ir_op_attr(m, index, "layout") : NULL;
         bool matmul =
             layout && layout->kind == IR_ATTR_STRING && strcmp(layout->as.s, "out_in") == 0 && i == 1;
-        if (!matmul)
+        const ir_type *t = &m->values[id].type;
+        if (op->kind == IR_OP_EMBEDDING && i == 0 && t->rank == 2) {
+            if (!gatherable(&f, t->dims[1].size))
+                violation(v, op,
+                          "operand 0 is a quantized %s table that an embedding cannot gather (int8 with one "
+                          "scale per row only)",
+                          quant_kind_name(f.kind));
+        } else if (!matmul) {
             violation(v, op,
                       "operand %u is a quantized weight, which only a matmul (layout out_in) reads as its "
-                      "weight",
+                      "weight (or an embedding as its table, int8 with one scale per row)",
                       i);
+        }
     }
 }
 

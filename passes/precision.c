@@ -62,15 +62,26 @@
  *   tensor-core dequantize-GEMM of prefill steps, layout = "mma_k16"
  *   (quant/quant.h; the decode GEMV reads that order as well).
  * Which weights are quantized: 2-D, unstacked, read only by matmuls of
- *   layout out_in as their weight (so an embedding tied to the lm_head, the
- *   norms, biases and GPT-2's in_out projections stay in the activation
- *   dtype), and MoE experts: [E, N, K] weights read only by moe ops as their
- *   gate, up or down, each expert an [N, K] matrix in the same format
- *   (quant_stack_layout_of); whose input columns the group divides, and whose name
- *   (or the name without ".weight") matches none of the `keep` patterns
- *   (ir_tensor_pattern_matches: "lm_head,*.down_proj,*.experts.*"). Under int4-awq and
- *   int4-gptq each expert learns from its own calibration statistics, over
- *   the tokens routed to it (driver/calibrate.c).
+ *   layout out_in as their weight (so the norms, biases and GPT-2's in_out
+ *   projections stay in the activation dtype), and MoE experts: [E, N, K]
+ *   weights read only by moe ops as their gate, up or down, each expert an
+ *   [N, K] matrix in the same format (quant_stack_layout_of); whose input
+ *   columns the group divides, and whose name (or the name without
+ *   ".weight") matches none of the `keep` patterns
+ *   (ir_tensor_pattern_matches: "lm_head,*.down_proj,*.experts.*"). Under int4-awq and int4-gptq each
+ *   expert learns from its own calibration statistics, over the tokens
+ *   routed to it (driver/calibrate.c).
+ * The token-embedding table: under the int4 presets (any method, any group
+ *   size) a 2-D, unstacked weight that an embedding of the token ids
+ *   gathers from (and that nothing else reads but matmuls of layout out_in
+ *   as their weight: a tied lm_head) is stored int8, one f16 scale per row
+ *   (symmetric, rounded to nearest, method rtn: group = D, the format of an
+ *   int8 matmul weight per output channel), unless `keep` matches its name.
+ *   That one format serves both uses of a tied table, so its lm_head is
+ *   int8 weight-only (no act_quant under an int4 preset), not int4: half
+ *   the bf16 bytes, and the per-channel int8 rounding error rather than
+ *   int4's. Other gathered tables (GPT-2's positions) and every table under
+ *   the other presets stay in the activation dtype.
  * Running it again recomputes every dtype and every rounding-to-nearest
  *   decision from scratch, so it is idempotent and a later preset replaces
  *   an earlier one; a weight imported pre-quantized (method "checkpoint")
@@ -78,6 +89,7 @@
  * KV caches: their dtype, pass_options.kv_cache, is precision_kv_cache.c's.
  * Breaks: nothing; codegen refuses, at the op, a dtype it has no kernels for.
  */
+#include "interface.h"
 #include "pass.h"
 #include "quant.h"
 
@@ -161,6 +173,27 @@ static bool weight_format(const ir_module *m, uint32_t op, const precision_prese
                                  (uint64_t)columns, &l, &stride, &total) == NULL;
 }
 
+/* The format of weight op `op` when it is the token-embedding table under
+ * an int4 preset (above): int8, one scale per row; false otherwise.
+ * gathered[v]: an embedding of the token ids reads v as its table;
+ * only_gather_or_matmul[v]: every reader does, or is a matmul (out_in)
+ * reading v as its weight. */
+static bool embedding_format(const ir_module *m, uint32_t op, const precision_preset *preset,
+                             const char *keep, const bool *gathered, const bool *only_gather_or_matmul,
+                             quant_format *out) {
+    ir_value_id v = m->ops[op].results[0];
+    const ir_type *t = &m->values[v].type;
+    if (preset->weights != QUANT_INT4 || !gathered[v] || !only_gather_or_matmul[v] || t->rank != 2 ||
+        ir_op_string(m, op, "stack")[0] != '\0' || ir_dim_is_symbol(t->dims[0]) ||
+        ir_dim_is_symbol(t->dims[1]) || t->dims[0].size <= 0 || t->dims[1].size <= 0 ||
+        !smelt_dtype_is_float(t->dtype) || kept(keep, ir_op_string(m, op, "name")))
+        return false;
+    *out = (quant_format){.kind = QUANT_INT8, .method = QUANT_METHOD_RTN, .group = (uint32_t)t->dims[1].size};
+    quant_layout l;
+    return t->dims[1].size <= UINT32_MAX &&
+           quant_layout_of(out, (uint64_t)t->dims[0].size, (uint64_t)t->dims[1].size, &l) == NULL;
+}
+
 static bool imported(const ir_module *m, uint32_t op) {
     quant_format f;
     return ir_weight_quant(m, op, &f) && f.method == QUANT_METHOD_CHECKPOINT;
@@ -224,10 +257,12 @@ typedef struct precision_run {
     const pass_options *o;
     smelt_dtype activations;
     ir_value_id *root;
-    bool *read_by_output, *only_matmul, *only_experts, *only_router;
+    bool *read_by_output, *only_matmul, *only_experts, *only_router, *gathered, *only_gather_or_matmul;
 } precision_run;
 
 static void free_tables(precision_run *a) {
+    free(a->gathered);
+    free(a->only_gather_or_matmul);
     free(a->only_router);
     free(a->root);
     free(a->read_by_output);
@@ -238,16 +273,22 @@ static void free_tables(precision_run *a) {
 /* Every dtype and weight format; formats and attributes allocate from the
  * module's arena. */
 static void assign(ir_module *m, precision_run *a) {
+    ir_value_id ids = ir_role_value(m, IR_ROLE_IDS);
     for (ir_value_id v = 0; v < m->value_count; v++)
-        a->only_matmul[v] = a->only_experts[v] = a->only_router[v] = true;
+        a->only_matmul[v] = a->only_experts[v] = a->only_router[v] = a->only_gather_or_matmul[v] = true;
     for (uint32_t i = 0; i < m->op_count; i++) {
         const ir_op *op = &m->ops[i];
         if (op->dead) continue;
         if (op->kind == IR_OP_OUTPUT && op->operand_count == 1)
             a->read_by_output[a->root[op->operands[0]]] = true;
+        bool gather = op->kind == IR_OP_EMBEDDING && op->operand_count == 2 && ids != IR_NO_VALUE &&
+                      op->operands[1] == ids;
+        if (gather) a->gathered[op->operands[0]] = true;
         for (uint32_t j = 0; j < op->operand_count; j++) {
-            if (op->kind != IR_OP_MATMUL || j != 1 || strcmp(ir_op_string(m, i, "layout"), "out_in") != 0)
-                a->only_matmul[op->operands[j]] = false;
+            bool matmul_weight =
+                op->kind == IR_OP_MATMUL && j == 1 && strcmp(ir_op_string(m, i, "layout"), "out_in") == 0;
+            if (!matmul_weight) a->only_matmul[op->operands[j]] = false;
+            if (!matmul_weight && !(gather && j == 0)) a->only_gather_or_matmul[op->operands[j]] = false;
             if (op->kind != IR_OP_MOE || j < 2) a->only_experts[op->operands[j]] = false;
             if (op->kind != IR_OP_MOE || j != 1) a->only_router[op->operands[j]] = false;
         }
@@ -265,6 +306,12 @@ static void assign(ir_module *m, precision_run *a) {
             if (weight_format(m, i, a->only_experts[op->results[0]] ? a->preset : a->chosen, a->group_size,
                               a->o ? a->o->keep : NULL, a->o && a->o->act_order, a->only_matmul,
                               a->only_experts, &f)) {
+                ir_weight_set_quant(m, i, &f);
+                t->dtype = quant_code_dtype(f.kind);
+                continue;
+            }
+            if (embedding_format(m, i, a->preset, a->o ? a->o->keep : NULL, a->gathered,
+                                 a->only_gather_or_matmul, &f)) {
                 ir_weight_set_quant(m, i, &f);
                 t->dtype = quant_code_dtype(f.kind);
                 continue;
@@ -362,7 +409,13 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
     bool *only_matmul = malloc((m->value_count ? m->value_count : 1) * sizeof *only_matmul);
     bool *only_experts = malloc((m->value_count ? m->value_count : 1) * sizeof *only_experts);
     bool *only_router = malloc((m->value_count ? m->value_count : 1) * sizeof *only_router);
-    if (!root || !read_by_output || !only_matmul || !only_experts || !only_router) {
+    bool *gathered = calloc(m->value_count ? m->value_count : 1, sizeof *gathered);
+    bool *only_gather_or_matmul =
+        malloc((m->value_count ? m->value_count : 1) * sizeof *only_gather_or_matmul);
+    if (!root || !read_by_output || !only_matmul || !only_experts || !only_router || !gathered ||
+        !only_gather_or_matmul) {
+        free(gathered);
+        free(only_gather_or_matmul);
         free(only_router);
         free(root);
         free(read_by_output);
@@ -380,7 +433,9 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
                          .read_by_output = read_by_output,
                          .only_matmul = only_matmul,
                          .only_experts = only_experts,
-                         .only_router = only_router};
+                         .only_router = only_router,
+                         .gathered = gathered,
+                         .only_gather_or_matmul = only_gather_or_matmul};
     assign_recovering(m, &run);
     free_tables(&run);
     bool scales_ok = true;

@@ -58,7 +58,11 @@ bool ref_run_op(ir_op_kind kind, const ref_call *c) {
 
 /* ---- lookups and products ----------------------------------------------------------- */
 
-/* embedding(table[V, D], ids[...]) -> [..., D]: row ids[t] of the table. */
+/* embedding(table[V, D], ids[...]) -> [..., D]: row ids[t] of the table. A
+ * quantized table (the int4 presets' int8 token embedding, one scale per
+ * row) arrives dequantized: load_quantized (ref_model.c) turned its codes
+ * into q * s once, as quant_value defines, so its rows are gathered as
+ * floats like any table's. */
 bool ref_op_embedding(const ref_call *c) {
     const ref_tensor *table = c->in[0], *ids = c->in[1];
     uint64_t rows = table->dims[0], width = table->dims[1];

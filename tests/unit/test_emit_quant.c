@@ -9,7 +9,9 @@
  * inside one tile and across two, the fused prologue and epilogues, a
  * quantized matmul alone (which serves every step: prefill included) and
  * column scales (AWQ's). The act-order group index is emitted but untested:
- * no quantizer here makes one yet (GPTQ's will). */
+ * no quantizer here makes one yet (GPTQ's will). And the embedding kernel
+ * on the int4 presets' int8 token-embedding table (one scale per row),
+ * against hand-computed rows and against the reference. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -454,6 +456,104 @@ static void test_dequant_gemm_ptx_for_sm90(void **state) {
     case_free(c);
 }
 
+/* ---- the token-embedding table of the int4 presets: int8, one scale a row ---------------- */
+
+/* A table of 4 rows of 8, hand-picked so that every scale is exact: the
+ * rows' max |w| of 127, 63.5, 0 and 254 give s = max / 127 = 1, 0.5, 1 (a
+ * row of zeros) and 2; and what each element dequantizes to, rint(w / s) * s
+ * (3.4 -> 3, 1.3 / 0.5 = 2.6 -> 3 -> 1.5, 10.6 / 0.5 = 21.2 -> 21 -> 10.5,
+ * 0.9 / 2 = 0.45 -> 0, -3.2 / 2 = -1.6 -> -2 -> -4, ...). */
+static const float embedding_table[4][8] = {
+    {127, -127, 0, 1, -2, 50, 3.4f, -0.6f},
+    {-63.5f, 63.5f, 1.3f, -1.3f, 0.2f, 10.6f, -0.2f, 31},
+    {0, 0, 0, 0, 0, 0, 0, 0},
+    {254, -254, 6.6f, -100.9f, 1.1f, 0.9f, 200.2f, -3.2f},
+};
+static const float embedding_scales[4] = {1, 0.5f, 1, 2};
+static const float embedding_rows[4][8] = {
+    {127, -127, 0, 1, -2, 50, 3, -1},
+    {-63.5f, 63.5f, 1.5f, -1.5f, 0, 10.5f, 0, 31},
+    {0, 0, 0, 0, 0, 0, 0, 0},
+    {254, -254, 6, -100, 2, 0, 200, -4},
+};
+
+/* Under each int4 preset the table is int8 with one f16 scale per row; its
+ * packed bytes are the codes above and those scales; the kernel's rows are
+ * exactly the hand-computed ones (and the reference's, on quant_dequantize's
+ * values); its modeled cost is D codes and a scale per id. */
+static void test_embedding_int8_table(void **state) {
+    (void)state;
+    const char *const int4_presets[3] = {"int4-rtn", "int4-awq", "int4-gptq"};
+    const int32_t ids[5] = {3, 0, 1, 2, 3};
+    for (int p = 0; p < 3; p++) {
+        emit_case *c = case_new(int4_presets[p]);
+        c->activations = "f32";
+        ir_value_id table = case_weight(c, "f32[4, 8]");
+        uint32_t op = case_op(c, IR_OP_EMBEDDING, (ir_value_id[]){table, c->ids}, 2);
+        case_infer(c);
+        quant_format f;
+        assert_true(ir_weight_quant(&c->m, c->m.values[table].def_op, &f));
+        assert_int_equal(f.kind, QUANT_INT8);
+        assert_int_equal(f.method, QUANT_METHOD_RTN);
+        assert_int_equal(f.group, 8);
+        assert_false(f.has_zero || f.has_group_index || f.has_column_scale || f.interleaved);
+        case_set_floats(c, table, 5, &embedding_table[0][0], 32);
+        case_set_ints_data(c, c->ids, 5, ids, 5);
+        case_run(c, op, 5, F32_TOLERANCE);
+
+        quant_layout l;
+        assert_null(quant_layout_of(&f, 4, 8, &l));
+        const uint8_t *packed = c->values[table].buffer;
+        for (int r = 0; r < 4; r++) {
+            uint16_t scale;
+            memcpy(&scale, packed + l.scales + 2 * r, 2);
+            assert_int_equal(scale, plan_f32_to_f16(embedding_scales[r]));
+            for (int k = 0; k < 8; k++)
+                assert_int_equal((int8_t)packed[r * 8 + k],
+                                 (int)(embedding_rows[r][k] / embedding_scales[r]));
+        }
+        const float *out = c->values[case_result(c, op)].buffer;
+        for (int t = 0; t < 5; t++)
+            for (int k = 0; k < 8; k++)
+                assert_float_equal(out[t * 8 + k], embedding_rows[ids[t]][k], 0.0f);
+
+        arena a;
+        arena_init(&a);
+        cg_group_lowering lowering;
+        assert_true(case_emit(c, op, &a, &lowering));
+        assert_non_null(strstr(lowering.kernels[0].name, "embedding_i8_f32_v4_d8"));
+        const prog_cost *cost = lowering.kernels[0].cost;
+        assert_non_null(cost);
+        assert_float_equal(cost->read.per_token, 8 + 2 + 4, 0.0); /* codes, scale, id */
+        assert_float_equal(cost->written.per_token, 8 * 4, 0.0);
+        arena_free(&a);
+        case_free(c);
+    }
+}
+
+/* Random tables against the reference: D = 300 (threads stride past 256),
+ * bf16 and f32 activations, ids repeated and at both ends. */
+static void test_embedding_int8_table_wide(void **state) {
+    (void)state;
+    const int32_t ids[6] = {36, 0, 17, 36, 5, 1};
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        emit_case *c = case_new("int4-rtn");
+        c->activations = bf16 ? "bf16" : "f32";
+        c->group_size = 32;
+        ir_value_id table = case_weight(c, "f32[37, 300]");
+        uint32_t op = case_op(c, IR_OP_EMBEDDING, (ir_value_id[]){table, c->ids}, 2);
+        case_infer(c);
+        quant_format f;
+        assert_true(ir_weight_quant(&c->m, c->m.values[table].def_op, &f));
+        assert_int_equal(f.group, 300); /* one scale per row whatever the int4 group size */
+        for (int64_t t = 1; t <= 6; t += 5) {
+            case_set_ints_data(c, c->ids, t, ids, (uint64_t)t);
+            case_run(c, op, t, bf16 ? BF16_TOLERANCE : F32_TOLERANCE);
+        }
+        case_free(c);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemv_quantized_norm_rope_bias),
@@ -468,6 +568,8 @@ int main(void) {
         cmocka_unit_test(test_dequant_gemm_refused),
         cmocka_unit_test(test_dequant_gemm_not_w8a8),
         cmocka_unit_test(test_dequant_gemm_ptx_for_sm90),
+        cmocka_unit_test(test_embedding_int8_table),
+        cmocka_unit_test(test_embedding_int8_table_wide),
     };
     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
 }

@@ -341,6 +341,46 @@ static void test_w8a8_fp8_static_scale(void **state) {
     assert_floats(out, (const double[]){38.5, 1.5}, 2, 1e-5);
 }
 
+/* ---- the int4 presets' token-embedding table: int8, one scale per row ----------------- */
+
+/* embedding(table [3, 4], ids) with the table in quant.h's layout, int8
+ * codes and one f16 scale per row (0.5, 0.25, 2): each gathered row is its
+ * codes times its scale, by hand:
+ *   row 0: [10, -20, 30, 127] * 0.5    = [5, -10, 15, 63.5]
+ *   row 1: [0, 1, -1, -127] * 0.25     = [0, 0.25, -0.25, -31.75]
+ *   row 2: [64, 64, -64, 2] * 2        = [128, 128, -128, 4] */
+static void test_embedding_int8_table(void **state) {
+    (void)state;
+    fixture *f = fixture_new();
+    declare_inputs(f);
+    quant_format format = {.kind = QUANT_INT8, .method = QUANT_METHOD_RTN, .group = 4};
+    quant_layout l;
+    assert_null(quant_layout_of(&format, 3, 4, &l));
+    uint8_t bytes[64] = {0};
+    assert_true(l.total <= sizeof bytes);
+    const int8_t codes[12] = {10, -20, 30, 127, 0, 1, -1, -127, 64, 64, -64, 2};
+    memcpy(bytes + l.codes, codes, sizeof codes);
+    const float scales[3] = {0.5f, 0.25f, 2.0f};
+    for (int r = 0; r < 3; r++) {
+        uint16_t half = plan_f32_to_f16(scales[r]);
+        memcpy(bytes + l.scales + 2 * r, &half, 2); /* little-endian, as the layout says */
+    }
+    f->packed = bytes;
+    f->packed_bytes = l.total;
+    ir_value_id table = declare(f, IR_OP_WEIGHT, "model.embed_tokens.weight", "i8[3, 4]");
+    ir_weight_set_quant(&f->m, f->m.values[table].def_op, &format);
+    output(f, embedding(f, table, f->ids), "logits");
+    if (!pass_infer_shapes(&f->m, &f->d)) fail_msg("infer-shapes failed:\n%s", log_of(f));
+    f->r = ref_model_create_packed(&f->m, read_weight, read_packed, f, &f->d);
+    if (!f->r) fail_msg("create failed:\n%s", log_of(f));
+    float out[16];
+    step(f, (const int32_t[]){2, 0, 1, 2}, (const int32_t[]){0, 1, 2, 3}, 4, out, 16);
+    assert_floats(
+        out, (const double[]){128, 128, -128, 4, 5, -10, 15, 63.5, 0, 0.25, -0.25, -31.75, 128, 128, -128, 4},
+        16, 0.0);
+    fixture_free(f);
+}
+
 /* a[2, 3] + b[3]: b added to each row. */
 static void test_add_broadcasts_a_row(void **state) {
     fixture *f = fixture_new();
@@ -1287,6 +1327,7 @@ int main(void) {
         cmocka_unit_test(test_w8a8_int8_per_token),
         cmocka_unit_test(test_w8a8_fp8_per_token),
         cmocka_unit_test(test_w8a8_fp8_static_scale),
+        cmocka_unit_test(test_embedding_int8_table),
         cmocka_unit_test(test_add_broadcasts_a_row),
         cmocka_unit_test(test_mul_broadcasts_a_column),
         cmocka_unit_test(test_add_broadcasts_both_sides),
