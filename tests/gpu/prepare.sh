@@ -53,7 +53,8 @@ bytes=$(du -sb "$build" | cut -f1)
 mib=$(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1048576 }')
 if [ "$bytes" -gt "$limit" ]; then
     echo "tests/gpu/prepare.sh: $build is $mib MiB: more than the 64 MiB that can be carried to the GPU machine." >&2
-    echo "tests/gpu/prepare.sh: its largest parts (MiB); a Release build is smaller:" >&2
+    echo "tests/gpu/prepare.sh: its largest parts (MiB); what ctest leaves (tests/cli/Output, tests/kernel-cache)" \
+        "can go, and a fresh or Release build is smaller:" >&2
     du -sm --apparent-size "$build"/* | sort -rn | head -8 >&2
     exit 1
 fi

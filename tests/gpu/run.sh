@@ -7,8 +7,8 @@
 # with the cost of an empty launch and of a graph node; the dequantize-GEMMs
 # at Llama-3-8B's prefill shapes and the rope table are also checked on the
 # GPU, at one shape each for the GEMMs), and Llama-3-8B-shaped plans with
-# random weights: decode at contexts 128, 1024 and 8160 (+32 tokens: the 8192 the KV cache
-# holds) and prefills of 512 and 2048 tokens, each as a fraction of the
+# random weights: decode at contexts 128, 1024 and 8160 (+32 tokens: the
+# 8192 the KV cache holds) and prefills of 512 and 2048 tokens, each as a fraction of the
 # measured copy bandwidth (decode: unavoidable bytes per token / time) or
 # tensor rate (prefill: flops / time), fused and, where `smelt compile` has
 # --no-fuse, unfused. One command, inside 10 minutes on an H200 (the lent
