@@ -40,6 +40,17 @@
  * (cg_write_quant_loader): one 128-bit load of 32 int4 or 16 int8/fp8 codes
  * per lane, dequantized in registers as quant_value defines. Gate and up
  * share one kernel and so must share one format.
+ *
+ * W8A8 experts (the moe's gate_up_act_quant / down_act_quant, ops.def:
+ * int8 or E4M3 stacks with one scale per output channel): after the
+ * gather, one warp per slot finds the slot's activation scale, the absmax
+ * of its input row (x for gate_up, its hidden row for down) times the
+ * expert's column scales (gate's and up's apart) / 127 or / 448, into
+ * shared memory; the GEMM then quantizes each input element to its code
+ * as it streams the weight's codes and sums code products (int8 in int32,
+ * exact; E4M3 in f32), scaled by the slot's and the row's scales in the
+ * epilogue, as the GEMV's W8A8 does. The hidden rows are then kept in f32
+ * (the reference quantizes them unrounded), whatever the result's dtype.
  */
 #include "emit_internal.h"
 #include "quant.h"
