@@ -379,7 +379,8 @@ static const char *input_row_of(cg_kernel_builder *b, const grouped_spec *g, con
 static void write_w8a8_scales(cg_kernel_builder *b, const grouped_spec *g, uint32_t p_in, quant_kind act) {
     cg_text *t = &b->text;
     const char *bound = act == QUANT_INT8 ? "127.0f" : "448.0f";
-    cg_line(t, "/* each slot's activation scale: its row's absmax (times the column scales) / %s */", bound);
+    cg_line(t, "/* each slot's activation scale: its row's absmax (times the column scales) / %s */",
+            act == QUANT_INT8 ? "127" : "448");
     if (g->swiglu) {
         cg_line(
             t, "quant_row gate_columns = quant_row_at(gate + expert * EXPERT_BYTES, 0, SCALES_AT, ZEROS_AT,");
@@ -391,7 +392,8 @@ static void write_w8a8_scales(cg_kernel_builder *b, const grouped_spec *g, uint3
             t, "quant_row down_columns = quant_row_at(down + expert * EXPERT_BYTES, 0, SCALES_AT, ZEROS_AT,");
         cg_line(t, "                                      COLUMN_SCALES_AT, GROUP_INDEX_AT);");
     }
-    cg_line(t, "for (int m = warp; m < found; m += WARPS) { /* warp-uniform */");
+    cg_line(t, "/* one warp per slot: the loop is warp-uniform */");
+    cg_line(t, "for (int m = warp; m < found; m += WARPS) {");
     cg_line(t, "long long in_row = %s;", input_row_of(b, g, "slots[m]"));
     cg_line(t, g->swiglu ? "float gate_max = 0.0f, up_max = 0.0f;" : "float down_max = 0.0f;");
     cg_line(t, "for (int k = lane; k < INNER; k += 32) {");
