@@ -40,6 +40,17 @@
  * (cg_write_quant_loader): one 128-bit load of 32 int4 or 16 int8/fp8 codes
  * per lane, dequantized in registers as quant_value defines. Gate and up
  * share one kernel and so must share one format.
+ *
+ * W8A8 experts (the moe's gate_up_act_quant / down_act_quant, ops.def:
+ * int8 or E4M3 stacks with one scale per output channel): after the
+ * gather, one warp per slot finds the slot's activation scale, the absmax
+ * of its input row (x for gate_up, its hidden row for down) times the
+ * expert's column scales (gate's and up's apart) / 127 or / 448, into
+ * shared memory; the GEMM then quantizes each input element to its code
+ * as it streams the weight's codes and sums code products (int8 in int32,
+ * exact; E4M3 in f32), scaled by the slot's and the row's scales in the
+ * epilogue, as the GEMV's W8A8 does. The hidden rows are then kept in f32
+ * (the reference quantizes them unrounded), whatever the result's dtype.
  */
 #include "emit_internal.h"
 #include "quant.h"
@@ -60,7 +71,7 @@ typedef struct moe_shape {
     int64_t model_dim, experts, ffn, top_k, token_bound;
     bool normalize;
     cg_count tokens;
-    smelt_dtype scratch_dtype; /* hidden and partial rows: the result's storage dtype */
+    smelt_dtype scratch_dtype; /* hidden and partial rows: the result's storage dtype (f32 under W8A8 down) */
     const char *tag;           /* name part: dtypes and dims */
 } moe_shape;
 
@@ -257,7 +268,7 @@ static bool expert_storage_of(cg_emit *e, uint32_t operand, expert_storage *out)
 }
 
 /* The constants and the row reader of quantized experts. */
-static void write_expert_reader(cg_text *t, const expert_storage *w) {
+static void write_expert_reader(cg_text *t, const expert_storage *w, bool codes_only) {
     cg_line(t, "enum { K = INNER, VECTOR = %d, GROUP = %u, GROUPS = K / GROUP }; /* %s codes%s */", w->vector,
             w->format.group, quant_kind_name(w->format.kind), w->format.has_zero ? ", zero points" : "");
     cg_line(
@@ -269,7 +280,76 @@ static void write_expert_reader(cg_text *t, const expert_storage *w) {
     cg_line(t, "#define EXPERT_BYTES %lluull /* from one expert's weights to the next */",
             (unsigned long long)w->stride);
     cg_blank(t);
-    cg_write_quant_loader(t, &w->format, w->vector, false);
+    cg_write_quant_loader(t, &w->format, w->vector, codes_only);
+}
+
+/* W8A8 experts (ops.def, moe's gate_up_act_quant / down_act_quant): the
+ * codes of a weight row without their scale, its scale, its column scales,
+ * and an activation's code, as the GEMV's W8A8 computes them
+ * (emit_gemv.c) and the reference does (ref_ops.c, ref_w8a8_row_codes). */
+static void write_w8a8_helpers(cg_text *t, const expert_storage *w, quant_kind act) {
+    bool int8 = act == QUANT_INT8;
+    const char *code_type = int8 ? "int" : "float";
+    cg_line(t, "/* VECTOR codes of row r from column c * VECTOR, without their scale: %s. */",
+            int8 ? "int8 integers" : "E4M3 values");
+    cg_line(t, "SMELT_DEVICE void load_codes(quant_row r, int c, %s v[VECTOR])", code_type);
+    cg_line(t, "{");
+    cg_line(t, "long long k0 = (long long)c * VECTOR;");
+    if (w->vector > 1) {
+        cg_line(t, "smelt_u32x4 q = smelt_load_global_128(r.w + r.first + k0); /* %d codes */", w->vector);
+        cg_line(t, "uint32_t words[4] = {q.x, q.y, q.z, q.w};");
+        cg_line(t, "for (int i = 0; i < VECTOR; i++)");
+        cg_line(t, int8 ? "    v[i] = (int)(int8_t)(uint8_t)(words[i / 4] >> (i %% 4 * 8));"
+                        : "    v[i] = smelt_f8e4m3_to_f32((uint8_t)(words[i / 4] >> (i %% 4 * 8)));");
+    } else {
+        cg_line(t, int8 ? "v[0] = (int)(int8_t)r.w[r.first + k0];"
+                        : "v[0] = smelt_f8e4m3_to_f32(r.w[r.first + k0]);");
+    }
+    cg_line(t, "}");
+    cg_blank(t);
+    cg_line(t, "/* The row's scale: one per output channel (GROUP = K). */");
+    cg_line(t, "SMELT_DEVICE float row_scale(quant_row r)");
+    cg_line(t, "{");
+    cg_line(t, "return smelt_f16_to_f32(((const uint16_t *)(r.w + r.scales))[r.first_group]);");
+    cg_line(t, "}");
+    cg_blank(t);
+    cg_line(t, "/* The expert's column scale c[k] (SmoothQuant's 1 / s)%s. */",
+            w->format.has_column_scale ? "" : ": 1 without them");
+    cg_line(t, "SMELT_DEVICE float column_scale(quant_row r, long long k)");
+    cg_line(t, "{");
+    if (w->format.has_column_scale)
+        cg_line(t, "return ((const float *)(r.w + r.column_scales))[k];");
+    else
+        cg_line(t, "return (void)r, (void)k, 1.0f;");
+    cg_line(t, "}");
+    cg_blank(t);
+    if (int8) {
+        cg_line(t, "/* An activation's int8 code: x / s rounded to nearest even, clamped to +-127. */");
+        cg_line(t, "SMELT_DEVICE int activation_code(float v)");
+        cg_line(t, "{");
+        cg_line(t, "if (!(v == v))");
+        cg_line(t, "    return 0;");
+        cg_line(t, "float r = rintf(v);");
+        cg_line(t, "return (int)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);");
+        cg_line(t, "}");
+        cg_blank(t);
+        cg_line(t, "/* The sum over the 32 lanes of a warp, in every lane (exact: integers). */");
+        cg_line(t, "SMELT_DEVICE int warp_sum_i32(int v)");
+        cg_line(t, "{");
+        cg_line(t, "for (int offset = 16; offset > 0; offset /= 2)");
+        cg_line(t, "    v += smelt_shfl_xor_i32(0xffffffffu, v, offset);");
+        cg_line(t, "return v;");
+        cg_line(t, "}");
+    } else {
+        cg_line(t,
+                "/* An activation's E4M3 code, as its value: x / s rounded to nearest even, saturating. */");
+        cg_line(t, "SMELT_DEVICE float activation_code(float v)");
+        cg_line(t, "{");
+        cg_line(t, "return smelt_f8e4m3_to_f32(smelt_f32_to_f8e4m3(v));");
+        cg_line(t, "}");
+    }
+    cg_blank(t);
+    cg_write_warp_max(t);
 }
 
 /* A grouped projection: block (row tile, expert) computes rows
@@ -281,6 +361,126 @@ typedef struct grouped_spec {
     bool swiglu;
     int64_t rows, inner;
 } grouped_spec;
+
+/* The row of the input (x for gate_up, hidden for down) that slot `slot` multiplies. */
+static const char *input_row_of(cg_kernel_builder *b, const grouped_spec *g, const char *slot) {
+    return arena_printf(&b->e->scratch,
+                        g->swiglu ? "(long long)(%s / TOP_K) * INNER" : "(long long)%s * INNER", slot);
+}
+
+/* W8A8, after the gather: each found slot's activation scale into
+ * act_scale, one warp per slot: max_k |in[k] * c[k]| / 127 or / 448 (1 for
+ * a row of zeros), c the expert's column scales of gate and of up (down). */
+static void write_w8a8_scales(cg_kernel_builder *b, const grouped_spec *g, uint32_t p_in, quant_kind act) {
+    cg_text *t = &b->text;
+    const char *bound = act == QUANT_INT8 ? "127.0f" : "448.0f";
+    cg_line(t, "/* each slot's activation scale: its row's absmax (times the column scales) / %s */",
+            act == QUANT_INT8 ? "127" : "448");
+    if (g->swiglu) {
+        cg_line(
+            t, "quant_row gate_columns = quant_row_at(gate + expert * EXPERT_BYTES, 0, SCALES_AT, ZEROS_AT,");
+        cg_line(t, "                                      COLUMN_SCALES_AT, GROUP_INDEX_AT);");
+        cg_line(t, "quant_row up_columns = quant_row_at(up + expert * EXPERT_BYTES, 0, SCALES_AT, ZEROS_AT,");
+        cg_line(t, "                                    COLUMN_SCALES_AT, GROUP_INDEX_AT);");
+    } else {
+        cg_line(
+            t, "quant_row down_columns = quant_row_at(down + expert * EXPERT_BYTES, 0, SCALES_AT, ZEROS_AT,");
+        cg_line(t, "                                      COLUMN_SCALES_AT, GROUP_INDEX_AT);");
+    }
+    cg_line(t, "/* one warp per slot: the loop is warp-uniform */");
+    cg_line(t, "for (int m = warp; m < found; m += WARPS) {");
+    cg_line(t, "long long in_row = %s;", input_row_of(b, g, "slots[m]"));
+    cg_line(t, g->swiglu ? "float gate_max = 0.0f, up_max = 0.0f;" : "float down_max = 0.0f;");
+    cg_line(t, "for (int k = lane; k < INNER; k += 32) {");
+    cg_line(t, "float v = %s;", cg_load(b, p_in, "in_row + k"));
+    if (g->swiglu) {
+        cg_line(t, "gate_max = fmaxf(gate_max, fabsf(v * column_scale(gate_columns, k)));");
+        cg_line(t, "up_max = fmaxf(up_max, fabsf(v * column_scale(up_columns, k)));");
+    } else {
+        cg_line(t, "down_max = fmaxf(down_max, fabsf(v * column_scale(down_columns, k)));");
+    }
+    cg_line(t, "}");
+    if (g->swiglu) {
+        cg_line(t, "gate_max = warp_max(gate_max);");
+        cg_line(t, "up_max = warp_max(up_max);");
+        cg_line(t, "if (lane == 0) {");
+        cg_line(t, "act_scale[m][0] = gate_max > 0.0f ? gate_max / %s : 1.0f;", bound);
+        cg_line(t, "act_scale[m][1] = up_max > 0.0f ? up_max / %s : 1.0f;", bound);
+        cg_line(t, "}");
+    } else {
+        cg_line(t, "down_max = warp_max(down_max);");
+        cg_line(t, "if (lane == 0)");
+        cg_line(t, "    act_scale[m][0] = down_max > 0.0f ? down_max / %s : 1.0f;", bound);
+    }
+    cg_line(t, "}");
+    cg_line(t, "__syncthreads();");
+}
+
+/* W8A8, one tile of TILE slots against this warp's row: each element of a
+ * slot's input row times the column scale becomes a code of the slot's
+ * scale, summed times the weight's codes (int8: in int32, exact for INNER <
+ * 2^31 / 127^2; E4M3: in f32, each product exact), then times the slot's
+ * and the row's scales, as the GEMV's W8A8 (emit_gemv.c). */
+static void write_w8a8_tile(cg_kernel_builder *b, const grouped_spec *g, uint32_t p_in, uint32_t p_weight,
+                            uint32_t p_scratch, quant_kind act) {
+    cg_text *t = &b->text;
+    const char *code_type = act == QUANT_INT8 ? "int" : "float";
+    if (g->swiglu) {
+        cg_line(t, "%s g[TILE], u[TILE]; /* sums of code products */", code_type);
+        cg_line(t, "for (int m = 0; m < TILE; m++)");
+        cg_line(t, "    g[m] = u[m] = 0;");
+    } else {
+        cg_line(t, "%s sum[TILE]; /* sums of code products */", code_type);
+        cg_line(t, "for (int m = 0; m < TILE; m++)");
+        cg_line(t, "    sum[m] = 0;");
+    }
+    cg_line(t, "for (int c = lane; c < INNER / VECTOR; c += 32) {");
+    if (g->swiglu) {
+        cg_line(t, "%s gq[VECTOR], uq[VECTOR];", code_type);
+        cg_line(t, "load_codes(gate_row, c, gq);");
+        cg_line(t, "load_codes(up_row, c, uq);");
+    } else {
+        cg_line(t, "%s dq[VECTOR];", code_type);
+        cg_line(t, "load_codes(down_row, c, dq);");
+    }
+    cg_line(t, "for (int m = 0; m < TILE; m++) {");
+    cg_line(t, "if (m >= count)");
+    cg_line(t, "    break;");
+    cg_line(t, "for (int j = 0; j < VECTOR; j++) {");
+    cg_line(t, "long long k = (long long)c * VECTOR + j;");
+    cg_line(t, "float v = %s;", cg_load(b, p_in, "input_row[m] + k"));
+    if (g->swiglu) {
+        cg_line(t,
+                "g[m] += activation_code(v * column_scale(gate_row, k) / act_scale[tile + m][0]) * gq[j];");
+        cg_line(t, "u[m] += activation_code(v * column_scale(up_row, k) / act_scale[tile + m][1]) * uq[j];");
+    } else {
+        cg_line(t,
+                "sum[m] += activation_code(v * column_scale(down_row, k) / act_scale[tile + m][0]) * dq[j];");
+    }
+    cg_line(t, "}");
+    cg_line(t, "}");
+    cg_line(t, "}");
+    const char *reduce = act == QUANT_INT8 ? "warp_sum_i32" : "warp_sum";
+    cg_line(t, "for (int m = 0; m < TILE; m++) {");
+    cg_line(t, "if (m >= count)");
+    cg_line(t, "    break; /* warp-uniform */");
+    if (g->swiglu) {
+        cg_line(t, "float gm = (float)%s(g[m]) * act_scale[tile + m][0] * row_scale(gate_row);", reduce);
+        cg_line(t, "float um = (float)%s(u[m]) * act_scale[tile + m][1] * row_scale(up_row);", reduce);
+        cg_line(t, "if (lane == 0)");
+        cg_line(t, "    %s",
+                cg_store(b, p_scratch, "(long long)slots[tile + m] * FFN_DIM + row",
+                         "gm / (1.0f + expf(-gm)) * um"));
+    } else {
+        cg_line(t, "float total = (float)%s(sum[m]) * act_scale[tile + m][0] * row_scale(down_row);", reduce);
+        cg_line(t, "int slot = slots[tile + m];");
+        cg_line(t, "if (lane == 0)");
+        cg_line(t, "    %s",
+                cg_store(b, p_scratch, "(long long)SLOTS * FFN_DIM + (long long)slot * MODEL_DIM + row",
+                         arena_printf(&b->e->scratch, "%s * total", cg_load(b, p_weight, "slot"))));
+    }
+    /* the caller closes the loop over the tile's slots */
+}
 
 static bool emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) {
     ir_value_id x = cg_operand(e, 0);
@@ -296,11 +496,23 @@ static bool emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) 
                    "or keep both (--keep)");
         return false;
     }
+    /* W8A8: the input rows quantized per row to the codes of the experts' kind (ops.def) */
+    const char *act_name = cg_attr_string(e, g->swiglu ? "gate_up_act_quant" : "down_act_quant", "none");
+    quant_kind act = strcmp(act_name, "i8") == 0       ? QUANT_INT8
+                     : strcmp(act_name, "f8e4m3") == 0 ? QUANT_FP8
+                                                       : QUANT_NONE;
+    if (act != QUANT_NONE && (!storage.quantized || storage.format.kind != act)) {
+        diag_error(e->d, e->ir->loc, "moe: %s_act_quant = \"%s\" over experts that are not %s", g->kind,
+                   act_name, quant_kind_name(act));
+        return false;
+    }
     const char *name = arena_printf(&e->scratch, "moe_%s_%s", g->kind, s->tag);
     if (storage.quantized) /* the format: group, zero points, act-order, column scales */
         name = arena_printf(&e->scratch, "%s_g%u%s%s%s", name, storage.format.group,
                             storage.format.has_zero ? "z" : "", storage.format.has_group_index ? "o" : "",
                             storage.format.has_column_scale ? "c" : "");
+    if (act != QUANT_NONE) /* W8A8: the activations' codes, per row */
+        name = arena_printf(&e->scratch, "%s_a%s", name, act == QUANT_INT8 ? "i8" : "f8");
     cg_kernel_builder b;
     cg_kernel_begin(&b, e, name,
                     g->swiglu
@@ -338,23 +550,30 @@ static bool emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) 
             (long long)(s->token_bound * s->top_k));
     cg_blank(t);
     bool quantized = storage.quantized;
-    if (quantized && !vectorizable(&b, p_in)) storage.vector = 1; /* the x rows element by element too */
-    bool vector = quantized ? storage.vector > 1
-                            : g->inner % MOE_VECTOR == 0 && vectorizable(&b, p_in) &&
-                                  (g->swiglu ? vectorizable(&b, p_gate) && vectorizable(&b, p_up)
-                                             : vectorizable(&b, p_down));
+    /* the x rows element by element too (W8A8 reads them so: one code each) */
+    if (quantized && act == QUANT_NONE && !vectorizable(&b, p_in)) storage.vector = 1;
+    bool vector = act != QUANT_NONE ? false
+                  : quantized       ? storage.vector > 1
+                                    : g->inner % MOE_VECTOR == 0 && vectorizable(&b, p_in) &&
+                                    (g->swiglu ? vectorizable(&b, p_gate) && vectorizable(&b, p_up)
+                                               : vectorizable(&b, p_down));
     if (vector) write_vector_helpers(t);
-    if (quantized) write_expert_reader(t, &storage);
+    if (quantized) write_expert_reader(t, &storage, act != QUANT_NONE);
+    if (act != QUANT_NONE) write_w8a8_helpers(t, &storage, act);
     write_popcount(t);
-    cg_write_warp_sum(t);
+    if (act != QUANT_INT8) cg_write_warp_sum(t); /* int8 sums its integers: warp_sum_i32 */
     cg_kernel_signature(&b);
     cg_line(t, "__shared__ int slots[THREADS];    /* this expert's slots in the window */");
     cg_line(t, "__shared__ int warp_hits[WARPS];");
+    if (act != QUANT_NONE)
+        cg_line(t, "__shared__ float act_scale[THREADS][%d]; /* each slot's activation scale%s */",
+                g->swiglu ? 2 : 1, g->swiglu ? ": against gate's (0) and up's (1) column scales" : "");
     cg_line(t, "int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;");
     cg_line(t, "long long expert = blockIdx.y;");
     cg_line(t, "int choices = tokens * TOP_K;");
     cg_line(t, "for (int window = 0; window < choices; window += THREADS) {");
     write_gather(t);
+    if (act != QUANT_NONE) write_w8a8_scales(&b, g, p_in, act);
     cg_line(t, "for (int r = 0; r < ROWS_PER_WARP; r++) {");
     cg_line(t, "int row = (blockIdx.x * WARPS + warp) * ROWS_PER_WARP + r;");
     cg_line(t, "if (row >= ROWS_OUT)");
@@ -380,111 +599,115 @@ static bool emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) 
         cg_line(t, "    input_row[m] = m < count ? (long long)(slots[tile + m] / TOP_K) * INNER : 0;");
     else
         cg_line(t, "    input_row[m] = m < count ? (long long)slots[tile + m] * INNER : 0;");
-    if (g->swiglu) {
-        cg_line(t, "float g[TILE], u[TILE];");
-        cg_line(t, "for (int m = 0; m < TILE; m++)");
-        cg_line(t, "    g[m] = u[m] = 0.0f;");
+    if (act != QUANT_NONE) {
+        write_w8a8_tile(&b, g, p_in, p_weight, p_scratch, act);
     } else {
-        cg_line(t, "float sum[TILE];");
-        cg_line(t, "for (int m = 0; m < TILE; m++)");
-        cg_line(t, "    sum[m] = 0.0f;");
-    }
-    if (quantized && vector) {
-        cg_line(t, "for (int c = lane; c < INNER / VECTOR; c += 32) {");
         if (g->swiglu) {
-            cg_line(t, "float gs[VECTOR], us[VECTOR];");
-            cg_line(t, "load_weight(gate_row, c, gs);");
-            cg_line(t, "load_weight(up_row, c, us);");
+            cg_line(t, "float g[TILE], u[TILE];");
+            cg_line(t, "for (int m = 0; m < TILE; m++)");
+            cg_line(t, "    g[m] = u[m] = 0.0f;");
         } else {
-            cg_line(t, "float ds[VECTOR];");
-            cg_line(t, "load_weight(down_row, c, ds);");
+            cg_line(t, "float sum[TILE];");
+            cg_line(t, "for (int m = 0; m < TILE; m++)");
+            cg_line(t, "    sum[m] = 0.0f;");
+        }
+        if (quantized && vector) {
+            cg_line(t, "for (int c = lane; c < INNER / VECTOR; c += 32) {");
+            if (g->swiglu) {
+                cg_line(t, "float gs[VECTOR], us[VECTOR];");
+                cg_line(t, "load_weight(gate_row, c, gs);");
+                cg_line(t, "load_weight(up_row, c, us);");
+            } else {
+                cg_line(t, "float ds[VECTOR];");
+                cg_line(t, "load_weight(down_row, c, ds);");
+            }
+            cg_line(t, "for (int m = 0; m < TILE; m++) {");
+            cg_line(t, "if (m >= count)");
+            cg_line(t, "    break;");
+            cg_line(t, "for (int h = 0; h < VECTOR / 8; h++) {");
+            cg_line(t, "float xs[8];");
+            cg_line(t, "%s;", load8(&b, p_in, "input_row[m] + (long long)c * VECTOR + 8 * h", "xs"));
+            cg_line(t, "for (int j = 0; j < 8; j++) {");
+            if (g->swiglu) {
+                cg_line(t, "g[m] += xs[j] * gs[8 * h + j];");
+                cg_line(t, "u[m] += xs[j] * us[8 * h + j];");
+            } else {
+                cg_line(t, "sum[m] += xs[j] * ds[8 * h + j];");
+            }
+            cg_line(t, "}");
+            cg_line(t, "}");
+            cg_line(t, "}");
+            cg_line(t, "}");
+        } else if (vector) {
+            cg_line(t, "for (int i = lane * 8; i < INNER; i += 32 * 8) {");
+            if (g->swiglu) {
+                cg_line(t, "float gs[8], us[8];");
+                cg_line(t, "%s;", load8(&b, p_gate, "weight_row + i", "gs"));
+                cg_line(t, "%s;", load8(&b, p_up, "weight_row + i", "us"));
+            } else {
+                cg_line(t, "float ds[8];");
+                cg_line(t, "%s;", load8(&b, p_down, "weight_row + i", "ds"));
+            }
+            cg_line(t, "for (int m = 0; m < TILE; m++) {");
+            cg_line(t, "if (m >= count)");
+            cg_line(t, "    break;");
+            cg_line(t, "float xs[8];");
+            cg_line(t, "%s;", load8(&b, p_in, "input_row[m] + i", "xs"));
+            cg_line(t, "for (int j = 0; j < 8; j++) {");
+            if (g->swiglu) {
+                cg_line(t, "g[m] += xs[j] * gs[j];");
+                cg_line(t, "u[m] += xs[j] * us[j];");
+            } else {
+                cg_line(t, "sum[m] += xs[j] * ds[j];");
+            }
+            cg_line(t, "}");
+            cg_line(t, "}");
+            cg_line(t, "}");
+        } else {
+            cg_line(t, "for (int i = lane; i < INNER; i += 32) {");
+            if (quantized && g->swiglu) {
+                cg_line(t, "float gw, uw;");
+                cg_line(t, "load_weight(gate_row, i, &gw);");
+                cg_line(t, "load_weight(up_row, i, &uw);");
+            } else if (quantized) {
+                cg_line(t, "float dw;");
+                cg_line(t, "load_weight(down_row, i, &dw);");
+            } else if (g->swiglu) {
+                cg_line(t, "float gw = %s, uw = %s;", cg_load(&b, p_gate, "weight_row + i"),
+                        cg_load(&b, p_up, "weight_row + i"));
+            } else {
+                cg_line(t, "float dw = %s;", cg_load(&b, p_down, "weight_row + i"));
+            }
+            cg_line(t, "for (int m = 0; m < TILE; m++) {");
+            cg_line(t, "if (m >= count)");
+            cg_line(t, "    break;");
+            cg_line(t, "float xv = %s;", cg_load(&b, p_in, "input_row[m] + i"));
+            if (g->swiglu) {
+                cg_line(t, "g[m] += xv * gw;");
+                cg_line(t, "u[m] += xv * uw;");
+            } else {
+                cg_line(t, "sum[m] += xv * dw;");
+            }
+            cg_line(t, "}");
+            cg_line(t, "}");
         }
         cg_line(t, "for (int m = 0; m < TILE; m++) {");
         cg_line(t, "if (m >= count)");
-        cg_line(t, "    break;");
-        cg_line(t, "for (int h = 0; h < VECTOR / 8; h++) {");
-        cg_line(t, "float xs[8];");
-        cg_line(t, "%s;", load8(&b, p_in, "input_row[m] + (long long)c * VECTOR + 8 * h", "xs"));
-        cg_line(t, "for (int j = 0; j < 8; j++) {");
+        cg_line(t, "    break; /* warp-uniform */");
         if (g->swiglu) {
-            cg_line(t, "g[m] += xs[j] * gs[8 * h + j];");
-            cg_line(t, "u[m] += xs[j] * us[8 * h + j];");
+            cg_line(t, "float gm = warp_sum(g[m]), um = warp_sum(u[m]);");
+            cg_line(t, "if (lane == 0)");
+            cg_line(t, "    %s",
+                    cg_store(&b, p_scratch, "(long long)slots[tile + m] * FFN_DIM + row",
+                             "gm / (1.0f + expf(-gm)) * um"));
         } else {
-            cg_line(t, "sum[m] += xs[j] * ds[8 * h + j];");
+            cg_line(t, "float total = warp_sum(sum[m]);");
+            cg_line(t, "int slot = slots[tile + m];");
+            cg_line(t, "if (lane == 0)");
+            cg_line(t, "    %s",
+                    cg_store(&b, p_scratch, "(long long)SLOTS * FFN_DIM + (long long)slot * MODEL_DIM + row",
+                             arena_printf(&e->scratch, "%s * total", cg_load(&b, p_weight, "slot"))));
         }
-        cg_line(t, "}");
-        cg_line(t, "}");
-        cg_line(t, "}");
-        cg_line(t, "}");
-    } else if (vector) {
-        cg_line(t, "for (int i = lane * 8; i < INNER; i += 32 * 8) {");
-        if (g->swiglu) {
-            cg_line(t, "float gs[8], us[8];");
-            cg_line(t, "%s;", load8(&b, p_gate, "weight_row + i", "gs"));
-            cg_line(t, "%s;", load8(&b, p_up, "weight_row + i", "us"));
-        } else {
-            cg_line(t, "float ds[8];");
-            cg_line(t, "%s;", load8(&b, p_down, "weight_row + i", "ds"));
-        }
-        cg_line(t, "for (int m = 0; m < TILE; m++) {");
-        cg_line(t, "if (m >= count)");
-        cg_line(t, "    break;");
-        cg_line(t, "float xs[8];");
-        cg_line(t, "%s;", load8(&b, p_in, "input_row[m] + i", "xs"));
-        cg_line(t, "for (int j = 0; j < 8; j++) {");
-        if (g->swiglu) {
-            cg_line(t, "g[m] += xs[j] * gs[j];");
-            cg_line(t, "u[m] += xs[j] * us[j];");
-        } else {
-            cg_line(t, "sum[m] += xs[j] * ds[j];");
-        }
-        cg_line(t, "}");
-        cg_line(t, "}");
-        cg_line(t, "}");
-    } else {
-        cg_line(t, "for (int i = lane; i < INNER; i += 32) {");
-        if (quantized && g->swiglu) {
-            cg_line(t, "float gw, uw;");
-            cg_line(t, "load_weight(gate_row, i, &gw);");
-            cg_line(t, "load_weight(up_row, i, &uw);");
-        } else if (quantized) {
-            cg_line(t, "float dw;");
-            cg_line(t, "load_weight(down_row, i, &dw);");
-        } else if (g->swiglu) {
-            cg_line(t, "float gw = %s, uw = %s;", cg_load(&b, p_gate, "weight_row + i"),
-                    cg_load(&b, p_up, "weight_row + i"));
-        } else {
-            cg_line(t, "float dw = %s;", cg_load(&b, p_down, "weight_row + i"));
-        }
-        cg_line(t, "for (int m = 0; m < TILE; m++) {");
-        cg_line(t, "if (m >= count)");
-        cg_line(t, "    break;");
-        cg_line(t, "float xv = %s;", cg_load(&b, p_in, "input_row[m] + i"));
-        if (g->swiglu) {
-            cg_line(t, "g[m] += xv * gw;");
-            cg_line(t, "u[m] += xv * uw;");
-        } else {
-            cg_line(t, "sum[m] += xv * dw;");
-        }
-        cg_line(t, "}");
-        cg_line(t, "}");
-    }
-    cg_line(t, "for (int m = 0; m < TILE; m++) {");
-    cg_line(t, "if (m >= count)");
-    cg_line(t, "    break; /* warp-uniform */");
-    if (g->swiglu) {
-        cg_line(t, "float gm = warp_sum(g[m]), um = warp_sum(u[m]);");
-        cg_line(t, "if (lane == 0)");
-        cg_line(t, "    %s",
-                cg_store(&b, p_scratch, "(long long)slots[tile + m] * FFN_DIM + row",
-                         "gm / (1.0f + expf(-gm)) * um"));
-    } else {
-        cg_line(t, "float total = warp_sum(sum[m]);");
-        cg_line(t, "int slot = slots[tile + m];");
-        cg_line(t, "if (lane == 0)");
-        cg_line(t, "    %s",
-                cg_store(&b, p_scratch, "(long long)SLOTS * FFN_DIM + (long long)slot * MODEL_DIM + row",
-                         arena_printf(&e->scratch, "%s * total", cg_load(&b, p_weight, "slot"))));
     }
     cg_line(t, "}");
     cg_line(t, "}");
@@ -581,6 +804,9 @@ static bool read_shape(cg_emit *e, moe_shape *s) {
                      .normalize = cg_attr_bool(e, "normalize", true),
                      .tokens = cg_shape_count(&xs, 0, 1),
                      .scratch_dtype = cg_storage_dtype(e->m, result)};
+    /* W8A8 down quantizes the hidden rows as f32 (ops.def): they are not rounded to the storage dtype first
+     */
+    if (strcmp(cg_attr_string(e, "down_act_quant", "none"), "none") != 0) s->scratch_dtype = SMELT_DTYPE_F32;
     s->tag = arena_printf(&e->scratch, "%s_e%lld_k%lld_d%lld_f%lld", cg_dtype_tag(e, stored, 6),
                           (long long)experts, (long long)top_k, (long long)model_dim, (long long)ffn);
     return true;

@@ -1,9 +1,10 @@
-/* accuracy_gate.c - each quantized weight's output error on the calibration
- * inputs, and the weights kept unquantized for it (accuracy_gate.h has the
- * contract). */
+/* accuracy_gate.c - each quantized weight's (and each stack of MoE
+ * experts') output error on the calibration inputs, and the weights kept
+ * unquantized for it (accuracy_gate.h has the contract). */
 #include "accuracy_gate.h"
 
 #include "calib.h"
+#include "quant_group.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -99,16 +100,108 @@ static bool read_by_matmul(const ir_module *m, ir_value_id v) {
     return false;
 }
 
+
+/* Quantizes stack op `op` of MoE experts [E, N, K] of format f expert by
+ * expert, each with the statistics of the tokens routed to it, and measures
+ * the stack into *out: sqrt(sum_e ||X_e (W_e - Ŵ_e)^T||^2 / sum_e ||X_e
+ * W_e^T||^2), the relative output error of the stack over every (token,
+ * chosen expert) pair of the calibration inputs; an expert no token reached
+ * adds nothing. The quantized experts are not kept (out->tensor.data stays
+ * NULL): the plan writer quantizes the stack again (driver/quantize.c). */
+static bool measure_stack(const ir_module *m, uint32_t op, const quant_format *f, drv_source_weights *w,
+                          const drv_calibration *cal, double limit, drv_gate_weight *out, diag_engine *d) {
+    const char *name = ir_op_string(m, op, "name");
+    const ir_type *t = &m->values[m->ops[op].results[0]].type;
+    uint64_t experts = (uint64_t)t->dims[0].size, rows = (uint64_t)t->dims[1].size,
+             cols = (uint64_t)t->dims[2].size, count = 0;
+    size_t length = strlen(name) + 1;
+    *out = (drv_gate_weight){.name = malloc(length), .layer = layer_of(name), .format = *f};
+    bool sized = rows && cols && !__builtin_mul_overflow(experts, rows * cols, &count) &&
+                 count <= SIZE_MAX / sizeof(float);
+    float *values = sized ? malloc(count * sizeof *values) : NULL;
+    double *row = malloc((cols ? cols : 1) * sizeof *row);
+    if (!out->name || !values || !row) {
+        free(values);
+        free(row);
+        diag_error(d, SMELT_NO_LOC, "out of memory measuring weight '%.*s%s'", DIAG_NAME(name));
+        return false;
+    }
+    memcpy(out->name, name, length);
+    bool ok = drv_source_weights_read(w, op, values, count);
+    if (!ok) diag_error(d, SMELT_NO_LOC, "cannot read weight '%.*s%s' to measure it", DIAG_NAME(name));
+    double error = 0.0, output = 0.0;
+    arena names;
+    arena_init(&names);
+    for (uint64_t e = 0; ok && e < experts; e++) {
+        const char *expert = drv_expert_name(m, op, e, &names);
+        const quant_act_stats *s = drv_calibration_stats(cal, expert);
+        if (!s || !s->xtx || s->cols != cols) {
+            diag_error(d, SMELT_NO_LOC,
+                       "--max-layer-error: no calibration statistics of the input of expert '%.*s%s' (no moe "
+                       "the reference ran reads it)",
+                       DIAG_NAME(expert));
+            ok = false;
+            break;
+        }
+        if (s->tokens == 0) continue; /* no input: no output to be wrong */
+        const float *matrix = values + e * rows * cols;
+        quant_tensor q;
+        ok = drv_quantize_weight(expert, matrix, rows, cols, f, s, &q, d);
+        if (!ok) break;
+        error += quant_output_error(matrix, &q, s->xtx);
+        for (uint64_t n = 0; n < rows; n++) {
+            for (uint64_t k = 0; k < cols; k++)
+                row[k] = matrix[n * cols + k];
+            output += quant_quadratic_form(row, s->xtx, cols, cols);
+        }
+        free(q.data);
+    }
+    arena_free(&names);
+    free(values);
+    free(row);
+    if (ok) {
+        out->error = output > 0 ? sqrt(error / output) : isnan(error) ? NAN : 0.0;
+        if (isnan(out->error)) {
+            diag_error(d, SMELT_NO_LOC, "the output error of weight '%.*s%s' is not a number%s",
+                       DIAG_NAME(name), " (out of memory, or a NaN in the checkpoint or its statistics)");
+            ok = false;
+        }
+        out->kept = out->error > limit;
+    }
+    return ok;
+}
+
 /* Whether weight op `op` is measured: quantized here (not imported
- * quantized: no floats to compare with), a matrix (MoE experts, an
- * [E, N, K] stack, are not gated: their inputs differ expert by expert),
- * and a matmul's weight: the int8 token-embedding table of the int4
- * presets is gathered, not multiplied, so the output error is not its
- * measure (a table tied to the lm_head is measured as the lm_head). */
+ * quantized: no floats to compare with), and a matrix a matmul reads as
+ * its weight (the int8 token-embedding table of the int4 presets is
+ * gathered, not multiplied, so the output error is not its measure; a
+ * table tied to the lm_head is measured as the lm_head), or an [E, N, K]
+ * stack of MoE experts (measure_stack). */
 static bool gated(const ir_module *m, uint32_t op, quant_format *f) {
+    unsigned rank = m->values[m->ops[op].results[0]].type.rank;
     return !m->ops[op].dead && m->ops[op].kind == IR_OP_WEIGHT && ir_weight_quant(m, op, f) &&
-           f->method != QUANT_METHOD_CHECKPOINT && m->values[m->ops[op].results[0]].type.rank == 2 &&
-           read_by_matmul(m, m->ops[op].results[0]);
+           f->method != QUANT_METHOD_CHECKPOINT &&
+           ((rank == 2 && read_by_matmul(m, m->ops[op].results[0])) || rank == 3);
+}
+
+/* The gate's entry for weight value v, or NULL. */
+static drv_gate_weight *entry_of(const ir_module *m, drv_gate *g, ir_value_id v) {
+    const char *name = ir_op_string(m, m->values[v].def_op, "name");
+    for (uint32_t i = 0; i < g->weight_count; i++)
+        if (strcmp(g->weights[i].name, name) == 0) return &g->weights[i];
+    return NULL;
+}
+
+/* One kernel reads a moe's gate and up stacks, so they share one format
+ * (codegen/emit_moe.c): when either is over the limit both are kept. */
+static void keep_gate_and_up_together(const ir_module *m, drv_gate *g) {
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *o = &m->ops[i];
+        if (o->dead || o->kind != IR_OP_MOE || o->operand_count != 5) continue;
+        drv_gate_weight *gate = entry_of(m, g, o->operands[2]), *up = entry_of(m, g, o->operands[3]);
+        if (!gate || !up || gate->kept == up->kept) continue;
+        gate->kept = up->kept = true;
+    }
 }
 
 bool drv_gate_run(const char *model_path, const drv_source_options *source, const drv_lowering *l,
@@ -134,10 +227,19 @@ bool drv_gate_run(const char *model_path, const drv_source_options *source, cons
     bool show = isatty(STDERR_FILENO);
     for (uint32_t i = 0; ok && i < m.op_count; i++) {
         if (!gated(&m, i, &f)) continue;
-        ok = measure(&m, i, &f, &weights, cal, out->max_error, &out->weights[out->weight_count++], d);
+        ok = m.values[m.ops[i].results[0]].type.rank == 3
+                 ? measure_stack(&m, i, &f, &weights, cal, out->max_error, &out->weights[out->weight_count++],
+                                 d)
+                 : measure(&m, i, &f, &weights, cal, out->max_error, &out->weights[out->weight_count++], d);
         if (show) fprintf(stderr, "\rsmelt: accuracy gate: %u of %u weights", out->weight_count, total);
     }
     if (show && total) fputc('\n', stderr);
+    if (ok) keep_gate_and_up_together(&m, out);
+    for (uint32_t i = 0; ok && i < out->weight_count; i++)
+        if (out->weights[i].kept) { /* stored unquantized: its codes are not needed */
+            free(out->weights[i].tensor.data);
+            out->weights[i].tensor.data = NULL;
+        }
     const char *bad = NULL;
     if (ok && !(out->keep = keep_list(l->precision_options.keep, out, &bad))) {
         diag_error(d, SMELT_NO_LOC, "out of memory for the accuracy gate's kept weights");

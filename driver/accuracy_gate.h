@@ -26,6 +26,19 @@
  * among the dot-separated parts of its name (model.layers.3.mlp.up_proj.weight:
  * 3); a weight without one (lm_head) is in none.
  *
+ * A stack of MoE experts [E, N, K] is one entry, measured as a whole:
+ * each expert quantized on its own statistics and measured through the XᵀX
+ * of the tokens routed to it, the stack's error
+ *
+ *   sqrt(sum_e ||X_e W_e^T - X_e Ŵ_e^T||_F^2 / sum_e ||X_e W_e^T||_F^2)
+ *
+ * over every (token, chosen expert) pair (an expert no token reached adds
+ * nothing); a stack over E stays unquantized as a whole (its name template
+ * joins the --keep globs), and a moe's gate and up stacks are kept
+ * together (one kernel reads both, in one format). Like a matmul weight's,
+ * the error is the weight's alone: under W8A8 the activations' rounding is
+ * not part of it.
+ *
  * Weights imported pre-quantized (method "checkpoint") have no unquantized
  * values to compare with and are not gated; nor is a quantized weight that
  * no matmul reads (the int8 token-embedding table of the int4 presets,

@@ -464,6 +464,52 @@ static void check_act_quant(verifier *v, uint32_t index) {
                   "group index)");
 }
 
+/* A moe's activation quantization (W8A8, ops.def): each quantized input
+ * (gate_up_act_quant: x, for the gate and up stacks; down_act_quant: the
+ * hidden rows, for down) over stacks of the matching kind with one scale
+ * per output channel, and act_scale token exactly when one is quantized. */
+static void check_moe_act_quant(verifier *v, uint32_t index) {
+    const ir_module *m = v->m;
+    const ir_op *op = &m->ops[index];
+    const char *attrs[2] = {"gate_up_act_quant", "down_act_quant"};
+    const uint32_t first[2] = {2, 4}, last[2] = {3, 4}; /* the stacks each input is multiplied by */
+    const ir_attr *scale = ir_op_attr(m, index, "act_scale");
+    const char *rule = scale && scale->kind == IR_ATTR_STRING ? scale->as.s : "none";
+    bool any = false;
+    for (int input = 0; input < 2; input++) {
+        const ir_attr *quant = ir_op_attr(m, index, attrs[input]);
+        const char *kind = quant && quant->kind == IR_ATTR_STRING ? quant->as.s : "none";
+        if (strcmp(kind, "none") == 0) continue;
+        any = true;
+        quant_kind wanted = strcmp(kind, "i8") == 0 ? QUANT_INT8 : QUANT_FP8;
+        for (uint32_t i = first[input]; i <= last[input] && i < op->operand_count; i++) {
+            ir_value_id w = op->operands[i];
+            quant_format f;
+            if (w >= m->value_count || v->state[w] != VALUE_DEFINED) continue;
+            const ir_type *t = &m->values[w].type;
+            if (!ir_weight_quant(m, m->values[w].def_op, &f))
+                violation(v, op, "%s = \"%s\" needs quantized experts in operand %u (W8A8)", attrs[input],
+                          kind, i);
+            else if (f.kind != wanted)
+                violation(v, op, "%s = \"%s\" needs %s experts in operand %u, found %s", attrs[input], kind,
+                          quant_kind_name(wanted), i, quant_kind_name(f.kind));
+            else if (t->rank != 3 || ir_dim_is_symbol(t->dims[2]) || f.group != (uint64_t)t->dims[2].size ||
+                     f.has_zero || f.has_group_index)
+                violation(v, op,
+                          "%s needs one weight scale per output channel of each expert in operand %u (group "
+                          "= K, no zero points or group index)",
+                          attrs[input], i);
+        }
+    }
+    if (any && strcmp(rule, "token") != 0)
+        violation(v, op,
+                  "a moe's quantized activations need act_scale \"token\" (computed per row at run time)");
+    else if (!any && strcmp(rule, "none") != 0)
+        violation(v, op,
+                  "act_scale without gate_up_act_quant or down_act_quant: the activations are not "
+                  "quantized");
+}
+
 /* ---- the module --------------------------------------------------------------- */
 
 static void verify_op(verifier *v, uint32_t index, ir_type *scratch) {
@@ -482,6 +528,7 @@ static void verify_op(verifier *v, uint32_t index, ir_type *scratch) {
     if (op->kind == IR_OP_WEIGHT) check_weight_quant(v, index);
     check_quant_readers(v, index);
     if (op->kind == IR_OP_MATMUL) check_act_quant(v, index);
+    if (op->kind == IR_OP_MOE) check_moe_act_quant(v, index);
     for (uint32_t i = 0; i < op->operand_count; i++) {
         ir_value_id id = op->operands[i];
         if (v->m->values[id].type.dtype == SMELT_DTYPE_UNKNOWN || v->state[id] == VALUE_BAD_TYPE)

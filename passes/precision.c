@@ -68,9 +68,15 @@
  *   [N, K] matrix in the same format (quant_stack_layout_of); whose input
  *   columns the group divides, and whose name (or the name without
  *   ".weight") matches none of the `keep` patterns
- *   (ir_tensor_pattern_matches: "lm_head,*.down_proj,*.experts.*"). Under int4-awq and int4-gptq each
- *   expert learns from its own calibration statistics, over the tokens
- *   routed to it (driver/calibrate.c).
+ *   (ir_tensor_pattern_matches: "lm_head,*.down_proj,*.experts.*"). Under int4-awq,
+ *   int4-gptq and int8 (SmoothQuant) each expert learns from its own
+ *   calibration statistics, over the tokens routed to it
+ *   (driver/calibrate.c). Under int8 and fp8 W8A8 the experts are W8A8
+ *   too: the moe's gate_up_act_quant (x, for gate and up) and
+ *   down_act_quant (the hidden rows, for down), act_scale token (ops.def),
+ *   each for the stacks that are quantized of the preset's kind; under
+ *   "tensor" the experts still quantize per token (static scales are the
+ *   matmuls'), said in a note.
  * The token-embedding table: under the int4 presets (any method, any group
  *   size) a 2-D, unstacked weight that an embedding of the token ids
  *   gathers from (and that nothing else reads but matmuls of layout out_in
@@ -249,6 +255,43 @@ static bool set_act_quant(ir_module *m, uint32_t op, bool wanted, quant_kind kin
     return true;
 }
 
+/* Is operand `operand` of moe op `op` a stack of experts that W8A8 can
+ * multiply codes with: int8 or E4M3 codes (a pre-quantized checkpoint's
+ * only when they are `kind_wanted`), one scale per output channel? */
+static bool w8a8_experts(const ir_module *m, uint32_t op, uint32_t operand, quant_kind kind_wanted,
+                         quant_kind *kind) {
+    ir_value_id w = m->ops[op].operands[operand];
+    const ir_type *t = &m->values[w].type;
+    quant_format f;
+    if (!ir_weight_quant(m, m->values[w].def_op, &f) || (f.kind != QUANT_INT8 && f.kind != QUANT_FP8) ||
+        f.has_zero || f.has_group_index || t->rank != 3 || ir_dim_is_symbol(t->dims[2]) ||
+        f.group != (uint64_t)t->dims[2].size ||
+        (f.method == QUANT_METHOD_CHECKPOINT && f.kind != kind_wanted))
+        return false;
+    *kind = f.kind;
+    return true;
+}
+
+/* Moe op `op`'s activation quantization (W8A8, ops.def): when `wanted`, x
+ * is quantized per token for gate and up when both stacks are W8A8 experts
+ * of one kind, the hidden rows per row for down when it is; act_scale
+ * token when either is. Static per-tensor scales (`static_scales`) are
+ * matmuls' alone: experts quantize per token under them too, which the
+ * caller notes once. */
+static void set_moe_act_quant(ir_module *m, uint32_t op, bool wanted, quant_kind kind_wanted) {
+    quant_kind gate = QUANT_NONE, up = QUANT_NONE, down = QUANT_NONE;
+    bool gate_up = wanted && m->ops[op].operand_count == 5 && w8a8_experts(m, op, 2, kind_wanted, &gate) &&
+                   w8a8_experts(m, op, 3, kind_wanted, &up) && gate == up;
+    bool down_quantized =
+        wanted && m->ops[op].operand_count == 5 && w8a8_experts(m, op, 4, kind_wanted, &down);
+    ir_op_set_string(m, op, "gate_up_act_quant", !gate_up ? "none" : gate == QUANT_INT8 ? "i8" : "f8e4m3");
+    ir_op_set_string(m, op, "down_act_quant",
+                     !down_quantized      ? "none"
+                     : down == QUANT_INT8 ? "i8"
+                                          : "f8e4m3");
+    ir_op_set_string(m, op, "act_scale", gate_up || down_quantized ? "token" : "none");
+}
+
 /* What pass_precision decides for every value and weight, and the tables
  * it decides from (root views, readers), which the pass frees. */
 typedef struct precision_run {
@@ -301,11 +344,8 @@ static void assign(ir_module *m, precision_run *a) {
             quant_format f;
             if (ir_weight_quant(m, i, &f)) t->dtype = SMELT_DTYPE_F32; /* a former decision: floats again */
             ir_weight_clear_quant(m, i);
-            /* MoE experts stay weight-only under int8's W8A8 (no migration): the
-             * moe kernels do not quantize their activations */
-            if (weight_format(m, i, a->only_experts[op->results[0]] ? a->preset : a->chosen, a->group_size,
-                              a->o ? a->o->keep : NULL, a->o && a->o->act_order, a->only_matmul,
-                              a->only_experts, &f)) {
+            if (weight_format(m, i, a->chosen, a->group_size, a->o ? a->o->keep : NULL,
+                              a->o && a->o->act_order, a->only_matmul, a->only_experts, &f)) {
                 ir_weight_set_quant(m, i, &f);
                 t->dtype = quant_code_dtype(f.kind);
                 continue;
@@ -438,10 +478,19 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
                          .only_gather_or_matmul = only_gather_or_matmul};
     assign_recovering(m, &run);
     free_tables(&run);
-    bool scales_ok = true;
-    for (uint32_t i = 0; i < m->op_count; i++)
+    bool scales_ok = true, noted = false;
+    for (uint32_t i = 0; i < m->op_count; i++) {
         if (!m->ops[i].dead && m->ops[i].kind == IR_OP_MATMUL)
             scales_ok &= set_act_quant(m, i, act_quant, preset->weights, static_scales, o, d);
+        if (m->ops[i].dead || m->ops[i].kind != IR_OP_MOE) continue;
+        set_moe_act_quant(m, i, act_quant, preset->weights);
+        if (static_scales && !noted && strcmp(ir_op_string(m, i, "act_scale"), "token") == 0) {
+            diag_note(d, m->ops[i].loc,
+                      "moe: the experts' inputs are quantized per token: static per-tensor scales (act_quant "
+                      "tensor) are the matmuls' alone");
+            noted = true;
+        }
+    }
     if (!scales_ok) return false;
     m->precision = preset->name;
     if ((preset->weights == QUANT_INT8 || preset->weights == QUANT_FP8) && !act_quant)

@@ -27,8 +27,10 @@ struct ref_model {
     ref_attrs *attrs;                    /* [op_count] */
     ref_kv_cache *caches;                /* [op_count]; filled for attention ops */
     ref_tensor *tensors;                 /* [value_count] */
-    quant_tensor *packed;                /* [value_count]: a quantized 2-D weight's packed layout (data
-                                            NULL for any other value), which W8A8 matmuls compute on */
+    quant_tensor *packed;                /* [value_count]: a quantized weight's packed layout (one
+                                            matrix's; data: all its bytes, a stack's experts one after
+                                            another; NULL for any other value), which W8A8 matmuls and
+                                            moes compute on */
     bool *persistent;                    /* [value_count]: weights and constants */
     uint32_t *last_use;                  /* [value_count]: last live op reading it, UINT32_MAX: none */
     ref_matmul_observer observer;        /* NULL: none */
@@ -125,6 +127,12 @@ static ref_attrs read_attrs(const ir_module *m, uint32_t op) {
     case IR_OP_MOE:
         a.top_k = attr_int(m, op, "top_k");
         a.normalize = attr_bool(m, op, "normalize");
+        a.gate_up_w8a8 = attr_string_is(m, op, "gate_up_act_quant", "i8")       ? QUANT_INT8
+                         : attr_string_is(m, op, "gate_up_act_quant", "f8e4m3") ? QUANT_FP8
+                                                                                : QUANT_NONE;
+        a.down_w8a8 = attr_string_is(m, op, "down_act_quant", "i8")       ? QUANT_INT8
+                      : attr_string_is(m, op, "down_act_quant", "f8e4m3") ? QUANT_FP8
+                                                                          : QUANT_NONE;
         break;
     case IR_OP_SOFTMAX:
     case IR_OP_CONCAT:
@@ -388,8 +396,8 @@ static void tensor_free(ref_tensor *tensor) {
 }
 
 /* Quantized weight op `op` into t->f: its packed bytes, dequantized; a
- * stacked [E, N, K] weight (MoE experts) matrix by matrix. A 2-D weight's
- * packed bytes are kept in *q (W8A8 matmuls compute on its codes). */
+ * stacked [E, N, K] weight (MoE experts) matrix by matrix. The packed
+ * bytes are kept in *q (W8A8 matmuls and moes compute on their codes). */
 static bool load_quantized(const ir_module *m, uint32_t op, const quant_format *f, ref_tensor *t,
                            quant_tensor *q, ref_packed_weight_reader read_packed, void *context,
                            diag_engine *d) {
@@ -410,7 +418,7 @@ static bool load_quantized(const ir_module *m, uint32_t op, const quant_format *
     if (!ok)
         diag_error(d, o->loc, "weight '%.*s%s': its %s data (%llu bytes) could not be read", DIAG_NAME(name),
                    quant_kind_name(f->kind), (unsigned long long)total);
-    if (ok && matrices == 1)
+    if (ok) /* a stack's bytes too: W8A8 experts compute on their codes */
         q->data = bytes;
     else
         free(bytes);
@@ -659,6 +667,17 @@ static bool run_compute(ref_model *r, uint32_t op, uint32_t n, diag_engine *d) {
                          .op = op,
                          .expert_observer = r->expert_observer,
                          .observer_context = r->observer_context};
+        for (uint32_t k = 0; o->kind == IR_OP_MOE && k < 3 && o->operand_count == 5; k++) {
+            const quant_tensor *q = &r->packed[o->operands[2 + k]];
+            const ir_type *t = &m->values[o->operands[2 + k]].type;
+            quant_layout layout;
+            uint64_t total;
+            if (!q->data || t->rank != 3 ||
+                quant_stack_layout_of(&q->format, (uint64_t)t->dims[0].size, (uint64_t)t->dims[1].size,
+                                      (uint64_t)t->dims[2].size, &layout, &call.expert_stride[k], &total))
+                continue;
+            call.expert_codes[k] = q;
+        }
         ok = ref_run_op(o->kind, &call);
     }
     for (uint32_t i = 0; i < o->result_count; i++) { /* on failure, freed with the step */

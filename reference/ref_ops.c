@@ -92,6 +92,27 @@ static float activation_code(quant_kind kind, float v) {
     return r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
 }
 
+float ref_w8a8_row_codes(quant_kind kind, const float *x, const quant_tensor *w, uint64_t inner,
+                         float static_scale, float *codes) {
+    float absmax = 0.0f;
+    for (uint64_t k = 0; k < inner; k++) {
+        codes[k] = x[k] * quant_column_scale(w, k);
+        absmax = fabsf(codes[k]) > absmax ? fabsf(codes[k]) : absmax;
+    }
+    float scale = static_scale > 0.0f                   ? static_scale
+                  : absmax > 0.0f && kind == QUANT_INT8 ? absmax / 127.0f
+                  : absmax > 0.0f                       ? absmax / 448.0f
+                                                        : 1.0f;
+    for (uint64_t k = 0; k < inner; k++)
+        codes[k] = activation_code(kind, codes[k] / scale);
+    return scale;
+}
+
+float ref_w8a8_weight_code(quant_kind kind, const quant_tensor *w, uint64_t n, uint64_t k) {
+    unsigned code = quant_code(w, n, k);
+    return kind == QUANT_INT8 ? (float)(int8_t)code : plan_f8e4m3_to_f32((uint8_t)code);
+}
+
 /* matmul with act_quant (W8A8; ir/ops.def): row t of x times the weight's
  * column scales becomes codes of scale s_t (its own absmax / 127 or / 448,
  * or the static scale), and y[t, n] = s_t * s_w[n] * sum_k xcode * wcode,
@@ -116,24 +137,10 @@ static bool matmul_quantized_activations(const ref_call *c) {
         return false;
     }
     for (uint64_t n = 0; n < columns; n++)
-        for (uint64_t k = 0; k < inner; k++) {
-            unsigned code = quant_code(w, n, k);
-            weight[n * inner + k] =
-                kind == QUANT_INT8 ? (float)(int8_t)code : plan_f8e4m3_to_f32((uint8_t)code);
-        }
-    for (uint64_t r = 0; r < rows; r++) {
-        const float *xr = x->f + r * inner; /* [K] */
-        float absmax = 0.0f;
-        for (uint64_t k = 0; k < inner; k++) {
-            codes[k] = xr[k] * quant_column_scale(w, k);
-            absmax = fabsf(codes[k]) > absmax ? fabsf(codes[k]) : absmax;
-        }
-        float scale = c->attrs->w8a8_scale > 0.0f           ? c->attrs->w8a8_scale
-                      : absmax > 0.0f && kind == QUANT_INT8 ? absmax / 127.0f
-                      : absmax > 0.0f                       ? absmax / 448.0f
-                                                            : 1.0f;
         for (uint64_t k = 0; k < inner; k++)
-            codes[k] = activation_code(kind, codes[k] / scale);
+            weight[n * inner + k] = ref_w8a8_weight_code(kind, w, n, k);
+    for (uint64_t r = 0; r < rows; r++) {
+        float scale = ref_w8a8_row_codes(kind, x->f + r * inner, w, inner, c->attrs->w8a8_scale, codes);
         for (uint64_t n = 0; n < columns; n++) {
             const float *wn = weight + n * inner; /* [K] */
             double dot = 0.0;

@@ -55,10 +55,11 @@ typedef struct ref_attrs {
     bool gelu_tanh;      /* gelu: tanh approximation, else erf */
     int64_t top_k;       /* moe */
     bool normalize;      /* moe: renormalise the top_k weights */
-    unsigned axis;       /* softmax, concat, split, slice, argmax: in [0, rank) */
-    int64_t start, end;  /* slice: [start, end) */
-    const int64_t *perm; /* transpose: result dim i is operand dim perm[i] */
-    float value;         /* const */
+    quant_kind gate_up_w8a8, down_w8a8; /* moe: gate_up_act_quant, down_act_quant (QUANT_NONE: none) */
+    unsigned axis;                      /* softmax, concat, split, slice, argmax: in [0, rank) */
+    int64_t start, end;                 /* slice: [start, end) */
+    const int64_t *perm;                /* transpose: result dim i is operand dim perm[i] */
+    float value;                        /* const */
 } ref_attrs;
 
 /* The KV cache of one attention op. A position holds data once a step has
@@ -89,11 +90,26 @@ typedef struct ref_call {
     /* A matmul with act_quant: its weight's packed layout (codes, scales,
      * column scales; in[1] holds their values). */
     const quant_tensor *weight_codes;
+    /* A moe with gate_up_act_quant or down_act_quant: its gate, up and down
+     * stacks' packed layouts (layout: one expert's; data: the whole stack,
+     * expert e at e * expert_stride[i]). */
+    const quant_tensor *expert_codes[3];
+    uint64_t expert_stride[3];
 } ref_call;
 
 /* Runs a compute or layout op of kind `kind` (not input, weight, const or
  * output: the step loop handles those). False after reporting bad data. */
 bool ref_run_op(ir_op_kind kind, const ref_call *c);
+
+/* W8A8 (ops.def, matmul act_quant): x[0..K) times w's column scales as
+ * codes of kind `kind` (int8 or E4M3), each as the value it stands for
+ * before the scale, into codes[K]; returns the row's scale (static_scale
+ * when > 0, else its own absmax / 127 or / 448, 1 for a row of zeros). */
+float ref_w8a8_row_codes(quant_kind kind, const float *x, const quant_tensor *w, uint64_t inner,
+                         float static_scale, float *codes);
+/* The value of w's code (row n, column k) without its scale: an int8
+ * integer or an E4M3 value (exact in float). */
+float ref_w8a8_weight_code(quant_kind kind, const quant_tensor *w, uint64_t n, uint64_t k);
 
 /* ref_ops.c: math */
 bool ref_op_embedding(const ref_call *c);

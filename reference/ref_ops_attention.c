@@ -237,10 +237,32 @@ static void pick_top_k(const double *probabilities, uint64_t experts, int64_t to
     }
 }
 
+/* W8A8 experts (ops.def, moe's gate_up_act_quant and down_act_quant):
+ * out[n] = s * s_w[n] * sum_k code[k] * wcode[n, k] for the N rows of
+ * expert e of stack `stack` (0 gate, 1 up, 2 down), row[K] quantized
+ * against that expert's column scales into codes[K] (scratch), the sum in
+ * double (exact for int8, each E4M3 product exact). */
+static void expert_project_w8a8(const ref_call *c, uint32_t stack, quant_kind kind, uint64_t e, uint64_t rows,
+                                uint64_t inner, const float *row, float *codes, double *out) {
+    if (!c->expert_codes[stack] || !c->expert_codes[stack]->data) /* ir_verify: quantized experts */
+        SMELT_DIE("a W8A8 moe without its experts' codes");
+    quant_tensor expert = *c->expert_codes[stack];
+    expert.data += e * c->expert_stride[stack];
+    float scale = ref_w8a8_row_codes(kind, row, &expert, inner, 0.0f, codes);
+    for (uint64_t n = 0; n < rows; n++) {
+        double dot = 0.0;
+        for (uint64_t k = 0; k < inner; k++)
+            dot += (double)codes[k] * ref_w8a8_weight_code(kind, &expert, n, k);
+        out[n] = dot * ((double)scale * quant_scale(&expert, n, 0));
+    }
+}
+
 /* moe(x[T, D], router[E, D], gate[E, F, D], up[E, F, D], down[E, D, F]) -> [T, D]
  * As Mixtral: router logits x @ router^T, softmax over E, the top_k experts
  * weighted by their probabilities (divided by their sum when normalize);
- * out = sum_k weight_k * down_e(silu(gate_e x) * up_e x). */
+ * out = sum_k weight_k * down_e(silu(gate_e x) * up_e x). Under W8A8 the
+ * projections multiply codes (expert_project_w8a8): gate and up those of
+ * x, down those of the hidden row rounded to f32 (what the kernels store). */
 bool ref_op_moe(const ref_call *c) {
     const ref_tensor *x = c->in[0];
     const float *router = c->in[1]->f, *gate = c->in[2]->f, *up = c->in[3]->f, *down = c->in[4]->f;
@@ -257,8 +279,16 @@ bool ref_op_moe(const ref_call *c) {
     bool *taken = calloc(experts ? experts : 1, sizeof(bool));             /* [E] */
     double *hidden = calloc(ffn ? ffn : 1, sizeof(double));                /* [F] */
     double *mixed = calloc(model_dim ? model_dim : 1, sizeof(double));     /* [D] */
-    float *observed = calloc(ffn ? ffn : 1, sizeof(float));                /* [F]: hidden, for the observer */
-    if (!probabilities || !chosen || !taken || !hidden || !mixed || !observed) {
+    float *observed = calloc(ffn ? ffn : 1, sizeof(float));                /* [F]: hidden as f32 */
+    uint64_t widest = ffn > model_dim ? ffn : model_dim;
+    float *codes = calloc(widest ? widest : 1, sizeof(float));       /* [max(D, F)]: W8A8 */
+    double *gated = calloc(ffn ? ffn : 1, sizeof(double));           /* [F]: W8A8 gate x */
+    double *projected = calloc(widest ? widest : 1, sizeof(double)); /* [max(D, F)] */
+    if (!probabilities || !chosen || !taken || !hidden || !mixed || !observed || !codes || !gated ||
+        !projected) {
+        free(codes);
+        free(gated);
+        free(projected);
         free(observed);
         free(probabilities);
         free(chosen);
@@ -292,15 +322,28 @@ bool ref_op_moe(const ref_call *c) {
             const float *gate_e = gate + e * ffn * model_dim; /* [F, D] */
             const float *up_e = up + e * ffn * model_dim;     /* [F, D] */
             const float *down_e = down + e * model_dim * ffn; /* [D, F] */
+            quant_kind gate_up_kind = c->attrs->gate_up_w8a8, down_kind = c->attrs->down_w8a8;
+            if (gate_up_kind != QUANT_NONE) {
+                expert_project_w8a8(c, 0, gate_up_kind, e, ffn, model_dim, xt, codes, gated);
+                expert_project_w8a8(c, 1, gate_up_kind, e, ffn, model_dim, xt, codes, projected);
+            }
             for (uint64_t f = 0; f < ffn; f++) {
-                double g = dot_float(gate_e + f * model_dim, xt, model_dim);
-                hidden[f] = g / (1.0 + exp(-g)) * dot_float(up_e + f * model_dim, xt, model_dim);
+                double g =
+                    gate_up_kind != QUANT_NONE ? gated[f] : dot_float(gate_e + f * model_dim, xt, model_dim);
+                double u = gate_up_kind != QUANT_NONE ? projected[f]
+                                                      : dot_float(up_e + f * model_dim, xt, model_dim);
+                hidden[f] = g / (1.0 + exp(-g)) * u;
+                observed[f] = (float)hidden[f];
             }
             if (c->expert_observer) { /* what each of this expert's projections multiplies */
-                for (uint64_t f = 0; f < ffn; f++)
-                    observed[f] = (float)hidden[f];
                 c->expert_observer(c->observer_context, c->op, 0, e, xt, model_dim);
                 c->expert_observer(c->observer_context, c->op, 1, e, observed, ffn);
+            }
+            if (down_kind != QUANT_NONE) {
+                expert_project_w8a8(c, 2, down_kind, e, model_dim, ffn, observed, codes, projected);
+                for (uint64_t d = 0; d < model_dim; d++)
+                    mixed[d] += weight * projected[d];
+                continue;
             }
             for (uint64_t d = 0; d < model_dim; d++) {
                 double sum = 0.0;
@@ -318,5 +361,8 @@ bool ref_op_moe(const ref_call *c) {
     free(hidden);
     free(mixed);
     free(observed);
+    free(codes);
+    free(gated);
+    free(projected);
     return true;
 }

@@ -615,10 +615,19 @@ static ref_attrs read_attrs(emit_case *c, uint32_t op) {
         a.kv_fp8 = strcmp(ir_op_string(m, op, "kv_dtype"), "f8e4m3") == 0;
         break;
     case IR_OP_GELU: a.gelu_tanh = strcmp(ir_op_string(m, op, "approximate"), "tanh") == 0; break;
-    case IR_OP_MOE:
+    case IR_OP_MOE: {
         a.top_k = ir_op_int(m, op, "top_k");
         a.normalize = ir_op_bool(m, op, "normalize");
+        const char *gate_up = ir_op_string(m, op, "gate_up_act_quant"),
+                   *down = ir_op_string(m, op, "down_act_quant");
+        a.gate_up_w8a8 = strcmp(gate_up, "i8") == 0       ? QUANT_INT8
+                         : strcmp(gate_up, "f8e4m3") == 0 ? QUANT_FP8
+                                                          : QUANT_NONE;
+        a.down_w8a8 = strcmp(down, "i8") == 0       ? QUANT_INT8
+                      : strcmp(down, "f8e4m3") == 0 ? QUANT_FP8
+                                                    : QUANT_NONE;
         break;
+    }
     case IR_OP_SOFTMAX:
     case IR_OP_CONCAT:
     case IR_OP_SPLIT:
@@ -688,6 +697,17 @@ static void run_reference(emit_case *c, uint32_t op, int64_t tokens, ref_tensor 
                                     &codes.layout));
         codes.data = c->values[o->operands[1]].buffer;
     }
+    quant_tensor experts[3] = {0}; /* a W8A8 moe computes on its experts' packed codes */
+    uint64_t expert_stride[3] = {0};
+    for (uint32_t k = 0; o->kind == IR_OP_MOE && k < 3; k++) {
+        const ir_type *w = &c->m.values[o->operands[2 + k]].type;
+        uint64_t total;
+        if (!ir_weight_quant(&c->m, c->m.values[o->operands[2 + k]].def_op, &experts[k].format)) continue;
+        assert_null(quant_stack_layout_of(&experts[k].format, (uint64_t)w->dims[0].size,
+                                          (uint64_t)w->dims[1].size, (uint64_t)w->dims[2].size,
+                                          &experts[k].layout, &expert_stride[k], &total));
+        experts[k].data = c->values[o->operands[2 + k]].buffer;
+    }
     ref_call call = {.in = in,
                      .in_count = o->operand_count,
                      .out = results,
@@ -695,6 +715,10 @@ static void run_reference(emit_case *c, uint32_t op, int64_t tokens, ref_tensor 
                      .attrs = &attrs,
                      .kv = &c->states[op].kv,
                      .weight_codes = codes.data ? &codes : NULL,
+                     .expert_codes = {experts[0].data ? &experts[0] : NULL,
+                                      experts[1].data ? &experts[1] : NULL,
+                                      experts[2].data ? &experts[2] : NULL},
+                     .expert_stride = {expert_stride[0], expert_stride[1], expert_stride[2]},
                      .loc = o->loc,
                      .d = &c->d};
     if (!ref_run_op(o->kind, &call)) fail_msg("the reference failed:\n%s", case_log(c));

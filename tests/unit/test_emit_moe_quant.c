@@ -8,7 +8,11 @@
  * K a multiple of the 128-bit load of codes, and K that is not (one code at
  * a time) — with balanced routing, with every token routed to one expert
  * (the others idle, five tiles of tokens for that one) and with more slots
- * than one gather window. */
+ * than one gather window. int8 and fp8 are W8A8 (passes/precision.c): the
+ * moe quantizes x for gate and up and the hidden rows for down per row, as
+ * the reference does (ops.def, gate_up_act_quant / down_act_quant), int8
+ * against SmoothQuant's column scales (random here: fill_operand); their
+ * weight-only variants (--act-quant none) read the codes dequantized. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,9 +24,11 @@
 typedef struct quant_case {
     const char *preset;
     int64_t group_size;
+    const char *act_quant; /* int8, fp8: NULL W8A8 per token, "none" weight-only (W8A16) */
 } quant_case;
 
-static const quant_case presets[] = {{"int4-rtn", 32}, {"int4-rtn", 128}, {"int8", 0}, {"fp8", 0}};
+static const quant_case presets[] = {{"int4-rtn", 32, NULL}, {"int4-rtn", 128, NULL}, {"int8", 0, NULL},
+                                     {"fp8", 0, NULL},       {"int8", 0, "none"},     {"fp8", 0, "none"}};
 enum { PRESET_COUNT = sizeof presets / sizeof presets[0] };
 
 /* moe(x[T, D], router[E, D], gate[E, F, D], up[E, F, D], down[E, D, F]) under preset q. */
@@ -31,10 +37,24 @@ static uint32_t quant_moe(emit_case **out, const quant_case *q, int64_t experts,
     emit_case *c = case_new(q->preset);
     c->activations = activations;
     c->group_size = q->group_size;
+    c->act_quant = q->act_quant;
     uint32_t op = moe_op_dims(c, experts, dim, ffn, top_k, normalize);
     case_infer(c);
     *out = c;
     return op;
+}
+
+/* The moe's activation quantization is the preset's: W8A8 int8 and fp8
+ * quantize both inputs (i8, f8e4m3) per token, every other case none. */
+static void assert_act_quant(emit_case *c, uint32_t op, const quant_case *q) {
+    bool w8a8 = !q->act_quant && (strcmp(q->preset, "int8") == 0 || strcmp(q->preset, "fp8") == 0);
+    const char *kind = !w8a8 ? "none" : strcmp(q->preset, "int8") == 0 ? "i8" : "f8e4m3";
+    assert_string_equal(ir_op_string(&c->m, op, "gate_up_act_quant"), kind);
+    assert_string_equal(ir_op_string(&c->m, op, "down_act_quant"), kind);
+    assert_string_equal(ir_op_string(&c->m, op, "act_scale"), w8a8 ? "token" : "none");
+    quant_format f;
+    assert_true(ir_weight_quant(&c->m, c->m.values[c->m.ops[op].operands[2]].def_op, &f));
+    assert_int_equal(f.has_column_scale, w8a8 && strcmp(q->preset, "int8") == 0); /* SmoothQuant's */
 }
 
 /* Which of operands 2..4 of op (gate, up, down) are quantized: bits 0..2. */
@@ -55,6 +75,7 @@ static void test_moe_quantized_vector_path(void **state) {
         emit_case *c;
         uint32_t op = quant_moe(&c, &presets[p], 4, 64, 96, 2, true, "f32");
         assert_int_equal(experts_quantized(c, op), 7);
+        assert_act_quant(c, op, &presets[p]);
         const int64_t token_counts[3] = {1, 5, 13};
         for (int t = 0; t < 3; t++)
             case_run(c, op, token_counts[t], F32_SEQUENCE_TOLERANCE);
@@ -96,7 +117,7 @@ static void test_moe_quantized_every_token_to_one_expert(void **state) {
  * one gather window of 256; then a decode step on the same state. */
 static void test_moe_quantized_slots_span_windows(void **state) {
     (void)state;
-    for (int p = 0; p < PRESET_COUNT; p += 2) { /* int4 in groups of 32, int8 */
+    for (int p = 0; p < PRESET_COUNT; p += 2) { /* int4 in groups of 32, int8 W8A8, int8 W8A16 */
         emit_case *c;
         uint32_t op = quant_moe(&c, &presets[p], 8, 64, 64, 8, true, "f32");
         assert_int_equal(experts_quantized(c, op), 7);
@@ -115,6 +136,7 @@ static void test_moe_quantized_bf16_activations(void **state) {
         emit_case *c;
         uint32_t op = quant_moe(&c, &presets[p], 4, 64, 96, 2, true, NULL);
         assert_int_equal(experts_quantized(c, op), 7);
+        assert_act_quant(c, op, &presets[p]);
         assert_int_equal(c->m.values[c->m.ops[op].operands[0]].type.dtype, SMELT_DTYPE_BF16);
         assert_int_equal(c->m.values[c->m.ops[op].operands[1]].type.dtype, SMELT_DTYPE_F32);
         case_run(c, op, 1, F32_SEQUENCE_TOLERANCE);

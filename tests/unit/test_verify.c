@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include "ir.h"
+#include "quant.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -295,6 +296,59 @@ static void test_every_violation_is_reported(void **state) {
     assert_int_equal(f->d.error_count, 4);
 }
 
+/* ---- W8A8 experts (moe gate_up_act_quant / down_act_quant) ----------------------- */
+
+/* moe over int8 expert stacks (one scale per output channel), typed; the moe op. */
+static uint32_t build_int8_moe(fixture *f) {
+    ir_value_id x = declare(f, IR_OP_INPUT, "x", TYPE(F32, TOKENS, C(64)));
+    ir_value_id router = declare(f, IR_OP_WEIGHT, "router", TYPE(F32, C(4), C(64)));
+    const char *names[3] = {"gate.{e}", "up.{e}", "down.{e}"};
+    ir_value_id stacks[3];
+    for (int i = 0; i < 3; i++) {
+        int64_t rows = i == 2 ? 64 : 96, cols = i == 2 ? 96 : 64;
+        stacks[i] = declare(f, IR_OP_WEIGHT, names[i], TYPE(I8, C(4), C(rows), C(cols)));
+        ir_op_set_string(&f->m, f->m.values[stacks[i]].def_op, "stack", "e");
+        quant_format q = {.kind = QUANT_INT8, .method = QUANT_METHOD_RTN, .group = (uint32_t)cols};
+        ir_weight_set_quant(&f->m, f->m.values[stacks[i]].def_op, &q);
+    }
+    uint32_t moe = append(f, IR_OP_MOE, (ir_value_id[]){x, router, stacks[0], stacks[1], stacks[2]}, 5);
+    ir_op_set_int(&f->m, moe, "top_k", 2);
+    f->m.values[result(f, moe)].type = TYPE(F32, TOKENS, C(64));
+    output(f, result(f, moe), "logits");
+    return moe;
+}
+
+static void test_moe_act_quant_over_int8_experts_passes(void **state) {
+    fixture *f = *state;
+    uint32_t moe = build_int8_moe(f);
+    ir_op_set_string(&f->m, moe, "gate_up_act_quant", "i8");
+    ir_op_set_string(&f->m, moe, "down_act_quant", "i8");
+    ir_op_set_string(&f->m, moe, "act_scale", "token");
+    if (!ir_verify(&f->m, &f->d)) fail_msg("%s", log_of(f));
+}
+
+static void test_moe_act_quant_of_another_kind(void **state) {
+    fixture *f = *state;
+    uint32_t moe = build_int8_moe(f);
+    ir_op_set_string(&f->m, moe, "down_act_quant", "f8e4m3");
+    ir_op_set_string(&f->m, moe, "act_scale", "token");
+    expect_error(f, "moe: down_act_quant = \"f8e4m3\" needs fp8 experts in operand 4, found int8");
+}
+
+static void test_moe_act_quant_without_its_scale_rule(void **state) {
+    fixture *f = *state;
+    uint32_t moe = build_int8_moe(f);
+    ir_op_set_string(&f->m, moe, "gate_up_act_quant", "i8");
+    expect_error(f, "moe: a moe's quantized activations need act_scale \"token\"");
+}
+
+static void test_moe_act_scale_without_act_quant(void **state) {
+    fixture *f = *state;
+    uint32_t moe = build_int8_moe(f);
+    ir_op_set_string(&f->m, moe, "act_scale", "token");
+    expect_error(f, "moe: act_scale without gate_up_act_quant or down_act_quant");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
@@ -320,6 +374,10 @@ int main(void) {
         T(test_result_type_must_match_the_inferred_one),
         T(test_shape_rule_errors_are_reported),
         T(test_every_violation_is_reported),
+        T(test_moe_act_quant_over_int8_experts_passes),
+        T(test_moe_act_quant_of_another_kind),
+        T(test_moe_act_quant_without_its_scale_rule),
+        T(test_moe_act_scale_without_act_quant),
 #undef T
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
