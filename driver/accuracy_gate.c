@@ -100,7 +100,6 @@ static bool read_by_matmul(const ir_module *m, ir_value_id v) {
     return false;
 }
 
-
 /* Quantizes stack op `op` of MoE experts [E, N, K] of format f expert by
  * expert, each with the statistics of the tokens routed to it, and measures
  * the stack into *out: sqrt(sum_e ||X_e (W_e - Ŵ_e)^T||^2 / sum_e ||X_e
