@@ -295,6 +295,8 @@ bool drv_calibrate_for_precision(const drv_model_options *model, drv_calibration
         return false;
     }
     drv_calib_options c = {
-        .ids_path = model->precision_options.calib_path, .xtx = !smooth && !static_scales, .progress = true};
+        .ids_path = model->precision_options.calib_path,
+        .xtx = gated || (!smooth && !static_scales), /* the gate measures through X^T X */
+        .progress = true};
     return drv_calibrate(model, &c, out, d);
 }
