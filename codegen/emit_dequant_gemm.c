@@ -60,6 +60,12 @@
  *
  * The column scales c[k] are int8's SmoothQuant factors (quant method
  * smooth: the activation side's 1 / s, applied to x as the reference does).
+ * Each warp codes the A fragments it uses (the two warps of a row of the
+ * 2 x 2 code the same x): a division, a rounding and, for E4M3, the
+ * software conversions of smelt_kernel.h per element and warp, ALU work
+ * the cost model (bytes and tensor-core flops) does not count. Coding the
+ * tile once per block into shared memory, and the hardware E4M3
+ * conversions of sm_89 and up, would cut it.
  *
  * What it takes (cg_dequant_gemm_fits): int4 codes interleaved (so K is a
  * multiple of 128, and no act-order: a group index would give a k16 step
@@ -477,6 +483,7 @@ static const char gemm_loops_end[] = "\
 
 /* W8A8: the whole sums times the token's scale, then the row's (as the GEMV scales its sums). */
 static const char gemm_w8a8_scales[] = "\
+/* the sums times each row's activation scale, then the output row's weight scale */\n\
 for (int j = 0; j < N_TILES; j++) {\n\
     for (int e = 0; e < 2; e++) {\n\
         long long n = n0 + warp_n + j * 8 + 2 * thread_in_group + e;\n\
@@ -600,7 +607,7 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
               "warps of 32 x 32; mma.m16n8k16 bf16 with f32 accumulation over the activations' "
               "codes (x * c / s, each token's scale from a first pass over its row, or a static "
               "one) and the weight's byte codes, both exact in bf16; 3 k-blocks of 128 columns "
-              "in flight by cp.async; both scales applied in the epilogue"
+              "in flight by cp.async; both scales applied to the whole sums"
             : "Tensor-core dequantize-GEMM (prefill steps): one block per 64 tokens x 64 output "
               "rows, 4 warps of 32 x 32; mma.m16n8k16 bf16 with f32 accumulation; byte codes "
               "(exact in bf16) read from shared rows; 3 k-blocks of 128 columns in flight by "
