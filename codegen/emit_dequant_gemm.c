@@ -35,14 +35,45 @@
  * codes to shared memory by cp.async, each B register two 16-bit shared
  * loads' codes as bf16 (exact: 8 significant bits at most).
  *
+ * W8A8 (matmul act_quant "i8" or "f8e4m3", ir/ops.def; the weight's codes
+ * of the same kind, one scale per output channel) computes what the
+ * reference's matmul_quantized_activations does, to f32 rounding:
+ *
+ *   out[t, n] = sum_k code(x[t, k] c[k] / s_t) wcode[n, k] * s_t * s_w[n] (+ bias[n])
+ *
+ *   s_t  the token's activation scale: with act_scale "token" its row's
+ *        max_k |x[t, k] c[k]| / 127 (i8) or / 448 (E4M3), 1 for a row of
+ *        zeros, which a first pass finds (one warp a row of the block's
+ *        BLOCK_M, from L2: x is small) into shared memory while the first
+ *        k-blocks land; with "tensor" the static act_scale_value;
+ *   code the int8 code rint(.) clamped to +-127 (NaN: 0) or the E4M3 value
+ *        rounded to nearest even, saturating: both exact in bf16, so A is
+ *        one bf16 fragment of codes, built from the shared x tile as the
+ *        split A is, and the mma multiplies codes by codes: int8 products
+ *        are integers below 2^14 and E4M3 ones have 8 significant bits, so
+ *        each is exact in f32 and only the order of the f32 sums differs
+ *        from the reference's (exact for int8 while they stay below 2^24);
+ *   the accumulator times s_t, then s_w[n], in the epilogue, as the GEMV
+ *        scales its sums (emit_gemv.c; the reference rounds once, from
+ *        double), so that an int8 matmul gives the same floats in both
+ *        kernels; then the bias and residual as above.
+ *
+ * The column scales c[k] are int8's SmoothQuant factors (quant method
+ * smooth: the activation side's 1 / s, applied to x as the reference does).
+ * Each warp codes the A fragments it uses (the two warps of a row of the
+ * 2 x 2 code the same x): a division, a rounding and, for E4M3, the
+ * software conversions of smelt_kernel.h per element and warp, ALU work
+ * the cost model (bytes and tensor-core flops) does not count. Coding the
+ * tile once per block into shared memory, and the hardware E4M3
+ * conversions of sm_89 and up, would cut it.
+ *
  * What it takes (cg_dequant_gemm_fits): int4 codes interleaved (so K is a
  * multiple of 128, and no act-order: a group index would give a k16 step
  * columns of many groups), or int8 / E4M3 codes with K a multiple of 128
- * and no act-order; weight-only (no act_quant: a W8A8 matmul keeps the GEMV,
- * which quantizes its activations); groups a multiple of 16 columns, x [tokens, K]
- * and out [tokens, N] in f32 or bf16; any N (rows past it are zeros) and any
- * token count (rows past the step are zeros). Other quantized matmuls keep
- * the GEMV kernel at every step (emit_gemv.c).
+ * and no act-order, weight-only or W8A8 as above; groups a multiple of 16
+ * columns, x [tokens, K] and out [tokens, N] in f32 or bf16; any N (rows
+ * past it are zeros) and any token count (rows past the step are zeros).
+ * Other quantized matmuls keep the GEMV kernel at every step (emit_gemv.c).
  */
 #include "emit_attention.h" /* attention_write_template, attention_without_semicolon */
 #include "emit_internal.h"
@@ -69,16 +100,32 @@ static bool steps_above_gemv(const ir_module *m, int32_t tokens) {
     return bound > IR_GEMV_MAX_TOKENS;
 }
 
+/* The kind of matmul op's activation codes (act_quant, ir/ops.def):
+ * QUANT_INT8, QUANT_FP8, or QUANT_NONE (weight-only). */
+static quant_kind dequant_gemm_act_quant(const ir_module *m, uint32_t op) {
+    const char *act_quant = ir_op_string(m, op, "act_quant");
+    return strcmp(act_quant, "i8") == 0       ? QUANT_INT8
+           : strcmp(act_quant, "f8e4m3") == 0 ? QUANT_FP8
+                                              : QUANT_NONE;
+}
+
+/* The static activation scale of a W8A8 matmul (act_scale "tensor"); 0:
+ * each token's own. */
+static double dequant_gemm_static_scale(const ir_module *m, uint32_t op) {
+    return strcmp(ir_op_string(m, op, "act_scale"), "tensor") == 0 ? ir_op_float(m, op, "act_scale_value")
+                                                                   : 0.0;
+}
+
 bool cg_dequant_gemm_fits(const ir_module *m, uint32_t op) {
     const ir_op *o = &m->ops[op];
     quant_format f;
     if (o->kind != IR_OP_MATMUL || o->operand_count < 2 ||
         !ir_weight_quant(m, m->values[o->operands[1]].def_op, &f))
         return false;
-    /* W8A8 (act_quant): the GEMV quantizes each token's row as the reference
-     * does; this kernel multiplies the float activations */
-    const char *act_quant = ir_op_string(m, op, "act_quant");
-    if (act_quant[0] != '\0' && strcmp(act_quant, "none") != 0) return false;
+    /* W8A8 (act_quant) too: ir_verify has checked that the weight's codes
+     * are of the activations' kind, one scale per output channel, and that
+     * a static scale is positive; the kernel codes the activations. */
+    const ir_type *w = &m->values[o->operands[1]].type;
     const ir_type *x = &m->values[o->operands[0]].type, *y = &m->values[o->results[0]].type;
     smelt_dtype xd = cg_storage_dtype(m, o->operands[0]), yd = cg_storage_dtype(m, o->results[0]);
     bool floats = (xd == SMELT_DTYPE_F32 || xd == SMELT_DTYPE_BF16) &&
@@ -90,7 +137,6 @@ bool cg_dequant_gemm_fits(const ir_module *m, uint32_t op) {
     int32_t tokens = ir_token_symbol(m);
     /* int4: interleaved codes (so K % 128 == 0); int8 and E4M3: row-major bytes, K a multiple of the k-block
      */
-    const ir_type *w = &m->values[o->operands[1]].type;
     bool codes = f.kind == QUANT_INT4 ? f.interleaved
                                       : (f.kind == QUANT_INT8 || f.kind == QUANT_FP8) && w->rank == 2 &&
                                             w->dims[1].size % GEMM_BLOCK_K == 0;
@@ -149,6 +195,50 @@ SMELT_DEVICE uint32_t code_pair(const uint8_t *p)\n\
 }\n\
 \n";
 
+static const char gemm_int8_activation_helper[] = "\
+/* An activation's int8 code, as a float: v = x * c / s rounded to nearest\n\
+ * even, clamped to +-127 (NaN: 0). */\n\
+SMELT_DEVICE float activation_code(float v)\n\
+{\n\
+    if (!(v == v)) {\n\
+        return 0.0f;\n\
+    }\n\
+    float r = rintf(v);\n\
+    return r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;\n\
+}\n\
+\n";
+
+static const char gemm_fp8_activation_helper[] = "\
+/* An activation's E4M3 code, as its value: v = x * c / s rounded to nearest\n\
+ * even, saturating to +-448. */\n\
+SMELT_DEVICE float activation_code(float v)\n\
+{\n\
+    return smelt_f8e4m3_to_f32(smelt_f32_to_f8e4m3(v));\n\
+}\n\
+\n";
+
+static const char gemm_activation_pair_helper[] = "\
+/* The codes of two activations (already x * c / s) as one A register, the\n\
+ * first in the low half: exact in bf16, whose upper 16 bits of the float\n\
+ * they are. */\n\
+SMELT_DEVICE uint32_t activation_pair(float a, float b)\n\
+{\n\
+    return (__float_as_uint(activation_code(a)) >> 16) | (__float_as_uint(activation_code(b)) & 0xffff0000u);\n\
+}\n\
+\n\
+/* The A fragment of one m16 tile as codes: this lane's row r0 of the x tile\n\
+ * and the row 8 below it, of activation scales s[0] and s[1], at columns\n\
+ * 0, 1, 8 and 9 from r0, of column scales c[0..3]. */\n\
+SMELT_DEVICE void code_fragment(const X_TYPE *r0, const float s[2], const float c[4], uint32_t a[4])\n\
+{\n\
+    const X_TYPE *r1 = r0 + 8 * A_STRIDE;\n\
+    a[0] = activation_pair(LOAD_X(r0[0]) * c[0] / s[0], LOAD_X(r0[1]) * c[1] / s[0]);\n\
+    a[1] = activation_pair(LOAD_X(r1[0]) * c[0] / s[1], LOAD_X(r1[1]) * c[1] / s[1]);\n\
+    a[2] = activation_pair(LOAD_X(r0[8]) * c[2] / s[0], LOAD_X(r0[9]) * c[3] / s[0]);\n\
+    a[3] = activation_pair(LOAD_X(r1[8]) * c[2] / s[1], LOAD_X(r1[9]) * c[3] / s[1]);\n\
+}\n\
+\n";
+
 static const char gemm_split_helper[] = "\
 /* Two x values as register r of the SPLIT A fragments: their bf16\n\
  * rounding, then the bf16 rounding of what that leaves, and so on, so that\n\
@@ -164,10 +254,14 @@ SMELT_DEVICE void split_pair(float a, float b, uint32_t parts[SPLIT][4], int r)\
 }\n\
 \n";
 
-/* The body, in three parts: up to the B fragments of a k16 step, then the
- * A fragments and the mma (split or by ldmatrix), then the rest. Its holes
- * are the macros the emitter defines (X_TYPE, LOAD_X, ZERO_POINT,
- * COLUMN_SCALE, BIAS, STORE_OUTPUT). */
+/* The body, in pieces the emitter strings together: the head; the group
+ * sums (weight-only: W8A8 sums into acc, its one scale in the epilogue);
+ * the first k-blocks in flight, and W8A8's row scales meanwhile; the main
+ * loop up to the B fragments of a k16 step; the A fragments and the mma
+ * (split, by ldmatrix, or W8A8's codes); the group's end (weight-only);
+ * W8A8's scales; the epilogue. Its holes are the macros the emitter defines (X_TYPE,
+ * LOAD_X, UNPACK_X, ZERO_POINT, COLUMN_SCALE, SUMS, CODE_MAX,
+ * ACTIVATION_SCALE, BIAS, RESIDUAL, STORE_OUTPUT). */
 static const char gemm_body_head[] = "\
 SMELT_DYNAMIC_SHARED(unsigned char, shared);\n\
 X_TYPE *a_stages = (X_TYPE *)shared;                         /* [STAGES][BLOCK_M][A_STRIDE] */\n\
@@ -178,12 +272,21 @@ int lane = threadIdx.x % 32, warp = threadIdx.x / 32;\n\
 int group_id = lane / 4, thread_in_group = lane % 4; /* the mma fragment coordinates */\n\
 int warp_m = warp / 2 * WARP_M, warp_n = warp % 2 * WARP_N; /* the warp's tile in the block's */\n\
 const uint16_t *scales = (const uint16_t *)(w + SCALES_AT);\n\
-/* acc: the result; part: the current group's sums, before its scale */\n\
-float acc[M_TILES][N_TILES][4], part[M_TILES][N_TILES][4];\n\
+float acc[M_TILES][N_TILES][4]; /* the result, before the epilogue */\n\
 for (int i = 0; i < M_TILES; i++) {\n\
     for (int j = 0; j < N_TILES; j++) {\n\
         for (int e = 0; e < 4; e++) {\n\
             acc[i][j][e] = 0.0f;\n\
+        }\n\
+    }\n\
+}\n\
+";
+
+static const char gemm_part_state[] = "\
+float part[M_TILES][N_TILES][4]; /* the current group's sums, before its scale */\n\
+for (int i = 0; i < M_TILES; i++) {\n\
+    for (int j = 0; j < N_TILES; j++) {\n\
+        for (int e = 0; e < 4; e++) {\n\
             part[i][j][e] = 0.0f;\n\
         }\n\
     }\n\
@@ -197,13 +300,57 @@ for (int j = 0; j < N_TILES; j++) {\n\
 }\n\
 ";
 
-static const char gemm_body_loop[] = "\
+static const char gemm_body_prologue[] = "\
 for (int s = 0; s < STAGES - 1; s++) {\n\
     if (s < K_BLOCKS) {\n\
         load_stage(a_stages + s * BLOCK_M * A_STRIDE, b_stages + s * BLOCK_N * B_STRIDE, x, w, row0, n0, s, rows);\n\
     }\n\
     smelt_cp_async_commit();\n\
 }\n\
+";
+
+/* W8A8, per token: each row's scale while the first k-blocks land. */
+static const char gemm_token_scales[] = "\
+/* the activation scale of each of the block's rows: max_k |x * c| / CODE_MAX, 1 for a row of zeros\n\
+ * (or past the step); a warp a row, 16 bytes a lane at a time */\n\
+__shared__ float row_scales[BLOCK_M];\n\
+for (int r = warp; r < BLOCK_M; r += THREADS / 32) {\n\
+    float absmax = 0.0f;\n\
+    if (row0 + r < rows) {\n\
+        const X_TYPE *x_row = x + (row0 + r) * K;\n\
+        for (int c = lane; c < K / A_CHUNK; c += 32) {\n\
+            float v[A_CHUNK];\n\
+            UNPACK_X(*(const uint4 *)(x_row + c * A_CHUNK), v);\n\
+            for (int q = 0; q < A_CHUNK; q++) {\n\
+                absmax = fmaxf(absmax, fabsf(v[q] * COLUMN_SCALE(c * A_CHUNK + q)));\n\
+            }\n\
+        }\n\
+    }\n\
+    for (int offset = 16; offset > 0; offset /= 2) {\n\
+        absmax = fmaxf(absmax, smelt_shfl_xor_f32(0xffffffffu, absmax, offset));\n\
+    }\n\
+    if (lane == 0) {\n\
+        row_scales[r] = absmax > 0.0f ? absmax / CODE_MAX : 1.0f;\n\
+    }\n\
+}\n\
+__syncthreads();\n\
+float row_scale[M_TILES][2]; /* of this lane's A rows: group_id and group_id + 8 of each m tile */\n\
+for (int i = 0; i < M_TILES; i++) {\n\
+    row_scale[i][0] = row_scales[warp_m + i * 16 + group_id];\n\
+    row_scale[i][1] = row_scales[warp_m + i * 16 + group_id + 8];\n\
+}\n\
+";
+
+/* W8A8, per tensor: one static scale for every row. */
+static const char gemm_static_scales[] = "\
+float row_scale[M_TILES][2]; /* of this lane's A rows: the static scale */\n\
+for (int i = 0; i < M_TILES; i++) {\n\
+    row_scale[i][0] = ACTIVATION_SCALE;\n\
+    row_scale[i][1] = ACTIVATION_SCALE;\n\
+}\n\
+";
+
+static const char gemm_body_loop[] = "\
 for (int kb = 0; kb < K_BLOCKS; kb++) {\n\
     smelt_cp_async_wait_group(STAGES - 2); /* k-block kb has landed; the next ones may be in flight */\n\
     __syncthreads();                       /* for every thread; and k-block kb - 1 is done with */\n\
@@ -230,7 +377,11 @@ static const char gemm_int4_codes[] = "\
 
 static const char gemm_step[] = "\
     for (int step = 0; step < BLOCK_K / 16; step++) {\n\
-        int column = kb * BLOCK_K + step * 16, group = column / GROUP;\n\
+        int column = kb * BLOCK_K + step * 16;\n\
+";
+
+static const char gemm_group_of_step[] = "\
+        int group = column / GROUP;\n\
 ";
 
 static const char gemm_int4_fragments[] = "\
@@ -272,8 +423,23 @@ static const char gemm_split_fragments[] = "\
             split_pair(LOAD_X(r1[8]) * c[2], LOAD_X(r1[9]) * c[3], a, 3);\n\
             for (int j = 0; j < N_TILES; j++) {\n\
                 for (int p = 0; p < SPLIT; p++) {\n\
-                    smelt_mma_m16n8k16_bf16_f32(part[i][j], a[p], b[j], part[i][j]);\n\
+                    smelt_mma_m16n8k16_bf16_f32(SUMS[i][j], a[p], b[j], SUMS[i][j]);\n\
                 }\n\
+            }\n\
+";
+
+static const char gemm_code_fragments[] = "\
+        int k = step * 16 + 2 * thread_in_group; /* this lane's first A column in the tile */\n\
+        float c[4];\n\
+        lane_column_scales(w, column + 2 * thread_in_group, c);\n\
+        /* the m tiles' codes, a call each (M_TILES = 2): a loop around code_fragment's body would\n\
+         * be too large for the compiler to unroll, and index the register arrays from memory */\n\
+        uint32_t a[M_TILES][4];\n\
+        code_fragment(a_tile + (warp_m + group_id) * A_STRIDE + k, row_scale[0], c, a[0]);\n\
+        code_fragment(a_tile + (warp_m + 16 + group_id) * A_STRIDE + k, row_scale[1], c, a[1]);\n\
+        for (int i = 0; i < M_TILES; i++) {\n\
+            for (int j = 0; j < N_TILES; j++) {\n\
+                smelt_mma_m16n8k16_bf16_f32(SUMS[i][j], a[i], b[j], SUMS[i][j]);\n\
             }\n\
 ";
 
@@ -284,12 +450,15 @@ static const char gemm_ldmatrix_fragments[] = "\
             const X_TYPE *a_row = a_tile + (warp_m + i * 16 + (matrix & 1) * 8 + matrix_row) * A_STRIDE;\n\
             smelt_ldmatrix_x4(a, a_row + step * 16 + (matrix >> 1) * 8);\n\
             for (int j = 0; j < N_TILES; j++) {\n\
-                smelt_mma_m16n8k16_bf16_f32(part[i][j], a, b[j], part[i][j]);\n\
+                smelt_mma_m16n8k16_bf16_f32(SUMS[i][j], a, b[j], SUMS[i][j]);\n\
             }\n\
 ";
 
-static const char gemm_body_tail[] = "\
+static const char gemm_fragments_end[] = "\
         }\n\
+";
+
+static const char gemm_group_end[] = "\
         /* the group ends: its sums times their rows' scales */\n\
         if ((column + 16) % GROUP == 0) {\n\
             for (int j = 0; j < N_TILES; j++) {\n\
@@ -305,8 +474,29 @@ static const char gemm_body_tail[] = "\
                 }\n\
             }\n\
         }\n\
+";
+
+static const char gemm_loops_end[] = "\
     }\n\
 }\n\
+";
+
+/* W8A8: the whole sums times the token's scale, then the row's (as the GEMV scales its sums). */
+static const char gemm_w8a8_scales[] = "\
+/* the sums times each row's activation scale, then the output row's weight scale */\n\
+for (int j = 0; j < N_TILES; j++) {\n\
+    for (int e = 0; e < 2; e++) {\n\
+        long long n = n0 + warp_n + j * 8 + 2 * thread_in_group + e;\n\
+        float scale = n < N ? smelt_f16_to_f32(scales[n]) : 0.0f;\n\
+        for (int i = 0; i < M_TILES; i++) {\n\
+            acc[i][j][e] = acc[i][j][e] * row_scale[i][0] * scale;\n\
+            acc[i][j][e + 2] = acc[i][j][e + 2] * row_scale[i][1] * scale;\n\
+        }\n\
+    }\n\
+}\n\
+";
+
+static const char gemm_body_tail[] = "\
 smelt_cp_async_wait_all();\n\
 /* element e of acc[i][j] is row group_id + (e / 2) * 8 of m tile i, column 2 * thread_in_group + e % 2 of n tile j */\n\
 for (int i = 0; i < M_TILES; i++) {\n\
@@ -320,6 +510,35 @@ for (int i = 0; i < M_TILES; i++) {\n\
         }\n\
     }\n\
 }\n";
+
+/* ceil((a T + b) / c) bytes as a polynomial in T (without the ceiling), as
+ * plan/program_cost.c counts an extent. */
+static prog_poly extent_poly(prog_affine f) {
+    double c = f.c >= 1 ? (double)f.c : 1.0;
+    return (prog_poly){.constant = (double)f.b / c, .per_token = (double)f.a / c};
+}
+
+/* The cost of a W8A8 GEMM with per-token scales: the default (each
+ * parameter's bytes once, the flops declared) plus x's once more, read by
+ * the absmax pass. That pass re-reads each block's rows, which the tiles
+ * then read again: from L2 when x fits there (T K elements, 4 MB for 512
+ * tokens of Llama-3-8B's 4096 columns in bf16, against an H200's 50 MB),
+ * from DRAM when it does not; counted as DRAM so the model never promises
+ * the pass for free. */
+static const prog_cost *dequant_gemm_cost(cg_emit *e, const cg_kernel *kernel, uint32_t x) {
+    prog_cost *cost = arena_alloc(e->a, sizeof *cost);
+    *cost = (prog_cost){.flops = kernel->flops, .tensor_cores = true};
+    for (uint32_t i = 0; i < kernel->param_count; i++) {
+        const cg_param *p = &kernel->params[i];
+        if (p->kind != CG_PARAM_VALUE) continue;
+        prog_poly bytes = extent_poly(p->extent);
+        if (p->writes)
+            cost->written = prog_poly_sum(cost->written, bytes);
+        else
+            cost->read = prog_poly_sum(cost->read, prog_poly_scaled(bytes, i == x ? 2.0 : 1.0));
+    }
+    return cost;
+}
 
 bool cg_emit_dequant_gemm(cg_emit *e) {
     const ir_module *m = e->m;
@@ -346,10 +565,14 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
     if (quant_layout_of(&f, (uint64_t)n, (uint64_t)k, &l))
         return cg_expect(e, false, "matmul: a quantized weight whose format does not fit it");
     smelt_dtype xd = cg_storage_dtype(m, xv);
+    /* W8A8: the activations' codes (the weight's kind), per token or of a static scale */
+    quant_kind act = dequant_gemm_act_quant(m, e->op);
+    double static_scale = act != QUANT_NONE ? dequant_gemm_static_scale(m, e->op) : 0.0;
     /* A in bf16 parts: three for f32 activations (x to 2^-24, f32's own
      * rounding), two for bf16 ones times column scales (to 2^-16); none
-     * (ldmatrix) for bf16 activations alone, which are exact in bf16. */
-    int split = xd == SMELT_DTYPE_F32 ? 3 : f.has_column_scale ? 2 : 0;
+     * (ldmatrix) for bf16 activations alone, which are exact in bf16; none
+     * for W8A8 (one fragment of codes). */
+    int split = act != QUANT_NONE ? 0 : xd == SMELT_DTYPE_F32 ? 3 : f.has_column_scale ? 2 : 0;
     int64_t pad = xd == SMELT_DTYPE_F32 ? 4 : 8; /* elements after each shared x row (16 bytes) */
     int64_t a_stage = GEMM_BLOCK_M * (GEMM_BLOCK_K + pad) * (xd == SMELT_DTYPE_F32 ? 4 : 2);
     bool int4 = f.kind == QUANT_INT4;
@@ -361,22 +584,34 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
     int64_t b_stage = GEMM_BLOCK_N * b_stride;
 
     ir_value_id typed[3] = {xv, wv, yv};
+    /* W8A8 as emit_gemv.c names it: _ai8 or _af8, s for a static scale */
+    const char *w8a8 = act == QUANT_NONE
+                           ? ""
+                           : arena_printf(&e->scratch, "_a%s%s", act == QUANT_INT8 ? "i8" : "f8",
+                                          static_scale > 0.0 ? "s" : "");
     const char *name =
-        arena_printf(&e->scratch, "dequant_gemm_%s_n%lld_k%lld_g%u%s%s%s", cg_dtype_tag(e, typed, 3),
+        arena_printf(&e->scratch, "dequant_gemm_%s_n%lld_k%lld_g%u%s%s%s%s", cg_dtype_tag(e, typed, 3),
                      (long long)n, (long long)k, f.group, f.has_zero ? "z" : "",
-                     f.has_column_scale ? "c" : "", bv != IR_NO_VALUE ? "_bias" : "");
+                     f.has_column_scale ? "c" : "", w8a8, bv != IR_NO_VALUE ? "_bias" : "");
     if (residual_v != IR_NO_VALUE) name = arena_printf(&e->scratch, "%s_residual", name);
     cg_kernel_builder b;
-    cg_kernel_begin(&b, e, name,
-                    int4 ? "Tensor-core dequantize-GEMM (prefill steps): one block per 64 tokens x 64 output "
-                           "rows, 4 warps of 32 x 32; mma.m16n8k16 bf16 with f32 accumulation; int4 codes "
-                           "interleaved (layout mma_k16) so that one 128-bit load is a lane's B fragments "
-                           "for 128 columns; 3 k-blocks of 128 columns in flight by cp.async; group scales "
-                           "applied to each group's partial sums"
-                         : "Tensor-core dequantize-GEMM (prefill steps): one block per 64 tokens x 64 output "
-                           "rows, 4 warps of 32 x 32; mma.m16n8k16 bf16 with f32 accumulation; byte codes "
-                           "(exact in bf16) read from shared rows; 3 k-blocks of 128 columns in flight by "
-                           "cp.async; group scales applied to each group's partial sums");
+    cg_kernel_begin(
+        &b, e, name,
+        int4 ? "Tensor-core dequantize-GEMM (prefill steps): one block per 64 tokens x 64 output "
+               "rows, 4 warps of 32 x 32; mma.m16n8k16 bf16 with f32 accumulation; int4 codes "
+               "interleaved (layout mma_k16) so that one 128-bit load is a lane's B fragments "
+               "for 128 columns; 3 k-blocks of 128 columns in flight by cp.async; group scales "
+               "applied to each group's partial sums"
+        : act != QUANT_NONE
+            ? "Tensor-core W8A8 GEMM (prefill steps): one block per 64 tokens x 64 output rows, 4 "
+              "warps of 32 x 32; mma.m16n8k16 bf16 with f32 accumulation over the activations' "
+              "codes (x * c / s, each token's scale from a first pass over its row, or a static "
+              "one) and the weight's byte codes, both exact in bf16; 3 k-blocks of 128 columns "
+              "in flight by cp.async; both scales applied to the whole sums"
+            : "Tensor-core dequantize-GEMM (prefill steps): one block per 64 tokens x 64 output "
+              "rows, 4 warps of 32 x 32; mma.m16n8k16 bf16 with f32 accumulation; byte codes "
+              "(exact in bf16) read from shared rows; 3 k-blocks of 128 columns in flight by "
+              "cp.async; group scales applied to each group's partial sums");
     b.k->family = "gemm";
     uint32_t x = cg_param_value(&b, "x", xv, true);
     uint32_t w = cg_param_value(&b, "w", wv, true);
@@ -418,10 +653,22 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
     if (split)
         cg_line(t, "enum { SPLIT = %d }; /* A as the sum of SPLIT bf16 parts: %s */", split,
                 xd == SMELT_DTYPE_F32 ? "f32 activations" : "bf16 activations times column scales");
+    else if (act != QUANT_NONE)
+        cg_line(t, "/* A: the %s codes of the activations, exact in bf16 */",
+                act == QUANT_INT8 ? "int8" : "E4M3");
     else
         cg_line(t, "/* A by ldmatrix from the bf16 activations */");
     cg_line(t, "#define X_TYPE %s", cg_dtype_ctype(xd));
     cg_line(t, "#define LOAD_X(v) %s", xd == SMELT_DTYPE_F32 ? "(v)" : "smelt_bf16_to_f32(v)");
+    if (act != QUANT_NONE && static_scale > 0.0)
+        cg_line(t, "#define ACTIVATION_SCALE %s /* act_scale tensor: every row's */",
+                cg_float_literal(e, (float)static_scale));
+    else if (act != QUANT_NONE)
+        cg_line(t, "#define UNPACK_X(chunk, v) smelt_unpack_%sx%d(chunk, v) /* A_CHUNK of a row */",
+                xd == SMELT_DTYPE_F32 ? "f32" : "bf16", xd == SMELT_DTYPE_F32 ? 4 : 8);
+    if (act != QUANT_NONE && static_scale <= 0.0)
+        cg_line(t, "#define CODE_MAX %s /* a row's scale: its absmax over CODE_MAX */",
+                act == QUANT_INT8 ? "127.0f" : "448.0f");
     cg_line(t, "#define STEP_ROWS (%s) /* tokens in this step */", cg_count_text(e, rows));
     if (int4 && f.has_zero)
         cg_line(t, "#define ZERO_POINT(n, group) ((n) < N ? (w[ZEROS_AT + ((n) * GROUPS + (group)) / 2] >> "
@@ -435,6 +682,11 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
         cg_line(t, "#define COLUMN_SCALE(k) ((const float *)(w + COLUMN_SCALES_AT))[k]");
     else
         cg_line(t, "#define COLUMN_SCALE(k) 1.0f /* no column scales */");
+    if (act != QUANT_NONE) {
+        cg_line(t, "#define SUMS acc /* the whole sum: one scale per output channel, at the end */");
+    } else {
+        cg_line(t, "#define SUMS part /* each group's, times its scale at the group's end */");
+    }
     cg_line(t, "#define BIAS(n) %s", bias != UINT32_MAX ? cg_load(&b, bias, "(n)") : "0.0f");
     cg_line(t, "#define RESIDUAL(i) %s", residual != UINT32_MAX ? cg_load(&b, residual, "(i)") : "0.0f");
     cg_line(t, "#define STORE_OUTPUT(i, value) %s",
@@ -443,22 +695,50 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
     attention_write_template(t, gemm_helpers);
     attention_write_template(t, int4 ? gemm_int4_helper : gemm_byte_helper);
     if (split) attention_write_template(t, gemm_split_helper);
+    if (act != QUANT_NONE) {
+        cg_line(t, "/* The column scales of a lane's A columns k, k + 1, k + 8, k + 9%s. */",
+                f.has_column_scale ? "" : ": 1 without them");
+        cg_line(t, "SMELT_DEVICE void lane_column_scales(const uint8_t *w, int k, float c[4])");
+        cg_line(t, "{");
+        if (!f.has_column_scale) cg_line(t, "(void)w, (void)k;");
+        cg_line(t, "for (int q = 0; q < 4; q++) {");
+        cg_line(t, "c[q] = COLUMN_SCALE(k + q %% 2 + q / 2 * 8);");
+        cg_line(t, "}");
+        cg_line(t, "}");
+        cg_blank(t);
+        attention_write_template(t, act == QUANT_INT8 ? gemm_int8_activation_helper
+                                                      : gemm_fp8_activation_helper);
+        attention_write_template(t, gemm_activation_pair_helper);
+    }
     cg_kernel_signature(&b);
     attention_write_template(t, gemm_body_head);
+    if (act == QUANT_NONE) attention_write_template(t, gemm_part_state);
     if (int4) attention_write_template(t, gemm_int4_state);
+    attention_write_template(t, gemm_body_prologue);
+    if (act != QUANT_NONE)
+        attention_write_template(t, static_scale > 0.0 ? gemm_static_scales : gemm_token_scales);
     attention_write_template(t, gemm_body_loop);
     if (int4) attention_write_template(t, gemm_int4_codes);
     attention_write_template(t, gemm_step);
+    if (act == QUANT_NONE) attention_write_template(t, gemm_group_of_step);
     attention_write_template(t, int4 ? gemm_int4_fragments : gemm_byte_fragments);
-    attention_write_template(t, split ? gemm_split_fragments : gemm_ldmatrix_fragments);
+    attention_write_template(t, act != QUANT_NONE ? gemm_code_fragments
+                                : split           ? gemm_split_fragments
+                                                  : gemm_ldmatrix_fragments);
+    attention_write_template(t, gemm_fragments_end);
+    if (act == QUANT_NONE) attention_write_template(t, gemm_group_end);
+    attention_write_template(t, gemm_loops_end);
+    if (act != QUANT_NONE) attention_write_template(t, gemm_w8a8_scales);
     attention_write_template(t, gemm_body_tail);
     cg_kernel_end(&b);
     (void)x;
     (void)w;
-    /* Modeled: x, the weight and the bias read once, out written once (the
-     * default from the parameters), 2 T N K flops on tensor cores. */
+    /* Modeled: x, the weight, the bias and a residual read once, out written
+     * once (the default from the parameters), 2 T N K flops on tensor cores;
+     * W8A8 per token reads x once more, its absmax pass (dequant_gemm_cost). */
     cg_kernel *kernel = &e->out->kernels[e->out->kernel_count - 1];
     kernel->flops = (prog_poly){.per_token = 2.0 * (double)n * (double)k};
     kernel->tensor_cores = true;
+    if (act != QUANT_NONE && static_scale <= 0.0) kernel->cost = dequant_gemm_cost(e, kernel, x);
     return true;
 }

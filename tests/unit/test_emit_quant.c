@@ -238,8 +238,7 @@ static emit_case *dequant_case_of(const char *preset, const char *activations, i
     emit_case *c = case_new(preset);
     c->activations = activations;
     c->group_size = group;
-    if (strcmp(preset, "int4-rtn") != 0)
-        c->act_quant = "none"; /* int8, fp8 weight-only: W8A8 keeps the GEMV */
+    if (strcmp(preset, "int4-rtn") != 0) c->act_quant = "none"; /* int8, fp8 weight-only (W8A8: w8a8_case) */
     char type[64];
     snprintf(type, sizeof type, "f32[tokens, %lld]", (long long)k);
     ir_value_id x = case_input(c, "x", type);
@@ -383,28 +382,83 @@ static void test_dequant_gemm_bytes(void **state) {
         }
 }
 
-/* A W8A8 matmul (act_quant per token) keeps the GEMV at every step: it
- * quantizes each token's row as the reference does, which the
- * dequantize-GEMM's float activations would not. */
-static void test_dequant_gemm_not_w8a8(void **state) {
+/* A W8A8 matmul (act_quant, ir/ops.def) of `preset`'s codes (int8 with
+ * SmoothQuant's column scales, or E4M3), per token, or per tensor at
+ * static_scale when it is > 0 (set on the op as precision sets a
+ * calibrated one). */
+static emit_case *w8a8_case(const char *preset, const char *activations, int64_t n, int64_t k, bool bias,
+                            double static_scale, uint32_t *op) {
+    emit_case *c = case_new(preset);
+    c->activations = activations;
+    char type[64];
+    snprintf(type, sizeof type, "f32[tokens, %lld]", (long long)k);
+    ir_value_id x = case_input(c, "x", type);
+    snprintf(type, sizeof type, "f32[%lld, %lld]", (long long)n, (long long)k);
+    ir_value_id wt = case_weight(c, type);
+    snprintf(type, sizeof type, "f32[%lld]", (long long)n);
+    ir_value_id b = bias ? case_weight(c, type) : IR_NO_VALUE;
+    *op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wt, b}, bias ? 3 : 2);
+    case_infer(c);
+    assert_string_equal(ir_op_string(&c->m, *op, "act_quant"), strcmp(preset, "int8") == 0 ? "i8" : "f8e4m3");
+    assert_string_equal(ir_op_string(&c->m, *op, "act_scale"), "token");
+    quant_format f;
+    assert_true(ir_weight_quant(&c->m, c->m.values[wt].def_op, &f));
+    assert_true(f.has_column_scale == (strcmp(preset, "int8") == 0)); /* SmoothQuant's */
+    if (static_scale > 0.0) {
+        assert_true(ir_op_set_string(&c->m, *op, "act_scale", "tensor"));
+        assert_true(ir_op_set_float(&c->m, *op, "act_scale_value", static_scale));
+    }
+    assert_true(ir_verify(&c->m, &c->d));
+    assert_true(cg_dequant_gemm_fits(&c->m, *op));
+    return c;
+}
+
+/* W8A8 matmuls run the dequantize-GEMM above 4 tokens (the activations'
+ * codes on the tensor cores) and match the reference's
+ * matmul_quantized_activations: int8 (column scales) and E4M3, per token
+ * and per tensor (a static scale small enough that E4M3 codes saturate at
+ * 448 and int8 ones clamp at 127), f32 and bf16 activations, 70 tokens
+ * (two tiles, the second partial) with a row of zeros in each tile (scale
+ * 1, codes 0: the bias alone), N a multiple of the tile and not, one
+ * k-block and three. */
+static void test_dequant_gemm_w8a8(void **state) {
     (void)state;
-    const char *const byte_presets[2] = {"int8", "fp8"};
-    for (int p = 0; p < 2; p++) {
-        emit_case *c = case_new(byte_presets[p]);
-        c->activations = "f32";
-        ir_value_id x = case_input(c, "x", "f32[tokens, 128]");
-        ir_value_id wt = case_weight(c, "f32[64, 128]");
-        uint32_t op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wt}, 2);
-        case_infer(c);
-        assert_string_not_equal(ir_op_string(&c->m, op, "act_quant"), "none");
-        assert_false(cg_dequant_gemm_fits(&c->m, op));
+    typedef struct shape {
+        const char *preset, *activations;
+        int64_t n, k;
+        bool bias;
+        double static_scale;
+        const char *tag; /* in the GEMM's name */
+    } shape;
+    const shape shapes[] = {
+        {"int8", "f32", 70, 256, true, 0.0, "_ai8_bias"}, {"int8", "bf16", 64, 128, false, 0.0, "_ai8_"},
+        {"fp8", "f32", 96, 384, false, 0.0, "_af8_"},     {"fp8", "bf16", 130, 128, true, 0.0, "_af8_bias"},
+        {"fp8", "f32", 64, 128, false, 0.0025, "_af8s_"}, {"fp8", "bf16", 70, 128, true, 0.02, "_af8s_bias"},
+        {"int8", "f32", 64, 128, true, 0.01, "_ai8s_"},
+    };
+    enum { TOKENS = 70 };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const shape *s = &shapes[i];
+        uint32_t op;
+        emit_case *c = w8a8_case(s->preset, s->activations, s->n, s->k, s->bias, s->static_scale, &op);
+        check_dequant_lowering(c, op);
         arena a;
         arena_init(&a);
         cg_group_lowering l;
         assert_true(case_emit(c, op, &a, &l));
-        assert_int_equal(l.kernel_count, 1);
-        assert_non_null(strstr(l.kernels[0].name, "gemv_"));
+        assert_non_null(strstr(l.kernels[1].name, s->tag));
         arena_free(&a);
+        /* rows 3 and 66 zeros, the rest in [-2, 2) */
+        ir_value_id x = c->m.ops[op].operands[0];
+        float *data = malloc(TOKENS * (size_t)s->k * sizeof *data);
+        for (int64_t j = 0; j < TOKENS * s->k; j++)
+            data[j] = j / s->k == 3 || j / s->k == 66 ? 0.0f : next_uniform(c);
+        case_set_floats(c, x, TOKENS, data, (uint64_t)(TOKENS * s->k));
+        free(data);
+        double tolerance = strcmp(s->activations, "f32") == 0 ? F32_TOLERANCE : BF16_TOLERANCE;
+        const ir_value_id out = case_result(c, op);
+        case_run_group(c, &op, 1, &out, 1, TOKENS, tolerance);
+        if (i == 0) case_run_group(c, &op, 1, &out, 1, 5, tolerance); /* a part of one tile */
         case_free(c);
     }
 }
@@ -566,7 +620,7 @@ int main(void) {
         cmocka_unit_test(test_dequant_gemm_bytes),
         cmocka_unit_test(test_dequant_gemm_epilogue),
         cmocka_unit_test(test_dequant_gemm_refused),
-        cmocka_unit_test(test_dequant_gemm_not_w8a8),
+        cmocka_unit_test(test_dequant_gemm_w8a8),
         cmocka_unit_test(test_dequant_gemm_ptx_for_sm90),
         cmocka_unit_test(test_embedding_int8_table),
         cmocka_unit_test(test_embedding_int8_table_wide),
