@@ -783,11 +783,10 @@ static void write_epilogue(cg_kernel_builder *b, const gemv_plan *p, const gemv_
     }
 }
 
-/* W8A8 (matmul act_quant, ir/ops.def): the codes of a weight row without
- * their scale, and the activation codes, for the integer (int8) or E4M3
- * dot product of write_w8a8_dot_rows. */
-static void write_w8a8_helpers(cg_text *t, const gemv_plan *p, int vector, int lanes) {
-    bool int8 = p->act_quant == QUANT_INT8;
+/* W8A8: the codes of a weight row without their scale (load_codes, VECTOR
+ * of them from column c * VECTOR), as int8 integers or E4M3 values, and the
+ * row's scale (row_scale): the GEMV's and the moe kernels' (emit_moe.c). */
+void cg_write_w8a8_weight_codes(cg_text *t, bool int8, int vector) {
     const char *code_type = int8 ? "int" : "float";
     cg_line(t, "/* VECTOR codes of row r from column c * VECTOR, without their scale: %s. */",
             int8 ? "int8 integers" : "E4M3 values");
@@ -812,23 +811,12 @@ static void write_w8a8_helpers(cg_text *t, const gemv_plan *p, int vector, int l
     cg_line(t, "return smelt_f16_to_f32(((const uint16_t *)(r.w + r.scales))[r.first_group]);");
     cg_line(t, "}");
     cg_blank(t);
-    cg_line(t, "/* The column scales c[k] of VECTOR columns from c * VECTOR (SmoothQuant's 1 / s)%s. */",
-            p->format.has_column_scale ? "" : ": 1 without them");
-    cg_line(t, "SMELT_DEVICE void load_column_scales(quant_row r, int c, float v[VECTOR])");
-    cg_line(t, "{");
-    if (p->format.has_column_scale) {
-        cg_line(
-            t,
-            "const float *column_scales = (const float *)(r.w + r.column_scales) + (long long)c * VECTOR;");
-        cg_line(t, "for (int i = 0; i < VECTOR; i++)");
-        cg_line(t, "    v[i] = column_scales[i];");
-    } else {
-        cg_line(t, "(void)r, (void)c;");
-        cg_line(t, "for (int i = 0; i < VECTOR; i++)");
-        cg_line(t, "    v[i] = 1.0f;");
-    }
-    cg_line(t, "}");
-    cg_blank(t);
+}
+
+/* W8A8: an activation's code (activation_code) of x / s, as the reference
+ * rounds it (ref_ops.c): int8 to nearest even, clamped to +-127, NaN 0; or
+ * the E4M3 code's value, to nearest even, saturating. */
+void cg_write_activation_code(cg_text *t, bool int8) {
     if (int8) {
         cg_line(t, "/* An activation's int8 code: x / s rounded to nearest even, clamped to +-127. */");
         cg_line(t, "SMELT_DEVICE int activation_code(float v)");
@@ -846,6 +834,32 @@ static void write_w8a8_helpers(cg_text *t, const gemv_plan *p, int vector, int l
         cg_line(t, "return smelt_f8e4m3_to_f32(smelt_f32_to_f8e4m3(v));");
         cg_line(t, "}");
     }
+}
+
+/* W8A8 (matmul act_quant, ir/ops.def): the codes of a weight row without
+ * their scale, and the activation codes, for the integer (int8) or E4M3
+ * dot product of write_w8a8_dot_rows. */
+static void write_w8a8_helpers(cg_text *t, const gemv_plan *p, int vector, int lanes) {
+    bool int8 = p->act_quant == QUANT_INT8;
+    cg_write_w8a8_weight_codes(t, int8, vector);
+    cg_line(t, "/* The column scales c[k] of VECTOR columns from c * VECTOR (SmoothQuant's 1 / s)%s. */",
+            p->format.has_column_scale ? "" : ": 1 without them");
+    cg_line(t, "SMELT_DEVICE void load_column_scales(quant_row r, int c, float v[VECTOR])");
+    cg_line(t, "{");
+    if (p->format.has_column_scale) {
+        cg_line(
+            t,
+            "const float *column_scales = (const float *)(r.w + r.column_scales) + (long long)c * VECTOR;");
+        cg_line(t, "for (int i = 0; i < VECTOR; i++)");
+        cg_line(t, "    v[i] = column_scales[i];");
+    } else {
+        cg_line(t, "(void)r, (void)c;");
+        cg_line(t, "for (int i = 0; i < VECTOR; i++)");
+        cg_line(t, "    v[i] = 1.0f;");
+    }
+    cg_line(t, "}");
+    cg_blank(t);
+    cg_write_activation_code(t, int8);
     cg_blank(t);
     if (lanes > 1 && !p->act_static) {
         cg_line(t, "SMELT_DEVICE float unit_max(float v)");

@@ -224,5 +224,9 @@ void cg_write_warp_sum(cg_text *t);
  * `vector` > 1). The kernel defines K, VECTOR, GROUP and GROUPS. */
 struct quant_format;
 void cg_write_quant_loader(cg_text *t, const struct quant_format *f, int vector, bool codes_only);
+/* W8A8 (emit_gemv.c; the moe kernels' too): load_codes and row_scale of a
+ * weight row's int8 / E4M3 codes, and activation_code. */
+void cg_write_w8a8_weight_codes(cg_text *t, bool int8, int vector);
+void cg_write_activation_code(cg_text *t, bool int8);
 
 #endif

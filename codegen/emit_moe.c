@@ -289,30 +289,7 @@ static void write_expert_reader(cg_text *t, const expert_storage *w, bool codes_
  * (emit_gemv.c) and the reference does (ref_ops.c, ref_w8a8_row_codes). */
 static void write_w8a8_helpers(cg_text *t, const expert_storage *w, quant_kind act) {
     bool int8 = act == QUANT_INT8;
-    const char *code_type = int8 ? "int" : "float";
-    cg_line(t, "/* VECTOR codes of row r from column c * VECTOR, without their scale: %s. */",
-            int8 ? "int8 integers" : "E4M3 values");
-    cg_line(t, "SMELT_DEVICE void load_codes(quant_row r, int c, %s v[VECTOR])", code_type);
-    cg_line(t, "{");
-    cg_line(t, "long long k0 = (long long)c * VECTOR;");
-    if (w->vector > 1) {
-        cg_line(t, "smelt_u32x4 q = smelt_load_global_128(r.w + r.first + k0); /* %d codes */", w->vector);
-        cg_line(t, "uint32_t words[4] = {q.x, q.y, q.z, q.w};");
-        cg_line(t, "for (int i = 0; i < VECTOR; i++)");
-        cg_line(t, int8 ? "    v[i] = (int)(int8_t)(uint8_t)(words[i / 4] >> (i %% 4 * 8));"
-                        : "    v[i] = smelt_f8e4m3_to_f32((uint8_t)(words[i / 4] >> (i %% 4 * 8)));");
-    } else {
-        cg_line(t, int8 ? "v[0] = (int)(int8_t)r.w[r.first + k0];"
-                        : "v[0] = smelt_f8e4m3_to_f32(r.w[r.first + k0]);");
-    }
-    cg_line(t, "}");
-    cg_blank(t);
-    cg_line(t, "/* The row's scale: one per output channel (GROUP = K). */");
-    cg_line(t, "SMELT_DEVICE float row_scale(quant_row r)");
-    cg_line(t, "{");
-    cg_line(t, "return smelt_f16_to_f32(((const uint16_t *)(r.w + r.scales))[r.first_group]);");
-    cg_line(t, "}");
-    cg_blank(t);
+    cg_write_w8a8_weight_codes(t, int8, w->vector);
     cg_line(t, "/* The expert's column scale c[k] (SmoothQuant's 1 / s)%s. */",
             w->format.has_column_scale ? "" : ": 1 without them");
     cg_line(t, "SMELT_DEVICE float column_scale(quant_row r, long long k)");
@@ -323,15 +300,8 @@ static void write_w8a8_helpers(cg_text *t, const expert_storage *w, quant_kind a
         cg_line(t, "return (void)r, (void)k, 1.0f;");
     cg_line(t, "}");
     cg_blank(t);
+    cg_write_activation_code(t, int8);
     if (int8) {
-        cg_line(t, "/* An activation's int8 code: x / s rounded to nearest even, clamped to +-127. */");
-        cg_line(t, "SMELT_DEVICE int activation_code(float v)");
-        cg_line(t, "{");
-        cg_line(t, "if (!(v == v))");
-        cg_line(t, "    return 0;");
-        cg_line(t, "float r = rintf(v);");
-        cg_line(t, "return (int)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);");
-        cg_line(t, "}");
         cg_blank(t);
         cg_line(t, "/* The sum over the 32 lanes of a warp, in every lane (exact: integers). */");
         cg_line(t, "SMELT_DEVICE int warp_sum_i32(int v)");
@@ -339,13 +309,6 @@ static void write_w8a8_helpers(cg_text *t, const expert_storage *w, quant_kind a
         cg_line(t, "for (int offset = 16; offset > 0; offset /= 2)");
         cg_line(t, "    v += smelt_shfl_xor_i32(0xffffffffu, v, offset);");
         cg_line(t, "return v;");
-        cg_line(t, "}");
-    } else {
-        cg_line(t,
-                "/* An activation's E4M3 code, as its value: x / s rounded to nearest even, saturating. */");
-        cg_line(t, "SMELT_DEVICE float activation_code(float v)");
-        cg_line(t, "{");
-        cg_line(t, "return smelt_f8e4m3_to_f32(smelt_f32_to_f8e4m3(v));");
         cg_line(t, "}");
     }
     cg_blank(t);
