@@ -48,8 +48,14 @@
  *        k-blocks land; with "tensor" the static act_scale_value;
  *   code the int8 code rint(.) clamped to +-127 (NaN: 0) or the E4M3 value
  *        rounded to nearest even, saturating: both exact in bf16, so A is
- *        one bf16 fragment of codes, built from the shared x tile as the
- *        split A is, and the mma multiplies codes by codes: int8 products
+ *        one bf16 fragment of codes. Once a k-block has landed the block
+ *        codes its x tile once (code_chunk: each thread 8 columns of every
+ *        8th row, x * c / s by division as the reference has it; a product
+ *        by 1 / s can differ from it in the last bit), as bf16 over the same
+ *        shared bytes for bf16 x or into a bf16 tile of its own after the
+ *        stages for f32 x; after a __syncthreads each warp takes its A
+ *        fragments from it by ldmatrix.x4 as the bf16 path does, and the
+ *        mma multiplies codes by codes: int8 products
  *        are integers below 2^14 and E4M3 ones have 8 significant bits, so
  *        each is exact in f32 and only the order of the f32 sums differs
  *        from the reference's (exact for int8 while they stay below 2^24);
@@ -60,12 +66,15 @@
  *
  * The column scales c[k] are int8's SmoothQuant factors (quant method
  * smooth: the activation side's 1 / s, applied to x as the reference does).
- * Each warp codes the A fragments it uses (the two warps of a row of the
- * 2 x 2 code the same x): a division, a rounding and, for E4M3, the
- * software conversions of smelt_kernel.h per element and warp, ALU work
- * the cost model (bytes and tensor-core flops) does not count. Coding the
- * tile once per block into shared memory, and the hardware E4M3
- * conversions of sm_89 and up, would cut it.
+ * The coding is ALU work the cost model (bytes and tensor-core flops) does
+ * not count: a division, a rounding and, for E4M3, the software conversions
+ * of smelt_kernel.h per element, once per block. In NVRTC's sm_90 PTX for
+ * Llama-3-8B's fp8 4096 x 4096 over bf16 x, a k16 step is about 430
+ * instructions (8 mma, their ldmatrix and B codes) plus 750 of a thread's
+ * share of the coding, against about 1,970 when each warp coded its own
+ * fragments. The hardware E4M3 conversions of sm_89 and up
+ * (cvt.rn.satfinite.e4m3x2.f32) would cut the coding further; they are not
+ * used until their rounding is checked against the reference's on a GPU.
  *
  * What it takes (cg_dequant_gemm_fits): int4 codes interleaved (so K is a
  * multiple of 128, and no act-order: a group index would give a k16 step
@@ -226,16 +235,16 @@ SMELT_DEVICE uint32_t activation_pair(float a, float b)\n\
     return (__float_as_uint(activation_code(a)) >> 16) | (__float_as_uint(activation_code(b)) & 0xffff0000u);\n\
 }\n\
 \n\
-/* The A fragment of one m16 tile as codes: this lane's row r0 of the x tile\n\
- * and the row 8 below it, of activation scales s[0] and s[1], at columns\n\
- * 0, 1, 8 and 9 from r0, of column scales c[0..3]. */\n\
-SMELT_DEVICE void code_fragment(const X_TYPE *r0, const float s[2], const float c[4], uint32_t a[4])\n\
+/* Row `row`'s 8 columns from `column` of the k-block's x tile as their\n\
+ * codes, x * c / s rounded as activation_code does, 8 bf16 in one 16-byte\n\
+ * store to the tile of codes (over the same bytes for bf16 x). */\n\
+SMELT_DEVICE void code_chunk(const X_TYPE *x_tile, smelt_bf16 *code_tile, int row, int column, float s, const float c[8])\n\
 {\n\
-    const X_TYPE *r1 = r0 + 8 * A_STRIDE;\n\
-    a[0] = activation_pair(LOAD_X(r0[0]) * c[0] / s[0], LOAD_X(r0[1]) * c[1] / s[0]);\n\
-    a[1] = activation_pair(LOAD_X(r1[0]) * c[0] / s[1], LOAD_X(r1[1]) * c[1] / s[1]);\n\
-    a[2] = activation_pair(LOAD_X(r0[8]) * c[2] / s[0], LOAD_X(r0[9]) * c[3] / s[0]);\n\
-    a[3] = activation_pair(LOAD_X(r1[8]) * c[2] / s[1], LOAD_X(r1[9]) * c[3] / s[1]);\n\
+    float v[8];\n\
+    LOAD_X8(x_tile + row * A_STRIDE + column, v);\n\
+    uint4 codes = {activation_pair(v[0] * c[0] / s, v[1] * c[1] / s), activation_pair(v[2] * c[2] / s, v[3] * c[3] / s),\n\
+                   activation_pair(v[4] * c[4] / s, v[5] * c[5] / s), activation_pair(v[6] * c[6] / s, v[7] * c[7] / s)};\n\
+    *(uint4 *)(code_tile + row * CODE_STRIDE + column) = codes;\n\
 }\n\
 \n";
 
@@ -258,10 +267,11 @@ SMELT_DEVICE void split_pair(float a, float b, uint32_t parts[SPLIT][4], int r)\
  * sums (weight-only: W8A8 sums into acc, its one scale in the epilogue);
  * the first k-blocks in flight, and W8A8's row scales meanwhile; the main
  * loop up to the B fragments of a k16 step; the A fragments and the mma
- * (split, by ldmatrix, or W8A8's codes); the group's end (weight-only);
+ * (split, by ldmatrix, or by ldmatrix from W8A8's tile of codes, which
+ * the block writes at the top of the k-block); the group's end (weight-only);
  * W8A8's scales; the epilogue. Its holes are the macros the emitter defines (X_TYPE,
  * LOAD_X, UNPACK_X, ZERO_POINT, COLUMN_SCALE, SUMS, CODE_MAX,
- * ACTIVATION_SCALE, BIAS, RESIDUAL, STORE_OUTPUT). */
+ * ACTIVATION_SCALE, CODE_TILE, LOAD_X8, ROW_SCALE, BIAS, RESIDUAL, STORE_OUTPUT). */
 static const char gemm_body_head[] = "\
 SMELT_DYNAMIC_SHARED(unsigned char, shared);\n\
 X_TYPE *a_stages = (X_TYPE *)shared;                         /* [STAGES][BLOCK_M][A_STRIDE] */\n\
@@ -377,11 +387,10 @@ static const char gemm_int4_codes[] = "\
 
 static const char gemm_step[] = "\
     for (int step = 0; step < BLOCK_K / 16; step++) {\n\
-        int column = kb * BLOCK_K + step * 16;\n\
 ";
 
 static const char gemm_group_of_step[] = "\
-        int group = column / GROUP;\n\
+        int column = kb * BLOCK_K + step * 16, group = column / GROUP;\n\
 ";
 
 static const char gemm_int4_fragments[] = "\
@@ -428,18 +437,32 @@ static const char gemm_split_fragments[] = "\
             }\n\
 ";
 
+/* W8A8: the k-block's x tile as codes, once for the block (not each warp
+ * its fragments: the two warps of a row of the 2 x 2 share them). */
+static const char gemm_code_tile[] = "\
+    /* the k-block's activations as their codes: each thread 8 columns of every 8th row */\n\
+    smelt_bf16 *code_tile = CODE_TILE;\n\
+    {\n\
+        int column = threadIdx.x % (BLOCK_K / 8) * 8;\n\
+        float c[8]; /* the column scales of this thread's columns */\n\
+        for (int q = 0; q < 8; q++) {\n\
+            c[q] = COLUMN_SCALE(kb * BLOCK_K + column + q);\n\
+        }\n\
+        for (int row = threadIdx.x / (BLOCK_K / 8); row < BLOCK_M; row += THREADS / (BLOCK_K / 8)) {\n\
+            code_chunk(a_tile, code_tile, row, column, ROW_SCALE(row), c);\n\
+        }\n\
+    }\n\
+    __syncthreads(); /* the codes, for every warp */\n\
+";
+
 static const char gemm_code_fragments[] = "\
-        int k = step * 16 + 2 * thread_in_group; /* this lane's first A column in the tile */\n\
-        float c[4];\n\
-        lane_column_scales(w, column + 2 * thread_in_group, c);\n\
-        /* the m tiles' codes, a call each (M_TILES = 2): a loop around code_fragment's body would\n\
-         * be too large for the compiler to unroll, and index the register arrays from memory */\n\
-        uint32_t a[M_TILES][4];\n\
-        code_fragment(a_tile + (warp_m + group_id) * A_STRIDE + k, row_scale[0], c, a[0]);\n\
-        code_fragment(a_tile + (warp_m + 16 + group_id) * A_STRIDE + k, row_scale[1], c, a[1]);\n\
+        int matrix = lane / 8, matrix_row = lane % 8; /* the row this lane addresses for ldmatrix */\n\
         for (int i = 0; i < M_TILES; i++) {\n\
+            uint32_t a[4];\n\
+            const smelt_bf16 *a_row = code_tile + (warp_m + i * 16 + (matrix & 1) * 8 + matrix_row) * CODE_STRIDE;\n\
+            smelt_ldmatrix_x4(a, a_row + step * 16 + (matrix >> 1) * 8);\n\
             for (int j = 0; j < N_TILES; j++) {\n\
-                smelt_mma_m16n8k16_bf16_f32(SUMS[i][j], a[i], b[j], SUMS[i][j]);\n\
+                smelt_mma_m16n8k16_bf16_f32(SUMS[i][j], a, b[j], SUMS[i][j]);\n\
             }\n\
 ";
 
@@ -624,7 +647,10 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
     cg_count rows = cg_shape_count(&xs, 0, 1);
     cg_kernel_launch(&b, cg_count_blocks(rows, GEMM_BLOCK_M), (prog_affine){0, n, GEMM_BLOCK_N},
                      GEMM_THREADS);
-    b.k->rule.dynamic_shared_bytes = (uint32_t)(GEMM_STAGES * (a_stage + b_stage));
+    /* W8A8 over f32 x: a bf16 tile of codes after the stages (bf16 x is coded in place) */
+    int64_t code_tile =
+        act != QUANT_NONE && xd == SMELT_DTYPE_F32 ? GEMM_BLOCK_M * (GEMM_BLOCK_K + 8) * 2 : 0;
+    b.k->rule.dynamic_shared_bytes = (uint32_t)(GEMM_STAGES * (a_stage + b_stage) + code_tile);
     b.k->min_tokens = IR_GEMV_MAX_TOKENS + 1;
     cg_kernel_open(&b);
     cg_text *t = &b.text;
@@ -653,10 +679,22 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
     if (split)
         cg_line(t, "enum { SPLIT = %d }; /* A as the sum of SPLIT bf16 parts: %s */", split,
                 xd == SMELT_DTYPE_F32 ? "f32 activations" : "bf16 activations times column scales");
-    else if (act != QUANT_NONE)
-        cg_line(t, "/* A: the %s codes of the activations, exact in bf16 */",
-                act == QUANT_INT8 ? "int8" : "E4M3");
-    else
+    else if (act != QUANT_NONE) {
+        cg_line(t, "/* A by ldmatrix from the tile of the %s codes of the activations (exact in bf16): %s */",
+                act == QUANT_INT8 ? "int8" : "E4M3",
+                xd == SMELT_DTYPE_F32 ? "its own, after the stages" : "over the k-block's x tile");
+        cg_line(t, "enum { CODE_STRIDE = BLOCK_K + 8%s };",
+                xd == SMELT_DTYPE_F32 ? ", CODE_TILE_AT = STAGES * (A_STAGE_BYTES + BLOCK_N * B_STRIDE)"
+                                      : "");
+        cg_line(t, "#define CODE_TILE %s",
+                xd == SMELT_DTYPE_F32 ? "((smelt_bf16 *)(shared + CODE_TILE_AT))"
+                                      : "(a_stages + kb % STAGES * BLOCK_M * A_STRIDE)");
+        cg_line(t, "#define LOAD_X8(p, v) %s /* 8 x of a row as floats */",
+                xd == SMELT_DTYPE_F32 ? "(smelt_unpack_f32x4(((const uint4 *)(p))[0], v), "
+                                        "smelt_unpack_f32x4(((const uint4 *)(p))[1], (v) + 4))"
+                                      : "smelt_unpack_bf16x8(*(const uint4 *)(p), v)");
+        cg_line(t, "#define ROW_SCALE(r) %s", static_scale > 0.0 ? "ACTIVATION_SCALE" : "row_scales[r]");
+    } else
         cg_line(t, "/* A by ldmatrix from the bf16 activations */");
     cg_line(t, "#define X_TYPE %s", cg_dtype_ctype(xd));
     cg_line(t, "#define LOAD_X(v) %s", xd == SMELT_DTYPE_F32 ? "(v)" : "smelt_bf16_to_f32(v)");
@@ -696,16 +734,6 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
     attention_write_template(t, int4 ? gemm_int4_helper : gemm_byte_helper);
     if (split) attention_write_template(t, gemm_split_helper);
     if (act != QUANT_NONE) {
-        cg_line(t, "/* The column scales of a lane's A columns k, k + 1, k + 8, k + 9%s. */",
-                f.has_column_scale ? "" : ": 1 without them");
-        cg_line(t, "SMELT_DEVICE void lane_column_scales(const uint8_t *w, int k, float c[4])");
-        cg_line(t, "{");
-        if (!f.has_column_scale) cg_line(t, "(void)w, (void)k;");
-        cg_line(t, "for (int q = 0; q < 4; q++) {");
-        cg_line(t, "c[q] = COLUMN_SCALE(k + q %% 2 + q / 2 * 8);");
-        cg_line(t, "}");
-        cg_line(t, "}");
-        cg_blank(t);
         attention_write_template(t, act == QUANT_INT8 ? gemm_int8_activation_helper
                                                       : gemm_fp8_activation_helper);
         attention_write_template(t, gemm_activation_pair_helper);
@@ -719,6 +747,7 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
         attention_write_template(t, static_scale > 0.0 ? gemm_static_scales : gemm_token_scales);
     attention_write_template(t, gemm_body_loop);
     if (int4) attention_write_template(t, gemm_int4_codes);
+    if (act != QUANT_NONE) attention_write_template(t, gemm_code_tile);
     attention_write_template(t, gemm_step);
     if (act == QUANT_NONE) attention_write_template(t, gemm_group_of_step);
     attention_write_template(t, int4 ? gemm_int4_fragments : gemm_byte_fragments);

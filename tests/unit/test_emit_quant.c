@@ -510,6 +510,30 @@ static void test_dequant_gemm_ptx_for_sm90(void **state) {
     case_free(c);
 }
 
+/* What NVRTC makes of the W8A8 GEMM of Llama-3-8B's fp8 projections (K
+ * and N 4096, bf16 activations, per token): no spills on sm_80 and sm_90,
+ * and A by ldmatrix from the tile of codes each block writes once per
+ * k-block (not coded by each warp from its fragments). */
+static void test_dequant_gemm_w8a8_ptx(void **state) {
+    (void)state;
+    if (!harness_have_nvrtc) skip();
+    uint32_t op;
+    emit_case *c = w8a8_case("fp8", "bf16", 4096, 4096, false, 0.0, &op);
+    arena a;
+    arena_init(&a);
+    cg_group_lowering l;
+    assert_true(case_emit(c, op, &a, &l));
+    assert_int_equal(l.kernel_count, 2);
+    compile_for_gpus(&l.kernels[1]);
+    cg_compiled compiled;
+    compile_ptx_for_sm90(&l.kernels[1], &compiled);
+    assert_non_null(strstr(compiled.ptx, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
+    assert_non_null(strstr(compiled.ptx, "ldmatrix.sync.aligned.m8n8.x4.shared.b16"));
+    cg_compiled_free(&compiled);
+    arena_free(&a);
+    case_free(c);
+}
+
 /* ---- the token-embedding table of the int4 presets: int8, one scale a row ---------------- */
 
 /* A table of 4 rows of 8, hand-picked so that every scale is exact: the
@@ -622,6 +646,7 @@ int main(void) {
         cmocka_unit_test(test_dequant_gemm_refused),
         cmocka_unit_test(test_dequant_gemm_w8a8),
         cmocka_unit_test(test_dequant_gemm_ptx_for_sm90),
+        cmocka_unit_test(test_dequant_gemm_w8a8_ptx),
         cmocka_unit_test(test_embedding_int8_table),
         cmocka_unit_test(test_embedding_int8_table_wide),
     };
