@@ -294,9 +294,8 @@ bool drv_calibrate_for_precision(const drv_model_options *model, drv_calibration
                    "--precision %s quantizes the weights as they are compiled: it needs --weights", preset);
         return false;
     }
-    drv_calib_options c = {
-        .ids_path = model->precision_options.calib_path,
-        .xtx = gated || (!smooth && !static_scales), /* the gate measures through X^T X */
-        .progress = true};
+    drv_calib_options c = {.ids_path = model->precision_options.calib_path,
+                           .xtx = gated || (!smooth && !static_scales), /* the gate measures through X^T X */
+                           .progress = true};
     return drv_calibrate(model, &c, out, d);
 }
