@@ -231,6 +231,17 @@ static void test_w8a8_warp_lanes(void **state) {
 
 /* ---- the tensor-core dequantize-GEMM (emit_dequant_gemm.c) ------------------------------ */
 
+/* x[tokens, K] times an [N, K] weight (+ a bias[N]): the op into *op, the
+ * weight's value returned, the case's types inferred. */
+static ir_value_id matmul_alone(emit_case *c, int64_t n, int64_t k, bool bias, uint32_t *op) {
+    ir_value_id x = case_inputf(c, "x", "f32[tokens, %lld]", (long long)k);
+    ir_value_id wt = case_weightf(c, "f32[%lld, %lld]", (long long)n, (long long)k);
+    ir_value_id b = bias ? case_weightf(c, "f32[%lld]", (long long)n) : IR_NO_VALUE;
+    *op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wt, b}, bias ? 3 : 2);
+    case_infer(c);
+    return wt;
+}
+
 /* A quantized matmul alone whose int4 codes are interleaved (K a multiple
  * of 128): the GEMV for steps of up to 4 tokens, the dequantize-GEMM above. */
 static emit_case *dequant_case_of(const char *preset, const char *activations, int64_t group, int64_t n,
@@ -239,15 +250,7 @@ static emit_case *dequant_case_of(const char *preset, const char *activations, i
     c->activations = activations;
     c->group_size = group;
     if (strcmp(preset, "int4-rtn") != 0) c->act_quant = "none"; /* int8, fp8 weight-only (W8A8: w8a8_case) */
-    char type[64];
-    snprintf(type, sizeof type, "f32[tokens, %lld]", (long long)k);
-    ir_value_id x = case_input(c, "x", type);
-    snprintf(type, sizeof type, "f32[%lld, %lld]", (long long)n, (long long)k);
-    ir_value_id wt = case_weight(c, type);
-    snprintf(type, sizeof type, "f32[%lld]", (long long)n);
-    ir_value_id b = bias ? case_weight(c, type) : IR_NO_VALUE;
-    *op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wt, b}, bias ? 3 : 2);
-    case_infer(c);
+    ir_value_id wt = matmul_alone(c, n, k, bias, op);
     uint32_t weight = c->m.values[wt].def_op;
     quant_format f;
     assert_true(ir_weight_quant(&c->m, weight, &f));
@@ -390,15 +393,7 @@ static emit_case *w8a8_case(const char *preset, const char *activations, int64_t
                             double static_scale, uint32_t *op) {
     emit_case *c = case_new(preset);
     c->activations = activations;
-    char type[64];
-    snprintf(type, sizeof type, "f32[tokens, %lld]", (long long)k);
-    ir_value_id x = case_input(c, "x", type);
-    snprintf(type, sizeof type, "f32[%lld, %lld]", (long long)n, (long long)k);
-    ir_value_id wt = case_weight(c, type);
-    snprintf(type, sizeof type, "f32[%lld]", (long long)n);
-    ir_value_id b = bias ? case_weight(c, type) : IR_NO_VALUE;
-    *op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wt, b}, bias ? 3 : 2);
-    case_infer(c);
+    ir_value_id wt = matmul_alone(c, n, k, bias, op);
     assert_string_equal(ir_op_string(&c->m, *op, "act_quant"), strcmp(preset, "int8") == 0 ? "i8" : "f8e4m3");
     assert_string_equal(ir_op_string(&c->m, *op, "act_scale"), "token");
     quant_format f;
