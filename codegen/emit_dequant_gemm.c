@@ -204,35 +204,14 @@ SMELT_DEVICE uint32_t code_pair(const uint8_t *p)\n\
 }\n\
 \n";
 
-static const char gemm_int8_activation_helper[] = "\
-/* An activation's int8 code, as a float: v = x * c / s rounded to nearest\n\
- * even, clamped to +-127 (NaN: 0). */\n\
-SMELT_DEVICE float activation_code(float v)\n\
-{\n\
-    if (!(v == v)) {\n\
-        return 0.0f;\n\
-    }\n\
-    float r = rintf(v);\n\
-    return r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;\n\
-}\n\
-\n";
-
-static const char gemm_fp8_activation_helper[] = "\
-/* An activation's E4M3 code, as its value: v = x * c / s rounded to nearest\n\
- * even, saturating to +-448. */\n\
-SMELT_DEVICE float activation_code(float v)\n\
-{\n\
-    return smelt_f8e4m3_to_f32(smelt_f32_to_f8e4m3(v));\n\
-}\n\
-\n";
-
 static const char gemm_activation_pair_helper[] = "\
 /* The codes of two activations (already x * c / s) as one A register, the\n\
  * first in the low half: exact in bf16, whose upper 16 bits of the float\n\
- * they are. */\n\
+ * they are (an int8 code is an integer of at most 8 bits). */\n\
 SMELT_DEVICE uint32_t activation_pair(float a, float b)\n\
 {\n\
-    return (__float_as_uint(activation_code(a)) >> 16) | (__float_as_uint(activation_code(b)) & 0xffff0000u);\n\
+    float code_a = (float)activation_code(a), code_b = (float)activation_code(b);\n\
+    return (__float_as_uint(code_a) >> 16) | (__float_as_uint(code_b) & 0xffff0000u);\n\
 }\n\
 \n\
 /* Row `row`'s 8 columns from `column` of the k-block's x tile as their\n\
@@ -734,8 +713,8 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
     attention_write_template(t, int4 ? gemm_int4_helper : gemm_byte_helper);
     if (split) attention_write_template(t, gemm_split_helper);
     if (act != QUANT_NONE) {
-        attention_write_template(t, act == QUANT_INT8 ? gemm_int8_activation_helper
-                                                      : gemm_fp8_activation_helper);
+        cg_write_activation_code(t, act == QUANT_INT8); /* the GEMV's, the reference's rounding */
+        cg_blank(t);
         attention_write_template(t, gemm_activation_pair_helper);
     }
     cg_kernel_signature(&b);
