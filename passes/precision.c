@@ -344,14 +344,10 @@ static void assign(ir_module *m, precision_run *a) {
             quant_format f;
             if (ir_weight_quant(m, i, &f)) t->dtype = SMELT_DTYPE_F32; /* a former decision: floats again */
             ir_weight_clear_quant(m, i);
-            if (weight_format(m, i, a->chosen, a->group_size, a->o ? a->o->keep : NULL,
-                              a->o && a->o->act_order, a->only_matmul, a->only_experts, &f)) {
-                ir_weight_set_quant(m, i, &f);
-                t->dtype = quant_code_dtype(f.kind);
-                continue;
-            }
-            if (embedding_format(m, i, a->preset, a->o ? a->o->keep : NULL, a->gathered,
-                                 a->only_gather_or_matmul, &f)) {
+            const char *keep = a->o ? a->o->keep : NULL;
+            if (weight_format(m, i, a->chosen, a->group_size, keep, a->o && a->o->act_order, a->only_matmul,
+                              a->only_experts, &f) ||
+                embedding_format(m, i, a->preset, keep, a->gathered, a->only_gather_or_matmul, &f)) {
                 ir_weight_set_quant(m, i, &f);
                 t->dtype = quant_code_dtype(f.kind);
                 continue;
