@@ -888,6 +888,8 @@ typedef struct cg_op_rule {
     { CG_LOWER_KERNELS, cg_emit_slice }
 #define LOWER_ARGMAX                                                                                         \
     { CG_LOWER_KERNELS, cg_emit_argmax }
+#define LOWER_QUANTIZE /* SKELETON: helper H-CG implements cg_emit_quantize */                               \
+    { CG_LOWER_NONE, NULL }
 
 static const cg_op_rule op_rules[] = {
 #define OP(e, name, mn, mx, nres, flags, family, attrs) [IR_OP_##e] = LOWER_##e,

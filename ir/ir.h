@@ -304,6 +304,12 @@ double ir_op_float(const ir_module *m, uint32_t op, const char *name);
 bool ir_op_bool(const ir_module *m, uint32_t op, const char *name);
 const char *ir_op_string(const ir_module *m, uint32_t op, const char *name);
 
+/* A matmul's operands by role (ops.def): its bias (IR_NO_VALUE: none) and,
+ * with act_codes, the codes and scales of its quantized input (else both
+ * IR_NO_VALUE). The only readers of operands past the weight. */
+ir_value_id ir_matmul_bias(const ir_module *m, uint32_t op);
+bool ir_matmul_act_codes(const ir_module *m, uint32_t op, ir_value_id *codes, ir_value_id *scales);
+
 /* Sets every absent attribute that has a default in the schema. */
 void ir_op_fill_defaults(ir_module *m, uint32_t op);
 

@@ -203,6 +203,25 @@ const char *ir_op_string(const ir_module *m, uint32_t op, const char *name) {
     return required_attr(m, op, name, IR_ATTR_STRING)->as.s;
 }
 
+static bool matmul_has_codes(const ir_module *m, uint32_t op) {
+    const ir_attr *a = ir_op_attr(m, op, "act_codes");
+    return a && a->kind == IR_ATTR_BOOL && a->as.b;
+}
+
+ir_value_id ir_matmul_bias(const ir_module *m, uint32_t op) {
+    const ir_op *o = &m->ops[op];
+    uint32_t plain = o->operand_count - (matmul_has_codes(m, op) ? 2 : 0);
+    return o->kind == IR_OP_MATMUL && plain == 3 ? o->operands[2] : IR_NO_VALUE;
+}
+
+bool ir_matmul_act_codes(const ir_module *m, uint32_t op, ir_value_id *codes, ir_value_id *scales) {
+    const ir_op *o = &m->ops[op];
+    bool has = o->kind == IR_OP_MATMUL && matmul_has_codes(m, op) && o->operand_count >= 4;
+    *codes = has ? o->operands[o->operand_count - 2] : IR_NO_VALUE;
+    *scales = has ? o->operands[o->operand_count - 1] : IR_NO_VALUE;
+    return has;
+}
+
 /* Defaults in ops.def are C-literal text: 0, -1, true, "neox"; a float
  * list's only default is the empty list, [] (items stay NULL). */
 static ir_attr parse_default(const ir_attr_schema *s) {

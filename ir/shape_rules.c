@@ -281,7 +281,25 @@ static bool infer_matmul(rule_ctx *c, ir_type *out) {
     if (!ir_dim_equal(x->dims[x->rank - 1], inner))
         return rule_fail(c, "inner dims differ: x is %s but w is %s (layout %s)", TYPE_TEXT(c, x),
                          TYPE_TEXT(c, w), layout);
-    if (c->op->operand_count == 3) {
+    ir_value_id code_value, scale_value;
+    if (ir_matmul_act_codes(c->m, c->op_index, &code_value, &scale_value)) {
+        /* the codes and scales of x (ops.def): x's shape, one scale per row */
+        const ir_type *q = &c->m->values[code_value].type, *s = &c->m->values[scale_value].type;
+        ir_type rows = *x;
+        rows.rank--;
+        if (q->rank != x->rank || s->rank != rows.rank || s->dtype != SMELT_DTYPE_F32 ||
+            (q->dtype != SMELT_DTYPE_F8E4M3 && q->dtype != SMELT_DTYPE_I8))
+            return rule_fail(c, "act_codes: the codes %s and scales %s are not those of x %s", TYPE_TEXT(c, q),
+                             TYPE_TEXT(c, s), TYPE_TEXT(c, x));
+        for (unsigned i = 0; i < x->rank; i++)
+            if (!ir_dim_equal(q->dims[i], x->dims[i]) || (i < rows.rank && !ir_dim_equal(s->dims[i], x->dims[i])))
+                return rule_fail(c, "act_codes: the codes %s and scales %s are not those of x %s",
+                                 TYPE_TEXT(c, q), TYPE_TEXT(c, s), TYPE_TEXT(c, x));
+    } else if (c->op->operand_count > 3) {
+        return rule_fail(c, "a matmul of %u operands needs act_codes (its last two: codes and scales)",
+                         c->op->operand_count);
+    }
+    if (ir_matmul_bias(c->m, c->op_index) != IR_NO_VALUE) {
         const ir_type *bias = operand(c, 2);
         if (!rule_same_dtype(c, "x", x, "bias", bias) ||
             !rule_expect_dims(c, "bias", bias, "[N]", &columns, 1))
@@ -709,6 +727,21 @@ static bool infer_argmax(rule_ctx *c, ir_type *out) {
     out->rank = 0;
     for (unsigned i = 0; i < x->rank; i++)
         if (i != axis) out->dims[out->rank++] = x->dims[i];
+    return true;
+}
+
+/* quantize(x[..., K]) {dtype} -> codes of dtype [..., K], scales f32[...] */
+static bool infer_quantize(rule_ctx *c, ir_type *out) {
+    const ir_type *x = operand(c, 0);
+    const char *dtype;
+    if (!rule_attr_string(c, "dtype", &dtype) || !rule_min_rank(c, "x", x, 1)) return false;
+    if (!smelt_dtype_is_float(x->dtype))
+        return rule_fail(c, "x must be a float tensor, found %s", TYPE_TEXT(c, x));
+    out[0] = *x;
+    out[0].dtype = strcmp(dtype, "i8") == 0 ? SMELT_DTYPE_I8 : SMELT_DTYPE_F8E4M3;
+    out[1] = *x;
+    out[1].rank--;
+    out[1].dtype = SMELT_DTYPE_F32;
     return true;
 }
 

@@ -45,7 +45,7 @@
 
 #include "smelt_dtype.h"
 
-enum { PROGRAM_FORMAT_VERSION = 12, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16, PROG_MAX_WEIGHT_PARTS = 64 };
+enum { PROGRAM_FORMAT_VERSION = 13, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16, PROG_MAX_WEIGHT_PARTS = 64 };
 
 /* ceil((a * T + b) / c) with c >= 1; a constant is {0, value, 1}. */
 typedef struct prog_affine {
@@ -116,6 +116,17 @@ typedef struct prog_launch {
  * layout, C = A B^T) or [K, N] (in_out, C = A B). M is affine in T. The bias
  * is cuBLASLt's bias epilogue, the residual its C operand with beta = 1
  * (of C's dtype, in another buffer than C: the output goes to D = C here). */
+/*
+ * Scaled GEMM (W8A8, an act_codes matmul: ops.def): A holds codes (f8e4m3 or
+ * i8) with one f32 scale per row (a_scale, [M], what the quantize op wrote),
+ * B a quantized weight's codes of the same kind with one scale per output
+ * channel (b_scale, [N] of dtype_b_scale: the weight's own f16 scales, inside
+ * it at quant/quant.h's offset), and C[i, j] = a_scale[i] b_scale[j]
+ * sum_k A[i, k] B[j, k] (+ bias) (+ residual), the product exact and summed
+ * in f32. On CUDA, cuBLASLt's FP8 GEMM with outer-vector scales
+ * (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F); where a device cannot run it,
+ * the instruction is guarded (prog_instr.needs) and a smelt kernel beside it
+ * does the same. */
 typedef struct prog_gemm {
     prog_affine m;
     int64_t n, k;
@@ -123,7 +134,10 @@ typedef struct prog_gemm {
     bool b_transposed;
     bool has_bias;
     bool has_residual;
+    bool has_scales;     /* a scaled GEMM: A and B codes, a_scale and b_scale (above) */
+    uint8_t dtype_b_scale; /* smelt_dtype of b_scale: f16 (a weight's) or f32 */
     prog_ref a, b, c, bias, residual;
+    prog_ref a_scale, b_scale; /* with has_scales */
 } prog_gemm;
 
 /* ---- The cost model ------------------------------------------------------
@@ -179,8 +193,19 @@ static inline prog_poly prog_poly_sum(prog_poly f, prog_poly g) {
  * (max_tokens == 0 || T <= max_tokens): a fused kernel made for small T
  * (a decode GEMV) and the unfused launches of the same ops for larger T are
  * both in the program, each guarded by its range. 0 and 0: every step. */
+/* What a device must (not) be able to do for an instruction to run on it
+ * (prog_instr.needs): a scaled FP8 GEMM (prog_gemm.has_scales) runs where the
+ * device can run it, and the smelt kernel that computes the same runs where
+ * it cannot. The runtime asks its device once, when it opens the plan. */
+typedef enum prog_need {
+    PROG_NEED_NONE = 0,
+    PROG_NEED_SCALED_GEMM = 1,    /* runs only where the device runs scaled GEMMs */
+    PROG_NEED_NO_SCALED_GEMM = 2, /* runs only where it does not (the fallback kernel) */
+} prog_need;
+
 typedef struct prog_instr {
     uint8_t op;     /* prog_op */
+    uint8_t needs;  /* prog_need */
     uint32_t ir_op; /* the IR op (index in the compiled module) it implements, for messages */
     int64_t min_tokens, max_tokens;
     uint32_t choice;  /* 0: none; c: a side of choices[c - 1] ("Choices" below) */

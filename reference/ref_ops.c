@@ -46,6 +46,7 @@ bool ref_run_op(ir_op_kind kind, const ref_call *c) {
     case IR_OP_SPLIT: return ref_op_split(c);
     case IR_OP_SLICE: return ref_op_slice(c);
     case IR_OP_ARGMAX: return ref_op_argmax(c);
+    case IR_OP_QUANTIZE: break; /* SKELETON: helper H-IR implements ref_op_quantize */
     /* Declarations: the step loop binds inputs, weights, constants and outputs. */
     case IR_OP_INPUT:
     case IR_OP_WEIGHT:

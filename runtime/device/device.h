@@ -68,6 +68,14 @@ typedef struct rt_gemm_args {
      * device may use a copy it prepared (the host's f32 shadow of bf16). */
     uint32_t b_weight;
     uint64_t b_weight_offset;
+    /* A scaled GEMM (prog_gemm.has_scales): A and B are codes (f8e4m3 or i8),
+     * a_scale f32[m], b_scale [n] of dtype_b_scale (f16 or f32) at byte
+     * offset b_scale_offset of weight b_weight; C[i, j] = a_scale[i]
+     * b_scale[j] sum_k A[i, k] B[j, k] (+ bias) (+ residual). */
+    bool has_scales;
+    const void *a_scale, *b_scale;
+    smelt_dtype dtype_b_scale;
+    uint64_t b_scale_offset;
 } rt_gemm_args;
 
 typedef struct rt_device_ops {
@@ -112,6 +120,16 @@ typedef struct rt_device_ops {
      * or no member, when it has none to give (the host: the executor's fixed
      * rule). */
     bool (*figures)(const rt_device *d, prog_device_figures *out);
+    /* Whether the device runs scaled GEMMs of A and B codes of `dtype`
+     * (prog_gemm.has_scales; f8e4m3 or i8): asked once per plan, which then
+     * runs its PROG_NEED_SCALED_GEMM instructions or their
+     * PROG_NEED_NO_SCALED_GEMM kernels; no member: it does not. */
+    bool (*runs_scaled_gemm)(rt_device *d, smelt_dtype dtype);
+    /* Called for every scaled GEMM of a plan after its weights are bound
+     * (again after a rebind), before any capture: the device may make what
+     * the GEMM needs ready (an f32 copy of f16 weight scales, a cuBLASLt
+     * plan). NULL: nothing to make. */
+    smelt_status (*prepare_gemm)(rt_device *d, const rt_gemm_args *g, rt_error *e);
 } rt_device_ops;
 
 /* Every device struct starts with this. */
