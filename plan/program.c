@@ -17,7 +17,7 @@
  *                                     part_count x {string name, i64 rows},
  *                                     u8 quant kind, then when it is not 0:
  *                                     u8 method, u8 flags, u32 group}
- *   u32 instr_count,  instr_count  x {u8 op, u32 ir_op, i64 min_tokens, i64 max_tokens,
+ *   u32 instr_count,  instr_count  x {u8 op, u8 needs, u32 ir_op, i64 min_tokens, i64 max_tokens,
  *                                     u8 wanted_rows, u32 choice, u8 side, then
  *     LAUNCH: u32 kernel, 3 x affine grid, 3 x u32 block, u32 dynamic_shared,
  *             u32 arg_count, arg_count x {u8 kind, then POINTER: ref,
@@ -25,7 +25,8 @@
  *                                         INT: i64 value; TOKENS: nothing}
  *     GEMM:   affine m, i64 n, i64 k, u8 dtype_a, dtype_b, dtype_c,
  *             dtype_bias, u8 b_transposed, u8 has_bias, ref a, b, c, bias,
- *             u8 has_residual, ref residual;
+ *             u8 has_residual, ref residual, u8 has_scales, then when it is 1:
+ *             u8 dtype_b_scale, ref a_scale, ref b_scale;
  *     then the cost: 3 x poly (read, written, flops), u8 tensor_cores}
  *   u32 choice_count, choice_count x {i64 min_tokens, i64 max_tokens, then for
  *                                     side 0 and 1, for T = min..max:
@@ -55,7 +56,10 @@
  * choice's range within [1, max_tokens] and at most PROG_CHOICE_MAX_TOKENS
  * long, its costs finite, >= 0 and within the coefficient limit);
  * version 12 the interleaved int4 codes flag (PROG_QUANT_INTERLEAVED) and
- * quantized [E, N, K] stacks of experts (each expert an [N, K] matrix).
+ * quantized [E, N, K] stacks of experts (each expert an [N, K] matrix);
+ * version 13 scaled GEMMs (prog_gemm.has_scales: A and B codes with a_scale
+ * and b_scale) and each instruction's needs (prog_need: what its device
+ * must, or must not, be able to do for it to run).
  *
  * What decoding checks (the executor relies on every item):
  *   - counts against the bytes left (no allocation a short section cannot
@@ -85,7 +89,18 @@
  *     > 0, into the arena) has an extent a T + b (c = 1, b >= 0) with
  *     row_bytes <= a, so its region at one token, (T - 1) row_bytes on, lies
  *     inside its region at T; only such instructions move pointers, and the
- *     greedy instruction is not one.
+ *     greedy instruction is not one;
+ *   - needs (program.h, "prog_need"): 0, 1 or 2; PROG_NEED_SCALED_GEMM on
+ *     exactly the scaled GEMMs (each of them has it), PROG_NEED_NO_SCALED_GEMM
+ *     on launches alone, neither on the greedy instruction; and every scaled
+ *     GEMM has its fallback: a PROG_NEED_NO_SCALED_GEMM launch that writes
+ *     through a pointer whose region holds the start of the GEMM's C, so a
+ *     device that cannot run the GEMM still computes its output;
+ *   - a scaled GEMM: A and B codes of one dtype (f8e4m3 or i8), B a weight
+ *     stored [N, K] (b_transposed: cuBLASLt's FP8 GEMM takes only that
+ *     layout), b_scale N values of dtype_b_scale (f16 or f32) in the same
+ *     weight, a_scale M f32 values (at max_tokens), each whole inside its
+ *     buffer and aligned to its element; C, bias and residual as in any GEMM.
  * program_check_plan adds what needs the rest of the plan: kernel indices,
  * launch rules equal to the kernel table's, and weight data offsets.
  */
@@ -108,7 +123,7 @@ enum {
     ENCODED_STATE_MIN = 16,
     ENCODED_WEIGHT_MIN = 8 + 1 + 1 + 4 + 8 + 8 + 4 + 1,
     ENCODED_COST = 3 * 5 * 8 + 1,
-    ENCODED_INSTR_MIN = 1 + 4 + 16 + 1 + 4 + 1 + 4 + ENCODED_COST,
+    ENCODED_INSTR_MIN = 1 + 1 + 4 + 16 + 1 + 4 + 1 + 4 + ENCODED_COST,
     ENCODED_CHOICE_MIN = 16 + 2 * (8 + 8 + 4 + 1),
 };
 
@@ -219,6 +234,12 @@ static void put_gemm(byte_writer *w, const prog_gemm *g) {
     put_ref(w, g->bias);
     put_u8(w, g->has_residual);
     put_ref(w, g->residual);
+    put_u8(w, g->has_scales);
+    if (g->has_scales) {
+        put_u8(w, g->dtype_b_scale);
+        put_ref(w, g->a_scale);
+        put_ref(w, g->b_scale);
+    }
 }
 
 static void put_f64(byte_writer *w, double v) {
@@ -291,6 +312,7 @@ bool program_encode(const program *p, uint8_t **bytes, size_t *size) {
     for (uint32_t i = 0; i < p->instr_count; i++) {
         const prog_instr *in = &p->instrs[i];
         put_u8(&w, in->op);
+        put_u8(&w, in->needs);
         put_u32(&w, in->ir_op);
         put_i64(&w, in->min_tokens);
         put_i64(&w, in->max_tokens);
@@ -838,6 +860,27 @@ static bool check_operand(decoder *d, uint32_t i, const char *operand, prog_ref 
     return check_region(d, r, extent, element, what);
 }
 
+static bool is_code_dtype(uint8_t dtype) { return dtype == SMELT_DTYPE_F8E4M3 || dtype == SMELT_DTYPE_I8; }
+
+/* A scaled GEMM's own operands (program.h): codes, B an [N, K] weight with
+ * its scales beside it, a_scale M f32 values. */
+static bool check_scales(decoder *d, uint32_t i, const prog_gemm *g, uint64_t rows) {
+    if (!is_code_dtype(g->dtype_a) || g->dtype_b != g->dtype_a)
+        return fail(d,
+                    "instruction %u: a scaled gemm multiplies codes of one dtype (f8e4m3 or i8), not %s x %s",
+                    i, smelt_dtype_name((smelt_dtype)g->dtype_a), smelt_dtype_name((smelt_dtype)g->dtype_b));
+    if (g->dtype_b_scale != SMELT_DTYPE_F16 && g->dtype_b_scale != SMELT_DTYPE_F32)
+        return fail(d, "instruction %u: a scaled gemm's b_scale has dtype %u (expected f16 or f32)", i,
+                    g->dtype_b_scale);
+    if (!g->b_transposed)
+        return fail(d, "instruction %u: a scaled gemm's B must be stored [N, K] (b_transposed)", i);
+    if (g->b.buffer != PROG_BUFFER_WEIGHT || g->b_scale.buffer != PROG_BUFFER_WEIGHT ||
+        g->b_scale.index != g->b.index)
+        return fail(d, "instruction %u: a scaled gemm's B and b_scale must lie in one weight", i);
+    return check_operand(d, i, "a_scale", g->a_scale, rows, 1, SMELT_DTYPE_F32) &&
+           check_operand(d, i, "b_scale", g->b_scale, 1, (uint64_t)g->n, g->dtype_b_scale);
+}
+
 static bool check_gemm(decoder *d, uint32_t i, const prog_gemm *g) {
     int64_t m = program_affine_max(g->m, d->out->max_tokens);
     if (m < 0 || m > INT32_MAX)
@@ -848,7 +891,7 @@ static bool check_gemm(decoder *d, uint32_t i, const prog_gemm *g) {
         return fail(d, "instruction %u: gemm n = %lld, k = %lld (expected 1..%d)", i, (long long)g->n,
                     (long long)g->k, INT32_MAX);
     const uint8_t dtypes[4] = {g->dtype_a, g->dtype_b, g->dtype_c, g->dtype_bias};
-    for (int k = 0; k < (g->has_bias ? 4 : 3); k++)
+    for (int k = g->has_scales ? 2 : 0; k < (g->has_bias ? 4 : 3); k++) /* a scaled gemm's A and B: codes */
         if (dtypes[k] != SMELT_DTYPE_F32 && dtypes[k] != SMELT_DTYPE_BF16 && dtypes[k] != SMELT_DTYPE_F16)
             return fail(d, "instruction %u: gemm operand %c has dtype %u (expected f32, bf16 or f16)", i,
                         "abcd"[k], dtypes[k]);
@@ -859,7 +902,8 @@ static bool check_gemm(decoder *d, uint32_t i, const prog_gemm *g) {
         bool apart = g->residual.offset >= g->c.offset + bytes || g->c.offset >= g->residual.offset + bytes;
         if (!apart && rows > 0) return fail(d, "instruction %u: gemm residual overlaps its output", i);
     }
-    return check_operand(d, i, "A", g->a, rows, k, g->dtype_a) &&
+    return (!g->has_scales || check_scales(d, i, g, rows)) &&
+           check_operand(d, i, "A", g->a, rows, k, g->dtype_a) &&
            check_operand(d, i, "B", g->b, n, k, g->dtype_b) &&
            check_operand(d, i, "C", g->c, rows, n, g->dtype_c) &&
            (!g->has_bias || check_operand(d, i, "bias", g->bias, 1, n, g->dtype_bias)) &&
@@ -868,18 +912,21 @@ static bool check_gemm(decoder *d, uint32_t i, const prog_gemm *g) {
 
 static bool decode_gemm(decoder *d, uint32_t i, prog_gemm *g) {
     plan_cursor *c = &d->cursor;
-    uint8_t transposed, has_bias, has_residual;
+    uint8_t transposed, has_bias, has_residual, has_scales;
     bool ok = get_affine(d, &g->m) && plan_cursor_i64(c, &g->n) && plan_cursor_i64(c, &g->k) &&
               get_u8(d, &g->dtype_a) && get_u8(d, &g->dtype_b) && get_u8(d, &g->dtype_c) &&
               get_u8(d, &g->dtype_bias) && get_u8(d, &transposed) && get_u8(d, &has_bias) &&
               get_ref(d, &g->a) && get_ref(d, &g->b) && get_ref(d, &g->c) && get_ref(d, &g->bias) &&
-              get_u8(d, &has_residual) && get_ref(d, &g->residual);
+              get_u8(d, &has_residual) && get_ref(d, &g->residual) && get_u8(d, &has_scales);
+    if (ok && has_scales == 1)
+        ok = get_u8(d, &g->dtype_b_scale) && get_ref(d, &g->a_scale) && get_ref(d, &g->b_scale);
     if (!ok) return truncated(d, "a gemm");
-    if (transposed > 1 || has_bias > 1 || has_residual > 1)
+    if (transposed > 1 || has_bias > 1 || has_residual > 1 || has_scales > 1)
         return fail(d, "instruction %u: gemm flags must be 0 or 1", i);
     g->b_transposed = transposed;
     g->has_bias = has_bias;
     g->has_residual = has_residual;
+    g->has_scales = has_scales;
     return check_gemm(d, i, g);
 }
 
@@ -911,6 +958,60 @@ static bool decode_cost(decoder *d, uint32_t i, prog_cost *cost) {
     return true;
 }
 
+/* An instruction's needs (program.h, prog_need): the scaled GEMMs, and only
+ * they, need a device that runs them; launches alone stand in for them. */
+static bool check_needs(decoder *d, uint32_t i, const prog_instr *in) {
+    bool scaled = in->op == PROG_OP_GEMM && in->as.gemm.has_scales;
+    if (in->needs > PROG_NEED_NO_SCALED_GEMM)
+        return fail(d, "instruction %u has needs %u (expected 0, 1 or 2)", i, in->needs);
+    if (scaled != (in->needs == PROG_NEED_SCALED_GEMM))
+        return fail(d,
+                    scaled ? "instruction %u is a scaled gemm without needs %u (scaled-gemm)"
+                           : "instruction %u has needs %u (scaled-gemm) but is no scaled gemm",
+                    i, (unsigned)PROG_NEED_SCALED_GEMM);
+    if (in->needs == PROG_NEED_NO_SCALED_GEMM && in->op != PROG_OP_LAUNCH)
+        return fail(d, "instruction %u has needs %u (no-scaled-gemm) but is no launch", i, in->needs);
+    return true;
+}
+
+/* Does launch l write through a pointer whose region (at max_tokens) holds
+ * the start of r? */
+static bool launch_writes_at(const program *p, const prog_launch *l, prog_ref r) {
+    for (uint32_t a = 0; a < l->arg_count; a++) {
+        const prog_arg *arg = &l->args[a];
+        if (arg->kind != PROG_ARG_POINTER || !arg->writes || arg->ref.buffer != r.buffer ||
+            arg->ref.index != r.index || arg->ref.offset > r.offset)
+            continue;
+        if (r.offset - arg->ref.offset < (uint64_t)program_affine_max(arg->extent, p->max_tokens))
+            return true;
+    }
+    return false;
+}
+
+/* Every scaled GEMM has a fallback: a launch guarded by
+ * PROG_NEED_NO_SCALED_GEMM that writes its output, so that the program
+ * computes it on every device. */
+static bool check_fallbacks(decoder *d) {
+    const program *p = d->out;
+    for (uint32_t i = 0; i < p->instr_count; i++) {
+        const prog_instr *in = &p->instrs[i];
+        if (in->needs != PROG_NEED_SCALED_GEMM) continue;
+        bool found = false;
+        for (uint32_t k = 0; k < p->instr_count && !found; k++)
+            found = p->instrs[k].needs == PROG_NEED_NO_SCALED_GEMM &&
+                    launch_writes_at(p, &p->instrs[k].as.launch, in->as.gemm.c);
+        if (!found)
+            return fail(d,
+                        "instruction %u, a scaled gemm, has no fallback: no launch of needs %u "
+                        "(no-scaled-gemm) writes its output",
+                        i, (unsigned)PROG_NEED_NO_SCALED_GEMM);
+    }
+    if (p->has_greedy && p->instr_count > 0 && p->instrs[p->instr_count - 1].needs != PROG_NEED_NONE)
+        return fail(d, "the greedy instruction has needs %u (expected none)",
+                    p->instrs[p->instr_count - 1].needs);
+    return true;
+}
+
 static bool decode_instrs(decoder *d) {
     program *p = d->out;
     if (!get_count(d, &p->instr_count, ENCODED_INSTR_MIN, "instruction")) return false;
@@ -920,7 +1021,7 @@ static bool decode_instrs(decoder *d) {
     for (uint32_t i = 0; i < p->instr_count; i++) {
         prog_instr *in = &p->instrs[i];
         uint8_t wanted_rows;
-        if (!get_u8(d, &in->op) || !plan_cursor_u32(&d->cursor, &in->ir_op) ||
+        if (!get_u8(d, &in->op) || !get_u8(d, &in->needs) || !plan_cursor_u32(&d->cursor, &in->ir_op) ||
             !plan_cursor_i64(&d->cursor, &in->min_tokens) || !plan_cursor_i64(&d->cursor, &in->max_tokens) ||
             !get_u8(d, &wanted_rows) || !plan_cursor_u32(&d->cursor, &in->choice) || !get_u8(d, &in->side))
             return truncated(d, "an instruction");
@@ -953,7 +1054,7 @@ static bool decode_instrs(decoder *d) {
             break;
         default: return fail(d, "instruction %u has unknown op %u", i, in->op);
         }
-        if (!ok || !decode_cost(d, i, &in->cost)) return false;
+        if (!ok || !check_needs(d, i, in) || !decode_cost(d, i, &in->cost)) return false;
     }
     return true;
 }
@@ -1067,8 +1168,8 @@ bool program_decode(const uint8_t *bytes, size_t size, program *out, char *error
     if (error_size) error[0] = '\0';
     plan_cursor_init(&d.cursor, bytes, size);
     bool ok = decode_header(&d) && decode_states(&d) && check_positions(&d) && check_io(&d) &&
-              decode_weights(&d) && check_id_bound(&d) && decode_instrs(&d) && check_logits_written(&d) &&
-              check_greedy(&d) && decode_choices(&d);
+              decode_weights(&d) && check_id_bound(&d) && decode_instrs(&d) && check_fallbacks(&d) &&
+              check_logits_written(&d) && check_greedy(&d) && decode_choices(&d);
     if (ok && plan_cursor_left(&d.cursor) != 0)
         ok = fail(&d, "%llu unexpected bytes after the last choice",
                   (unsigned long long)plan_cursor_left(&d.cursor));

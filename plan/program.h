@@ -13,7 +13,8 @@
  * A step:
  *   1. the runtime writes ids[T] and pos[T] (int32) at input_ids / input_pos;
  *   2. it runs the instructions in order (kernel launches and GEMMs) whose
- *      token range holds T (prog_instr);
+ *      token range holds T and whose needs its device meets (prog_instr,
+ *      prog_need: a scaled GEMM, or the fallback kernel beside it);
  *   3. logits [T, vocab] (f32) are at `logits` in the arena, or, on a step
  *      that asks for the greedy token, that int32 is at `greedy_token`.
  *
@@ -134,7 +135,7 @@ typedef struct prog_gemm {
     bool b_transposed;
     bool has_bias;
     bool has_residual;
-    bool has_scales;     /* a scaled GEMM: A and B codes, a_scale and b_scale (above) */
+    bool has_scales;       /* a scaled GEMM: A and B codes, a_scale and b_scale (above) */
     uint8_t dtype_b_scale; /* smelt_dtype of b_scale: f16 (a weight's) or f32 */
     prog_ref a, b, c, bias, residual;
     prog_ref a_scale, b_scale; /* with has_scales */
@@ -196,7 +197,11 @@ static inline prog_poly prog_poly_sum(prog_poly f, prog_poly g) {
 /* What a device must (not) be able to do for an instruction to run on it
  * (prog_instr.needs): a scaled FP8 GEMM (prog_gemm.has_scales) runs where the
  * device can run it, and the smelt kernel that computes the same runs where
- * it cannot. The runtime asks its device once, when it opens the plan. */
+ * it cannot. The runtime asks its device once, when it opens the plan. The
+ * decoder holds a program to this: every scaled GEMM, and nothing else, has
+ * PROG_NEED_SCALED_GEMM; PROG_NEED_NO_SCALED_GEMM is on launches alone; and
+ * every scaled GEMM has a fallback, a PROG_NEED_NO_SCALED_GEMM launch that
+ * writes its C, so a program computes every value on every device. */
 typedef enum prog_need {
     PROG_NEED_NONE = 0,
     PROG_NEED_SCALED_GEMM = 1,    /* runs only where the device runs scaled GEMMs */
@@ -405,7 +410,8 @@ prog_cost program_launch_cost(const program *p, const prog_launch *l);
 
 /* The cost of a GEMM: A, B, the bias and the residual read once, C written
  * once, 2 M N K flops (+ M N for the bias; the residual's adds count none,
- * as an add kernel's do not), on tensor cores when A and B are bf16. */
+ * as an add kernel's do not), on tensor cores when A and B are bf16 or f16,
+ * or codes of a scaled GEMM (which reads a_scale and b_scale once too). */
 prog_cost program_gemm_cost(const prog_gemm *g);
 
 /* Does instruction `in` do work in a step of `tokens` tokens? Not when its
@@ -418,6 +424,12 @@ static inline bool prog_instr_runs(const prog_instr *in, int64_t tokens) {
     for (int i = 0; i < 3; i++)
         if (prog_affine_eval(in->as.launch.rule.grid[i], tokens) <= 0) return false;
     return true;
+}
+
+/* Does instruction `in` run on a device that runs scaled GEMMs (`scaled`)
+ * or on one that does not (prog_need)? */
+static inline bool prog_instr_needs_met(const prog_instr *in, bool scaled) {
+    return in->needs == PROG_NEED_NONE || (in->needs == PROG_NEED_SCALED_GEMM) == scaled;
 }
 
 /* The rows of logits a step wants ("Wanted rows" above). */

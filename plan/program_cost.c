@@ -14,7 +14,11 @@
  * rows of its table) or more (a block per query head re-reading a KV head)
  * gives its own cost (cg_kernel.cost, codegen/emit.h).
  *
- * A GEMM: A, B and the bias read once, C written once, 2 M N K flops.
+ * A GEMM: A, B and the bias read once, C written once, 2 M N K flops. A
+ * scaled GEMM reads its codes (one byte an element) and both scale vectors
+ * too, its flops on tensor cores (FP8 or int8 MMA). The figures have one
+ * tensor-core peak, bf16's; an H100's or H200's FP8 peak is twice that, so
+ * a scaled GEMM's modeled compute time is an upper bound.
  */
 #include "program.h"
 
@@ -72,8 +76,12 @@ prog_cost program_gemm_cost(const prog_gemm *g) {
     cost.written = affine_poly(g->m, n * (double)smelt_dtype_element_bytes(g->dtype_c));
     /* The residual's adds count no flops, as an add kernel's do not: its cost is the bytes. */
     cost.flops = affine_poly(g->m, 2.0 * n * k + (g->has_bias ? n : 0.0));
+    if (g->has_scales) { /* a_scale f32[M], b_scale [N] */
+        cost.read = prog_poly_sum(cost.read, affine_poly(g->m, 4.0));
+        cost.read.constant += n * (double)smelt_dtype_element_bytes(g->dtype_b_scale);
+    }
     cost.tensor_cores = (g->dtype_a == SMELT_DTYPE_BF16 && g->dtype_b == SMELT_DTYPE_BF16) ||
-                        (g->dtype_a == SMELT_DTYPE_F16 && g->dtype_b == SMELT_DTYPE_F16);
+                        (g->dtype_a == SMELT_DTYPE_F16 && g->dtype_b == SMELT_DTYPE_F16) || g->has_scales;
     cost.read = poly_checked(cost.read);
     cost.written = poly_checked(cost.written);
     cost.flops = poly_checked(cost.flops);

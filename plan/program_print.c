@@ -109,16 +109,22 @@ bool plan_print_program(FILE *out, const plan_file *plan, const uint8_t *data, u
     bool have_names = plan_section(plan, PLAN_SECTION_KERNELS, &kernel_data, &kernel_size) &&
                       plan_kernel_table_decode(kernel_data, kernel_size, &kernels, ignored, sizeof ignored);
     /* Instructions guarded by a token range run in some steps only: counted
-     * for a decode token (T = 1) and a prefill chunk of the bound. */
-    uint32_t launches[2] = {0, 0}, gemms[2] = {0, 0};
-    for (uint32_t i = 0; i < p.instr_count; i++)
+     * for a decode token (T = 1) and a prefill chunk of the bound; a scaled
+     * GEMM and its fallback kernel (prog_need) as on a device that runs
+     * scaled GEMMs. */
+    uint32_t launches[2] = {0, 0}, gemms[2] = {0, 0}, scaled = 0;
+    for (uint32_t i = 0; i < p.instr_count; i++) {
+        if (p.instrs[i].needs == PROG_NEED_SCALED_GEMM) scaled++;
         for (int k = 0; k < 2; k++) {
-            if (!prog_instr_runs(&p.instrs[i], k == 0 ? 1 : p.max_tokens)) continue;
+            if (!prog_instr_runs(&p.instrs[i], k == 0 ? 1 : p.max_tokens) ||
+                !prog_instr_needs_met(&p.instrs[i], true))
+                continue;
             if (p.instrs[i].op == PROG_OP_GEMM)
                 gemms[k]++;
             else
                 launches[k]++;
         }
+    }
     fprintf(out, "  tokens per step: at most %" PRId64 "; vocab %" PRIu64 "\n", p.max_tokens, p.vocab);
     fprintf(out,
             "  per step (prefill chunk or decode token): %" PRIu32 " kernel launches + %" PRIu32 " GEMMs\n",
@@ -126,6 +132,11 @@ bool plan_print_program(FILE *out, const plan_file *plan, const uint8_t *data, u
     if (launches[1] != launches[0] || gemms[1] != gemms[0])
         fprintf(out, "  per step of %" PRId64 " tokens: %" PRIu32 " kernel launches + %" PRIu32 " GEMMs\n",
                 p.max_tokens, launches[1], gemms[1]);
+    if (scaled)
+        fprintf(out,
+                "  scaled GEMMs: %" PRIu32
+                " (where the device runs none, their fallback kernels run instead)\n",
+                scaled);
     fprintf(out, "  memory: arena %" PRIu64 " bytes; %" PRIu32 " state buffers", p.arena_bytes,
             p.state_count);
     uint64_t state_total = 0;
@@ -155,8 +166,17 @@ bool plan_print_program(FILE *out, const plan_file *plan, const uint8_t *data, u
             fprintf(out, " N=%" PRId64 " K=%" PRId64 " %s x %s%s -> %s: ", g->n, g->k, dtype_name(g->dtype_a),
                     dtype_name(g->dtype_b), g->b_transposed ? "^T" : "", dtype_name(g->dtype_c));
             print_ref(out, g->a);
+            if (g->has_scales) {
+                fputs(" * scales ", out);
+                print_ref(out, g->a_scale);
+            }
             fprintf(out, " x ");
             print_ref(out, g->b);
+            if (g->has_scales) {
+                fputs(" * scales ", out);
+                print_ref(out, g->b_scale);
+                fprintf(out, " (%s)", dtype_name(g->dtype_b_scale));
+            }
             if (g->has_bias) {
                 fprintf(out, " + ");
                 print_ref(out, g->bias);
@@ -196,6 +216,9 @@ bool plan_print_program(FILE *out, const plan_file *plan, const uint8_t *data, u
                     l->rule.block[1], l->rule.block[2]);
             if (l->rule.dynamic_shared_bytes) fprintf(out, " shared %" PRIu32, l->rule.dynamic_shared_bytes);
         }
+        /* What the device must (not) run (program.h, prog_need). */
+        if (instr->needs == PROG_NEED_SCALED_GEMM) fputs(" [needs scaled GEMMs]", out);
+        if (instr->needs == PROG_NEED_NO_SCALED_GEMM) fputs(" [fallback: where no scaled GEMMs run]", out);
         /* The output head (program.h, "Wanted rows"). */
         if (instr->wanted_rows) fputs(" on the wanted rows", out);
         /* A side of a choice between two lowerings (program.h, "Choices"). */

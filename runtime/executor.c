@@ -5,6 +5,30 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* $SMELT_NO_SCALED_GEMM set to anything but "" or "0": the fallback kernels. */
+static bool scaled_gemms_forbidden(void) {
+    const char *v = getenv("SMELT_NO_SCALED_GEMM");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* Does the device run the scaled GEMMs of every code dtype p uses? False
+ * when p has none (then no fallback kernel stands in for anything). */
+static bool device_runs_scaled_gemms(const program *p, rt_device *device) {
+    bool any = false, asked[2] = {false, false}; /* f8e4m3, i8 */
+    for (uint32_t i = 0; i < p->instr_count; i++) {
+        const prog_instr *in = &p->instrs[i];
+        if (in->op != PROG_OP_GEMM || !in->as.gemm.has_scales) continue;
+        int which = in->as.gemm.dtype_a == SMELT_DTYPE_I8;
+        any = true;
+        if (asked[which]) continue;
+        asked[which] = true;
+        if (!device->ops->runs_scaled_gemm ||
+            !device->ops->runs_scaled_gemm(device, (smelt_dtype)in->as.gemm.dtype_a))
+            return false;
+    }
+    return any && !scaled_gemms_forbidden();
+}
+
 /* A kernel argument's value: what args[i] points at. */
 typedef union rt_arg_slot {
     void *address;
@@ -19,6 +43,7 @@ smelt_status rt_executor_init(rt_executor *x, const program *p, rt_device *devic
     x->weights = weights;
     const rt_device_ops *ops = device->ops;
     x->use_graphs = use_graphs && ops->capture_begin && ops->capture_end && ops->replay;
+    x->scaled_gemms = device_runs_scaled_gemms(p, device);
     smelt_status s = ops->alloc(device, p->arena_bytes, &x->arena, e);
     if (s != SMELT_OK) return s;
     if (p->choice_count) {
@@ -154,13 +179,12 @@ static smelt_status run_launch(rt_executor *x, uint32_t index, const prog_launch
     return SMELT_OK;
 }
 
-/* GEMM g at `tokens` rows, A, C and the residual moved `skipped` rows on (as
- * run_launch). */
-static smelt_status run_gemm(rt_executor *x, uint32_t index, const prog_gemm *g, uint32_t tokens,
-                             uint32_t skipped, rt_error *e) {
+/* The device's arguments of GEMM g at `tokens` rows, A, its scales, C and
+ * the residual moved `skipped` rows on (as run_launch). */
+static rt_gemm_args gemm_args(const rt_executor *x, const prog_gemm *g, int64_t tokens, uint64_t skipped) {
     uint64_t a_row = (uint64_t)g->k * smelt_dtype_element_bytes(g->dtype_a);
     uint64_t c_row = (uint64_t)g->n * smelt_dtype_element_bytes(g->dtype_c);
-    rt_gemm_args args = {
+    return (rt_gemm_args){
         .m = prog_affine_eval(g->m, tokens),
         .n = g->n,
         .k = g->k,
@@ -177,11 +201,45 @@ static smelt_status run_gemm(rt_executor *x, uint32_t index, const prog_gemm *g,
         .residual = g->has_residual ? resolve_row(x, g->residual, c_row, skipped) : NULL,
         .b_weight = g->b.buffer == PROG_BUFFER_WEIGHT ? g->b.index : RT_NOT_A_WEIGHT,
         .b_weight_offset = g->b.offset,
+        .has_scales = g->has_scales,
+        .a_scale = g->has_scales ? resolve_row(x, g->a_scale, sizeof(float), skipped) : NULL,
+        .b_scale = g->has_scales ? resolve(x, g->b_scale) : NULL,
+        .dtype_b_scale = (smelt_dtype)g->dtype_b_scale,
+        .b_scale_offset = g->b_scale.offset, /* in weight b_weight (program_decode: the same one) */
     };
+}
+
+/* GEMM g at `tokens` rows, A, C and the residual moved `skipped` rows on (as
+ * run_launch). */
+static smelt_status run_gemm(rt_executor *x, uint32_t index, const prog_gemm *g, uint32_t tokens,
+                             uint32_t skipped, rt_error *e) {
+    rt_gemm_args args = gemm_args(x, g, tokens, skipped);
     if (args.m == 0) return SMELT_OK;
     x->launches_last_step++;
     smelt_status s = x->device->ops->gemm(x->device, &args, e);
     if (s != SMELT_OK) return locate(x, index, s, e);
+    return SMELT_OK;
+}
+
+smelt_status rt_executor_prepare_gemms(rt_executor *x, uint32_t weight, rt_error *e) {
+    const program *p = x->program;
+    rt_device *d = x->device;
+    if (!x->scaled_gemms || !d->ops->prepare_gemm) return SMELT_OK;
+    for (uint32_t i = 0; i < p->instr_count; i++) {
+        const prog_instr *in = &p->instrs[i];
+        if (in->needs != PROG_NEED_SCALED_GEMM) continue;
+        const prog_gemm *g = &in->as.gemm;
+        if (weight != RT_NOT_A_WEIGHT && g->b.index != weight) continue; /* B is a weight (program_decode) */
+        /* At the most rows it runs at, as a device may plan for them. */
+        rt_gemm_args args = gemm_args(x, g, p->max_tokens, 0);
+        smelt_status s = d->ops->prepare_gemm(d, &args, e);
+        if (s == SMELT_ERROR_UNSUPPORTED) { /* the fallback kernels, for every scaled GEMM from now on */
+            x->scaled_gemms = false;
+            x->graph_ready = false;
+            return SMELT_OK;
+        }
+        if (s != SMELT_OK) return locate(x, i, s, e);
+    }
     return SMELT_OK;
 }
 
@@ -194,8 +252,9 @@ static smelt_status run_instructions(rt_executor *x, uint32_t tokens, prog_rows 
     uint32_t count = p->has_greedy && !greedy ? p->instr_count - 1 : p->instr_count;
     for (uint32_t i = 0; i < count; i++) {
         const prog_instr *in = &p->instrs[i];
-        if (!prog_instr_runs(in, tokens)) continue; /* guarded for another token count */
-        if (!chosen(x, in, tokens)) continue;       /* the other side of its choice runs */
+        if (!prog_instr_runs(in, tokens)) continue;               /* guarded for another token count */
+        if (!chosen(x, in, tokens)) continue;                     /* the other side of its choice runs */
+        if (!prog_instr_needs_met(in, x->scaled_gemms)) continue; /* its fallback runs, or it is one */
         if (in->wanted_rows && rows == PROG_ROWS_NONE) continue;
         uint32_t at = (uint32_t)prog_instr_tokens(in, tokens, rows), skipped = tokens - at;
         smelt_status s;

@@ -13,6 +13,19 @@
  * weight or state buffer + offset), launches, and copies logits out. The
  * program was validated by program_decode, so every region is inside its
  * buffer at any T <= max_tokens; the step checks T, ids and positions.
+ *
+ * Scaled GEMMs (plan/program.h, prog_need). rt_executor_init asks the device
+ * once whether it runs the scaled GEMMs of every code dtype the program's
+ * use (rt_device_ops.runs_scaled_gemm; no member: no) and keeps the answer:
+ * from then on the PROG_NEED_SCALED_GEMM instructions run and their
+ * PROG_NEED_NO_SCALED_GEMM fallback kernels do not, or the other way round.
+ * $SMELT_NO_SCALED_GEMM=1 makes the answer no on any device (the fallback
+ * kernels everywhere: what tests compare the two with). Once weights are
+ * bound (and again after a rebind), rt_executor_prepare_gemms hands the
+ * device every scaled GEMM that will run (rt_device_ops.prepare_gemm), before
+ * any capture; a device that answers SMELT_ERROR_UNSUPPORTED for one (it
+ * cannot run that shape) moves the whole executor to the fallback kernels,
+ * which the decoder guarantees every scaled GEMM has.
  */
 #ifndef SMELT_RT_EXECUTOR_H
 #define SMELT_RT_EXECUTOR_H
@@ -35,6 +48,7 @@ typedef struct rt_executor {
     /* [choice_count][PROG_CHOICE_MAX_TOKENS] the side each choice runs at T
      * = min_tokens + index (plan/program.h, "Choices") */
     uint8_t *choice_sides;
+    bool scaled_gemms; /* the device runs the scaled GEMMs (not their fallbacks): decided at init */
 } rt_executor;
 
 /* Allocates the arena and the state buffers (zeroed). `weights` must stay
@@ -56,6 +70,14 @@ void rt_executor_free(rt_executor *x);
  *     deterministic and the same on every machine.
  * rt_executor_init applies the rule of gemv_max_tokens 0. */
 void rt_executor_choose(rt_executor *x, int64_t gemv_max_tokens);
+
+/* Prepares on the device every scaled GEMM that will run and reads weight
+ * `weight` as B (RT_NOT_A_WEIGHT: every one); call it once the weights'
+ * addresses are set, after every (re)binding, before a step. A GEMM the
+ * device cannot run (SMELT_ERROR_UNSUPPORTED) moves the executor to the
+ * fallback kernels for good, and the call succeeds; any other failure is
+ * returned, naming the instruction. */
+smelt_status rt_executor_prepare_gemms(rt_executor *x, uint32_t weight, rt_error *e);
 
 /* Zeroes the state buffers (a new sequence). */
 smelt_status rt_executor_reset(rt_executor *x, rt_error *e);

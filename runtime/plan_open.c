@@ -68,6 +68,29 @@ static smelt_status plan_load(smelt_plan *plan, const char *name) {
                 RT_NAME(w->name), (unsigned long long)w->bytes, (unsigned long long)total, why ? ": " : "",
                 why ? why : "");
     }
+    /* A scaled GEMM reading a quantized weight reads its codes and its
+     * per-channel f16 scales (one group a row, no column scales: program.h),
+     * where quant_layout_of puts them. */
+    for (uint32_t i = 0; i < plan->program.instr_count; i++) {
+        const prog_instr *in = &plan->program.instrs[i];
+        if (in->op != PROG_OP_GEMM || !in->as.gemm.has_scales) continue;
+        const prog_gemm *g = &in->as.gemm;
+        const prog_weight *w = &plan->program.weights[g->b.index]; /* B is a weight (program_decode) */
+        if (w->quant.kind == PROG_QUANT_NONE) continue;
+        quant_format f = quant_format_from_program(&w->quant);
+        quant_layout l = {0};
+        bool same = w->rank == 2 && !w->stacked && !f.has_column_scale && !f.has_group_index &&
+                    !f.interleaved && f.group == (uint64_t)w->shape[1] && w->shape[0] == g->n &&
+                    w->shape[1] == g->k &&
+                    !quant_layout_of(&f, (uint64_t)w->shape[0], (uint64_t)w->shape[1], &l) &&
+                    g->b.offset == l.codes && g->b_scale.offset == l.scales &&
+                    g->dtype_b_scale == SMELT_DTYPE_F16 && g->dtype_b == w->dtype;
+        if (!same)
+            return rt_last_error_set(SMELT_ERROR_BAD_PLAN,
+                                     "%s: instruction %u, a scaled gemm, does not read quantized weight "
+                                     "'%.*s%s' as [%lld, %lld] codes with one f16 scale per row",
+                                     name, i, RT_NAME(w->name), (long long)g->n, (long long)g->k);
+    }
     for (uint32_t i = 0; i < plan->kernels.count; i++)
         if (plan->kernels.kernels[i].binary_count > 0) plan->has_cuda_kernels = true;
     return SMELT_OK;

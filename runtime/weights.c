@@ -246,16 +246,21 @@ smelt_status rt_weights_prepare(smelt_engine *engine) {
             engine->weights[first].state == WEIGHT_PARTIAL ? " (in part)" : "", missing, p->weight_count);
     }
     rt_device *d = engine->device;
+    for (uint32_t i = 0; i < p->weight_count; i++)
+        engine->weight_addresses[i] = engine->weights[i].address;
+    /* Then the device hears of each changed weight, and gets the scaled
+     * GEMMs that read it ready (executor.h), before the step (and any
+     * capture) that uses them. */
     for (uint32_t i = 0; i < p->weight_count; i++) {
         engine_weight *ew = &engine->weights[i];
-        engine->weight_addresses[i] = ew->address;
         if (!ew->dirty) continue;
-        if (d->ops->weight_bound) {
-            rt_error e = {0};
-            smelt_status s = d->ops->weight_bound(d, i, ew->address, p->weights[i].bytes,
-                                                  (smelt_dtype)p->weights[i].dtype, ew->gemm_operand, &e);
-            if (s != SMELT_OK) return rt_last_error_publish(&e);
-        }
+        rt_error e = {0};
+        smelt_status s = SMELT_OK;
+        if (d->ops->weight_bound)
+            s = d->ops->weight_bound(d, i, ew->address, p->weights[i].bytes, (smelt_dtype)p->weights[i].dtype,
+                                     ew->gemm_operand, &e);
+        if (s == SMELT_OK && ew->gemm_operand) s = rt_executor_prepare_gemms(&engine->executor, i, &e);
+        if (s != SMELT_OK) return rt_last_error_publish(&e);
         ew->dirty = false;
     }
     return SMELT_OK;

@@ -16,6 +16,14 @@
  * scratch buffers kept between calls. A bf16 or f16 C is computed in f32 and
  * rounded to nearest even, as the GPU's epilogue does.
  *
+ * Scaled GEMMs (W8A8: prog_gemm.has_scales) run here for f8e4m3 and i8
+ * codes: A's and B's codes decoded to f32 (exact: an E4M3 value or an
+ * integer of at most 127), multiplied by the same sgemm, then
+ * C[i, j] = (sum * a_scale[i]) * b_scale[j] (+ bias[j]) (+ residual[i, j]),
+ * in that order, the order of smelt's GEMV and dequantize-GEMM kernels, and
+ * rounded to C's dtype. The codes are decoded per call (no shadow: a host
+ * prefill is for tests), an f16 b_scale widened per call.
+ *
  * Weights. map_host hands back the host pointer itself: weights in a mapped
  * plan are used in place, with no copy.
  */
@@ -46,12 +54,13 @@ typedef struct host_device {
     uint32_t kernel_count;
     float **weight_shadows; /* [shadow_count]: f32 copy of bf16/f16 GEMM weights, by weight index */
     uint32_t shadow_count;
-    float *scratch[3]; /* A, B, C widened to f32 */
-    size_t scratch_floats[3];
+    float *scratch[4]; /* A, B, C widened to f32; a scaled GEMM's b_scale */
+    size_t scratch_floats[4];
+    float e4m3[256]; /* every f8e4m3 code's value */
     char name[64];
 } host_device;
 
-enum { SCRATCH_A, SCRATCH_B, SCRATCH_C };
+enum { SCRATCH_A, SCRATCH_B, SCRATCH_C, SCRATCH_SCALE, SCRATCH_COUNT };
 
 static host_device *as_host(rt_device *d) { return (host_device *)d; }
 
@@ -322,6 +331,58 @@ static smelt_status load_blas(rt_error *e) {
                    blas.why);
 }
 
+static bool host_runs_scaled_gemm(rt_device *device, smelt_dtype dtype) {
+    (void)device;
+    return dtype == SMELT_DTYPE_F8E4M3 || dtype == SMELT_DTYPE_I8;
+}
+
+/* count codes (f8e4m3 or i8) as f32 into scratch `which`; NULL when out of memory. */
+static const float *codes_f32(host_device *d, const void *codes, smelt_dtype dtype, uint64_t count,
+                              int which) {
+    float *f = scratch(d, which, count);
+    if (!f) return NULL;
+    const uint8_t *bytes = codes;
+    for (uint64_t i = 0; i < count; i++)
+        f[i] = dtype == SMELT_DTYPE_I8 ? (float)(int8_t)bytes[i] : d->e4m3[bytes[i]];
+    return f;
+}
+
+/* A scaled GEMM (the file's comment): A [m, k] and B [n, k] codes. */
+static smelt_status host_scaled_gemm(host_device *d, const rt_gemm_args *g, bool plain, rt_error *e) {
+    int m = (int)g->m, n = (int)g->n, k = (int)g->k;
+    uint64_t mk = (uint64_t)m * (uint64_t)k, nk = (uint64_t)n * (uint64_t)k, mn = (uint64_t)m * (uint64_t)n;
+    if (!host_runs_scaled_gemm(&d->base, g->dtype_a) || g->dtype_b != g->dtype_a || !g->b_transposed)
+        return rt_fail(e, SMELT_ERROR_UNSUPPORTED, "no scaled product of %s x %s%s on the host",
+                       smelt_dtype_name(g->dtype_a), smelt_dtype_name(g->dtype_b),
+                       g->b_transposed ? "^T" : "");
+    const float *a = codes_f32(d, g->a, g->dtype_a, mk, SCRATCH_A);
+    const float *b = codes_f32(d, g->b, g->dtype_b, nk, SCRATCH_B);
+    const float *b_scale = operand_f32(d, g->b_scale, g->dtype_b_scale, (uint64_t)n, SCRATCH_SCALE);
+    float *c = g->dtype_c == SMELT_DTYPE_F32 ? g->c : scratch(d, SCRATCH_C, mn);
+    if (!a || !b || !b_scale || !c)
+        return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY,
+                       "out of memory decoding a %d x %d x %d scaled product to f32", m, n, k);
+    if (plain)
+        plain_sgemm(m, n, k, a, b, true, 0.0f, c);
+    else
+        blas.sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a, k, b, k, 0.0f, c, n);
+    const float *a_scale = g->a_scale;
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            uint64_t at = (uint64_t)i * (uint64_t)n + (uint64_t)j;
+            float v = (c[at] * a_scale[i]) * b_scale[j];
+            if (g->has_bias) v += element_f32(g->bias, g->dtype_bias, (uint64_t)j);
+            if (g->residual) v += element_f32(g->residual, g->dtype_c, at);
+            c[at] = v;
+        }
+    if (is_half(g->dtype_c)) {
+        uint16_t *out = g->c;
+        for (uint64_t i = 0; i < mn; i++)
+            out[i] = g->dtype_c == SMELT_DTYPE_F16 ? plan_f32_to_f16(c[i]) : plan_f32_to_bf16(c[i]);
+    }
+    return SMELT_OK;
+}
+
 static smelt_status host_gemm(rt_device *device, const rt_gemm_args *g, rt_error *e) {
     host_device *d = as_host(device);
     bool plain = address_space_limited();
@@ -330,6 +391,7 @@ static smelt_status host_gemm(rt_device *device, const rt_gemm_args *g, rt_error
     if (g->m > INT_MAX || g->n > INT_MAX || g->k > INT_MAX)
         return rt_fail(e, SMELT_ERROR_UNSUPPORTED, "a %lld x %lld x %lld product exceeds BLAS's int dims",
                        (long long)g->m, (long long)g->n, (long long)g->k);
+    if (g->has_scales) return host_scaled_gemm(d, g, plain, e);
     int m = (int)g->m, n = (int)g->n, k = (int)g->k;
     uint64_t mk = (uint64_t)m * (uint64_t)k, nk = (uint64_t)n * (uint64_t)k, mn = (uint64_t)m * (uint64_t)n;
     const float *a = operand_f32(d, g->a, g->dtype_a, mk, SCRATCH_A);
@@ -406,7 +468,7 @@ static void host_destroy(rt_device *device) {
     for (uint32_t i = 0; i < d->shadow_count; i++)
         free(d->weight_shadows[i]);
     free(d->weight_shadows);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < SCRATCH_COUNT; i++)
         free(d->scratch[i]);
     if (d->pool) sim_pool_free(d->pool);
     free(d);
@@ -430,6 +492,8 @@ static const rt_device_ops host_ops = {
     .capture_begin = NULL, /* launches are synchronous calls: nothing to gain from graphs */
     .capture_end = NULL,
     .replay = NULL,
+    .runs_scaled_gemm = host_runs_scaled_gemm,
+    .prepare_gemm = NULL, /* an f16 b_scale is widened per call */
 };
 
 smelt_status rt_device_host_create(unsigned workers, rt_device **out, rt_error *e) {
@@ -437,6 +501,8 @@ smelt_status rt_device_host_create(unsigned workers, rt_device **out, rt_error *
     host_device *d = calloc(1, sizeof *d);
     if (!d) return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory for the host device");
     d->base.ops = &host_ops;
+    for (int code = 0; code < 256; code++)
+        d->e4m3[code] = plan_f8e4m3_to_f32((uint8_t)code);
     d->pool = sim_pool_create(workers);
     if (!d->pool) {
         free(d);
