@@ -22,11 +22,31 @@
  * as cuBLASLt's A and A as its B (the usual transpose trick; see cuda_gemm).
  * Descriptors and the heuristic's algorithm are cached per shape.
  *
+ * Scaled GEMMs (W8A8, prog_gemm.has_scales): cuBLASLt's FP8 GEMM with
+ * outer-vector scales. With the same transpose trick, cuBLASLt's A is the
+ * weight's E4M3 codes (op T: FP8 GEMMs take only the "TN" layout), its B
+ * the activation's codes (op N), D of C's dtype; A_SCALE_MODE and
+ * B_SCALE_MODE are CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, so that
+ * D[i, j] = a_scale[i] b_scale[j] sum_k A[k, i] B[k, j] in cuBLASLt's terms:
+ * its A scale is the weight's per-channel scales (f32, its M = our N), its
+ * B scale the activation's per-token ones (our M). Bias and residual as in
+ * every GEMM. The device runs them (runs_scaled_gemm) on sm_89 and later
+ * with a cuBLASLt of 12.9 or later (the first with outer-vector scales),
+ * when a heuristic probe of a small such GEMM finds an algorithm; int8
+ * codes never (their fallback kernels run). A weight's f16 scales are
+ * copied once into an f32 buffer (prepare_gemm: copied out, widened,
+ * copied into a buffer kept for that weight and offset, refilled in place
+ * when the weight is bound again, so a captured graph's pointer stays good;
+ * freed with the device). FP8 needs K a multiple of 16 and rows of C of a
+ * multiple of 16 bytes: another shape is refused (SMELT_ERROR_UNSUPPORTED),
+ * and the executor then runs the fallback kernels.
+ *
  * Graphs: capture_begin/capture_end record a decode step's launches and
  * GEMMs on the stream (thread-local capture mode) into one CUDA graph;
  * replay launches it.
  */
 #include "device.h"
+#include "numeric.h"
 
 #include <dlfcn.h>
 #include <stdio.h>
@@ -142,6 +162,14 @@ enum {
     CUDA_R_32F = 0,
     CUDA_R_16F = 2,
     CUDA_R_16BF = 14,
+    CUDA_R_8F_E4M3 = 28,
+    CUBLASLT_MATMUL_DESC_A_SCALE_POINTER = 17,
+    CUBLASLT_MATMUL_DESC_B_SCALE_POINTER = 18,
+    CUBLASLT_MATMUL_DESC_A_SCALE_MODE = 31,
+    CUBLASLT_MATMUL_DESC_B_SCALE_MODE = 32,
+    CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F = 3,
+    CUBLASLT_OUTER_VEC_VERSION = 120900, /* cublasLtGetVersion's major * 10000 + minor * 100 + patch */
+    SCALED_GEMM_MIN_ARCH = 89,           /* FP8 tensor cores: Ada, Hopper and later */
     CUBLASLT_MATMUL_DESC_TRANSA = 3,
     CUBLASLT_MATMUL_DESC_TRANSB = 4,
     CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
@@ -157,6 +185,7 @@ enum {
     X(create, "cublasLtCreate", cublas_status, (cublaslt_handle * handle))                                   \
     X(destroy, "cublasLtDestroy", cublas_status, (cublaslt_handle handle))                                   \
     X(status_name, "cublasLtGetStatusName", const char *, (cublas_status status))                            \
+    X(get_version, "cublasLtGetVersion", size_t, (void))                                                     \
     X(desc_create, "cublasLtMatmulDescCreate", cublas_status,                                                \
       (cublaslt_matmul_desc * desc, int compute_type, int scale_type))                                       \
     X(desc_destroy, "cublasLtMatmulDescDestroy", cublas_status, (cublaslt_matmul_desc desc))                 \
@@ -201,12 +230,20 @@ typedef struct gemm_plan {
     bool used;
     int64_t m, n, k;
     smelt_dtype dtype_a, dtype_c, dtype_bias;
-    bool b_transposed, has_bias;
+    bool b_transposed, has_bias, has_scales;
     uint32_t alignment[4]; /* bytes: cuBLASLt's A (our B), B (our A), C, D */
     cublaslt_matmul_desc desc;
     cublaslt_matrix_layout layout_a, layout_b, layout_c; /* cuBLASLt's A (our B), B (our A), C = D */
     cublaslt_algo algo;
 } gemm_plan;
+
+/* The f32 copy of the f16 scales at byte `offset` of weight `weight`. */
+typedef struct scale_copy {
+    uint32_t weight;
+    uint64_t offset;
+    int64_t n;
+    cu_deviceptr f32; /* [n] */
+} scale_copy;
 
 typedef struct cuda_device {
     rt_device base;
@@ -232,6 +269,9 @@ typedef struct cuda_device {
     cu_deviceptr workspace;
     gemm_plan gemm_plans[GEMM_CACHE_SIZE];
     uint32_t gemm_next_victim;
+    int scaled_fp8;           /* runs FP8 scaled GEMMs: -1 not asked yet, 0 no, 1 yes */
+    scale_copy *scale_copies; /* [scale_copy_count]: f32 copies of weights' f16 scales */
+    uint32_t scale_copy_count;
 
     cu_graph graph;
     cu_graph_exec graph_exec;
@@ -510,7 +550,10 @@ static void gemm_plan_release(cuda_device *d, gemm_plan *p) {
 }
 
 static int cuda_type(smelt_dtype t) {
-    return t == SMELT_DTYPE_BF16 ? CUDA_R_16BF : t == SMELT_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
+    return t == SMELT_DTYPE_BF16     ? CUDA_R_16BF
+           : t == SMELT_DTYPE_F16    ? CUDA_R_16F
+           : t == SMELT_DTYPE_F8E4M3 ? CUDA_R_8F_E4M3
+                                     : CUDA_R_32F;
 }
 
 /* The largest power of two up to 256 that divides the address. */
@@ -526,17 +569,27 @@ static void gemm_alignments(const rt_gemm_args *g, uint32_t out[4]) {
     out[3] = alignment_of(g->c);                             /* D: the output */
 }
 
+/* The outer-vector scale modes of a scaled GEMM (the file's comment). */
+static smelt_status set_scale_modes(cuda_device *d, cublaslt_matmul_desc desc, rt_error *e) {
+    int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    smelt_status s = LT_CALL(d, desc_set, (desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode), e);
+    if (s == SMELT_OK)
+        s = LT_CALL(d, desc_set, (desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode), e);
+    return s;
+}
+
 /* Descriptors and algorithm for one shape, column-major view:
  * D^T[n, m] = op(B)^T [n, k] x A^T [k, m]. Our B is cuBLASLt's A: stored
  * [n, k] row-major (b_transposed) it is column-major k x n with ld k, used
  * transposed; stored [k, n] it is column-major n x k with ld n, used as is.
- * Our A [m, k] row-major is column-major k x m with ld k. */
+ * Our A [m, k] row-major is column-major k x m with ld k. A scaled GEMM's B
+ * is always [n, k] (program_decode), so its FP8 product is "TN". */
 static smelt_status gemm_plan_make(cuda_device *d, const rt_gemm_args *g, gemm_plan *p, rt_error *e) {
     memset(p, 0, sizeof *p);
     p->used = true;
     p->m = g->m, p->n = g->n, p->k = g->k;
     p->dtype_a = g->dtype_a, p->dtype_c = g->dtype_c, p->dtype_bias = g->dtype_bias;
-    p->b_transposed = g->b_transposed, p->has_bias = g->has_bias;
+    p->b_transposed = g->b_transposed, p->has_bias = g->has_bias, p->has_scales = g->has_scales;
     gemm_alignments(g, p->alignment);
     int32_t trans_a = g->b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
     uint32_t epilogue = g->has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
@@ -551,6 +604,7 @@ static smelt_status gemm_plan_make(cuda_device *d, const rt_gemm_args *g, gemm_p
     if (s == SMELT_OK && g->has_bias)
         s = LT_CALL(d, desc_set, (p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
                     e);
+    if (s == SMELT_OK && g->has_scales) s = set_scale_modes(d, p->desc, e);
     uint64_t m = (uint64_t)g->m, n = (uint64_t)g->n, k = (uint64_t)g->k;
     if (s == SMELT_OK)
         s = g->b_transposed
@@ -574,9 +628,9 @@ static smelt_status gemm_plan_make(cuda_device *d, const rt_gemm_args *g, gemm_p
                     e);
     if (s == SMELT_OK && found < 1)
         s = rt_fail(e, SMELT_ERROR_UNSUPPORTED,
-                    "cuBLASLt has no algorithm for a %lld x %lld x %lld product of %s x %s -> %s",
-                    (long long)g->m, (long long)g->n, (long long)g->k, smelt_dtype_name(g->dtype_a),
-                    smelt_dtype_name(g->dtype_b), smelt_dtype_name(g->dtype_c));
+                    "cuBLASLt has no algorithm for a %lld x %lld x %lld %sproduct of %s x %s -> %s",
+                    (long long)g->m, (long long)g->n, (long long)g->k, g->has_scales ? "scaled " : "",
+                    smelt_dtype_name(g->dtype_a), smelt_dtype_name(g->dtype_b), smelt_dtype_name(g->dtype_c));
     if (s != SMELT_OK) {
         gemm_plan_release(d, p);
         return s;
@@ -592,11 +646,155 @@ static gemm_plan *gemm_plan_find(cuda_device *d, const rt_gemm_args *g) {
         gemm_plan *p = &d->gemm_plans[i];
         if (p->used && p->m == g->m && p->n == g->n && p->k == g->k && p->dtype_a == g->dtype_a &&
             p->dtype_c == g->dtype_c && p->b_transposed == g->b_transposed && p->has_bias == g->has_bias &&
-            (!g->has_bias || p->dtype_bias == g->dtype_bias) &&
+            p->has_scales == g->has_scales && (!g->has_bias || p->dtype_bias == g->dtype_bias) &&
             memcmp(p->alignment, alignment, sizeof alignment) == 0)
             return p;
     }
     return NULL;
+}
+
+/* The cached plan of g's shape, made when there is none. */
+static smelt_status gemm_plan_get(cuda_device *d, const rt_gemm_args *g, gemm_plan **out, rt_error *e) {
+    gemm_plan *p = gemm_plan_find(d, g);
+    if (!p) {
+        p = &d->gemm_plans[d->gemm_next_victim];
+        d->gemm_next_victim = (d->gemm_next_victim + 1) % GEMM_CACHE_SIZE;
+        gemm_plan_release(d, p);
+        smelt_status s = gemm_plan_make(d, g, p, e);
+        if (s != SMELT_OK) return s;
+    }
+    *out = p;
+    return SMELT_OK;
+}
+
+/* ---- Scaled GEMMs (FP8, outer-vector scales) ------------------------------------- */
+
+/* Does cuBLASLt find an algorithm for a small FP8 GEMM with outer-vector
+ * scales (64 x 64 x 64, bf16 out)? The heuristic reads no memory, so the
+ * operands' addresses are stand-ins (256-byte aligned). */
+static bool probe_scaled_fp8(cuda_device *d) {
+    void *aligned = (void *)(uintptr_t)256;
+    rt_gemm_args g = {.m = 64,
+                      .n = 64,
+                      .k = 64,
+                      .dtype_a = SMELT_DTYPE_F8E4M3,
+                      .dtype_b = SMELT_DTYPE_F8E4M3,
+                      .dtype_c = SMELT_DTYPE_BF16,
+                      .dtype_bias = SMELT_DTYPE_BF16,
+                      .b_transposed = true,
+                      .a = aligned,
+                      .b = aligned,
+                      .c = aligned,
+                      .has_scales = true};
+    gemm_plan p;
+    rt_error ignored = {0};
+    if (gemm_plan_make(d, &g, &p, &ignored) != SMELT_OK) return false;
+    gemm_plan_release(d, &p);
+    return true;
+}
+
+static bool cuda_runs_scaled_gemm(rt_device *device, smelt_dtype dtype) {
+    cuda_device *d = current(device);
+    if (dtype != SMELT_DTYPE_F8E4M3) return false; /* int8 scaled GEMMs: the fallback kernels */
+    if (d->scaled_fp8 < 0) {
+        rt_error ignored = {0};
+        d->scaled_fp8 = d->arch >= SCALED_GEMM_MIN_ARCH && load_cublaslt(d, &ignored) == SMELT_OK &&
+                        d->lt.get_version() >= CUBLASLT_OUTER_VEC_VERSION && probe_scaled_fp8(d);
+    }
+    return d->scaled_fp8 == 1;
+}
+
+static scale_copy *scale_copy_find(cuda_device *d, uint32_t weight, uint64_t offset) {
+    for (uint32_t i = 0; i < d->scale_copy_count; i++)
+        if (d->scale_copies[i].weight == weight && d->scale_copies[i].offset == offset)
+            return &d->scale_copies[i];
+    return NULL;
+}
+
+/* What cuBLASLt's FP8 GEMM needs of a shape (cublasLt.h): K a multiple of
+ * 16 (the leading dimensions of A and B are K bytes) and C's and D's rows
+ * a multiple of 16 bytes. */
+static smelt_status check_scaled_shape(const rt_gemm_args *g, rt_error *e) {
+    if (g->dtype_a != SMELT_DTYPE_F8E4M3 || g->dtype_b != SMELT_DTYPE_F8E4M3 || !g->b_transposed)
+        return rt_fail(e, SMELT_ERROR_UNSUPPORTED,
+                       "cuBLASLt runs scaled products of f8e4m3 [M, K] x [N, K] only");
+    if (g->k % 16 != 0 || ((uint64_t)g->n * smelt_dtype_element_bytes(g->dtype_c)) % 16 != 0)
+        return rt_fail(
+            e, SMELT_ERROR_UNSUPPORTED,
+            "cuBLASLt's FP8 product needs K a multiple of 16 and rows of C of a multiple of 16 bytes "
+            "(K = %lld, N = %lld of %s)",
+            (long long)g->k, (long long)g->n, smelt_dtype_name(g->dtype_c));
+    return SMELT_OK;
+}
+
+/* The f32 copy of g's f16 weight scales, refilled from the weight as it is
+ * now (made on the first call). */
+static smelt_status fill_scale_copy(cuda_device *d, const rt_gemm_args *g, rt_error *e) {
+    scale_copy *copy = scale_copy_find(d, g->b_weight, g->b_scale_offset);
+    if (copy && copy->n != g->n)
+        return rt_fail(e, SMELT_ERROR_BAD_PLAN, "weight %u's scales at %llu are read as %lld and %lld values",
+                       g->b_weight, (unsigned long long)g->b_scale_offset, (long long)copy->n,
+                       (long long)g->n);
+    uint64_t n = (uint64_t)g->n;
+    uint16_t *halves = malloc(n * sizeof *halves);
+    float *floats = malloc(n * sizeof *floats);
+    smelt_status s = halves && floats ? SMELT_OK
+                                      : rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY,
+                                                "out of memory widening %lld scales", (long long)g->n);
+    if (s == SMELT_OK) s = cuda_copy_out(&d->base, halves, g->b_scale, n * sizeof *halves, e);
+    for (uint64_t j = 0; s == SMELT_OK && j < n; j++)
+        floats[j] = plan_f16_to_f32(halves[j]);
+    if (s == SMELT_OK && !copy) {
+        scale_copy *grown = realloc(d->scale_copies, (d->scale_copy_count + 1) * sizeof *grown);
+        if (!grown)
+            s = rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory for the f32 copies of weight scales");
+        else {
+            d->scale_copies = grown;
+            copy = &grown[d->scale_copy_count];
+            *copy = (scale_copy){g->b_weight, g->b_scale_offset, g->n, 0};
+            s = CU_CALL(d, cuMemAlloc, (&copy->f32, n * sizeof *floats), e);
+            if (s == SMELT_OK) d->scale_copy_count++;
+        }
+    }
+    if (s == SMELT_OK)
+        s = CU_CALL(d, cuMemcpyHtoDAsync, (copy->f32, floats, n * sizeof *floats, d->stream), e);
+    if (s == SMELT_OK) s = CU_CALL(d, cuStreamSynchronize, (d->stream), e); /* floats is freed below */
+    free(halves);
+    free(floats);
+    return s;
+}
+
+/* The f32 scales of the weight cuBLASLt reads (its A scale). */
+static smelt_status weight_scales_f32(cuda_device *d, const rt_gemm_args *g, const void **out, rt_error *e) {
+    if (g->dtype_b_scale == SMELT_DTYPE_F32) {
+        *out = g->b_scale;
+        return SMELT_OK;
+    }
+    scale_copy *copy = scale_copy_find(d, g->b_weight, g->b_scale_offset);
+    if (!copy || copy->n != g->n)
+        return rt_fail(
+            e, SMELT_ERROR_DEVICE,
+            "the scaled product reading weight %u was not prepared (prepare_gemm): its f16 scales have "
+            "no f32 copy",
+            g->b_weight);
+    *out = (const void *)(uintptr_t)copy->f32;
+    return SMELT_OK;
+}
+
+static smelt_status cuda_prepare_gemm(rt_device *device, const rt_gemm_args *g, rt_error *e) {
+    cuda_device *d = current(device);
+    if (!g->has_scales) return SMELT_OK;
+    smelt_status s = check_scaled_shape(g, e);
+    if (s == SMELT_OK) s = load_cublaslt(d, e);
+    if (s == SMELT_OK && g->dtype_b_scale != SMELT_DTYPE_F32) {
+        if (g->b_weight == RT_NOT_A_WEIGHT || g->dtype_b_scale != SMELT_DTYPE_F16)
+            return rt_fail(e, SMELT_ERROR_UNSUPPORTED,
+                           "a scaled product's b_scale must be a weight's f16 or f32");
+        s = fill_scale_copy(d, g, e);
+    }
+    gemm_plan *plan;
+    if (s == SMELT_OK) s = gemm_plan_get(d, g, &plan, e); /* warm: the heuristic runs outside any capture */
+    return s;
 }
 
 static smelt_status cuda_gemm(rt_device *device, const rt_gemm_args *g, rt_error *e) {
@@ -607,17 +805,27 @@ static smelt_status cuda_gemm(rt_device *device, const rt_gemm_args *g, rt_error
                        smelt_dtype_name(g->dtype_a), smelt_dtype_name(g->dtype_b));
     smelt_status s = load_cublaslt(d, e);
     if (s != SMELT_OK) return s;
-    gemm_plan *p = gemm_plan_find(d, g);
-    if (!p) {
-        p = &d->gemm_plans[d->gemm_next_victim];
-        d->gemm_next_victim = (d->gemm_next_victim + 1) % GEMM_CACHE_SIZE;
-        gemm_plan_release(d, p);
-        if ((s = gemm_plan_make(d, g, p, e)) != SMELT_OK) return s;
-    }
+    const void *weight_scales = NULL;
+    if (g->has_scales && ((s = check_scaled_shape(g, e)) != SMELT_OK ||
+                          (s = weight_scales_f32(d, g, &weight_scales, e)) != SMELT_OK))
+        return s;
+    gemm_plan *p;
+    if ((s = gemm_plan_get(d, g, &p, e)) != SMELT_OK) return s;
     if (g->has_bias) {
         const void *bias = g->bias;
         if ((s = LT_CALL(d, desc_set, (p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), e)) !=
             SMELT_OK)
+            return s;
+    }
+    if (g->has_scales) { /* cuBLASLt's A is our B: its scales are the weight's, its B's the tokens' */
+        const void *token_scales = g->a_scale;
+        if ((s = LT_CALL(
+                 d, desc_set,
+                 (p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &weight_scales, sizeof weight_scales), e)) !=
+                SMELT_OK ||
+            (s = LT_CALL(d, desc_set,
+                         (p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &token_scales, sizeof token_scales),
+                         e)) != SMELT_OK)
             return s;
     }
     /* D = A B (+ bias) + beta C: C is the residual (beta 1), or D itself unread (beta 0). */
@@ -677,6 +885,9 @@ static void cuda_destroy(rt_device *device) {
         dlclose(d->cublaslt_library);
     }
     if (d->workspace) d->api.cuMemFree(d->workspace);
+    for (uint32_t i = 0; i < d->scale_copy_count; i++)
+        d->api.cuMemFree(d->scale_copies[i].f32);
+    free(d->scale_copies);
     unload_kernels(d);
     if (d->stream) d->api.cuStreamDestroy(d->stream);
     if (d->context_retained) d->api.cuDevicePrimaryCtxRelease(d->device);
@@ -731,6 +942,8 @@ static const rt_device_ops cuda_ops = {
     .capture_end = cuda_capture_end,
     .replay = cuda_replay,
     .figures = cuda_figures,
+    .runs_scaled_gemm = cuda_runs_scaled_gemm,
+    .prepare_gemm = cuda_prepare_gemm,
 };
 
 /* Opens the driver library and resolves every function; NO_DEVICE when it
@@ -802,6 +1015,7 @@ smelt_status rt_device_cuda_create(int ordinal, rt_device **out, rt_error *e) {
     cuda_device *d = calloc(1, sizeof *d);
     if (!d) return rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY, "out of memory for a CUDA device");
     d->base.ops = &cuda_ops;
+    d->scaled_fp8 = -1;
     smelt_status s = open_driver(d, e);
     if (s == SMELT_OK) s = open_device(d, ordinal, e);
     if (s != SMELT_OK) {

@@ -16,12 +16,24 @@
  * D) from the layout descriptors exactly as cuBLASLt defines them
  * (column-major, rows x cols with a leading dimension, op applied after),
  * and refuses inconsistent dimensions: a wrong transpose or layout in the
- * runtime shows up as an error or a wrong number.
+ * runtime shows up as an error or a wrong number. E4M3 operands (FP8) are
+ * taken only as cuBLASLt takes them, "TN" (A transposed, B not; else the
+ * heuristic finds no algorithm), and outer-vector scales
+ * (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) multiply element (i, j) of
+ * the product by a_scale[i] b_scale[j]. The last matmul's attributes are
+ * kept for the test to read (fake_cuda.h).
+ *
+ * Knobs (environment): FAKE_CUDA_ARCH, the compute capability as 89 or 90
+ * (default 90); FAKE_CUBLASLT_VERSION, what cublasLtGetVersion returns
+ * (default 130100); FAKE_CUBLASLT_NO_FP8=1, a heuristic that finds no FP8
+ * algorithm.
  */
+#include "fake_cuda.h"
 #include "host_sim.h"
 #include "numeric.h"
 
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +43,7 @@ typedef int result;
 typedef unsigned long long deviceptr;
 
 enum { FAKE_OK = 0, FAKE_INVALID_VALUE = 1, FAKE_NOT_FOUND = 500, FAKE_LAUNCH_FAILED = 719, MAX_PARAMS = 32 };
-enum { TYPE_F32 = 0, TYPE_BF16 = 14 };
+enum { TYPE_F32 = 0, TYPE_BF16 = 14, TYPE_E4M3 = 28, SCALE_OUTER_VEC_32F = 3, OP_T = 1 };
 
 static sim_pool *pool;
 static void *host_kernels;
@@ -47,6 +59,8 @@ typedef struct fake_desc {
     uint32_t epilogue;
     const void *bias;
     int32_t bias_type;
+    int32_t a_scale_mode, b_scale_mode;
+    const void *a_scale, *b_scale;
 } fake_desc;
 
 typedef struct fake_layout {
@@ -93,8 +107,18 @@ static void record(const fake_call *call) {
     grown[recording->count++] = *call;
 }
 
+static fake_cuda_matmul_info last_matmul;
+
+void fake_cuda_last_matmul(fake_cuda_matmul_info *out) { *out = last_matmul; }
+
+static int env_int(const char *name, int fallback) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : fallback;
+}
+
 static float load(int type, const void *base, uint64_t index) {
     if (type == TYPE_F32) return ((const float *)base)[index];
+    if (type == TYPE_E4M3) return plan_f8e4m3_to_f32(((const uint8_t *)base)[index]);
     return plan_bf16_to_f32(((const uint16_t *)base)[index]);
 }
 
@@ -124,6 +148,8 @@ static result run_matmul(const fake_matmul *m) {
                 uint64_t bi = m->desc.trans_b ? j + k * (uint64_t)m->b.ld : k + j * (uint64_t)m->b.ld;
                 sum += (double)load(m->a.type, m->pa, ai) * load(m->b.type, m->pb, bi);
             }
+            if (m->desc.a_scale_mode == SCALE_OUTER_VEC_32F) sum *= ((const float *)m->desc.a_scale)[i];
+            if (m->desc.b_scale_mode == SCALE_OUTER_VEC_32F) sum *= ((const float *)m->desc.b_scale)[j];
             double v = m->alpha * sum;
             if (m->beta != 0.0f) v += m->beta * load(m->c.type, m->pc, i + j * (uint64_t)m->c.ld);
             if (m->desc.epilogue == 4) v += load(m->desc.bias_type, m->desc.bias, i);
@@ -179,7 +205,8 @@ result cuDeviceGetName(char *name, int length, int device) {
 }
 result cuDeviceGetAttribute(int *value, int attribute, int device) {
     (void)device;
-    *value = attribute == 75 ? 9 : attribute == 76 ? 0 : 0; /* sm_90 */
+    int arch = env_int("FAKE_CUDA_ARCH", 90); /* sm_90 unless told */
+    *value = attribute == 75 ? arch / 10 : attribute == 76 ? arch % 10 : 0;
     return FAKE_OK;
 }
 static int context_object;
@@ -334,6 +361,7 @@ int cublasLtDestroy(void *handle) {
     (void)handle;
     return 0;
 }
+size_t cublasLtGetVersion(void) { return (size_t)env_int("FAKE_CUBLASLT_VERSION", 130100); }
 const char *cublasLtGetStatusName(int status) {
     return status == 7 ? "CUBLAS_STATUS_INVALID_VALUE" : "CUBLAS_FAKE";
 }
@@ -342,6 +370,7 @@ int cublasLtMatmulDescCreate(fake_desc **desc, int compute_type, int scale_type)
     *desc = calloc(1, sizeof **desc);
     (*desc)->epilogue = 1;
     (*desc)->bias_type = -1;
+    (*desc)->a_scale_mode = (*desc)->b_scale_mode = -1;
     return 0;
 }
 int cublasLtMatmulDescDestroy(fake_desc *desc) {
@@ -354,13 +383,17 @@ int cublasLtMatmulDescSetAttribute(fake_desc *desc, int attribute, const void *v
     case 4: memcpy(&desc->trans_b, value, size); break;
     case 7: memcpy(&desc->epilogue, value, size); break;
     case 8: memcpy(&desc->bias, value, size); break;
+    case 17: memcpy(&desc->a_scale, value, size); break;
+    case 18: memcpy(&desc->b_scale, value, size); break;
     case 26: memcpy(&desc->bias_type, value, size); break;
+    case 31: memcpy(&desc->a_scale_mode, value, size); break;
+    case 32: memcpy(&desc->b_scale_mode, value, size); break;
     default: return 7;
     }
     return 0;
 }
 int cublasLtMatrixLayoutCreate(fake_layout **layout, int type, uint64_t rows, uint64_t cols, int64_t ld) {
-    if ((type != TYPE_F32 && type != TYPE_BF16) || ld < (int64_t)rows) return 7;
+    if ((type != TYPE_F32 && type != TYPE_BF16 && type != TYPE_E4M3) || ld < (int64_t)rows) return 7;
     *layout = calloc(1, sizeof **layout);
     **layout = (fake_layout){type, rows, cols, ld};
     return 0;
@@ -396,9 +429,14 @@ int cublasLtMatmulPreferenceSetAttribute(fake_preference *preference, int attrib
 int cublasLtMatmulAlgoGetHeuristic(void *handle, fake_desc *desc, fake_layout *a, fake_layout *b,
                                    fake_layout *c, fake_layout *d, fake_preference *preference, int requested,
                                    uint64_t *results, int *returned) {
-    (void)handle, (void)desc, (void)a, (void)b, (void)c, (void)d;
+    (void)handle, (void)c, (void)d;
     if (requested < 1) return 7;
     memset(results, 0, 96);
+    bool fp8 = a->type == TYPE_E4M3 || b->type == TYPE_E4M3;
+    if (fp8 && (getenv("FAKE_CUBLASLT_NO_FP8") || desc->trans_a != OP_T || desc->trans_b == OP_T)) {
+        *returned = 0; /* FP8 is "TN" only */
+        return 0;
+    }
     for (int i = 0; i < 4; i++)
         results[i] = preference->alignment[i];
     *returned = 1;
@@ -419,6 +457,36 @@ int cublasLtMatmul(void *handle, fake_desc *desc, const float *alpha, const void
         }
     fake_call call = {.is_matmul = 1};
     call.matmul = (fake_matmul){*desc, *a_layout, *b_layout, *c_layout, *d_layout, *alpha, *beta, a, b, c, d};
+    last_matmul = (fake_cuda_matmul_info){
+        .trans_a = desc->trans_a,
+        .trans_b = desc->trans_b,
+        .epilogue = desc->epilogue,
+        .bias_type = desc->bias_type,
+        .bias = desc->bias,
+        .a_scale_mode = desc->a_scale_mode,
+        .b_scale_mode = desc->b_scale_mode,
+        .a_scale = desc->a_scale,
+        .b_scale = desc->b_scale,
+        .type_a = a_layout->type,
+        .type_b = b_layout->type,
+        .type_c = c_layout->type,
+        .type_d = d_layout->type,
+        .a_rows = a_layout->rows,
+        .a_cols = a_layout->cols,
+        .b_rows = b_layout->rows,
+        .b_cols = b_layout->cols,
+        .d_rows = d_layout->rows,
+        .d_cols = d_layout->cols,
+        .a_ld = a_layout->ld,
+        .b_ld = b_layout->ld,
+        .d_ld = d_layout->ld,
+        .alpha = *alpha,
+        .beta = *beta,
+        .a = a,
+        .b = b,
+        .c = c,
+        .d = d,
+    };
     if (capturing) {
         record(&call);
         return 0;

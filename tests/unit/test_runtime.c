@@ -15,6 +15,7 @@
 
 #include "device.h"
 #include "executor.h"
+#include "fake_cuda.h"
 #include "host_build.h"
 #include "nvrtc.h"
 #include "numeric.h"
@@ -1875,12 +1876,13 @@ static void build_fake_driver(char *path, size_t path_size) {
     char *source = read_text_file(SMELT_SOURCE_DIR "/tests/unit/fake_cuda.c");
     assert_non_null(source);
     cg_host_source sources[1] = {{"fake_cuda", source}};
-    const char *const plan_include[] = {"-I" SMELT_SOURCE_DIR "/plan"}; /* numeric.h */
+    const char *const plan_include[] = {"-I" SMELT_SOURCE_DIR "/plan",        /* numeric.h */
+                                        "-I" SMELT_SOURCE_DIR "/tests/unit"}; /* fake_cuda.h */
     cg_host_build_request req = {.sources = sources,
                                  .source_count = 1,
                                  .include_dir = SMELT_SOURCE_DIR "/runtime/sim", /* host_sim.h */
                                  .extra_flags = plan_include,
-                                 .extra_flag_count = 1,
+                                 .extra_flag_count = 2,
                                  .sanitize_address = cg_host_build_process_is_sanitized()};
     cg_host_object object;
     char error[2048];
@@ -2011,6 +2013,187 @@ static void test_cuda_on_fake_driver(void **state) {
     unsetenv("FAKE_CUDA_HOST_KERNELS");
 }
 
+/* The cuda device's scaled GEMMs on the stand-in driver (no GPU here: this
+ * is all that runs that code): whether it runs them follows the compute
+ * capability, cuBLASLt's version and its heuristic; prepare_gemm widens a
+ * weight's f16 scales into an f32 buffer that stays put when they are
+ * prepared again; the FP8 matmul gets cuBLASLt's types, ops, outer-vector
+ * scale modes and pointers, the bias epilogue and the residual as C with
+ * beta 1, and its numbers are the double-precision loop's. */
+static void test_cuda_scaled_gemm_on_fake_driver(void **state) {
+    (void)state;
+    char driver[256];
+    build_fake_driver(driver, sizeof driver);
+    setenv("SMELT_CUDA_DRIVER", driver, 1);
+    setenv("SMELT_CUBLASLT", driver, 1);
+    void *fake = dlopen(driver, RTLD_NOW | RTLD_LOCAL);
+    assert_non_null(fake);
+    fake_cuda_last_matmul_fn last_matmul =
+        (fake_cuda_last_matmul_fn)(uintptr_t)dlsym(fake, "fake_cuda_last_matmul");
+    void (*shutdown)(void) = (void (*)(void))(uintptr_t)dlsym(fake, "fake_cuda_shutdown");
+    assert_non_null(last_matmul);
+    assert_non_null(shutdown);
+    rt_device *d = NULL;
+    rt_error e = {0};
+
+    const struct {
+        const char *arch, *version;
+        bool no_fp8, runs;
+    } cases[] = {
+        {"90", "130100", false, true},  {"89", "120900", false, true},  {"86", "130100", false, false},
+        {"90", "120804", false, false}, {"100", "130100", true, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        setenv("FAKE_CUDA_ARCH", cases[i].arch, 1);
+        setenv("FAKE_CUBLASLT_VERSION", cases[i].version, 1);
+        if (cases[i].no_fp8)
+            setenv("FAKE_CUBLASLT_NO_FP8", "1", 1);
+        else
+            unsetenv("FAKE_CUBLASLT_NO_FP8");
+        assert_int_equal(rt_device_cuda_create(0, &d, &e), SMELT_OK);
+        if (d->ops->runs_scaled_gemm(d, SMELT_DTYPE_F8E4M3) != cases[i].runs)
+            fail_msg("sm_%s, cuBLASLt %s%s: runs_scaled_gemm is not %d", cases[i].arch, cases[i].version,
+                     cases[i].no_fp8 ? " without FP8 algorithms" : "", cases[i].runs);
+        assert_false(d->ops->runs_scaled_gemm(d, SMELT_DTYPE_I8)); /* int8: the fallback kernels */
+        rt_device_destroy(d);
+    }
+    unsetenv("FAKE_CUDA_ARCH");
+    unsetenv("FAKE_CUBLASLT_VERSION");
+    unsetenv("FAKE_CUBLASLT_NO_FP8");
+
+    /* [3, 32] x [16, 32]^T E4M3 codes (multiples of 1/4: exact sums), bf16 out. */
+    enum { M = 3, N = 16, KK = 32, SCALES_AT = N * KK };
+    static const uint8_t codes[8] = {0x30, 0xb8, 0x3c, 0x40, 0xc4, 0x28, 0x48, 0xb4};
+    uint8_t weight[SCALES_AT + 2 * N], a[M * KK];
+    float weight_scales[N], token_scales[M] = {0.5f, 3.0f, 0.125f};
+    uint16_t bias[N], residual[M * N];
+    for (int i = 0; i < N * KK; i++)
+        weight[i] = codes[(i * 5 + 3) % 8];
+    for (int j = 0; j < N; j++) {
+        weight_scales[j] = 0.25f * (float)(j + 1);
+        uint16_t h = plan_f32_to_f16(weight_scales[j]);
+        memcpy(weight + SCALES_AT + 2 * j, &h, 2);
+        bias[j] = plan_f32_to_bf16((float)j - 4.0f);
+    }
+    for (int i = 0; i < M * KK; i++)
+        a[i] = codes[(i * 7 + 1) % 8];
+    for (int i = 0; i < M * N; i++)
+        residual[i] = plan_f32_to_bf16(0.5f * (float)i);
+    assert_int_equal(rt_device_cuda_create(0, &d, &e), SMELT_OK);
+    assert_true(d->ops->runs_scaled_gemm(d, SMELT_DTYPE_F8E4M3));
+    void *on_device[6]; /* weight, a, a_scale, bias, residual, c */
+    const void *host[5] = {weight, a, token_scales, bias, residual};
+    const uint64_t sizes[6] = {sizeof weight, sizeof a,        sizeof token_scales,
+                               sizeof bias,   sizeof residual, M * N * 2};
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(d->ops->alloc(d, sizes[i], &on_device[i], &e), SMELT_OK);
+        if (i < 5) assert_int_equal(d->ops->copy_in(d, on_device[i], host[i], sizes[i], &e), SMELT_OK);
+    }
+    rt_gemm_args g = {.m = M,
+                      .n = N,
+                      .k = KK,
+                      .dtype_a = SMELT_DTYPE_F8E4M3,
+                      .dtype_b = SMELT_DTYPE_F8E4M3,
+                      .dtype_c = SMELT_DTYPE_BF16,
+                      .dtype_bias = SMELT_DTYPE_BF16,
+                      .b_transposed = true,
+                      .has_bias = true,
+                      .a = on_device[1],
+                      .b = on_device[0],
+                      .bias = on_device[3],
+                      .residual = on_device[4],
+                      .c = on_device[5],
+                      .b_weight = 5,
+                      .b_weight_offset = 0,
+                      .has_scales = true,
+                      .a_scale = on_device[2],
+                      .b_scale = rt_address_at(on_device[0], SCALES_AT),
+                      .dtype_b_scale = SMELT_DTYPE_F16,
+                      .b_scale_offset = SCALES_AT};
+    assert_int_equal(d->ops->gemm(d, &g, &e), SMELT_ERROR_DEVICE); /* its f16 scales have no f32 copy yet */
+    assert_non_null(strstr(e.message, "the scaled product reading weight 5 was not prepared"));
+    assert_int_equal(d->ops->prepare_gemm(d, &g, &e), SMELT_OK);
+    assert_int_equal(d->ops->gemm(d, &g, &e), SMELT_OK);
+    fake_cuda_matmul_info m;
+    last_matmul(&m);
+    assert_int_equal(m.type_a, 28); /* CUDA_R_8F_E4M3: the weight's codes as cuBLASLt's A */
+    assert_int_equal(m.type_b, 28);
+    assert_int_equal(m.type_c, 14); /* CUDA_R_16BF */
+    assert_int_equal(m.type_d, 14);
+    assert_int_equal(m.trans_a, 1); /* "TN" */
+    assert_int_equal(m.trans_b, 0);
+    assert_true(m.a_rows == KK && m.a_cols == N && m.a_ld == KK);
+    assert_true(m.b_rows == KK && m.b_cols == M && m.b_ld == KK);
+    assert_true(m.d_rows == N && m.d_cols == M && m.d_ld == N);
+    assert_ptr_equal(m.a, g.b);
+    assert_ptr_equal(m.b, g.a);
+    assert_int_equal(m.a_scale_mode, 3); /* CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F */
+    assert_int_equal(m.b_scale_mode, 3);
+    assert_ptr_equal(m.b_scale, g.a_scale); /* the tokens' scales: cuBLASLt's N */
+    assert_true(m.a_scale != g.b_scale);    /* the weight's: their f32 copy, cuBLASLt's M */
+    assert_memory_equal(m.a_scale, weight_scales, sizeof weight_scales);
+    assert_int_equal(m.epilogue, 4); /* CUBLASLT_EPILOGUE_BIAS */
+    assert_ptr_equal(m.bias, g.bias);
+    assert_int_equal(m.bias_type, 14);
+    assert_true(m.alpha == 1.0f && m.beta == 1.0f);
+    assert_ptr_equal(m.c, g.residual);
+    assert_ptr_equal(m.d, g.c);
+    uint16_t c[M * N];
+    assert_int_equal(d->ops->copy_out(d, c, g.c, sizeof c, &e), SMELT_OK);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double sum = 0;
+            for (int k = 0; k < KK; k++)
+                sum += (double)plan_f8e4m3_to_f32(a[i * KK + k]) * plan_f8e4m3_to_f32(weight[j * KK + k]);
+            double v = sum * weight_scales[j] * token_scales[i] + plan_bf16_to_f32(residual[i * N + j]) +
+                       plan_bf16_to_f32(bias[j]);
+            assert_int_equal(c[i * N + j], plan_f32_to_bf16((float)v)); /* every term exact */
+        }
+    /* The weight bound again with other scales: refilled in the same buffer. */
+    const void *copy = m.a_scale;
+    for (int j = 0; j < N; j++) {
+        weight_scales[j] = 2.0f * weight_scales[j];
+        uint16_t h = plan_f32_to_f16(weight_scales[j]);
+        assert_int_equal(d->ops->copy_in(d, rt_address_at(on_device[0], SCALES_AT + 2 * j), &h, 2, &e),
+                         SMELT_OK);
+    }
+    assert_int_equal(d->ops->prepare_gemm(d, &g, &e), SMELT_OK);
+    assert_int_equal(d->ops->gemm(d, &g, &e), SMELT_OK);
+    last_matmul(&m);
+    assert_ptr_equal(m.a_scale, copy);
+    assert_memory_equal(m.a_scale, weight_scales, sizeof weight_scales);
+    /* f32 scales are used as they are. */
+    rt_gemm_args f32_scales = g;
+    f32_scales.b_scale = on_device[2], f32_scales.n = M, f32_scales.dtype_b_scale = SMELT_DTYPE_F32;
+    f32_scales.b_scale_offset = 0, f32_scales.b_weight = 6, f32_scales.has_bias = false,
+    f32_scales.residual = NULL;
+    f32_scales.dtype_c = SMELT_DTYPE_F32; /* rows of 3 f32: 12 bytes, not a multiple of 16 */
+    assert_int_equal(d->ops->prepare_gemm(d, &f32_scales, &e), SMELT_ERROR_UNSUPPORTED);
+    assert_non_null(strstr(e.message, "rows of C of a multiple of 16 bytes"));
+    f32_scales.n = 4, f32_scales.b_scale = on_device[3]; /* 4 f32 of the bias buffer stand in */
+    assert_int_equal(d->ops->prepare_gemm(d, &f32_scales, &e), SMELT_OK);
+    assert_int_equal(d->ops->gemm(d, &f32_scales, &e), SMELT_OK);
+    last_matmul(&m);
+    assert_ptr_equal(m.a_scale, f32_scales.b_scale);
+    assert_int_equal(m.epilogue, 1);
+    assert_true(m.beta == 0.0f);
+    /* Shapes and codes cuBLASLt's FP8 GEMM does not take are refused, for the fallback kernels to run. */
+    rt_gemm_args bad = g;
+    bad.k = 8;
+    assert_int_equal(d->ops->prepare_gemm(d, &bad, &e), SMELT_ERROR_UNSUPPORTED);
+    assert_non_null(strstr(e.message, "needs K a multiple of 16"));
+    bad = g;
+    bad.dtype_a = bad.dtype_b = SMELT_DTYPE_I8;
+    assert_int_equal(d->ops->prepare_gemm(d, &bad, &e), SMELT_ERROR_UNSUPPORTED);
+    for (int i = 0; i < 6; i++)
+        d->ops->free(d, on_device[i]);
+    rt_device_destroy(d);
+    shutdown();
+    dlclose(fake);
+    unsetenv("SMELT_CUDA_DRIVER");
+    unsetenv("SMELT_CUBLASLT");
+}
+
 static void test_plan_errors(void **state) {
     (void)state;
     smelt_plan *plan = NULL;
@@ -2105,6 +2288,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_without_driver),
         cmocka_unit_test(test_cuda_on_gpu),
         cmocka_unit_test(test_cuda_on_fake_driver),
+        cmocka_unit_test(test_cuda_scaled_gemm_on_fake_driver),
         cmocka_unit_test(test_plan_errors),
         cmocka_unit_test(test_default_costs),
     };
