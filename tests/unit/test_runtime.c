@@ -16,6 +16,7 @@
 #include "device.h"
 #include "executor.h"
 #include "fake_cuda.h"
+#include "fake_cuda_build.h"
 #include "host_build.h"
 #include "nvrtc.h"
 #include "numeric.h"
@@ -1870,29 +1871,6 @@ static void write_file(const char *path, const void *bytes, size_t size) {
     assert_int_equal(fclose(f), 0);
 }
 
-/* tests/unit/fake_cuda.c built into a shared object that plays libcuda.so.1
- * and libcublasLt.so; returns its path. */
-static void build_fake_driver(char *path, size_t path_size) {
-    char *source = read_text_file(SMELT_SOURCE_DIR "/tests/unit/fake_cuda.c");
-    assert_non_null(source);
-    cg_host_source sources[1] = {{"fake_cuda", source}};
-    const char *const plan_include[] = {"-I" SMELT_SOURCE_DIR "/plan",        /* numeric.h */
-                                        "-I" SMELT_SOURCE_DIR "/tests/unit"}; /* fake_cuda.h */
-    cg_host_build_request req = {.sources = sources,
-                                 .source_count = 1,
-                                 .include_dir = SMELT_SOURCE_DIR "/runtime/sim", /* host_sim.h */
-                                 .extra_flags = plan_include,
-                                 .extra_flag_count = 2,
-                                 .sanitize_address = cg_host_build_process_is_sanitized()};
-    cg_host_object object;
-    char error[2048];
-    if (!cg_host_build(&req, NULL, &object, error, sizeof error)) fail_msg("fake driver build: %s", error);
-    free(source);
-    snprintf(path, path_size, "%s/fake_cuda.so", folder);
-    write_file(path, object.bytes, object.size);
-    cg_host_object_free(&object);
-}
-
 static smelt_engine *cuda_engine(smelt_plan *plan) {
     smelt_engine_options options = smelt_engine_options_default();
     options.device = "cuda";
@@ -1909,7 +1887,7 @@ static smelt_engine *cuda_engine(smelt_plan *plan) {
 static void test_cuda_on_fake_driver(void **state) {
     (void)state;
     char driver[256], kernels[256];
-    build_fake_driver(driver, sizeof driver);
+    fake_cuda_build(folder, driver, sizeof driver);
     snprintf(kernels, sizeof kernels, "%s/kernels.so", folder);
     const cg_host_object *object = toy_host_object();
     write_file(kernels, object->bytes, object->size);
@@ -2023,7 +2001,7 @@ static void test_cuda_on_fake_driver(void **state) {
 static void test_cuda_scaled_gemm_on_fake_driver(void **state) {
     (void)state;
     char driver[256];
-    build_fake_driver(driver, sizeof driver);
+    fake_cuda_build(folder, driver, sizeof driver);
     setenv("SMELT_CUDA_DRIVER", driver, 1);
     setenv("SMELT_CUBLASLT", driver, 1);
     void *fake = dlopen(driver, RTLD_NOW | RTLD_LOCAL);

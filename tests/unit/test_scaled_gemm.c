@@ -4,8 +4,9 @@
  * model, the executor's choice of side (a recording device, the
  * SMELT_NO_SCALED_GEMM knob, prepare_gemm and its fallback), and the host
  * device's scaled product against values worked out in double precision.
- * (The cuda device's FP8 path is tested on the stand-in driver in
- * test_runtime.c.)
+ * The cuda device's FP8 path is tested on the stand-in driver
+ * (tests/unit/fake_cuda.c): here through an engine, its attributes and
+ * numbers in test_runtime.c.
  *
  * The scaled toy model (vocab 4, K 16): a kernel makes, for token t of id
  * `id`, codes a[t, k] = table[(3 id + k) % 8] with a_scale[t] = 0.5 + id and
@@ -25,6 +26,7 @@
 
 #include "device.h"
 #include "executor.h"
+#include "fake_cuda_build.h"
 #include "host_build.h"
 #include "numeric.h"
 #include "plan_print.h"
@@ -35,6 +37,7 @@
 #include "smelt.h"
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -436,8 +439,9 @@ static void test_refusals(void **state) {
  * its codes and per-channel scales (runtime/plan_open.c). */
 static char folder[64];
 
-/* Writes s as a plan with its kernels (host objects when host_kernels). */
-static void write_scaled_plan(const char *path, scaled_program *s, smelt_dtype dtype) {
+/* Writes s as a plan with its kernels' host object and, with cuda, a
+ * stand-in PTX for each (the stand-in driver runs their host entries). */
+static void write_scaled_plan(const char *path, scaled_program *s, smelt_dtype dtype, bool cuda) {
     uint8_t *program_bytes;
     size_t program_size;
     assert_true(program_encode(&s->p, &program_bytes, &program_size));
@@ -455,6 +459,13 @@ static void write_scaled_plan(const char *path, scaled_program *s, smelt_dtype d
         kernels[k].launch.block[1] = kernels[k].launch.block[2] = (plan_affine){0, 1, 1};
         program_declare_params(&s->p, (uint32_t)k, &kernels[k]);
     }
+    plan_kernel_binary ptx = {.arch = plan_text_from("compute_80"),
+                              .kind = PLAN_BINARY_PTX,
+                              .bytes = {(const uint8_t *)"// no NVRTC: a stand-in", 23}};
+    for (int k = 0; cuda && k < 2; k++) {
+        kernels[k].binary_count = 1;
+        kernels[k].binaries = &ptx;
+    }
     uint8_t weight_data[256];
     size_t weight_size = scaled_weight_data(dtype, weight_data);
     plan_writer w;
@@ -471,10 +482,10 @@ static void write_scaled_plan(const char *path, scaled_program *s, smelt_dtype d
     free(program_bytes);
 }
 
-static smelt_plan *open_scaled_plan(const char *name, scaled_program *s, smelt_dtype dtype) {
+static smelt_plan *open_scaled_plan(const char *name, scaled_program *s, smelt_dtype dtype, bool cuda) {
     char path[256];
     snprintf(path, sizeof path, "%s/%s", folder, name);
-    write_scaled_plan(path, s, dtype);
+    write_scaled_plan(path, s, dtype, cuda);
     smelt_plan *plan = NULL;
     smelt_status status = smelt_plan_open(path, &plan);
     if (status != SMELT_OK) fail_msg("open %s: %s: %s", path, smelt_status_name(status), smelt_last_error());
@@ -488,7 +499,7 @@ static void test_plan_open_checks_weight_scales(void **state) {
     s.instrs[1].as.gemm.b_scale.offset = 0; /* the codes read as scales */
     char path[256];
     snprintf(path, sizeof path, "%s/bad-scales.plan", folder);
-    write_scaled_plan(path, &s, SMELT_DTYPE_F8E4M3);
+    write_scaled_plan(path, &s, SMELT_DTYPE_F8E4M3, false);
     smelt_plan *plan = NULL;
     assert_int_equal(smelt_plan_open(path, &plan), SMELT_ERROR_BAD_PLAN);
     assert_non_null(strstr(smelt_last_error(), "instruction 1, a scaled gemm, does not read quantized weight "
@@ -500,7 +511,7 @@ static void test_plan_open_checks_weight_scales(void **state) {
     assert_null(quant_layout_of(&halves, VOCAB, K, &two_scales));
     s.weights[0].bytes = two_scales.total;
     s.instrs[2].as.launch.args[2].extent.b = (int64_t)s.weights[0].bytes;
-    write_scaled_plan(path, &s, SMELT_DTYPE_F8E4M3);
+    write_scaled_plan(path, &s, SMELT_DTYPE_F8E4M3, false);
     assert_int_equal(smelt_plan_open(path, &plan), SMELT_ERROR_BAD_PLAN);
     assert_non_null(strstr(smelt_last_error(), "does not read quantized weight"));
 }
@@ -512,7 +523,7 @@ static void test_print(void **state) {
     scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
     char path[256], error[512];
     snprintf(path, sizeof path, "%s/print.plan", folder);
-    write_scaled_plan(path, &s, SMELT_DTYPE_F8E4M3);
+    write_scaled_plan(path, &s, SMELT_DTYPE_F8E4M3, false);
     plan_file plan;
     assert_true(plan_open(path, &plan, error, sizeof error));
     char *text = NULL;
@@ -870,7 +881,7 @@ static void test_host_engine(void **state) {
     unsetenv("SMELT_NO_SCALED_GEMM");
     scaled_program s;
     scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    smelt_plan *plan = open_scaled_plan("scaled.plan", &s, SMELT_DTYPE_F8E4M3);
+    smelt_plan *plan = open_scaled_plan("scaled.plan", &s, SMELT_DTYPE_F8E4M3, false);
     smelt_engine_options options = smelt_engine_options_default();
     options.device = "host";
     options.host_threads = 2;
@@ -899,6 +910,79 @@ static void test_host_engine(void **state) {
         for (int j = 0; j < VOCAB; j++)
             assert_true(logits[t * VOCAB + j] == expected_logit_scaled(SMELT_DTYPE_F8E4M3, ids[t], j, 2.0f));
     smelt_engine_destroy(engine);
+}
+
+/* The cuda device on the stand-in driver through an engine: the FP8 GEMM
+ * (prepared when the weights are bound, before the decode graph is
+ * captured) or, under SMELT_NO_SCALED_GEMM=1, the fallback kernel; the
+ * double-precision loop's logits either way, in prefill and in replayed
+ * decode steps. */
+static void test_cuda_engine_on_fake_driver(void **state) {
+    (void)state;
+    char driver[256], kernels_path[256];
+    fake_cuda_build(folder, driver, sizeof driver);
+    snprintf(kernels_path, sizeof kernels_path, "%s/scaled-kernels.so", folder);
+    const cg_host_object *object = scaled_host_object();
+    FILE *f = fopen(kernels_path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(object->bytes, 1, object->size, f), object->size);
+    assert_int_equal(fclose(f), 0);
+    setenv("SMELT_CUDA_DRIVER", driver, 1);
+    setenv("SMELT_CUBLASLT", driver, 1);
+    setenv("FAKE_CUDA_HOST_KERNELS", kernels_path, 1);
+    void *fake = dlopen(driver, RTLD_NOW | RTLD_LOCAL);
+    assert_non_null(fake);
+    void (*counters)(int[4]) = (void (*)(int[4]))(uintptr_t)dlsym(fake, "fake_cuda_counters");
+    void (*shutdown)(void) = (void (*)(void))(uintptr_t)dlsym(fake, "fake_cuda_shutdown");
+    assert_non_null(counters);
+    assert_non_null(shutdown);
+    scaled_program s;
+    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
+    smelt_plan *plan = open_scaled_plan("cuda-scaled.plan", &s, SMELT_DTYPE_F8E4M3, true);
+    for (int forbid = 0; forbid < 2; forbid++) {
+        if (forbid)
+            setenv("SMELT_NO_SCALED_GEMM", "1", 1);
+        else
+            unsetenv("SMELT_NO_SCALED_GEMM");
+        smelt_engine_options options = smelt_engine_options_default();
+        options.device = "cuda";
+        smelt_engine *engine = NULL;
+        if (smelt_engine_create(plan, &options, &engine) != SMELT_OK) fail_msg("%s", smelt_last_error());
+        int before[4], after[4];
+        counters(before);
+        const int32_t ids[3] = {2, 0, 3}, pos[3] = {0, 1, 2};
+        float logits[3 * VOCAB];
+        if (smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB) != SMELT_OK)
+            fail_msg("%s", smelt_last_error());
+        counters(after);
+        assert_int_equal(after[2] - before[2], forbid ? 0 : 1); /* matmuls */
+        assert_int_equal(after[0] - before[0], forbid ? 2 : 1); /* launches */
+        for (int t = 0; t < 3; t++)
+            for (int j = 0; j < VOCAB; j++)
+                if (logits[t * VOCAB + j] != expected_logit(SMELT_DTYPE_F8E4M3, ids[t], j))
+                    fail_msg("%s: logit [%d, %d] = %.9g, expected %.9g", forbid ? "fallback" : "FP8 GEMM", t,
+                             j, (double)logits[t * VOCAB + j],
+                             (double)expected_logit(SMELT_DTYPE_F8E4M3, ids[t], j));
+        for (int step = 0; step < 3; step++) { /* run, captured and replayed, replayed */
+            const int32_t id = step + 1, at = 3 + step;
+            float row[VOCAB];
+            assert_int_equal(smelt_engine_forward(engine, &id, &at, 1, SMELT_LOGITS_LAST, row, VOCAB),
+                             SMELT_OK);
+            for (int j = 0; j < VOCAB; j++)
+                assert_true(row[j] == expected_logit(SMELT_DTYPE_F8E4M3, id, j));
+        }
+        smelt_stats stats;
+        assert_int_equal(smelt_engine_stats(engine, &stats), SMELT_OK);
+        assert_int_equal(stats.graph_replays, 2);
+        smelt_engine_destroy(engine);
+    }
+    smelt_plan_close(plan);
+    shutdown();
+    dlclose(fake);
+    unsetenv("SMELT_NO_SCALED_GEMM");
+    unsetenv("SMELT_CUDA_DRIVER");
+    unsetenv("SMELT_CUBLASLT");
+    unsetenv("FAKE_CUDA_HOST_KERNELS");
 }
 
 /* ---- Setup ------------------------------------------------------------------------ */
@@ -938,6 +1022,7 @@ int main(void) {
         cmocka_unit_test(test_host_scaled_gemm),
         cmocka_unit_test(test_host_executor_sides),
         cmocka_unit_test(test_host_engine),
+        cmocka_unit_test(test_cuda_engine_on_fake_driver),
     };
     int failures = cmocka_run_group_tests(tests, setup_folder, remove_folder);
     cg_host_object_free(&host_object);
