@@ -33,8 +33,15 @@
  *     read the same [T, K] value and whose weights share a dtype (Q, K and
  *     V; gate and up) — one kernel over the weights side by side, as if
  *     concatenated along N;
+ *   - fuse_quantize_with_readers: a quantize (precision's, for FP8 W8A8)
+ *     whose readers — the act_codes matmuls taking its codes and scales —
+ *     are all in one group joins it (alone when they are in several); the
+ *     GEMV kernel at decode skips it and reads x, the group's ops one by one
+ *     at prefill run it as the norm's epilogue (codegen); it counts as no
+ *     op of the GEMV group where the rules below ask for one;
  *   - fuse_norm_prologue: the rms_norm that makes that value, when the
- *     group's matmuls are its only readers;
+ *     group's matmuls (and its quantize of that value) are its only
+ *     readers;
  *   - fuse_epilogues: on each matmul's result, when the next op is its only
  *     reader: a bias add (a [N] weight), then one of: a residual add (an
  *     operand of exactly the result's type), rope through a reshape to
