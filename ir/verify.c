@@ -523,7 +523,7 @@ static void check_act_codes(verifier *v, uint32_t index) {
                   op->operand_count - 2, op->operand_count - 1);
         return;
     }
-    if (m->ops[q].operands[0] != op->operands[0]) {
+    if (m->ops[q].operand_count != 1 || m->ops[q].operands[0] != op->operands[0]) {
         violation(v, op, "act_codes: the quantize op reads another value than the matmul's x (operand 0)");
         return;
     }
