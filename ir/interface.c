@@ -85,6 +85,7 @@ bool ir_op_row_wise(const ir_module *m, uint32_t op) {
     case IR_OP_GELU:
     case IR_OP_TANH:
     case IR_OP_SIGMOID:
+    case IR_OP_QUANTIZE:
     case IR_OP_RESHAPE: break;
     case IR_OP_SOFTMAX:
     case IR_OP_ARGMAX:
@@ -104,11 +105,15 @@ bool ir_op_row_wise(const ir_module *m, uint32_t op) {
     for (uint32_t r = 0; r < o->result_count; r++)
         if (o->results[r] >= m->value_count || token_rows(&m->values[o->results[r]].type, tokens) != 0)
             return false;
+    ir_value_id codes = IR_NO_VALUE, scales = IR_NO_VALUE;
+    if (o->kind == IR_OP_MATMUL) ir_matmul_act_codes(m, op, &codes, &scales);
     for (uint32_t i = 0; i < o->operand_count; i++) {
         if (o->operands[i] >= m->value_count) return false;
         int rows = token_rows(&m->values[o->operands[i]].type, tokens);
-        /* A matmul's weight and bias are read whole; its x is row-indexed. */
-        if (rows < 0 || (o->kind == IR_OP_MATMUL && (i == 0) != (rows == 0))) return false;
+        /* A matmul's weight and bias are read whole; its x, and the codes and
+         * scales of x (act_codes), are row-indexed. */
+        bool row_operand = i == 0 || (codes != IR_NO_VALUE && i + 2 >= o->operand_count);
+        if (rows < 0 || (o->kind == IR_OP_MATMUL && row_operand != (rows == 0))) return false;
     }
     return true;
 }

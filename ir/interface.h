@@ -43,8 +43,9 @@ int32_t ir_token_symbol(const ir_module *m);
  * operands alone? Every result has the token symbol as dim 0 (and nowhere
  * else); every operand either has it as dim 0 (a row-indexed operand) or has
  * no token dim at all (a weight, a constant: read whole by every row); and
- * the op mixes no rows (a matmul's weight is not row-indexed, an axis is
- * not 0). Attention (it reads the cache and writes it), moe (its kernels
+ * the op mixes no rows (a matmul's weight is not row-indexed, its x and
+ * act_codes' codes and scales are; a quantize codes each row alone; an axis
+ * is not 0). Attention (it reads the cache and writes it), moe (its kernels
  * may group the step's tokens by expert) and declarations are not. Safe on
  * a module that does not verify. */
 bool ir_op_row_wise(const ir_module *m, uint32_t op);

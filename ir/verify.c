@@ -20,6 +20,12 @@
  *     stack (MoE experts, each [N, K] in that format) that only moe
  *     ops read, as their gate, up or down experts; an unquantized one has
  *     every other quantization attribute at its default;
+ *   - a matmul's act_quant has a quantized weight of its kind, one scale per
+ *     output channel, and a scale rule (tensor: act_scale_value > 0); with
+ *     act_codes its last two operands are results 0 and 1 of one quantize op
+ *     of its x (operand 0) with its act_quant, act_scale and act_scale_value,
+ *     and its weight has no column scales; a quantize has codes of its dtype
+ *     (f8e4m3 or i8) and f32 scales, and a scale rule like a matmul's;
  *   - where every operand and result type is known, the shape rule gives the
  *     result types back.
  * Unknown result types are allowed: a module is valid before infer-shapes.
@@ -423,8 +429,11 @@ static void check_quant_readers(verifier *v, uint32_t index) {
     }
 }
 
+static bool act_codes(const ir_module *m, uint32_t index);
+
 /* A matmul's activation quantization (W8A8, ops.def): a quantized weight of
- * the matching kind with one scale per output channel, and a scale rule. */
+ * the matching kind with one scale per output channel (and, with act_codes,
+ * no column scales), and a scale rule. */
 static void check_act_quant(verifier *v, uint32_t index) {
     const ir_module *m = v->m;
     const ir_op *op = &m->ops[index];
@@ -462,6 +471,95 @@ static void check_act_quant(verifier *v, uint32_t index) {
         violation(v, op,
                   "act_quant needs one weight scale per output channel (group = K, no zero points or "
                   "group index)");
+    else if (f.has_column_scale && act_codes(m, index))
+        violation(v, op,
+                  "act_codes needs a weight without column scales (the codes are of x itself, not of x "
+                  "times the column scales)");
+}
+
+static bool act_codes(const ir_module *m, uint32_t index) {
+    const ir_attr *a = ir_op_attr(m, index, "act_codes");
+    return a && a->kind == IR_ATTR_BOOL && a->as.b;
+}
+
+/* Attribute `name` of op `index`, or `absent` where it is absent or of
+ * another kind (an op that failed its own checks is read too). */
+static const char *string_or(const ir_module *m, uint32_t index, const char *name, const char *absent) {
+    const ir_attr *a = ir_op_attr(m, index, name);
+    return a && a->kind == IR_ATTR_STRING && a->as.s ? a->as.s : absent;
+}
+
+static double float_or_zero(const ir_module *m, uint32_t index, const char *name) {
+    const ir_attr *a = ir_op_attr(m, index, name);
+    return a && a->kind == IR_ATTR_FLOAT ? a->as.f : 0.0;
+}
+
+/* A matmul with act_codes (ops.def): its last two operands are the codes
+ * and the scales, results 0 and 1 of one quantize op of the matmul's x
+ * (operand 0, the very value) with the matmul's act_quant, act_scale and
+ * act_scale_value. (check_act_quant checks the weight and the scale rule.) */
+static void check_act_codes(verifier *v, uint32_t index) {
+    const ir_module *m = v->m;
+    const ir_op *op = &m->ops[index];
+    if (!act_codes(m, index)) return;
+    const char *kind = string_or(m, index, "act_quant", "none");
+    if (strcmp(kind, "none") == 0) {
+        violation(v, op, "act_codes without act_quant: there are no codes of x to read");
+        return;
+    }
+    ir_value_id codes, scales;
+    if (!ir_matmul_act_codes(m, index, &codes, &scales)) {
+        violation(v, op,
+                  "act_codes needs the codes and scales of x as its last two operands, found %u operands",
+                  op->operand_count);
+        return;
+    }
+    uint32_t q = m->values[codes].def_op;
+    if (m->ops[q].kind != IR_OP_QUANTIZE || m->values[codes].result_index != 0 ||
+        m->values[scales].def_op != q || m->values[scales].result_index != 1) {
+        violation(v, op,
+                  "act_codes: operands %u and %u must be the codes and the scales (results 0 and 1) of one "
+                  "quantize op",
+                  op->operand_count - 2, op->operand_count - 1);
+        return;
+    }
+    if (m->ops[q].operand_count != 1 || m->ops[q].operands[0] != op->operands[0]) {
+        violation(v, op, "act_codes: the quantize op reads another value than the matmul's x (operand 0)");
+        return;
+    }
+    const char *dtype = string_or(m, q, "dtype", "?"), *rule = string_or(m, q, "act_scale", "token");
+    const char *matmul_rule = string_or(m, index, "act_scale", "none");
+    double value = float_or_zero(m, q, "act_scale_value"),
+           matmul_value = float_or_zero(m, index, "act_scale_value");
+    if (strcmp(dtype, kind) != 0 || strcmp(rule, matmul_rule) != 0 || value != matmul_value)
+        violation(v, op,
+                  "act_codes: the quantize op (dtype \"%s\", act_scale \"%s\", act_scale_value %g) does not "
+                  "quantize as the matmul does (act_quant \"%s\", act_scale \"%s\", act_scale_value %g)",
+                  dtype, rule, value, kind, matmul_rule, matmul_value);
+}
+
+/* A quantize op (ops.def): codes of its dtype and f32 scales, one per row
+ * of x (the shape rule checks the dims; after precision a float dtype may
+ * stand for another, so the dtypes are checked here), and a scale rule:
+ * tensor with its static scale > 0, token with none. */
+static void check_quantize(verifier *v, uint32_t index) {
+    const ir_module *m = v->m;
+    const ir_op *op = &m->ops[index];
+    const char *dtype = string_or(m, index, "dtype", "f8e4m3"),
+               *rule = string_or(m, index, "act_scale", "token");
+    double value = float_or_zero(m, index, "act_scale_value");
+    smelt_dtype code = strcmp(dtype, "i8") == 0 ? SMELT_DTYPE_I8 : SMELT_DTYPE_F8E4M3;
+    const ir_type *codes = &m->values[op->results[0]].type, *scales = &m->values[op->results[1]].type;
+    if (codes->dtype != SMELT_DTYPE_UNKNOWN && codes->dtype != code)
+        violation(v, op, "the codes (result 0) of dtype \"%s\" are %s, found %s", dtype,
+                  smelt_dtype_name(code), TYPE_TEXT(v, codes));
+    if (scales->dtype != SMELT_DTYPE_UNKNOWN && scales->dtype != SMELT_DTYPE_F32)
+        violation(v, op, "the scales (result 1) are f32, one per row of x, found %s", TYPE_TEXT(v, scales));
+    if (strcmp(rule, "token") == 0 && value != 0.0)
+        violation(v, op, "act_scale \"token\" is computed at run time: act_scale_value must be 0");
+    else if (strcmp(rule, "tensor") == 0 && !(value > 0.0 && isfinite(value)))
+        violation(v, op, "act_scale \"tensor\" needs act_scale_value > 0 (the static scale), found %g",
+                  value);
 }
 
 /* A moe's activation quantization (W8A8, ops.def): each quantized input
@@ -528,6 +626,8 @@ static void verify_op(verifier *v, uint32_t index, ir_type *scratch) {
     if (op->kind == IR_OP_WEIGHT) check_weight_quant(v, index);
     check_quant_readers(v, index);
     if (op->kind == IR_OP_MATMUL) check_act_quant(v, index);
+    if (op->kind == IR_OP_MATMUL) check_act_codes(v, index);
+    if (op->kind == IR_OP_QUANTIZE) check_quantize(v, index);
     if (op->kind == IR_OP_MOE) check_moe_act_quant(v, index);
     for (uint32_t i = 0; i < op->operand_count; i++) {
         ir_value_id id = op->operands[i];

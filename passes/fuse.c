@@ -33,8 +33,15 @@
  *     read the same [T, K] value and whose weights share a dtype (Q, K and
  *     V; gate and up) — one kernel over the weights side by side, as if
  *     concatenated along N;
+ *   - fuse_quantize_with_readers: a quantize (precision's, for FP8 W8A8)
+ *     whose readers — the act_codes matmuls taking its codes and scales —
+ *     are all in one group joins it (alone when they are in several); the
+ *     GEMV kernel at decode skips it and reads x, the group's ops one by one
+ *     at prefill run it as the norm's epilogue (codegen); it counts as no
+ *     op of the GEMV group where the rules below ask for one;
  *   - fuse_norm_prologue: the rms_norm that makes that value, when the
- *     group's matmuls are its only readers;
+ *     group's matmuls (and its quantize of that value) are its only
+ *     readers;
  *   - fuse_epilogues: on each matmul's result, when the next op is its only
  *     reader: a bias add (a [N] weight), then one of: a residual add (an
  *     operand of exactly the result's type), rope through a reshape to
@@ -156,10 +163,10 @@ static bool is_gemv_matmul(const fuse_state *s, uint32_t i) {
         ir_dim_is_symbol(w->dims[0]) || w->dims[1].size != x->dims[1].size ||
         w->dims[0].size != y->dims[1].size)
         return false;
-    if (op->operand_count == 3) {
-        const ir_type *b = type_of(s, op->operands[2]);
-        if (!is_weight(s, op->operands[2]) || b->rank != 1 || !is_float(b) ||
-            b->dims[0].size != w->dims[0].size)
+    ir_value_id bias = ir_matmul_bias(m, i);
+    if (bias != IR_NO_VALUE) {
+        const ir_type *b = type_of(s, bias);
+        if (!is_weight(s, bias) || b->rank != 1 || !is_float(b) || b->dims[0].size != w->dims[0].size)
             return false;
     }
     return true;
@@ -208,18 +215,18 @@ static bool concat_member_of(const fuse_state *c, uint32_t i, concat_member *out
     if (op->dead || op->kind != IR_OP_MATMUL || strcmp(ir_op_string(m, i, "layout"), "out_in") != 0)
         return false;
     const ir_type *x = concat_type(c, op->operands[0]), *y = concat_type(c, op->results[0]);
-    if (x->rank != 2 || y->rank != 2 || c->token_symbol < 0 || x->dims[0].symbol != c->token_symbol ||
-        y->dims[0].symbol != c->token_symbol || ir_dim_is_symbol(x->dims[1]) || !is_float(x) ||
-        !is_float(y) || !concat_weight(c, op->operands[1], 2))
+    ir_value_id codes, scales; /* a matmul over quantize codes has a quantized weight: never concatenated */
+    if (ir_matmul_act_codes(m, i, &codes, &scales) || x->rank != 2 || y->rank != 2 || c->token_symbol < 0 ||
+        x->dims[0].symbol != c->token_symbol || y->dims[0].symbol != c->token_symbol ||
+        ir_dim_is_symbol(x->dims[1]) || !is_float(x) || !is_float(y) || !concat_weight(c, op->operands[1], 2))
         return false;
     const ir_type *w = concat_type(c, op->operands[1]);
     if (w->dims[1].size != x->dims[1].size || w->dims[0].size != y->dims[1].size) return false;
     *out = (concat_member){i, IR_NONE, op->operands[1], IR_NO_VALUE, op->results[0]};
-    if (op->operand_count == 3) {
-        if (!concat_weight(c, op->operands[2], 1) ||
-            concat_type(c, op->operands[2])->dims[0].size != w->dims[0].size)
-            return false;
-        out->bias = op->operands[2];
+    ir_value_id bias = ir_matmul_bias(m, i);
+    if (bias != IR_NO_VALUE) {
+        if (!concat_weight(c, bias, 1) || concat_type(c, bias)->dims[0].size != w->dims[0].size) return false;
+        out->bias = bias;
         return true;
     }
     ir_value_id v = op->results[0];
@@ -443,7 +450,32 @@ static void fuse_sibling_matmuls(fuse_state *s) {
     }
 }
 
-/* rms_norm(h [T, K], w [K]) whose every reader is a matmul of one GEMV group. */
+/* A quantize whose readers (the act_codes matmuls reading its codes and
+ * scales) are all in one group joins that group: the norm + Q, K, V group
+ * at decode, whose GEMV reads x and skips the quantize, and whose ops run
+ * one by one at prefill, where the quantize is one kernel with the norm
+ * before it (codegen). Readers in several groups: it stays alone. */
+static void fuse_quantize_with_readers(fuse_state *s) {
+    const ir_module *m = s->m;
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *q = &m->ops[i];
+        if (q->dead || q->kind != IR_OP_QUANTIZE) continue;
+        uint32_t group = IR_NONE;
+        bool one_group = true;
+        for (uint32_t j = i + 1; j < m->op_count && one_group; j++) {
+            const ir_op *op = &m->ops[j];
+            for (uint32_t k = 0; k < op->operand_count && !op->dead && one_group; k++) {
+                if (op->operands[k] != q->results[0] && op->operands[k] != q->results[1]) continue;
+                one_group = s->leader[j] != IR_NONE && (group == IR_NONE || s->leader[j] == group);
+                group = s->leader[j];
+            }
+        }
+        if (one_group && group != IR_NONE) merge_groups(s, s->leader[i], group);
+    }
+}
+
+/* rms_norm(h [T, K], w [K]) whose every reader is a matmul of one GEMV group
+ * (or the quantize of that group, which codes the norm's result for them). */
 static void fuse_norm_prologue(fuse_state *s) {
     const ir_module *m = s->m;
     for (uint32_t i = 0; i < m->op_count; i++) {
@@ -451,7 +483,7 @@ static void fuse_norm_prologue(fuse_state *s) {
         if (norm->dead || norm->kind != IR_OP_RMS_NORM || !is_token_rows(s, type_of(s, norm->operands[0])))
             continue;
         ir_value_id x = norm->results[0];
-        uint32_t group = IR_NONE, readers = 0;
+        uint32_t group = IR_NONE, readers = 0, matmuls = 0;
         bool all_matmuls = true;
         for (uint32_t j = i + 1; j < m->op_count && all_matmuls; j++) {
             const ir_op *op = &m->ops[j];
@@ -459,12 +491,17 @@ static void fuse_norm_prologue(fuse_state *s) {
             for (uint32_t k = 0; k < op->operand_count; k++) {
                 if (op->operands[k] != x) continue;
                 readers++;
-                bool fits = k == 0 && is_gemv_matmul(s, j) && (group == IR_NONE || s->leader[j] == group);
+                bool matmul = is_gemv_matmul(s, j);
+                matmuls += matmul;
+                /* a quantize fits when it is in the matmuls' group: the check below */
+                bool fits = k == 0 && (matmul || m->ops[j].kind == IR_OP_QUANTIZE) &&
+                            (group == IR_NONE || s->leader[j] == group);
                 if (!fits) all_matmuls = false;
                 group = s->leader[j];
             }
         }
-        if (all_matmuls && readers == s->uses[x] && group != IR_NONE) merge_groups(s, s->leader[i], group);
+        if (all_matmuls && matmuls > 0 && readers == s->uses[x] && group != IR_NONE)
+            merge_groups(s, s->leader[i], group);
     }
 }
 
@@ -570,8 +607,8 @@ static uint32_t gemv_output_group(const fuse_state *s, ir_value_id v, bool rope_
         return IR_NONE;
     uint32_t ops = 0;
     bool matmul = false;
-    for (uint32_t i = g; i < m->op_count; i++)
-        if (s->leader[i] == g) {
+    for (uint32_t i = g; i < m->op_count; i++) /* a quantize is no part of the GEMV kernel */
+        if (s->leader[i] == g && m->ops[i].kind != IR_OP_QUANTIZE) {
             ops++;
             matmul |= m->ops[i].kind == IR_OP_MATMUL;
         }
@@ -688,6 +725,7 @@ static void apply_rules(fuse_state *s) {
     s->root = ir_view_roots(m);
     if (!s->root) arena_out_of_memory();
     fuse_sibling_matmuls(s);
+    fuse_quantize_with_readers(s);
     fuse_norm_prologue(s);
     fuse_epilogues(s);
     fuse_kv_cache_write(s);

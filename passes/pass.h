@@ -102,6 +102,11 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d); /* pre
 /* precision's choice of every attention op's KV cache dtype, under `policy`
  * (the activation dtype's name): precision_kv_cache.c. */
 bool pass_precision_kv_cache(ir_module *m, const char *kv_cache, const char *policy, diag_engine *d);
+/* precision's quantize ops for FP8 W8A8 matmuls (precision_act_codes.c):
+ * clear removes those of an earlier run and every act_codes operand; insert
+ * adds one quantize per distinct x and coding and sets act_codes. */
+void precision_act_codes_clear(ir_module *m);
+void precision_act_codes_insert(ir_module *m);
 bool pass_fuse(ir_module *m, const pass_options *o, diag_engine *d);        /* fuse.c */
 bool pass_wanted_rows(ir_module *m, const pass_options *o, diag_engine *d); /* wanted_rows.c */
 bool pass_schedule(ir_module *m, const pass_options *o, diag_engine *d);    /* schedule.c */

@@ -92,8 +92,15 @@
  *   decision from scratch, so it is idempotent and a later preset replaces
  *   an earlier one; a weight imported pre-quantized (method "checkpoint")
  *   keeps its format under every preset.
+ * FP8 W8A8 matmuls (act_quant "f8e4m3", a weight without column scales)
+ *   read the codes and scales of a quantize op of their x, one per distinct
+ *   x and scale rule (act_codes, ops.def): precision_act_codes.c, which
+ *   clears an earlier run's first and inserts them once act_quant is set.
+ *   int8 W8A8 (SmoothQuant column scales) keeps the matmul's own coding.
  * KV caches: their dtype, pass_options.kv_cache, is precision_kv_cache.c's.
- * Breaks: nothing; codegen refuses, at the op, a dtype it has no kernels for.
+ * Breaks: the lowering annotations of a module that has them, where the
+ *   quantize ops change (precision_act_codes.c); otherwise nothing. Codegen
+ *   refuses, at the op, a dtype it has no kernels for.
  */
 #include "interface.h"
 #include "pass.h"
@@ -440,6 +447,7 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
                    (long long)group_size);
         return false;
     }
+    precision_act_codes_clear(m); /* an earlier run's quantizes: removed before the tables are made */
     ir_value_id *root = ir_view_roots(m);
     bool *read_by_output = calloc(m->value_count ? m->value_count : 1, sizeof *read_by_output);
     bool *only_matmul = malloc((m->value_count ? m->value_count : 1) * sizeof *only_matmul);
@@ -488,6 +496,7 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
         }
     }
     if (!scales_ok) return false;
+    precision_act_codes_insert(m);
     m->precision = preset->name;
     if ((preset->weights == QUANT_INT8 || preset->weights == QUANT_FP8) && !act_quant)
         m->precision = arena_printf(&m->arena, "%s, weight-only", m->precision);

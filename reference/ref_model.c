@@ -105,6 +105,13 @@ static ref_attrs read_attrs(const ir_module *m, uint32_t op) {
                                                                 : QUANT_NONE;
         a.w8a8_scale =
             attr_string_is(m, op, "act_scale", "tensor") ? (float)attr_float(m, op, "act_scale_value") : 0.0f;
+        a.bias = ir_matmul_bias(m, op) != IR_NO_VALUE;
+        a.act_codes = ir_matmul_act_codes(m, op, &(ir_value_id){0}, &(ir_value_id){0});
+        break;
+    case IR_OP_QUANTIZE:
+        a.w8a8 = attr_string_is(m, op, "dtype", "i8") ? QUANT_INT8 : QUANT_FP8;
+        a.w8a8_scale =
+            attr_string_is(m, op, "act_scale", "tensor") ? (float)attr_float(m, op, "act_scale_value") : 0.0f;
         break;
     case IR_OP_RMS_NORM:
         a.eps = attr_float(m, op, "eps");
@@ -275,6 +282,7 @@ static bool operand_needs_float(ir_op_kind kind, uint32_t index) {
     case IR_OP_GELU:
     case IR_OP_TANH:
     case IR_OP_SIGMOID:
+    case IR_OP_QUANTIZE:
     case IR_OP_MOE: return true;
     default: return false; /* layout ops and argmax move or read either */
     }
@@ -323,8 +331,10 @@ static bool check_op(const ref_model *r, uint32_t op, diag_engine *d) {
     for (uint32_t i = 0; i < o->operand_count; i++) {
         const ir_type *t = &m->values[o->operands[i]].type;
         quant_format f; /* a quantized weight's codes dequantize to floats (load_quantized) */
+        uint32_t def = m->values[o->operands[i]].def_op; /* a quantize's codes are held as their values */
         if (t->dtype == SMELT_DTYPE_UNKNOWN || smelt_dtype_is_float(t->dtype) ||
-            !operand_needs_float(o->kind, i) || ir_weight_quant(m, m->values[o->operands[i]].def_op, &f))
+            !operand_needs_float(o->kind, i) || ir_weight_quant(m, def, &f) ||
+            m->ops[def].kind == IR_OP_QUANTIZE)
             continue;
         diag_error(d, o->loc, "%s: the reference backend computes only on float values, but operand %u is %s",
                    op_name(m, op), i, value_type_text(m, o->operands[i], text));
@@ -650,8 +660,11 @@ static bool run_compute(ref_model *r, uint32_t op, uint32_t n, diag_engine *d) {
         r->observer(r->observer_context, op, x->f, cols ? x->count / cols : 0, cols);
     }
     bool ok = true;
-    for (uint32_t i = 0; ok && i < o->result_count; i++)
-        ok = tensor_alloc(&results[i], &m->values[o->results[i]].type, n, op_name(m, op), o->loc, d);
+    for (uint32_t i = 0; ok && i < o->result_count; i++) {
+        ir_type held = m->values[o->results[i]].type;
+        if (o->kind == IR_OP_QUANTIZE) held.dtype = SMELT_DTYPE_F32; /* codes as the values they stand for */
+        ok = tensor_alloc(&results[i], &held, n, op_name(m, op), o->loc, d);
+    }
     if (ok) {
         ref_call call = {.in = operands,
                          .in_count = o->operand_count,

@@ -46,7 +46,7 @@ bool ref_run_op(ir_op_kind kind, const ref_call *c) {
     case IR_OP_SPLIT: return ref_op_split(c);
     case IR_OP_SLICE: return ref_op_slice(c);
     case IR_OP_ARGMAX: return ref_op_argmax(c);
-    case IR_OP_QUANTIZE: break; /* SKELETON: helper H-IR implements ref_op_quantize */
+    case IR_OP_QUANTIZE: return ref_op_quantize(c);
     /* Declarations: the step loop binds inputs, weights, constants and outputs. */
     case IR_OP_INPUT:
     case IR_OP_WEIGHT:
@@ -93,20 +93,24 @@ static float activation_code(quant_kind kind, float v) {
     return r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
 }
 
-float ref_w8a8_row_codes(quant_kind kind, const float *x, const quant_tensor *w, uint64_t inner,
-                         float static_scale, float *codes) {
+float ref_quantize_row(quant_kind kind, float *row, uint64_t inner, float static_scale) {
     float absmax = 0.0f;
-    for (uint64_t k = 0; k < inner; k++) {
-        codes[k] = x[k] * quant_column_scale(w, k);
-        absmax = fabsf(codes[k]) > absmax ? fabsf(codes[k]) : absmax;
-    }
+    for (uint64_t k = 0; k < inner; k++)
+        absmax = fabsf(row[k]) > absmax ? fabsf(row[k]) : absmax;
     float scale = static_scale > 0.0f                   ? static_scale
                   : absmax > 0.0f && kind == QUANT_INT8 ? absmax / 127.0f
                   : absmax > 0.0f                       ? absmax / 448.0f
                                                         : 1.0f;
     for (uint64_t k = 0; k < inner; k++)
-        codes[k] = activation_code(kind, codes[k] / scale);
+        row[k] = activation_code(kind, row[k] / scale);
     return scale;
+}
+
+float ref_w8a8_row_codes(quant_kind kind, const float *x, const quant_tensor *w, uint64_t inner,
+                         float static_scale, float *codes) {
+    for (uint64_t k = 0; k < inner; k++)
+        codes[k] = x[k] * quant_column_scale(w, k);
+    return ref_quantize_row(kind, codes, inner, static_scale);
 }
 
 float ref_w8a8_weight_code(quant_kind kind, const quant_tensor *w, uint64_t n, uint64_t k) {
@@ -118,12 +122,17 @@ float ref_w8a8_weight_code(quant_kind kind, const quant_tensor *w, uint64_t n, u
  * column scales becomes codes of scale s_t (its own absmax / 127 or / 448,
  * or the static scale), and y[t, n] = s_t * s_w[n] * sum_k xcode * wcode,
  * summed in double: exact for int8 (integer products below 2^14, sums below
- * 2^53), each E4M3 product exact; then the bias. The weight's codes are
- * decoded once per call, to their values (exact in float). */
+ * 2^53), each E4M3 product exact; then the bias. With act_codes the codes
+ * and scales are the quantize op's (its last two operands, made by the same
+ * ref_quantize_row from x, whose weight has no column scales): the same
+ * numbers. The weight's codes are decoded once per call, to their values
+ * (exact in float). */
 static bool matmul_quantized_activations(const ref_call *c) {
     const ref_tensor *x = c->in[0];
     const quant_tensor *w = c->weight_codes;
-    const float *bias = c->in_count == 3 ? c->in[2]->f : NULL; /* [N] */
+    const float *bias = c->attrs->bias ? c->in[2]->f : NULL;                              /* [N] */
+    const ref_tensor *given_codes = c->attrs->act_codes ? c->in[c->in_count - 2] : NULL;  /* [..., K] */
+    const ref_tensor *given_scales = c->attrs->act_codes ? c->in[c->in_count - 1] : NULL; /* [...] */
     ref_tensor *y = &c->out[0];
     uint64_t inner = w->layout.cols, columns = w->layout.rows;
     uint64_t rows = inner ? x->count / inner : 0;
@@ -141,18 +150,39 @@ static bool matmul_quantized_activations(const ref_call *c) {
         for (uint64_t k = 0; k < inner; k++)
             weight[n * inner + k] = ref_w8a8_weight_code(kind, w, n, k);
     for (uint64_t r = 0; r < rows; r++) {
-        float scale = ref_w8a8_row_codes(kind, x->f + r * inner, w, inner, c->attrs->w8a8_scale, codes);
+        const float *row = codes; /* [K] */
+        float scale;
+        if (given_codes) {
+            row = given_codes->f + r * inner;
+            scale = given_scales->f[r];
+        } else {
+            scale = ref_w8a8_row_codes(kind, x->f + r * inner, w, inner, c->attrs->w8a8_scale, codes);
+        }
         for (uint64_t n = 0; n < columns; n++) {
             const float *wn = weight + n * inner; /* [K] */
             double dot = 0.0;
             for (uint64_t k = 0; k < inner; k++)
-                dot += (double)codes[k] * wn[k];
+                dot += (double)row[k] * wn[k];
             dot *= (double)scale * quant_scale(w, n, 0);
             y->f[r * columns + n] = (float)(dot + (bias ? bias[n] : 0.0));
         }
     }
     free(codes);
     free(weight);
+    return true;
+}
+
+/* quantize(x[..., K]) -> codes[..., K], scales[...] (ir/ops.def): each row
+ * of x coded by ref_quantize_row, the function a matmul's act_quant codes
+ * its rows with; a code is held as the value it stands for (an int8 code
+ * as its integer, an E4M3 code as its exact value). */
+bool ref_op_quantize(const ref_call *c) {
+    const ref_tensor *x = c->in[0];
+    uint64_t inner = x->dims[x->rank - 1], rows = inner ? x->count / inner : 0;
+    float *codes = c->out[0].f, *scales = c->out[1].f; /* [..., K], [...] */
+    memcpy(codes, x->f, x->count * sizeof *codes);
+    for (uint64_t r = 0; r < rows; r++)
+        scales[r] = ref_quantize_row(c->attrs->w8a8, codes + r * inner, inner, c->attrs->w8a8_scale);
     return true;
 }
 
@@ -167,7 +197,7 @@ bool ref_op_matmul(const ref_call *c) {
         return matmul_quantized_activations(c);
     }
     const ref_tensor *x = c->in[0], *w = c->in[1];
-    const float *bias = c->in_count == 3 ? c->in[2]->f : NULL; /* [N] */
+    const float *bias = c->attrs->bias ? c->in[2]->f : NULL; /* [N] */
     ref_tensor *y = &c->out[0];
     uint64_t inner = x->dims[x->rank - 1], columns = y->dims[y->rank - 1];
     uint64_t rows = inner ? x->count / inner : y->count / (columns ? columns : 1);

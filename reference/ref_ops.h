@@ -40,8 +40,10 @@ _Static_assert(sizeof(float) == sizeof(int32_t), "layout ops move either element
  * once at create time; each op uses the fields its comment names. */
 typedef struct ref_attrs {
     bool in_out;         /* matmul: w is [K, N] rather than [N, K] */
-    quant_kind w8a8;     /* matmul: act_quant, QUANT_INT8 or QUANT_FP8 (else QUANT_NONE) */
-    float w8a8_scale;    /* matmul with act_quant: the static per-tensor scale; 0: per token */
+    bool bias;           /* matmul: operand 2 is the bias (ir_matmul_bias) */
+    bool act_codes;      /* matmul: the last two operands are the codes and scales of x (ops.def) */
+    quant_kind w8a8;     /* matmul: act_quant; quantize: dtype; QUANT_INT8 or QUANT_FP8 (else QUANT_NONE) */
+    float w8a8_scale;    /* matmul with act_quant, quantize: the static per-tensor scale; 0: per token */
     double eps;          /* rms_norm, layer_norm */
     double offset;       /* rms_norm: added to the weight (Gemma: 1) */
     ir_rope_params rope; /* rope, rope_table: frequencies and rotated dims (ir/rope.h) */
@@ -101,6 +103,12 @@ typedef struct ref_call {
  * output: the step loop handles those). False after reporting bad data. */
 bool ref_run_op(ir_op_kind kind, const ref_call *c);
 
+/* One row of activations row[0..K) becomes, in place, codes of kind `kind`
+ * (int8 or E4M3; ops.def, quantize and matmul's act_quant), each as the
+ * value it stands for before the scale; returns the row's scale
+ * (static_scale when > 0, else its absmax / 127 or / 448, 1 for a row of
+ * zeros). The one coding of activations in the reference. */
+float ref_quantize_row(quant_kind kind, float *row, uint64_t inner, float static_scale);
 /* W8A8 (ops.def, matmul act_quant): x[0..K) times w's column scales as
  * codes of kind `kind` (int8 or E4M3), each as the value it stands for
  * before the scale, into codes[K]; returns the row's scale (static_scale
@@ -114,6 +122,7 @@ float ref_w8a8_weight_code(quant_kind kind, const quant_tensor *w, uint64_t n, u
 /* ref_ops.c: math */
 bool ref_op_embedding(const ref_call *c);
 bool ref_op_matmul(const ref_call *c);
+bool ref_op_quantize(const ref_call *c);
 bool ref_op_add(const ref_call *c);
 bool ref_op_mul(const ref_call *c);
 bool ref_op_rms_norm(const ref_call *c);

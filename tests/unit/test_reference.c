@@ -13,6 +13,7 @@
 #include "numeric.h"
 #include "pass.h"
 #include "quant.h"
+#include "ref_ops.h"
 #include "reference.h"
 
 #include <math.h>
@@ -264,8 +265,23 @@ static bool read_packed(void *context, uint32_t op, uint8_t *dst, uint64_t bytes
 /* y = matmul(x [1, 3], w [2, 3]) with act_quant `kind` and act_scale `rule`
  * (at `scale` when "tensor"); w in quant.h's layout with one f16 scale per
  * row, 0.5 and 0.25, and the raw codes given: its two outputs. */
+static void w8a8_matmul_run(quant_kind kind, const uint8_t codes[6], const char *rule, double scale,
+                            bool through_quantize, const float x[3], float out[2]);
+
 static void w8a8_matmul(quant_kind kind, const uint8_t codes[6], const char *rule, double scale,
                         const float x[3], float out[2]) {
+    w8a8_matmul_run(kind, codes, rule, scale, false, x, out);
+}
+
+/* The same matmul with act_codes, reading the codes and scales of a
+ * quantize of x (ops.def), as precision makes FP8 W8A8: its outputs. */
+static void w8a8_matmul_through_quantize(quant_kind kind, const uint8_t codes[6], const char *rule,
+                                         double scale, const float x[3], float out[2]) {
+    w8a8_matmul_run(kind, codes, rule, scale, true, x, out);
+}
+
+static void w8a8_matmul_run(quant_kind kind, const uint8_t codes[6], const char *rule, double scale,
+                            bool through_quantize, const float x[3], float out[2]) {
     fixture *f = fixture_new();
     declare_inputs(f);
     quant_format format = {.kind = kind, .method = QUANT_METHOD_RTN, .group = 3};
@@ -282,12 +298,26 @@ static void w8a8_matmul(quant_kind kind, const uint8_t codes[6], const char *rul
     ir_value_id xv = weight(f, "f32[1, 3]", x);
     ir_value_id wv = declare(f, IR_OP_WEIGHT, "w", kind == QUANT_INT8 ? "i8[2, 3]" : "f8e4m3[2, 3]");
     ir_weight_set_quant(&f->m, f->m.values[wv].def_op, &format);
-    uint32_t mm = op2(f, IR_OP_MATMUL, xv, wv);
-    assert_true(ir_op_set_string(&f->m, mm, "act_quant", kind == QUANT_INT8 ? "i8" : "f8e4m3"));
+    const char *dtype = kind == QUANT_INT8 ? "i8" : "f8e4m3";
+    uint32_t mm;
+    if (through_quantize) {
+        uint32_t q = ir_append_op(&f->m, IR_OP_QUANTIZE, &xv, 1, 2, SMELT_NO_LOC);
+        ir_op_fill_defaults(&f->m, q);
+        assert_true(ir_op_set_string(&f->m, q, "dtype", dtype));
+        assert_true(ir_op_set_string(&f->m, q, "act_scale", rule));
+        assert_true(ir_op_set_float(&f->m, q, "act_scale_value", scale));
+        mm = append(f, IR_OP_MATMUL,
+                    (ir_value_id[]){xv, wv, ir_op_result(&f->m, q, 0), ir_op_result(&f->m, q, 1)}, 4);
+        assert_true(ir_op_set_bool(&f->m, mm, "act_codes", true));
+    } else {
+        mm = op2(f, IR_OP_MATMUL, xv, wv);
+    }
+    assert_true(ir_op_set_string(&f->m, mm, "act_quant", dtype));
     assert_true(ir_op_set_string(&f->m, mm, "act_scale", rule));
     assert_true(ir_op_set_float(&f->m, mm, "act_scale_value", scale));
     output(f, result(f, mm), "logits");
-    if (!pass_infer_shapes(&f->m, &f->d)) fail_msg("infer-shapes failed:\n%s", log_of(f));
+    if (!pass_infer_shapes(&f->m, &f->d) || !ir_verify(&f->m, &f->d))
+        fail_msg("infer-shapes or verify failed:\n%s", log_of(f));
     f->r = ref_model_create_packed(&f->m, read_weight, read_packed, f, &f->d);
     if (!f->r) fail_msg("create failed:\n%s", log_of(f));
     step_once(f, out, 2);
@@ -339,6 +369,93 @@ static void test_w8a8_fp8_static_scale(void **state) {
     float out[2];
     w8a8_matmul(QUANT_FP8, codes, "tensor", 0.0125, x, out);
     assert_floats(out, (const double[]){38.5, 1.5}, 2, 1e-5);
+}
+
+/* A matmul through the codes of a quantize equals the matmul that quantizes
+ * x itself (act_quant), bit for bit, and so the hand values above: one
+ * function codes both (ref_quantize_row). */
+static void test_w8a8_through_quantize_codes(void **state) {
+    (void)state;
+    static const float x[3] = {1.0f, -2.54f, 0.513f};
+    const float values[6] = {10, -20, 30, 12, 0, -12};
+    uint8_t fp8[6];
+    for (int i = 0; i < 6; i++)
+        fp8[i] = plan_f32_to_f8e4m3(values[i]);
+    const uint8_t int8[6] = {10, (uint8_t)-20, 30, 127, 0, (uint8_t)-127};
+    struct {
+        quant_kind kind;
+        const uint8_t *codes;
+        const char *rule;
+        double scale, expected[2];
+    } cases[] = {
+        {QUANT_INT8, int8, "token", 0.0, {38.2, 15.24}},
+        {QUANT_FP8, fp8, "token", 0.0, {37.8732143, 1.49678571}},
+        {QUANT_FP8, fp8, "tensor", 0.0125, {38.5, 1.5}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        float own[2], through[2];
+        w8a8_matmul(cases[c].kind, cases[c].codes, cases[c].rule, cases[c].scale, x, own);
+        w8a8_matmul_through_quantize(cases[c].kind, cases[c].codes, cases[c].rule, cases[c].scale, x,
+                                     through);
+        assert_memory_equal(own, through, sizeof own);
+        assert_floats(through, cases[c].expected, 2, 1e-4);
+    }
+}
+
+/* quantize(x [rows, 4]) by ref_run_op: its codes (held as the values they
+ * stand for) and one scale per row. */
+static void run_quantize(quant_kind kind, float static_scale, const float *x, uint64_t rows, float *codes,
+                         float *scales) {
+    ref_tensor in = {.elem = REF_F32, .rank = 2, .dims = {rows, 4}, .count = rows * 4, .f = (float *)x};
+    ref_tensor out[2] = {{.elem = REF_F32, .rank = 2, .dims = {rows, 4}, .count = rows * 4, .f = codes},
+                         {.elem = REF_F32, .rank = 1, .dims = {rows}, .count = rows, .f = scales}};
+    const ref_tensor *operands[1] = {&in};
+    ref_attrs attrs = {.w8a8 = kind, .w8a8_scale = static_scale};
+    ref_call call = {.in = operands, .in_count = 1, .out = out, .out_count = 2, .attrs = &attrs};
+    assert_true(ref_run_op(IR_OP_QUANTIZE, &call));
+}
+
+/* E4M3 per token, by hand: a row of zeros has scale 1 (codes 0); a row
+ * whose max is 448 has scale 1 and keeps its representable values; between
+ * 16 and 32 E4M3 steps by 2, so 17 and 19 are ties, rounded to the even
+ * mantissa: 16 (1.000b x 2^4) and 20 (1.010b x 2^4), -17 to -16; a row of
+ * max 896 has scale 2, its halves rounded alike. */
+static void test_quantize_e4m3_per_token(void **state) {
+    (void)state;
+    const float x[16] = {0, 0, 0, 0, 448, -1, 0.5f, 2, 448, 17, 19, -17, 896, 34, 38, 1};
+    float codes[16], scales[4];
+    run_quantize(QUANT_FP8, 0.0f, x, 4, codes, scales);
+    assert_floats(scales, (const double[]){1, 1, 1, 2}, 4, 0);
+    assert_floats(codes, (const double[]){0, 0, 0, 0, 448, -1, 0.5, 2, 448, 16, 20, -16, 448, 16, 20, 0.5},
+                  16, 0);
+}
+
+/* E4M3 at a static scale 0.5: x / 0.5 = [600, -2000, 2, 0.6] saturates to
+ * +-448 and 0.6 rounds to 0.625 (steps of 1/16 in [0.5, 1)). */
+static void test_quantize_e4m3_static_scale_saturates(void **state) {
+    (void)state;
+    const float x[4] = {300, -1000, 1, 0.3f};
+    float codes[4], scales[1];
+    run_quantize(QUANT_FP8, 0.5f, x, 1, codes, scales);
+    assert_floats(scales, (const double[]){0.5}, 1, 0);
+    assert_floats(codes, (const double[]){448, -448, 2, 0.625}, 4, 0);
+}
+
+/* int8: a row of zeros has scale 1; a row of max 127 has scale 1 and its
+ * halves round to even (2.5 -> 2, 3.5 -> 4, -0.5 -> -0); at a static scale
+ * 2, x / 2 = [150, -200, 2.5, 1.5] saturates to +-127 and rounds to 2, 2.
+ * The codes are the integers. */
+static void test_quantize_int8(void **state) {
+    (void)state;
+    const float x[8] = {0, 0, 0, 0, 127, 2.5f, 3.5f, -0.5f};
+    float codes[8], scales[2];
+    run_quantize(QUANT_INT8, 0.0f, x, 2, codes, scales);
+    assert_floats(scales, (const double[]){1, 1}, 2, 0);
+    assert_floats(codes, (const double[]){0, 0, 0, 0, 127, 2, 4, 0}, 8, 0);
+    const float y[4] = {300, -400, 5, 3};
+    run_quantize(QUANT_INT8, 2.0f, y, 1, codes, scales);
+    assert_floats(scales, (const double[]){2}, 1, 0);
+    assert_floats(codes, (const double[]){127, -127, 2, 2}, 4, 0);
 }
 
 /* ---- the int4 presets' token-embedding table: int8, one scale per row ----------------- */
@@ -1327,6 +1444,10 @@ int main(void) {
         cmocka_unit_test(test_w8a8_int8_per_token),
         cmocka_unit_test(test_w8a8_fp8_per_token),
         cmocka_unit_test(test_w8a8_fp8_static_scale),
+        cmocka_unit_test(test_w8a8_through_quantize_codes),
+        cmocka_unit_test(test_quantize_e4m3_per_token),
+        cmocka_unit_test(test_quantize_e4m3_static_scale_saturates),
+        cmocka_unit_test(test_quantize_int8),
         cmocka_unit_test(test_embedding_int8_table),
         cmocka_unit_test(test_add_broadcasts_a_row),
         cmocka_unit_test(test_mul_broadcasts_a_column),

@@ -146,9 +146,9 @@ static void test_operand_counts(void **state) {
     ir_value_id x = declare(f, IR_OP_INPUT, "x", TYPE(F32, C(4)));
     uint32_t out = append(f, IR_OP_OUTPUT, NULL, 0);
     ir_op_set_string(&f->m, out, "name", "y");
-    append(f, IR_OP_MATMUL, (ir_value_id[]){x, x, x, x}, 4);
+    append(f, IR_OP_MATMUL, (ir_value_id[]){x, x, x, x, x, x}, 6);
     expect_error(f, "output: expected 1 operand, found 0");
-    assert_non_null(strstr(log_of(f), "matmul: expected 2 to 3 operands, found 4"));
+    assert_non_null(strstr(log_of(f), "matmul: expected 2 to 5 operands, found 6"));
 }
 
 static void test_result_counts(void **state) {
@@ -349,6 +349,160 @@ static void test_moe_act_scale_without_act_quant(void **state) {
     expect_error(f, "moe: act_scale without gate_up_act_quant or down_act_quant");
 }
 
+/* ---- quantize and act_codes matmuls (ops.def) ----------------------------------- */
+
+typedef struct codes_case {
+    ir_value_id x, w, codes, scales;
+    uint32_t quantize, matmul;
+} codes_case;
+
+/* %c, %s = quantize(%x) {dtype = "f8e4m3"}; matmul(%x, %w, %c, %s) {act_quant
+ * = "f8e4m3", act_scale = "token", act_codes = true} over an E4M3 weight with
+ * one scale per output channel (quantized with `format`'s tweaks), typed. */
+static codes_case build_codes_case(fixture *f, quant_format format) {
+    codes_case c;
+    c.x = declare(f, IR_OP_INPUT, "x", TYPE(F32, TOKENS, C(64)));
+    c.w = declare(f, IR_OP_WEIGHT, "w", TYPE(F8E4M3, C(16), C(64)));
+    if (!format.kind) format.kind = QUANT_FP8;
+    if (!format.group) format.group = 64;
+    format.method = format.has_column_scale ? QUANT_METHOD_SMOOTH : QUANT_METHOD_RTN;
+    ir_weight_set_quant(&f->m, f->m.values[c.w].def_op, &format);
+    if (format.kind == QUANT_INT8) f->m.values[c.w].type.dtype = SMELT_DTYPE_I8;
+    c.quantize = append(f, IR_OP_QUANTIZE, &c.x, 1);
+    ir_op_set_string(&f->m, c.quantize, "dtype", "f8e4m3");
+    c.codes = ir_op_result(&f->m, c.quantize, 0);
+    c.scales = ir_op_result(&f->m, c.quantize, 1);
+    f->m.values[c.codes].type = TYPE(F8E4M3, TOKENS, C(64));
+    f->m.values[c.scales].type = TYPE(F32, TOKENS);
+    c.matmul = append(f, IR_OP_MATMUL, (ir_value_id[]){c.x, c.w, c.codes, c.scales}, 4);
+    ir_op_set_string(&f->m, c.matmul, "act_quant", "f8e4m3");
+    ir_op_set_string(&f->m, c.matmul, "act_scale", "token");
+    ir_op_set_bool(&f->m, c.matmul, "act_codes", true);
+    f->m.values[result(f, c.matmul)].type = TYPE(F32, TOKENS, C(16));
+    output(f, result(f, c.matmul), "logits");
+    return c;
+}
+
+static void test_act_codes_matmul_passes(void **state) {
+    fixture *f = *state;
+    build_codes_case(f, (quant_format){0});
+    if (!ir_verify(&f->m, &f->d)) fail_msg("%s", log_of(f));
+}
+
+/* After precision a float dtype may stand for another (ir_type_matches):
+ * the codes' and scales' dtypes are the quantize rule's own checks. */
+static void test_quantize_codes_of_another_dtype(void **state) {
+    fixture *f = *state;
+    codes_case c = build_codes_case(f, (quant_format){0});
+    f->m.precision = "bf16";
+    f->m.values[c.codes].type.dtype = SMELT_DTYPE_BF16;
+    expect_error(f, "quantize: the codes (result 0) of dtype \"f8e4m3\" are f8e4m3, found bf16[tokens, 64]");
+}
+
+static void test_quantize_scales_not_f32(void **state) {
+    fixture *f = *state;
+    codes_case c = build_codes_case(f, (quant_format){0});
+    f->m.precision = "bf16";
+    f->m.values[c.scales].type.dtype = SMELT_DTYPE_BF16;
+    expect_error(f, "quantize: the scales (result 1) are f32, one per row of x, found bf16[tokens]");
+}
+
+static void test_quantize_tensor_scale_needs_a_value(void **state) {
+    fixture *f = *state;
+    codes_case c = build_codes_case(f, (quant_format){0});
+    ir_op_set_string(&f->m, c.quantize, "act_scale", "tensor");
+    expect_error(f, "quantize: act_scale \"tensor\" needs act_scale_value > 0 (the static scale), found 0");
+}
+
+static void test_quantize_token_scale_has_no_value(void **state) {
+    fixture *f = *state;
+    codes_case c = build_codes_case(f, (quant_format){0});
+    ir_op_set_float(&f->m, c.quantize, "act_scale_value", 0.5);
+    expect_error(f, "quantize: act_scale \"token\" is computed at run time: act_scale_value must be 0");
+}
+
+static void test_act_codes_from_two_quantizes(void **state) {
+    fixture *f = *state;
+    codes_case c = build_codes_case(f, (quant_format){0});
+    /* a second quantize of x, before the matmul, gives the scales */
+    uint32_t other = ir_insert_op(&f->m, c.matmul, IR_OP_QUANTIZE, &c.x, 1, 2, SMELT_NO_LOC);
+    ir_op_fill_defaults(&f->m, other);
+    ir_op_set_string(&f->m, other, "dtype", "f8e4m3");
+    f->m.values[ir_op_result(&f->m, other, 0)].type = TYPE(F8E4M3, TOKENS, C(64));
+    f->m.values[ir_op_result(&f->m, other, 1)].type = TYPE(F32, TOKENS);
+    f->m.ops[c.matmul + 1].operands[3] = ir_op_result(&f->m, other, 1);
+    expect_error(f,
+                 "matmul: act_codes: operands 2 and 3 must be the codes and the scales (results 0 and 1) of "
+                 "one quantize op");
+}
+
+static void test_act_codes_of_another_value(void **state) {
+    fixture *f = *state;
+    codes_case c = build_codes_case(f, (quant_format){0});
+    /* the quantize reads y, another [tokens, 64] input */
+    uint32_t y = ir_insert_op(&f->m, c.quantize, IR_OP_INPUT, NULL, 0, 1, SMELT_NO_LOC);
+    ir_op_fill_defaults(&f->m, y);
+    ir_op_set_string(&f->m, y, "name", "y");
+    f->m.values[ir_op_result(&f->m, y, 0)].type = TYPE(F32, TOKENS, C(64));
+    f->m.ops[c.quantize + 1].operands[0] = ir_op_result(&f->m, y, 0);
+    expect_error(f, "matmul: act_codes: the quantize op reads another value than the matmul's x (operand 0)");
+}
+
+static void test_act_codes_quantized_otherwise(void **state) {
+    fixture *f = *state;
+    codes_case c = build_codes_case(f, (quant_format){0});
+    ir_op_set_string(&f->m, c.quantize, "act_scale", "tensor");
+    ir_op_set_float(&f->m, c.quantize, "act_scale_value", 0.25);
+    expect_error(
+        f, "matmul: act_codes: the quantize op (dtype \"f8e4m3\", act_scale \"tensor\", act_scale_value "
+           "0.25) does not quantize as the matmul does (act_quant \"f8e4m3\", act_scale \"token\", "
+           "act_scale_value 0)");
+}
+
+static void test_act_codes_of_another_dtype(void **state) {
+    fixture *f = *state;
+    codes_case c = build_codes_case(f, (quant_format){0});
+    ir_op_set_string(&f->m, c.quantize, "dtype", "i8");
+    f->m.values[c.codes].type.dtype = SMELT_DTYPE_I8;
+    expect_error(f,
+                 "matmul: act_codes: the quantize op (dtype \"i8\", act_scale \"token\", act_scale_value 0) "
+                 "does not quantize as the matmul does (act_quant \"f8e4m3\"");
+}
+
+static void test_act_codes_over_a_weight_of_another_kind(void **state) {
+    fixture *f = *state;
+    build_codes_case(f, (quant_format){.kind = QUANT_INT8});
+    expect_error(f, "matmul: act_quant = \"f8e4m3\" needs an fp8 weight, found int8");
+}
+
+static void test_act_codes_over_grouped_weight_scales(void **state) {
+    fixture *f = *state;
+    build_codes_case(f, (quant_format){.group = 32});
+    expect_error(f, "matmul: act_quant needs one weight scale per output channel (group = K");
+}
+
+static void test_act_codes_over_column_scales(void **state) {
+    fixture *f = *state;
+    build_codes_case(f, (quant_format){.has_column_scale = true});
+    expect_error(f, "matmul: act_codes needs a weight without column scales");
+}
+
+static void test_act_codes_without_act_quant(void **state) {
+    fixture *f = *state;
+    codes_case c = build_codes_case(f, (quant_format){0});
+    ir_op_set_string(&f->m, c.matmul, "act_quant", "none");
+    ir_op_set_string(&f->m, c.matmul, "act_scale", "none");
+    expect_error(f, "matmul: act_codes without act_quant: there are no codes of x to read");
+}
+
+static void test_act_codes_without_the_codes(void **state) {
+    fixture *f = *state;
+    codes_case c = build_codes_case(f, (quant_format){0});
+    f->m.ops[c.matmul].operand_count = 2;
+    expect_error(
+        f, "matmul: act_codes needs the codes and scales of x as its last two operands, found 2 operands");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
@@ -378,6 +532,20 @@ int main(void) {
         T(test_moe_act_quant_of_another_kind),
         T(test_moe_act_quant_without_its_scale_rule),
         T(test_moe_act_scale_without_act_quant),
+        T(test_act_codes_matmul_passes),
+        T(test_quantize_codes_of_another_dtype),
+        T(test_quantize_scales_not_f32),
+        T(test_quantize_tensor_scale_needs_a_value),
+        T(test_quantize_token_scale_has_no_value),
+        T(test_act_codes_from_two_quantizes),
+        T(test_act_codes_of_another_value),
+        T(test_act_codes_quantized_otherwise),
+        T(test_act_codes_of_another_dtype),
+        T(test_act_codes_over_a_weight_of_another_kind),
+        T(test_act_codes_over_grouped_weight_scales),
+        T(test_act_codes_over_column_scales),
+        T(test_act_codes_without_act_quant),
+        T(test_act_codes_without_the_codes),
 #undef T
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
