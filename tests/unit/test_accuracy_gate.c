@@ -174,6 +174,44 @@ static void test_row_sample(void **state) {
     quant_act_stats_free(&again);
 }
 
+/* The table of a plan's "accuracy_gate" (untrusted): a W8A8 row prints its
+ * sample and X^T X number; a row from a plan written before the W8A8
+ * formula (no "formula") prints as X^T X; a bad formula, or a W8A8 row
+ * without its X^T X number, is refused. */
+static void test_table_rows(void **state) {
+    (void)state;
+    static const char head[] =
+        "{\"max_layer_error\": 0.05, \"calibration_ids\": 8, \"layers\": [], \"weights\": [{"
+        "\"name\": \"w\", \"layer\": null, \"quant\": \"fp8\", \"method\": \"rtn\", "
+        "\"group\": 4, \"error\": 0.03, \"kept\": false";
+    const struct {
+        const char *fields, *printed; /* NULL: refused */
+    } cases[] = {
+        {", \"formula\": \"w8a8\", \"weight_error\": 0.02, \"sample_rows\": 8",
+         "W8A8, 8 rows (X^T X 0.02000)"},
+        {"", "quantized  X^T X"},
+        {", \"formula\": \"xtx\", \"weight_error\": 0.03", "quantized  X^T X"},
+        {", \"formula\": \"w4a4\", \"weight_error\": 0.03", NULL},
+        {", \"formula\": \"w8a8\", \"sample_rows\": 8", NULL},
+        {", \"formula\": 1", NULL},
+        {", \"formula\": \"w8a8\", \"weight_error\": 0.02, \"sample_rows\": -1", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[1024], printed[4096] = "";
+        snprintf(text, sizeof text, "%s%s}]}", head, cases[i].fields);
+        json_t *gate = json_loads(text, 0, NULL);
+        assert_non_null(gate);
+        FILE *out = fmemopen(printed, sizeof printed - 1, "w");
+        assert_non_null(out);
+        bool ok = drv_gate_print_table(gate, out);
+        fclose(out);
+        json_decref(gate);
+        assert_int_equal(ok, cases[i].printed != NULL);
+        if (cases[i].printed && !strstr(printed, cases[i].printed))
+            fail_msg("case %zu: '%s' not in\n%s", i, cases[i].printed, printed);
+    }
+}
+
 /* A model to gate, calibrated on `ids` (the first max_ids; 0: all) with
  * XᵀX and a sample of DRV_CALIB_SAMPLE_ROWS rows of each input. */
 typedef struct gated_model {
@@ -333,9 +371,10 @@ static void test_weight_only_keeps_xtx(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_int8_smooth_by_hand),   cmocka_unit_test(test_fp8_token_by_hand),
-        cmocka_unit_test(test_fp8_static_by_hand),    cmocka_unit_test(test_row_sample),
-        cmocka_unit_test(test_weight_only_keeps_xtx), cmocka_unit_test(test_mixtral_fp8_experts),
+        cmocka_unit_test(test_int8_smooth_by_hand), cmocka_unit_test(test_fp8_token_by_hand),
+        cmocka_unit_test(test_fp8_static_by_hand),  cmocka_unit_test(test_row_sample),
+        cmocka_unit_test(test_table_rows),          cmocka_unit_test(test_weight_only_keeps_xtx),
+        cmocka_unit_test(test_mixtral_fp8_experts),
     };
     const struct CMUnitTest on_demo[] = {
         cmocka_unit_test(test_demo_fp8),
