@@ -5,6 +5,7 @@
 
 #include "calib.h"
 #include "quant_group.h"
+#include "ref_ops.h" /* ref_w8a8_row_codes, ref_w8a8_weight_code: the W8A8 matmul's coding */
 
 #include <ctype.h>
 #include <math.h>
@@ -47,7 +48,89 @@ static char *keep_list(const char *keep, const drv_gate *g, const char **bad) {
     return list;
 }
 
-/* Quantizes weight op `op` of format f and measures it into *out. */
+/* sqrt(error / output): a relative error from its squared sums; 0 when
+ * the output is 0 (an input never seen), NaN when error is. */
+static double relative(double error, double output) {
+    return output > 0 ? sqrt(error / output) : isnan(error) ? NAN : 0.0;
+}
+
+bool drv_gate_w8a8_error(const float *w, const quant_tensor *t, quant_kind act, float static_scale,
+                         const float *x, uint64_t count, double *error, double *output) {
+    uint64_t rows = t->layout.rows, cols = t->layout.cols;
+    float *codes = malloc((cols ? cols : 1) * sizeof *codes); /* [K]: one input row's codes */
+    float *weight = rows && cols <= SIZE_MAX / sizeof(float) / rows
+                        ? malloc(rows * cols * sizeof *weight)
+                        : NULL; /* [N, K]: the weight's codes as values, decoded once */
+    if (!codes || !weight) {
+        free(codes);
+        free(weight);
+        return false;
+    }
+    for (uint64_t n = 0; n < rows; n++)
+        for (uint64_t k = 0; k < cols; k++)
+            weight[n * cols + k] = ref_w8a8_weight_code(act, t, n, k);
+    for (uint64_t r = 0; r < count; r++) {
+        const float *xr = x + r * cols; /* [K] */
+        float scale = ref_w8a8_row_codes(act, xr, t, cols, static_scale, codes);
+        for (uint64_t n = 0; n < rows; n++) {
+            const float *wn = w + n * cols, *qn = weight + n * cols;
+            double exact = 0.0, dot = 0.0;
+            for (uint64_t k = 0; k < cols; k++) {
+                exact += (double)xr[k] * wn[k];
+                dot += (double)codes[k] * qn[k];
+            }
+            /* the reference's W8A8 product, before its rounding to f32 */
+            double quantized = dot * ((double)scale * quant_scale(t, n, 0));
+            *error += (exact - quantized) * (exact - quantized);
+            *output += exact * exact;
+        }
+    }
+    free(codes);
+    free(weight);
+    return true;
+}
+
+/* The activation quantization of the first live matmul that reads weight
+ * value v (ops.def: act_quant, act_scale, act_scale_value), when it is
+ * W8A8 with the weight's kind f: *act its codes' kind, *static_scale the
+ * per-tensor scale (0: per token). */
+static bool matmul_w8a8(const ir_module *m, ir_value_id v, const quant_format *f, quant_kind *act,
+                        float *static_scale) {
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *o = &m->ops[i];
+        if (o->dead || o->kind != IR_OP_MATMUL || o->operand_count < 2 || o->operands[1] != v) continue;
+        const char *kind = ir_op_string(m, i, "act_quant");
+        *act = strcmp(kind, "i8") == 0 ? QUANT_INT8 : strcmp(kind, "f8e4m3") == 0 ? QUANT_FP8 : QUANT_NONE;
+        *static_scale = strcmp(ir_op_string(m, i, "act_scale"), "tensor") == 0
+                            ? (float)ir_op_float(m, i, "act_scale_value")
+                            : 0.0f;
+        return *act != QUANT_NONE && *act == f->kind;
+    }
+    return false;
+}
+
+/* The same for a stack of experts: the act_quant under which the first
+ * live moe that reads stack value v multiplies it (gate_up_act_quant for
+ * its gate and up, down_act_quant for its down; per token always). */
+static bool moe_w8a8(const ir_module *m, ir_value_id v, const quant_format *f, quant_kind *act) {
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *o = &m->ops[i];
+        if (o->dead || o->kind != IR_OP_MOE || o->operand_count != 5) continue;
+        for (uint32_t k = 2; k < 5; k++) {
+            if (o->operands[k] != v) continue;
+            const char *kind = ir_op_string(m, i, k == 4 ? "down_act_quant" : "gate_up_act_quant");
+            *act = strcmp(kind, "i8") == 0       ? QUANT_INT8
+                   : strcmp(kind, "f8e4m3") == 0 ? QUANT_FP8
+                                                 : QUANT_NONE;
+            return *act != QUANT_NONE && *act == f->kind;
+        }
+    }
+    return false;
+}
+
+/* Quantizes weight op `op` of format f and measures it into *out: through
+ * XᵀX, and when its matmul is W8A8 and calibration kept a sample of its
+ * input rows, on them with the activations quantized too. */
 static bool measure(const ir_module *m, uint32_t op, const quant_format *f, drv_source_weights *w,
                     const drv_calibration *cal, double limit, drv_gate_weight *out, diag_engine *d) {
     const char *name = ir_op_string(m, op, "name");
@@ -74,8 +157,20 @@ static bool measure(const ir_module *m, uint32_t op, const quant_format *f, drv_
     bool ok = drv_source_weights_read(w, op, values, rows * cols);
     if (!ok) diag_error(d, SMELT_NO_LOC, "cannot read weight '%.*s%s' to measure it", DIAG_NAME(name));
     ok = ok && drv_quantize_weight(name, values, rows, cols, f, s, &out->tensor, d);
+    quant_kind act = QUANT_NONE;
+    float static_scale = 0.0f;
     if (ok) {
-        out->error = quant_relative_output_error(values, &out->tensor, s->xtx);
+        out->error = out->weight_error = quant_relative_output_error(values, &out->tensor, s->xtx);
+        if (!isnan(out->error) && s->sample_rows &&
+            matmul_w8a8(m, m->ops[op].results[0], f, &act, &static_scale)) {
+            double error = 0.0, output = 0.0;
+            if (!drv_gate_w8a8_error(values, &out->tensor, act, static_scale, s->sample, s->sample_rows,
+                                     &error, &output))
+                error = NAN; /* out of memory: reported below */
+            out->error = relative(error, output);
+            out->formula = DRV_GATE_W8A8;
+            out->sample_rows = s->sample_rows;
+        }
         if (isnan(out->error)) {
             diag_error(d, SMELT_NO_LOC, "the output error of weight '%.*s%s' is not a number%s",
                        DIAG_NAME(name), " (out of memory, or a NaN in the checkpoint or its statistics)");
@@ -105,8 +200,12 @@ static bool read_by_matmul(const ir_module *m, ir_value_id v) {
  * the stack into *out: sqrt(sum_e ||X_e (W_e - Ŵ_e)^T||^2 / sum_e ||X_e
  * W_e^T||^2), the relative output error of the stack over every (token,
  * chosen expert) pair of the calibration inputs; an expert no token reached
- * adds nothing. The quantized experts are not kept (out->tensor.data stays
- * NULL): the plan writer quantizes the stack again (driver/quantize.c). */
+ * adds nothing. When the moe multiplies the stack W8A8 and calibration kept
+ * a sample of each expert's input rows, the error is the W8A8 one on the
+ * samples, each expert's sums weighted by its tokens / its sample's rows
+ * (so that each stands for all the pairs it was drawn from). The quantized
+ * experts are not kept (out->tensor.data stays NULL): the plan writer
+ * quantizes the stack again (driver/quantize.c). */
 static bool measure_stack(const ir_module *m, uint32_t op, const quant_format *f, drv_source_weights *w,
                           const drv_calibration *cal, double limit, drv_gate_weight *out, diag_engine *d) {
     const char *name = ir_op_string(m, op, "name");
@@ -128,7 +227,10 @@ static bool measure_stack(const ir_module *m, uint32_t op, const quant_format *f
     memcpy(out->name, name, length);
     bool ok = drv_source_weights_read(w, op, values, count);
     if (!ok) diag_error(d, SMELT_NO_LOC, "cannot read weight '%.*s%s' to measure it", DIAG_NAME(name));
-    double error = 0.0, output = 0.0;
+    double error = 0.0, output = 0.0, w8a8_error = 0.0, w8a8_output = 0.0;
+    quant_kind act = QUANT_NONE;
+    bool w8a8 = moe_w8a8(m, m->ops[op].results[0], f, &act);
+    uint64_t sampled = 0;
     arena names;
     arena_init(&names);
     for (uint64_t e = 0; ok && e < experts; e++) {
@@ -153,13 +255,29 @@ static bool measure_stack(const ir_module *m, uint32_t op, const quant_format *f
                 row[k] = matrix[n * cols + k];
             output += quant_quadratic_form(row, s->xtx, cols, cols);
         }
+        w8a8 = w8a8 && s->sample_rows > 0; /* else the stack is measured through XᵀX alone */
+        if (w8a8) {
+            double sample_error = 0.0, sample_output = 0.0,
+                   weight = (double)s->tokens / (double)s->sample_rows;
+            if (!drv_gate_w8a8_error(matrix, &q, act, 0.0f, s->sample, s->sample_rows, &sample_error,
+                                     &sample_output))
+                sample_error = NAN; /* out of memory: reported below */
+            w8a8_error += weight * sample_error;
+            w8a8_output += weight * sample_output;
+            sampled += s->sample_rows;
+        }
         free(q.data);
     }
     arena_free(&names);
     free(values);
     free(row);
     if (ok) {
-        out->error = output > 0 ? sqrt(error / output) : isnan(error) ? NAN : 0.0;
+        out->error = out->weight_error = relative(error, output);
+        if (w8a8 && sampled > 0 && !isnan(out->error)) {
+            out->error = relative(w8a8_error, w8a8_output);
+            out->formula = DRV_GATE_W8A8;
+            out->sample_rows = sampled;
+        }
         if (isnan(out->error)) {
             diag_error(d, SMELT_NO_LOC, "the output error of weight '%.*s%s' is not a number%s",
                        DIAG_NAME(name), " (out of memory, or a NaN in the checkpoint or its statistics)");
@@ -282,6 +400,9 @@ enum { NAME_MAX_PRINTED = 161 }; /* a weight's name in the table: 160 bytes at m
 
 static const char error_definition[] =
     "relative output error ||X W^T - X Wq^T||_F / ||X W^T||_F on the calibration inputs";
+static const char w8a8_definition[] =
+    "relative output error ||X W^T - Q(X) Wq^T||_F / ||X W^T||_F on a sample of the calibration inputs' "
+    "rows, Q the matmul's activation quantization";
 
 json_t *drv_gate_to_json(const drv_gate *g) {
     json_t *root = json_object(), *weights = json_array(), *layers = json_array();
@@ -295,6 +416,10 @@ json_t *drv_gate_to_json(const drv_gate *g) {
         json_object_set_new(row, "method", json_string(quant_method_name(w->format.method)));
         json_object_set_new(row, "group", json_integer(w->format.group));
         json_object_set_new(row, "error", json_real(w->error));
+        bool w8a8 = w->formula == DRV_GATE_W8A8;
+        json_object_set_new(row, "formula", json_string(w8a8 ? "w8a8" : "xtx"));
+        json_object_set_new(row, "weight_error", json_real(w->weight_error));
+        if (w8a8) json_object_set_new(row, "sample_rows", json_integer((json_int_t)w->sample_rows));
         json_object_set_new(row, "kept", json_boolean(w->kept));
         json_array_append_new(weights, row);
         kept += w->kept;
@@ -325,6 +450,7 @@ json_t *drv_gate_to_json(const drv_gate *g) {
     json_object_set_new(root, "max_layer_error", json_real(g->max_error));
     json_object_set_new(root, "calibration_ids", json_integer((json_int_t)g->calibration_ids));
     json_object_set_new(root, "error", json_string(error_definition));
+    json_object_set_new(root, "w8a8_error", json_string(w8a8_definition));
     json_object_set_new(root, "kept", json_integer(kept));
     json_object_set_new(root, "weights", weights);
     json_object_set_new(root, "layers", layers);
@@ -342,6 +468,25 @@ static const char *printable(const char *text, char *buffer, size_t size) {
 
 static bool is_count(const json_t *v) { return json_is_integer(v) && json_integer_value(v) >= 0; }
 
+/* Is row w measured by the W8A8 formula? Its "formula" is "w8a8" (absent
+ * in a plan from before it: "xtx"). */
+static bool is_w8a8(const json_t *w) {
+    const char *formula = json_string_value(json_object_get(w, "formula"));
+    return formula && strcmp(formula, "w8a8") == 0;
+}
+
+/* Are row w's optional fields, where present, what drv_gate_to_json writes? */
+static bool formula_fields_valid(const json_t *w) {
+    const json_t *formula = json_object_get(w, "formula"), *weight_error = json_object_get(w, "weight_error"),
+                 *rows = json_object_get(w, "sample_rows");
+    if (formula && !(json_is_string(formula) && (strcmp(json_string_value(formula), "xtx") == 0 ||
+                                                 strcmp(json_string_value(formula), "w8a8") == 0)))
+        return false;
+    if (weight_error && !json_is_number(weight_error)) return false;
+    if (rows && !is_count(rows)) return false;
+    return !is_w8a8(w) || (weight_error && rows); /* a W8A8 row says how much is the weights' */
+}
+
 bool drv_gate_print_table(const json_t *gate, FILE *out) {
     const json_t *limit = json_object_get(gate, "max_layer_error"),
                  *ids = json_object_get(gate, "calibration_ids"), *weights = json_object_get(gate, "weights"),
@@ -353,7 +498,7 @@ bool drv_gate_print_table(const json_t *gate, FILE *out) {
         if (!json_is_string(json_object_get(w, "name")) || !(json_is_null(layer) || is_count(layer)) ||
             !json_is_string(json_object_get(w, "quant")) || !json_is_string(json_object_get(w, "method")) ||
             !is_count(json_object_get(w, "group")) || !json_is_number(json_object_get(w, "error")) ||
-            !json_is_boolean(json_object_get(w, "kept")))
+            !json_is_boolean(json_object_get(w, "kept")) || !formula_fields_valid(w))
             return false;
     }
     for (size_t i = 0; i < json_array_size(layers); i++) {
@@ -363,9 +508,23 @@ bool drv_gate_print_table(const json_t *gate, FILE *out) {
             !json_is_string(json_object_get(l, "worst")) || !is_count(json_object_get(l, "kept")))
             return false;
     }
-    fprintf(out, "accuracy gate: %s (%lld ids); kept unquantized over %g\n", error_definition,
+    size_t w8a8 = 0;
+    for (size_t i = 0; i < json_array_size(weights); i++)
+        w8a8 += is_w8a8(json_array_get(weights, i));
+    fprintf(out,
+            "accuracy gate: relative output error on the calibration inputs (%lld ids); kept unquantized "
+            "over %g\n",
             (long long)json_integer_value(ids), json_number_value(limit));
-    fprintf(out, "  %5s  %-48s %-16s %9s  %s\n", "layer", "weight", "format", "error", "decision");
+    if (w8a8 < json_array_size(weights))
+        fprintf(out,
+                "  X^T X: ||X W^T - X Wq^T||_F / ||X W^T||_F over every token (the weight's error alone)\n");
+    if (w8a8)
+        fprintf(
+            out,
+            "  W8A8:  ||X W^T - Q(X) Wq^T||_F / ||X W^T||_F on sampled input rows, Q the matmul's activation "
+            "quantization\n");
+    fprintf(out, "  %5s  %-48s %-16s %9s  %-9s  %s\n", "layer", "weight", "format", "error", "decision",
+            "measured");
     size_t kept = 0;
     for (size_t i = 0; i < json_array_size(weights); i++) {
         const json_t *w = json_array_get(weights, i), *layer = json_object_get(w, "layer");
@@ -378,9 +537,14 @@ bool drv_gate_print_table(const json_t *gate, FILE *out) {
                  printable(json_string_value(json_object_get(w, "method")), method, sizeof method));
         bool is_kept = json_is_true(json_object_get(w, "kept"));
         kept += is_kept;
-        fprintf(out, "  %5s  %-48s %-16s %9.5f  %s\n", index,
+        char measured[96] = "X^T X";
+        if (is_w8a8(w))
+            snprintf(measured, sizeof measured, "W8A8, %lld rows (X^T X %.5f)",
+                     (long long)json_integer_value(json_object_get(w, "sample_rows")),
+                     json_number_value(json_object_get(w, "weight_error")));
+        fprintf(out, "  %5s  %-48s %-16s %9.5f  %-9s  %s\n", index,
                 printable(json_string_value(json_object_get(w, "name")), name, sizeof name), format,
-                json_number_value(json_object_get(w, "error")), is_kept ? "kept" : "quantized");
+                json_number_value(json_object_get(w, "error")), is_kept ? "kept" : "quantized", measured);
     }
     fprintf(out, "  %5s  %7s  %9s  %-48s %s\n", "layer", "weights", "max error", "worst weight", "kept");
     for (size_t i = 0; i < json_array_size(layers); i++) {

@@ -57,11 +57,20 @@ static bool calibrated_moe(const ir_module *m, uint32_t i, uint64_t *experts) {
     return *experts > 0 && *experts <= UINT32_MAX / 4;
 }
 
+/* Zeroed statistics of an input of `cols` features, as o asks: XᵀX, a
+ * sample of its rows. */
+static bool init_record(quant_act_stats *s, uint64_t cols, const drv_calib_options *o) {
+    if (!quant_act_stats_init(s, cols, o->xtx)) return false;
+    if (o->sample_rows == 0 || quant_act_stats_keep_sample(s, o->sample_rows)) return true;
+    quant_act_stats_free(s);
+    return false;
+}
+
 /* A moe op's records: expert e's gate/up input (D columns) and its down
  * input (F columns), and weight entries naming each expert's gate, up and
  * down parts. */
 static bool plan_expert_records(const ir_module *m, uint32_t i, uint64_t experts, drv_calibration *c,
-                                observer_state *s, bool with_xtx) {
+                                observer_state *s, const drv_calib_options *options) {
     const ir_op *o = ir_op_at(m, i);
     uint64_t model_dim = (uint64_t)m->values[o->operands[2]].type.dims[2].size;
     uint64_t ffn = (uint64_t)m->values[o->operands[2]].type.dims[1].size;
@@ -72,7 +81,7 @@ static bool plan_expert_records(const ir_module *m, uint32_t i, uint64_t experts
     bool ok = true;
     for (uint32_t projection = 0; ok && projection < 2; projection++)
         for (uint64_t e = 0; ok && e < experts; e++) {
-            ok = quant_act_stats_init(&c->inputs[c->input_count], projection ? ffn : model_dim, with_xtx);
+            ok = init_record(&c->inputs[c->input_count], projection ? ffn : model_dim, options);
             if (!ok) break;
             uint32_t input = c->input_count++;
             for (uint32_t k = 2; ok && k < 5; k++) {
@@ -104,7 +113,8 @@ static char *copy_string(const char *s) {
 /* One record per distinct input of a matmul whose operand 1 is a weight,
  * and one weight entry per such matmul; 2 E records and 3 E entries per moe
  * op of E experts. False when memory runs out. */
-static bool plan_records(const ir_module *m, drv_calibration *c, observer_state *s, bool with_xtx) {
+static bool plan_records(const ir_module *m, drv_calibration *c, observer_state *s,
+                         const drv_calib_options *options) {
     uint32_t *input_of_op = s->input_of_op;
     uint64_t inputs = m->op_count ? m->op_count : 1, weights = inputs, experts;
     for (uint32_t i = 0; i < m->op_count; i++)
@@ -120,7 +130,7 @@ static bool plan_records(const ir_module *m, drv_calibration *c, observer_state 
         input_of_op[i] = NO_INPUT;
         s->experts_of_op[i] = NO_INPUT;
         if (calibrated_moe(m, i, &experts)) {
-            ok = plan_expert_records(m, i, experts, c, s, with_xtx);
+            ok = plan_expert_records(m, i, experts, c, s, options);
             continue;
         }
         if (o->dead || o->kind != IR_OP_MATMUL) continue;
@@ -130,7 +140,7 @@ static bool plan_records(const ir_module *m, drv_calibration *c, observer_state 
         uint64_t cols = x->rank ? (uint64_t)x->dims[x->rank - 1].size : 1;
         uint32_t *input = &input_of_value[o->operands[0]];
         if (*input == NO_INPUT) { /* the first matmul to read it gathers for all */
-            if (!quant_act_stats_init(&c->inputs[c->input_count], cols, with_xtx)) {
+            if (!init_record(&c->inputs[c->input_count], cols, options)) {
                 ok = false;
                 break;
             }
@@ -195,8 +205,8 @@ bool drv_calibrate(const drv_model_options *model, const drv_calib_options *o, d
         observer_state state = {out, malloc(ops * sizeof *state.input_of_op),
                                 malloc(ops * sizeof *state.experts_of_op),
                                 malloc(ops * sizeof *state.expert_count)};
-        ok = state.input_of_op && state.experts_of_op && state.expert_count &&
-             plan_records(m, out, &state, o->xtx);
+        ok =
+            state.input_of_op && state.experts_of_op && state.expert_count && plan_records(m, out, &state, o);
         if (!ok)
             diag_error(d, SMELT_NO_LOC, "calibration: cannot allocate the statistics of the matmul inputs");
         if (ok) {
@@ -294,8 +304,13 @@ bool drv_calibrate_for_precision(const drv_model_options *model, drv_calibration
                    "--precision %s quantizes the weights as they are compiled: it needs --weights", preset);
         return false;
     }
+    const char *act_quant = model->precision_options.act_quant;
+    bool w8a8 = (model->precision == DRV_PRECISION_INT8 || model->precision == DRV_PRECISION_FP8) &&
+                !(act_quant && strcmp(act_quant, "none") == 0);
     drv_calib_options c = {.ids_path = model->precision_options.calib_path,
                            .xtx = gated || (!smooth && !static_scales), /* the gate measures through X^T X */
+                           /* and W8A8 matmuls on their input rows (accuracy_gate.h) */
+                           .sample_rows = gated && w8a8 ? DRV_CALIB_SAMPLE_ROWS : 0,
                            .progress = true};
     return drv_calibrate(model, &c, out, d);
 }

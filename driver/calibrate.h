@@ -15,8 +15,15 @@
  * KV cache (the last window may be shorter); every token of every window is
  * gathered. Weights that multiply the same input value (q/k/v, gate/up)
  * share one record, so XᵀX is gathered once for them. Only matmuls whose
- * weight operand is a weight op are observed (the experts inside a `moe` op
- * are not matmul ops and are not calibrated).
+ * weight operand is a weight op are observed, and the experts inside a
+ * `moe` op, each over the tokens routed to it.
+ *
+ * With sample_rows, each record also keeps a uniform sample of up to that
+ * many of its input rows (quant_act_stats_keep_sample): the accuracy gate
+ * measures W8A8 matmuls on them, activation rounding included. Its memory
+ * is sample_rows * cols * 4 bytes a record (DRV_CALIB_SAMPLE_ROWS: 1 KiB a
+ * column), no more than the record's XᵀX (cols^2 * 8 bytes, which the gate
+ * gathers too) whenever cols >= 128.
  */
 #ifndef SMELT_DRIVER_CALIBRATE_H
 #define SMELT_DRIVER_CALIBRATE_H
@@ -31,8 +38,13 @@ typedef struct drv_calib_options {
     unsigned context;     /* ids per window; 0: 256 (capped at the model's positions) */
     unsigned max_ids;     /* use only the first max_ids ids; 0: all */
     bool xtx;             /* gather XᵀX (GPTQ; AWQ's error): cols^2 doubles per input */
+    unsigned sample_rows; /* keep a sample of up to this many rows of each input; 0: none */
     bool progress;        /* "smelt: calibrate: N of M ids" on stderr when it is a terminal */
 } drv_calib_options;
+
+/* The rows kept of each input when the accuracy gate measures W8A8 matmuls
+ * (drv_calibrate_for_precision). */
+#define DRV_CALIB_SAMPLE_ROWS 256u
 
 typedef struct drv_calib_weight {
     char *name;     /* the weight's external name */
@@ -66,7 +78,9 @@ const char *drv_expert_name(const ir_module *m, uint32_t op, uint64_t e, arena *
 /* For a preset whose quantizers learn from calibration (int4-awq,
  * int4-gptq), or any quantizing preset with the accuracy gate
  * (max_layer_error, accuracy_gate.h): drv_calibrate over
- * model->precision_options.calib_path, with XᵀX and progress; refused
+ * model->precision_options.calib_path, with XᵀX and progress (and, for
+ * the gate under a W8A8 preset, int8 or fp8 without --act-quant none, a
+ * sample of DRV_CALIB_SAMPLE_ROWS rows of every input); refused
  * without --calib or --weights, and the gate for a preset that quantizes
  * nothing. Otherwise *out is zeroed and nothing runs. */
 bool drv_calibrate_for_precision(const drv_model_options *model, drv_calibration *out, diag_engine *d);

@@ -25,13 +25,45 @@ void quant_act_stats_free(quant_act_stats *s) {
     free(s->abs_sum);
     free(s->absmax);
     free(s->xtx);
+    free(s->sample);
     memset(s, 0, sizeof *s);
+}
+
+bool quant_act_stats_keep_sample(quant_act_stats *s, uint64_t capacity) {
+    if (capacity == 0 || s->cols == 0 || s->tokens != 0 || capacity > SIZE_MAX / sizeof(float) / s->cols)
+        return false;
+    float *sample = malloc(capacity * s->cols * sizeof *sample);
+    if (!sample) return false;
+    free(s->sample);
+    s->sample = sample;
+    s->sample_rows = 0;
+    s->sample_capacity = capacity;
+    s->sample_state = 0x9e3779b97f4a7c15u; /* fixed: the same rows give the same sample */
+    return true;
+}
+
+/* splitmix64's next number (Steele, Lea, Flood 2014). */
+static uint64_t next_random(uint64_t *state) {
+    uint64_t z = *state += 0x9e3779b97f4a7c15u;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    return z ^ (z >> 31);
+}
+
+/* Row `seen` (counted from 0 over every row added) offered to the sample:
+ * algorithm R (Vitter 1985). The modulo's bias is below seen / 2^64. */
+static void sample_row(quant_act_stats *s, const float *row, uint64_t seen) {
+    uint64_t slot = seen < s->sample_capacity ? seen : next_random(&s->sample_state) % (seen + 1);
+    if (slot >= s->sample_capacity) return;
+    memcpy(s->sample + slot * s->cols, row, s->cols * sizeof *row);
+    if (seen < s->sample_capacity) s->sample_rows = seen + 1;
 }
 
 void quant_act_stats_add(quant_act_stats *s, const float *x, uint64_t rows) {
     uint64_t cols = s->cols;
     for (uint64_t r = 0; r < rows; r++) {
         const float *row = x + r * cols;
+        if (s->sample) sample_row(s, row, s->tokens + r);
         for (uint64_t k = 0; k < cols; k++) {
             float a = fabsf(row[k]);
             s->abs_sum[k] += a;
