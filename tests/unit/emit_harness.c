@@ -596,6 +596,14 @@ static ref_attrs read_attrs(emit_case *c, uint32_t op) {
         a.w8a8_scale = strcmp(ir_op_string(m, op, "act_scale"), "tensor") == 0
                            ? (float)ir_op_float(m, op, "act_scale_value")
                            : 0.0f;
+        a.bias = ir_matmul_bias(m, op) != IR_NO_VALUE;
+        a.act_codes = ir_matmul_act_codes(m, op, &(ir_value_id){0}, &(ir_value_id){0});
+        break;
+    case IR_OP_QUANTIZE: /* the codes, held as the values they stand for (ref_op_quantize) */
+        a.w8a8 = strcmp(ir_op_string(m, op, "dtype"), "i8") == 0 ? QUANT_INT8 : QUANT_FP8;
+        a.w8a8_scale = strcmp(ir_op_string(m, op, "act_scale"), "tensor") == 0
+                           ? (float)ir_op_float(m, op, "act_scale_value")
+                           : 0.0f;
         break;
     case IR_OP_RMS_NORM:
         a.eps = ir_op_float(m, op, "eps");
