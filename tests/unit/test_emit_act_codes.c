@@ -1,4 +1,4 @@
-/* test_emit_act_codes.c - the kernels of W8A8 activation
+/* test_emit_act_codes.c - the kernels and the lowering of W8A8 activation
  * codes (ir/ops.def: quantize, matmul act_codes), on the host simulator and
  * through NVRTC for sm_80 and sm_90 (emit_harness.c):
  *
@@ -12,6 +12,11 @@
  *   - the dequantize-GEMM reading the quantize's codes (the fallback of the
  *     scaled GEMM) = the W8A8 dequantize-GEMM coding x itself, bit for bit
  *     (the same codes, the same sums), with a bias and a residual too;
+ *   - the lowering of a norm + quantize + act_codes matmul + residual group:
+ *     the fused GEMV for decode, and above it the norm + quantize kernel and
+ *     the guarded pair (a scaled GEMM of the codes with the weight's codes
+ *     and f16 scales at their offset, and the fallback launch), and of the
+ *     group without its norm (o_proj's, down_proj's);
  *   - a GEMV group with a quantize: the fused kernel skips it (and refuses
  *     a group whose codes something outside it reads).
  * The reference has no quantize yet on this branch (helper H-IR's), so the
@@ -23,6 +28,7 @@
 #include <cmocka.h>
 
 #include "emit_harness.c"
+#include "lower.h"
 
 /* quantize(x) {dtype, act_scale}: its op; the results' dtypes set as
  * ops.def keeps them under every preset (the precision pass of this branch
@@ -478,6 +484,168 @@ static void test_codes_kernels_ptx(void **state) {
     case_free(c);
 }
 
+/* ---- the lowering ---------------------------------------------------------------------- */
+
+/* A module of one GEMV group as precision and fuse make it for an fp8
+ * matmul: h -> rms_norm -> quantize -> matmul act_codes -> + r (a QKV-like
+ * group with its norm), or without the norm (o_proj's and down_proj's:
+ * quantize, matmul and the residual add), then the logits' norm. ops: the
+ * norm (IR_NONE without), the quantize, the matmul and the add. The skeleton
+ * fuse of this branch groups neither a quantize nor an act_codes matmul with
+ * its norm yet: the test puts the ops in one group before schedule, as fuse
+ * will. */
+static void lower_act_codes_module(emit_case *c, bool with_norm, uint32_t *ops, cg_lowered *l) {
+    ir_value_id h = case_input(c, "h", "f32[tokens, 256]"), r = case_input(c, "r", "f32[tokens, 256]");
+    ir_value_id g = case_weight(c, "f32[256]"), w = case_weight(c, "f32[256, 256]");
+    ir_value_id g2 = case_weight(c, "f32[256]");
+    ops[0] = IR_NONE;
+    ir_value_id x = h;
+    if (with_norm) {
+        ops[0] = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){h, g}, 2);
+        ir_op_set_float(&c->m, ops[0], "eps", 1e-5);
+        x = case_result(c, ops[0]);
+    }
+    uint32_t q = ops[1] = quantize_op(c, x, false, 0.0);
+    ir_value_id codes = ir_op_result(&c->m, q, 0), scales = ir_op_result(&c->m, q, 1);
+    uint32_t matmul = ops[2] = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, w, codes, scales}, 4);
+    assert_true(ir_op_set_bool(&c->m, matmul, "act_codes", true));
+    uint32_t add = ops[3] = case_op(c, IR_OP_ADD, (ir_value_id[]){r, case_result(c, matmul)}, 2);
+    uint32_t last = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){case_result(c, add), g2}, 2);
+    ir_op_set_float(&c->m, last, "eps", 1e-5);
+    case_output(c, case_result(c, last), "logits");
+    case_infer(c);
+    case_fix_codes(c, q);
+    pass_driver_options o = {.pass = {.precision = "fp8", .activations = "bf16"}};
+    pass_list list;
+    assert_true(pass_parse_list("fuse", &list, &c->d));
+    if (!pass_run_list(&c->m, list.items, list.count, &o, &c->d)) fail_msg("fuse:\n%s", case_log(c));
+    for (int i = with_norm ? 1 : 2; i < 4; i++)
+        c->m.ops[ops[i]].group = c->m.ops[ops[with_norm ? 0 : 1]].group;
+    assert_true(pass_parse_list("schedule,plan-memory", &list, &c->d));
+    if (!pass_run_list(&c->m, list.items, list.count, &o, &c->d)) fail_msg("passes:\n%s", case_log(c));
+    if (!cg_lower_module(&c->m, l, &c->d)) fail_msg("lowering:\n%s", case_log(c));
+}
+
+static bool same_ref(prog_ref a, prog_ref b) {
+    return a.buffer == b.buffer && a.index == b.index && a.offset == b.offset;
+}
+
+static prog_ref ref_of(emit_case *c, ir_value_id v) {
+    const ir_buffer *b = &c->m.values[v].buffer;
+    return b->kind == IR_BUFFER_WEIGHT ? (prog_ref){PROG_BUFFER_WEIGHT, (uint32_t)b->offset, 0}
+                                       : (prog_ref){PROG_BUFFER_ARENA, 0, b->offset};
+}
+
+/* Whether launch l reads (or, with writes, writes) value v's buffer. */
+static bool launch_touches(emit_case *c, const prog_launch *l, ir_value_id v, bool writes) {
+    for (uint32_t a = 0; a < l->arg_count; a++)
+        if (l->args[a].kind == PROG_ARG_POINTER && same_ref(l->args[a].ref, ref_of(c, v)) &&
+            l->args[a].writes == writes)
+            return true;
+    return false;
+}
+
+/* The lowering of such a group: the fused GEMV for steps of up to 4
+ * tokens; above, the norm + quantize kernel (or the quantize kernel alone),
+ * then the guarded pair: a scaled GEMM of the codes (A, with the scales per
+ * row) and the weight's codes (B, with its f16 scales at their offset inside
+ * the weight) into the residual add's result, for devices that run it, and
+ * the dequantize-GEMM over the codes with the residual in its epilogue for
+ * those that do not; the choice between the sides counts the GEMM alone. */
+static void check_act_codes_lowering(emit_case *c, bool with_norm, const uint32_t *ops, const cg_lowered *l) {
+    const ir_module *m = &c->m;
+    const ir_op *q = &m->ops[ops[1]], *matmul = &m->ops[ops[2]], *add = &m->ops[ops[3]];
+    ir_value_id x = matmul->operands[0], codes = q->results[0], scales = q->results[1];
+    const program *p = &l->program;
+    const char *producer_name =
+        with_norm ? "rms_norm_bf16_d256_eps1em05_f8e4m3_token_" : "quantize_bf16_f8e4m3_k256_token_";
+    uint32_t fused = UINT32_MAX, producer = UINT32_MAX, gemm = UINT32_MAX, fallback = UINT32_MAX;
+    for (uint32_t i = 0; i < p->instr_count; i++) {
+        const prog_instr *in = &p->instrs[i];
+        const char *name = in->op == PROG_OP_LAUNCH ? l->kernels[in->as.launch.kernel].name : "";
+        if (strstr(name, "gemv_")) fused = i;
+        if (strstr(name, producer_name)) producer = i;
+        if (in->op == PROG_OP_GEMM && in->as.gemm.has_scales) gemm = i;
+        if (strstr(name, "dequant_gemm_f8e4m3_f8e4m3_bf16_n256_k256_g256_af8_codes_residual_")) fallback = i;
+        /* no add of its own above the fused range: both take the residual */
+        assert_null(strstr(name, "add_"));
+    }
+    assert_int_not_equal(fused, UINT32_MAX);
+    assert_int_not_equal(producer, UINT32_MAX);
+    assert_int_not_equal(gemm, UINT32_MAX);
+    assert_int_not_equal(fallback, UINT32_MAX);
+    assert_true(producer < gemm && gemm < fallback);
+    /* the fused kernel for decode, on every device (it codes x itself) */
+    assert_int_equal(p->instrs[fused].needs, PROG_NEED_NONE);
+    assert_true(prog_instr_runs(&p->instrs[fused], 1));
+    assert_false(launch_touches(c, &p->instrs[fused].as.launch, codes, true));
+    /* the codes' producer, on every device above the fused range */
+    const prog_launch *made = &p->instrs[producer].as.launch;
+    assert_int_equal(p->instrs[producer].needs, PROG_NEED_NONE);
+    assert_int_equal(p->instrs[producer].min_tokens, IR_GEMV_MAX_TOKENS + 1);
+    assert_true(launch_touches(c, made, codes, true) && launch_touches(c, made, scales, true));
+    assert_true(with_norm ? launch_touches(c, made, x, true) : launch_touches(c, made, x, false));
+    /* the scaled GEMM */
+    const prog_instr *gi = &p->instrs[gemm];
+    const prog_gemm *sg = &gi->as.gemm;
+    assert_int_equal(gi->needs, PROG_NEED_SCALED_GEMM);
+    assert_int_equal(gi->min_tokens, IR_GEMV_MAX_TOKENS + 1);
+    assert_int_equal(gi->ir_op, ops[2]);
+    assert_int_equal(sg->dtype_a, SMELT_DTYPE_F8E4M3);
+    assert_int_equal(sg->dtype_b, SMELT_DTYPE_F8E4M3);
+    assert_int_equal(sg->dtype_b_scale, SMELT_DTYPE_F16);
+    assert_int_equal(sg->dtype_c, SMELT_DTYPE_BF16);
+    assert_true(sg->b_transposed && !sg->has_bias && sg->has_residual);
+    assert_int_equal(sg->n, 256);
+    assert_int_equal(sg->k, 256);
+    assert_int_equal(sg->m.a, 1);
+    assert_true(same_ref(sg->a, ref_of(c, codes)));
+    assert_true(same_ref(sg->a_scale, ref_of(c, scales)));
+    assert_true(same_ref(sg->b, ref_of(c, matmul->operands[1])));
+    quant_format f;
+    quant_layout layout;
+    assert_true(ir_weight_quant(m, m->values[matmul->operands[1]].def_op, &f));
+    assert_null(quant_layout_of(&f, 256, 256, &layout));
+    assert_int_equal(layout.scales, 256 * 256); /* the codes first, then the f16 scales */
+    prog_ref scales_ref = ref_of(c, matmul->operands[1]);
+    scales_ref.offset += layout.scales;
+    assert_true(same_ref(sg->b_scale, scales_ref));
+    assert_true(same_ref(sg->residual, ref_of(c, add->operands[0])));
+    assert_true(same_ref(sg->c, ref_of(c, add->results[0])));
+    /* its fallback: the same output from the codes (not x), where the device runs no scaled GEMM */
+    const prog_instr *fi = &p->instrs[fallback];
+    assert_int_equal(fi->needs, PROG_NEED_NO_SCALED_GEMM);
+    assert_int_equal(fi->min_tokens, IR_GEMV_MAX_TOKENS + 1);
+    assert_true(launch_touches(c, &fi->as.launch, add->results[0], true));
+    assert_true(launch_touches(c, &fi->as.launch, codes, false) &&
+                launch_touches(c, &fi->as.launch, scales, false));
+    assert_false(launch_touches(c, &fi->as.launch, x, false));
+    /* the choice of 5 tokens on: side 1 is the producer and the GEMM, not the fallback */
+    assert_int_equal(p->choice_count, 1);
+    const prog_choice *choice = &p->choices[0];
+    assert_int_equal(choice->min_tokens, IR_GEMV_MAX_TOKENS + 1);
+    assert_int_equal(gi->choice, 1);
+    assert_int_equal(fi->choice, 1);
+    assert_int_equal(gi->side, 1);
+    assert_int_equal(fi->side, 1);
+    assert_int_equal(choice->cost[1][0].launches, 2);
+    assert_int_equal(choice->cost[0][0].launches, 1);
+}
+
+static void test_lowering_act_codes(void **state) {
+    (void)state;
+    for (int with_norm = 1; with_norm >= 0; with_norm--) {
+        emit_case *c = case_new("fp8");
+        c->activations = "bf16";
+        uint32_t ops[4];
+        cg_lowered l;
+        lower_act_codes_module(c, with_norm, ops, &l);
+        check_act_codes_lowering(c, with_norm, ops, &l);
+        cg_lowered_free(&l);
+        case_free(c);
+    }
+}
+
 /* A quantize whose codes a reader outside the GEMV group needs is refused
  * by the fused kernel (which codes x in registers and writes no codes). */
 static void test_gemv_group_refuses_quantize_output(void **state) {
@@ -522,6 +690,7 @@ int main(void) {
         cmocka_unit_test(test_dequant_gemm_from_codes),
         cmocka_unit_test(test_dequant_gemm_codes_refused),
         cmocka_unit_test(test_codes_kernels_ptx),
+        cmocka_unit_test(test_lowering_act_codes),
         cmocka_unit_test(test_gemv_group_refuses_quantize_output),
     };
     const char *filter = getenv("SMELT_TEST_FILTER"); /* as test_emit's: SMELT_TEST_FILTER=test_lowering* */
