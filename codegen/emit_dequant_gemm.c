@@ -81,11 +81,10 @@
  * and scales a quantize op wrote instead of x: the k-blocks of the code
  * rows land in shared memory as the weight's do (128 bytes a row, padded
  * by 16), each lane takes its A fragments from them two bytes a register
- * as it takes B's (code_pair: exact in bf16), with no absmax pass and no
- * coding, and the epilogue multiplies the sums by the row's scale from the
- * quantize, then by the weight's, as above: the same codes, products, sums
- * and roundings as the kernel coding x itself, so the same output bit for
- * bit (tests/unit/test_emit_act_codes.c).
+ * as it takes B's (code_pair: exact in bf16; an E4M3 byte by e4m3_value,
+ * branch-free), with no absmax pass and no coding, and the epilogue multiplies the sums by the row's scale
+ * from the quantize, then by the weight's, as above: the same codes, products, sums and roundings as the
+ * kernel coding x itself, so the same output bit for bit (tests/unit/test_emit_act_codes.c).
  *
  * What it takes (cg_dequant_gemm_fits): int4 codes interleaved (so K is a
  * multiple of 128, and no act-order: a group index would give a k16 step
@@ -212,6 +211,25 @@ static const char gemm_byte_helper[] = "\
 SMELT_DEVICE uint32_t code_pair(const uint8_t *p)\n\
 {\n\
     return (__float_as_uint(CODE(p[0])) >> 16) | (__float_as_uint(CODE(p[1])) & 0xffff0000u);\n\
+}\n\
+\n";
+
+/* E4M3 codes (weights, or a quantize's activations) as floats for CODE(q):
+ * smelt_f8e4m3_to_f32's value without its branches, which cost the k16
+ * step more than its mma (about 15 instructions a code, two codes a
+ * register, in NVRTC's sm_90 PTX). */
+static const char gemm_e4m3_helper[] = "\
+/* An E4M3 code as a float, without branches: its 7 magnitude bits as the top\n\
+ * of a float's exponent and mantissa, times 2^120 (exact: a normal code's\n\
+ * exponent rebiased 7 -> 127; a subnormal one is a float subnormal, which\n\
+ * the product makes normal, no flush to zero), NaN for 0x7f, and its sign:\n\
+ * smelt_f8e4m3_to_f32's value, bit for bit. */\n\
+SMELT_DEVICE float e4m3_value(uint8_t q)\n\
+{\n\
+    unsigned int magnitude = q & 0x7fu;\n\
+    float v = __uint_as_float(magnitude << 20) * __uint_as_float(0x7b800000u); /* 2^120 */\n\
+    v = magnitude == 0x7fu ? __uint_as_float(0x7fc00000u) : v;\n\
+    return __uint_as_float(__float_as_uint(v) | (unsigned int)(q & 0x80u) << 24);\n\
 }\n\
 \n";
 
@@ -749,7 +767,7 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
         cg_line(t, "#define ZERO_POINT(n, group) 8 /* symmetric codes */");
     else
         cg_line(t, "#define CODE(q) %s",
-                f.kind == QUANT_INT8 ? "((float)(int8_t)(q))" : "smelt_f8e4m3_to_f32(q)");
+                f.kind == QUANT_INT8 ? "((float)(int8_t)(q))" : "e4m3_value(q) /* smelt_f8e4m3_to_f32's */");
     if (f.has_column_scale)
         cg_line(t, "#define COLUMN_SCALE(k) ((const float *)(w + COLUMN_SCALES_AT))[k]");
     else
@@ -765,6 +783,7 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
             attention_without_semicolon(e, cg_store(&b, out, "(i)", "(value)")));
     cg_blank(t);
     attention_write_template(t, gemm_helpers);
+    if (f.kind == QUANT_FP8) attention_write_template(t, gemm_e4m3_helper);
     attention_write_template(t, int4 ? gemm_int4_helper : gemm_byte_helper);
     if (split) attention_write_template(t, gemm_split_helper);
     if (act != QUANT_NONE && !from_codes) {
