@@ -857,7 +857,7 @@ void cg_write_activation_code(cg_text *t, bool int8) {
                 "/* An activation's E4M3 code byte: x / s rounded to nearest even, saturating to +-448. */");
         cg_line(t, "SMELT_DEVICE uint8_t activation_byte(float v)");
         cg_line(t, "{");
-        cg_line(t, "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890");
+        cg_text_printf(t, "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890\n"); /* at column 0 */
         cg_line(t, "/* the hardware's rounding; a NaN keeps smelt_f32_to_f8e4m3's bits */");
         cg_line(t, "if (v == v) {");
         cg_line(t, "unsigned short pair; /* the code of v in the low byte, of 0 in the high one */");
@@ -865,7 +865,7 @@ void cg_write_activation_code(cg_text *t, bool int8) {
             t, "asm(\"cvt.rn.satfinite.e4m3x2.f32 %%0, %%1, %%2;\" : \"=h\"(pair) : \"f\"(0.0f), \"f\"(v));");
         cg_line(t, "return (uint8_t)(pair & 0xffu);");
         cg_line(t, "}");
-        cg_line(t, "#endif");
+        cg_text_printf(t, "#endif\n");
         cg_line(t, "return smelt_f32_to_f8e4m3(v);");
         cg_line(t, "}");
         cg_blank(t);
