@@ -139,10 +139,18 @@ bool cg_is_quantized(const ir_module *m, ir_value_id v) {
     return v < m->value_count && ir_weight_quant(m, m->values[v].def_op, &f);
 }
 
+bool cg_is_activation_codes(const ir_module *m, ir_value_id v) {
+    if (v >= m->value_count) return false;
+    const ir_op *def = &m->ops[m->values[v].def_op];
+    smelt_dtype t = m->values[v].type.dtype;
+    return def->kind == IR_OP_QUANTIZE && def->result_count == 2 && def->results[0] == v &&
+           (t == SMELT_DTYPE_F8E4M3 || t == SMELT_DTYPE_I8);
+}
+
 smelt_dtype cg_storage_dtype(const ir_module *m, ir_value_id v) {
     if (v >= m->value_count) SMELT_DIE("value %u out of range", v);
     smelt_dtype t = m->values[v].type.dtype;
-    if (!program_dtype_stored(t) && !cg_is_quantized(m, v))
+    if (!program_dtype_stored(t) && !cg_is_quantized(m, v) && !cg_is_activation_codes(m, v))
         SMELT_DIE("value %u has dtype %s, which check_value refuses", v, smelt_dtype_name(t));
     return t;
 }
@@ -202,10 +210,10 @@ static bool check_value(cg_emit *e, ir_value_id v, const char *role, uint32_t in
         return false;
     }
     const ir_type *t = &e->m->values[v].type;
-    if (!program_dtype_stored(t->dtype) && !cg_is_quantized(e->m, v)) {
+    if (!program_dtype_stored(t->dtype) && !cg_is_quantized(e->m, v) && !cg_is_activation_codes(e->m, v)) {
         diag_error(e->d, e->ir->loc,
                    "codegen has no kernels for %s values yet (%s %u of '%s'); kernels exist for f32, bf16, "
-                   "f16 and i32",
+                   "f16 and i32 (and a quantize's f8e4m3 or i8 codes)",
                    smelt_dtype_name(t->dtype), role, index, info->name);
         return false;
     }
@@ -888,8 +896,8 @@ typedef struct cg_op_rule {
     { CG_LOWER_KERNELS, cg_emit_slice }
 #define LOWER_ARGMAX                                                                                         \
     { CG_LOWER_KERNELS, cg_emit_argmax }
-#define LOWER_QUANTIZE /* SKELETON: helper H-CG implements cg_emit_quantize */                               \
-    { CG_LOWER_NONE, NULL }
+#define LOWER_QUANTIZE                                                                                       \
+    { CG_LOWER_KERNELS, cg_emit_quantize }
 
 static const cg_op_rule op_rules[] = {
 #define OP(e, name, mn, mx, nres, flags, family, attrs) [IR_OP_##e] = LOWER_##e,
@@ -947,6 +955,14 @@ static bool group_is_add_norm(const ir_module *m, const cg_group *g) {
            (last == IR_OP_RMS_NORM || last == IR_OP_LAYER_NORM);
 }
 
+/* A norm and the quantize of its result (cg_emit_norm_quantize). */
+static bool group_is_norm_quantize(const ir_module *m, const cg_group *g) {
+    if (g->op_count != 2) return false;
+    const ir_op *norm = &m->ops[g->ops[0]], *quantize = &m->ops[g->ops[1]];
+    return (norm->kind == IR_OP_RMS_NORM || norm->kind == IR_OP_LAYER_NORM) &&
+           quantize->kind == IR_OP_QUANTIZE && quantize->operands[0] == norm->results[0];
+}
+
 /* Elementwise ops only (cg_emit_elementwise_chain). */
 static bool group_is_elementwise_chain(const ir_module *m, const cg_group *g) {
     for (uint32_t i = 0; i < g->op_count; i++)
@@ -960,7 +976,8 @@ bool cg_emit_group(const ir_module *m, const cg_group *g, arena *a, cg_group_low
     uint32_t op = g->ops[0];
     if (op >= m->op_count || m->ops[op].dead) SMELT_DIE("cg_emit_group: op %u is not a live op", op);
     bool fused = g->op_count > 1;
-    if (fused && !group_is_gemv(m, g) && !group_is_add_norm(m, g) && !group_is_elementwise_chain(m, g)) {
+    if (fused && !group_is_gemv(m, g) && !group_is_add_norm(m, g) && !group_is_elementwise_chain(m, g) &&
+        !group_is_norm_quantize(m, g)) {
         diag_error(d, m->ops[op].loc,
                    "codegen has no emitter for a kernel group of %u ops (group %u starts with '%s'): "
                    "the fusion rule that made it needs one",
@@ -1031,6 +1048,27 @@ static bool emit_quantized_matmul(cg_emit *e, const cg_group *g) {
     return cg_emit_dequant_gemm(e);
 }
 
+/* An act_codes matmul alone (its dequantize-GEMM or its GEMV, with or
+ * without adds): a scaled GEMM beside its kernels (cg_group_lowering), in
+ * the steps its kernels serve up to the token bound, which become the
+ * GEMM's fallback there; a GEMV of the small steps below runs on every
+ * device. Only for K and N multiples of 16 (cuBLASLt's FP8 GEMM wants its
+ * leading dimensions so); other shapes keep the kernels alone. */
+static void mark_scaled_gemm(cg_emit *e) {
+    ir_value_id codes, scales;
+    if (!ir_matmul_act_codes(e->m, e->group->ops[0], &codes, &scales)) return;
+    const ir_type *w = &e->m->values[e->m->ops[e->group->ops[0]].operands[1]].type;
+    if (w->rank != 2 || w->dims[0].size % 16 != 0 || w->dims[1].size % 16 != 0) return;
+    cg_group_lowering *out = e->out;
+    out->scaled_gemm = true;
+    out->scaled_gemm_min_tokens = 0;
+    for (uint32_t k = 0; k < out->kernel_count; k++) {
+        if (out->kernels[k].max_tokens != 0) continue; /* the GEMV of steps below the GEMM's */
+        out->kernels[k].fallback = true;
+        out->scaled_gemm_min_tokens = out->kernels[k].min_tokens;
+    }
+}
+
 /* Runs the emitter of group g (its fused emitter, or `rule`'s for one op)
  * into out (out->kind set). */
 static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule *rule, arena *a,
@@ -1070,14 +1108,17 @@ static bool run_emitter(const ir_module *m, const cg_group *g, const cg_op_rule 
     /* Which fused emitter: decided here, after the recovery point (nothing across the longjmp). */
     bool add_norm = fused && group_is_add_norm(m, g);
     bool chain = fused && !add_norm && group_is_elementwise_chain(m, g);
+    bool norm_quantize = fused && group_is_norm_quantize(m, g);
     if (ok && rule->kind == CG_LOWER_KERNELS)
         ok = (dequant_epilogue            ? cg_emit_dequant_gemm(&e)
               : add_norm                  ? cg_emit_add_norm(&e, g)
+              : norm_quantize             ? cg_emit_norm_quantize(&e, g)
               : chain                     ? cg_emit_elementwise_chain(&e, g)
               : fused                     ? cg_emit_gemv_group(&e, g)
               : is_quantized_matmul(m, g) ? emit_quantized_matmul(&e, g)
                                           : rule->emit(&e)) &&
              check_grids(&e);
+    if (ok && (dequant_epilogue || (!fused && is_quantized_matmul(m, g)))) mark_scaled_gemm(&e);
     text_arena = NULL;
     arena_free(&e.scratch);
     if (!ok) {

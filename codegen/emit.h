@@ -42,6 +42,9 @@
 /* Is v a quantized weight (its op's quant attribute, ops.def), stored in
  * quant/quant.h's packed layout and passed to kernels as uint8_t bytes? */
 bool cg_is_quantized(const ir_module *m, ir_value_id v);
+/* Is v the codes a quantize op makes (its result 0, f8e4m3 or i8, ir/ops.def)?
+ * They are stored as bytes, one a code, like a quantized weight's. */
+bool cg_is_activation_codes(const ir_module *m, ir_value_id v);
 /* Storage dtype of value v: its dtype in the IR (set by the precision pass).
  * Only f32, bf16, f16 and i32 have kernels today; cg_emit_group refuses any other
  * at the op before an emitter asks for it. */
@@ -86,6 +89,9 @@ typedef struct cg_kernel {
     int64_t min_tokens; /* runs in steps of at least this many tokens (0: every step) */
     int64_t max_tokens; /* and of at most this many (0: no bound); the executor skips it otherwise */
     bool tensor_cores;  /* the derived cost's flops run on tensor cores (cost NULL) */
+    /* The smelt kernel of a scaled GEMM (cg_group_lowering.scaled_gemm): it
+     * runs only where the device cannot run that GEMM (PROG_NEED_NO_SCALED_GEMM). */
+    bool fallback;
 } cg_kernel;
 
 typedef enum cg_lowering_kind {
@@ -130,6 +136,16 @@ typedef struct cg_group_lowering {
      * many tokens; a step of more runs the group's ops one by one, each as
      * cg_emit_op lowers it (codegen/lower.c guards both by the token count). */
     int64_t fused_max_tokens;
+    /* An act_codes matmul (ir/ops.def) alone, CG_LOWER_KERNELS: besides its
+     * kernels it becomes a scaled GEMM of the quantize's codes and scales and
+     * the weight's codes and scales (prog_gemm.has_scales), which runs in the
+     * steps of at least scaled_gemm_min_tokens tokens where the device runs
+     * scaled GEMMs (PROG_NEED_SCALED_GEMM); its kernels marked `fallback`
+     * (smelt's dequantize-GEMM over the codes, or the GEMV over x where that
+     * does not fit) run in those steps where it does not. codegen/lower.c
+     * builds the GEMM (with the bias and residual the fallback takes). */
+    bool scaled_gemm;
+    int64_t scaled_gemm_min_tokens;
 } cg_group_lowering;
 
 /* A kernel group, as the fuse pass made it (op.group): the ops of one
@@ -152,8 +168,11 @@ typedef struct cg_group {
  * after the lowering passes); strings go to `a`. A group of one op goes to
  * the emitter of the op's family (ops.def's family column); the fusion rules
  * that make larger groups come with emitters for them, registered here:
- * a group holding a matmul is a GEMV group (codegen/emit_gemv.c); an add
- * and the norm of its result, a residual norm (emit_norm.c).
+ * a group holding a matmul is a GEMV group (codegen/emit_gemv.c; its
+ * quantize ops are skipped: the kernel codes x in registers); an add and the
+ * norm of its result, a residual norm (emit_norm.c); a norm and the quantize
+ * of its result, one kernel writing both (emit_norm.c: what codegen/lower.c
+ * makes of them in a GEMV group run op by op).
  * Errors (a dtype without kernels, a symbolic dim that is not the token dim 0,
  * a group no emitter takes) are reported at the group's first op and give
  * false. */

@@ -72,9 +72,19 @@
  * Llama-3-8B's fp8 4096 x 4096 over bf16 x, a k16 step is about 430
  * instructions (8 mma, their ldmatrix and B codes) plus 750 of a thread's
  * share of the coding, against about 1,970 when each warp coded its own
- * fragments. The hardware E4M3 conversions of sm_89 and up
- * (cvt.rn.satfinite.e4m3x2.f32) would cut the coding further; they are not
- * used until their rounding is checked against the reference's on a GPU.
+ * fragments. On sm_89 and up the E4M3 coding is the hardware's
+ * cvt.rn.satfinite.e4m3x2.f32 (cg_write_activation_code: the PTX ISA's
+ * rounding is the reference's; not yet run on a GPU).
+ *
+ * An act_codes matmul (ir/ops.def; the fallback of the scaled GEMM that
+ * codegen/lower.c puts beside it, for devices without one) reads the codes
+ * and scales a quantize op wrote instead of x: the k-blocks of the code
+ * rows land in shared memory as the weight's do (128 bytes a row, padded
+ * by 16), each lane takes its A fragments from them two bytes a register
+ * as it takes B's (code_pair: exact in bf16; an E4M3 byte by e4m3_value,
+ * branch-free), with no absmax pass and no coding, and the epilogue multiplies the sums by the row's scale
+ * from the quantize, then by the weight's, as above: the same codes, products, sums and roundings as the
+ * kernel coding x itself, so the same output bit for bit (tests/unit/test_emit_act_codes.c).
  *
  * What it takes (cg_dequant_gemm_fits): int4 codes interleaved (so K is a
  * multiple of 128, and no act-order: a group index would give a k16 step
@@ -139,8 +149,8 @@ bool cg_dequant_gemm_fits(const ir_module *m, uint32_t op) {
     smelt_dtype xd = cg_storage_dtype(m, o->operands[0]), yd = cg_storage_dtype(m, o->results[0]);
     bool floats = (xd == SMELT_DTYPE_F32 || xd == SMELT_DTYPE_BF16) &&
                   (yd == SMELT_DTYPE_F32 || yd == SMELT_DTYPE_BF16);
-    if (o->operand_count == 3) {
-        smelt_dtype bd = cg_storage_dtype(m, o->operands[2]);
+    if (ir_matmul_bias(m, op) != IR_NO_VALUE) {
+        smelt_dtype bd = cg_storage_dtype(m, ir_matmul_bias(m, op));
         floats = floats && (bd == SMELT_DTYPE_F32 || bd == SMELT_DTYPE_BF16);
     }
     int32_t tokens = ir_token_symbol(m);
@@ -201,6 +211,25 @@ static const char gemm_byte_helper[] = "\
 SMELT_DEVICE uint32_t code_pair(const uint8_t *p)\n\
 {\n\
     return (__float_as_uint(CODE(p[0])) >> 16) | (__float_as_uint(CODE(p[1])) & 0xffff0000u);\n\
+}\n\
+\n";
+
+/* E4M3 codes (weights, or a quantize's activations) as floats for CODE(q):
+ * smelt_f8e4m3_to_f32's value without its branches, which cost the k16
+ * step more than its mma (about 15 instructions a code, two codes a
+ * register, in NVRTC's sm_90 PTX). */
+static const char gemm_e4m3_helper[] = "\
+/* An E4M3 code as a float, without branches: its 7 magnitude bits as the top\n\
+ * of a float's exponent and mantissa, times 2^120 (exact: a normal code's\n\
+ * exponent rebiased 7 -> 127; a subnormal one is a float subnormal, which\n\
+ * the product makes normal, no flush to zero), NaN for 0x7f, and its sign:\n\
+ * smelt_f8e4m3_to_f32's value, bit for bit. */\n\
+SMELT_DEVICE float e4m3_value(uint8_t q)\n\
+{\n\
+    unsigned int magnitude = q & 0x7fu;\n\
+    float v = __uint_as_float(magnitude << 20) * __uint_as_float(0x7b800000u); /* 2^120 */\n\
+    v = magnitude == 0x7fu ? __uint_as_float(0x7fc00000u) : v;\n\
+    return __uint_as_float(__float_as_uint(v) | (unsigned int)(q & 0x80u) << 24);\n\
 }\n\
 \n";
 
@@ -292,7 +321,7 @@ for (int j = 0; j < N_TILES; j++) {\n\
 static const char gemm_body_prologue[] = "\
 for (int s = 0; s < STAGES - 1; s++) {\n\
     if (s < K_BLOCKS) {\n\
-        load_stage(a_stages + s * BLOCK_M * A_STRIDE, b_stages + s * BLOCK_N * B_STRIDE, x, w, row0, n0, s, rows);\n\
+        load_stage(a_stages + s * BLOCK_M * A_STRIDE, b_stages + s * BLOCK_N * B_STRIDE, A_ROWS, w, row0, n0, s, rows);\n\
     }\n\
     smelt_cp_async_commit();\n\
 }\n\
@@ -330,6 +359,16 @@ for (int i = 0; i < M_TILES; i++) {\n\
 }\n\
 ";
 
+/* An act_codes matmul: each row's scale is the quantize's. */
+static const char gemm_code_scales[] = "\
+float row_scale[M_TILES][2]; /* of this lane's A rows (group_id and group_id + 8 of each m tile): the quantize's */\n\
+for (int i = 0; i < M_TILES; i++) {\n\
+    long long row = row0 + warp_m + i * 16 + group_id;\n\
+    row_scale[i][0] = row < rows ? code_scales[row] : 0.0f;\n\
+    row_scale[i][1] = row + 8 < rows ? code_scales[row + 8] : 0.0f;\n\
+}\n\
+";
+
 /* W8A8, per tensor: one static scale for every row. */
 static const char gemm_static_scales[] = "\
 float row_scale[M_TILES][2]; /* of this lane's A rows: the static scale */\n\
@@ -345,7 +384,7 @@ for (int kb = 0; kb < K_BLOCKS; kb++) {\n\
     __syncthreads();                       /* for every thread; and k-block kb - 1 is done with */\n\
     int next = kb + STAGES - 1;\n\
     if (next < K_BLOCKS) {\n\
-        load_stage(a_stages + next % STAGES * BLOCK_M * A_STRIDE, b_stages + next % STAGES * BLOCK_N * B_STRIDE, x, w, row0, n0, next, rows);\n\
+        load_stage(a_stages + next % STAGES * BLOCK_M * A_STRIDE, b_stages + next % STAGES * BLOCK_N * B_STRIDE, A_ROWS, w, row0, n0, next, rows);\n\
     }\n\
     smelt_cp_async_commit();\n\
     const X_TYPE *a_tile = a_stages + kb % STAGES * BLOCK_M * A_STRIDE;\n\
@@ -440,6 +479,18 @@ static const char gemm_code_fragments[] = "\
             uint32_t a[4];\n\
             const smelt_bf16 *a_row = code_tile + (warp_m + i * 16 + (matrix & 1) * 8 + matrix_row) * CODE_STRIDE;\n\
             smelt_ldmatrix_x4(a, a_row + step * 16 + (matrix >> 1) * 8);\n\
+            for (int j = 0; j < N_TILES; j++) {\n\
+                smelt_mma_m16n8k16_bf16_f32(SUMS[i][j], a, b[j], SUMS[i][j]);\n\
+            }\n\
+";
+
+/* An act_codes matmul: A from the shared rows of the quantize's codes, two
+ * bytes a register as the B side's (code_pair: exact in bf16). */
+static const char gemm_byte_a_fragments[] = "\
+        int k = step * 16 + 2 * thread_in_group; /* this lane's first A column in the tile */\n\
+        for (int i = 0; i < M_TILES; i++) {\n\
+            const uint8_t *r0 = a_tile + (warp_m + i * 16 + group_id) * A_STRIDE + k, *r1 = r0 + 8 * A_STRIDE;\n\
+            uint32_t a[4] = {code_pair(r0), code_pair(r1), code_pair(r0 + 8), code_pair(r1 + 8)};\n\
             for (int j = 0; j < N_TILES; j++) {\n\
                 smelt_mma_m16n8k16_bf16_f32(SUMS[i][j], a, b[j], SUMS[i][j]);\n\
             }\n\
@@ -545,7 +596,10 @@ static const prog_cost *dequant_gemm_cost(cg_emit *e, const cg_kernel *kernel, u
 bool cg_emit_dequant_gemm(cg_emit *e) {
     const ir_module *m = e->m;
     ir_value_id xv = cg_operand(e, 0), wv = cg_operand(e, 1), yv = cg_result(e, 0);
-    ir_value_id bv = e->ir->operand_count == 3 ? cg_operand(e, 2) : IR_NO_VALUE, residual_v = IR_NO_VALUE;
+    ir_value_id bv = ir_matmul_bias(m, e->op), residual_v = IR_NO_VALUE;
+    /* an act_codes matmul (ir/ops.def): A is the quantize's codes, with its scales, not x */
+    ir_value_id codes_v, code_scales_v;
+    bool from_codes = ir_matmul_act_codes(m, e->op, &codes_v, &code_scales_v);
     /* the adds after the matmul in the group (cg_emit_dequant_gemm_epilogue): a
      * bias ([N] weight) or a residual, into the last one's result */
     for (uint32_t i = 1; e->dequant_epilogue && i < e->group->op_count; i++) {
@@ -566,17 +620,24 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
     quant_layout l;
     if (quant_layout_of(&f, (uint64_t)n, (uint64_t)k, &l))
         return cg_expect(e, false, "matmul: a quantized weight whose format does not fit it");
-    smelt_dtype xd = cg_storage_dtype(m, xv);
+    /* the A rows the tiles load: x, or the quantize's byte codes */
+    smelt_dtype xd = from_codes ? cg_storage_dtype(m, codes_v) : cg_storage_dtype(m, xv);
     /* W8A8: the activations' codes (the weight's kind), per token or of a static scale */
     quant_kind act = dequant_gemm_act_quant(m, e->op);
     double static_scale = act != QUANT_NONE ? dequant_gemm_static_scale(m, e->op) : 0.0;
+    if (from_codes && !cg_expect(e,
+                                 act != QUANT_NONE && f.kind == act && !f.has_column_scale &&
+                                     xd == (act == QUANT_INT8 ? SMELT_DTYPE_I8 : SMELT_DTYPE_F8E4M3),
+                                 "act_codes over the weight's kind of codes, without column scales"))
+        return false;
+    int64_t a_element = from_codes ? 1 : xd == SMELT_DTYPE_F32 ? 4 : 2; /* bytes of a shared A element */
     /* A in bf16 parts: three for f32 activations (x to 2^-24, f32's own
      * rounding), two for bf16 ones times column scales (to 2^-16); none
      * (ldmatrix) for bf16 activations alone, which are exact in bf16; none
      * for W8A8 (one fragment of codes). */
     int split = act != QUANT_NONE ? 0 : xd == SMELT_DTYPE_F32 ? 3 : f.has_column_scale ? 2 : 0;
-    int64_t pad = xd == SMELT_DTYPE_F32 ? 4 : 8; /* elements after each shared x row (16 bytes) */
-    int64_t a_stage = GEMM_BLOCK_M * (GEMM_BLOCK_K + pad) * (xd == SMELT_DTYPE_F32 ? 4 : 2);
+    int64_t pad = 16 / a_element; /* elements after each shared A row (16 bytes; codes: as B's rows) */
+    int64_t a_stage = GEMM_BLOCK_M * (GEMM_BLOCK_K + pad) * a_element;
     bool int4 = f.kind == QUANT_INT4;
     int64_t b_row = int4 ? GEMM_BLOCK_K / 2 : GEMM_BLOCK_K; /* a k-block of one row's codes, in bytes */
     /* shared code rows: int4's 64 bytes are read 16 a lane, conflict-free; byte
@@ -585,12 +646,12 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
     int64_t b_stride = int4 ? b_row : b_row + 16;
     int64_t b_stage = GEMM_BLOCK_N * b_stride;
 
-    ir_value_id typed[3] = {xv, wv, yv};
+    ir_value_id typed[3] = {from_codes ? codes_v : xv, wv, yv};
     /* W8A8 as emit_gemv.c names it: _ai8 or _af8, s for a static scale */
     const char *w8a8 = act == QUANT_NONE
                            ? ""
-                           : arena_printf(&e->scratch, "_a%s%s", act == QUANT_INT8 ? "i8" : "f8",
-                                          static_scale > 0.0 ? "s" : "");
+                           : arena_printf(&e->scratch, "_a%s%s%s", act == QUANT_INT8 ? "i8" : "f8",
+                                          static_scale > 0.0 ? "s" : "", from_codes ? "_codes" : "");
     const char *name =
         arena_printf(&e->scratch, "dequant_gemm_%s_n%lld_k%lld_g%u%s%s%s%s", cg_dtype_tag(e, typed, 3),
                      (long long)n, (long long)k, f.group, f.has_zero ? "z" : "",
@@ -604,6 +665,12 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
                "interleaved (layout mma_k16) so that one 128-bit load is a lane's B fragments "
                "for 128 columns; 3 k-blocks of 128 columns in flight by cp.async; group scales "
                "applied to each group's partial sums"
+        : from_codes
+            ? "Tensor-core W8A8 GEMM over a quantize's codes (prefill steps, where the device runs no "
+              "scaled GEMM): one block per 64 tokens x 64 output rows, 4 warps of 32 x 32; "
+              "mma.m16n8k16 bf16 with f32 accumulation over the activations' byte codes and the "
+              "weight's, both exact in bf16; 3 k-blocks of 128 columns in flight by cp.async; the "
+              "quantize's row scales and the weight's channel scales applied to the whole sums"
         : act != QUANT_NONE
             ? "Tensor-core W8A8 GEMM (prefill steps): one block per 64 tokens x 64 output rows, 4 "
               "warps of 32 x 32; mma.m16n8k16 bf16 with f32 accumulation over the activations' "
@@ -615,7 +682,8 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
               "(exact in bf16) read from shared rows; 3 k-blocks of 128 columns in flight by "
               "cp.async; group scales applied to each group's partial sums");
     b.k->family = "gemm";
-    uint32_t x = cg_param_value(&b, "x", xv, true);
+    uint32_t x = from_codes ? cg_param_value(&b, "codes", codes_v, true) : cg_param_value(&b, "x", xv, true);
+    if (from_codes) cg_param_value(&b, "code_scales", code_scales_v, true);
     uint32_t w = cg_param_value(&b, "w", wv, true);
     uint32_t bias = bv != IR_NO_VALUE ? cg_param_value(&b, "bias", bv, true) : UINT32_MAX;
     uint32_t residual =
@@ -628,7 +696,7 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
                      GEMM_THREADS);
     /* W8A8 over f32 x: a bf16 tile of codes after the stages (bf16 x is coded in place) */
     int64_t code_tile =
-        act != QUANT_NONE && xd == SMELT_DTYPE_F32 ? GEMM_BLOCK_M * (GEMM_BLOCK_K + 8) * 2 : 0;
+        act != QUANT_NONE && !from_codes && xd == SMELT_DTYPE_F32 ? GEMM_BLOCK_M * (GEMM_BLOCK_K + 8) * 2 : 0;
     b.k->rule.dynamic_shared_bytes = (uint32_t)(GEMM_STAGES * (a_stage + b_stage) + code_tile);
     b.k->min_tokens = IR_GEMV_MAX_TOKENS + 1;
     cg_kernel_open(&b);
@@ -649,8 +717,8 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
                "tiles a warp */");
     cg_line(t,
             "enum { A_STRIDE = BLOCK_K + %lld, A_CHUNK = 16 / %d, A_CHUNKS = BLOCK_K / A_CHUNK }; /* padded "
-            "shared x rows */",
-            (long long)pad, xd == SMELT_DTYPE_F32 ? 4 : 2);
+            "shared %s rows */",
+            (long long)pad, (int)a_element, from_codes ? "code" : "x");
     cg_line(t,
             "enum { A_STAGE_BYTES = %lld, B_ROW_BYTES = %lld, B_STRIDE = %lld, CODE_ROW_BYTES = %lld }; /* a "
             "stage: x tile, then code rows */",
@@ -658,6 +726,9 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
     if (split)
         cg_line(t, "enum { SPLIT = %d }; /* A as the sum of SPLIT bf16 parts: %s */", split,
                 xd == SMELT_DTYPE_F32 ? "f32 activations" : "bf16 activations times column scales");
+    else if (from_codes)
+        cg_line(t, "/* A from the shared rows of the quantize's %s codes, two a register (exact in bf16) */",
+                act == QUANT_INT8 ? "int8" : "E4M3");
     else if (act != QUANT_NONE) {
         cg_line(t, "/* A by ldmatrix from the tile of the %s codes of the activations (exact in bf16): %s */",
                 act == QUANT_INT8 ? "int8" : "E4M3",
@@ -675,15 +746,17 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
         cg_line(t, "#define ROW_SCALE(r) %s", static_scale > 0.0 ? "ACTIVATION_SCALE" : "row_scales[r]");
     } else
         cg_line(t, "/* A by ldmatrix from the bf16 activations */");
-    cg_line(t, "#define X_TYPE %s", cg_dtype_ctype(xd));
-    cg_line(t, "#define LOAD_X(v) %s", xd == SMELT_DTYPE_F32 ? "(v)" : "smelt_bf16_to_f32(v)");
-    if (act != QUANT_NONE && static_scale > 0.0)
+    cg_line(t, "#define X_TYPE %s", from_codes ? "uint8_t" : cg_dtype_ctype(xd));
+    cg_line(t, "#define A_ROWS %s /* what the A tiles load */", from_codes ? "codes" : "x");
+    if (!from_codes) /* (the quantize's codes and scales leave nothing to compute) */
+        cg_line(t, "#define LOAD_X(v) %s", xd == SMELT_DTYPE_F32 ? "(v)" : "smelt_bf16_to_f32(v)");
+    if (act != QUANT_NONE && !from_codes && static_scale > 0.0)
         cg_line(t, "#define ACTIVATION_SCALE %s /* act_scale tensor: every row's */",
                 cg_float_literal(e, (float)static_scale));
-    else if (act != QUANT_NONE)
+    else if (act != QUANT_NONE && !from_codes)
         cg_line(t, "#define UNPACK_X(chunk, v) smelt_unpack_%sx%d(chunk, v) /* A_CHUNK of a row */",
                 xd == SMELT_DTYPE_F32 ? "f32" : "bf16", xd == SMELT_DTYPE_F32 ? 4 : 8);
-    if (act != QUANT_NONE && static_scale <= 0.0)
+    if (act != QUANT_NONE && !from_codes && static_scale <= 0.0)
         cg_line(t, "#define CODE_MAX %s /* a row's scale: its absmax over CODE_MAX */",
                 act == QUANT_INT8 ? "127.0f" : "448.0f");
     cg_line(t, "#define STEP_ROWS (%s) /* tokens in this step */", cg_count_text(e, rows));
@@ -694,7 +767,7 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
         cg_line(t, "#define ZERO_POINT(n, group) 8 /* symmetric codes */");
     else
         cg_line(t, "#define CODE(q) %s",
-                f.kind == QUANT_INT8 ? "((float)(int8_t)(q))" : "smelt_f8e4m3_to_f32(q)");
+                f.kind == QUANT_INT8 ? "((float)(int8_t)(q))" : "e4m3_value(q) /* smelt_f8e4m3_to_f32's */");
     if (f.has_column_scale)
         cg_line(t, "#define COLUMN_SCALE(k) ((const float *)(w + COLUMN_SCALES_AT))[k]");
     else
@@ -710,9 +783,10 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
             attention_without_semicolon(e, cg_store(&b, out, "(i)", "(value)")));
     cg_blank(t);
     attention_write_template(t, gemm_helpers);
+    if (f.kind == QUANT_FP8) attention_write_template(t, gemm_e4m3_helper);
     attention_write_template(t, int4 ? gemm_int4_helper : gemm_byte_helper);
     if (split) attention_write_template(t, gemm_split_helper);
-    if (act != QUANT_NONE) {
+    if (act != QUANT_NONE && !from_codes) {
         cg_write_activation_code(t, act == QUANT_INT8); /* the GEMV's, the reference's rounding */
         cg_blank(t);
         attention_write_template(t, gemm_activation_pair_helper);
@@ -723,16 +797,19 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
     if (int4) attention_write_template(t, gemm_int4_state);
     attention_write_template(t, gemm_body_prologue);
     if (act != QUANT_NONE)
-        attention_write_template(t, static_scale > 0.0 ? gemm_static_scales : gemm_token_scales);
+        attention_write_template(t, from_codes           ? gemm_code_scales
+                                    : static_scale > 0.0 ? gemm_static_scales
+                                                         : gemm_token_scales);
     attention_write_template(t, gemm_body_loop);
     if (int4) attention_write_template(t, gemm_int4_codes);
-    if (act != QUANT_NONE) attention_write_template(t, gemm_code_tile);
+    if (act != QUANT_NONE && !from_codes) attention_write_template(t, gemm_code_tile);
     attention_write_template(t, gemm_step);
     if (act == QUANT_NONE) attention_write_template(t, gemm_group_of_step);
     attention_write_template(t, int4 ? gemm_int4_fragments : gemm_byte_fragments);
-    attention_write_template(t, act != QUANT_NONE ? gemm_code_fragments
-                                : split           ? gemm_split_fragments
-                                                  : gemm_ldmatrix_fragments);
+    attention_write_template(t, from_codes          ? gemm_byte_a_fragments
+                                : act != QUANT_NONE ? gemm_code_fragments
+                                : split             ? gemm_split_fragments
+                                                    : gemm_ldmatrix_fragments);
     attention_write_template(t, gemm_fragments_end);
     if (act == QUANT_NONE) attention_write_template(t, gemm_group_end);
     attention_write_template(t, gemm_loops_end);
@@ -747,6 +824,7 @@ bool cg_emit_dequant_gemm(cg_emit *e) {
     cg_kernel *kernel = &e->out->kernels[e->out->kernel_count - 1];
     kernel->flops = (prog_poly){.per_token = 2.0 * (double)n * (double)k};
     kernel->tensor_cores = true;
-    if (act != QUANT_NONE && static_scale <= 0.0) kernel->cost = dequant_gemm_cost(e, kernel, x);
+    if (act != QUANT_NONE && !from_codes && static_scale <= 0.0)
+        kernel->cost = dequant_gemm_cost(e, kernel, x);
     return true;
 }

@@ -61,6 +61,11 @@
  * the tensor-core dequantize-GEMM above (emit_dequant_gemm.c) when that
  * takes it; otherwise this kernel at every step, tile by tile of TOKEN_TILE
  * tokens (docs/design.md §4).
+ *
+ * The quantize ops of a W8A8 group (the codes and scales of x that its
+ * act_codes matmuls hand to a scaled GEMM above the fused range, ir/ops.def)
+ * are skipped: this kernel codes x in registers as the quantize would; a
+ * group whose codes or scales something outside it reads is refused.
  */
 #include "emit_internal.h"
 
@@ -229,7 +234,7 @@ static bool read_segment(group_reading *r, gemv_plan *p, uint32_t which) {
     s->kind = GEMV_PLAIN;
     s->weight[0] = op->operands[1];
     s->weight[1] = s->bias[1] = s->residual = s->table = IR_NO_VALUE;
-    s->bias[0] = op->operand_count == 3 ? op->operands[2] : IR_NO_VALUE;
+    s->bias[0] = ir_matmul_bias(m, index);
     s->first_row[0] = part->row;
     s->rows = part->rows;
     take(r, index);
@@ -284,9 +289,9 @@ static bool read_segment(group_reading *r, gemv_plan *p, uint32_t which) {
             if (which_up == UINT32_MAX || !r->parts[which_up].up || r->parts[which_up].rows != s->rows)
                 return refuse(e, "a SwiGLU whose up is no matmul of the group");
             uint32_t up = r->parts[which_up].matmul;
-            if (m->ops[up].operand_count == 3) {
+            if (ir_matmul_bias(m, up) != IR_NO_VALUE) {
                 if (s->bias[1] != IR_NO_VALUE) return refuse(e, "two biases on SwiGLU's up");
-                s->bias[1] = m->ops[up].operands[2];
+                s->bias[1] = ir_matmul_bias(m, up);
             }
             take(r, mul);
             take(r, up);
@@ -385,6 +390,13 @@ static bool read_group(cg_emit *e, const cg_group *g, gemv_plan *p) {
             p->norm_weight = op->operands[1];
             p->eps = ir_op_float(m, g->ops[i], "eps");
             p->norm_offset = ir_op_float(m, g->ops[i], "offset");
+            taken[i] = true;
+        } else if (op->kind == IR_OP_QUANTIZE) {
+            /* the codes of an act_codes matmul's x (ir/ops.def): the kernel reads x and codes it in
+             * registers, as the quantize would; its results are the GEMM's, above the fused range */
+            if (is_output(g, op->results[0]) || is_output(g, op->results[1]))
+                return refuse(e, "a quantize whose codes or scales a reader outside the group needs (the "
+                                 "fused kernel codes x in registers and writes neither)");
             taken[i] = true;
         } else if (op->kind == IR_OP_SILU) { /* mul(silu(gate), up): the up matmul is the gate's */
             uint32_t mul = group_reader(m, g, op->results[0], false);
@@ -813,9 +825,17 @@ void cg_write_w8a8_weight_codes(cg_text *t, bool int8, int vector) {
     cg_blank(t);
 }
 
-/* W8A8: an activation's code (activation_code) of x / s, as the reference
- * rounds it (ref_ops.c): int8 to nearest even, clamped to +-127, NaN 0; or
- * the E4M3 code's value, to nearest even, saturating. */
+/* W8A8: an activation's code of x / s, as the reference rounds it
+ * (ref_ops.c) and a quantize op stores it (ir/ops.def): int8 to nearest
+ * even, clamped to +-127, NaN 0; or E4M3, to nearest even, saturating to
+ * +-448 (NaN stays NaN). activation_code is the code's value (what the dot
+ * products multiply), activation_byte the byte a quantize kernel stores;
+ * the value is the byte's, so both are one rounding. On sm_89 and up the
+ * E4M3 rounding is the hardware's cvt.rn.satfinite.e4m3x2.f32 (by the PTX
+ * ISA: round to nearest even, finite values saturating to +-448, which is
+ * what smelt_f32_to_f8e4m3 computes; a NaN keeps the software's bits, as the
+ * instruction's NaN sign is not specified); elsewhere, and on the host,
+ * smelt_f32_to_f8e4m3. The hardware path has not yet run on a GPU. */
 void cg_write_activation_code(cg_text *t, bool int8) {
     if (int8) {
         cg_line(t, "/* An activation's int8 code: x / s rounded to nearest even, clamped to +-127. */");
@@ -826,12 +846,33 @@ void cg_write_activation_code(cg_text *t, bool int8) {
         cg_line(t, "float r = rintf(v);");
         cg_line(t, "return (int)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);");
         cg_line(t, "}");
+        cg_blank(t);
+        cg_line(t, "/* The int8 code as the byte a quantize stores (two's complement). */");
+        cg_line(t, "SMELT_DEVICE uint8_t activation_byte(float v)");
+        cg_line(t, "{");
+        cg_line(t, "return (uint8_t)(int8_t)activation_code(v);");
+        cg_line(t, "}");
     } else {
         cg_line(t,
-                "/* An activation's E4M3 code, as its value: x / s rounded to nearest even, saturating. */");
+                "/* An activation's E4M3 code byte: x / s rounded to nearest even, saturating to +-448. */");
+        cg_line(t, "SMELT_DEVICE uint8_t activation_byte(float v)");
+        cg_line(t, "{");
+        cg_text_printf(t, "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890\n"); /* at column 0 */
+        cg_line(t, "/* the hardware's rounding; a NaN keeps smelt_f32_to_f8e4m3's bits */");
+        cg_line(t, "if (v == v) {");
+        cg_line(t, "unsigned short pair; /* the code of v in the low byte, of 0 in the high one */");
+        cg_line(
+            t, "asm(\"cvt.rn.satfinite.e4m3x2.f32 %%0, %%1, %%2;\" : \"=h\"(pair) : \"f\"(0.0f), \"f\"(v));");
+        cg_line(t, "return (uint8_t)(pair & 0xffu);");
+        cg_line(t, "}");
+        cg_text_printf(t, "#endif\n");
+        cg_line(t, "return smelt_f32_to_f8e4m3(v);");
+        cg_line(t, "}");
+        cg_blank(t);
+        cg_line(t, "/* An activation's E4M3 code, as its value (exact in float). */");
         cg_line(t, "SMELT_DEVICE float activation_code(float v)");
         cg_line(t, "{");
-        cg_line(t, "return smelt_f8e4m3_to_f32(smelt_f32_to_f8e4m3(v));");
+        cg_line(t, "return smelt_f8e4m3_to_f32(activation_byte(v));");
         cg_line(t, "}");
     }
 }

@@ -82,6 +82,7 @@ bool cg_emit_concat(cg_emit *e);     /* emit_layout.c */
 bool cg_emit_split(cg_emit *e);      /* emit_layout.c */
 bool cg_emit_slice(cg_emit *e);      /* emit_layout.c */
 bool cg_emit_argmax(cg_emit *e);     /* emit_argmax.c */
+bool cg_emit_quantize(cg_emit *e);   /* emit_quantize.c */
 /* A fused group of several ops; e->op is its first. */
 bool cg_emit_gemv_group(cg_emit *e, const cg_group *g); /* emit_gemv.c */
 /* The tensor-core dequantize-GEMM of the quantized matmul e->group->ops[0]
@@ -92,6 +93,9 @@ bool cg_emit_gemv_group(cg_emit *e, const cg_group *g); /* emit_gemv.c */
 bool cg_emit_dequant_gemm(cg_emit *e);
 bool cg_emit_elementwise_chain(cg_emit *e, const cg_group *g); /* emit_elementwise.c */
 bool cg_emit_add_norm(cg_emit *e, const cg_group *g);          /* emit_norm.c: {add, rms_norm | layer_norm} */
+/* emit_norm.c: {rms_norm | layer_norm, quantize of its result}: the norm's
+ * kernel that also writes the codes and scales of its stored output. */
+bool cg_emit_norm_quantize(cg_emit *e, const cg_group *g);
 
 /* emit_argmax.c: the plan's greedy kernel; the op is the logits' output (cg_emit_greedy). */
 bool cg_emit_greedy_argmax(cg_emit *e);
@@ -227,6 +231,9 @@ void cg_write_quant_loader(cg_text *t, const struct quant_format *f, int vector,
 /* W8A8 (emit_gemv.c; the moe kernels' too): load_codes and row_scale of a
  * weight row's int8 / E4M3 codes, and activation_code. */
 void cg_write_w8a8_weight_codes(cg_text *t, bool int8, int vector);
+/* activation_code(v) (the code's value: an int for int8, a float for E4M3)
+ * and activation_byte(v) (the code as the byte a quantize stores) of v = x / s,
+ * rounded as the reference rounds it: one copy for every kernel. */
 void cg_write_activation_code(cg_text *t, bool int8);
 
 #endif

@@ -7,8 +7,18 @@
  * (reference/ref_ops.c): rms_norm scales x / sqrt(mean(x^2) + eps) by the
  * weight after normalising (Llama); layer_norm uses the biased variance of
  * the centred row (torch.nn.LayerNorm), computed in a second pass.
+ *
+ * A norm and the quantize of its output (an act_codes matmul's input at
+ * prefill, codegen/lower.c) are one kernel, cg_emit_norm_quantize: after
+ * writing the output it reads back the elements it wrote (so as stored, in
+ * their storage dtype's rounding), takes their block-wide absmax for the
+ * row's scale (or the static one) and writes their codes and the scale:
+ * what the quantize kernel (emit_quantize.c) would write from that output,
+ * bit for bit, without a launch or a second read of the output from DRAM.
  */
 #include "emit_internal.h"
+
+#include <string.h>
 
 enum { NORM_MAX_THREADS = 256 };
 
@@ -54,10 +64,34 @@ static const char *rows_tag(cg_emit *e, const cg_shape *x) {
     return arena_printf(&e->scratch, "_rows%s", rows.rank == 0 ? "1" : cg_shape_tag(e, &rows));
 }
 
+/* The quantize of a norm's output that the norm's kernel does as well
+ * (cg_emit_norm_quantize): the kind of its codes and its static scale (0:
+ * each row's own). */
+typedef struct norm_quantize {
+    uint32_t op; /* IR_NONE: a norm alone */
+    bool int8;
+    double static_scale;
+} norm_quantize;
+
+static const char *quantize_string(const ir_module *m, uint32_t op, const char *name, const char *fallback) {
+    const ir_attr *a = ir_op_attr(m, op, name);
+    return a && a->kind == IR_ATTR_STRING && a->as.s ? a->as.s : fallback;
+}
+
+/* The kernel's name for the quantize too: "_f8e4m3_token", "_i8_tensor0p02". */
+static const char *quantize_tag(cg_emit *e, const norm_quantize *q) {
+    if (q->op == IR_NONE) return "";
+    const char *codes = q->int8 ? "i8" : "f8e4m3";
+    if (q->static_scale > 0.0)
+        return arena_printf(&e->scratch, "_%s_tensor%s", codes, cg_float_name(e, q->static_scale));
+    return arena_printf(&e->scratch, "_%s_token", codes);
+}
+
 /* The part every norm kernel shares: parameters, launch, constants and
- * signature. Returns the row width. */
+ * signature. Returns the row width. With a quantize, params 4 and 5 are
+ * its codes and scales. */
 static int64_t open_norm_kernel(cg_kernel_builder *b, cg_emit *e, const char *name, const char *summary,
-                                uint32_t *params, bool with_bias) {
+                                uint32_t *params, bool with_bias, const norm_quantize *q) {
     cg_shape x = cg_shape_of(e, cg_operand(e, 0));
     int64_t width = x.dims[x.rank - 1];
     uint32_t threads = norm_threads(width);
@@ -66,6 +100,10 @@ static int64_t open_norm_kernel(cg_kernel_builder *b, cg_emit *e, const char *na
     params[1] = cg_param_value(b, "weight", cg_operand(e, 1), true);
     if (with_bias) params[2] = cg_param_value(b, "bias", cg_operand(e, 2), true);
     params[3] = cg_param_value(b, "out", cg_result(e, 0), false);
+    if (q->op != IR_NONE) {
+        params[4] = cg_param_value(b, "codes", e->m->ops[q->op].results[0], false);
+        params[5] = cg_param_value(b, "scales", e->m->ops[q->op].results[1], false);
+    }
     cg_kernel_launch(b, cg_count_blocks(cg_shape_count(&x, 0, x.rank - 1u), 1), (prog_affine){0, 1, 1},
                      threads);
     cg_kernel_open(b);
@@ -74,32 +112,118 @@ static int64_t open_norm_kernel(cg_kernel_builder *b, cg_emit *e, const char *na
     if (e->ir->kind == IR_OP_RMS_NORM && cg_attr_float(e, "offset", 0.0) != 0.0)
         cg_line(&b->text, "#define OFFSET %s /* added to the weight */",
                 cg_float_literal(e, cg_attr_float(e, "offset", 0.0)));
+    if (q->op != IR_NONE && q->static_scale > 0.0)
+        cg_line(&b->text, "#define ACTIVATION_SCALE %s /* the quantize's act_scale tensor: every row's */",
+                cg_float_literal(e, (float)q->static_scale));
+    else if (q->op != IR_NONE)
+        cg_line(&b->text, "#define CODE_MAX %s /* a row's scale: the absmax of its output over CODE_MAX */",
+                q->int8 ? "127.0f" : "448.0f");
     cg_blank(&b->text);
-    cg_write_block_reductions(&b->text, false);
+    cg_write_block_reductions(&b->text, q->op != IR_NONE && q->static_scale <= 0.0);
+    if (q->op != IR_NONE) {
+        cg_write_activation_code(&b->text, q->int8);
+        cg_blank(&b->text);
+    }
     cg_kernel_signature(b);
     cg_line(&b->text, "__shared__ float scratch[32];");
     cg_line(&b->text, "long long base = (long long)blockIdx.x * WIDTH; /* the row's first element */");
     return width;
 }
 
-bool cg_emit_rms_norm(cg_emit *e) {
+/* The last loop of a norm kernel: out = `value` for each element of the
+ * row; with a quantize, then the codes of out as stored (read back by the
+ * thread that wrote it: its storage dtype's rounding, what a quantize
+ * kernel reading out would see) over the row's scale, and the scale. */
+static void write_norm_output(cg_kernel_builder *b, const uint32_t *p, const char *normalised,
+                              const char *value, const norm_quantize *q) {
+    cg_emit *e = b->e;
+    cg_text *t = &b->text;
+    const char *stored = cg_load(b, p[3], "base + i");
+    bool token = q->op != IR_NONE && q->static_scale <= 0.0;
+    if (token) cg_line(t, "float absmax = 0.0f; /* of the row's output as stored */");
+    cg_line(t, "for (int i = threadIdx.x; i < WIDTH; i += THREADS) {");
+    cg_line(t, "float normalised = %s;", normalised);
+    cg_line(t, "%s", cg_store(b, p[3], "base + i", value));
+    if (token)
+        cg_line(t, "absmax = fmaxf(absmax, fabsf(%s));", stored);
+    else if (q->op != IR_NONE)
+        cg_line(t, "codes[base + i] = activation_byte(%s / ACTIVATION_SCALE);", stored);
+    cg_line(t, "}");
+    if (q->op == IR_NONE) return;
+    if (token) {
+        cg_line(t, "absmax = block_max(absmax, scratch);");
+        cg_line(t, "float s = absmax > 0.0f ? absmax / CODE_MAX : 1.0f; /* 1 for a row of zeros */");
+        cg_line(t, "for (int i = threadIdx.x; i < WIDTH; i += THREADS)");
+        cg_line(t, "    codes[base + i] = activation_byte(%s / s);", stored);
+    }
+    cg_line(t, "if (threadIdx.x == 0)");
+    cg_line(t, "    scales[blockIdx.x] = %s;", token ? "s" : "ACTIVATION_SCALE");
+    (void)e;
+}
+
+static bool emit_rms_norm(cg_emit *e, const norm_quantize *q);
+static bool emit_layer_norm(cg_emit *e, const norm_quantize *q);
+
+static const norm_quantize no_quantize = {IR_NONE, false, 0.0};
+
+bool cg_emit_rms_norm(cg_emit *e) { return emit_rms_norm(e, &no_quantize); }
+bool cg_emit_layer_norm(cg_emit *e) { return emit_layer_norm(e, &no_quantize); }
+
+/* A norm and the quantize of its output (emit.c's group_is_norm_quantize):
+ * the norm's kernel writes its output, then the codes of the output as
+ * stored over each row's scale, and the scales, so that they are the
+ * codes and scales a quantize kernel (emit_quantize.c) reading that output
+ * would write. One launch and no second read of the output from DRAM. */
+bool cg_emit_norm_quantize(cg_emit *e, const cg_group *g) {
+    const ir_module *m = e->m;
+    uint32_t quantize = g->ops[1];
+    const ir_op *qo = &m->ops[quantize];
+    smelt_dtype codes = cg_storage_dtype(m, qo->results[0]);
+    norm_quantize q = {quantize, codes == SMELT_DTYPE_I8, 0.0};
+    if (strcmp(quantize_string(m, quantize, "act_scale", "token"), "tensor") == 0) {
+        const ir_attr *value = ir_op_attr(m, quantize, "act_scale_value");
+        q.static_scale = value && value->kind == IR_ATTR_FLOAT ? value->as.f : 0.0;
+        if (!((float)q.static_scale > 0.0f)) {
+            diag_error(e->d, qo->loc, "quantize: expected act_scale_value > 0 for act_scale tensor");
+            return false;
+        }
+    }
+    cg_shape x = cg_shape_of(e, cg_result(e, 0)), cs = cg_shape_of(e, qo->results[0]),
+             ss = cg_shape_of(e, qo->results[1]);
+    if ((codes != SMELT_DTYPE_I8 && codes != SMELT_DTYPE_F8E4M3) || !cg_same_shape(&x, &cs) ||
+        ss.rank + 1 != x.rank || cg_storage_dtype(m, qo->results[1]) != SMELT_DTYPE_F32) {
+        diag_error(e->d, qo->loc,
+                   "quantize: expected codes (f8e4m3 or i8) of the norm's output's shape and one f32 scale "
+                   "per row");
+        return false;
+    }
+    return e->ir->kind == IR_OP_RMS_NORM ? emit_rms_norm(e, &q) : emit_layer_norm(e, &q);
+}
+
+static bool emit_rms_norm(cg_emit *e, const norm_quantize *q) {
     if (!require_float_values(e)) return false;
     ir_value_id stored[3] = {cg_operand(e, 0), cg_operand(e, 1), cg_result(e, 0)};
     cg_shape x = cg_shape_of(e, stored[0]);
     double eps = cg_attr_float(e, "eps", 1e-5), offset = cg_attr_float(e, "offset", 0.0);
     const char *name =
-        arena_printf(&e->scratch, "rms_norm_%s_d%lld_eps%s%s%s%s", cg_dtype_tag(e, stored, 3),
+        arena_printf(&e->scratch, "rms_norm_%s_d%lld_eps%s%s%s%s%s", cg_dtype_tag(e, stored, 3),
                      (long long)x.dims[x.rank - 1], cg_float_name(e, eps), offset != 0.0 ? "_offset" : "",
-                     offset != 0.0 ? cg_float_name(e, offset) : "", rows_tag(e, &x));
+                     offset != 0.0 ? cg_float_name(e, offset) : "", quantize_tag(e, q), rows_tag(e, &x));
+    const char *summary = offset != 0.0
+                              ? "One block per row: out = x / sqrt(mean(x^2) + eps) * (OFFSET + weight), "
+                                "the weight applied after normalising (Gemma's RMSNorm, offset 1)."
+                              : "One block per row: out = x / sqrt(mean(x^2) + eps) * weight, the weight "
+                                "applied after normalising (Llama's RMSNorm).";
+    if (q->op != IR_NONE)
+        summary = arena_printf(&e->scratch,
+                               "%s Then the quantize of out as stored: codes = code(out / s), s = %s; "
+                               "scales[row] = s.",
+                               summary,
+                               q->static_scale > 0.0 ? "ACTIVATION_SCALE"
+                                                     : "max |out| / CODE_MAX (1 for a row of zeros)");
     cg_kernel_builder b;
-    uint32_t p[4];
-    open_norm_kernel(&b, e, name,
-                     offset != 0.0
-                         ? "One block per row: out = x / sqrt(mean(x^2) + eps) * (OFFSET + weight), "
-                           "the weight applied after normalising (Gemma's RMSNorm, offset 1)."
-                         : "One block per row: out = x / sqrt(mean(x^2) + eps) * weight, the weight "
-                           "applied after normalising (Llama's RMSNorm).",
-                     p, false);
+    uint32_t p[6];
+    open_norm_kernel(&b, e, name, summary, p, false, q);
     cg_text *t = &b.text;
     const char *weight = cg_load(&b, p[1], "i");
     if (offset != 0.0) weight = arena_printf(&e->scratch, "(OFFSET + %s)", weight);
@@ -110,31 +234,37 @@ bool cg_emit_rms_norm(cg_emit *e) {
     cg_line(t, "}");
     cg_line(t, "squares = block_sum(squares, scratch);");
     cg_line(t, "float inverse_rms = 1.0f / sqrtf(squares / (float)WIDTH + EPS);");
-    cg_line(t, "for (int i = threadIdx.x; i < WIDTH; i += THREADS) {");
-    cg_line(t, "float normalised = %s * inverse_rms;", cg_load(&b, p[0], "base + i"));
-    cg_line(t, "%s", cg_store(&b, p[3], "base + i", arena_printf(&e->scratch, "normalised * %s", weight)));
-    cg_line(t, "}");
+    write_norm_output(&b, p, arena_printf(&e->scratch, "%s * inverse_rms", cg_load(&b, p[0], "base + i")),
+                      arena_printf(&e->scratch, "normalised * %s", weight), q);
     cg_kernel_end(&b);
     e->out->kind = CG_LOWER_KERNELS;
     return true;
 }
 
-bool cg_emit_layer_norm(cg_emit *e) {
+static bool emit_layer_norm(cg_emit *e, const norm_quantize *q) {
     if (!require_float_values(e)) return false;
     bool with_bias = e->ir->operand_count == 3;
     ir_value_id stored[4] = {cg_operand(e, 0), cg_operand(e, 1),
                              with_bias ? cg_operand(e, 2) : cg_result(e, 0), cg_result(e, 0)};
     cg_shape x = cg_shape_of(e, stored[0]);
     double eps = cg_attr_float(e, "eps", 1e-5);
-    const char *name = arena_printf(&e->scratch, "layer_norm_%s_d%lld_eps%s%s%s",
-                                    cg_dtype_tag(e, stored, with_bias ? 4 : 3), (long long)x.dims[x.rank - 1],
-                                    cg_float_name(e, eps), with_bias ? "_bias" : "", rows_tag(e, &x));
+    const char *name =
+        arena_printf(&e->scratch, "layer_norm_%s_d%lld_eps%s%s%s%s",
+                     cg_dtype_tag(e, stored, with_bias ? 4 : 3), (long long)x.dims[x.rank - 1],
+                     cg_float_name(e, eps), with_bias ? "_bias" : "", quantize_tag(e, q), rows_tag(e, &x));
+    const char *summary =
+        "One block per row: out = (x - mean) / sqrt(var + eps) * weight (+ bias), the biased "
+        "variance of the centred row (torch.nn.LayerNorm).";
+    if (q->op != IR_NONE)
+        summary = arena_printf(&e->scratch,
+                               "%s Then the quantize of out as stored: codes = code(out / s), s = %s; "
+                               "scales[row] = s.",
+                               summary,
+                               q->static_scale > 0.0 ? "ACTIVATION_SCALE"
+                                                     : "max |out| / CODE_MAX (1 for a row of zeros)");
     cg_kernel_builder b;
-    uint32_t p[4];
-    open_norm_kernel(&b, e, name,
-                     "One block per row: out = (x - mean) / sqrt(var + eps) * weight (+ bias), the biased "
-                     "variance of the centred row (torch.nn.LayerNorm).",
-                     p, with_bias);
+    uint32_t p[6];
+    open_norm_kernel(&b, e, name, summary, p, with_bias, q);
     cg_text *t = &b.text;
     cg_line(t, "float sum = 0.0f;");
     cg_line(t, "for (int i = threadIdx.x; i < WIDTH; i += THREADS)");
@@ -146,13 +276,12 @@ bool cg_emit_layer_norm(cg_emit *e) {
     cg_line(t, "squares += centred * centred;");
     cg_line(t, "}");
     cg_line(t, "float inverse_std = 1.0f / sqrtf(block_sum(squares, scratch) / (float)WIDTH + EPS);");
-    cg_line(t, "for (int i = threadIdx.x; i < WIDTH; i += THREADS) {");
-    cg_line(t, "float normalised = (%s - mean) * inverse_std;", cg_load(&b, p[0], "base + i"));
     const char *value = with_bias ? arena_printf(&e->scratch, "normalised * %s + %s", cg_load(&b, p[1], "i"),
                                                  cg_load(&b, p[2], "i"))
                                   : arena_printf(&e->scratch, "normalised * %s", cg_load(&b, p[1], "i"));
-    cg_line(t, "%s", cg_store(&b, p[3], "base + i", value));
-    cg_line(t, "}");
+    write_norm_output(&b, p,
+                      arena_printf(&e->scratch, "(%s - mean) * inverse_std", cg_load(&b, p[0], "base + i")),
+                      value, q);
     cg_kernel_end(&b);
     e->out->kind = CG_LOWER_KERNELS;
     return true;

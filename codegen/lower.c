@@ -4,6 +4,16 @@
  * buffers are where plan-memory put them. A group the wanted-rows pass
  * marked rows(wanted) becomes wanted-rows instructions (plan/program.h,
  * "Wanted rows"), each pointer into a row-indexed value with its row size.
+ *
+ * A fused group run op by op (above its fused kernel's token counts) runs a
+ * norm and the quantize of its result as one kernel (emit_norm.c), and each
+ * act_codes matmul as a guarded pair (plan/program.h, prog_instr.needs): a
+ * scaled GEMM of the quantize's codes and the weight's codes and scales
+ * (PROG_NEED_SCALED_GEMM), then the kernel that computes the same where the
+ * device runs no scaled GEMM (PROG_NEED_NO_SCALED_GEMM: smelt's
+ * dequantize-GEMM over the codes, or the GEMV over x where that does not
+ * fit), both with the bias and residual adds after the matmul when the
+ * dequantize-GEMM takes them.
  */
 #include "lower.h"
 
@@ -192,7 +202,8 @@ static gemm_epilogue find_gemm_epilogue(const lowering_state *s, const cg_group 
         if (other == ep.out || (add->operands[0] != ep.out && add->operands[1] != ep.out)) break;
         const ir_type *t = &m->values[other].type;
         bool weight = m->ops[m->values[other].def_op].kind == IR_OP_WEIGHT && t->rank == 1;
-        if (weight && ep.bias == IR_NO_VALUE && ep.residual == IR_NO_VALUE && matmul->operand_count == 2)
+        if (weight && ep.bias == IR_NO_VALUE && ep.residual == IR_NO_VALUE &&
+            ir_matmul_bias(m, g->ops[i]) == IR_NO_VALUE)
             ep.bias = other;
         else if (!weight && ep.residual == IR_NO_VALUE && ir_type_equal(t, &m->values[ep.out].type) &&
                  cg_storage_dtype(m, other) == storage)
@@ -205,11 +216,50 @@ static gemm_epilogue find_gemm_epilogue(const lowering_state *s, const cg_group 
     return ep;
 }
 
+/* The position (after i) of the quantize of the result of the norm at
+ * position i of group g, or UINT32_MAX when op i is no norm or none reads it. */
+static uint32_t quantize_of_norm(const lowering_state *s, const cg_group *g, uint32_t i) {
+    const ir_op *norm = &s->m->ops[g->ops[i]];
+    if (norm->kind != IR_OP_RMS_NORM && norm->kind != IR_OP_LAYER_NORM) return UINT32_MAX;
+    for (uint32_t j = i + 1; j < g->op_count; j++) {
+        const ir_op *q = &s->m->ops[g->ops[j]];
+        if (q->kind == IR_OP_QUANTIZE && q->operands[0] == norm->results[0]) return j;
+    }
+    return UINT32_MAX;
+}
+
+/* The norm at position i and the quantize of its result at position j as
+ * one kernel (quantization in the norm's epilogue, emit_norm.c): it writes
+ * the norm's output and the codes and scales. */
+static bool emit_norm_quantize(lowering_state *s, const cg_group *group, uint32_t i, uint32_t j,
+                               cg_group_lowering *out) {
+    const ir_module *m = s->m;
+    uint32_t *ops = arena_array(&s->out->arena, 2, sizeof *ops);
+    ops[0] = group->ops[i];
+    ops[1] = group->ops[j];
+    const ir_op *norm = &m->ops[ops[0]], *quantize = &m->ops[ops[1]];
+    ir_value_id *outputs = arena_array(&s->out->arena, 3, sizeof *outputs);
+    outputs[0] = norm->results[0];
+    outputs[1] = quantize->results[0];
+    outputs[2] = quantize->results[1];
+    cg_group pair = {.id = group->id,
+                     .op_count = 2,
+                     .ops = ops,
+                     .input_count = norm->operand_count,
+                     .inputs = norm->operands,
+                     .output_count = 3,
+                     .outputs = outputs};
+    return cg_emit_group(m, &pair, &s->out->arena, out, s->d);
+}
+
 static bool emit_unfused(lowering_state *s, uint32_t g) {
     const cg_group *group = &s->groups[g];
     s->unfused[g] = arena_array(&s->out->arena, group->op_count, sizeof *s->unfused[g]);
     memset(s->unfused[g], 0, group->op_count * sizeof *s->unfused[g]);
     s->epilogues[g] = arena_array(&s->out->arena, group->op_count, sizeof *s->epilogues[g]);
+    /* the quantizes that their norm's kernel does (their lowering: none) */
+    bool *in_norm = arena_array(&s->out->arena, group->op_count, sizeof *in_norm);
+    memset(in_norm, 0, group->op_count * sizeof *in_norm);
     uint32_t concat = cg_group_concat_matmul(s->m, group), epilogue = UINT32_MAX, skip = 0;
     bool ok = true;
     for (uint32_t i = 0; i < group->op_count && ok; i++) {
@@ -218,15 +268,25 @@ static bool emit_unfused(lowering_state *s, uint32_t g) {
             skip--;
             continue;
         }
+        if (in_norm[i]) continue;
+        uint32_t quantize = quantize_of_norm(s, group, i);
+        s->epilogues[g][i] = (gemm_epilogue){IR_NO_VALUE, IR_NO_VALUE, s->m->ops[group->ops[i]].results[0]};
+        if (quantize != UINT32_MAX) {
+            in_norm[quantize] = true;
+            ok = emit_norm_quantize(s, group, i, quantize, &s->unfused[g][i]);
+            continue; /* a norm's kernel keeps no state */
+        }
         ok = cg_emit_op(s->m, group->ops[i], &s->out->arena, &s->unfused[g][i], s->d);
         if (ok && s->unfused[g][i].kind == CG_LOWER_KERNELS && cg_dequant_gemm_fits(s->m, group->ops[i])) {
-            /* a quantized matmul's dequantize-GEMM takes the bias and residual adds after it too */
+            /* a quantized matmul's dequantize-GEMM takes the bias and residual adds after it too (and
+             * so does the scaled GEMM of an act_codes matmul beside it) */
             uint32_t taken;
-            find_gemm_epilogue(s, group, i, &taken);
+            gemm_epilogue ep = find_gemm_epilogue(s, group, i, &taken);
             if (taken > 0) {
                 ok = cg_emit_dequant_gemm_epilogue(s->m, &group->ops[i], 1 + taken, &s->out->arena,
                                                    &s->unfused[g][i], s->d);
                 skip = taken;
+                s->epilogues[g][i] = ep;
             }
         }
         if (ok && s->unfused[g][i].kind == CG_LOWER_GEMM && group->ops[i] != concat)
@@ -306,8 +366,42 @@ static prog_affine rows_of(int32_t token_symbol, const ir_type *t) {
     return tokens ? (prog_affine){rows, 0, 1} : (prog_affine){0, rows, 1};
 }
 
+/* An act_codes matmul's GEMM (ir/ops.def; plan/program.h, "Scaled GEMM"):
+ * A is the quantize's codes with its f32 scale per row, B the weight's codes
+ * (per output channel, of the codes' kind) with its f16 scales, which lie
+ * inside the weight at quant/quant.h's offset. */
+static bool scale_gemm(lowering_state *s, uint32_t i, prog_gemm *g) {
+    const ir_module *m = s->m;
+    const ir_op *op = &m->ops[i];
+    ir_value_id codes, scales, w = op->operands[1];
+    ir_matmul_act_codes(m, i, &codes, &scales);
+    quant_format f;
+    quant_layout l;
+    const ir_type *wt = &m->values[w].type;
+    smelt_dtype codes_dtype = cg_storage_dtype(m, codes);
+    if (!ir_weight_quant(m, m->values[w].def_op, &f) || wt->rank != 2 ||
+        quant_layout_of(&f, (uint64_t)wt->dims[0].size, (uint64_t)wt->dims[1].size, &l) ||
+        (f.kind != QUANT_FP8 && f.kind != QUANT_INT8) || f.group != (uint32_t)wt->dims[1].size ||
+        f.has_zero || f.has_column_scale || f.has_group_index ||
+        codes_dtype != (f.kind == QUANT_FP8 ? SMELT_DTYPE_F8E4M3 : SMELT_DTYPE_I8) || !g->b_transposed) {
+        diag_error(
+            s->d, op->loc,
+            "matmul: act_codes needs an out_in weight of codes of the activations' kind with one scale "
+            "per output channel (no zero points, column scales or act-order)");
+        return false;
+    }
+    g->has_scales = true;
+    g->dtype_a = codes_dtype;
+    g->dtype_b_scale = SMELT_DTYPE_F16;
+    bool ok = value_ref(s, codes, &g->a) && value_ref(s, scales, &g->a_scale) && value_ref(s, w, &g->b_scale);
+    g->b_scale.offset += l.scales;
+    if (!ok) diag_error(s->d, op->loc, "matmul: the codes or scales of its input have no buffer");
+    return ok;
+}
+
 /* The GEMM of matmul i, with its epilogue (NULL: none; the matmul's own
- * bias operand is the bias either way). */
+ * bias operand is the bias either way). An act_codes matmul's is a scaled
+ * GEMM of the codes (scale_gemm). */
 static bool build_gemm(lowering_state *s, uint32_t i, const gemm_epilogue *ep, prog_instr *instr) {
     const ir_module *m = s->m;
     const ir_op *op = &m->ops[i];
@@ -316,7 +410,9 @@ static bool build_gemm(lowering_state *s, uint32_t i, const gemm_epilogue *ep, p
     const ir_type *x = &m->values[op->operands[0]].type;
     const ir_type *y = &m->values[op->results[0]].type;
     ir_value_id out = ep ? ep->out : op->results[0];
-    ir_value_id bias = op->operand_count == 3 ? op->operands[2] : ep ? ep->bias : IR_NO_VALUE;
+    ir_value_id bias = ir_matmul_bias(m, i) != IR_NO_VALUE ? ir_matmul_bias(m, i)
+                       : ep                                ? ep->bias
+                                                           : IR_NO_VALUE;
     instr->op = PROG_OP_GEMM;
     g->m = rows_of(ir_token_symbol(m), x);
     g->k = x->dims[x->rank - 1].size;
@@ -336,7 +432,8 @@ static bool build_gemm(lowering_state *s, uint32_t i, const gemm_epilogue *ep, p
     if (g->has_residual) ok = ok && value_ref(s, ep->residual, &g->residual);
     if (!ok)
         diag_error(s->d, op->loc, "matmul: an operand has no buffer (a constant cannot be a matmul operand)");
-    return ok;
+    ir_value_id codes, scales;
+    return ok && (!ir_matmul_act_codes(m, i, &codes, &scales) || scale_gemm(s, i, g));
 }
 
 /* Bytes of one token row of value v when dim 0 is the tokens (a
@@ -353,6 +450,7 @@ static bool build_launch(lowering_state *s, uint32_t g, const cg_kernel *k, prog
     prog_launch *launch = &instr->as.launch;
     instr->wanted_rows = s->m->ops[s->groups[g].ops[0]].wanted_rows;
     instr->op = PROG_OP_LAUNCH;
+    instr->needs = k->fallback ? PROG_NEED_NO_SCALED_GEMM : PROG_NEED_NONE; /* a scaled GEMM's fallback */
     launch->kernel = add_kernel(s, k);
     instr->min_tokens = k->min_tokens;
     instr->max_tokens = k->max_tokens;
@@ -477,7 +575,11 @@ _Static_assert(IR_GEMV_CHOICE_MAX_TOKENS - IR_GEMV_MAX_TOKENS <= PROG_CHOICE_MAX
  * as their costs say, the fused GEMV's weights once more for every 4-token
  * tile past the first (emit_gemv.c loops over tiles of TOKEN_TILE tokens).
  * The output head's groups are modeled at T rows too, though a step that
- * wants the last row runs either side at one. */
+ * wants the last row runs either side at one. Of an act_codes matmul's
+ * guarded pair (a scaled GEMM and its fallback kernel, prog_instr.needs)
+ * only the scaled GEMM counts: the two never run in one step, and the
+ * choice is made for the devices that run the GEMM (a device without it
+ * runs the fallback on the side the model picked for it). */
 
 static prog_choice_cost choice_cost(const program *p, uint32_t from, uint32_t to, uint32_t choice, int side,
                                     int64_t tokens) {
@@ -485,6 +587,7 @@ static prog_choice_cost choice_cost(const program *p, uint32_t from, uint32_t to
     for (uint32_t i = from; i < to; i++) {
         const prog_instr *in = &p->instrs[i];
         if (in->choice != choice || in->side != side || !prog_instr_runs(in, tokens)) continue;
+        if (in->needs == PROG_NEED_NO_SCALED_GEMM) continue; /* the scaled GEMM beside it is counted */
         cost.launches++;
         cost.bytes += prog_poly_eval(in->cost.read, (double)tokens, 0) +
                       prog_poly_eval(in->cost.written, (double)tokens, 0);
@@ -523,6 +626,23 @@ static bool serves_none_above(const cg_kernel *k, int64_t bound) {
     return k->max_tokens != 0 && k->max_tokens <= bound;
 }
 
+/* The scaled GEMM of an act_codes matmul `op` whose lowering `l` has its
+ * fallback kernels (cg_group_lowering.scaled_gemm), before them: it runs
+ * where the device runs scaled GEMMs, they where it does not, in the same
+ * steps, and both write the same output (ep's: the bias and residual adds
+ * the fallback takes, or none). */
+static bool add_scaled_gemm(lowering_state *s, uint32_t op, const gemm_epilogue *ep,
+                            const cg_group_lowering *l) {
+    program *p = &s->out->program;
+    prog_instr *instr = &p->instrs[p->instr_count++];
+    instr->ir_op = op;
+    bool ok = build_gemm(s, op, ep, instr);
+    instr->needs = PROG_NEED_SCALED_GEMM;
+    instr->min_tokens = l->scaled_gemm_min_tokens;
+    instr->cost = program_gemm_cost(&instr->as.gemm);
+    return ok;
+}
+
 static bool build_program(lowering_state *s) {
     const ir_module *m = s->m;
     cg_lowered *l = s->out;
@@ -530,8 +650,10 @@ static bool build_program(lowering_state *s) {
     uint32_t count = 0, groups = s->step_count + (s->greedy ? 1 : 0);
     for (uint32_t g = 0; g < groups; g++) {
         count += s->lowerings[g].kind == CG_LOWER_GEMM ? 1 : s->lowerings[g].kernel_count;
+        count += s->lowerings[g].scaled_gemm;
         for (uint32_t i = 0; s->unfused[g] && i < s->groups[g].op_count; i++)
-            count += s->unfused[g][i].kind == CG_LOWER_GEMM ? 1 : s->unfused[g][i].kernel_count;
+            count += (s->unfused[g][i].kind == CG_LOWER_GEMM ? 1 : s->unfused[g][i].kernel_count) +
+                     s->unfused[g][i].scaled_gemm;
     }
     p->instrs = arena_array(&l->arena, count ? count : 1, sizeof *p->instrs);
     p->choices = arena_array(&l->arena, groups ? groups : 1, sizeof *p->choices);
@@ -563,6 +685,7 @@ static bool build_program(lowering_state *s) {
             ok = build_gemm(s, first, NULL, instr) && ok;
             instr->cost = program_gemm_cost(&instr->as.gemm);
         } else if (lo->kind == CG_LOWER_KERNELS) {
+            if (lo->scaled_gemm) ok = add_scaled_gemm(s, first, NULL, lo) && ok;
             for (uint32_t k = 0; k < lo->kernel_count; k++) {
                 prog_instr *instr = &p->instrs[p->instr_count++];
                 instr->ir_op = first;
@@ -583,6 +706,7 @@ static bool build_program(lowering_state *s) {
                 ok = build_gemm(s, op, &s->epilogues[g][i], instr) && ok;
                 instr->cost = program_gemm_cost(&instr->as.gemm);
             }
+            if (one->scaled_gemm) ok = add_scaled_gemm(s, op, &s->epilogues[g][i], one) && ok;
             for (uint32_t k = 0; one->kind == CG_LOWER_KERNELS && k < one->kernel_count; k++) {
                 if (serves_none_above(&one->kernels[k], bound)) continue; /* a decode kernel of the op */
                 prog_instr *instr = &p->instrs[p->instr_count++];
@@ -601,10 +725,12 @@ static bool build_program(lowering_state *s) {
         p->has_greedy = true;
         p->greedy_token = (prog_ref){PROG_BUFFER_STATE, s->state_base[s->step_count], 0};
     }
-    /* Of a decode step (T = 1); the greedy launch runs only when asked. */
+    /* Of a decode step (T = 1); the greedy launch runs only when asked; of
+     * a guarded pair (a scaled GEMM and its fallback) one runs. */
     l->launches_per_step = 0;
     for (uint32_t i = 0; i + (s->greedy ? 1 : 0) < p->instr_count; i++)
-        l->launches_per_step += prog_instr_runs(&p->instrs[i], 1);
+        l->launches_per_step +=
+            prog_instr_runs(&p->instrs[i], 1) && p->instrs[i].needs != PROG_NEED_NO_SCALED_GEMM;
     (void)m;
     return ok;
 }
