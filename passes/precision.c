@@ -370,6 +370,12 @@ static void assign(ir_module *m, precision_run *a) {
             }
             continue;
         }
+        if (op->kind == IR_OP_QUANTIZE) { /* codes and scales keep their dtypes under every preset */
+            bool int8 = strcmp(ir_op_string(m, i, "dtype"), "i8") == 0;
+            m->values[op->results[0]].type.dtype = int8 ? SMELT_DTYPE_I8 : SMELT_DTYPE_F8E4M3;
+            m->values[op->results[1]].type.dtype = SMELT_DTYPE_F32;
+            continue;
+        }
         for (uint32_t r = 0; r < op->result_count; r++) {
             ir_value_id v = op->results[r];
             ir_type *t = &m->values[v].type;

@@ -6,7 +6,8 @@
  *
  * Requires: act_quant, act_scale and act_scale_value set on every matmul
  *   (precision.c's set_act_quant), and no quantize op or act_codes operand
- *   left from an earlier run (precision_act_codes_clear).
+ *   left from an earlier run (precision_act_codes_clear removes those an
+ *   act_codes matmul read and nothing else does; a quantize written by hand stays).
  * Guarantees: every live matmul with act_quant "f8e4m3" whose weight has no
  *   column scales reads the codes and scales of its x as its last two
  *   operands, act_codes = true (ir/ops.def): one
@@ -53,15 +54,29 @@ static void clear_lowering(ir_module *m) {
 }
 
 void precision_act_codes_clear(ir_module *m) {
+    /* The quantizes act_codes matmuls read: this file's. One that nothing
+     * else reads goes with their operands; a quantize written by hand (read
+     * by other ops, or by none) stays. */
+    bool *coded = arena_array(&m->arena, m->op_count ? m->op_count : 1, sizeof *coded);
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        ir_op *op = &m->ops[i];
+        if (op->dead || op->kind != IR_OP_MATMUL) continue;
+        ir_value_id codes, scales;
+        if (ir_matmul_act_codes(m, i, &codes, &scales)) {
+            coded[m->values[codes].def_op] = coded[m->values[scales].def_op] = true;
+            op->operand_count -= 2;
+        }
+        ir_op_set_bool(m, i, "act_codes", false);
+    }
+    uint32_t *uses = ir_use_counts(m);
     bool removed = false;
     for (uint32_t i = 0; i < m->op_count; i++) {
         ir_op *op = &m->ops[i];
-        if (op->dead) continue;
-        ir_value_id codes, scales;
-        if (op->kind == IR_OP_MATMUL && ir_matmul_act_codes(m, i, &codes, &scales)) op->operand_count -= 2;
-        if (op->kind == IR_OP_MATMUL) ir_op_set_bool(m, i, "act_codes", false);
-        if (op->kind == IR_OP_QUANTIZE) op->dead = removed = true;
+        if (!op->dead && op->kind == IR_OP_QUANTIZE && coded[i] && uses[op->results[0]] == 0 &&
+            uses[op->results[1]] == 0)
+            op->dead = removed = true;
     }
+    free(uses);
     if (!removed) return;
     ir_module_compact(m);
     clear_lowering(m);
