@@ -35,7 +35,9 @@
  * written once; one row of logits (the sampled token's, f32) written once.
  * Unavoidable flops (the flop floor, at the tensor peak): the modeled flops,
  * the output head's for the sampled row alone — which is what the plan's
- * wanted-rows instructions do, so the two agree.
+ * wanted-rows instructions do, so the two agree; a GPU's floor takes each
+ * instruction's flops at the tensor peak it runs them at (a scaled GEMM's
+ * at the FP8 rate where the GPU runs scaled GEMMs).
  */
 #include "accuracy_gate.h"
 #include "driver_internal.h"
@@ -58,17 +60,21 @@
  *     sparsity); 67 TFLOP/s FP32 (NVIDIA H100 Tensor Core GPU datasheet);
  *   H200 SXM 141GB: 4.8 TB/s HBM3e; 989 TFLOP/s BF16 tensor (1,979 with
  *     sparsity); 67 TFLOP/s FP32 (NVIDIA H200 Tensor Core GPU datasheet).
+ * FP8 tensor: 1,979 TFLOP/s on H100 and H200 (3,958 with sparsity), the
+ * rate of a scaled GEMM (plan/program.h), which they run on cuBLASLt; the
+ * A100 (sm_80) has none and runs the scaled GEMMs' fallback kernels.
  * Flops on CUDA cores (a kernel without mma) count at the FP32 rate. */
 typedef struct gpu_peaks {
     const char *name;        /* the JSON key */
     const char *description; /* for people */
     double dram_bytes_per_second, tensor_flops_per_second, cuda_core_flops_per_second;
+    double scaled_gemm_flops_per_second; /* FP8 tensor; 0: runs no scaled GEMMs */
 } gpu_peaks;
 
 static const gpu_peaks gpus[] = {
-    {"a100", "NVIDIA A100 SXM4 80GB", 2.039e12, 312e12, 19.5e12},
-    {"h100", "NVIDIA H100 SXM5 80GB", 3.35e12, 989e12, 67e12},
-    {"h200", "NVIDIA H200 SXM 141GB", 4.8e12, 989e12, 67e12},
+    {"a100", "NVIDIA A100 SXM4 80GB", 2.039e12, 312e12, 19.5e12, 0},
+    {"h100", "NVIDIA H100 SXM5 80GB", 3.35e12, 989e12, 67e12, 1979e12},
+    {"h200", "NVIDIA H200 SXM 141GB", 4.8e12, 989e12, 67e12, 1979e12},
 };
 enum { GPU_COUNT = sizeof gpus / sizeof gpus[0], GPU_H200 = 2 };
 
@@ -99,6 +105,7 @@ typedef struct step_model {
     double unavoidable_flops;  /* the flops but the output head's beyond the sampled row */
     double launches_per_layer; /* the stack's period at this step; 0 without layers */
     double seconds[GPU_COUNT];
+    double flop_floor[GPU_COUNT]; /* each instruction's flops at its tensor peak on the GPU */
     uint32_t row_count;
     kernel_row *rows; /* [row_count], by first launch */
 } step_model;
@@ -191,10 +198,12 @@ static void copy_name(char *dst, const char *src, uint64_t length) {
 }
 
 static const char *dtype_text(uint8_t dtype) {
-    return dtype == SMELT_DTYPE_F32    ? "f32"
-           : dtype == SMELT_DTYPE_BF16 ? "bf16"
-           : dtype == SMELT_DTYPE_F16  ? "f16"
-                                       : "?";
+    return dtype == SMELT_DTYPE_F32      ? "f32"
+           : dtype == SMELT_DTYPE_BF16   ? "bf16"
+           : dtype == SMELT_DTYPE_F16    ? "f16"
+           : dtype == SMELT_DTYPE_F8E4M3 ? "f8e4m3"
+           : dtype == SMELT_DTYPE_I8     ? "i8"
+                                         : "?";
 }
 
 static void instr_name(const plan_facts *f, const prog_instr *in, char *name) {
@@ -262,6 +271,23 @@ static bool modeled_side(const program *p, const prog_instr *in, int64_t tokens)
     return tokens < c->min_tokens || tokens > c->max_tokens || in->side == 1;
 }
 
+/* Does instruction `in` run on GPU g: a scaled GEMM where it runs them,
+ * its fallback kernel where it does not (plan/program.h, prog_instr.needs)? */
+static bool runs_on(const prog_instr *in, int g) {
+    bool scaled = gpus[g].scaled_gemm_flops_per_second > 0;
+    return in->needs == PROG_NEED_NONE || (in->needs == PROG_NEED_SCALED_GEMM) == scaled;
+}
+
+/* The tensor peak the flops of `in` run at on GPU g. */
+static double tensor_peak(const prog_instr *in, int g) {
+    bool scaled = in->op == PROG_OP_GEMM && in->as.gemm.has_scales;
+    return scaled ? gpus[g].scaled_gemm_flops_per_second : gpus[g].tensor_flops_per_second;
+}
+
+/* A step as the H200 runs it: its rows, bytes and flops are the
+ * instructions it runs (the scaled GEMMs, where a plan has them); each GPU's
+ * time and flop floor are those of the instructions that GPU runs (the A100:
+ * the fallback kernels in their place). */
 static bool model_step(const plan_facts *f, step_kind s, step_model *out) {
     const program *p = f->p;
     memset(out, 0, sizeof *out);
@@ -278,6 +304,16 @@ static bool model_step(const plan_facts *f, step_kind s, step_model *out) {
         double t = (double)tokens;
         double read = prog_poly_eval(in->cost.read, t, c), written = prog_poly_eval(in->cost.written, t, c);
         double flops = prog_poly_eval(in->cost.flops, t, c);
+        double seconds[GPU_COUNT] = {0};
+        for (int g = 0; g < GPU_COUNT; g++) {
+            if (!runs_on(in, g)) continue;
+            double peak = in->cost.tensor_cores ? tensor_peak(in, g) : gpus[g].cuda_core_flops_per_second;
+            double memory = (read + written) / gpus[g].dram_bytes_per_second, compute = flops / peak;
+            seconds[g] = (memory > compute ? memory : compute) + launch_seconds;
+            out->seconds[g] += seconds[g];
+            out->flop_floor[g] += flops / tensor_peak(in, g);
+        }
+        if (!runs_on(in, GPU_H200)) continue; /* the A100's fallback: in its time alone */
         char name[NAME_LIMIT + 1];
         instr_name(f, in, name);
         kernel_row *row = NULL;
@@ -295,14 +331,8 @@ static bool model_step(const plan_facts *f, step_kind s, step_model *out) {
         row->read += read;
         row->written += written;
         row->flops += flops;
-        for (int g = 0; g < GPU_COUNT; g++) {
-            double peak =
-                in->cost.tensor_cores ? gpus[g].tensor_flops_per_second : gpus[g].cuda_core_flops_per_second;
-            double memory = (read + written) / gpus[g].dram_bytes_per_second, compute = flops / peak;
-            double seconds = (memory > compute ? memory : compute) + launch_seconds;
-            row->seconds[g] += seconds;
-            out->seconds[g] += seconds;
-        }
+        for (int g = 0; g < GPU_COUNT; g++)
+            row->seconds[g] += seconds[g];
         out->launches++;
         out->read += read;
         out->written += written;
@@ -313,7 +343,8 @@ static bool model_step(const plan_facts *f, step_kind s, step_model *out) {
     if (f->layers) { /* what runs at this step in the stack's period */
         uint32_t running = 0;
         for (uint32_t i = f->first_layer_start; i < f->last_layer_start && i < p->instr_count; i++)
-            running += prog_instr_runs(&p->instrs[i], s.tokens) && modeled_side(p, &p->instrs[i], s.tokens);
+            running += prog_instr_runs(&p->instrs[i], s.tokens) && modeled_side(p, &p->instrs[i], s.tokens) &&
+                       runs_on(&p->instrs[i], GPU_H200);
         out->launches_per_layer = f->layers > 1 ? (double)running / (f->layers - 1) : running;
     }
     return true;
@@ -387,7 +418,7 @@ static void print_step(FILE *out, const plan_facts *f, const step_model *m) {
             m->flops, m->unavoidable_flops);
     for (int g = 0; g < GPU_COUNT; g++) {
         double floor_bytes = m->unavoidable / gpus[g].dram_bytes_per_second;
-        double floor_flops = m->unavoidable_flops / gpus[g].tensor_flops_per_second;
+        double floor_flops = m->flop_floor[g];
         fprintf(out, "    %s time:      ", gpus[g].name);
         print_seconds(out, m->seconds[g]);
         fprintf(out, " (unavoidable bytes ");
@@ -505,7 +536,7 @@ static json_t *step_json(const plan_facts *f, const step_model *m) {
     double floor_bytes[GPU_COUNT], floor_flops[GPU_COUNT];
     for (int g = 0; g < GPU_COUNT; g++) {
         floor_bytes[g] = m->unavoidable / gpus[g].dram_bytes_per_second;
-        floor_flops[g] = m->unavoidable_flops / gpus[g].tensor_flops_per_second;
+        floor_flops[g] = m->flop_floor[g];
     }
     json_object_set_new(o, "unavoidable_seconds", by_gpu(floor_bytes));
     json_object_set_new(o, "flop_floor_seconds", by_gpu(floor_flops));

@@ -10,10 +10,13 @@
 # prompt.txt and tokens.txt where it has none (the demo model).
 # SMELT_QUANT_FLAGS (environment, optional) adds options to both runs: the
 # calibration of int4-awq and int4-gptq (--calib IDS, --act-order).
+# SMELT_NO_SCALED_GEMM=1 (environment, optional) runs the host plan's
+# fallback kernels in place of its scaled GEMMs (docs/design.md).
 set -eu
 smelt=$1 check=$2 model=$3 fixture=$4 work=$5 preset=$6 act=$7 tolerance=$8
 name=$(basename "$fixture")-$preset
 [ -z "${SMELT_QUANT_FLAGS:-}" ] || name=$name-$(printf %s "$SMELT_QUANT_FLAGS" | cksum | cut -d" " -f1)
+[ -z "${SMELT_NO_SCALED_GEMM:-}" ] || name=$name-fallback
 oracle=$work/$name-ref
 mkdir -p "$oracle"
 if [ $# -ge 10 ]; then
