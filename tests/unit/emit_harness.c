@@ -942,9 +942,9 @@ static void case_run_group_emitted(emit_case *c, const uint32_t *ops, uint32_t c
     /* The reference, op by op: each result becomes the data its readers see. */
     for (uint32_t i = 0; i < count; i++) {
         const ir_op *o = &m->ops[ops[i]];
-        value_data *result = prepare_value(c, o->results[0], tokens);
-        free(result->f);
         if (ir_op_info_of(o->kind)->flags & IR_OPF_VIEW) {
+            value_data *result = prepare_value(c, o->results[0], tokens);
+            free(result->f);
             const value_data *from = &c->values[o->operands[0]];
             result->f = malloc(from->count * sizeof *result->f);
             memcpy(result->f, from->f, from->count * sizeof *result->f);
@@ -952,7 +952,11 @@ static void case_run_group_emitted(emit_case *c, const uint32_t *ops, uint32_t c
         }
         ref_tensor want[IR_MAX_RESULTS];
         run_reference(c, ops[i], tokens, want);
-        result->f = want[0].f;
+        for (uint32_t r = 0; r < o->result_count; r++) { /* every result: a quantize's codes and scales */
+            value_data *result = prepare_value(c, o->results[r], tokens);
+            free(result->f);
+            result->f = want[r].f;
+        }
     }
     c->worst_error = 0.0;
     for (uint32_t i = 0; i < output_count; i++) {

@@ -19,8 +19,12 @@
  *     group without its norm (o_proj's, down_proj's);
  *   - a GEMV group with a quantize: the fused kernel skips it (and refuses
  *     a group whose codes something outside it reads).
- * The reference has no quantize yet on this branch (helper H-IR's), so the
- * oracle of the codes is the reference's own row coding. */
+ * The oracle of the codes is the reference's own row coding (what its
+ * quantize op codes with too). The precision pass (case_infer) inserts the
+ * quantize of every fp8 W8A8 matmul and gives the matmul its codes
+ * (passes/precision_act_codes.c); the tests find that quantize through the
+ * matmul (ir_matmul_act_codes) and find ops again by their results (an
+ * insertion moves the ops after it). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -30,9 +34,8 @@
 #include "emit_harness.c"
 #include "lower.h"
 
-/* quantize(x) {dtype, act_scale}: its op; the results' dtypes set as
- * ops.def keeps them under every preset (the precision pass of this branch
- * does not know the op yet: case_fix_codes after case_infer). */
+/* quantize(x) {dtype, act_scale}: its op, written by hand (the precision
+ * pass keeps such a quantize and its results' dtypes under every preset). */
 static uint32_t quantize_op(emit_case *c, ir_value_id x, bool int8, double static_scale) {
     uint32_t op = case_op(c, IR_OP_QUANTIZE, &x, 1);
     assert_true(ir_op_set_string(&c->m, op, "dtype", int8 ? "i8" : "f8e4m3"));
@@ -43,11 +46,42 @@ static uint32_t quantize_op(emit_case *c, ir_value_id x, bool int8, double stati
     return op;
 }
 
-static void case_fix_codes(emit_case *c, uint32_t quantize) {
-    const ir_op *o = &c->m.ops[quantize];
-    bool int8 = strcmp(ir_op_string(&c->m, quantize, "dtype"), "i8") == 0;
-    c->m.values[o->results[0]].type.dtype = int8 ? SMELT_DTYPE_I8 : SMELT_DTYPE_F8E4M3;
-    c->m.values[o->results[1]].type.dtype = SMELT_DTYPE_F32;
+/* The op of value v now (values keep their ids when precision inserts or
+ * removes an op; op indices after it move). */
+static uint32_t op_of(const emit_case *c, ir_value_id v) { return c->m.values[v].def_op; }
+
+/* The quantize whose codes act_codes matmul `op` reads. */
+static uint32_t codes_quantize(const emit_case *c, uint32_t op) {
+    ir_value_id codes, scales;
+    assert_true(ir_matmul_act_codes(&c->m, op, &codes, &scales));
+    assert_int_equal(op_of(c, scales), op_of(c, codes));
+    assert_int_equal(c->m.ops[op_of(c, codes)].kind, IR_OP_QUANTIZE);
+    return op_of(c, codes);
+}
+
+/* Makes matmul `op` code its x itself again (W8A8 without act_codes: the
+ * GEMM of int8 and of FP8 weights with column scales): the precision pass
+ * gives every fp8 W8A8 matmul whose weight has no column scales the codes
+ * and scales of a quantize of x as its last two operands; the comparison
+ * with the GEMM that codes x takes them off after case_infer. */
+static void strip_act_codes(emit_case *c, uint32_t op) {
+    codes_quantize(c, op);
+    c->m.ops[op].operand_count -= 2;
+    assert_true(ir_op_set_bool(&c->m, op, "act_codes", false));
+}
+
+/* Gives matmul `op` the codes and scales of quantize q (act_codes), after
+ * case_infer: what precision does for fp8, for a coding it does not insert
+ * (int8 W8A8 keeps coding x itself there: SmoothQuant's column scales). */
+static void add_act_codes(emit_case *c, uint32_t op, uint32_t q) {
+    ir_op *o = &c->m.ops[op];
+    ir_value_id *operands = arena_array(&c->m.arena, o->operand_count + 2, sizeof *operands);
+    memcpy(operands, o->operands, o->operand_count * sizeof *operands);
+    operands[o->operand_count] = c->m.ops[q].results[0];
+    operands[o->operand_count + 1] = c->m.ops[q].results[1];
+    o->operands = operands;
+    o->operand_count += 2;
+    assert_true(ir_op_set_bool(&c->m, op, "act_codes", true));
 }
 
 /* Launches the kernels of `l` that serve T = tokens on the simulator
@@ -189,7 +223,6 @@ static void test_quantize_kernel(void **state) {
                     /* 0.002: most codes of [-2, 2) saturate (E4M3 at 448, int8 at 127) */
                     uint32_t q = quantize_op(c, x, int8, tensor ? 0.002 : 0.0);
                     case_infer(c);
-                    case_fix_codes(c, q);
                     arena a;
                     arena_init(&a);
                     cg_group_lowering l;
@@ -224,7 +257,6 @@ static void test_quantize_hand_values(void **state) {
     ir_value_id xv = case_input(c, "x", "f32[tokens, 16]");
     uint32_t q = quantize_op(c, xv, false, 1.0);
     case_infer(c);
-    case_fix_codes(c, q);
     case_set_floats(c, xv, 1, x, 16);
     arena a;
     arena_init(&a);
@@ -260,7 +292,6 @@ static void test_norm_quantize_kernel(void **state) {
                     ir_op_set_float(&c->m, norm, "eps", 1e-5);
                     uint32_t q = quantize_op(c, case_result(c, norm), int8, tensor ? 0.01 : 0.0);
                     case_infer(c);
-                    case_fix_codes(c, q);
                     set_rows(c, h, tokens, width);
                     ir_value_id results[3] = {case_result(c, norm), c->m.ops[q].results[0],
                                               c->m.ops[q].results[1]};
@@ -295,7 +326,10 @@ static void test_norm_quantize_kernel(void **state) {
 /* x [tokens, K] (+ a residual h [tokens, N]), an fp8 (or int8 without
  * column scales) weight [N, K] (+ bias), and two matmuls of them: `plain`
  * codes x itself (W8A8, today's), `coded` reads the codes and scales of
- * quantize `q` of x (act_codes); each followed by its adds when `adds`. */
+ * quantize `q` of x (act_codes); each followed by its adds when `adds`.
+ * fp8: q is the quantize precision inserts for both (one per x); the plain
+ * one's codes are taken off. int8: precision inserts none, q is written by
+ * hand and given to the coded one after case_infer. */
 typedef struct codes_case {
     emit_case *c;
     ir_value_id x, w;
@@ -312,20 +346,34 @@ static codes_case codes_case_new(bool int8, int64_t n, int64_t k, bool bias, boo
     ir_value_id h = case_inputf(c, "h", "f32[tokens, %lld]", (long long)n);
     cc.w = case_weightf(c, "f32[%lld, %lld]", (long long)n, (long long)k);
     ir_value_id b = case_weightf(c, "f32[%lld]", (long long)n);
-    cc.q = quantize_op(c, cc.x, int8, static_scale);
-    ir_value_id codes = ir_op_result(&c->m, cc.q, 0), scales = ir_op_result(&c->m, cc.q, 1);
-    cc.plain[0] = case_op(c, IR_OP_MATMUL, (ir_value_id[]){cc.x, cc.w, b}, bias ? 3 : 2);
-    cc.coded[0] = bias ? case_op(c, IR_OP_MATMUL, (ir_value_id[]){cc.x, cc.w, b, codes, scales}, 5)
-                       : case_op(c, IR_OP_MATMUL, (ir_value_id[]){cc.x, cc.w, codes, scales}, 4);
-    assert_true(ir_op_set_bool(&c->m, cc.coded[0], "act_codes", true));
+    ir_value_id hand_codes =
+        int8 ? ir_op_result(&c->m, quantize_op(c, cc.x, true, static_scale), 0) : IR_NO_VALUE;
+    ir_value_id plain[2], coded[2]; /* the ops' results: the ops move as precision inserts the quantize */
+    plain[0] = case_result(c, case_op(c, IR_OP_MATMUL, (ir_value_id[]){cc.x, cc.w, b}, bias ? 3 : 2));
+    coded[0] = case_result(c, case_op(c, IR_OP_MATMUL, (ir_value_id[]){cc.x, cc.w, b}, bias ? 3 : 2));
     cc.op_count = 1;
     if (residual) {
-        cc.plain[1] = case_op(c, IR_OP_ADD, (ir_value_id[]){h, case_result(c, cc.plain[0])}, 2);
-        cc.coded[1] = case_op(c, IR_OP_ADD, (ir_value_id[]){h, case_result(c, cc.coded[0])}, 2);
+        plain[1] = case_result(c, case_op(c, IR_OP_ADD, (ir_value_id[]){h, plain[0]}, 2));
+        coded[1] = case_result(c, case_op(c, IR_OP_ADD, (ir_value_id[]){h, coded[0]}, 2));
         cc.op_count = 2;
     }
     case_infer(c);
-    case_fix_codes(c, cc.q);
+    for (uint32_t i = 0; i < cc.op_count; i++) {
+        cc.plain[i] = op_of(c, plain[i]);
+        cc.coded[i] = op_of(c, coded[i]);
+    }
+    if (int8) {
+        cc.q = op_of(c, hand_codes);
+        add_act_codes(c, cc.coded[0], cc.q);
+    } else {
+        cc.q = codes_quantize(c, cc.coded[0]);
+        assert_int_equal(codes_quantize(c, cc.plain[0]), cc.q); /* one quantize per x */
+        strip_act_codes(c, cc.plain[0]);
+        if (static_scale > 0.0) { /* the matmuls' static scale below, the quantize's as well */
+            assert_true(ir_op_set_string(&c->m, cc.q, "act_scale", "tensor"));
+            assert_true(ir_op_set_float(&c->m, cc.q, "act_scale_value", static_scale));
+        }
+    }
     uint32_t weight = c->m.values[cc.w].def_op;
     quant_format f;
     assert_true(ir_weight_quant(&c->m, weight, &f));
@@ -490,10 +538,8 @@ static void test_codes_kernels_ptx(void **state) {
  * matmul: h -> rms_norm -> quantize -> matmul act_codes -> + r (a QKV-like
  * group with its norm), or without the norm (o_proj's and down_proj's:
  * quantize, matmul and the residual add), then the logits' norm. ops: the
- * norm (IR_NONE without), the quantize, the matmul and the add. The skeleton
- * fuse of this branch groups neither a quantize nor an act_codes matmul with
- * its norm yet: the test puts the ops in one group before schedule, as fuse
- * will. */
+ * norm (IR_NONE without), the quantize (precision's), the matmul and the
+ * add; fuse puts them in one group (the test checks it). */
 static void lower_act_codes_module(emit_case *c, bool with_norm, uint32_t *ops, cg_lowered *l) {
     ir_value_id h = case_input(c, "h", "f32[tokens, 256]"), r = case_input(c, "r", "f32[tokens, 256]");
     ir_value_id g = case_weight(c, "f32[256]"), w = case_weight(c, "f32[256, 256]");
@@ -505,22 +551,22 @@ static void lower_act_codes_module(emit_case *c, bool with_norm, uint32_t *ops, 
         ir_op_set_float(&c->m, ops[0], "eps", 1e-5);
         x = case_result(c, ops[0]);
     }
-    uint32_t q = ops[1] = quantize_op(c, x, false, 0.0);
-    ir_value_id codes = ir_op_result(&c->m, q, 0), scales = ir_op_result(&c->m, q, 1);
-    uint32_t matmul = ops[2] = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, w, codes, scales}, 4);
-    assert_true(ir_op_set_bool(&c->m, matmul, "act_codes", true));
-    uint32_t add = ops[3] = case_op(c, IR_OP_ADD, (ir_value_id[]){r, case_result(c, matmul)}, 2);
-    uint32_t last = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){case_result(c, add), g2}, 2);
+    ir_value_id y = case_result(c, case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, w}, 2));
+    ir_value_id sum = case_result(c, case_op(c, IR_OP_ADD, (ir_value_id[]){r, y}, 2));
+    uint32_t last = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){sum, g2}, 2);
     ir_op_set_float(&c->m, last, "eps", 1e-5);
     case_output(c, case_result(c, last), "logits");
     case_infer(c);
-    case_fix_codes(c, q);
+    ops[2] = op_of(c, y); /* the ops after the quantize precision inserted before the matmul moved */
+    ops[1] = codes_quantize(c, ops[2]);
+    ops[3] = op_of(c, sum);
+    assert_int_equal(c->m.ops[ops[1]].operands[0], x);
     pass_driver_options o = {.pass = {.precision = "fp8", .activations = "bf16"}};
     pass_list list;
     assert_true(pass_parse_list("fuse", &list, &c->d));
     if (!pass_run_list(&c->m, list.items, list.count, &o, &c->d)) fail_msg("fuse:\n%s", case_log(c));
-    for (int i = with_norm ? 1 : 2; i < 4; i++)
-        c->m.ops[ops[i]].group = c->m.ops[ops[with_norm ? 0 : 1]].group;
+    for (int i = with_norm ? 1 : 2; i < 4; i++) /* fuse's group: the norm (or the quantize) and the rest */
+        assert_int_equal(c->m.ops[ops[i]].group, c->m.ops[ops[with_norm ? 0 : 1]].group);
     assert_true(pass_parse_list("schedule,plan-memory", &list, &c->d));
     if (!pass_run_list(&c->m, list.items, list.count, &o, &c->d)) fail_msg("passes:\n%s", case_log(c));
     if (!cg_lower_module(&c->m, l, &c->d)) fail_msg("lowering:\n%s", case_log(c));
@@ -653,14 +699,12 @@ static void test_gemv_group_refuses_quantize_output(void **state) {
     emit_case *c = case_new("fp8");
     c->activations = "bf16";
     ir_value_id x = case_input(c, "x", "f32[tokens, 128]"), w = case_weight(c, "f32[64, 128]");
-    uint32_t q = quantize_op(c, x, false, 0.0);
-    ir_value_id codes = ir_op_result(&c->m, q, 0), scales = ir_op_result(&c->m, q, 1);
-    uint32_t matmul = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, w, codes, scales}, 4);
-    assert_true(ir_op_set_bool(&c->m, matmul, "act_codes", true));
+    ir_value_id y = case_result(c, case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, w}, 2));
     case_infer(c);
-    case_fix_codes(c, q);
+    uint32_t matmul = op_of(c, y), q = codes_quantize(c, matmul); /* precision's */
+    ir_value_id codes = ir_op_result(&c->m, q, 0);
     const uint32_t ops[2] = {q, matmul};
-    const ir_value_id outputs[2] = {case_result(c, matmul), codes};
+    const ir_value_id outputs[2] = {y, codes};
     cg_group g = {.op_count = 2,
                   .ops = ops,
                   .input_count = 2,

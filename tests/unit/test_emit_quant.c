@@ -9,7 +9,11 @@
  * inside one tile and across two, the fused prologue and epilogues, a
  * quantized matmul alone (which serves every step: prefill included) and
  * column scales (AWQ's). The act-order group index is emitted but untested:
- * no quantizer here makes one yet (GPTQ's will). And the embedding kernel
+ * no quantizer here makes one yet (GPTQ's will). Under the fp8 W8A8 preset
+ * the precision pass inserts a quantize before each matmul (its codes the
+ * matmul's act_codes operands): a group holds it as fuse groups it
+ * (group_of), and the W8A8 GEMM tests, of the kernel that codes x itself,
+ * take the codes off (strip_act_codes). And the embedding kernel
  * on the int4 presets' int8 token-embedding table (one scale per row),
  * against hand-computed rows and against the reference. */
 #include <setjmp.h>
@@ -38,6 +42,50 @@ static emit_case *quant_case_new(const quant_case *q) {
     c->group_size = q->group_size;
     c->act_quant = q->act_quant;
     return c;
+}
+
+/* Makes matmul `op` code its x itself again (W8A8 without act_codes, the
+ * GEMM and GEMV of int8 and of FP8 weights with column scales): the
+ * precision pass gives every fp8 W8A8 matmul whose weight has no column
+ * scales the codes and scales of a quantize of x as its last two operands
+ * (passes/precision_act_codes.c); a test of the kernels that code x takes
+ * them off after case_infer. The quantize stays, unread. */
+static void strip_act_codes(emit_case *c, uint32_t op) {
+    ir_value_id codes, scales;
+    assert_true(ir_matmul_act_codes(&c->m, op, &codes, &scales));
+    c->m.ops[op].operand_count -= 2;
+    assert_true(ir_op_set_bool(&c->m, op, "act_codes", false));
+}
+
+/* The op of value v now: the precision pass (case_infer) inserts a quantize
+ * before each fp8 W8A8 matmul, which moves the ops after it; values keep
+ * their ids, so an op is found again by its result. */
+static uint32_t op_of(const emit_case *c, ir_value_id v) { return c->m.values[v].def_op; }
+
+/* The group of the ops defining results[0..count) (after case_infer), with
+ * the quantizes its act_codes matmuls read (the fp8 W8A8 preset's: the
+ * precision pass inserts them), as fuse groups them (passes/fuse.c: a
+ * quantize goes in the group of the matmuls that read it); in module order.
+ * Returns the op count. */
+static uint32_t group_of(const emit_case *c, const ir_value_id *results, uint32_t count, uint32_t *ops) {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t op = op_of(c, results[i]);
+        ops[n++] = op;
+        ir_value_id codes, scales;
+        if (c->m.ops[op].kind != IR_OP_MATMUL || !ir_matmul_act_codes(&c->m, op, &codes, &scales)) continue;
+        bool seen = false;
+        for (uint32_t k = 0; k < n; k++)
+            seen |= ops[k] == op_of(c, codes);
+        if (!seen) ops[n++] = op_of(c, codes);
+    }
+    for (uint32_t i = 1; i < n; i++) /* module order: insertion sort */
+        for (uint32_t k = i; k > 0 && ops[k - 1] > ops[k]; k--) {
+            uint32_t t = ops[k];
+            ops[k] = ops[k - 1];
+            ops[k - 1] = t;
+        }
+    return n;
 }
 
 /* rms_norm then Q (rope) and V (bias, an odd row count): one kernel. K = 96
@@ -69,7 +117,12 @@ static void test_gemv_quantized_norm_rope_bias(void **state) {
                 ir_op_set_attr(&c->m, q3, "shape", &(ir_attr){.kind = IR_ATTR_SHAPE, .as.shape = {3, dims}}));
             uint32_t qr = ops[n++] = case_op(c, IR_OP_ROPE, (ir_value_id[]){case_result(c, q3), c->pos}, 2);
             ir_op_set_float(&c->m, qr, "theta", 10000.0);
+            ir_value_id made[6];
+            for (uint32_t i = 0; i < n; i++)
+                made[i] = case_result(c, ops[i]);
+            const ir_value_id outputs[2] = {case_result(c, qr), case_result(c, vb)};
             case_infer(c);
+            uint32_t group[8], count = group_of(c, made, n, group);
             quant_format f;
             if (!ir_weight_quant(&c->m, c->m.values[wq].def_op,
                                  &f)) { /* int4 groups of 32 do not divide 40 */
@@ -77,11 +130,10 @@ static void test_gemv_quantized_norm_rope_bias(void **state) {
                 case_free(c);
                 continue;
             }
-            const ir_value_id outputs[2] = {case_result(c, qr), case_result(c, vb)};
             const int64_t token_counts[3] = {1, 4, 7};
             for (int t = 0; t < 3; t++) {
                 case_set_ints_data(c, c->pos, token_counts[t], positions, (uint64_t)token_counts[t]);
-                case_run_group(c, ops, n, outputs, 2, token_counts[t], F32_TOLERANCE);
+                case_run_group(c, group, count, outputs, 2, token_counts[t], F32_TOLERANCE);
             }
             case_free(c);
         }
@@ -102,12 +154,17 @@ static void test_gemv_quantized_residual_and_swiglu(void **state) {
         uint32_t up = case_op(c, IR_OP_MATMUL, (ir_value_id[]){y, wu}, 2);
         uint32_t silu = case_op(c, IR_OP_SILU, (ir_value_id[]){case_result(c, gate)}, 1);
         uint32_t mul = case_op(c, IR_OP_MUL, (ir_value_id[]){case_result(c, silu), case_result(c, up)}, 2);
+        const ir_value_id first_made[2] = {case_result(c, o), case_result(c, residual)};
+        const ir_value_id second_made[4] = {case_result(c, gate), case_result(c, up), case_result(c, silu),
+                                            case_result(c, mul)};
         case_infer(c);
-        const uint32_t first[2] = {o, residual}, second[4] = {gate, up, silu, mul};
-        const ir_value_id first_out = case_result(c, residual), second_out = case_result(c, mul);
+        uint32_t first[3], second[5];
+        uint32_t first_count = group_of(c, first_made, 2, first),
+                 second_count = group_of(c, second_made, 4, second);
+        const ir_value_id first_out = first_made[1], second_out = second_made[3];
         for (int64_t t = 1; t <= 6; t += 5) {
-            case_run_group(c, first, 2, &first_out, 1, t, F32_TOLERANCE);
-            case_run_group(c, second, 4, &second_out, 1, t, F32_TOLERANCE);
+            case_run_group(c, first, first_count, &first_out, 1, t, F32_TOLERANCE);
+            case_run_group(c, second, second_count, &second_out, 1, t, F32_TOLERANCE);
         }
         case_free(c);
     }
@@ -123,7 +180,7 @@ static void test_quantized_matmul_alone(void **state) {
             emit_case *c = quant_case_new(&presets[p]);
             ir_value_id x = case_inputf(c, "x", "f32[tokens, %lld]", (long long)widths[w]);
             ir_value_id wt = case_weightf(c, "f32[21, %lld]", (long long)widths[w]);
-            uint32_t op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wt}, 2);
+            const ir_value_id out = case_result(c, case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wt}, 2));
             case_infer(c);
             quant_format f;
             if (!ir_weight_quant(&c->m, c->m.values[wt].def_op,
@@ -132,9 +189,9 @@ static void test_quantized_matmul_alone(void **state) {
                 case_free(c);
                 continue;
             }
-            const ir_value_id out = case_result(c, op);
+            uint32_t ops[2], count = group_of(c, &out, 1, ops); /* fp8 W8A8: {quantize, matmul} */
             for (int64_t t = 1; t <= 9; t += 4)
-                case_run_group(c, &op, 1, &out, 1, t, F32_TOLERANCE);
+                case_run_group(c, ops, count, &out, 1, t, F32_TOLERANCE);
             case_free(c);
         }
 }
@@ -189,18 +246,20 @@ static void test_gemv_quantized_f16_activations(void **state) {
             ir_op_set_float(&c->m, norm, "eps", 1e-5);
             uint32_t op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){case_result(c, norm), wt}, 2);
             uint32_t single = case_op(c, IR_OP_MATMUL, (ir_value_id[]){h, alone}, 2);
+            const ir_value_id made[2] = {case_result(c, norm), case_result(c, op)};
+            const ir_value_id out = made[1], single_out = case_result(c, single);
             case_infer(c);
             assert_int_equal(cg_storage_dtype(&c->m, h), SMELT_DTYPE_F16);
-            assert_int_equal(cg_storage_dtype(&c->m, case_result(c, op)), SMELT_DTYPE_F16);
+            assert_int_equal(cg_storage_dtype(&c->m, out), SMELT_DTYPE_F16);
             assert_int_equal(cg_storage_dtype(&c->m, g), SMELT_DTYPE_F16);
             quant_format f;
             bool quantized = ir_weight_quant(&c->m, c->m.values[wt].def_op, &f);
             assert_true(quantized || (presets[p].group_size == 32 && widths[w] == 24));
-            const uint32_t ops[2] = {norm, op};
-            const ir_value_id out = case_result(c, op), single_out = case_result(c, single);
+            uint32_t ops[3], singles[2];
+            uint32_t count = group_of(c, made, 2, ops), single_count = group_of(c, &single_out, 1, singles);
             for (int64_t t = 1; t <= 9; t += 4) {
-                case_run_group(c, ops, 2, &out, 1, t, F32_TOLERANCE);
-                case_run_group(c, &single, 1, &single_out, 1, t, F32_TOLERANCE);
+                case_run_group(c, ops, count, &out, 1, t, F32_TOLERANCE);
+                case_run_group(c, singles, single_count, &single_out, 1, t, F32_TOLERANCE);
             }
             case_free(c);
         }
@@ -219,12 +278,12 @@ static void test_w8a8_warp_lanes(void **state) {
         uint32_t norm = case_op(c, IR_OP_RMS_NORM, (ir_value_id[]){h, g}, 2);
         ir_op_set_float(&c->m, norm, "eps", 1e-5);
         uint32_t op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){case_result(c, norm), wt}, 2);
+        const ir_value_id made[2] = {case_result(c, norm), case_result(c, op)}, out = made[1];
         case_infer(c);
-        assert_string_not_equal(ir_op_string(&c->m, op, "act_quant"), "none");
-        const uint32_t ops[2] = {norm, op};
-        const ir_value_id out = case_result(c, op);
+        assert_string_not_equal(ir_op_string(&c->m, op_of(c, out), "act_quant"), "none");
+        uint32_t ops[3], count = group_of(c, made, 2, ops);
         for (int64_t t = 1; t <= 6; t += 5)
-            case_run_group(c, ops, 2, &out, 1, t, F32_TOLERANCE);
+            case_run_group(c, ops, count, &out, 1, t, F32_TOLERANCE);
         case_free(c);
     }
 }
@@ -237,8 +296,9 @@ static ir_value_id matmul_alone(emit_case *c, int64_t n, int64_t k, bool bias, u
     ir_value_id x = case_inputf(c, "x", "f32[tokens, %lld]", (long long)k);
     ir_value_id wt = case_weightf(c, "f32[%lld, %lld]", (long long)n, (long long)k);
     ir_value_id b = bias ? case_weightf(c, "f32[%lld]", (long long)n) : IR_NO_VALUE;
-    *op = case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wt, b}, bias ? 3 : 2);
+    ir_value_id out = case_result(c, case_op(c, IR_OP_MATMUL, (ir_value_id[]){x, wt, b}, bias ? 3 : 2));
     case_infer(c);
+    *op = op_of(c, out); /* after the quantize precision inserts before an fp8 W8A8 one */
     return wt;
 }
 
@@ -394,6 +454,9 @@ static emit_case *w8a8_case(const char *preset, const char *activations, int64_t
     emit_case *c = case_new(preset);
     c->activations = activations;
     ir_value_id wt = matmul_alone(c, n, k, bias, op);
+    /* the kernels that code x themselves: fp8's matmul reads a quantize's codes since precision inserts
+     * one (test_emit_act_codes.c tests that path against this one, bit for bit) */
+    if (strcmp(preset, "fp8") == 0) strip_act_codes(c, *op);
     assert_string_equal(ir_op_string(&c->m, *op, "act_quant"), strcmp(preset, "int8") == 0 ? "i8" : "f8e4m3");
     assert_string_equal(ir_op_string(&c->m, *op, "act_scale"), "token");
     quant_format f;
