@@ -289,10 +289,11 @@ static bool infer_matmul(rule_ctx *c, ir_type *out) {
         rows.rank--;
         if (q->rank != x->rank || s->rank != rows.rank || s->dtype != SMELT_DTYPE_F32 ||
             (q->dtype != SMELT_DTYPE_F8E4M3 && q->dtype != SMELT_DTYPE_I8))
-            return rule_fail(c, "act_codes: the codes %s and scales %s are not those of x %s", TYPE_TEXT(c, q),
-                             TYPE_TEXT(c, s), TYPE_TEXT(c, x));
+            return rule_fail(c, "act_codes: the codes %s and scales %s are not those of x %s",
+                             TYPE_TEXT(c, q), TYPE_TEXT(c, s), TYPE_TEXT(c, x));
         for (unsigned i = 0; i < x->rank; i++)
-            if (!ir_dim_equal(q->dims[i], x->dims[i]) || (i < rows.rank && !ir_dim_equal(s->dims[i], x->dims[i])))
+            if (!ir_dim_equal(q->dims[i], x->dims[i]) ||
+                (i < rows.rank && !ir_dim_equal(s->dims[i], x->dims[i])))
                 return rule_fail(c, "act_codes: the codes %s and scales %s are not those of x %s",
                                  TYPE_TEXT(c, q), TYPE_TEXT(c, s), TYPE_TEXT(c, x));
     } else if (c->op->operand_count > 3) {
