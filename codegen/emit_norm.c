@@ -200,6 +200,14 @@ bool cg_emit_norm_quantize(cg_emit *e, const cg_group *g) {
     return e->ir->kind == IR_OP_RMS_NORM ? emit_rms_norm(e, &q) : emit_layer_norm(e, &q);
 }
 
+/* A norm kernel's summary, and its quantize's when it has one. */
+static const char *with_quantize_summary(cg_emit *e, const char *summary, const norm_quantize *q) {
+    if (q->op == IR_NONE) return summary;
+    return arena_printf(
+        &e->scratch, "%s Then the quantize of out as stored: codes = code(out / s), s = %s; scales[row] = s.",
+        summary, q->static_scale > 0.0 ? "ACTIVATION_SCALE" : "max |out| / CODE_MAX (1 for a row of zeros)");
+}
+
 static bool emit_rms_norm(cg_emit *e, const norm_quantize *q) {
     if (!require_float_values(e)) return false;
     ir_value_id stored[3] = {cg_operand(e, 0), cg_operand(e, 1), cg_result(e, 0)};
@@ -214,13 +222,7 @@ static bool emit_rms_norm(cg_emit *e, const norm_quantize *q) {
                                 "the weight applied after normalising (Gemma's RMSNorm, offset 1)."
                               : "One block per row: out = x / sqrt(mean(x^2) + eps) * weight, the weight "
                                 "applied after normalising (Llama's RMSNorm).";
-    if (q->op != IR_NONE)
-        summary = arena_printf(&e->scratch,
-                               "%s Then the quantize of out as stored: codes = code(out / s), s = %s; "
-                               "scales[row] = s.",
-                               summary,
-                               q->static_scale > 0.0 ? "ACTIVATION_SCALE"
-                                                     : "max |out| / CODE_MAX (1 for a row of zeros)");
+    summary = with_quantize_summary(e, summary, q);
     cg_kernel_builder b;
     uint32_t p[6];
     open_norm_kernel(&b, e, name, summary, p, false, q);
@@ -255,13 +257,7 @@ static bool emit_layer_norm(cg_emit *e, const norm_quantize *q) {
     const char *summary =
         "One block per row: out = (x - mean) / sqrt(var + eps) * weight (+ bias), the biased "
         "variance of the centred row (torch.nn.LayerNorm).";
-    if (q->op != IR_NONE)
-        summary = arena_printf(&e->scratch,
-                               "%s Then the quantize of out as stored: codes = code(out / s), s = %s; "
-                               "scales[row] = s.",
-                               summary,
-                               q->static_scale > 0.0 ? "ACTIVATION_SCALE"
-                                                     : "max |out| / CODE_MAX (1 for a row of zeros)");
+    summary = with_quantize_summary(e, summary, q);
     cg_kernel_builder b;
     uint32_t p[6];
     open_norm_kernel(&b, e, name, summary, p, with_bias, q);
