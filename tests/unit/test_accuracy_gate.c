@@ -269,6 +269,7 @@ static void check_w8a8_gate(const gated_model *g, drv_precision p, const char *a
     }
     if (!between_limit) {
         drv_gate_free(&gate);
+        diag_free(&d);
         return;
     }
     double limit = (gate.weights[widest].error + gate.weights[widest].weight_error) / 2;
@@ -285,6 +286,7 @@ static void check_w8a8_gate(const gated_model *g, drv_precision p, const char *a
     }
     drv_gate_free(&between);
     drv_gate_free(&gate);
+    diag_free(&d);
 }
 
 /* The demo model (trained weights) on the first 512 of its calibration
@@ -302,7 +304,9 @@ static int calibrate_demo(void **state) {
     (void)state;
     diag_engine d;
     diag_init(&d, stderr);
-    return calibrate(&demo, &demo_calibration, &d) ? 0 : -1;
+    bool ok = calibrate(&demo, &demo_calibration, &d);
+    diag_free(&d);
+    return ok ? 0 : -1;
 }
 
 static int free_demo(void **state) {
@@ -344,6 +348,7 @@ static void test_mixtral_fp8_experts(void **state) {
     assert_true(calibrate(&mixtral, &cal, &d));
     check_w8a8_gate(&mixtral, DRV_PRECISION_FP8, NULL, &cal, true);
     drv_calibration_free(&cal);
+    diag_free(&d);
 }
 
 /* Weight-only presets keep the XᵀX formula: int8 --act-quant none, even
@@ -367,6 +372,7 @@ static void test_weight_only_keeps_xtx(void **state) {
     }
     drv_gate_free(&gate);
     drv_calibration_free(&cal);
+    diag_free(&d);
 }
 
 int main(void) {
