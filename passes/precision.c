@@ -299,6 +299,32 @@ static void set_moe_act_quant(ir_module *m, uint32_t op, bool wanted, quant_kind
     ir_op_set_string(m, op, "act_scale", gate_up || down_quantized ? "token" : "none");
 }
 
+/* A note, once, when the preset quantizes matmul weights but some matmul
+ * reads its weight in_out (GPT-2's Conv1D projections): those weights stay
+ * in the activation dtype (the quantized formats and kernels are out_in
+ * alone), which the user would not otherwise see. */
+static void note_in_out_weights(const ir_module *m, const precision_preset *preset, const char *keep,
+                                diag_engine *d) {
+    if (preset->weights == QUANT_NONE) return;
+    uint32_t count = 0, first = 0;
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *op = &m->ops[i];
+        if (op->dead || op->kind != IR_OP_MATMUL || op->operand_count < 2 ||
+            strcmp(ir_op_string(m, i, "layout"), "in_out") != 0)
+            continue;
+        uint32_t w = m->values[op->operands[1]].def_op;
+        if (m->ops[w].kind != IR_OP_WEIGHT || imported(m, w) || kept(keep, ir_op_string(m, w, "name")))
+            continue;
+        if (count++ == 0) first = i;
+    }
+    if (count == 0) return;
+    const char *name = ir_op_string(m, m->values[m->ops[first].operands[1]].def_op, "name");
+    diag_note(d, m->ops[first].loc,
+              "matmul: %u weight%s of layout in_out (the first '%.*s%s') stay%s in the activation dtype: %s "
+              "quantizes out_in matmul weights alone",
+              count, count == 1 ? "" : "s", DIAG_NAME(name), count == 1 ? "s" : "", preset->name);
+}
+
 /* What pass_precision decides for every value and weight, and the tables
  * it decides from (root views, readers), which the pass frees. */
 typedef struct precision_run {
@@ -453,6 +479,7 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
                    (long long)group_size);
         return false;
     }
+    note_in_out_weights(m, preset, o ? o->keep : NULL, d);
     precision_act_codes_clear(m); /* an earlier run's quantizes: removed before the tables are made */
     ir_value_id *root = ir_view_roots(m);
     bool *read_by_output = calloc(m->value_count ? m->value_count : 1, sizeof *read_by_output);
