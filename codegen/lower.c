@@ -538,6 +538,7 @@ static bool build_weight_table(lowering_state *s) {
         if (op->kind == IR_OP_WEIGHT) {
             w->name = ir_op_string(m, i, "name");
             w->stacked = ir_op_string(m, i, "stack")[0] != '\0';
+            w->transposed = ir_op_bool(m, i, "transposed");
         } else {
             concat_parts(s, i, w);
         }

@@ -5,6 +5,7 @@
  * quantized stack of MoE experts expert by expert (quant_stack_layout_of),
  * bound whole once every expert's tensor is read. */
 #include "driver_internal.h"
+#include "transpose.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,13 +18,26 @@ static const prog_weight *plan_weight(const program *p, const char *name) {
     return NULL;
 }
 
-/* values (w's [N, K] f32) quantized into w's format and bound as its packed
- * bytes: the runtime takes quantized weights already packed. */
+/* values (w's [N, K] f32; the checkpoint's [K, N] when w is transposed)
+ * quantized into w's format and bound as its packed bytes: the runtime
+ * takes quantized weights already packed. */
 static bool bind_quantized(smelt_engine *engine, const prog_weight *w, const float *values, diag_engine *d) {
     quant_format f = quant_format_from_program(&w->quant);
     quant_tensor q;
-    if (!drv_quantize_weight(w->name, values, (uint64_t)w->shape[0], (uint64_t)w->shape[1], &f, NULL, &q, d))
-        return false;
+    uint64_t rows = (uint64_t)w->shape[0], columns = (uint64_t)w->shape[1];
+    float *transposed = NULL; /* the tensor [K, N] of a transposed weight, as the plan's [N, K] */
+    if (w->transposed) {
+        transposed = malloc(rows * columns * sizeof *transposed + 1);
+        if (!transposed) {
+            diag_error(d, SMELT_NO_LOC, "out of memory transposing '%.*s%s'", DIAG_NAME(w->name));
+            return false;
+        }
+        plan_transpose(transposed, values, columns, rows, sizeof *transposed);
+        values = transposed;
+    }
+    bool quantized = drv_quantize_weight(w->name, values, rows, columns, &f, NULL, &q, d);
+    free(transposed);
+    if (!quantized) return false;
     smelt_status s = smelt_engine_bind_weight_bytes(engine, w->name, q.data, q.layout.total);
     free(q.data);
     if (s != SMELT_OK) diag_error(d, SMELT_NO_LOC, "%s", smelt_last_error());
@@ -153,10 +167,13 @@ bool drv_bind_checkpoint(const smelt_plan *plan, const program *p, smelt_engine 
         for (uint32_t k = 0; k < t->rank; k++)
             shape[k] = (int64_t)t->shape[k];
         const prog_weight *w = plan_weight(p, t->name);
+        /* a transposed weight's tensor is [K, N] for the plan's [N, K] */
+        int64_t rows = w ? w->shape[w->transposed ? 1 : 0] : 0,
+                columns = w ? w->shape[w->transposed ? 0 : 1] : 0;
         if (w && w->quant.kind != PROG_QUANT_NONE &&
-            (t->rank != 2 || shape[0] != w->shape[0] || shape[1] != w->shape[1])) {
+            (t->rank != 2 || shape[0] != rows || shape[1] != columns)) {
             diag_error(d, loc, "tensor '%.*s%s' is not the [%lld, %lld] matrix the plan quantized",
-                       DIAG_NAME(t->name), (long long)w->shape[0], (long long)w->shape[1]);
+                       DIAG_NAME(t->name), (long long)rows, (long long)columns);
             ok = false;
         } else if (w && w->quant.kind != PROG_QUANT_NONE) {
             ok = bind_quantized(engine, w, values, d) && ok;

@@ -2,6 +2,7 @@
  * dtype and shape (rules: weights.h); reading a bound weight as f32.
  */
 #include "weights.h"
+#include "transpose.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,10 +140,24 @@ static void bind_weight(fe_binder *b, uint32_t op_index) {
         }
 
     fe_bound_weight *w = &b->out->weights[op_index];
+    const ir_attr *transposed = ir_op_attr(b->m, op_index, "transposed");
+    if (transposed && transposed->kind == IR_ATTR_BOOL && transposed->as.b && !*stack && type->rank == 2) {
+        w->transposed = true; /* the checkpoint holds [K, N] */
+        w->rows = shape[0];
+        w->columns = shape[1];
+        shape[0] = w->columns;
+        shape[1] = w->rows;
+    }
     if (!*stack) {
         bool quantized;
         const st_tensor *t = find_part(b, op, name, shape, type->rank, &quantized);
         if (!t) return;
+        if (quantized && w->transposed) {
+            diag_error(b->d, op->loc,
+                       "weight '%.*s%s' is read transposed (in_out) but the checkpoint holds it quantized",
+                       DIAG_NAME(name));
+            return;
+        }
         w->parts = arena_array(&b->out->arena, 1, sizeof *w->parts);
         w->parts[0] = t;
         w->quantized = quantized;
@@ -291,6 +306,15 @@ static bool read_quantized(const fe_weight_binding *b, const fe_bound_weight *w,
     return true;
 }
 
+/* A transposed weight's tensor [K, N] read into dst as [N, K]. */
+static bool read_transposed(const fe_weight_binding *b, const fe_bound_weight *w, float *dst) {
+    float *tensor = malloc(w->element_count * sizeof *tensor + 1);
+    bool ok = tensor && st_tensor_read_f32(w->parts[0], tensor, b->diag);
+    if (ok) plan_transpose(dst, tensor, w->columns, w->rows, sizeof *dst);
+    free(tensor);
+    return ok;
+}
+
 bool fe_weight_read_f32(const fe_weight_binding *b, uint32_t op, float *dst, uint64_t count) {
     const fe_bound_weight *w = fe_weight_binding_get(b, op);
     if (!w || count != w->element_count) return false;
@@ -298,6 +322,7 @@ bool fe_weight_read_f32(const fe_weight_binding *b, uint32_t op, float *dst, uin
     if (w->quantized) return read_quantized(b, w, dst, per_part);
     for (uint32_t i = 0; i < w->part_count; i++)
         if (w->parts[i]->byte_size / st_dtype_size(w->parts[i]->dtype) != per_part) return false;
+    if (w->transposed) return read_transposed(b, w, dst);
     for (uint32_t i = 0; i < w->part_count; i++)
         if (!st_tensor_read_f32(w->parts[i], dst + (uint64_t)i * per_part, b->diag)) return false;
     return true;

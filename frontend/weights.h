@@ -10,7 +10,9 @@
  * "stack" attribute is not empty (say "e"), the name is a template holding
  * "{e}" and dim 0 of the op's type counts the parts: part i is the tensor
  * named with every "{e}" replaced by i, of shape dims[1..]; the parts are
- * stacked along a new dim 0 (Mixtral's per-expert w1/w2/w3).
+ * stacked along a new dim 0 (Mixtral's per-expert w1/w2/w3). When its
+ * "transposed" attribute is true (a matrix, not stacked), the tensor is the
+ * transpose of the op's type and is read transposed.
  *
  * Each tensor must exist, have a float dtype (F32, F16, BF16, F8_E4M3,
  * F8_E5M2; it is converted on reading, whatever dtype the model declares)
@@ -44,6 +46,10 @@ typedef struct fe_bound_weight {
      * tensor, qweight or the F8 weight). */
     bool quantized;
     const char **names;
+    /* The op's value [N, K] is the transpose of the tensor [K, N] (the
+     * weight's "transposed" attribute, ops.def); read transposed. */
+    bool transposed;
+    uint64_t rows, columns; /* of the value: N, K */
 } fe_bound_weight;
 
 typedef struct fe_weight_binding {

@@ -342,7 +342,13 @@ static void check_output_names(verifier *v) {
 static void check_weight_quant(verifier *v, uint32_t index) {
     const ir_module *m = v->m;
     const ir_op *op = &m->ops[index];
+    const ir_attr *transposed = ir_op_attr(m, index, "transposed"), *stack = ir_op_attr(m, index, "stack");
     quant_format f;
+    if (transposed && transposed->as.b &&
+        (m->values[op->results[0]].type.rank != 2 || (stack && stack->as.s[0] != '\0') ||
+         !ir_weight_quant(m, index, &f)))
+        violation(v, op, "a transposed weight is a quantized matrix (rank 2, not stacked), not %s",
+                  TYPE_TEXT(v, &m->values[op->results[0]].type));
     if (!ir_weight_quant(m, index, &f)) {
         const ir_attr *group = ir_op_attr(m, index, "group"), *zero = ir_op_attr(m, index, "zero");
         const ir_attr *method = ir_op_attr(m, index, "method"), *order = ir_op_attr(m, index, "act_order");

@@ -194,14 +194,15 @@ typedef struct concat_member {
 static const ir_type *concat_type(const fuse_state *c, ir_value_id v) { return &c->m->values[v].type; }
 
 /* A weight the concatenation may take: declared by a plain weight op (not
- * stacked, not quantized, row-major), float, read by nothing else. */
+ * stacked, not quantized, row-major, not transposed: a part is bound as its
+ * tensor's rows), float, read by nothing else. */
 static bool concat_weight(const fuse_state *c, ir_value_id v, unsigned rank) {
     const ir_module *m = c->m;
     uint32_t def = m->values[v].def_op;
     const ir_type *t = concat_type(c, v);
     if (m->ops[def].kind != IR_OP_WEIGHT || c->uses[v] != 1 || t->rank != rank || !is_float(t) ||
         ir_op_string(m, def, "stack")[0] != '\0' || strcmp(ir_op_string(m, def, "quant"), "none") != 0 ||
-        strcmp(ir_op_string(m, def, "layout"), "row_major") != 0)
+        strcmp(ir_op_string(m, def, "layout"), "row_major") != 0 || ir_op_bool(m, def, "transposed"))
         return false;
     for (unsigned d = 0; d < rank; d++)
         if (ir_dim_is_symbol(t->dims[d])) return false;

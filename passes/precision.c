@@ -62,8 +62,11 @@
  *   tensor-core dequantize-GEMM of prefill steps, layout = "mma_k16"
  *   (quant/quant.h; the decode GEMV reads that order as well).
  * Which weights are quantized: 2-D, unstacked, read only by matmuls of
- *   layout out_in as their weight (so the norms, biases and GPT-2's in_out
- *   projections stay in the activation dtype), and MoE experts: [E, N, K]
+ *   layout out_in as their weight (so the norms and biases stay in the
+ *   activation dtype) — or only by in_out ones (GPT-2's Conv1D), each then
+ *   transposed to out_in (`transposed`, ops.def; its matmuls' layout
+ *   out_in) where the preset quantizes it, so a transposed weight is always
+ *   a quantized one — and MoE experts: [E, N, K]
  *   weights read only by moe ops as their gate, up or down, each expert an
  *   [N, K] matrix in the same format (quant_stack_layout_of); whose input
  *   columns the group divides, and whose name (or the name without
@@ -299,32 +302,6 @@ static void set_moe_act_quant(ir_module *m, uint32_t op, bool wanted, quant_kind
     ir_op_set_string(m, op, "act_scale", gate_up || down_quantized ? "token" : "none");
 }
 
-/* A note, once, when the preset quantizes matmul weights but some matmul
- * reads its weight in_out (GPT-2's Conv1D projections): those weights stay
- * in the activation dtype (the quantized formats and kernels are out_in
- * alone), which the user would not otherwise see. */
-static void note_in_out_weights(const ir_module *m, const precision_preset *preset, const char *keep,
-                                diag_engine *d) {
-    if (preset->weights == QUANT_NONE) return;
-    uint32_t count = 0, first = 0;
-    for (uint32_t i = 0; i < m->op_count; i++) {
-        const ir_op *op = &m->ops[i];
-        if (op->dead || op->kind != IR_OP_MATMUL || op->operand_count < 2 ||
-            strcmp(ir_op_string(m, i, "layout"), "in_out") != 0)
-            continue;
-        uint32_t w = m->values[op->operands[1]].def_op;
-        if (m->ops[w].kind != IR_OP_WEIGHT || imported(m, w) || kept(keep, ir_op_string(m, w, "name")))
-            continue;
-        if (count++ == 0) first = i;
-    }
-    if (count == 0) return;
-    const char *name = ir_op_string(m, m->values[m->ops[first].operands[1]].def_op, "name");
-    diag_note(d, m->ops[first].loc,
-              "matmul: %u weight%s of layout in_out (the first '%.*s%s') stay%s in the activation dtype: %s "
-              "quantizes out_in matmul weights alone",
-              count, count == 1 ? "" : "s", DIAG_NAME(name), count == 1 ? "s" : "", preset->name);
-}
-
 /* What pass_precision decides for every value and weight, and the tables
  * it decides from (root views, readers), which the pass frees. */
 typedef struct precision_run {
@@ -344,6 +321,77 @@ static void free_tables(precision_run *a) {
     free(a->read_by_output);
     free(a->only_matmul);
     free(a->only_experts);
+}
+
+/* Weight op `op`'s value, [K, N] read in_out by every reader (matmuls, as
+ * their weight), becomes its transpose [N, K] read out_in (`transposed`,
+ * ops.def: the checkpoint still holds [K, N]), or back again. */
+static void flip_in_out(ir_module *m, uint32_t op, bool to_out_in) {
+    ir_value_id v = m->ops[op].results[0];
+    ir_dim rows = m->values[v].type.dims[0];
+    m->values[v].type.dims[0] = m->values[v].type.dims[1];
+    m->values[v].type.dims[1] = rows;
+    ir_op_set_bool(m, op, "transposed", to_out_in);
+    for (uint32_t i = 0; i < m->op_count; i++)
+        if (!m->ops[i].dead && m->ops[i].kind == IR_OP_MATMUL && m->ops[i].operand_count >= 2 &&
+            m->ops[i].operands[1] == v)
+            ir_op_set_string(m, i, "layout", to_out_in ? "out_in" : "in_out");
+}
+
+/* Under a preset that quantizes matmul weights, every 2-D weight that only
+ * in_out matmuls read as their weight (GPT-2's Conv1D projections) is
+ * transposed to out_in where the preset then quantizes it: the formats and
+ * kernels of quantized weights are out_in alone. only_matmul[v] becomes
+ * true for those. So a transposed weight is always a quantized one; an
+ * earlier run's transpositions are undone first (from scratch, as every
+ * decision of the pass). */
+static void transpose_in_out_weights(ir_module *m, precision_run *a) {
+    for (uint32_t i = 0; i < m->op_count; i++) /* an earlier run's decisions, undone first */
+        if (!m->ops[i].dead && m->ops[i].kind == IR_OP_WEIGHT && ir_op_bool(m, i, "transposed")) {
+            flip_in_out(m, i, false);
+            a->only_matmul[m->ops[i].results[0]] = false;
+            m->values[m->ops[i].results[0]].type.dtype = SMELT_DTYPE_F32; /* floats again, as assign does */
+            ir_weight_clear_quant(m, i);
+        }
+    if (a->chosen->weights == QUANT_NONE) return;
+    bool *in_out = malloc((m->value_count ? m->value_count : 1) * sizeof *in_out);
+    bool *read = calloc(m->value_count ? m->value_count : 1, sizeof *read);
+    if (!in_out || !read) {
+        free(in_out);
+        free(read);
+        arena_out_of_memory(); /* assign's recovery point frees the tables and fails the pass */
+    }
+    for (ir_value_id v = 0; v < m->value_count; v++)
+        in_out[v] = true;
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *op = &m->ops[i];
+        if (op->dead) continue;
+        for (uint32_t j = 0; j < op->operand_count; j++) {
+            read[op->operands[j]] = true;
+            in_out[op->operands[j]] &=
+                op->kind == IR_OP_MATMUL && j == 1 && strcmp(ir_op_string(m, i, "layout"), "in_out") == 0;
+        }
+    }
+    const char *keep = a->o ? a->o->keep : NULL;
+    for (uint32_t i = 0; i < m->op_count; i++) {
+        const ir_op *op = &m->ops[i];
+        if (op->dead || op->kind != IR_OP_WEIGHT || imported(m, i)) continue;
+        ir_value_id v = op->results[0];
+        const ir_type *t = &m->values[v].type;
+        if (!read[v] || !in_out[v] || t->rank != 2 || ir_op_string(m, i, "stack")[0] != '\0' ||
+            !smelt_dtype_is_float(t->dtype))
+            continue;
+        flip_in_out(m, i, true);
+        a->only_matmul[v] = true;
+        quant_format f;
+        if (weight_format(m, i, a->chosen, a->group_size, keep, a->o && a->o->act_order, a->only_matmul,
+                          a->only_experts, &f))
+            continue;
+        flip_in_out(m, i, false); /* kept, or a shape the format cannot take: read in_out as before */
+        a->only_matmul[v] = false;
+    }
+    free(in_out);
+    free(read);
 }
 
 /* Every dtype and weight format; formats and attributes allocate from the
@@ -369,6 +417,7 @@ static void assign(ir_module *m, precision_run *a) {
             if (op->kind != IR_OP_MOE || j != 1) a->only_router[op->operands[j]] = false;
         }
     }
+    transpose_in_out_weights(m, a);
     for (uint32_t i = 0; i < m->op_count; i++) {
         const ir_op *op = &m->ops[i];
         if (op->dead) continue;
@@ -479,7 +528,6 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
                    (long long)group_size);
         return false;
     }
-    note_in_out_weights(m, preset, o ? o->keep : NULL, d);
     precision_act_codes_clear(m); /* an earlier run's quantizes: removed before the tables are made */
     ir_value_id *root = ir_view_roots(m);
     bool *read_by_output = calloc(m->value_count ? m->value_count : 1, sizeof *read_by_output);

@@ -11,7 +11,7 @@
  *   u8 has_greedy (the last instruction is the greedy one), ref greedy_token
  *   u32 eos_count, eos_count x i32 eos id
  *   u32 state_count,  state_count  x {u64 bytes, u64 rows}
- *   u32 weight_count, weight_count x {string name, u8 dtype, u8 stacked,
+ *   u32 weight_count, weight_count x {string name, u8 dtype, u8 flags (PROG_WEIGHT_*),
  *                                     u32 rank, rank x i64 dim, u64 bytes,
  *                                     u64 data_offset, u32 part_count,
  *                                     part_count x {string name, i64 rows},
@@ -60,6 +60,9 @@
  * version 13 scaled GEMMs (prog_gemm.has_scales: A and B codes with a_scale
  * and b_scale) and each instruction's needs (prog_need: what its device
  * must, or must not, be able to do for it to run).
+ * Version 14 the transposed flag of a weight (PROG_WEIGHT_TRANSPOSED: a
+ * quantized matrix, neither stacked nor concatenated, quantized at binding
+ * from its [K, N] tensor).
  *
  * What decoding checks (the executor relies on every item):
  *   - counts against the bytes left (no allocation a short section cannot
@@ -290,7 +293,8 @@ bool program_encode(const program *p, uint8_t **bytes, size_t *size) {
         const prog_weight *wt = &p->weights[i];
         put_string(&w, wt->name);
         put_u8(&w, wt->dtype);
-        put_u8(&w, wt->stacked);
+        put_u8(&w, (uint8_t)((wt->stacked ? PROG_WEIGHT_STACKED : 0) |
+                             (wt->transposed ? PROG_WEIGHT_TRANSPOSED : 0)));
         put_u32(&w, wt->rank);
         for (uint32_t d = 0; d < wt->rank && d < 8; d++)
             put_i64(&w, wt->shape[d]);
@@ -660,10 +664,10 @@ static bool decode_parts(decoder *d, uint32_t i, prog_weight *w) {
 
 static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
     plan_cursor *c = &d->cursor;
-    uint8_t stacked;
+    uint8_t flags;
     if (!decode_name(d, i, &w->name)) return false;
     const char *copy = w->name;
-    if (!get_u8(d, &w->dtype) || !get_u8(d, &stacked) || !plan_cursor_u32(c, &w->rank))
+    if (!get_u8(d, &w->dtype) || !get_u8(d, &flags) || !plan_cursor_u32(c, &w->rank))
         return truncated(d, "a weight");
     int name_length = (int)(strlen(copy) > 64 ? 64 : strlen(copy));
     const char *ellipsis = strlen(copy) > 64 ? "..." : "";
@@ -672,9 +676,13 @@ static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
         return fail(
             d, "weight '%.*s%s' has dtype %u (expected f32, bf16, f16, i32 or a quantized weight's codes)",
             name_length, copy, ellipsis, w->dtype);
-    if (stacked > 1)
-        return fail(d, "weight '%.*s%s' has a stacked flag of %u", name_length, copy, ellipsis, stacked);
-    w->stacked = stacked;
+    if (flags & ~(PROG_WEIGHT_STACKED | PROG_WEIGHT_TRANSPOSED))
+        return fail(d, "weight '%.*s%s' has layout flags %u", name_length, copy, ellipsis, flags);
+    w->stacked = flags & PROG_WEIGHT_STACKED;
+    w->transposed = flags & PROG_WEIGHT_TRANSPOSED;
+    if (w->transposed && (w->stacked || w->rank != 2))
+        return fail(d, "transposed weight '%.*s%s' is not a matrix (rank 2, not stacked)", name_length, copy,
+                    ellipsis);
     if (w->rank > 8)
         return fail(d, "weight '%.*s%s' has rank %u (at most 8)", name_length, copy, ellipsis, w->rank);
     uint64_t elements = 1;
@@ -688,6 +696,9 @@ static bool decode_weight(decoder *d, uint32_t i, prog_weight *w) {
         return truncated(d, "a weight");
     if (!decode_parts(d, i, w)) return false;
     if (!get_u8(d, &w->quant.kind)) return truncated(d, "a weight");
+    if (w->transposed && (w->part_count || w->quant.kind == PROG_QUANT_NONE))
+        return fail(d, "transposed weight '%.*s%s' is concatenated or not quantized", name_length, copy,
+                    ellipsis);
     if (w->quant.kind != PROG_QUANT_NONE) {
         if (w->part_count)
             return fail(d, "weight '%.*s%s' is both concatenated and quantized", name_length, copy, ellipsis);

@@ -46,7 +46,7 @@
 
 #include "smelt_dtype.h"
 
-enum { PROGRAM_FORMAT_VERSION = 13, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16, PROG_MAX_WEIGHT_PARTS = 64 };
+enum { PROGRAM_FORMAT_VERSION = 14, PROG_MAX_ARGS = 32, PROG_MAX_EOS = 16, PROG_MAX_WEIGHT_PARTS = 64 };
 
 /* ceil((a * T + b) / c) with c >= 1; a constant is {0, value, 1}. */
 typedef struct prog_affine {
@@ -302,10 +302,18 @@ typedef struct prog_quant {
  * nor concatenated) is stored in quant/quant.h's packed layout: dtype is
  * its codes' (i4, i8, f8e4m3) and bytes the whole layout (codes, scales,
  * zeros, ...), which the runtime checks with quant_layout_of. */
+/* A weight's layout flags (the encoding's u8 after its dtype). */
+enum { PROG_WEIGHT_STACKED = 1, PROG_WEIGHT_TRANSPOSED = 2 };
+
 typedef struct prog_weight {
     const char *name;
     uint8_t dtype; /* smelt_dtype: storage dtype in the plan and on the device */
     bool stacked;
+    /* [N, K] stored, the checkpoint tensor `name` is [K, N] (a Conv1D
+     * weight read out_in: ops.def's "transposed"): the driver transposes it
+     * before quantizing it (drv_bind_checkpoint). A quantized matrix,
+     * neither stacked nor concatenated. */
+    bool transposed;
     uint32_t rank;
     int64_t shape[8];
     uint64_t bytes;

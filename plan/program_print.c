@@ -81,7 +81,7 @@ static void print_weights(FILE *out, const program *p) {
         fprintf(out, " %s[", dtype_name(w->dtype));
         for (uint32_t d = 0; d < w->rank; d++)
             fprintf(out, "%s%" PRId64, d ? ", " : "", w->shape[d]);
-        fprintf(out, "]%s", w->stacked ? " stacked" : "");
+        fprintf(out, "]%s", w->stacked ? " stacked" : w->transposed ? " transposed (bound from [K, N])" : "");
         if (w->quant.kind != PROG_QUANT_NONE) {
             static const char *const kinds[] = {"none", "int4", "int8", "fp8"};
             fprintf(out, " %s group %" PRIu32 "%s%s%s%s", kinds[w->quant.kind], w->quant.group,

@@ -606,6 +606,35 @@ static void test_program_decode_refuses_lies(void **state) {
     t.weights[1].part_count = 2;
     t.weights[1].parts = halves;
     expect_refused(&t, "weight 'toy.head.weight' is both concatenated and quantized");
+    /* A transposed weight (bound from its [K, N] tensor) is a quantized
+     * matrix, not stacked: the driver transposes it before quantizing. */
+    toy_program_make(&t, false, true, 0);
+    t.weights[1].transposed = true;
+    expect_refused(&t, "transposed weight 'toy.head.weight' is concatenated or not quantized");
+    toy_program_make(&t, false, true, 0);
+    t.weights[1].dtype = SMELT_DTYPE_I8;
+    t.weights[1].quant = (prog_quant){.kind = PROG_QUANT_INT8, .group = WIDTH};
+    t.weights[1].transposed = true;
+    t.weights[1].stacked = true;
+    expect_refused(&t, "transposed weight 'toy.head.weight' is not a matrix (rank 2, not stacked)");
+    toy_program_make(&t, false, true, 0); /* and its flag round-trips */
+    t.weights[1].dtype = SMELT_DTYPE_I8;
+    t.weights[1].quant = (prog_quant){.kind = PROG_QUANT_INT8, .group = WIDTH};
+    t.weights[1].bytes = VOCAB * WIDTH * sizeof(float); /* what the toy GEMM reads of it */
+    t.weights[1].transposed = true;
+    {
+        uint8_t *bytes;
+        size_t size;
+        assert_true(program_encode(&t.p, &bytes, &size));
+        program d;
+        char error[512] = "";
+        bool ok = program_decode(bytes, size, &d, error, sizeof error);
+        free(bytes);
+        if (!ok) fail_msg("a transposed int8 weight was refused: %s", error);
+        assert_true(d.weights[1].transposed);
+        assert_false(d.weights[0].transposed);
+        program_free(&d);
+    }
 
     toy_program_make(&t, false, true, 0); /* EOS ids index the vocabulary, each once */
     t.p.eos_count = 1;

@@ -183,6 +183,30 @@ static void test_stack_variable_replaced_everywhere(void **state) {
     assert_int_equal(diag.error_count + diag.warning_count, 0);
 }
 
+/* A transposed weight [N, K] (a Conv1D weight precision made out_in) binds
+ * the checkpoint's [K, N] tensor and reads its transpose; the [N, K] shape
+ * itself is refused, with both shapes named. */
+static void test_transposed_weight_reads_its_transpose(void **state) {
+    (void)state;
+    float data[2][3] = {{1, 2, 3}, {4, 5, 6}}; /* [K = 2, N = 3] */
+    uint64_t shape[] = {2, 3};
+    st_write_tensor tensors[] = {{"h.0.attn.c_attn.weight", ST_DTYPE_F32, 2, shape, data}};
+    write_checkpoint(tensors, 1);
+    uint32_t op = add_weight("h.0.attn.c_attn.weight", "", SMELT_DTYPE_F32, 2, (int64_t[]){3, 2}, 1);
+    ir_op_set_bool(&module, op, "transposed", true);
+    assert_true(fe_bind_weights(&module, &checkpoint, &diag, &binding));
+    float got[6];
+    assert_true(fe_weight_read_f32(&binding, op, got, 6));
+    const float expected[6] = {1, 4, 2, 5, 3, 6}; /* [N = 3, K = 2] */
+    for (int i = 0; i < 6; i++)
+        assert_true(got[i] == expected[i]);
+    assert_int_equal(diag.error_count + diag.warning_count, 0);
+    fe_weight_binding_free(&binding);
+    ir_op_set_bool(&module, op, "transposed", false); /* [3, 2] against the tensor's [2, 3] */
+    assert_false(fe_bind_weights(&module, &checkpoint, &diag, &binding));
+    assert_int_equal(diag.error_count, 1);
+}
+
 /* Part i of a stacked weight is the tensor named with {e} = i; the parts
  * lie one after the other in the result, whatever the checkpoint's order. */
 static void test_stacked_parts_in_order(void **state) {
@@ -432,6 +456,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_truncated_after_open_is_an_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stack_variable_replaced_everywhere, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stacked_parts_in_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_transposed_weight_reads_its_transpose, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reports_every_binding_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_symbolic_and_malformed_weights, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_unused_tensors_once, setup, teardown),
