@@ -51,9 +51,15 @@
  * exact; E4M3 in f32), scaled by the slot's and the row's scales in the
  * epilogue, as the GEMV's W8A8 does. The hidden rows are then kept in f32
  * (the reference quantizes them unrounded), whatever the result's dtype.
+ * With static scales (act_scale tensor: gate_up_act_scale_value for x,
+ * down_act_scale_value for the hidden rows, one each for every slot and
+ * every expert) the scale is a constant of the kernel, ACT_SCALE, and the
+ * absmax pass is not emitted.
  */
 #include "emit_internal.h"
 #include "quant.h"
+
+#include <math.h>
 
 enum {
     MOE_THREADS = 256, /* every kernel: 8 warps */
@@ -286,8 +292,9 @@ static void write_expert_reader(cg_text *t, const expert_storage *w, bool codes_
 /* W8A8 experts (ops.def, moe's gate_up_act_quant / down_act_quant): the
  * codes of a weight row without their scale, its scale, its column scales,
  * and an activation's code, as the GEMV's W8A8 computes them
- * (emit_gemv.c) and the reference does (ref_ops.c, ref_w8a8_row_codes). */
-static void write_w8a8_helpers(cg_text *t, const expert_storage *w, quant_kind act) {
+ * (emit_gemv.c) and the reference does (ref_ops.c, ref_w8a8_row_codes);
+ * the warp's max for the absmax pass, unless the scale is static. */
+static void write_w8a8_helpers(cg_text *t, const expert_storage *w, quant_kind act, bool static_scale) {
     bool int8 = act == QUANT_INT8;
     cg_write_w8a8_weight_codes(t, int8, w->vector);
     cg_line(t, "/* The expert's column scale c[k] (SmoothQuant's 1 / s)%s. */",
@@ -311,6 +318,7 @@ static void write_w8a8_helpers(cg_text *t, const expert_storage *w, quant_kind a
         cg_line(t, "return v;");
         cg_line(t, "}");
     }
+    if (static_scale) return;
     cg_blank(t);
     cg_write_warp_max(t);
 }
@@ -381,13 +389,17 @@ static void write_w8a8_scales(cg_kernel_builder *b, const grouped_spec *g, uint3
 
 /* W8A8, one tile of TILE slots against this warp's row: each element of a
  * slot's input row times the column scale becomes a code of the slot's
- * scale, summed times the weight's codes (int8: in int32, exact for INNER <
- * 2^31 / 127^2; E4M3: in f32, each product exact), then times the slot's
- * and the row's scales, as the GEMV's W8A8 (emit_gemv.c). */
+ * scale (ACT_SCALE when static_scale), summed times the weight's codes
+ * (int8: in int32, exact for INNER < 2^31 / 127^2; E4M3: in f32, each
+ * product exact), then times the slot's and the row's scales, as the
+ * GEMV's W8A8 (emit_gemv.c). */
 static void write_w8a8_tile(cg_kernel_builder *b, const grouped_spec *g, uint32_t p_in, uint32_t p_weight,
-                            uint32_t p_scratch, quant_kind act) {
+                            uint32_t p_scratch, quant_kind act, bool static_scale) {
     cg_text *t = &b->text;
     const char *code_type = act == QUANT_INT8 ? "int" : "float";
+    /* each slot's scale against gate's (and down's) column scales, and against up's */
+    const char *scale = static_scale ? "ACT_SCALE" : "act_scale[tile + m][0]";
+    const char *up_scale = static_scale ? "ACT_SCALE" : "act_scale[tile + m][1]";
     if (g->swiglu) {
         cg_line(t, "%s g[TILE], u[TILE]; /* sums of code products */", code_type);
         cg_line(t, "for (int m = 0; m < TILE; m++)");
@@ -413,12 +425,10 @@ static void write_w8a8_tile(cg_kernel_builder *b, const grouped_spec *g, uint32_
     cg_line(t, "long long k = (long long)c * VECTOR + j;");
     cg_line(t, "float v = %s;", cg_load(b, p_in, "input_row[m] + k"));
     if (g->swiglu) {
-        cg_line(t,
-                "g[m] += activation_code(v * column_scale(gate_row, k) / act_scale[tile + m][0]) * gq[j];");
-        cg_line(t, "u[m] += activation_code(v * column_scale(up_row, k) / act_scale[tile + m][1]) * uq[j];");
+        cg_line(t, "g[m] += activation_code(v * column_scale(gate_row, k) / %s) * gq[j];", scale);
+        cg_line(t, "u[m] += activation_code(v * column_scale(up_row, k) / %s) * uq[j];", up_scale);
     } else {
-        cg_line(t,
-                "sum[m] += activation_code(v * column_scale(down_row, k) / act_scale[tile + m][0]) * dq[j];");
+        cg_line(t, "sum[m] += activation_code(v * column_scale(down_row, k) / %s) * dq[j];", scale);
     }
     cg_line(t, "}");
     cg_line(t, "}");
@@ -428,14 +438,14 @@ static void write_w8a8_tile(cg_kernel_builder *b, const grouped_spec *g, uint32_
     cg_line(t, "if (m >= count)");
     cg_line(t, "    break; /* warp-uniform */");
     if (g->swiglu) {
-        cg_line(t, "float gm = (float)%s(g[m]) * act_scale[tile + m][0] * row_scale(gate_row);", reduce);
-        cg_line(t, "float um = (float)%s(u[m]) * act_scale[tile + m][1] * row_scale(up_row);", reduce);
+        cg_line(t, "float gm = (float)%s(g[m]) * %s * row_scale(gate_row);", reduce, scale);
+        cg_line(t, "float um = (float)%s(u[m]) * %s * row_scale(up_row);", reduce, up_scale);
         cg_line(t, "if (lane == 0)");
         cg_line(t, "    %s",
                 cg_store(b, p_scratch, "(long long)slots[tile + m] * FFN_DIM + row",
                          "gm / (1.0f + expf(-gm)) * um"));
     } else {
-        cg_line(t, "float total = (float)%s(sum[m]) * act_scale[tile + m][0] * row_scale(down_row);", reduce);
+        cg_line(t, "float total = (float)%s(sum[m]) * %s * row_scale(down_row);", reduce, scale);
         cg_line(t, "int slot = slots[tile + m];");
         cg_line(t, "if (lane == 0)");
         cg_line(t, "    %s",
@@ -469,13 +479,24 @@ static bool emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) 
                    act_name, quant_kind_name(act));
         return false;
     }
+    /* act_scale tensor: one static scale for every slot of every expert (ops.def) */
+    double static_scale = 0.0;
+    if (act != QUANT_NONE && strcmp(cg_attr_string(e, "act_scale", "none"), "tensor") == 0) {
+        const char *value_name = g->swiglu ? "gate_up_act_scale_value" : "down_act_scale_value";
+        static_scale = cg_attr_float(e, value_name, 0.0);
+        if (!((float)static_scale > 0.0f) || !isfinite((float)static_scale)) {
+            diag_error(e->d, e->ir->loc, "moe: expected %s > 0 for act_scale tensor", value_name);
+            return false;
+        }
+    }
     const char *name = arena_printf(&e->scratch, "moe_%s_%s", g->kind, s->tag);
     if (storage.quantized) /* the format: group, zero points, act-order, column scales */
         name = arena_printf(&e->scratch, "%s_g%u%s%s%s", name, storage.format.group,
                             storage.format.has_zero ? "z" : "", storage.format.has_group_index ? "o" : "",
                             storage.format.has_column_scale ? "c" : "");
-    if (act != QUANT_NONE) /* W8A8: the activations' codes, per row */
-        name = arena_printf(&e->scratch, "%s_a%s", name, act == QUANT_INT8 ? "i8" : "f8");
+    if (act != QUANT_NONE) /* W8A8: the activations' codes, per row or (s) of a static scale */
+        name = arena_printf(&e->scratch, "%s_a%s%s", name, act == QUANT_INT8 ? "i8" : "f8",
+                            static_scale > 0.0 ? "s" : "");
     cg_kernel_builder b;
     cg_kernel_begin(&b, e, name,
                     g->swiglu
@@ -511,6 +532,9 @@ static bool emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) 
             MOE_ROWS_PER_WARP, MOE_TILE);
     cg_line(t, "enum { SLOTS = %lld }; /* token bound * TOP_K: hidden rows, then partial rows, in scratch */",
             (long long)(s->token_bound * s->top_k));
+    if (static_scale > 0.0)
+        cg_line(t, "#define ACT_SCALE %s /* act_scale tensor: %s's static scale, every slot's */",
+                cg_float_literal(e, (float)static_scale), g->swiglu ? "x" : "the hidden rows");
     cg_blank(t);
     bool quantized = storage.quantized;
     /* the x rows element by element too (W8A8 reads them so: one code each) */
@@ -522,13 +546,13 @@ static bool emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) 
                                                : vectorizable(&b, p_down));
     if (vector) write_vector_helpers(t);
     if (quantized) write_expert_reader(t, &storage, act != QUANT_NONE);
-    if (act != QUANT_NONE) write_w8a8_helpers(t, &storage, act);
+    if (act != QUANT_NONE) write_w8a8_helpers(t, &storage, act, static_scale > 0.0);
     write_popcount(t);
     if (act != QUANT_INT8) cg_write_warp_sum(t); /* int8 sums its integers: warp_sum_i32 */
     cg_kernel_signature(&b);
     cg_line(t, "__shared__ int slots[THREADS];    /* this expert's slots in the window */");
     cg_line(t, "__shared__ int warp_hits[WARPS];");
-    if (act != QUANT_NONE)
+    if (act != QUANT_NONE && static_scale <= 0.0)
         cg_line(t, "__shared__ float act_scale[THREADS][%d]; /* each slot's activation scale%s */",
                 g->swiglu ? 2 : 1, g->swiglu ? ": against gate's (0) and up's (1) column scales" : "");
     cg_line(t, "int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;");
@@ -536,7 +560,7 @@ static bool emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) 
     cg_line(t, "int choices = tokens * TOP_K;");
     cg_line(t, "for (int window = 0; window < choices; window += THREADS) {");
     write_gather(t);
-    if (act != QUANT_NONE) write_w8a8_scales(&b, g, p_in, act);
+    if (act != QUANT_NONE && static_scale <= 0.0) write_w8a8_scales(&b, g, p_in, act);
     cg_line(t, "for (int r = 0; r < ROWS_PER_WARP; r++) {");
     cg_line(t, "int row = (blockIdx.x * WARPS + warp) * ROWS_PER_WARP + r;");
     cg_line(t, "if (row >= ROWS_OUT)");
@@ -563,7 +587,7 @@ static bool emit_grouped(cg_emit *e, const moe_shape *s, const grouped_spec *g) 
     else
         cg_line(t, "    input_row[m] = m < count ? (long long)slots[tile + m] * INNER : 0;");
     if (act != QUANT_NONE) {
-        write_w8a8_tile(&b, g, p_in, p_weight, p_scratch, act);
+        write_w8a8_tile(&b, g, p_in, p_weight, p_scratch, act, static_scale > 0.0);
     } else {
         if (g->swiglu) {
             cg_line(t, "float g[TILE], u[TILE];");

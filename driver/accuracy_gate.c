@@ -111,8 +111,10 @@ static bool matmul_w8a8(const ir_module *m, ir_value_id v, const quant_format *f
 
 /* The same for a stack of experts: the act_quant under which the first
  * live moe that reads stack value v multiplies it (gate_up_act_quant for
- * its gate and up, down_act_quant for its down; per token always). */
-static bool moe_w8a8(const ir_module *m, ir_value_id v, const quant_format *f, quant_kind *act) {
+ * its gate and up, down_act_quant for its down), *static_scale that
+ * input's static scale under act_scale tensor (0: per token). */
+static bool moe_w8a8(const ir_module *m, ir_value_id v, const quant_format *f, quant_kind *act,
+                     float *static_scale) {
     for (uint32_t i = 0; i < m->op_count; i++) {
         const ir_op *o = &m->ops[i];
         if (o->dead || o->kind != IR_OP_MOE || o->operand_count != 5) continue;
@@ -122,6 +124,10 @@ static bool moe_w8a8(const ir_module *m, ir_value_id v, const quant_format *f, q
             *act = strcmp(kind, "i8") == 0       ? QUANT_INT8
                    : strcmp(kind, "f8e4m3") == 0 ? QUANT_FP8
                                                  : QUANT_NONE;
+            *static_scale =
+                strcmp(ir_op_string(m, i, "act_scale"), "tensor") == 0
+                    ? (float)ir_op_float(m, i, k == 4 ? "down_act_scale_value" : "gate_up_act_scale_value")
+                    : 0.0f;
             return *act != QUANT_NONE && *act == f->kind;
         }
     }
@@ -229,7 +235,8 @@ static bool measure_stack(const ir_module *m, uint32_t op, const quant_format *f
     if (!ok) diag_error(d, SMELT_NO_LOC, "cannot read weight '%.*s%s' to measure it", DIAG_NAME(name));
     double error = 0.0, output = 0.0, w8a8_error = 0.0, w8a8_output = 0.0;
     quant_kind act = QUANT_NONE;
-    bool w8a8 = moe_w8a8(m, m->ops[op].results[0], f, &act);
+    float static_scale = 0.0f;
+    bool w8a8 = moe_w8a8(m, m->ops[op].results[0], f, &act, &static_scale);
     uint64_t sampled = 0;
     arena names;
     arena_init(&names);
@@ -259,7 +266,7 @@ static bool measure_stack(const ir_module *m, uint32_t op, const quant_format *f
         if (w8a8) {
             double sample_error = 0.0, sample_output = 0.0,
                    weight = (double)s->tokens / (double)s->sample_rows;
-            if (!drv_gate_w8a8_error(matrix, &q, act, 0.0f, s->sample, s->sample_rows, &sample_error,
+            if (!drv_gate_w8a8_error(matrix, &q, act, static_scale, s->sample, s->sample_rows, &sample_error,
                                      &sample_output))
                 sample_error = NAN; /* out of memory: reported below */
             w8a8_error += weight * sample_error;

@@ -67,8 +67,8 @@ static bool init_record(quant_act_stats *s, uint64_t cols, const drv_calib_optio
 }
 
 /* A moe op's records: expert e's gate/up input (D columns) and its down
- * input (F columns), and weight entries naming each expert's gate, up and
- * down parts. */
+ * input (F columns), weight entries naming each expert's gate, up and
+ * down parts, and stack entries naming the gate, up and down stacks. */
 static bool plan_expert_records(const ir_module *m, uint32_t i, uint64_t experts, drv_calibration *c,
                                 observer_state *s, const drv_calib_options *options) {
     const ir_op *o = ir_op_at(m, i);
@@ -93,6 +93,13 @@ static bool plan_expert_records(const ir_module *m, uint32_t i, uint64_t experts
             }
         }
     arena_free(&names);
+    for (uint32_t k = 2; ok && k < 5; k++) {
+        drv_calib_stack *stack = &c->stacks[c->stack_count++];
+        stack->first_input = s->experts_of_op[i] + (k == 4 ? (uint32_t)experts : 0);
+        stack->experts = (uint32_t)experts;
+        stack->name = copy_string(ir_op_string(m, m->values[o->operands[k]].def_op, "name"));
+        ok = stack->name != NULL;
+    }
     return ok;
 }
 
@@ -111,18 +118,19 @@ static char *copy_string(const char *s) {
 }
 
 /* One record per distinct input of a matmul whose operand 1 is a weight,
- * and one weight entry per such matmul; 2 E records and 3 E entries per moe
- * op of E experts. False when memory runs out. */
+ * and one weight entry per such matmul; 2 E records, 3 E entries and 3
+ * stacks per moe op of E experts. False when memory runs out. */
 static bool plan_records(const ir_module *m, drv_calibration *c, observer_state *s,
                          const drv_calib_options *options) {
     uint32_t *input_of_op = s->input_of_op;
-    uint64_t inputs = m->op_count ? m->op_count : 1, weights = inputs, experts;
+    uint64_t inputs = m->op_count ? m->op_count : 1, weights = inputs, stacks = 1, experts;
     for (uint32_t i = 0; i < m->op_count; i++)
-        if (calibrated_moe(m, i, &experts)) inputs += 2 * experts, weights += 3 * experts;
+        if (calibrated_moe(m, i, &experts)) inputs += 2 * experts, weights += 3 * experts, stacks += 3;
     uint32_t *input_of_value = malloc((m->value_count ? m->value_count : 1) * sizeof *input_of_value);
     c->inputs = inputs <= UINT32_MAX ? calloc(inputs, sizeof *c->inputs) : NULL;
     c->weights = weights <= UINT32_MAX ? calloc(weights, sizeof *c->weights) : NULL;
-    bool ok = input_of_value && c->inputs && c->weights;
+    c->stacks = stacks <= UINT32_MAX ? calloc(stacks, sizeof *c->stacks) : NULL;
+    bool ok = input_of_value && c->inputs && c->weights && c->stacks;
     for (uint32_t v = 0; ok && v < m->value_count; v++)
         input_of_value[v] = NO_INPUT;
     for (uint32_t i = 0; ok && i < m->op_count; i++) {
@@ -231,25 +239,42 @@ const quant_act_stats *drv_calibration_stats(const drv_calibration *c, const cha
     return NULL;
 }
 
+/* max |x| of input record s over every row and column gathered. */
+static float input_absmax(const quant_act_stats *s) {
+    float absmax = 0.0f;
+    for (uint64_t k = 0; k < s->cols; k++)
+        absmax = s->absmax[k] > absmax ? s->absmax[k] : absmax;
+    return absmax;
+}
+
 bool drv_calibration_act_scales(const drv_calibration *c, pass_act_scale **out, uint32_t *count,
                                 diag_engine *d) {
     *out = NULL;
     *count = 0;
-    if (c->weight_count == 0) return true;
-    pass_act_scale *scales = calloc(c->weight_count, sizeof *scales);
+    uint32_t total = c->weight_count + c->stack_count; /* both below 2^32 / 3 (plan_records) */
+    if (total == 0) return true;
+    pass_act_scale *scales = calloc(total, sizeof *scales);
     if (!scales) {
-        diag_error(d, SMELT_NO_LOC, "calibration: out of memory for %u activation scales", c->weight_count);
+        diag_error(d, SMELT_NO_LOC, "calibration: out of memory for %u activation scales", total);
         return false;
     }
-    for (uint32_t i = 0; i < c->weight_count; i++) {
-        const quant_act_stats *s = &c->inputs[c->weights[i].input];
+    for (uint32_t i = 0; i < c->weight_count; i++)
+        scales[i] =
+            (pass_act_scale){.weight = c->weights[i].name,
+                             .scale = plan_f8e4m3_row_scale(input_absmax(&c->inputs[c->weights[i].input]))};
+    for (uint32_t i = 0; i < c->stack_count;
+         i++) { /* one scale for all the experts (an unreached one adds 0) */
+        const drv_calib_stack *stack = &c->stacks[i];
         float absmax = 0.0f;
-        for (uint64_t k = 0; k < s->cols; k++)
-            absmax = s->absmax[k] > absmax ? s->absmax[k] : absmax;
-        scales[i] = (pass_act_scale){.weight = c->weights[i].name, .scale = plan_f8e4m3_row_scale(absmax)};
+        for (uint32_t e = 0; e < stack->experts; e++) {
+            float expert = input_absmax(&c->inputs[stack->first_input + e]);
+            absmax = expert > absmax ? expert : absmax;
+        }
+        scales[c->weight_count + i] =
+            (pass_act_scale){.weight = stack->name, .scale = plan_f8e4m3_row_scale(absmax)};
     }
     *out = scales;
-    *count = c->weight_count;
+    *count = total;
     return true;
 }
 
@@ -258,8 +283,11 @@ void drv_calibration_free(drv_calibration *c) {
         quant_act_stats_free(&c->inputs[i]);
     for (uint32_t i = 0; c->weights && i < c->weight_count; i++)
         free(c->weights[i].name);
+    for (uint32_t i = 0; c->stacks && i < c->stack_count; i++)
+        free(c->stacks[i].name);
     free(c->inputs);
     free(c->weights);
+    free(c->stacks);
     memset(c, 0, sizeof *c);
 }
 

@@ -51,11 +51,21 @@ typedef struct drv_calib_weight {
     uint32_t input; /* index into drv_calibration.inputs */
 } drv_calib_weight;
 
+/* A stack of a moe's experts (its gate, up or down weight op [E, N, K]):
+ * the records of its experts' inputs, E consecutive ones. */
+typedef struct drv_calib_stack {
+    char *name;           /* the stack weight op's name (a template: "...experts.{e}.w1.weight") */
+    uint32_t first_input; /* index into drv_calibration.inputs of expert 0's record */
+    uint32_t experts;     /* E */
+} drv_calib_stack;
+
 typedef struct drv_calibration {
     quant_act_stats *inputs; /* [input_count]: one per distinct matmul input */
     uint32_t input_count;
     drv_calib_weight *weights; /* [weight_count] */
     uint32_t weight_count;
+    drv_calib_stack *stacks; /* [stack_count]: 3 per moe op (gate, up, down) */
+    uint32_t stack_count;
     uint64_t ids; /* ids run */
 } drv_calibration;
 
@@ -87,7 +97,11 @@ bool drv_calibrate_for_precision(const drv_model_options *model, drv_calibration
 
 /* fp8's static activation scales (--act-quant tensor): for every weight c
  * calibrated, max |x| of its input over all the ids and channels / 448 (1
- * for an input that was always zero). *out (freed by the caller; its names
+ * for an input that was always zero); and for every stack of experts, under
+ * the stack's name, one scale for all its experts (vLLM's FP8 MoE): the
+ * max over the experts of their inputs' max |x| / 448 — for gate and up
+ * the max |x| of every token that reached the moe, for down that of every
+ * (token, chosen expert) hidden row. *out (freed by the caller; its names
  * are c's) is NULL when there are none. False after reporting. */
 struct pass_act_scale;
 bool drv_calibration_act_scales(const drv_calibration *c, struct pass_act_scale **out, uint32_t *count,

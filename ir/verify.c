@@ -26,6 +26,11 @@
  *     of its x (operand 0) with its act_quant, act_scale and act_scale_value,
  *     and its weight has no column scales; a quantize has codes of its dtype
  *     (f8e4m3 or i8) and f32 scales, and a scale rule like a matmul's;
+ *   - a moe's gate_up_act_quant and down_act_quant each have stacks of their
+ *     kind with one scale per output channel, act_scale token or tensor when
+ *     either is set (none otherwise), and under tensor the static scale of
+ *     each quantized input (gate_up_act_scale_value, down_act_scale_value)
+ *     > 0 and finite; every other of the two values is 0;
  *   - where every operand and result type is known, the shape rule gives the
  *     result types back.
  * Unknown result types are allowed: a module is valid before infer-shapes.
@@ -571,19 +576,32 @@ static void check_quantize(verifier *v, uint32_t index) {
 /* A moe's activation quantization (W8A8, ops.def): each quantized input
  * (gate_up_act_quant: x, for the gate and up stacks; down_act_quant: the
  * hidden rows, for down) over stacks of the matching kind with one scale
- * per output channel, and act_scale token exactly when one is quantized. */
+ * per output channel, act_scale token or tensor exactly when one is
+ * quantized, and under tensor each quantized input's static scale
+ * (gate_up_act_scale_value, down_act_scale_value) > 0 and finite; every
+ * other scale value 0. */
 static void check_moe_act_quant(verifier *v, uint32_t index) {
     const ir_module *m = v->m;
     const ir_op *op = &m->ops[index];
     const char *attrs[2] = {"gate_up_act_quant", "down_act_quant"};
+    const char *values[2] = {"gate_up_act_scale_value", "down_act_scale_value"};
     const uint32_t first[2] = {2, 4}, last[2] = {3, 4}; /* the stacks each input is multiplied by */
-    const ir_attr *scale = ir_op_attr(m, index, "act_scale");
-    const char *rule = scale && scale->kind == IR_ATTR_STRING ? scale->as.s : "none";
-    bool any = false;
+    const char *rule = string_or(m, index, "act_scale", "none");
+    bool any = false, per_tensor = strcmp(rule, "tensor") == 0;
     for (int input = 0; input < 2; input++) {
-        const ir_attr *quant = ir_op_attr(m, index, attrs[input]);
-        const char *kind = quant && quant->kind == IR_ATTR_STRING ? quant->as.s : "none";
-        if (strcmp(kind, "none") == 0) continue;
+        const char *kind = string_or(m, index, attrs[input], "none");
+        double value = float_or_zero(m, index, values[input]);
+        bool quantized = strcmp(kind, "none") != 0;
+        if (quantized && per_tensor && !(value > 0.0 && isfinite(value)))
+            violation(v, op, "act_scale \"tensor\" needs %s > 0 (the static scale of %s), found %g",
+                      values[input], input == 0 ? "x" : "the hidden rows", value);
+        else if (quantized && !per_tensor && value != 0.0)
+            violation(v, op, "%s must be 0 under act_scale \"%s\" (computed at run time), found %g",
+                      values[input], rule, value);
+        else if (!quantized && value != 0.0)
+            violation(v, op, "%s must be 0 without %s (the input is not quantized), found %g", values[input],
+                      attrs[input], value);
+        if (!quantized) continue;
         any = true;
         quant_kind wanted = strcmp(kind, "i8") == 0 ? QUANT_INT8 : QUANT_FP8;
         for (uint32_t i = first[input]; i <= last[input] && i < op->operand_count; i++) {
@@ -605,9 +623,10 @@ static void check_moe_act_quant(verifier *v, uint32_t index) {
                           attrs[input], i);
         }
     }
-    if (any && strcmp(rule, "token") != 0)
+    if (any && strcmp(rule, "token") != 0 && !per_tensor)
         violation(v, op,
-                  "a moe's quantized activations need act_scale \"token\" (computed per row at run time)");
+                  "a moe's quantized activations need act_scale \"token\" (computed per row at run time) or "
+                  "\"tensor\" (static scales)");
     else if (!any && strcmp(rule, "none") != 0)
         violation(v, op,
                   "act_scale without gate_up_act_quant or down_act_quant: the activations are not "

@@ -25,8 +25,10 @@
 
 /* A static per-tensor activation scale (W8A8 fp8, act_scale "tensor"): the
  * input of the matmul whose weight is named `weight` is quantized as
- * e4m3(x / scale). From calibration (the input's max |x| / 448) or a
- * pre-quantized checkpoint's input_scale. */
+ * e4m3(x / scale), or, when `weight` names a stack of MoE experts (its
+ * template), the input of that stack's experts, one scale for all of them.
+ * From calibration (the input's max |x| / 448, the max over the experts for
+ * a stack) or a pre-quantized checkpoint's input_scale. */
 typedef struct pass_act_scale {
     const char *weight;
     float scale;

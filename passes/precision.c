@@ -46,7 +46,8 @@
  *   "tensor" (fp8) gives each matmul a static per-tensor scale instead,
  *   act_scale "tensor" with act_scale_value from pass_options.act_scales by
  *   its weight's name (the driver's calibration: max |x| / 448), an error
- *   at the matmul when none is given. A pre-quantized FP8 checkpoint's
+ *   at the matmul when none is given; and each moe its experts' two
+ *   (below). A pre-quantized FP8 checkpoint's
  *   weights (method "checkpoint") are W8A8 under fp8 too: per tensor at
  *   their input_scale when act_scales has one for them (the last entry of a
  *   name wins), else per token.
@@ -78,8 +79,12 @@
  *   too: the moe's gate_up_act_quant (x, for gate and up) and
  *   down_act_quant (the hidden rows, for down), act_scale token (ops.def),
  *   each for the stacks that are quantized of the preset's kind; under
- *   "tensor" the experts still quantize per token (static scales are the
- *   matmuls'), said in a note.
+ *   "tensor" (fp8) act_scale tensor with one static scale for x and one
+ *   for the hidden rows, shared by every expert (vLLM's FP8 MoE):
+ *   gate_up_act_scale_value from the gate and up stacks' entries of
+ *   pass_options.act_scales (by the stack's name; calibration makes each
+ *   the max over the experts of max |x| / 448) and down_act_scale_value
+ *   from down's, an error at the moe when one is missing.
  * The token-embedding table: under the int4 presets (any method, any group
  *   size) a 2-D, unstacked weight that an embedding of the token ids
  *   gathers from (and that nothing else reads but matmuls of layout out_in
@@ -282,24 +287,54 @@ static bool w8a8_experts(const ir_module *m, uint32_t op, uint32_t operand, quan
     return true;
 }
 
+/* The static scale pass_options gives for the input of stack operand
+ * `operand` of moe op `op`, by the stack's name (its experts' one scale,
+ * calibration's: driver/calibrate.h); false after reporting that there is
+ * none, or that it is not a positive number. */
+static bool stack_static_scale(const ir_module *m, uint32_t op, uint32_t operand, const pass_options *o,
+                               diag_engine *d, float *scale) {
+    const char *name = ir_op_string(m, m->values[m->ops[op].operands[operand]].def_op, "name");
+    *scale = static_scale_of(o, name);
+    if (*scale > 0.0f && isfinite(*scale)) return true;
+    diag_error(d, m->ops[op].loc,
+               "moe: experts '%.*s%s' have no static activation scale (act_quant tensor needs calibration: "
+               "--calib IDS)",
+               DIAG_NAME(name));
+    return false;
+}
+
 /* Moe op `op`'s activation quantization (W8A8, ops.def): when `wanted`, x
- * is quantized per token for gate and up when both stacks are W8A8 experts
- * of one kind, the hidden rows per row for down when it is; act_scale
- * token when either is. Static per-tensor scales (`static_scales`) are
- * matmuls' alone: experts quantize per token under them too, which the
- * caller notes once. */
-static void set_moe_act_quant(ir_module *m, uint32_t op, bool wanted, quant_kind kind_wanted) {
+ * is quantized for gate and up when both stacks are W8A8 experts of one
+ * kind, the hidden rows for down when it is; per row (act_scale token), or
+ * with `static_scales` per tensor (act_scale tensor): x at the larger of
+ * the gate and up stacks' scales (calibration gives both the same, their
+ * experts' inputs being x), the hidden rows at down's. False after
+ * reporting a static scale that is missing. */
+static bool set_moe_act_quant(ir_module *m, uint32_t op, bool wanted, quant_kind kind_wanted,
+                              bool static_scales, const pass_options *o, diag_engine *d) {
     quant_kind gate = QUANT_NONE, up = QUANT_NONE, down = QUANT_NONE;
     bool gate_up = wanted && m->ops[op].operand_count == 5 && w8a8_experts(m, op, 2, kind_wanted, &gate) &&
                    w8a8_experts(m, op, 3, kind_wanted, &up) && gate == up;
     bool down_quantized =
         wanted && m->ops[op].operand_count == 5 && w8a8_experts(m, op, 4, kind_wanted, &down);
+    float gate_scale = 0.0f, up_scale = 0.0f, down_scale = 0.0f;
+    bool per_tensor = static_scales && (gate_up || down_quantized), ok = true;
+    if (per_tensor && gate_up)
+        ok = stack_static_scale(m, op, 2, o, d, &gate_scale) && stack_static_scale(m, op, 3, o, d, &up_scale);
+    if (per_tensor && down_quantized) ok = stack_static_scale(m, op, 4, o, d, &down_scale) && ok;
     ir_op_set_string(m, op, "gate_up_act_quant", !gate_up ? "none" : gate == QUANT_INT8 ? "i8" : "f8e4m3");
     ir_op_set_string(m, op, "down_act_quant",
                      !down_quantized      ? "none"
                      : down == QUANT_INT8 ? "i8"
                                           : "f8e4m3");
-    ir_op_set_string(m, op, "act_scale", gate_up || down_quantized ? "token" : "none");
+    ir_op_set_string(m, op, "act_scale",
+                     !(gate_up || down_quantized) ? "none"
+                     : per_tensor                 ? "tensor"
+                                                  : "token");
+    ir_op_set_float(m, op, "gate_up_act_scale_value",
+                    ok ? (gate_scale > up_scale ? gate_scale : up_scale) : 0.0);
+    ir_op_set_float(m, op, "down_act_scale_value", ok ? down_scale : 0.0);
+    return ok;
 }
 
 /* What pass_precision decides for every value and weight, and the tables
@@ -563,18 +598,12 @@ bool pass_precision(ir_module *m, const pass_options *o, diag_engine *d) {
                          .only_gather_or_matmul = only_gather_or_matmul};
     assign_recovering(m, &run);
     free_tables(&run);
-    bool scales_ok = true, noted = false;
+    bool scales_ok = true;
     for (uint32_t i = 0; i < m->op_count; i++) {
         if (!m->ops[i].dead && m->ops[i].kind == IR_OP_MATMUL)
             scales_ok &= set_act_quant(m, i, act_quant, preset->weights, static_scales, o, d);
-        if (m->ops[i].dead || m->ops[i].kind != IR_OP_MOE) continue;
-        set_moe_act_quant(m, i, act_quant, preset->weights);
-        if (static_scales && !noted && strcmp(ir_op_string(m, i, "act_scale"), "token") == 0) {
-            diag_note(d, m->ops[i].loc,
-                      "moe: the experts' inputs are quantized per token: static per-tensor scales (act_quant "
-                      "tensor) are the matmuls' alone");
-            noted = true;
-        }
+        if (!m->ops[i].dead && m->ops[i].kind == IR_OP_MOE)
+            scales_ok &= set_moe_act_quant(m, i, act_quant, preset->weights, static_scales, o, d);
     }
     if (!scales_ok) return false;
     precision_act_codes_insert(m);

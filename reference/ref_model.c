@@ -140,6 +140,10 @@ static ref_attrs read_attrs(const ir_module *m, uint32_t op) {
         a.down_w8a8 = attr_string_is(m, op, "down_act_quant", "i8")       ? QUANT_INT8
                       : attr_string_is(m, op, "down_act_quant", "f8e4m3") ? QUANT_FP8
                                                                           : QUANT_NONE;
+        if (attr_string_is(m, op, "act_scale", "tensor")) {
+            a.gate_up_w8a8_scale = (float)attr_float(m, op, "gate_up_act_scale_value");
+            a.down_w8a8_scale = (float)attr_float(m, op, "down_act_scale_value");
+        }
         break;
     case IR_OP_SOFTMAX:
     case IR_OP_CONCAT:

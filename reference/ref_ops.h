@@ -57,11 +57,13 @@ typedef struct ref_attrs {
     bool gelu_tanh;      /* gelu: tanh approximation, else erf */
     int64_t top_k;       /* moe */
     bool normalize;      /* moe: renormalise the top_k weights */
-    quant_kind gate_up_w8a8, down_w8a8; /* moe: gate_up_act_quant, down_act_quant (QUANT_NONE: none) */
-    unsigned axis;                      /* softmax, concat, split, slice, argmax: in [0, rank) */
-    int64_t start, end;                 /* slice: [start, end) */
-    const int64_t *perm;                /* transpose: result dim i is operand dim perm[i] */
-    float value;                        /* const */
+    quant_kind gate_up_w8a8, down_w8a8;        /* moe: gate_up_act_quant, down_act_quant (QUANT_NONE: none) */
+    float gate_up_w8a8_scale, down_w8a8_scale; /* moe, act_scale tensor: the static scales of x and of
+                                                  the hidden rows; 0: per row */
+    unsigned axis;                             /* softmax, concat, split, slice, argmax: in [0, rank) */
+    int64_t start, end;                        /* slice: [start, end) */
+    const int64_t *perm;                       /* transpose: result dim i is operand dim perm[i] */
+    float value;                               /* const */
 } ref_attrs;
 
 /* The KV cache of one attention op. A position holds data once a step has

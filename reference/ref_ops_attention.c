@@ -240,15 +240,18 @@ static void pick_top_k(const double *probabilities, uint64_t experts, int64_t to
 /* W8A8 experts (ops.def, moe's gate_up_act_quant and down_act_quant):
  * out[n] = s * s_w[n] * sum_k code[k] * wcode[n, k] for the N rows of
  * expert e of stack `stack` (0 gate, 1 up, 2 down), row[K] quantized
- * against that expert's column scales into codes[K] (scratch), the sum in
- * double (exact for int8, each E4M3 product exact). */
-static void expert_project_w8a8(const ref_call *c, uint32_t stack, quant_kind kind, uint64_t e, uint64_t rows,
-                                uint64_t inner, const float *row, float *codes, double *out) {
+ * against that expert's column scales into codes[K] (scratch) with the
+ * static scale s = static_scale when it is > 0 (act_scale tensor), else
+ * the row's own, the sum in double (exact for int8, each E4M3 product
+ * exact). */
+static void expert_project_w8a8(const ref_call *c, uint32_t stack, quant_kind kind, float static_scale,
+                                uint64_t e, uint64_t rows, uint64_t inner, const float *row, float *codes,
+                                double *out) {
     if (!c->expert_codes[stack] || !c->expert_codes[stack]->data) /* ir_verify: quantized experts */
         SMELT_DIE("a W8A8 moe without its experts' codes");
     quant_tensor expert = *c->expert_codes[stack];
     expert.data += e * c->expert_stride[stack];
-    float scale = ref_w8a8_row_codes(kind, row, &expert, inner, 0.0f, codes);
+    float scale = ref_w8a8_row_codes(kind, row, &expert, inner, static_scale, codes);
     for (uint64_t n = 0; n < rows; n++) {
         double dot = 0.0;
         for (uint64_t k = 0; k < inner; k++)
@@ -262,7 +265,9 @@ static void expert_project_w8a8(const ref_call *c, uint32_t stack, quant_kind ki
  * weighted by their probabilities (divided by their sum when normalize);
  * out = sum_k weight_k * down_e(silu(gate_e x) * up_e x). Under W8A8 the
  * projections multiply codes (expert_project_w8a8): gate and up those of
- * x, down those of the hidden row rounded to f32 (what the kernels store). */
+ * x, down those of the hidden row rounded to f32 (what the kernels store),
+ * each of its row's own scale or, under act_scale tensor, of the static
+ * scale of x or of the hidden rows. */
 bool ref_op_moe(const ref_call *c) {
     const ref_tensor *x = c->in[0];
     const float *router = c->in[1]->f, *gate = c->in[2]->f, *up = c->in[3]->f, *down = c->in[4]->f;
@@ -324,8 +329,9 @@ bool ref_op_moe(const ref_call *c) {
             const float *down_e = down + e * model_dim * ffn; /* [D, F] */
             quant_kind gate_up_kind = c->attrs->gate_up_w8a8, down_kind = c->attrs->down_w8a8;
             if (gate_up_kind != QUANT_NONE) {
-                expert_project_w8a8(c, 0, gate_up_kind, e, ffn, model_dim, xt, codes, gated);
-                expert_project_w8a8(c, 1, gate_up_kind, e, ffn, model_dim, xt, codes, projected);
+                float scale = c->attrs->gate_up_w8a8_scale;
+                expert_project_w8a8(c, 0, gate_up_kind, scale, e, ffn, model_dim, xt, codes, gated);
+                expert_project_w8a8(c, 1, gate_up_kind, scale, e, ffn, model_dim, xt, codes, projected);
             }
             for (uint64_t f = 0; f < ffn; f++) {
                 double g =
@@ -340,7 +346,8 @@ bool ref_op_moe(const ref_call *c) {
                 c->expert_observer(c->observer_context, c->op, 1, e, observed, ffn);
             }
             if (down_kind != QUANT_NONE) {
-                expert_project_w8a8(c, 2, down_kind, e, model_dim, ffn, observed, codes, projected);
+                expert_project_w8a8(c, 2, down_kind, c->attrs->down_w8a8_scale, e, model_dim, ffn, observed,
+                                    codes, projected);
                 for (uint64_t d = 0; d < model_dim; d++)
                     mixed[d] += weight * projected[d];
                 continue;

@@ -634,6 +634,10 @@ static ref_attrs read_attrs(emit_case *c, uint32_t op) {
         a.down_w8a8 = strcmp(down, "i8") == 0       ? QUANT_INT8
                       : strcmp(down, "f8e4m3") == 0 ? QUANT_FP8
                                                     : QUANT_NONE;
+        if (strcmp(ir_op_string(m, op, "act_scale"), "tensor") == 0) {
+            a.gate_up_w8a8_scale = (float)ir_op_float(m, op, "gate_up_act_scale_value");
+            a.down_w8a8_scale = (float)ir_op_float(m, op, "down_act_scale_value");
+        }
         break;
     }
     case IR_OP_SOFTMAX:

@@ -3,7 +3,8 @@
  * statistics captured from Hugging Face transformers with forward pre-hooks
  * (tests/reference/make_calib_fixture.py); weights that share an input share
  * one record; bad ids files are refused with a message; a moe op's experts
- * get a record each, over the tokens routed to them. */
+ * get a record each, over the tokens routed to them, and their stacks one
+ * static fp8 scale each over all of them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +13,7 @@
 #include <cmocka.h>
 
 #include "calibrate.h"
+#include "pass.h"
 #include "safetensors.h"
 
 #include <math.h>
@@ -251,7 +253,11 @@ static void test_quantize_calibrated(void **state) {
  * gate/up input (one per expert, gate and up sharing it) add up to top_k
  * times the shared expert's, each token having gone to top_k experts; and
  * each expert's AWQ and GPTQ (int4, groups of 32) make less output error on
- * its own tokens than round to nearest. */
+ * its own tokens than round to nearest. fp8's static scales (--act-quant
+ * tensor) give each stack one, under its name template: gate's and up's
+ * the max |x| of every token that reached the moe / 448 — the shared
+ * expert's, which reads the same x — and down's the max over the experts
+ * of their hidden rows' max |h| / 448. */
 static void test_experts_calibrated(void **state) {
     (void)state;
     drv_model_options model = drv_model_options_default();
@@ -287,6 +293,37 @@ static void test_experts_calibrated(void **state) {
             xtx[k] += s->xtx[k];
     }
     assert_int_equal(tokens, 2 * shared->tokens);
+
+    pass_act_scale *scales;
+    uint32_t scale_count;
+    assert_true(drv_calibration_act_scales(&cal, &scales, &scale_count, &d));
+    float want[4] = {0}; /* the shared gate_proj's, the stacks' of gate, up and down */
+    bool found[4] = {false};
+    static const char *const scale_names[4] = {"model.layers.1.mlp.shared_expert.gate_proj.weight",
+                                               "model.layers.1.mlp.experts.{e}.gate_proj.weight",
+                                               "model.layers.1.mlp.experts.{e}.up_proj.weight",
+                                               "model.layers.1.mlp.experts.{e}.down_proj.weight"};
+    for (uint32_t i = 0; i < scale_count; i++)
+        for (int n = 0; n < 4; n++)
+            if (strcmp(scales[i].weight, scale_names[n]) == 0) {
+                assert_false(found[n]);
+                found[n] = true;
+                want[n] = scales[i].scale;
+            }
+    assert_true(found[0] && found[1] && found[2] && found[3]);
+    assert_true(want[0] > 0.0f);
+    assert_true(want[1] == want[0] && want[2] == want[0]);
+    float down_absmax = 0.0f;
+    for (int e = 0; e < 4; e++) {
+        snprintf(name, sizeof name, "model.layers.1.mlp.experts.%d.down_proj.weight", e);
+        const quant_act_stats *s = drv_calibration_stats(&cal, name);
+        for (uint64_t k = 0; k < s->cols; k++)
+            down_absmax = fmaxf(down_absmax, s->absmax[k]);
+    }
+    assert_true(down_absmax > 0.0f);
+    assert_true(want[3] == down_absmax / 448.0f);
+    assert_true(want[3] != want[0]);
+    free(scales);
     double scale = 0;
     for (uint64_t k = 0; k < cols * cols; k++)
         scale = fmax(scale, fabs(shared->xtx[k]));

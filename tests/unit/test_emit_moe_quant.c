@@ -12,7 +12,9 @@
  * moe quantizes x for gate and up and the hidden rows for down per row, as
  * the reference does (ops.def, gate_up_act_quant / down_act_quant), int8
  * against SmoothQuant's column scales (random here: fill_operand); their
- * weight-only variants (--act-quant none) read the codes dequantized. */
+ * weight-only variants (--act-quant none) read the codes dequantized.
+ * fp8 with static scales (act_scale tensor: one scale for x, another for
+ * the hidden rows, every expert's) codes with them as constants. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -145,6 +147,37 @@ static void test_moe_quantized_bf16_activations(void **state) {
     }
 }
 
+/* fp8 W8A8 with static per-tensor scales (ops.def, moe act_scale tensor),
+ * set on the op as precision sets calibrated ones: x's 1/256 (x is uniform
+ * in [-2, 2): codes of |x| > 1.75 saturate at 448) and the hidden rows' 1/2
+ * (rows of silu(g) * u, g and u sums of D products of uniform [-2, 2)
+ * values: their largest codes saturate too), far enough apart that a
+ * kernel using one for the other, or each row's own absmax, misses the
+ * reference's codes. The 128-bit path and the
+ * one-code path, f32 and bf16 activations, decode and prefill steps. */
+static void test_moe_fp8_static_scales(void **state) {
+    (void)state;
+    static const quant_case fp8 = {"fp8", 0, NULL};
+    static const struct {
+        int64_t dim, ffn;
+        const char *activations;
+    } shapes[] = {{64, 96, "f32"}, {40, 24, "f32"}, {64, 96, NULL}};
+    for (int i = 0; i < 3; i++) {
+        emit_case *c;
+        uint32_t op = quant_moe(&c, &fp8, 4, shapes[i].dim, shapes[i].ffn, 2, true, shapes[i].activations);
+        assert_int_equal(experts_quantized(c, op), 7);
+        assert_act_quant(c, op, &fp8);
+        assert_true(ir_op_set_string(&c->m, op, "act_scale", "tensor"));
+        assert_true(ir_op_set_float(&c->m, op, "gate_up_act_scale_value", 1.0 / 256));
+        assert_true(ir_op_set_float(&c->m, op, "down_act_scale_value", 0.5));
+        assert_true(ir_verify(&c->m, &c->d));
+        const int64_t token_counts[3] = {1, 5, 13};
+        for (int t = 0; t < 3; t++)
+            case_run(c, op, token_counts[t], F32_SEQUENCE_TOLERANCE);
+        case_free(c);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_moe_quantized_vector_path),
@@ -152,6 +185,7 @@ int main(void) {
         cmocka_unit_test(test_moe_quantized_every_token_to_one_expert),
         cmocka_unit_test(test_moe_quantized_slots_span_windows),
         cmocka_unit_test(test_moe_quantized_bf16_activations),
+        cmocka_unit_test(test_moe_fp8_static_scales),
     };
     return cmocka_run_group_tests(tests, harness_setup, harness_teardown);
 }
