@@ -19,7 +19,7 @@ static const char usage[] = "usage: smelt opt --pass NAME[,NAME...] [options] IN
                             "  --precision P           the precision pass's preset: f32 (default), bf16,\n"
                             "                          int4-rtn, int4-awq, int4-gptq, int8, fp8;\n"
                             "                         --group-size, --keep, --act, --act-order,\n"
-                            "                          --act-quant token|none (int8, fp8: W8A8 or W8A16)\n"
+                            "                          --act-quant token|tensor|none (int8, fp8: W8A8 or W8A16)\n"
                             "  --kv-cache auto|bf16|f16|f32|fp8\n"
                             "                          the precision pass's KV cache dtype (default auto)\n"
                             "  --no-fuse               the fuse pass applies no rule: one op per group\n"
