@@ -72,13 +72,24 @@ static float expected_logit(smelt_dtype dtype, int id, int j) {
 static uint8_t weight_code(int j, int k) { return table[(5 * j + 3 * k) % 8]; }
 static uint8_t token_code(int id, int k) { return table[(3 * id + k) % 8]; }
 
+/* The weight's f16 scales (weight_scales times `factor`, exact in f16) and
+ * their values as a GEMM reads them. */
+static void weight_scales_f16(float factor, uint16_t halves[VOCAB], float widened[VOCAB]) {
+    for (int j = 0; j < VOCAB; j++)
+        halves[j] = plan_f32_to_f16(factor * weight_scales[j]);
+    plan_f16_row_to_f32(halves, widened, VOCAB);
+}
+
 /* The logit (t of id `id`, j) in double, then scaled (the weight's scales
  * times `factor`) and added in the order the kernels use. */
 static float expected_logit_scaled(smelt_dtype dtype, int id, int j, float factor) {
     double sum = 0;
     for (int k = 0; k < K; k++)
         sum += (double)code_value(dtype, token_code(id, k)) * code_value(dtype, weight_code(j, k));
-    float v = ((float)sum * (0.5f + (float)id)) * (factor * weight_scales[j]);
+    uint16_t halves[VOCAB];
+    float scales[VOCAB];
+    weight_scales_f16(factor, halves, scales);
+    float v = ((float)sum * (0.5f + (float)id)) * scales[j];
     v += bias[j];
     v += (float)id - 0.25f * (float)j;
     return v;
@@ -274,12 +285,13 @@ static void scaled_program_make(scaled_program *s, smelt_dtype dtype) {
 static size_t scaled_weight_data(smelt_dtype dtype, uint8_t data[256]) {
     quant_layout l = weight_layout(dtype);
     memset(data, 0, 256);
-    for (int j = 0; j < VOCAB; j++) {
+    for (int j = 0; j < VOCAB; j++)
         for (int k = 0; k < K; k++)
             data[l.codes + (uint64_t)j * K + (uint64_t)k] = weight_code(j, k);
-        uint16_t h = plan_f32_to_f16(weight_scales[j]);
-        memcpy(data + l.scales + 2 * (uint64_t)j, &h, 2);
-    }
+    uint16_t halves[VOCAB];
+    float widened[VOCAB];
+    weight_scales_f16(1.0f, halves, widened);
+    memcpy(data + l.scales, halves, sizeof halves);
     memcpy(data + BIAS_DATA_OFFSET, bias, sizeof bias);
     return BIAS_DATA_OFFSET + sizeof bias;
 }
@@ -757,10 +769,13 @@ static void test_host_scaled_gemm(void **state) {
     const float a_scale[M] = {0.5f, 3.0f, 0.125f};
     const float b_scale_f32[N] = {2.0f, 0.75f, 1.0f, 0.0625f, 4.0f};
     uint16_t b_scale_f16[N], bias_bf16[N];
+    float b_scale_widened[N]; /* the f16 scales as the GEMM reads them: exact, so b_scale_f32 again */
     for (int j = 0; j < N; j++) {
         b_scale_f16[j] = plan_f32_to_f16(b_scale_f32[j]);
         bias_bf16[j] = plan_f32_to_bf16((float)j - 1.5f);
     }
+    plan_f16_row_to_f32(b_scale_f16, b_scale_widened, N);
+    assert_memory_equal(b_scale_widened, b_scale_f32, sizeof b_scale_f32);
     const smelt_dtype dtypes[2] = {SMELT_DTYPE_F8E4M3, SMELT_DTYPE_I8};
     for (int di = 0; di < 2; di++)
         for (int f16 = 0; f16 < 2; f16++)
@@ -803,7 +818,7 @@ static void test_host_scaled_gemm(void **state) {
                         for (int k = 0; k < KK; k++)
                             sum +=
                                 (double)code_value(dtype, a[i * KK + k]) * code_value(dtype, b[j * KK + k]);
-                        float v = ((float)sum * a_scale[i]) * b_scale_f32[j];
+                        float v = ((float)sum * a_scale[i]) * (f16 ? b_scale_widened : b_scale_f32)[j];
                         v += plan_bf16_to_f32(bias_bf16[j]);
                         v += bf16_out ? plan_bf16_to_f32(residual_bf16[i * N + j]) : residual_f32[i * N + j];
                         if (bf16_out)
@@ -899,10 +914,10 @@ static void test_host_engine(void **state) {
     uint8_t data[256];
     scaled_weight_data(SMELT_DTYPE_F8E4M3, data);
     quant_layout l = weight_layout(SMELT_DTYPE_F8E4M3);
-    for (int j = 0; j < VOCAB; j++) {
-        uint16_t h = plan_f32_to_f16(2 * weight_scales[j]);
-        memcpy(data + l.scales + 2 * j, &h, 2);
-    }
+    uint16_t halves[VOCAB];
+    float widened[VOCAB];
+    weight_scales_f16(2.0f, halves, widened);
+    memcpy(data + l.scales, halves, sizeof halves);
     assert_int_equal(smelt_engine_bind_weight_bytes(engine, "toy.q.weight", data, l.total), SMELT_OK);
     assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB),
                      SMELT_OK);
