@@ -31,17 +31,16 @@
 #include "numeric.h"
 #include "plan_print.h"
 #include "plan_read.h"
+#include "plan_scratch.h"
 #include "plan_write.h"
 #include "program.h"
 #include "quant.h"
 #include "smelt.h"
 
-#include <dirent.h>
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 enum { VOCAB = 4, K = 16, MAX_TOKENS = 8 };
 
@@ -449,28 +448,14 @@ static void test_refusals(void **state) {
 
 /* The codes alone are not enough: a scaled GEMM's weight must be read as
  * its codes and per-channel scales (runtime/plan_open.c). */
-static char folder[64];
-
 /* Writes s as a plan with its kernels' host object and, with cuda, a
  * stand-in PTX for each (the stand-in driver runs their host entries). */
 static void write_scaled_plan(const char *path, scaled_program *s, smelt_dtype dtype, bool cuda) {
-    uint8_t *program_bytes;
-    size_t program_size;
-    assert_true(program_encode(&s->p, &program_bytes, &program_size));
     plan_kernel kernels[2];
     const char *names[2] = {"toy_quant", fallback_name(dtype)};
-    for (int k = 0; k < 2; k++) {
-        memset(&kernels[k], 0, sizeof kernels[k]);
-        kernels[k].name = plan_text_from(names[k]);
-        kernels[k].family = plan_text_from("toy");
-        kernels[k].ops = plan_text_from("%3 = toy(%0)");
-        kernels[k].source = plan_text_from("/* in the host object */");
-        kernels[k].launch.grid[0] = (plan_affine){1, 0, 1};
-        kernels[k].launch.grid[1] = kernels[k].launch.grid[2] = (plan_affine){0, 1, 1};
-        kernels[k].launch.block[0] = (plan_affine){0, 32, 1};
-        kernels[k].launch.block[1] = kernels[k].launch.block[2] = (plan_affine){0, 1, 1};
-        program_declare_params(&s->p, (uint32_t)k, &kernels[k]);
-    }
+    for (int k = 0; k < 2; k++)
+        scratch_toy_kernel(&kernels[k], &s->p, (uint32_t)k, names[k], "%3 = toy(%0)",
+                           "/* in the host object */", (plan_affine){1, 0, 1});
     plan_kernel_binary ptx = {.arch = plan_text_from("compute_80"),
                               .kind = PLAN_BINARY_PTX,
                               .bytes = {(const uint8_t *)"// no NVRTC: a stand-in", 23}};
@@ -479,24 +464,20 @@ static void write_scaled_plan(const char *path, scaled_program *s, smelt_dtype d
         kernels[k].binaries = &ptx;
     }
     uint8_t weight_data[256];
-    size_t weight_size = scaled_weight_data(dtype, weight_data);
-    plan_writer w;
-    plan_writer_init(&w, "test");
-    plan_writer_add_section(&w, PLAN_SECTION_MANIFEST, "{\"model\": \"toy\"}", 16);
-    plan_writer_add_kernels(&w, kernels, 2);
     const cg_host_object *object = scaled_host_object();
-    plan_writer_add_section(&w, PLAN_SECTION_HOST_KERNELS, object->bytes, object->size);
-    plan_writer_add_section(&w, PLAN_SECTION_PROGRAM, program_bytes, program_size);
-    plan_writer_add_section(&w, PLAN_SECTION_WEIGHT_DATA, weight_data, weight_size);
-    char error[1024];
-    if (!plan_write_file(&w, path, NULL, error, sizeof error)) fail_msg("plan write: %s", error);
-    plan_writer_free(&w);
-    free(program_bytes);
+    scratch_toy_plan sections = {.program = &s->p,
+                                 .kernels = kernels,
+                                 .kernel_count = 2,
+                                 .host_kernels = object->bytes,
+                                 .host_kernels_size = object->size,
+                                 .weight_data = weight_data,
+                                 .weight_data_size = scaled_weight_data(dtype, weight_data)};
+    scratch_toy_plan_write(path, &sections);
 }
 
 static smelt_plan *open_scaled_plan(const char *name, scaled_program *s, smelt_dtype dtype, bool cuda) {
     char path[256];
-    snprintf(path, sizeof path, "%s/%s", folder, name);
+    scratch_path(path, sizeof path, name);
     write_scaled_plan(path, s, dtype, cuda);
     smelt_plan *plan = NULL;
     smelt_status status = smelt_plan_open(path, &plan);
@@ -510,7 +491,7 @@ static void test_plan_open_checks_weight_scales(void **state) {
     scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
     s.instrs[1].as.gemm.b_scale.offset = 0; /* the codes read as scales */
     char path[256];
-    snprintf(path, sizeof path, "%s/bad-scales.plan", folder);
+    scratch_path(path, sizeof path, "bad-scales.plan");
     write_scaled_plan(path, &s, SMELT_DTYPE_F8E4M3, false);
     smelt_plan *plan = NULL;
     assert_int_equal(smelt_plan_open(path, &plan), SMELT_ERROR_BAD_PLAN);
@@ -534,16 +515,11 @@ static void test_print(void **state) {
     scaled_program s;
     scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
     char path[256], error[512];
-    snprintf(path, sizeof path, "%s/print.plan", folder);
+    scratch_path(path, sizeof path, "print.plan");
     write_scaled_plan(path, &s, SMELT_DTYPE_F8E4M3, false);
     plan_file plan;
     assert_true(plan_open(path, &plan, error, sizeof error));
-    char *text = NULL;
-    size_t length = 0;
-    FILE *out = open_memstream(&text, &length);
-    assert_non_null(out);
-    if (!plan_print(out, &plan, &(plan_print_options){0}, error, sizeof error)) fail_msg("%s", error);
-    fclose(out);
+    char *text = scratch_plan_print(&plan, (plan_print_options){0}, true, error, sizeof error);
     const char *lines[] = {
         "per step (prefill chunk or decode token): 1 kernel launches + 1 GEMMs\n",
         "scaled GEMMs: 1 (where the device runs none, their fallback kernels run instead)\n",
@@ -935,13 +911,10 @@ static void test_host_engine(void **state) {
 static void test_cuda_engine_on_fake_driver(void **state) {
     (void)state;
     char driver[256], kernels_path[256];
-    fake_cuda_build(folder, driver, sizeof driver);
-    snprintf(kernels_path, sizeof kernels_path, "%s/scaled-kernels.so", folder);
+    fake_cuda_build(scratch_folder, driver, sizeof driver);
+    scratch_path(kernels_path, sizeof kernels_path, "scaled-kernels.so");
     const cg_host_object *object = scaled_host_object();
-    FILE *f = fopen(kernels_path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(object->bytes, 1, object->size, f), object->size);
-    assert_int_equal(fclose(f), 0);
+    scratch_write(kernels_path, object->bytes, object->size);
     setenv("SMELT_CUDA_DRIVER", driver, 1);
     setenv("SMELT_CUBLASLT", driver, 1);
     setenv("FAKE_CUDA_HOST_KERNELS", kernels_path, 1);
@@ -1000,32 +973,6 @@ static void test_cuda_engine_on_fake_driver(void **state) {
     unsetenv("FAKE_CUDA_HOST_KERNELS");
 }
 
-/* ---- Setup ------------------------------------------------------------------------ */
-
-static int setup_folder(void **state) {
-    (void)state;
-    snprintf(folder, sizeof folder, "/tmp/smelt-test-scaled-XXXXXX");
-    assert_non_null(mkdtemp(folder));
-    return 0;
-}
-
-static int remove_folder(void **state) {
-    (void)state;
-    DIR *dir = opendir(folder);
-    if (dir) {
-        struct dirent *entry;
-        while ((entry = readdir(dir)) != NULL) {
-            if (entry->d_name[0] == '.') continue;
-            char path[512];
-            snprintf(path, sizeof path, "%s/%s", folder, entry->d_name);
-            unlink(path);
-        }
-        closedir(dir);
-    }
-    rmdir(folder);
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
@@ -1039,7 +986,7 @@ int main(void) {
         cmocka_unit_test(test_host_engine),
         cmocka_unit_test(test_cuda_engine_on_fake_driver),
     };
-    int failures = cmocka_run_group_tests(tests, setup_folder, remove_folder);
+    int failures = cmocka_run_group_tests(tests, scratch_folder_make, scratch_folder_remove);
     cg_host_object_free(&host_object);
     return failures;
 }
