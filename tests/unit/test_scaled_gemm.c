@@ -296,7 +296,7 @@ static size_t scaled_weight_data(smelt_dtype dtype, uint8_t data[256]) {
 }
 
 /* Encodes s, decodes it, expects a refusal holding `expected`. */
-static void expect_refused(scaled_program *s, const char *expected) {
+static void expect_refused(scaled_program *s, const char *name, const char *expected) {
     uint8_t *bytes;
     size_t size;
     assert_true(program_encode(&s->p, &bytes, &size));
@@ -306,9 +306,9 @@ static void expect_refused(scaled_program *s, const char *expected) {
     free(bytes);
     if (ok) {
         program_free(&d);
-        fail_msg("accepted a program that should fail with '%s'", expected);
+        fail_msg("%s: accepted a program that should fail with '%s'", name, expected);
     }
-    if (!strstr(error, expected)) fail_msg("expected '%s' in: %s", expected, error);
+    if (!strstr(error, expected)) fail_msg("%s: expected '%s' in: %s", name, expected, error);
 }
 
 static void assert_refs_equal(prog_ref a, prog_ref b) {
@@ -363,87 +363,103 @@ static void test_round_trip(void **state) {
     }
 }
 
+/* The refusals: each case a change to a good program (the f8e4m3 one) and
+ * what the decoder must say of it. */
+static void old_version(scaled_program *s) { s->p.format_version = 12; } /* before scaled GEMMs */
+static void needs_out_of_range(scaled_program *s) { s->instrs[0].needs = 3; }
+static void launch_needs_scaled(scaled_program *s) { s->instrs[0].needs = PROG_NEED_SCALED_GEMM; }
+static void gemm_needs_none(scaled_program *s) { s->instrs[1].needs = PROG_NEED_NONE; }
+static void plain_gemm_needs_scaled(scaled_program *s) { /* a plain GEMM (bf16 here) may not need them */
+    s->instrs[1].as.gemm.has_scales = false;
+    s->instrs[1].as.gemm.dtype_a = s->instrs[1].as.gemm.dtype_b = SMELT_DTYPE_BF16;
+    s->instrs[1].as.gemm.k = K / 2;
+}
+static void gemm_needs_fallback(scaled_program *s) { s->instrs[1].needs = PROG_NEED_NO_SCALED_GEMM; }
+static void fallback_unguarded(scaled_program *s) { s->instrs[2].needs = PROG_NEED_NONE; }
+static void fallback_writes_elsewhere(scaled_program *s) {
+    s->instrs[2].as.launch.args[5].ref.offset = AT_RESIDUAL;
+    s->instrs[2].as.launch.args[4].ref.offset = AT_LOGITS;
+}
+static void greedy(scaled_program *s) { /* the greedy instruction always runs */
+    s->p.has_greedy = true;
+    s->p.greedy_token = arena_at(AT_LOGITS);
+}
+static void a_bf16(scaled_program *s) { s->instrs[1].as.gemm.dtype_a = SMELT_DTYPE_BF16; }
+static void b_i8(scaled_program *s) { s->instrs[1].as.gemm.dtype_b = SMELT_DTYPE_I8; }
+static void b_scale_bf16(scaled_program *s) { s->instrs[1].as.gemm.dtype_b_scale = SMELT_DTYPE_BF16; }
+static void b_not_transposed(scaled_program *s) { s->instrs[1].as.gemm.b_transposed = false; }
+static void b_scale_in_bias(scaled_program *s) { s->instrs[1].as.gemm.b_scale = weight_at(1, 0); }
+static void a_scale_past_arena(scaled_program *s) { /* 8 tokens' scales: 32 bytes */
+    s->instrs[1].as.gemm.a_scale = arena_at(ARENA_BYTES - 16);
+}
+static void a_scale_unaligned(scaled_program *s) { s->instrs[1].as.gemm.a_scale = arena_at(AT_SCALES + 2); }
+static void a_scale_in_no_state(scaled_program *s) {
+    s->instrs[1].as.gemm.a_scale = (prog_ref){PROG_BUFFER_STATE, 0, 0};
+}
+static void b_scale_past_weight(scaled_program *s) { /* 4 f16 scales: 8 bytes */
+    s->instrs[1].as.gemm.b_scale.offset = s->weights[0].bytes - 4;
+}
+static void b_scale_end_overflows(scaled_program *s) { s->instrs[1].as.gemm.b_scale.offset = UINT64_MAX - 2; }
+static void b_scale_f32(scaled_program *s) { /* 4 f32 scales: 16 bytes from 64 of 72 */
+    s->instrs[1].as.gemm.dtype_b_scale = SMELT_DTYPE_F32;
+}
+static void c_i8(scaled_program *s) {
+    s->instrs[1].as.gemm.dtype_c = SMELT_DTYPE_I8;
+} /* floats as in any GEMM */
+
 static void test_refusals(void **state) {
     (void)state;
-    scaled_program s;
-    /* A plan of format 12 (before scaled GEMMs) is refused with the version message. */
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.p.format_version = 12;
-    expect_refused(&s, "format version 12 is not the version 13 this smelt reads: rebuild the plan with "
-                       "`smelt compile`");
-
-    /* needs */
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[0].needs = 3;
-    expect_refused(&s, "instruction 0 has needs 3 (expected 0, 1 or 2)");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[0].needs = PROG_NEED_SCALED_GEMM;
-    expect_refused(&s, "instruction 0 has needs 1 (scaled-gemm) but is no scaled gemm");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].needs = PROG_NEED_NONE;
-    expect_refused(&s, "instruction 1 is a scaled gemm without needs 1 (scaled-gemm)");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.has_scales = false; /* a plain GEMM (bf16 here) may not need scaled GEMMs */
-    s.instrs[1].as.gemm.dtype_a = s.instrs[1].as.gemm.dtype_b = SMELT_DTYPE_BF16;
-    s.instrs[1].as.gemm.k = K / 2;
-    expect_refused(&s, "instruction 1 has needs 1 (scaled-gemm) but is no scaled gemm");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].needs = PROG_NEED_NO_SCALED_GEMM;
-    expect_refused(&s, "instruction 1 is a scaled gemm without needs 1");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[2].needs = PROG_NEED_NONE; /* the fallback, unguarded: the GEMM has none */
-    expect_refused(&s, "instruction 1, a scaled gemm, has no fallback: no launch of needs 2 (no-scaled-gemm) "
-                       "writes its output");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[2].as.launch.args[5].ref.offset = AT_RESIDUAL; /* writes elsewhere */
-    s.instrs[2].as.launch.args[4].ref.offset = AT_LOGITS;
-    expect_refused(&s, "instruction 1, a scaled gemm, has no fallback");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3); /* the greedy instruction always runs */
-    s.p.has_greedy = true;
-    s.p.greedy_token = arena_at(AT_LOGITS);
-    expect_refused(&s, "the greedy instruction has needs 2 (expected none)");
-
-    /* the scaled GEMM's fields */
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.dtype_a = SMELT_DTYPE_BF16;
-    expect_refused(&s,
-                   "instruction 1: a scaled gemm multiplies codes of one dtype (f8e4m3 or i8), not bf16 x "
-                   "f8e4m3");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.dtype_b = SMELT_DTYPE_I8;
-    expect_refused(&s, "not f8e4m3 x i8");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.dtype_b_scale = SMELT_DTYPE_BF16;
-    expect_refused(&s, "instruction 1: a scaled gemm's b_scale has dtype 3 (expected f16 or f32)");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.b_transposed = false;
-    expect_refused(&s, "instruction 1: a scaled gemm's B must be stored [N, K] (b_transposed)");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.b_scale = weight_at(1, 0); /* the bias weight: not B's */
-    expect_refused(&s, "instruction 1: a scaled gemm's B and b_scale must lie in one weight");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.a_scale = arena_at(ARENA_BYTES - 16); /* 8 tokens' scales: 32 bytes */
-    expect_refused(&s, "instruction 1 gemm operand a_scale needs 32 bytes at arena 0 offset 464 but that "
-                       "buffer has 480");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.a_scale = arena_at(AT_SCALES + 2);
-    expect_refused(&s, "instruction 1 gemm operand a_scale at arena offset 194 is not aligned to 4 bytes");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.a_scale = (prog_ref){PROG_BUFFER_STATE, 0, 0};
-    expect_refused(&s, "instruction 1 gemm operand a_scale names state 0, which does not exist");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.b_scale.offset = s.weights[0].bytes - 4; /* 4 f16 scales: 8 bytes */
-    expect_refused(&s, "instruction 1 gemm operand b_scale needs 8 bytes at weight 0 offset");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.b_scale.offset = UINT64_MAX - 2; /* the end overflows */
-    expect_refused(
-        &s, "instruction 1 gemm operand b_scale needs 8 bytes at weight 0 offset 18446744073709551613");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.dtype_b_scale = SMELT_DTYPE_F32; /* 4 f32 scales: 16 bytes from 64 of 72 */
-    expect_refused(&s, "instruction 1 gemm operand b_scale needs 16 bytes at weight 0 offset 64");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.dtype_c = SMELT_DTYPE_I8; /* C, bias: floats as in any GEMM */
-    expect_refused(&s, "instruction 1: gemm operand c has dtype 6 (expected f32, bf16 or f16)");
+    const struct {
+        const char *name;
+        void (*mutate)(scaled_program *s);
+        const char *expected;
+    } cases[] = {
+        {"old version", old_version,
+         "format version 12 is not the version 13 this smelt reads: rebuild the plan with `smelt compile`"},
+        /* needs */
+        {"needs out of range", needs_out_of_range, "instruction 0 has needs 3 (expected 0, 1 or 2)"},
+        {"launch needs scaled", launch_needs_scaled,
+         "instruction 0 has needs 1 (scaled-gemm) but is no scaled gemm"},
+        {"gemm needs none", gemm_needs_none, "instruction 1 is a scaled gemm without needs 1 (scaled-gemm)"},
+        {"plain gemm needs scaled", plain_gemm_needs_scaled,
+         "instruction 1 has needs 1 (scaled-gemm) but is no scaled gemm"},
+        {"gemm needs fallback", gemm_needs_fallback, "instruction 1 is a scaled gemm without needs 1"},
+        {"fallback unguarded", fallback_unguarded,
+         "instruction 1, a scaled gemm, has no fallback: no launch of needs 2 (no-scaled-gemm) writes its "
+         "output"},
+        {"fallback writes elsewhere", fallback_writes_elsewhere,
+         "instruction 1, a scaled gemm, has no fallback"},
+        {"greedy", greedy, "the greedy instruction has needs 2 (expected none)"},
+        /* the scaled GEMM's fields */
+        {"a bf16", a_bf16,
+         "instruction 1: a scaled gemm multiplies codes of one dtype (f8e4m3 or i8), not bf16 x f8e4m3"},
+        {"b i8", b_i8, "not f8e4m3 x i8"},
+        {"b_scale bf16", b_scale_bf16,
+         "instruction 1: a scaled gemm's b_scale has dtype 3 (expected f16 or f32)"},
+        {"b not transposed", b_not_transposed,
+         "instruction 1: a scaled gemm's B must be stored [N, K] (b_transposed)"},
+        {"b_scale in the bias", b_scale_in_bias,
+         "instruction 1: a scaled gemm's B and b_scale must lie in one weight"},
+        {"a_scale past the arena", a_scale_past_arena,
+         "instruction 1 gemm operand a_scale needs 32 bytes at arena 0 offset 464 but that buffer has 480"},
+        {"a_scale unaligned", a_scale_unaligned,
+         "instruction 1 gemm operand a_scale at arena offset 194 is not aligned to 4 bytes"},
+        {"a_scale in no state", a_scale_in_no_state,
+         "instruction 1 gemm operand a_scale names state 0, which does not exist"},
+        {"b_scale past the weight", b_scale_past_weight,
+         "instruction 1 gemm operand b_scale needs 8 bytes at weight 0 offset"},
+        {"b_scale end overflows", b_scale_end_overflows,
+         "instruction 1 gemm operand b_scale needs 8 bytes at weight 0 offset 18446744073709551613"},
+        {"b_scale f32", b_scale_f32,
+         "instruction 1 gemm operand b_scale needs 16 bytes at weight 0 offset 64"},
+        {"c i8", c_i8, "instruction 1: gemm operand c has dtype 6 (expected f32, bf16 or f16)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        scaled_program s;
+        scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
+        cases[i].mutate(&s);
+        expect_refused(&s, cases[i].name, cases[i].expected);
+    }
 }
 
 /* The codes alone are not enough: a scaled GEMM's weight must be read as
