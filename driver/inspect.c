@@ -12,7 +12,11 @@
  * 32 blocks on 132 SMs), latency-bound loops or caches (a re-read that hits
  * L2 is counted as DRAM traffic), so it bounds what a plan can do from
  * below; tests/gpu/run.sh measures what it does. Each kernel's blocks per
- * launch are printed beside it, which shows where occupancy will bite.
+ * launch are printed beside it, which shows where occupancy will bite: the
+ * largest grid of its launches at the step ("max blocks"; "blocks" in the
+ * JSON), since one kernel may serve the decoder layers at T tokens and the
+ * output head on the sampled row alone (a norm, say), and the layers'
+ * launches are the ones that fill the GPU or not.
  *
  * Decoder layers: the plan does not name them, so they are counted from its
  * KV caches (state buffers indexed by position). The caches one instruction
@@ -94,7 +98,7 @@ typedef struct step_kind {
 typedef struct kernel_row {
     char name[NAME_LIMIT + 1]; /* a kernel's name, or "gemm N=.. K=.. ..." */
     uint32_t launches;
-    double blocks; /* of a launch at this step (its grid); 0 for a GEMM (cuBLASLt chooses) */
+    double blocks; /* the largest grid of its launches at this step; 0 for a GEMM (cuBLASLt chooses) */
     double read, written, flops, seconds[GPU_COUNT];
 } kernel_row;
 
@@ -324,10 +328,12 @@ static bool model_step(const plan_facts *f, step_kind s, step_model *out) {
             memcpy(row->name, name, sizeof name);
         }
         row->launches++;
-        if (in->op == PROG_OP_LAUNCH)
-            row->blocks = (double)prog_affine_eval(in->as.launch.rule.grid[0], tokens) *
-                          (double)prog_affine_eval(in->as.launch.rule.grid[1], tokens) *
-                          (double)prog_affine_eval(in->as.launch.rule.grid[2], tokens);
+        if (in->op == PROG_OP_LAUNCH) {
+            double blocks = (double)prog_affine_eval(in->as.launch.rule.grid[0], tokens) *
+                            (double)prog_affine_eval(in->as.launch.rule.grid[1], tokens) *
+                            (double)prog_affine_eval(in->as.launch.rule.grid[2], tokens);
+            if (blocks > row->blocks) row->blocks = blocks;
+        }
         row->read += read;
         row->written += written;
         row->flops += flops;
@@ -427,13 +433,13 @@ static void print_step(FILE *out, const plan_facts *f, const step_model *m) {
         print_seconds(out, floor_flops);
         fprintf(out, ": %.3fx)\n", floor_flops > 0 ? m->seconds[g] / floor_flops : 0.0);
     }
-    fprintf(out, "    %-56s %8s %8s %14s %14s %16s %12s\n", "kernel", "launches", "blocks", "bytes read",
+    fprintf(out, "    %-56s %8s %10s %14s %14s %16s %12s\n", "kernel", "launches", "max blocks", "bytes read",
             "bytes written", "flops", "h200 time");
     for (uint32_t r = 0; r < m->row_count; r++) {
         const kernel_row *row = &m->rows[r];
         char blocks[24] = "-";
         if (row->blocks > 0) snprintf(blocks, sizeof blocks, "%.0f", row->blocks);
-        fprintf(out, "    %-56s %8" PRIu32 " %8s %14.0f %14.0f %16.0f %9.1f us\n", row->name, row->launches,
+        fprintf(out, "    %-56s %8" PRIu32 " %10s %14.0f %14.0f %16.0f %9.1f us\n", row->name, row->launches,
                 blocks, row->read, row->written, row->flops, row->seconds[GPU_H200] * 1e6);
     }
 }

@@ -22,6 +22,7 @@
 #ifndef SMELT_NUMERIC_H
 #define SMELT_NUMERIC_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -72,6 +73,17 @@ static inline float plan_small_float_to_f32(uint32_t bits, unsigned exp_bits, un
 static inline float plan_f16_to_f32(uint16_t h) { return plan_small_float_to_f32(h, 5, 10, 1); }
 static inline float plan_f8e5m2_to_f32(uint8_t b) { return plan_small_float_to_f32(b, 5, 2, 1); }
 static inline float plan_f8e4m3_to_f32(uint8_t b) { return plan_small_float_to_f32(b, 4, 3, 0); }
+
+/* n halves widened into dst[n]: a weight's f16 scales for an f32 GEMM
+ * epilogue (the cuda device's copy, the host device's product). */
+static inline void plan_f16_row_to_f32(const uint16_t *src, float *dst, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        dst[i] = plan_f16_to_f32(src[i]);
+}
+static inline void plan_bf16_row_to_f32(const uint16_t *src, float *dst, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        dst[i] = plan_bf16_to_f32(src[i]);
+}
 
 /* ---- narrowing: round to nearest even ---------------------------------- */
 

@@ -742,8 +742,7 @@ static smelt_status fill_scale_copy(cuda_device *d, const rt_gemm_args *g, rt_er
                                       : rt_fail(e, SMELT_ERROR_OUT_OF_MEMORY,
                                                 "out of memory widening %lld scales", (long long)g->n);
     if (s == SMELT_OK) s = cuda_copy_out(&d->base, halves, g->b_scale, n * sizeof *halves, e);
-    for (uint64_t j = 0; s == SMELT_OK && j < n; j++)
-        floats[j] = plan_f16_to_f32(halves[j]);
+    if (s == SMELT_OK) plan_f16_row_to_f32(halves, floats, n);
     if (s == SMELT_OK && !copy) {
         scale_copy *grown = realloc(d->scale_copies, (d->scale_copy_count + 1) * sizeof *grown);
         if (!grown)

@@ -253,8 +253,10 @@ static float element_f32(const void *data, smelt_dtype dtype, uint64_t i) {
 }
 
 static void widen_half(float *dst, const uint16_t *src, smelt_dtype dtype, uint64_t count) {
-    for (uint64_t i = 0; i < count; i++)
-        dst[i] = half_to_f32(dtype, src[i]);
+    if (dtype == SMELT_DTYPE_F16)
+        plan_f16_row_to_f32(src, dst, count);
+    else
+        plan_bf16_row_to_f32(src, dst, count);
 }
 
 /* The operand as f32: itself, the weight's shadow, or widened into scratch. */

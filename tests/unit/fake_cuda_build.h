@@ -6,22 +6,14 @@
 #define SMELT_TEST_FAKE_CUDA_BUILD_H
 
 #include "host_build.h"
+#include "plan_scratch.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 
 /* Builds the stand-in into `folder`/fake_cuda.so and puts that path in `path`. */
 static inline void fake_cuda_build(const char *folder, char *path, size_t path_size) {
-    FILE *f = fopen(SMELT_SOURCE_DIR "/tests/unit/fake_cuda.c", "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *source = malloc((size_t)size + 1);
-    assert_non_null(source);
-    assert_int_equal(fread(source, 1, (size_t)size, f), (size_t)size);
-    source[size] = '\0';
-    fclose(f);
+    char *source = (char *)scratch_read(SMELT_SOURCE_DIR "/tests/unit/fake_cuda.c", NULL);
     cg_host_source sources[1] = {{"fake_cuda", source}};
     const char *const includes[] = {"-I" SMELT_SOURCE_DIR "/plan",        /* numeric.h */
                                     "-I" SMELT_SOURCE_DIR "/tests/unit"}; /* fake_cuda.h */
@@ -36,10 +28,7 @@ static inline void fake_cuda_build(const char *folder, char *path, size_t path_s
     if (!cg_host_build(&req, NULL, &object, error, sizeof error)) fail_msg("fake driver build: %s", error);
     free(source);
     snprintf(path, path_size, "%s/fake_cuda.so", folder);
-    FILE *out = fopen(path, "wb");
-    assert_non_null(out);
-    assert_int_equal(fwrite(object.bytes, 1, object.size, out), object.size);
-    assert_int_equal(fclose(out), 0);
+    scratch_write(path, object.bytes, object.size);
     cg_host_object_free(&object);
 }
 

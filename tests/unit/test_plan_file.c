@@ -16,6 +16,7 @@
 #include "plan_format.h"
 #include "plan_print.h"
 #include "plan_read.h"
+#include "plan_scratch.h"
 #include "plan_write.h"
 
 #include <dirent.h>
@@ -29,34 +30,16 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-static char folder[64];
 static char plan_path[128];
 
+/* A scratch folder per test, model.plan in it. */
 static int setup(void **state) {
-    (void)state;
-    snprintf(folder, sizeof folder, "/tmp/smelt-test-plan-XXXXXX");
-    if (!mkdtemp(folder)) fail_msg("mkdtemp failed");
-    snprintf(plan_path, sizeof plan_path, "%s/model.plan", folder);
+    scratch_folder_make(state);
+    scratch_path(plan_path, sizeof plan_path, "model.plan");
     return 0;
 }
 
-/* Removes every file the test left, then the folder. */
-static int teardown(void **state) {
-    (void)state;
-    DIR *dir = opendir(folder);
-    if (dir) {
-        struct dirent *entry;
-        while ((entry = readdir(dir)) != NULL) {
-            if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0) continue;
-            char path[512];
-            snprintf(path, sizeof path, "%s/%s", folder, entry->d_name);
-            unlink(path);
-        }
-        closedir(dir);
-    }
-    rmdir(folder);
-    return 0;
-}
+static int teardown(void **state) { return scratch_folder_remove(state); }
 
 static void assert_contains(const char *text, const char *needle) {
     if (!strstr(text, needle)) fail_msg("expected to find\n  %s\nin\n  %s", needle, text);
@@ -66,7 +49,7 @@ static void assert_contains(const char *text, const char *needle) {
 
 static const char manifest_json[] =
     "{\"model\": \"llama-tiny\", \"targets\": [\"sm_90\", \"host\"], \"dims\": {\"tokens\": 4096}}\n";
-static uint8_t host_kernels[100], program[77], memory_plan[33], weight_table[50], tokenizer[20];
+static uint8_t host_kernels[100], program_filler[77], memory_plan[33], weight_table[50], tokenizer[20];
 static uint8_t cubin_80[300], cubin_90[310], ptx_90[40];
 enum { WEIGHT_BYTES = 10000, WEIGHT_CHUNK = 777 };
 
@@ -144,7 +127,7 @@ static uint64_t stream_calls;
 static void make_writer(plan_writer *w, const char *version) {
     make_kernels();
     fill_pattern(host_kernels, sizeof host_kernels, 3);
-    fill_pattern(program, sizeof program, 4);
+    fill_pattern(program_filler, sizeof program_filler, 4);
     fill_pattern(memory_plan, sizeof memory_plan, 5);
     fill_pattern(weight_table, sizeof weight_table, 6);
     fill_pattern(tokenizer, sizeof tokenizer, 7);
@@ -154,7 +137,7 @@ static void make_writer(plan_writer *w, const char *version) {
     plan_writer_add_section(w, PLAN_SECTION_MANIFEST, manifest_json, strlen(manifest_json));
     plan_writer_add_kernels(w, test_kernels, 2);
     plan_writer_add_section(w, PLAN_SECTION_HOST_KERNELS, host_kernels, sizeof host_kernels);
-    plan_writer_add_section(w, PLAN_SECTION_PROGRAM, program, sizeof program);
+    plan_writer_add_section(w, PLAN_SECTION_PROGRAM, program_filler, sizeof program_filler);
     plan_writer_add_section(w, PLAN_SECTION_MEMORY, memory_plan, sizeof memory_plan);
     plan_writer_add_section(w, PLAN_SECTION_WEIGHT_TABLE, weight_table, sizeof weight_table);
 }
@@ -162,36 +145,13 @@ static void make_writer(plan_writer *w, const char *version) {
 static void write_full_plan(const char *path, const char *version, plan_write_summary *summary) {
     plan_writer w;
     make_writer(&w, version);
-    char error[512] = "";
-    if (!plan_write_file(&w, path, summary, error, sizeof error)) fail_msg("write failed: %s", error);
-    plan_writer_free(&w);
-}
-
-static uint8_t *read_whole(const char *path, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    long length = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *bytes = malloc((size_t)length + 1);
-    assert_non_null(bytes);
-    assert_int_equal(fread(bytes, 1, (size_t)length, f), (size_t)length);
-    fclose(f);
-    *size = (size_t)length;
-    return bytes;
-}
-
-static void write_whole(const char *path, const uint8_t *bytes, size_t size) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(bytes, 1, size, f), size);
-    fclose(f);
+    scratch_plan_write(&w, path, summary);
 }
 
 /* The good plan's bytes, written and read back. */
 static uint8_t *good_plan(size_t *size) {
     write_full_plan(plan_path, "0.1.0", NULL);
-    return read_whole(plan_path, size);
+    return scratch_read(plan_path, size);
 }
 
 /* Recomputes the header checksum after a test changed the header. */
@@ -250,7 +210,7 @@ static void test_round_trip_every_section(void **state) {
     } expected[] = {
         {PLAN_SECTION_MANIFEST, manifest_json, strlen(manifest_json)},
         {PLAN_SECTION_HOST_KERNELS, host_kernels, sizeof host_kernels},
-        {PLAN_SECTION_PROGRAM, program, sizeof program},
+        {PLAN_SECTION_PROGRAM, program_filler, sizeof program_filler},
         {PLAN_SECTION_MEMORY, memory_plan, sizeof memory_plan},
         {PLAN_SECTION_WEIGHT_TABLE, weight_table, sizeof weight_table},
         {PLAN_SECTION_TOKENIZER, tokenizer, sizeof tokenizer},
@@ -324,15 +284,15 @@ static void test_layout_matches_documentation(void **state) {
 static void test_deterministic_and_hash_independent_of_version(void **state) {
     (void)state;
     char second[160], third[160];
-    snprintf(second, sizeof second, "%s/second.plan", folder);
-    snprintf(third, sizeof third, "%s/third.plan", folder);
+    scratch_path(second, sizeof second, "second.plan");
+    scratch_path(third, sizeof third, "third.plan");
     plan_write_summary a, b, c;
     write_full_plan(plan_path, "0.1.0", &a);
     write_full_plan(second, "0.1.0", &b);
     write_full_plan(third, "0.2.0-rc1", &c);
     size_t size_a, size_b, size_c;
-    uint8_t *bytes_a = read_whole(plan_path, &size_a), *bytes_b = read_whole(second, &size_b),
-            *bytes_c = read_whole(third, &size_c);
+    uint8_t *bytes_a = scratch_read(plan_path, &size_a), *bytes_b = scratch_read(second, &size_b),
+            *bytes_c = scratch_read(third, &size_c);
     assert_int_equal(size_a, size_b);
     assert_memory_equal(bytes_a, bytes_b, size_a);
     assert_int_equal(a.content_hash_low, c.content_hash_low);
@@ -347,9 +307,8 @@ static void test_empty_plan_and_long_version(void **state) {
     (void)state;
     plan_writer w;
     plan_writer_init(&w, "0123456789abcdefXYZ"); /* cut to 16 bytes */
+    scratch_plan_write(&w, plan_path, NULL);
     char error[512] = "";
-    assert_true(plan_write_file(&w, plan_path, NULL, error, sizeof error));
-    plan_writer_free(&w);
     plan_file plan;
     if (!plan_open(plan_path, &plan, error, sizeof error)) fail_msg("%s", error);
     assert_int_equal(plan.section_count, 0);
@@ -371,7 +330,7 @@ static void test_empty_plan_and_long_version(void **state) {
 
 static size_t files_in_folder(void) {
     size_t count = 0;
-    DIR *dir = opendir(folder);
+    DIR *dir = opendir(scratch_folder);
     assert_non_null(dir);
     struct dirent *entry;
     while ((entry = readdir(dir)) != NULL)
@@ -390,7 +349,7 @@ static bool failing_producer(void *context, plan_sink *sink) {
 
 static void test_failed_write_leaves_old_plan(void **state) {
     (void)state;
-    write_whole(plan_path, (const uint8_t *)"old plan", 8);
+    scratch_write(plan_path, (const uint8_t *)"old plan", 8);
     plan_writer w;
     plan_writer_init(&w, "0.1.0");
     plan_writer_add_section(&w, PLAN_SECTION_MANIFEST, "{}", 2);
@@ -401,7 +360,7 @@ static void test_failed_write_leaves_old_plan(void **state) {
                            "'model.embed_tokens.weight' could not be converted");
     plan_writer_free(&w);
     size_t size;
-    uint8_t *bytes = read_whole(plan_path, &size);
+    uint8_t *bytes = scratch_read(plan_path, &size);
     assert_int_equal(size, 8);
     assert_memory_equal(bytes, "old plan", 8);
     free(bytes);
@@ -418,7 +377,7 @@ static void test_failed_write_leaves_old_plan(void **state) {
 static void test_write_into_missing_folder(void **state) {
     (void)state;
     char path[200];
-    snprintf(path, sizeof path, "%s/no/such/folder/model.plan", folder);
+    scratch_path(path, sizeof path, "no/such/folder/model.plan");
     plan_writer w;
     plan_writer_init(&w, "0.1.0");
     char error[512] = "";
@@ -455,10 +414,9 @@ static void test_streamed_section_larger_than_buffer(void **state) {
     plan_writer_add_section(&w, PLAN_SECTION_MANIFEST, "{}", 2);
     plan_writer_add_stream(&w, PLAN_SECTION_WEIGHT_DATA, stream_big_weights, NULL);
     plan_writer_add_section(&w, PLAN_SECTION_TOKENIZER, "tok", 3);
-    char error[512] = "";
     plan_write_summary summary;
-    if (!plan_write_file(&w, plan_path, &summary, error, sizeof error)) fail_msg("%s", error);
-    plan_writer_free(&w);
+    scratch_plan_write(&w, plan_path, &summary);
+    char error[512] = "";
 
     plan_file plan;
     if (!plan_open(plan_path, &plan, error, sizeof error)) fail_msg("%s", error);
@@ -480,7 +438,7 @@ static void test_streamed_section_larger_than_buffer(void **state) {
  * disk) leaves the old plan and no temporary file. */
 static void test_io_error_leaves_old_plan(void **state) {
     (void)state;
-    write_whole(plan_path, (const uint8_t *)"old plan", 8);
+    scratch_write(plan_path, (const uint8_t *)"old plan", 8);
     struct rlimit saved;
     assert_int_equal(getrlimit(RLIMIT_FSIZE, &saved), 0);
     void (*previous)(int) = signal(SIGXFSZ, SIG_IGN);
@@ -496,7 +454,7 @@ static void test_io_error_leaves_old_plan(void **state) {
     assert_false(ok);
     assert_contains(error, "model.plan: cannot write: File too large");
     size_t size;
-    uint8_t *bytes = read_whole(plan_path, &size);
+    uint8_t *bytes = scratch_read(plan_path, &size);
     assert_int_equal(size, 8);
     assert_memory_equal(bytes, "old plan", 8);
     free(bytes);
@@ -571,7 +529,7 @@ static void test_truncated_at_every_length(void **state) {
     /* And on disk, through plan_open, at a few lengths. */
     size_t lengths[] = {0, 1, 7, 12, 63, 64, 100, 319, 320, 1000, size / 2, size - 1};
     for (size_t i = 0; i < sizeof lengths / sizeof lengths[0]; i++) {
-        write_whole(plan_path, bytes, lengths[i]);
+        scratch_write(plan_path, bytes, lengths[i]);
         plan_file plan;
         char error[512] = "";
         assert_false(plan_open(plan_path, &plan, error, sizeof error));
@@ -763,21 +721,21 @@ static void test_open_errors(void **state) {
     plan_file plan;
     char error[512] = "";
     char path[200];
-    snprintf(path, sizeof path, "%s/missing.plan", folder);
+    scratch_path(path, sizeof path, "missing.plan");
     assert_false(plan_open(path, &plan, error, sizeof error));
     assert_contains(error, "missing.plan: cannot open: No such file or directory");
-    assert_false(plan_open(folder, &plan, error, sizeof error));
+    assert_false(plan_open(scratch_folder, &plan, error, sizeof error));
     assert_contains(error, "not a regular file");
     /* A FIFO without a writer must not hang the reader. */
-    snprintf(path, sizeof path, "%s/fifo.plan", folder);
+    scratch_path(path, sizeof path, "fifo.plan");
     assert_int_equal(mkfifo(path, 0600), 0);
     assert_false(plan_open(path, &plan, error, sizeof error));
     assert_contains(error, "not a regular file");
     /* A tiny error buffer is filled safely; no buffer at all is fine too. */
     char tiny[8];
-    assert_false(plan_open(folder, &plan, tiny, sizeof tiny));
+    assert_false(plan_open(scratch_folder, &plan, tiny, sizeof tiny));
     assert_int_equal(strlen(tiny), 7);
-    assert_false(plan_open(folder, &plan, NULL, 0));
+    assert_false(plan_open(scratch_folder, &plan, NULL, 0));
 }
 
 /* Random damage to the header and directory, resealed so that it reaches
@@ -1067,18 +1025,6 @@ static void test_affine_rules(void **state) {
 
 /* ---- Printing ------------------------------------------------------------ */
 
-static char *print_plan(const plan_file *plan, plan_print_options options, bool expect_ok, char *error,
-                        size_t error_size) {
-    char *text = NULL;
-    size_t length = 0;
-    FILE *out = open_memstream(&text, &length);
-    assert_non_null(out);
-    bool ok = plan_print(out, plan, &options, error, error_size);
-    fclose(out);
-    if (ok != expect_ok) fail_msg("plan_print returned %d (error: %s)\n%s", ok, error, text);
-    return text;
-}
-
 static void test_print_plan(void **state) {
     (void)state;
     plan_write_summary summary;
@@ -1088,7 +1034,7 @@ static void test_print_plan(void **state) {
     assert_true(plan_open(plan_path, &plan, error, sizeof error));
     /* The PROGRAM section here is filler bytes, not an encoded program: its
      * printer (program_print.c) refuses it and says so; the rest prints. */
-    char *text = print_plan(&plan, (plan_print_options){0}, false, error, sizeof error);
+    char *text = scratch_plan_print(&plan, (plan_print_options){0}, false, error, sizeof error);
     assert_true(error[0] != '\0');
 
     char line[256];
@@ -1121,7 +1067,7 @@ static void test_print_plan(void **state) {
     assert_true(strstr(text, "__global__") == NULL); /* no source unless asked */
     free(text);
 
-    text = print_plan(&plan, (plan_print_options){.kernel_source = true}, false, error, sizeof error);
+    text = scratch_plan_print(&plan, (plan_print_options){.kernel_source = true}, false, error, sizeof error);
     assert_contains(
         text,
         "    ---\n#include \"smelt_kernel.h\"\nextern \"C\" __global__ void rmsnorm_0(void) {}\n    ---\n");
@@ -1139,12 +1085,11 @@ static void test_print_malformed_kernels(void **state) {
     plan_writer_add_section(&w, PLAN_SECTION_MANIFEST, evil_manifest, strlen(evil_manifest));
     plan_writer_add_section(&w, PLAN_SECTION_KERNELS, "\x01\0\0\0\x05", 5);
     plan_writer_add_section(&w, PLAN_SECTION_MEMORY, "mem", 3);
+    scratch_plan_write(&w, plan_path, NULL);
     char error[512] = "";
-    assert_true(plan_write_file(&w, plan_path, NULL, error, sizeof error));
-    plan_writer_free(&w);
     plan_file plan;
     assert_true(plan_open(plan_path, &plan, error, sizeof error));
-    char *text = print_plan(&plan, (plan_print_options){0}, false, error, sizeof error);
+    char *text = scratch_plan_print(&plan, (plan_print_options){0}, false, error, sizeof error);
     assert_string_equal(error, "kernel table: 1 kernels cannot fit in 1 bytes");
     assert_contains(text, "  cannot be read: kernel table: 1 kernels cannot fit in 1 bytes\n");
     assert_contains(text, "\nmemory plan (MEMORY, 3 bytes):\n");

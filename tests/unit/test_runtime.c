@@ -22,18 +22,17 @@
 #include "numeric.h"
 #include "plan_print.h"
 #include "plan_read.h"
+#include "plan_scratch.h"
 #include "plan_write.h"
 #include "program.h"
 #include "sampler.h"
 #include "smelt.h"
 
-#include <dirent.h>
 #include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 enum { VOCAB = 4, WIDTH = 4, MAX_TOKENS = 8 };
 
@@ -212,48 +211,6 @@ static size_t toy_weight_data(bool bf16, uint8_t data[256]) {
 
 /* ---- Plan files ------------------------------------------------------------------ */
 
-static char folder[64];
-
-static int setup_folder(void **state) {
-    (void)state;
-    snprintf(folder, sizeof folder, "/tmp/smelt-test-runtime-XXXXXX");
-    assert_non_null(mkdtemp(folder));
-    return 0;
-}
-
-static int remove_folder(void **state) {
-    (void)state;
-    DIR *dir = opendir(folder);
-    if (dir) {
-        struct dirent *entry;
-        while ((entry = readdir(dir)) != NULL) {
-            if (entry->d_name[0] == '.') continue;
-            char path[512];
-            snprintf(path, sizeof path, "%s/%s", folder, entry->d_name);
-            unlink(path);
-        }
-        closedir(dir);
-    }
-    rmdir(folder);
-    return 0;
-}
-
-static char *read_text_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *text = malloc((size_t)size + 1);
-    if (text && fread(text, 1, (size_t)size, f) != (size_t)size) {
-        free(text);
-        text = NULL;
-    }
-    if (text) text[size] = '\0';
-    fclose(f);
-    return text;
-}
-
 /* The host object of both kernels, built once. */
 static cg_host_object host_object;
 
@@ -278,8 +235,7 @@ typedef struct toy_ptx {
 
 static void toy_ptx_make(toy_ptx *out, const char *source, const char *name) {
     memset(out, 0, sizeof *out);
-    char *header = read_text_file(SMELT_SOURCE_DIR "/runtime/smelt_kernel.h");
-    assert_non_null(header);
+    char *header = (char *)scratch_read(SMELT_SOURCE_DIR "/runtime/smelt_kernel.h", NULL);
     cg_header headers[1] = {{"smelt_kernel.h", header}};
     cg_compile_request req = {.source = source,
                               .kernel_name = name,
@@ -334,26 +290,14 @@ static void write_toy_plan(const char *path, const toy_plan_options *o) {
         t.weights[1].part_count = 2;
         t.weights[1].parts = head_parts;
     }
-    uint8_t *program_bytes;
-    size_t program_size;
-    assert_true(program_encode(&t.p, &program_bytes, &program_size));
-
     toy_ptx ptx[2];
     plan_kernel_binary binaries[2];
     plan_kernel kernels[2];
     const char *names[2] = {"toy_embed", "toy_embed_bf16"};
     const char *sources[2] = {toy_embed_source, toy_embed_bf16_source};
     for (int k = 0; k < 2; k++) {
-        memset(&kernels[k], 0, sizeof kernels[k]);
-        kernels[k].name = plan_text_from(names[k]);
-        kernels[k].family = plan_text_from("toy");
-        kernels[k].ops = plan_text_from("%4 = toy(%0, %1)");
-        kernels[k].source = plan_text_from(sources[k]);
-        kernels[k].launch.grid[0] = (plan_affine){WIDTH, 0, 32};
-        kernels[k].launch.grid[1] = kernels[k].launch.grid[2] = (plan_affine){0, 1, 1};
-        kernels[k].launch.block[0] = (plan_affine){0, 32, 1};
-        kernels[k].launch.block[1] = kernels[k].launch.block[2] = (plan_affine){0, 1, 1};
-        program_declare_params(&t.p, (uint32_t)k, &kernels[k]);
+        scratch_toy_kernel(&kernels[k], &t.p, (uint32_t)k, names[k], "%4 = toy(%0, %1)", sources[k],
+                           (plan_affine){WIDTH, 0, 32});
         memset(&ptx[k], 0, sizeof ptx[k]);
         if (o->cuda_binaries) {
             toy_ptx_make(&ptx[k], sources[k], names[k]);
@@ -368,28 +312,22 @@ static void write_toy_plan(const char *path, const toy_plan_options *o) {
     }
     uint8_t weight_data[256];
     size_t weight_size = toy_weight_data(o->bf16 || o->rich, weight_data);
-
-    plan_writer w;
-    plan_writer_init(&w, "test");
-    plan_writer_add_section(&w, PLAN_SECTION_MANIFEST, "{\"model\": \"toy\"}", 16);
-    plan_writer_add_kernels(&w, kernels, 2);
-    if (o->host_kernels) {
-        const cg_host_object *object = toy_host_object();
-        plan_writer_add_section(&w, PLAN_SECTION_HOST_KERNELS, object->bytes, object->size);
-    }
-    plan_writer_add_section(&w, PLAN_SECTION_PROGRAM, program_bytes, program_size);
-    if (o->weights_in_plan) plan_writer_add_section(&w, PLAN_SECTION_WEIGHT_DATA, weight_data, weight_size);
-    char error[1024];
-    if (!plan_write_file(&w, path, NULL, error, sizeof error)) fail_msg("plan write: %s", error);
-    plan_writer_free(&w);
-    free(program_bytes);
+    const cg_host_object *object = o->host_kernels ? toy_host_object() : NULL;
+    scratch_toy_plan sections = {.program = &t.p,
+                                 .kernels = kernels,
+                                 .kernel_count = 2,
+                                 .host_kernels = object ? object->bytes : NULL,
+                                 .host_kernels_size = object ? object->size : 0,
+                                 .weight_data = o->weights_in_plan ? weight_data : NULL,
+                                 .weight_data_size = weight_size};
+    scratch_toy_plan_write(path, &sections);
     for (int k = 0; k < 2; k++)
         cg_compiled_free(&ptx[k].compiled);
 }
 
 static smelt_plan *open_toy_plan(const char *name, const toy_plan_options *o) {
     char path[256];
-    snprintf(path, sizeof path, "%s/%s", folder, name);
+    scratch_path(path, sizeof path, name);
     write_toy_plan(path, o);
     smelt_plan *plan = NULL;
     smelt_status s = smelt_plan_open(path, &plan);
@@ -965,22 +903,13 @@ static void test_print_escapes_kernel_and_weight_names(void **state) {
     plan_writer_init(&w, "0.1.0");
     plan_writer_add_kernels(&w, &kernel, 1);
     plan_writer_add_section(&w, PLAN_SECTION_PROGRAM, encoded, encoded_size);
-    char error[512] = "";
-    char written[256];
-    snprintf(written, sizeof written, "%s/escaped.plan", folder);
-    assert_true(plan_write_file(&w, written, NULL, error, sizeof error));
-    plan_writer_free(&w);
+    char path[256], error[512] = "";
+    scratch_path(path, sizeof path, "escaped.plan");
+    scratch_plan_write(&w, path, NULL);
     free(encoded);
     plan_file plan;
-    char path[256];
-    snprintf(path, sizeof path, "%s/escaped.plan", folder);
     assert_true(plan_open(path, &plan, error, sizeof error));
-    char *text = NULL;
-    size_t length = 0;
-    FILE *out = open_memstream(&text, &length);
-    assert_non_null(out);
-    if (!plan_print(out, &plan, &(plan_print_options){0}, error, sizeof error)) fail_msg("%s", error);
-    fclose(out);
+    char *text = scratch_plan_print(&plan, (plan_print_options){0}, true, error, sizeof error);
     assert_contains(text, "kernel 0: k\\x1b[31m\n");
     assert_contains(text, "launch k\\x1b[31m(");
     assert_contains(text, "[0] w\\x1b]0;x\\x07 f32[1]");
@@ -1893,13 +1822,6 @@ static void test_cuda_on_gpu(void **state) {
 
 /* ---- device_cuda.c end to end on a stand-in driver ------------------------------------------- */
 
-static void write_file(const char *path, const void *bytes, size_t size) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(bytes, 1, size, f), size);
-    assert_int_equal(fclose(f), 0);
-}
-
 static smelt_engine *cuda_engine(smelt_plan *plan) {
     smelt_engine_options options = smelt_engine_options_default();
     options.device = "cuda";
@@ -1916,10 +1838,10 @@ static smelt_engine *cuda_engine(smelt_plan *plan) {
 static void test_cuda_on_fake_driver(void **state) {
     (void)state;
     char driver[256], kernels[256];
-    fake_cuda_build(folder, driver, sizeof driver);
-    snprintf(kernels, sizeof kernels, "%s/kernels.so", folder);
+    fake_cuda_build(scratch_folder, driver, sizeof driver);
+    scratch_path(kernels, sizeof kernels, "kernels.so");
     const cg_host_object *object = toy_host_object();
-    write_file(kernels, object->bytes, object->size);
+    scratch_write(kernels, object->bytes, object->size);
     setenv("SMELT_CUDA_DRIVER", driver, 1);
     setenv("SMELT_CUBLASLT", driver, 1);
     setenv("FAKE_CUDA_HOST_KERNELS", kernels, 1);
@@ -2030,7 +1952,7 @@ static void test_cuda_on_fake_driver(void **state) {
 static void test_cuda_scaled_gemm_on_fake_driver(void **state) {
     (void)state;
     char driver[256];
-    fake_cuda_build(folder, driver, sizeof driver);
+    fake_cuda_build(scratch_folder, driver, sizeof driver);
     setenv("SMELT_CUDA_DRIVER", driver, 1);
     setenv("SMELT_CUBLASLT", driver, 1);
     void *fake = dlopen(driver, RTLD_NOW | RTLD_LOCAL);
@@ -2224,10 +2146,9 @@ static void test_plan_errors(void **state) {
     plan_writer w;
     plan_writer_init(&w, "test");
     plan_writer_add_section(&w, PLAN_SECTION_PROGRAM, bytes, size);
-    char path[256], error[512];
-    snprintf(path, sizeof path, "%s/lying.plan", folder);
-    assert_true(plan_write_file(&w, path, NULL, error, sizeof error));
-    plan_writer_free(&w);
+    char path[256];
+    scratch_path(path, sizeof path, "lying.plan");
+    scratch_plan_write(&w, path, NULL);
     free(bytes);
     assert_int_equal(smelt_plan_open(path, &plan), SMELT_ERROR_BAD_PLAN);
     assert_non_null(strstr(smelt_last_error(), "instruction 0 launches kernel 5 but the plan has 0 kernels"));
@@ -2299,7 +2220,7 @@ int main(void) {
         cmocka_unit_test(test_plan_errors),
         cmocka_unit_test(test_default_costs),
     };
-    int failures = cmocka_run_group_tests(tests, setup_folder, remove_folder);
+    int failures = cmocka_run_group_tests(tests, scratch_folder_make, scratch_folder_remove);
     cg_host_object_free(&host_object);
     return failures;
 }

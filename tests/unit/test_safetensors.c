@@ -183,6 +183,25 @@ static void test_widening_hand_values(void **state) {
     assert_true(isnan(plan_f8e5m2_to_f32(0x7d)) && isnan(plan_f8e5m2_to_f32(0xff)));
 }
 
+/* The row forms (a weight's scales widened at once): the hand values above,
+ * element by element (the sign of zero too), n of them and no more. */
+static void test_widening_rows(void **state) {
+    (void)state;
+    const uint16_t f16[5] = {0x3c00, 0xc000, 0x0001, 0x7bff, 0x8000};
+    const float f16_values[5] = {1.0f, -2.0f, 0x1p-24f, 65504.0f, -0.0f};
+    const uint16_t bf16[5] = {0x3f80, 0xc000, 0x0001, 0x4049, 0x8000};
+    const float bf16_values[5] = {1.0f, -2.0f, 0x1p-133f, 3.140625f, -0.0f};
+    float out[6] = {7, 7, 7, 7, 7, 7};
+    plan_f16_row_to_f32(f16, out, 5);
+    assert_memory_equal(out, f16_values, sizeof f16_values);
+    assert_true(out[5] == 7.0f);
+    plan_bf16_row_to_f32(bf16, out, 5);
+    assert_memory_equal(out, bf16_values, sizeof bf16_values);
+    assert_true(out[5] == 7.0f);
+    plan_f16_row_to_f32(f16, out, 0);
+    assert_memory_equal(out, bf16_values, sizeof bf16_values);
+}
+
 static void test_narrowing_rounds_to_nearest_even(void **state) {
     (void)state;
     assert_int_equal(plan_f32_to_bf16(1.0f), 0x3f80);
@@ -949,6 +968,7 @@ static void test_checkpoint_broken_shard(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_widening_hand_values),
+        cmocka_unit_test(test_widening_rows),
         cmocka_unit_test(test_narrowing_rounds_to_nearest_even),
         cmocka_unit_test(test_round_trip_every_pattern),
         cmocka_unit_test(test_f16_matches_the_compiler),

@@ -31,17 +31,16 @@
 #include "numeric.h"
 #include "plan_print.h"
 #include "plan_read.h"
+#include "plan_scratch.h"
 #include "plan_write.h"
 #include "program.h"
 #include "quant.h"
 #include "smelt.h"
 
-#include <dirent.h>
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 enum { VOCAB = 4, K = 16, MAX_TOKENS = 8 };
 
@@ -72,13 +71,24 @@ static float expected_logit(smelt_dtype dtype, int id, int j) {
 static uint8_t weight_code(int j, int k) { return table[(5 * j + 3 * k) % 8]; }
 static uint8_t token_code(int id, int k) { return table[(3 * id + k) % 8]; }
 
+/* The weight's f16 scales (weight_scales times `factor`, exact in f16) and
+ * their values as a GEMM reads them. */
+static void weight_scales_f16(float factor, uint16_t halves[VOCAB], float widened[VOCAB]) {
+    for (int j = 0; j < VOCAB; j++)
+        halves[j] = plan_f32_to_f16(factor * weight_scales[j]);
+    plan_f16_row_to_f32(halves, widened, VOCAB);
+}
+
 /* The logit (t of id `id`, j) in double, then scaled (the weight's scales
  * times `factor`) and added in the order the kernels use. */
 static float expected_logit_scaled(smelt_dtype dtype, int id, int j, float factor) {
     double sum = 0;
     for (int k = 0; k < K; k++)
         sum += (double)code_value(dtype, token_code(id, k)) * code_value(dtype, weight_code(j, k));
-    float v = ((float)sum * (0.5f + (float)id)) * (factor * weight_scales[j]);
+    uint16_t halves[VOCAB];
+    float scales[VOCAB];
+    weight_scales_f16(factor, halves, scales);
+    float v = ((float)sum * (0.5f + (float)id)) * scales[j];
     v += bias[j];
     v += (float)id - 0.25f * (float)j;
     return v;
@@ -274,18 +284,19 @@ static void scaled_program_make(scaled_program *s, smelt_dtype dtype) {
 static size_t scaled_weight_data(smelt_dtype dtype, uint8_t data[256]) {
     quant_layout l = weight_layout(dtype);
     memset(data, 0, 256);
-    for (int j = 0; j < VOCAB; j++) {
+    for (int j = 0; j < VOCAB; j++)
         for (int k = 0; k < K; k++)
             data[l.codes + (uint64_t)j * K + (uint64_t)k] = weight_code(j, k);
-        uint16_t h = plan_f32_to_f16(weight_scales[j]);
-        memcpy(data + l.scales + 2 * (uint64_t)j, &h, 2);
-    }
+    uint16_t halves[VOCAB];
+    float widened[VOCAB];
+    weight_scales_f16(1.0f, halves, widened);
+    memcpy(data + l.scales, halves, sizeof halves);
     memcpy(data + BIAS_DATA_OFFSET, bias, sizeof bias);
     return BIAS_DATA_OFFSET + sizeof bias;
 }
 
 /* Encodes s, decodes it, expects a refusal holding `expected`. */
-static void expect_refused(scaled_program *s, const char *expected) {
+static void expect_refused(scaled_program *s, const char *name, const char *expected) {
     uint8_t *bytes;
     size_t size;
     assert_true(program_encode(&s->p, &bytes, &size));
@@ -295,9 +306,9 @@ static void expect_refused(scaled_program *s, const char *expected) {
     free(bytes);
     if (ok) {
         program_free(&d);
-        fail_msg("accepted a program that should fail with '%s'", expected);
+        fail_msg("%s: accepted a program that should fail with '%s'", name, expected);
     }
-    if (!strstr(error, expected)) fail_msg("expected '%s' in: %s", expected, error);
+    if (!strstr(error, expected)) fail_msg("%s: expected '%s' in: %s", name, expected, error);
 }
 
 static void assert_refs_equal(prog_ref a, prog_ref b) {
@@ -352,113 +363,115 @@ static void test_round_trip(void **state) {
     }
 }
 
+/* The refusals: each case a change to a good program (the f8e4m3 one) and
+ * what the decoder must say of it. */
+static void old_version(scaled_program *s) { s->p.format_version = 12; } /* before scaled GEMMs */
+static void needs_out_of_range(scaled_program *s) { s->instrs[0].needs = 3; }
+static void launch_needs_scaled(scaled_program *s) { s->instrs[0].needs = PROG_NEED_SCALED_GEMM; }
+static void gemm_needs_none(scaled_program *s) { s->instrs[1].needs = PROG_NEED_NONE; }
+static void plain_gemm_needs_scaled(scaled_program *s) { /* a plain GEMM (bf16 here) may not need them */
+    s->instrs[1].as.gemm.has_scales = false;
+    s->instrs[1].as.gemm.dtype_a = s->instrs[1].as.gemm.dtype_b = SMELT_DTYPE_BF16;
+    s->instrs[1].as.gemm.k = K / 2;
+}
+static void gemm_needs_fallback(scaled_program *s) { s->instrs[1].needs = PROG_NEED_NO_SCALED_GEMM; }
+static void fallback_unguarded(scaled_program *s) { s->instrs[2].needs = PROG_NEED_NONE; }
+static void fallback_writes_elsewhere(scaled_program *s) {
+    s->instrs[2].as.launch.args[5].ref.offset = AT_RESIDUAL;
+    s->instrs[2].as.launch.args[4].ref.offset = AT_LOGITS;
+}
+static void greedy(scaled_program *s) { /* the greedy instruction always runs */
+    s->p.has_greedy = true;
+    s->p.greedy_token = arena_at(AT_LOGITS);
+}
+static void a_bf16(scaled_program *s) { s->instrs[1].as.gemm.dtype_a = SMELT_DTYPE_BF16; }
+static void b_i8(scaled_program *s) { s->instrs[1].as.gemm.dtype_b = SMELT_DTYPE_I8; }
+static void b_scale_bf16(scaled_program *s) { s->instrs[1].as.gemm.dtype_b_scale = SMELT_DTYPE_BF16; }
+static void b_not_transposed(scaled_program *s) { s->instrs[1].as.gemm.b_transposed = false; }
+static void b_scale_in_bias(scaled_program *s) { s->instrs[1].as.gemm.b_scale = weight_at(1, 0); }
+static void a_scale_past_arena(scaled_program *s) { /* 8 tokens' scales: 32 bytes */
+    s->instrs[1].as.gemm.a_scale = arena_at(ARENA_BYTES - 16);
+}
+static void a_scale_unaligned(scaled_program *s) { s->instrs[1].as.gemm.a_scale = arena_at(AT_SCALES + 2); }
+static void a_scale_in_no_state(scaled_program *s) {
+    s->instrs[1].as.gemm.a_scale = (prog_ref){PROG_BUFFER_STATE, 0, 0};
+}
+static void b_scale_past_weight(scaled_program *s) { /* 4 f16 scales: 8 bytes */
+    s->instrs[1].as.gemm.b_scale.offset = s->weights[0].bytes - 4;
+}
+static void b_scale_end_overflows(scaled_program *s) { s->instrs[1].as.gemm.b_scale.offset = UINT64_MAX - 2; }
+static void b_scale_f32(scaled_program *s) { /* 4 f32 scales: 16 bytes from 64 of 72 */
+    s->instrs[1].as.gemm.dtype_b_scale = SMELT_DTYPE_F32;
+}
+static void c_i8(scaled_program *s) {
+    s->instrs[1].as.gemm.dtype_c = SMELT_DTYPE_I8;
+} /* floats as in any GEMM */
+
 static void test_refusals(void **state) {
     (void)state;
-    scaled_program s;
-    /* A plan of format 12 (before scaled GEMMs) is refused with the version message. */
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.p.format_version = 12;
-    expect_refused(&s, "format version 12 is not the version 13 this smelt reads: rebuild the plan with "
-                       "`smelt compile`");
-
-    /* needs */
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[0].needs = 3;
-    expect_refused(&s, "instruction 0 has needs 3 (expected 0, 1 or 2)");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[0].needs = PROG_NEED_SCALED_GEMM;
-    expect_refused(&s, "instruction 0 has needs 1 (scaled-gemm) but is no scaled gemm");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].needs = PROG_NEED_NONE;
-    expect_refused(&s, "instruction 1 is a scaled gemm without needs 1 (scaled-gemm)");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.has_scales = false; /* a plain GEMM (bf16 here) may not need scaled GEMMs */
-    s.instrs[1].as.gemm.dtype_a = s.instrs[1].as.gemm.dtype_b = SMELT_DTYPE_BF16;
-    s.instrs[1].as.gemm.k = K / 2;
-    expect_refused(&s, "instruction 1 has needs 1 (scaled-gemm) but is no scaled gemm");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].needs = PROG_NEED_NO_SCALED_GEMM;
-    expect_refused(&s, "instruction 1 is a scaled gemm without needs 1");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[2].needs = PROG_NEED_NONE; /* the fallback, unguarded: the GEMM has none */
-    expect_refused(&s, "instruction 1, a scaled gemm, has no fallback: no launch of needs 2 (no-scaled-gemm) "
-                       "writes its output");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[2].as.launch.args[5].ref.offset = AT_RESIDUAL; /* writes elsewhere */
-    s.instrs[2].as.launch.args[4].ref.offset = AT_LOGITS;
-    expect_refused(&s, "instruction 1, a scaled gemm, has no fallback");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3); /* the greedy instruction always runs */
-    s.p.has_greedy = true;
-    s.p.greedy_token = arena_at(AT_LOGITS);
-    expect_refused(&s, "the greedy instruction has needs 2 (expected none)");
-
-    /* the scaled GEMM's fields */
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.dtype_a = SMELT_DTYPE_BF16;
-    expect_refused(&s,
-                   "instruction 1: a scaled gemm multiplies codes of one dtype (f8e4m3 or i8), not bf16 x "
-                   "f8e4m3");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.dtype_b = SMELT_DTYPE_I8;
-    expect_refused(&s, "not f8e4m3 x i8");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.dtype_b_scale = SMELT_DTYPE_BF16;
-    expect_refused(&s, "instruction 1: a scaled gemm's b_scale has dtype 3 (expected f16 or f32)");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.b_transposed = false;
-    expect_refused(&s, "instruction 1: a scaled gemm's B must be stored [N, K] (b_transposed)");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.b_scale = weight_at(1, 0); /* the bias weight: not B's */
-    expect_refused(&s, "instruction 1: a scaled gemm's B and b_scale must lie in one weight");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.a_scale = arena_at(ARENA_BYTES - 16); /* 8 tokens' scales: 32 bytes */
-    expect_refused(&s, "instruction 1 gemm operand a_scale needs 32 bytes at arena 0 offset 464 but that "
-                       "buffer has 480");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.a_scale = arena_at(AT_SCALES + 2);
-    expect_refused(&s, "instruction 1 gemm operand a_scale at arena offset 194 is not aligned to 4 bytes");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.a_scale = (prog_ref){PROG_BUFFER_STATE, 0, 0};
-    expect_refused(&s, "instruction 1 gemm operand a_scale names state 0, which does not exist");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.b_scale.offset = s.weights[0].bytes - 4; /* 4 f16 scales: 8 bytes */
-    expect_refused(&s, "instruction 1 gemm operand b_scale needs 8 bytes at weight 0 offset");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.b_scale.offset = UINT64_MAX - 2; /* the end overflows */
-    expect_refused(
-        &s, "instruction 1 gemm operand b_scale needs 8 bytes at weight 0 offset 18446744073709551613");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.dtype_b_scale = SMELT_DTYPE_F32; /* 4 f32 scales: 16 bytes from 64 of 72 */
-    expect_refused(&s, "instruction 1 gemm operand b_scale needs 16 bytes at weight 0 offset 64");
-    scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
-    s.instrs[1].as.gemm.dtype_c = SMELT_DTYPE_I8; /* C, bias: floats as in any GEMM */
-    expect_refused(&s, "instruction 1: gemm operand c has dtype 6 (expected f32, bf16 or f16)");
+    const struct {
+        const char *name;
+        void (*mutate)(scaled_program *s);
+        const char *expected;
+    } cases[] = {
+        {"old version", old_version,
+         "format version 12 is not the version 13 this smelt reads: rebuild the plan with `smelt compile`"},
+        /* needs */
+        {"needs out of range", needs_out_of_range, "instruction 0 has needs 3 (expected 0, 1 or 2)"},
+        {"launch needs scaled", launch_needs_scaled,
+         "instruction 0 has needs 1 (scaled-gemm) but is no scaled gemm"},
+        {"gemm needs none", gemm_needs_none, "instruction 1 is a scaled gemm without needs 1 (scaled-gemm)"},
+        {"plain gemm needs scaled", plain_gemm_needs_scaled,
+         "instruction 1 has needs 1 (scaled-gemm) but is no scaled gemm"},
+        {"gemm needs fallback", gemm_needs_fallback, "instruction 1 is a scaled gemm without needs 1"},
+        {"fallback unguarded", fallback_unguarded,
+         "instruction 1, a scaled gemm, has no fallback: no launch of needs 2 (no-scaled-gemm) writes its "
+         "output"},
+        {"fallback writes elsewhere", fallback_writes_elsewhere,
+         "instruction 1, a scaled gemm, has no fallback"},
+        {"greedy", greedy, "the greedy instruction has needs 2 (expected none)"},
+        /* the scaled GEMM's fields */
+        {"a bf16", a_bf16,
+         "instruction 1: a scaled gemm multiplies codes of one dtype (f8e4m3 or i8), not bf16 x f8e4m3"},
+        {"b i8", b_i8, "not f8e4m3 x i8"},
+        {"b_scale bf16", b_scale_bf16,
+         "instruction 1: a scaled gemm's b_scale has dtype 3 (expected f16 or f32)"},
+        {"b not transposed", b_not_transposed,
+         "instruction 1: a scaled gemm's B must be stored [N, K] (b_transposed)"},
+        {"b_scale in the bias", b_scale_in_bias,
+         "instruction 1: a scaled gemm's B and b_scale must lie in one weight"},
+        {"a_scale past the arena", a_scale_past_arena,
+         "instruction 1 gemm operand a_scale needs 32 bytes at arena 0 offset 464 but that buffer has 480"},
+        {"a_scale unaligned", a_scale_unaligned,
+         "instruction 1 gemm operand a_scale at arena offset 194 is not aligned to 4 bytes"},
+        {"a_scale in no state", a_scale_in_no_state,
+         "instruction 1 gemm operand a_scale names state 0, which does not exist"},
+        {"b_scale past the weight", b_scale_past_weight,
+         "instruction 1 gemm operand b_scale needs 8 bytes at weight 0 offset"},
+        {"b_scale end overflows", b_scale_end_overflows,
+         "instruction 1 gemm operand b_scale needs 8 bytes at weight 0 offset 18446744073709551613"},
+        {"b_scale f32", b_scale_f32,
+         "instruction 1 gemm operand b_scale needs 16 bytes at weight 0 offset 64"},
+        {"c i8", c_i8, "instruction 1: gemm operand c has dtype 6 (expected f32, bf16 or f16)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        scaled_program s;
+        scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
+        cases[i].mutate(&s);
+        expect_refused(&s, cases[i].name, cases[i].expected);
+    }
 }
 
 /* The codes alone are not enough: a scaled GEMM's weight must be read as
  * its codes and per-channel scales (runtime/plan_open.c). */
-static char folder[64];
-
 /* Writes s as a plan with its kernels' host object and, with cuda, a
  * stand-in PTX for each (the stand-in driver runs their host entries). */
 static void write_scaled_plan(const char *path, scaled_program *s, smelt_dtype dtype, bool cuda) {
-    uint8_t *program_bytes;
-    size_t program_size;
-    assert_true(program_encode(&s->p, &program_bytes, &program_size));
     plan_kernel kernels[2];
     const char *names[2] = {"toy_quant", fallback_name(dtype)};
-    for (int k = 0; k < 2; k++) {
-        memset(&kernels[k], 0, sizeof kernels[k]);
-        kernels[k].name = plan_text_from(names[k]);
-        kernels[k].family = plan_text_from("toy");
-        kernels[k].ops = plan_text_from("%3 = toy(%0)");
-        kernels[k].source = plan_text_from("/* in the host object */");
-        kernels[k].launch.grid[0] = (plan_affine){1, 0, 1};
-        kernels[k].launch.grid[1] = kernels[k].launch.grid[2] = (plan_affine){0, 1, 1};
-        kernels[k].launch.block[0] = (plan_affine){0, 32, 1};
-        kernels[k].launch.block[1] = kernels[k].launch.block[2] = (plan_affine){0, 1, 1};
-        program_declare_params(&s->p, (uint32_t)k, &kernels[k]);
-    }
+    for (int k = 0; k < 2; k++)
+        scratch_toy_kernel(&kernels[k], &s->p, (uint32_t)k, names[k], "%3 = toy(%0)",
+                           "/* in the host object */", (plan_affine){1, 0, 1});
     plan_kernel_binary ptx = {.arch = plan_text_from("compute_80"),
                               .kind = PLAN_BINARY_PTX,
                               .bytes = {(const uint8_t *)"// no NVRTC: a stand-in", 23}};
@@ -467,24 +480,20 @@ static void write_scaled_plan(const char *path, scaled_program *s, smelt_dtype d
         kernels[k].binaries = &ptx;
     }
     uint8_t weight_data[256];
-    size_t weight_size = scaled_weight_data(dtype, weight_data);
-    plan_writer w;
-    plan_writer_init(&w, "test");
-    plan_writer_add_section(&w, PLAN_SECTION_MANIFEST, "{\"model\": \"toy\"}", 16);
-    plan_writer_add_kernels(&w, kernels, 2);
     const cg_host_object *object = scaled_host_object();
-    plan_writer_add_section(&w, PLAN_SECTION_HOST_KERNELS, object->bytes, object->size);
-    plan_writer_add_section(&w, PLAN_SECTION_PROGRAM, program_bytes, program_size);
-    plan_writer_add_section(&w, PLAN_SECTION_WEIGHT_DATA, weight_data, weight_size);
-    char error[1024];
-    if (!plan_write_file(&w, path, NULL, error, sizeof error)) fail_msg("plan write: %s", error);
-    plan_writer_free(&w);
-    free(program_bytes);
+    scratch_toy_plan sections = {.program = &s->p,
+                                 .kernels = kernels,
+                                 .kernel_count = 2,
+                                 .host_kernels = object->bytes,
+                                 .host_kernels_size = object->size,
+                                 .weight_data = weight_data,
+                                 .weight_data_size = scaled_weight_data(dtype, weight_data)};
+    scratch_toy_plan_write(path, &sections);
 }
 
 static smelt_plan *open_scaled_plan(const char *name, scaled_program *s, smelt_dtype dtype, bool cuda) {
     char path[256];
-    snprintf(path, sizeof path, "%s/%s", folder, name);
+    scratch_path(path, sizeof path, name);
     write_scaled_plan(path, s, dtype, cuda);
     smelt_plan *plan = NULL;
     smelt_status status = smelt_plan_open(path, &plan);
@@ -498,7 +507,7 @@ static void test_plan_open_checks_weight_scales(void **state) {
     scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
     s.instrs[1].as.gemm.b_scale.offset = 0; /* the codes read as scales */
     char path[256];
-    snprintf(path, sizeof path, "%s/bad-scales.plan", folder);
+    scratch_path(path, sizeof path, "bad-scales.plan");
     write_scaled_plan(path, &s, SMELT_DTYPE_F8E4M3, false);
     smelt_plan *plan = NULL;
     assert_int_equal(smelt_plan_open(path, &plan), SMELT_ERROR_BAD_PLAN);
@@ -522,16 +531,11 @@ static void test_print(void **state) {
     scaled_program s;
     scaled_program_make(&s, SMELT_DTYPE_F8E4M3);
     char path[256], error[512];
-    snprintf(path, sizeof path, "%s/print.plan", folder);
+    scratch_path(path, sizeof path, "print.plan");
     write_scaled_plan(path, &s, SMELT_DTYPE_F8E4M3, false);
     plan_file plan;
     assert_true(plan_open(path, &plan, error, sizeof error));
-    char *text = NULL;
-    size_t length = 0;
-    FILE *out = open_memstream(&text, &length);
-    assert_non_null(out);
-    if (!plan_print(out, &plan, &(plan_print_options){0}, error, sizeof error)) fail_msg("%s", error);
-    fclose(out);
+    char *text = scratch_plan_print(&plan, (plan_print_options){0}, true, error, sizeof error);
     const char *lines[] = {
         "per step (prefill chunk or decode token): 1 kernel launches + 1 GEMMs\n",
         "scaled GEMMs: 1 (where the device runs none, their fallback kernels run instead)\n",
@@ -757,10 +761,13 @@ static void test_host_scaled_gemm(void **state) {
     const float a_scale[M] = {0.5f, 3.0f, 0.125f};
     const float b_scale_f32[N] = {2.0f, 0.75f, 1.0f, 0.0625f, 4.0f};
     uint16_t b_scale_f16[N], bias_bf16[N];
+    float b_scale_widened[N]; /* the f16 scales as the GEMM reads them: exact, so b_scale_f32 again */
     for (int j = 0; j < N; j++) {
         b_scale_f16[j] = plan_f32_to_f16(b_scale_f32[j]);
         bias_bf16[j] = plan_f32_to_bf16((float)j - 1.5f);
     }
+    plan_f16_row_to_f32(b_scale_f16, b_scale_widened, N);
+    assert_memory_equal(b_scale_widened, b_scale_f32, sizeof b_scale_f32);
     const smelt_dtype dtypes[2] = {SMELT_DTYPE_F8E4M3, SMELT_DTYPE_I8};
     for (int di = 0; di < 2; di++)
         for (int f16 = 0; f16 < 2; f16++)
@@ -803,7 +810,7 @@ static void test_host_scaled_gemm(void **state) {
                         for (int k = 0; k < KK; k++)
                             sum +=
                                 (double)code_value(dtype, a[i * KK + k]) * code_value(dtype, b[j * KK + k]);
-                        float v = ((float)sum * a_scale[i]) * b_scale_f32[j];
+                        float v = ((float)sum * a_scale[i]) * (f16 ? b_scale_widened : b_scale_f32)[j];
                         v += plan_bf16_to_f32(bias_bf16[j]);
                         v += bf16_out ? plan_bf16_to_f32(residual_bf16[i * N + j]) : residual_f32[i * N + j];
                         if (bf16_out)
@@ -899,10 +906,10 @@ static void test_host_engine(void **state) {
     uint8_t data[256];
     scaled_weight_data(SMELT_DTYPE_F8E4M3, data);
     quant_layout l = weight_layout(SMELT_DTYPE_F8E4M3);
-    for (int j = 0; j < VOCAB; j++) {
-        uint16_t h = plan_f32_to_f16(2 * weight_scales[j]);
-        memcpy(data + l.scales + 2 * j, &h, 2);
-    }
+    uint16_t halves[VOCAB];
+    float widened[VOCAB];
+    weight_scales_f16(2.0f, halves, widened);
+    memcpy(data + l.scales, halves, sizeof halves);
     assert_int_equal(smelt_engine_bind_weight_bytes(engine, "toy.q.weight", data, l.total), SMELT_OK);
     assert_int_equal(smelt_engine_forward(engine, ids, pos, 3, SMELT_LOGITS_ALL, logits, 3 * VOCAB),
                      SMELT_OK);
@@ -920,13 +927,10 @@ static void test_host_engine(void **state) {
 static void test_cuda_engine_on_fake_driver(void **state) {
     (void)state;
     char driver[256], kernels_path[256];
-    fake_cuda_build(folder, driver, sizeof driver);
-    snprintf(kernels_path, sizeof kernels_path, "%s/scaled-kernels.so", folder);
+    fake_cuda_build(scratch_folder, driver, sizeof driver);
+    scratch_path(kernels_path, sizeof kernels_path, "scaled-kernels.so");
     const cg_host_object *object = scaled_host_object();
-    FILE *f = fopen(kernels_path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(object->bytes, 1, object->size, f), object->size);
-    assert_int_equal(fclose(f), 0);
+    scratch_write(kernels_path, object->bytes, object->size);
     setenv("SMELT_CUDA_DRIVER", driver, 1);
     setenv("SMELT_CUBLASLT", driver, 1);
     setenv("FAKE_CUDA_HOST_KERNELS", kernels_path, 1);
@@ -985,32 +989,6 @@ static void test_cuda_engine_on_fake_driver(void **state) {
     unsetenv("FAKE_CUDA_HOST_KERNELS");
 }
 
-/* ---- Setup ------------------------------------------------------------------------ */
-
-static int setup_folder(void **state) {
-    (void)state;
-    snprintf(folder, sizeof folder, "/tmp/smelt-test-scaled-XXXXXX");
-    assert_non_null(mkdtemp(folder));
-    return 0;
-}
-
-static int remove_folder(void **state) {
-    (void)state;
-    DIR *dir = opendir(folder);
-    if (dir) {
-        struct dirent *entry;
-        while ((entry = readdir(dir)) != NULL) {
-            if (entry->d_name[0] == '.') continue;
-            char path[512];
-            snprintf(path, sizeof path, "%s/%s", folder, entry->d_name);
-            unlink(path);
-        }
-        closedir(dir);
-    }
-    rmdir(folder);
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
@@ -1024,7 +1002,7 @@ int main(void) {
         cmocka_unit_test(test_host_engine),
         cmocka_unit_test(test_cuda_engine_on_fake_driver),
     };
-    int failures = cmocka_run_group_tests(tests, setup_folder, remove_folder);
+    int failures = cmocka_run_group_tests(tests, scratch_folder_make, scratch_folder_remove);
     cg_host_object_free(&host_object);
     return failures;
 }
