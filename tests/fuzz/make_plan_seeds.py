@@ -9,7 +9,8 @@ micro llama (one layer, hidden 32, 2 query heads and 1 KV head of 16 dims,
 MLP 64, vocab 40, 32 positions, steps of at most 4 tokens), compiled for
 the host alone, in f32 and in fp8 (W8A8), each without weights and with
 them (a checkpoint this script writes: values from a fixed formula, so the
-same seeds every time). Most of each plan is its kernels' sources and host
+same seeds every time); and the GPT-2 fixture's config under int4-rtn
+without weights (int4 weights, transposed Conv1D ones among them). Most of each plan is its kernels' sources and host
 object, which the model's size hardly changes: 90 to 160 KB. Run it
 whenever the plan format or the program format changes (docs/fuzzing.md),
 then replay them: ctest -R fuzz/plan.
@@ -106,6 +107,14 @@ def main():
                 subprocess.run(command, check=True, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 size = os.path.getsize(os.path.join(corpus, name))
                 print("%s: %d bytes" % (name, size))
+        # GPT-2's fixture under int4-rtn, without weights: quantized weights
+        # (interleaved and not) and transposed ones (its Conv1D projections)
+        name = "seed-gpt2-int4.plan"
+        subprocess.run([smelt, "compile", "examples/gpt2.smelt", "--config", "tests/fixtures/gpt2/config.json",
+                        "--target", "host", "--precision", "int4-rtn", "--max-step-tokens", "4", "--no-cache",
+                        "-o", os.path.join(corpus, name)],
+                       check=True, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print("%s: %d bytes" % (name, os.path.getsize(os.path.join(corpus, name))))
 
 
 if __name__ == "__main__":
