@@ -7,6 +7,8 @@
 #      optimiser's warnings too) and the whole test suite in it
 #   5. Debug build with AddressSanitizer + UndefinedBehaviorSanitizer in
 #      build-asan/, and the whole test suite in it
+# Steps 4 and 5 run their tests with the Debug build's kernel cache
+# (build/tests/kernel-cache), which step 3 filled.
 # A failed build or test stops the run. A failed format check does not: the
 # builds and tests still run, and the exit status is 1 at the end. The time of
 # each part is printed as it ends and again in a summary.
@@ -62,10 +64,14 @@ fi
 
 part "tests (Debug)" run_tests "$root/build"
 
-part "build (Release)" env SMELT_BUILD_DIR="$root/build-release" SMELT_BUILD_TYPE=Release "$root/tools/setup.sh"
+# The later builds' tests share the Debug build's kernel cache (tests/CMakeLists.txt):
+# NVRTC compiles each test kernel once per run, not once per build.
+kernel_cache="-DSMELT_TEST_KERNEL_CACHE=$root/build/tests/kernel-cache"
+part "build (Release)" env SMELT_BUILD_DIR="$root/build-release" SMELT_BUILD_TYPE=Release \
+    SMELT_CMAKE_ARGS="$kernel_cache" "$root/tools/setup.sh"
 part "tests (Release)" run_tests "$root/build-release"
 
-part "build (Debug, ASan + UBSan)" env SMELT_BUILD_DIR="$root/build-asan" SMELT_CMAKE_ARGS="-DSMELT_SANITIZE=ON" \
+part "build (Debug, ASan + UBSan)" env SMELT_BUILD_DIR="$root/build-asan" SMELT_CMAKE_ARGS="-DSMELT_SANITIZE=ON $kernel_cache" \
     "$root/tools/setup.sh"
 part "tests (Debug, ASan + UBSan)" run_sanitized_tests "$root/build-asan"
 

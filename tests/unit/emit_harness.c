@@ -40,6 +40,7 @@
 #include "host_build.h"
 #include "host_sim.h"
 #include "ir_io.h"
+#include "kernel_cache.h"
 #include "nvrtc.h"
 #include "numeric.h"
 #include "pass.h"
@@ -64,6 +65,13 @@ enum { TOKEN_BOUND = 64, CASE_MAX_VALUES = 256 };
 static sim_pool *harness_pool;
 static char *harness_header_text; /* runtime/smelt_kernel.h */
 static bool harness_have_nvrtc;
+/* NVRTC's results, kept as `smelt compile` keeps them (codegen/kernel_cache.h:
+ * keyed by source, headers, arch, options and NVRTC's version) in the
+ * tests' cache folder ($SMELT_CACHE_DIR, tests/CMakeLists.txt), so that a
+ * build's second run, or another build sharing the folder, compiles each
+ * kernel once. A hit re-parses the resources from the stored ptxas log, so
+ * the register and spill checks below hold either way. */
+static cg_cache *harness_cache;
 
 static char *read_file_text(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -84,6 +92,7 @@ static char *read_file_text(const char *path) {
 static int harness_setup(void **state) {
     (void)state;
     harness_pool = sim_pool_create(0);
+    harness_cache = cg_cache_open(NULL);
     harness_header_text = read_file_text(SMELT_SOURCE_DIR "/runtime/smelt_kernel.h");
     int major = 0, minor = 0;
     harness_have_nvrtc =
@@ -96,6 +105,7 @@ static int harness_setup(void **state) {
 static int harness_teardown(void **state) {
     (void)state;
     sim_pool_free(harness_pool);
+    cg_cache_close(harness_cache);
     free(harness_header_text);
     return 0;
 }
@@ -489,7 +499,7 @@ static void compile_for_gpus(const cg_kernel *k) {
                                       .want_cubin = true};
         cg_compiled compiled;
         char error[4096];
-        if (!cg_compile_kernel(&request, &compiled, error, sizeof error))
+        if (!cg_compile_kernel_cached(harness_cache, &request, &compiled, NULL, error, sizeof error))
             fail_msg("NVRTC sm_%d: %s\n--- source ---\n%s", archs[a], error, k->source);
         const cg_kernel_resources *r = cg_resource_find(&compiled.resources, k->name);
         assert_non_null(r);
@@ -528,7 +538,8 @@ static void compile_ptx_for_sm90(const cg_kernel *k, cg_compiled *compiled) {
                                   .want_cubin = true,
                                   .want_ptx = true};
     char error[4096];
-    if (!cg_compile_kernel(&request, compiled, error, sizeof error)) fail_msg("NVRTC: %s", error);
+    if (!cg_compile_kernel_cached(harness_cache, &request, compiled, NULL, error, sizeof error))
+        fail_msg("NVRTC: %s", error);
     const cg_kernel_resources *r = cg_resource_find(&compiled->resources, k->name);
     assert_non_null(r);
     printf("  sm_90 %s: %u registers, %u spill bytes\n", k->name, r->registers,
