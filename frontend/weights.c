@@ -140,13 +140,11 @@ static void bind_weight(fe_binder *b, uint32_t op_index) {
         }
 
     fe_bound_weight *w = &b->out->weights[op_index];
-    const ir_attr *transposed = ir_op_attr(b->m, op_index, "transposed");
-    if (transposed && transposed->kind == IR_ATTR_BOOL && transposed->as.b && !*stack && type->rank == 2) {
+    if (ir_op_bool(b->m, op_index, "transposed") && !*stack && type->rank == 2) {
         w->transposed = true; /* the checkpoint holds [K, N] */
-        w->rows = shape[0];
-        w->columns = shape[1];
-        shape[0] = w->columns;
-        shape[1] = w->rows;
+        uint64_t rows = shape[0];
+        shape[0] = shape[1];
+        shape[1] = rows;
     }
     if (!*stack) {
         bool quantized;
@@ -308,9 +306,10 @@ static bool read_quantized(const fe_weight_binding *b, const fe_bound_weight *w,
 
 /* A transposed weight's tensor [K, N] read into dst as [N, K]. */
 static bool read_transposed(const fe_weight_binding *b, const fe_bound_weight *w, float *dst) {
+    const st_tensor *t = w->parts[0];
     float *tensor = malloc(w->element_count * sizeof *tensor + 1);
-    bool ok = tensor && st_tensor_read_f32(w->parts[0], tensor, b->diag);
-    if (ok) plan_transpose(dst, tensor, w->columns, w->rows, sizeof *dst);
+    bool ok = tensor && st_tensor_read_f32(t, tensor, b->diag);
+    if (ok) plan_transpose(dst, tensor, t->shape[0], t->shape[1], sizeof *dst);
     free(tensor);
     return ok;
 }

@@ -46,10 +46,9 @@ typedef struct fe_bound_weight {
      * tensor, qweight or the F8 weight). */
     bool quantized;
     const char **names;
-    /* The op's value [N, K] is the transpose of the tensor [K, N] (the
-     * weight's "transposed" attribute, ops.def); read transposed. */
+    /* The op's value [N, K] is the transpose of the tensor parts[0]
+     * [K, N] (the weight's "transposed" attribute, ops.def); read transposed. */
     bool transposed;
-    uint64_t rows, columns; /* of the value: N, K */
 } fe_bound_weight;
 
 typedef struct fe_weight_binding {
